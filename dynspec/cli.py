@@ -1,0 +1,89 @@
+"""The one `dynspec` command. Thin: parse flags, call a function, print. Heavy imports
+(torch, transformers, tensorrt_llm) happen inside the subcommand that needs them."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule, schedule_from_args
+
+# Modules that add subcommands: each has `register(subparsers)`.
+SUBCOMMAND_MODULES = (
+    "dynspec.convert.cli",        # convert target | convert eagle3
+    "dynspec.build.cli",          # build
+    "dynspec.runtime.cli",        # generate, tiny-pair, random-pair
+    "dynspec.benchmarks.cli",     # profile, tune
+    "dynspec.triton_repo.cli",    # triton
+)
+
+
+def add_schedule_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--schedule SPEC | --threshold N --max-draft-len K, shared by every command that takes a policy."""
+    p.add_argument("--schedule", "--spec", dest="schedule", metavar="SPEC",
+                   help="tiers 'max_batch:K,...', e.g. '4:4,8:2,32:1' (K=0 above the last bound)")
+    p.add_argument("--threshold", type=int, metavar="N", help="speculate for batch sizes 1..N, K=0 above")
+    p.add_argument("--max-draft-len", type=int, metavar="K", help="K used with --threshold")
+    p.set_defaults(_schedule_required=required)
+
+
+def schedule_of(args: argparse.Namespace) -> DraftSchedule | None:
+    if args.schedule is None and args.threshold is None and not args._schedule_required:
+        return None
+    return schedule_from_args(args.schedule, args.threshold, args.max_draft_len)
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    sched = schedule_of(args)
+    rendered = sched.to_trtllm(args.trtllm_version)
+    by_b = {str(b): sched.draft_len(b) for b in range(1, args.max_batch_size + 1)}
+    if args.json:
+        print(json.dumps({
+            "tiers": [list(t) for t in sched.tiers],
+            "trtllm_version": args.trtllm_version,
+            "trtllm": {str(k): v for k, v in rendered.items()},
+            "draft_len_by_batch_size": by_b,
+        }))
+        return 0
+    print(f"schedule {sched}   (max_draft_len={sched.max_draft_len})")
+    print(f"{'batch size':>14}  K")
+    start = 1
+    for bound, k in sched.tiers:
+        if start <= args.max_batch_size:
+            print(f"{f'{start}..{min(bound, args.max_batch_size)}':>14}  {k}")
+        start = bound + 1
+    if start <= args.max_batch_size:
+        print(f"{f'{start}..{args.max_batch_size}':>14}  0")
+    print(f"TRT-LLM {args.trtllm_version} draft_len_schedule: {json.dumps({str(k): v for k, v in rendered.items()})}")
+    print(f"vLLM ranges: {json.dumps(sched.to_vllm())}")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynspec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("schedule", help="show a draft-length schedule and its TRT-LLM rendering")
+    add_schedule_args(p)
+    p.add_argument("--trtllm-version", default="1.2.1")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_schedule)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DynspecError as e:
+        print(f"dynspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

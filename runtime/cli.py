@@ -1,0 +1,5 @@
+"""Subcommands of this package (filled in by the owning issue)."""
+
+
+def register(sub) -> None:
+    pass

@@ -1,0 +1,319 @@
+"""Continuous-batching executor: one K decision per iteration, before anything is shaped.
+
+Each iteration:
+    1. admit waiting requests (prefill) and retire finished / cancelled ones
+    2. b = live rows
+    3. K = policy(b)
+    4. plan = make_plan(K, lengths, ...)        a StepPlan value, every shape from (b, K)
+    5. result = engine.step(plan)               K = 0 runs the engine's plain decode path
+    6. fold result (a StepResult value) into the requests
+
+The executor keeps its b live requests in cache rows 0..b-1: when row r retires, the last
+row moves into r (engine.move_row), so a step's rows are always a prefix of the cache.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol, Sequence
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.acceptance import AcceptanceModel, Greedy
+from dynspec.runtime.plan import StepPlan, StepResult, make_plan
+
+
+class Engine(Protocol):
+    max_batch_size: int
+    max_seq_len: int
+    max_draft_len: int          # largest K the engine was set up for
+    buckets: tuple[int, ...]
+
+    def prefill(self, row: int, prompt_ids: Sequence[int]) -> int: ...
+    def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
+    def move_row(self, src: int, dst: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    iteration: int
+    batch_size: int
+    k: int
+    drafted: int            # b * K
+    accepted: int           # accepted draft tokens, summed over rows
+    emitted: int            # tokens appended to requests (after truncation at max/stop)
+    seconds: float          # engine step wall time (includes the device sync)
+    host_seconds: float     # policy lookup + planning
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    request_id: int
+    prompt_len: int
+    output_ids: tuple[int, ...]
+    finish_reason: str       # "length" | "stop" | "cancelled"
+    submit_s: float
+    first_token_s: float | None
+    finish_s: float
+
+
+_DONE = object()
+
+
+@dataclass
+class _Request:
+    id: int
+    prompt: tuple[int, ...]
+    max_new: int
+    stop_ids: frozenset[int]
+    submit_s: float
+    out: list[int] = field(default_factory=list)
+    first_token_s: float | None = None
+    finish_reason: str | None = None
+    cancelled: bool = False
+    draft_warm: bool = True
+    chunks: "queue.Queue" = field(default_factory=queue.Queue)
+
+    @property
+    def length(self) -> int:
+        """Tokens the target has in its cache = position of the pending (last) token."""
+        return len(self.prompt) + len(self.out) - 1
+
+
+class RequestHandle:
+    """Returned by Executor.submit: stream tokens, wait, or cancel."""
+
+    def __init__(self, req: _Request, executor: "Executor"):
+        self._req, self._ex = req, executor
+
+    @property
+    def id(self) -> int:
+        return self._req.id
+
+    @property
+    def done(self) -> bool:
+        return self._req.finish_reason is not None
+
+    def tokens(self) -> list[int]:
+        return list(self._req.out)
+
+    def cancel(self) -> None:
+        self._ex._cancel(self._req)
+
+    def stream(self, timeout: float | None = None) -> Iterator[list[int]]:
+        """Yield lists of new tokens as iterations produce them; ends when the request does.
+        Needs the executor running in its background thread (start()) or driven by another thread."""
+        while True:
+            chunk = self._req.chunks.get(timeout=timeout)
+            if chunk is _DONE:
+                return
+            yield chunk
+
+    def result(self) -> RequestResult:
+        r = self._req
+        if r.finish_reason is None:
+            raise RuntimeError(f"request {r.id} has not finished")
+        return RequestResult(r.id, len(r.prompt), tuple(r.out), r.finish_reason, r.submit_s, r.first_token_s,
+                             self._ex._finish_s[r.id])
+
+
+class Executor:
+    def __init__(
+        self,
+        engine: Engine,
+        policy: Callable[[int], int],
+        *,
+        keep_warm: bool = True,
+        acceptance: AcceptanceModel = Greedy(),
+        allow_lossy: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if not acceptance.lossless and not allow_lossy:
+            raise DynspecError(
+                f"acceptance model {acceptance} does not reproduce the target's output; only benchmarks may use it"
+            )
+        self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm, acceptance
+        self._clock = clock
+        self._ids = itertools.count()
+        self._waiting: deque[_Request] = deque()
+        self._rows: list[_Request] = []            # row r of the cache <-> self._rows[r]
+        self._finish_s: dict[int, float] = {}
+        self._stats: list[IterationStats] = []
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._error: BaseException | None = None
+
+    # ---- client side ------------------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> RequestHandle:
+        prompt = tuple(int(t) for t in prompt_ids)
+        if not prompt:
+            raise DynspecError("prompt is empty")
+        if max_new_tokens < 1:
+            raise DynspecError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        # room for the prompt, the new tokens, and one verify window past the last one
+        need = len(prompt) + max_new_tokens + self.engine.max_draft_len + 1
+        if need > self.engine.max_seq_len:
+            raise DynspecError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{self.engine.max_draft_len + 1}"
+                f" verify slack) = {need} exceeds the cache length max_seq_len={self.engine.max_seq_len}"
+            )
+        req = _Request(next(self._ids), prompt, max_new_tokens, frozenset(int(s) for s in stop_ids), self._clock())
+        with self._lock:
+            if self._error is not None:
+                raise RuntimeError("executor loop has failed") from self._error
+            self._waiting.append(req)
+            self._lock.notify_all()
+        return RequestHandle(req, self)
+
+    def _cancel(self, req: _Request) -> None:
+        with self._lock:
+            req.cancelled = True
+            self._lock.notify_all()
+
+    @property
+    def stats(self) -> tuple[IterationStats, ...]:
+        return tuple(self._stats)
+
+    @property
+    def active(self) -> int:
+        return len(self._rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # ---- the iteration ----------------------------------------------------------------
+    def step(self) -> IterationStats | None:
+        """Run one iteration. Returns None when there was nothing to decode."""
+        with self._lock:
+            self._retire()
+            admitted = self._admit()
+        if admitted:
+            with self._lock:
+                self._retire()          # a request may finish on its first token
+        rows = self._rows
+        if not rows:
+            return None
+        t0 = self._clock()
+        b = len(rows)
+        k = int(self.policy(b))
+        if not 0 <= k <= self.engine.max_draft_len:
+            raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{self.engine.max_draft_len}")
+        plan = make_plan(
+            k,
+            positions=[r.length for r in rows],
+            pending=[r.out[-1] for r in rows],
+            stale=[not r.draft_warm for r in rows],
+            keep_warm=self.keep_warm,
+            buckets=self.engine.buckets,
+        )
+        t1 = self._clock()
+        result = self.engine.step(plan, self.acceptance)
+        t2 = self._clock()
+        emitted = 0
+        for req, toks in zip(rows, result.emitted):
+            req.draft_warm = result.draft_warm
+            emitted += self._append(req, toks, t2)
+        st = IterationStats(len(self._stats), b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0)
+        self._stats.append(st)
+        return st
+
+    def run_until_idle(self) -> None:
+        while self._waiting or self._rows:
+            self.step()
+
+    def _admit(self) -> bool:
+        admitted = False
+        while self._waiting and len(self._rows) < self.engine.max_batch_size:
+            req = self._waiting.popleft()
+            if req.cancelled:
+                self._finish(req, "cancelled", self._clock())
+                continue
+            row = len(self._rows)
+            first = self.engine.prefill(row, req.prompt)
+            self._rows.append(req)
+            req.draft_warm = True
+            self._append(req, (first,), self._clock())
+            admitted = True
+        return admitted
+
+    def _append(self, req: _Request, toks: Sequence[int], now: float) -> int:
+        """Append up to max_new tokens, stopping after a stop id. Returns how many were kept."""
+        if req.finish_reason is not None:
+            return 0
+        kept: list[int] = []
+        for t in toks:
+            kept.append(int(t))
+            if int(t) in req.stop_ids:
+                req.finish_reason = "stop"
+                break
+            if len(req.out) + len(kept) >= req.max_new:
+                req.finish_reason = "length"
+                break
+        if kept:
+            if req.first_token_s is None:
+                req.first_token_s = now
+            req.out.extend(kept)
+            req.chunks.put(kept)
+        if req.finish_reason is not None:
+            self._finish(req, req.finish_reason, now)
+        return len(kept)
+
+    def _finish(self, req: _Request, reason: str, now: float) -> None:
+        req.finish_reason = req.finish_reason or reason
+        self._finish_s[req.id] = now
+        req.chunks.put(_DONE)
+
+    def _retire(self) -> None:
+        """Drop finished/cancelled rows; move the last row into each hole (rows stay a prefix)."""
+        now = self._clock()
+        r = 0
+        while r < len(self._rows):
+            req = self._rows[r]
+            if req.cancelled and req.finish_reason is None:
+                self._finish(req, "cancelled", now)
+            if req.finish_reason is None:
+                r += 1
+                continue
+            last = len(self._rows) - 1
+            if r != last:
+                self.engine.move_row(last, r)
+                self._rows[r] = self._rows[last]
+            self._rows.pop()
+
+    # ---- background loop (Triton, streaming clients) ----------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="dynspec-executor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and not self._waiting and not self._rows:
+                        self._lock.wait()
+                    if self._stop:
+                        return
+                self.step()
+        except BaseException as e:  # surface to clients instead of hanging them
+            self._error = e
+            with self._lock:
+                for req in list(self._rows) + list(self._waiting):
+                    if req.finish_reason is None:
+                        self._finish(req, "error", self._clock())
+            raise

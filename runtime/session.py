@@ -1,0 +1,57 @@
+"""Open an ENGINE_DIR (or a target + draft pair) as a ready reference engine + executor."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.runtime.acceptance import AcceptanceModel, Greedy
+from dynspec.runtime.policy import DraftSchedule
+
+ASSETS = Path(__file__).resolve().parent.parent / "dynspec" / "assets" / "tiny"
+
+
+def tiny_pair_dirs() -> tuple[str, str]:
+    """The embedded tiny target + EAGLE-3 draft (committed under dynspec/assets/tiny)."""
+    from importlib import resources
+
+    root = Path(str(resources.files("dynspec") / "assets" / "tiny"))
+    if not (root / "target" / "config.json").is_file():
+        root = ASSETS
+    return str(root / "target"), str(root / "draft")
+
+
+def engine_config_for(target_dir: str, draft_dir: str, schedule: DraftSchedule,
+                      reference: ReferenceSettings = ReferenceSettings()) -> EngineConfig:
+    """An in-memory EngineConfig for a pair that has not been through `dynspec build`."""
+    return EngineConfig(target_dir=str(target_dir), draft_dir=str(draft_dir), schedule=schedule, reference=reference)
+
+
+def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_len: int | None = None,
+                          **overrides):
+    """Load cfg's pair into a ReferenceEngine sized by cfg.reference (overrides: its fields)."""
+    from dynspec.runtime.engines.reference.engine import load_reference_engine
+
+    ref = replace(cfg.reference, **overrides)
+    return load_reference_engine(
+        cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype,
+        max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
+        max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
+    )
+
+
+def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[int], int] | None = None,
+                  keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
+                  allow_lossy: bool = False, **overrides):
+    """Engine + Executor for cfg. On CUDA with reference.cuda_graphs, graphs for every
+    (bucket, K) the policy can reach are captured here, before the first request."""
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.executor import Executor
+
+    policy = policy or cfg.schedule
+    warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
+    engine = open_reference_engine(cfg, device=device, **overrides)
+    if device.startswith("cuda") and cfg.reference.cuda_graphs:
+        engine.capture_graphs(reachable_graphs([policy], engine.max_batch_size, warm))
+    return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy)

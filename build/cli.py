@@ -1,5 +1,63 @@
-"""Subcommands of this package (filled in by the owning issue)."""
+"""`dynspec build`: converted target + draft -> ENGINE_DIR for TRT-LLM's PyTorch backend."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from dynspec.build.baseline import SCRIPT, run_baseline
+    from dynspec.build.engine_dir import BuildRequest, plan_build, write_engine_dir
+    from dynspec.build.plan import format_plan
+    from dynspec.cli import schedule_of
+    from dynspec.errors import DynspecError
+
+    if args.out is None and not args.plan:
+        raise DynspecError("--out ENGINE_DIR is required (or pass --plan to print the memory plan only)")
+    if args.run and not args.baseline_trt_engine:
+        raise DynspecError("--run executes the baseline script; it needs --baseline-trt-engine")
+    req = BuildRequest(
+        target=args.target, draft=args.draft, schedule=schedule_of(args), tp=args.tp,
+        trtllm_version=args.trtllm_version, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+        kv_cache_fraction=args.kv_cache_fraction, min_draft_len=args.min_draft_len, gpu_mem_gb=args.gpu_mem_gb,
+        baseline=args.baseline_trt_engine,
+    )
+    bp = plan_build(req)
+    for w in bp.warnings:
+        print(w, file=sys.stderr)
+    if args.plan:
+        print(format_plan(bp.plan, req.tp))
+        if args.out is None:
+            return 0
+    cfg = write_engine_dir(req, bp, args.out, force=args.force)
+    print(f"wrote {args.out}: schedule {cfg.schedule} -> TRT-LLM {cfg.trtllm_version} draft_len_schedule "
+          f"{bp.options['speculative_config']['draft_len_schedule']}, tp={cfg.tp}, max_batch_size {cfg.max_batch_size}")
+    if args.baseline_trt_engine:
+        print(f"baseline script: {args.out}/{SCRIPT}")
+        if args.run:
+            run_baseline(args.out)
+    return 0
 
 
 def register(sub) -> None:
-    pass
+    from dynspec.cli import add_schedule_args
+
+    p = sub.add_parser("build", help="engine dir: TRT-LLM LLM-API options + engine.json (+ baseline script)")
+    p.add_argument("--target", required=True, metavar="DIR", help="target from `dynspec convert target`")
+    p.add_argument("--draft", required=True, metavar="DIR", help="draft from `dynspec convert eagle3`")
+    p.add_argument("--out", metavar="ENGINE_DIR")
+    p.add_argument("--tp", type=int, default=8)
+    add_schedule_args(p)
+    p.add_argument("--trtllm-version", default="1.2.1", help="TRT-LLM release the options are rendered for")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--max-seq-len", type=int, help="default: min(4096, the target's max_position_embeddings)")
+    p.add_argument("--kv-cache-fraction", type=float, default=0.9, help="kv_cache_config.free_gpu_memory_fraction")
+    p.add_argument("--min-draft-len", type=int, default=0,
+                   help="floor K at this value up to --max-batch-size (1 avoids the K=0 stale-draft trap)")
+    p.add_argument("--plan", action="store_true", help="print the per-rank memory plan (writes only with --out)")
+    p.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory for --plan, GB = 1e9 bytes (H200: 141)")
+    p.add_argument("--baseline-trt-engine", action="store_true",
+                   help="also write the legacy convert_checkpoint.py + trtllm-build script for a no-speculation engine")
+    p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
+    p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
+    p.set_defaults(func=_cmd_build)

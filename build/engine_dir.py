@@ -1,0 +1,153 @@
+"""`dynspec build`: two converted checkpoints + a schedule -> ENGINE_DIR, all or nothing.
+
+ENGINE_DIR/
+    llm_api_options.yaml              TRT-LLM LLM-API options (see llm_api.py)
+    engine.json                       EngineConfig: every choice, both manifests, reference settings
+    build_baseline_trt_engine.sh      only with --baseline-trt-engine
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dynspec.artifacts import atomic_dir
+from dynspec.build.baseline import SCRIPT, BaselineSpec, baseline_script
+from dynspec.build.llm_api import OPTIONS_FILE, LlmApiSettings, decode_tokens, render_options, to_yaml
+from dynspec.build.plan import GB, MemoryPlan, memory_plan
+from dynspec.build.trap import floor_schedule, trap_warning
+from dynspec.build.validate import validate_options
+from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.convert.manifest import manifest_shape, read_manifest
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    target: str
+    draft: str
+    schedule: DraftSchedule
+    tp: int = 8
+    trtllm_version: str = "1.2.1"
+    max_batch_size: int = 256
+    max_seq_len: int | None = None        # default: min(4096, target max_position_embeddings)
+    kv_cache_fraction: float = 0.9
+    min_draft_len: int = 0
+    gpu_mem_gb: float = 141.0
+    baseline: bool = False
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    schedule: DraftSchedule               # after the --min-draft-len floor
+    options: dict
+    plan: MemoryPlan
+    warnings: tuple[str, ...]
+    target_manifest: dict
+    draft_manifest: dict
+    max_seq_len: int
+
+
+def _check_pair(tm: dict, dm: dict, req: BuildRequest) -> None:
+    if tm["tp"] != req.tp or dm["tp"] != req.tp:
+        raise DynspecError(
+            f"--tp {req.tp}, but the target was converted for tp={tm['tp']} and the draft for tp={dm['tp']}; "
+            "re-run `dynspec convert` with the same --tp"
+        )
+    ts, seen = manifest_shape(tm), dm.get("target", {})
+    for field, have in (("layers", ts.layers), ("hidden_size", ts.hidden), ("vocab_size", ts.vocab)):
+        if seen.get(field) != have:
+            raise DynspecError(
+                f"the draft in {req.draft} was converted against a target with {field}={seen.get(field)}; "
+                f"{req.target} has {field}={have}"
+            )
+
+
+def plan_build(req: BuildRequest) -> BuildPlan:
+    """Read both manifests, floor and render the schedule, validate it, plan memory. No writes."""
+    if req.max_batch_size < 1:
+        raise DynspecError(f"--max-batch-size {req.max_batch_size} must be at least 1")
+    tm = read_manifest(req.target, "target")
+    dm = read_manifest(req.draft, "eagle3-draft")
+    _check_pair(tm, dm, req)
+    ts = manifest_shape(tm)
+    max_seq_len = req.max_seq_len or min(DEFAULT_MAX_SEQ_LEN, ts.max_position_embeddings)
+    if max_seq_len > ts.max_position_embeddings:
+        raise DynspecError(
+            f"--max-seq-len {max_seq_len} exceeds the target's max_position_embeddings {ts.max_position_embeddings}"
+        )
+    if not req.schedule.tiers:
+        raise DynspecError("the schedule never speculates (K=0 everywhere); there is nothing for the draft to do")
+    schedule = floor_schedule(req.schedule, req.min_draft_len, req.max_batch_size)
+    warning = trap_warning(req.trtllm_version, schedule, req.max_batch_size)
+    settings = LlmApiSettings(req.tp, req.trtllm_version, req.max_batch_size, max_seq_len, req.kv_cache_fraction)
+    options = render_options(str(Path(req.target).resolve()), str(Path(req.draft).resolve()), schedule,
+                             dm["capture_layers"], settings)
+    validate_options(options, req.trtllm_version)
+    plan = memory_plan(
+        target=ts, tp=req.tp, dtype=tm["dtype"], target_weight_bytes=tm["weight_bytes_per_rank"],
+        draft_weight_bytes=dm["weight_bytes_per_rank"],
+        kv_bytes_per_token=tm["kv_bytes_per_token_per_rank"] + dm["kv_bytes_per_token_per_rank"],
+        graph_tokens=decode_tokens(schedule, req.max_batch_size, req.trtllm_version),
+        gpu_bytes=int(req.gpu_mem_gb * GB), kv_fraction=req.kv_cache_fraction,
+        max_seq_len=max_seq_len, max_batch_size=req.max_batch_size,
+    )
+    return BuildPlan(schedule, options, plan, tuple(w for w in (warning,) if w), tm, dm, max_seq_len)
+
+
+def _rel(path: str, start: Path) -> str:
+    """path relative to start when both are on one filesystem root, else absolute."""
+    p = Path(path).resolve()
+    try:
+        return os.path.relpath(p, start)
+    except ValueError:  # e.g. different drives
+        return str(p)
+
+
+def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
+    out = out.resolve()
+    build = {
+        "requested_schedule": req.schedule.to_spec(),
+        "min_draft_len": req.min_draft_len,
+        "kv_cache_fraction": req.kv_cache_fraction,
+        "max_num_tokens": bp.options["max_num_tokens"],
+        "cuda_graph_batch_sizes": bp.options["cuda_graph_config"]["batch_sizes"],
+        "capture_layers": bp.draft_manifest["capture_layers"],
+        "gpu_mem_gb": req.gpu_mem_gb,
+        "memory_plan": asdict(bp.plan),
+        "warnings": list(bp.warnings),
+        "baseline_script": SCRIPT if req.baseline else None,
+    }
+    return EngineConfig(
+        target_dir=_rel(req.target, out),
+        draft_dir=_rel(req.draft, out),
+        schedule=bp.schedule,
+        tp=req.tp,
+        trtllm_version=req.trtllm_version,
+        max_batch_size=req.max_batch_size,
+        max_seq_len=bp.max_seq_len,
+        reference=ReferenceSettings(max_batch_size=min(64, req.max_batch_size), max_seq_len=min(1024, bp.max_seq_len)),
+        llm_api_options=OPTIONS_FILE,
+        manifests={"target": bp.target_manifest, "draft": bp.draft_manifest, "build": build},
+    )
+
+
+def write_engine_dir(req: BuildRequest, bp: BuildPlan, out: str | os.PathLike, force: bool = False) -> EngineConfig:
+    out = Path(out)
+    cfg = engine_config(req, bp, out)
+    with atomic_dir(out, force=force) as tmp:
+        (tmp / OPTIONS_FILE).write_text(to_yaml(bp.options))
+        cfg.write(tmp)
+        if req.baseline:
+            tm = bp.target_manifest
+            if tm.get("quant"):
+                raise DynspecError("--baseline-trt-engine needs an unquantized target; convert one without --quant")
+            spec = BaselineSpec(str(Path(req.target).resolve()), req.tp, tm["dtype"], req.max_batch_size,
+                                bp.max_seq_len, max(bp.options["max_num_tokens"], req.max_batch_size))
+            script = tmp / SCRIPT
+            script.write_text(baseline_script(spec))
+            script.chmod(0o755)
+    return cfg

@@ -117,15 +117,14 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
     n_params = 0
     with atomic_dir(out, force=force) as tmp:
         writer = ShardWriter(tmp, opts.max_shard_bytes)
-        bar = tqdm(total=len(src), unit="tensor", desc="convert target", disable=not opts.progress)
-        for name, t in iter_tensors(src):
-            bar.update(1)
-            if name.endswith(DROPPED_SUFFIXES) or (shape.tied and name == "lm_head.weight"):
-                continue
-            check_tensor(name, t, expected.get(name), src.key_to_file[name])
-            writer.add(name, t.to(torch_dtype))
-            n_params += t.numel()
-        bar.close()
+        with tqdm(total=len(src), unit="tensor", desc="convert target", disable=not opts.progress) as bar:
+            for name, t in iter_tensors(src):
+                bar.update(1)
+                if name.endswith(DROPPED_SUFFIXES) or (shape.tied and name == "lm_head.weight"):
+                    continue
+                check_tensor(name, t, expected.get(name), src.key_to_file[name])
+                writer.add(name, t.to(torch_dtype))
+                n_params += t.numel()
         shards = writer.close()
         write_json(tmp / "config.json", _normalized_config(cfg, opts.dtype))
         tokenizer = copy_tokenizer_files(hf_dir, tmp)

@@ -1,5 +1,181 @@
-"""Subcommands of this package (filled in by the owning issue)."""
+"""`dynspec profile`, `dynspec tune`, `dynspec sweep` (= python -m dynspec.benchmarks.sweep) and
+`dynspec bench-summary`. Thin: parse flags, call the module that does the work, print."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def _command(word: str, args: argparse.Namespace) -> str:
+    """The exact command line when run from a shell; rebuilt from the parsed flags when called in-process."""
+    argv = sys.argv[1:]
+    if word in argv and Path(sys.argv[0]).name in ("dynspec", "__main__.py", "cli.py"):
+        return f"dynspec {word} " + shlex.join(argv[argv.index(word) + 1:])
+    flags = []
+    for k, v in sorted(vars(args).items()):
+        if k in ("func", "command", "command_line") or k.startswith("_") or v is None or v is False:
+            continue
+        flags += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return f"dynspec {word} " + shlex.join(flags)
+
+
+# ---- profile ----------------------------------------------------------------------------
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from dynspec.artifacts import write_json
+    from dynspec.benchmarks.engines import apply_bench_env, engine_choice, target_tokenizer, target_vocab_size, versions
+    from dynspec.benchmarks.mpi import log
+    from dynspec.benchmarks.profile import run_profile
+    from dynspec.benchmarks.sweep import int_list
+    from dynspec.benchmarks.workload import LengthDist, load_jsonl, synthetic
+    from dynspec.errors import DynspecError
+
+    apply_bench_env()
+    choice = engine_choice(args)
+    cfg = choice.config
+    bs = int_list(args.batch_sizes, "--batch-sizes")
+    try:
+        ks = tuple(sorted({int(k) for k in args.draft_lens.split(",") if k.strip()}))
+    except ValueError:
+        raise DynspecError(f"--draft-lens {args.draft_lens!r} is not a comma-separated list of integers") from None
+    if not ks or min(ks) < 0:
+        raise DynspecError(f"--draft-lens {args.draft_lens!r} needs integers >= 0")
+    if args.context_len < 1:
+        raise DynspecError(f"--context-len {args.context_len} must be at least 1")
+    if args.warmup < 0 or args.repeats < 1:
+        raise DynspecError(f"--warmup {args.warmup} / --repeats {args.repeats}: need warmup >= 0 and repeats >= 1")
+    reqs = None
+    if args.measure_acceptance:
+        if args.dataset:
+            reqs = load_jsonl(args.dataset, target_tokenizer(cfg))[: args.num_requests]
+        else:
+            vocab = target_vocab_size(cfg)
+            if vocab is None:
+                raise DynspecError(f"target {cfg.target_dir}/config.json has no vocab_size; give --dataset")
+            reqs = synthetic(args.num_requests, LengthDist.parse(args.input_len, "--input-len"),
+                             LengthDist.parse(args.output_len, "--output-len"), vocab, seed=args.seed)
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(bs) * len(set(ks) | {0}), unit="shape", desc="profile", file=sys.stderr)
+    prof = run_profile(
+        cfg, device=args.device, batch_sizes=bs, draft_lens=ks, context_len=args.context_len,
+        warmup=args.warmup, repeats=args.repeats, acceptance_requests=reqs,
+        acceptance_concurrency=args.acceptance_concurrency,
+        meta={"engine_source": choice.source, "versions": versions(),
+              "command": _command("profile", args),
+              "acceptance_source": (None if reqs is None else
+                                    f"greedy, static K={max(ks)}, {len(reqs)} requests, "
+                                    + (f"dataset {args.dataset}" if args.dataset else
+                                       f"synthetic input {args.input_len} output {args.output_len} seed {args.seed}"))},
+        progress=bar.update if bar else None,
+    )
+    if bar:
+        bar.close()
+    write_json(args.out, prof.to_json())
+    log(f"wrote {args.out}")
+    print(f"{'b':>5} " + " ".join(f"{f'K={k} ms':>10}" for k in sorted(prof.iteration_ms[bs[0]])))
+    for b in sorted(prof.iteration_ms):
+        print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(prof.iteration_ms[b].items())))
+    if prof.per_position:
+        print("acceptance per position:", ", ".join(f"{a:.3f}" for a in prof.per_position))
+    return 0
+
+
+# ---- tune -------------------------------------------------------------------------------
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import json
+
+    from dynspec.artifacts import write_json
+    from dynspec.benchmarks.profile import Profile
+    from dynspec.benchmarks.tune import tune
+    from dynspec.errors import DynspecError
+
+    prof = Profile.load(args.profile)
+    if (args.acceptance is None) == (not args.acceptance_from):
+        raise DynspecError("give exactly one of --acceptance RATE and --acceptance-from profile")
+    if args.acceptance is not None:
+        acc = args.acceptance
+    else:
+        if prof.per_position is None:
+            raise DynspecError(f"profile {args.profile} has no 'acceptance.per_position';"
+                               " measure it with `dynspec profile --measure-acceptance` or give --acceptance RATE")
+        acc = prof.per_position
+    res = tune(prof.iteration_ms, acc, args.max_draft_len)
+    command = _command("tune", args)
+    if args.json:
+        print(json.dumps(res.to_json() | {"command": command}))
+    else:
+        print(f"profile {args.profile} ({prof.device}, context {prof.context_len})")
+        print(res.table())
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(res.schedule.to_spec() + "\n")
+    if args.report:
+        write_json(args.report, res.to_json() | {"profile": str(args.profile), "device": prof.device,
+                                                 "context_len": prof.context_len, "command": command})
+    return 0
+
+
+# ---- sweep / summary aliases ---------------------------------------------------------------
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from dynspec.benchmarks.sweep import run
+
+    argv = sys.argv[1:]
+    return run(args, argv[argv.index("sweep") + 1:] if "sweep" in argv else _command("sweep", args).split()[2:])
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from dynspec.benchmarks.summary import run
+
+    args.command_line = _command("bench-summary", args)
+    return run(args)
 
 
 def register(sub) -> None:
-    pass
+    from dynspec.benchmarks.engines import add_engine_args
+
+    p = sub.add_parser("profile", help="measure iteration time per (batch size, K) -> profile.json")
+    add_engine_args(p)
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="e.g. 1,2,4,8,16,32,64,128,256")
+    p.add_argument("--draft-lens", default="0,1,2,3,4", help="K values; 0 (plain decode) is always added")
+    p.add_argument("--context-len", type=int, default=128, help="KV length of every row while timing")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per shape")
+    p.add_argument("--repeats", type=int, default=10, help="timed steps per shape (median reported)")
+    p.add_argument("--measure-acceptance", action="store_true",
+                   help="also measure real per-position acceptance at K=max(--draft-lens) with greedy verification")
+    p.add_argument("--dataset", metavar="FILE.jsonl", help="prompts for --measure-acceptance")
+    p.add_argument("--input-len", default="64", help="synthetic prompts for --measure-acceptance")
+    p.add_argument("--output-len", default="64")
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--acceptance-concurrency", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", required=True, help="profile.json")
+    p.set_defaults(func=_cmd_profile)
+
+    t = sub.add_parser("tune", help="choose a draft-length schedule from a profile (goodput per batch size)")
+    t.add_argument("--profile", required=True, help="profile.json from `dynspec profile`")
+    t.add_argument("--acceptance", type=float, metavar="RATE", help="one per-draft acceptance rate, e.g. 0.7")
+    t.add_argument("--acceptance-from", choices=("profile",), help="use the profile's measured per-position rates")
+    t.add_argument("--max-draft-len", type=int, metavar="K", help="largest K to consider (default: largest profiled)")
+    t.add_argument("--out", metavar="schedule.txt", help="write the schedule's CLI form ('4:4,8:2')")
+    t.add_argument("--report", metavar="tune.json", help="write the table, the inputs and the command as JSON")
+    t.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    t.set_defaults(func=_cmd_tune)
+
+    from dynspec.benchmarks.sweep import make_parser as sweep_parser
+
+    s = sub.add_parser("sweep", help="concurrency sweep baseline/static/dynamic (= python -m dynspec.benchmarks.sweep)")
+    sweep_parser(s)
+    s.set_defaults(func=_cmd_sweep)
+
+    from dynspec.benchmarks.summary import make_parser as summary_parser
+
+    m = sub.add_parser("bench-summary", help="headline figures (crossover, dynamic ratios) from sweep results")
+    summary_parser(m)
+    m.set_defaults(func=_cmd_summary)

@@ -1,0 +1,127 @@
+"""Which engine a benchmark runs, from its flags: --engine-dir DIR, or --target/--draft
+(default: the embedded tiny pair). One place, shared by profile and sweep."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+
+# Any environment the benchmarks build (mpirun children, trtllm workers) keeps NVLink
+# multicast off: NVLS needs a fabric setup these machines do not promise.
+BENCH_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def apply_bench_env() -> None:
+    for k, v in BENCH_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine-dir", metavar="DIR", help="an engine dir written by `dynspec build` (engine.json)")
+    g.add_argument("--target", metavar="DIR", help="HF target checkpoint (instead of --engine-dir; default: tiny pair)")
+    g.add_argument("--draft", metavar="DIR", help="EAGLE-3 draft checkpoint (with --target)")
+    g.add_argument("--schedule", metavar="SPEC", help="the engine's schedule when no --engine-dir is given"
+                   " (default '4:4,8:2')")
+    g.add_argument("--device", default="cpu", help="cpu | cuda (rank r of mpirun uses cuda:<local rank>) | cuda:N")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="reference engine dtype (default: the engine dir's)")
+    g.add_argument("--no-cuda-graphs", action="store_true", help="reference engine: run eagerly on CUDA")
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    config: "object"          # dynspec.config.EngineConfig
+    source: str               # "engine dir /x" | "pair target=/a draft=/b"
+    engine_dir: str | None
+
+
+def engine_choice(args: argparse.Namespace) -> EngineChoice:
+    from dynspec.config import EngineConfig
+    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+
+    if args.engine_dir:
+        if args.target or args.draft:
+            raise DynspecError("give either --engine-dir or --target/--draft, not both")
+        cfg = EngineConfig.load(args.engine_dir)
+        if args.schedule:
+            cfg = replace(cfg, schedule=DraftSchedule.parse(args.schedule))
+        src, edir = f"engine dir {args.engine_dir}", str(args.engine_dir)
+    else:
+        if bool(args.target) != bool(args.draft):
+            raise DynspecError("--target and --draft go together")
+        target, draft = (args.target, args.draft) if args.target else tiny_pair_dirs()
+        for what, d in (("target", target), ("draft", draft)):
+            if not (Path(d) / "config.json").is_file():
+                raise DynspecError(f"{what} checkpoint {d} has no config.json")
+        cfg = engine_config_for(target, draft, DraftSchedule.parse(args.schedule or "4:4,8:2"))
+        src, edir = f"pair target={target} draft={draft}", None
+    ref = cfg.reference
+    if args.dtype:
+        ref = replace(ref, dtype=args.dtype)
+    if args.no_cuda_graphs:
+        ref = replace(ref, cuda_graphs=False)
+    return EngineChoice(replace(cfg, reference=ref), src, edir)
+
+
+def device_for_rank(device: str, local_rank: int) -> str:
+    """'cuda' -> 'cuda:<local rank>' (one replica per GPU); anything else unchanged."""
+    return f"cuda:{local_rank}" if device == "cuda" else device
+
+
+def target_vocab_size(cfg) -> int | None:
+    """vocab_size from the target's HF config.json (None when it does not say)."""
+    try:
+        return int(json.loads((Path(cfg.target_dir) / "config.json").read_text())["vocab_size"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def target_tokenizer(cfg):
+    """A callable str -> ids from the target dir's tokenizer, or None when it has none."""
+    d = Path(cfg.target_dir)
+    if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(d))
+    return lambda text: tok(text)["input_ids"]
+
+
+def open_reference(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_draft_len: int):
+    """The reference engine sized for exactly what a benchmark needs (the KV cache is
+    max_batch_size x max_seq_len, so the engine dir's own sizes are not used)."""
+    from dynspec.runtime.session import open_reference_engine
+
+    return open_reference_engine(cfg, device=device, max_draft_len=max_draft_len,
+                                 max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+
+
+def versions() -> dict:
+    """Versions of what produced a number (tensorrt_llm only if importable; never imported eagerly elsewhere)."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("dynspec", "torch", "transformers", "numpy", "mpi4py", "tensorrt_llm"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        idx = torch.device(device).index or 0
+        return f"{device} ({torch.cuda.get_device_name(idx)})"
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"

@@ -1,0 +1,110 @@
+"""Drive an Executor with a fixed concurrency (closed loop) or Poisson arrivals (open loop).
+
+Both run on the calling thread: the load generator calls executor.step() itself and looks at
+its handles after every iteration, so there is no client thread and no lock contention in
+the measurement.
+
+Closed loop at C: submit C requests; whenever one finishes, submit the next, until the
+list is exhausted; then drain. With fixed lengths every iteration runs at batch C except
+the drain.
+
+Open loop at rate R req/s: arrival i is at sum of i+1 exponential gaps (seeded). A request's
+latency is measured from its scheduled arrival, not from when the loop got to submit it.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord
+from dynspec.benchmarks.workload import BenchRequest
+
+Progress = Callable[[int], None]     # called with the number of requests that just finished
+
+
+def _stats_since(executor, n0: int) -> tuple[StepRecord, ...]:
+    return tuple(StepRecord.of(s) for s in executor.stats[n0:])
+
+
+def closed_loop(executor, requests: Sequence[BenchRequest], concurrency: int, *,
+                clock: Callable[[], float] = time.perf_counter, progress: Progress | None = None) -> RunRecord:
+    """Keep `concurrency` requests in flight until every request has finished.
+
+    `clock` must be the executor's clock (time.perf_counter unless it was given another)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency {concurrency} must be at least 1")
+    todo = deque(requests)
+    inflight: list = []
+    finished: list[RequestTiming] = []
+    n0 = len(executor.stats)
+    idle_steps = 0
+    start = clock()
+
+    def refill() -> None:
+        while todo and len(inflight) < concurrency:
+            r = todo.popleft()
+            inflight.append(executor.submit(r.input_ids, r.output_tokens))
+
+    refill()
+    while inflight:
+        st = executor.step()
+        still = []
+        for h in inflight:
+            if h.done:
+                finished.append(RequestTiming.of(h.result()))
+            else:
+                still.append(h)
+        n_done = len(inflight) - len(still)
+        inflight[:] = still
+        if progress is not None and n_done:
+            progress(n_done)
+        idle_steps = idle_steps + 1 if st is None and not n_done else 0
+        if idle_steps > 3:
+            raise RuntimeError(f"executor made no progress with {len(inflight)} requests in flight")
+        refill()
+    end = clock()
+    return RunRecord(tuple(finished), _stats_since(executor, n0), start, end)
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
+    """[n] arrival offsets in seconds: cumulative exponential gaps with mean 1/rate."""
+    if rate <= 0:
+        raise ValueError(f"request rate {rate} must be positive")
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=n))
+
+
+def open_loop(executor, requests: Sequence[BenchRequest], rate: float, *, seed: int = 0,
+              clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+              progress: Progress | None = None) -> RunRecord:
+    """Submit request i at its Poisson arrival time; step while anything is in flight."""
+    arrivals = poisson_arrivals(len(requests), rate, seed)
+    inflight: list = []                       # (handle, scheduled arrival on the clock)
+    finished: list[RequestTiming] = []
+    n0 = len(executor.stats)
+    start = clock()
+    i = 0
+    while i < len(requests) or inflight:
+        now = clock()
+        while i < len(requests) and start + arrivals[i] <= now:
+            r = requests[i]
+            inflight.append((executor.submit(r.input_ids, r.output_tokens), start + float(arrivals[i])))
+            i += 1
+        if not inflight:
+            sleep(max(0.0, start + float(arrivals[i]) - clock()))
+            continue
+        executor.step()
+        still = []
+        for h, t_arr in inflight:
+            if h.done:
+                res = RequestTiming.of(h.result())
+                finished.append(RequestTiming(res.prompt_len, res.output_len, t_arr, res.first_token_s, res.finish_s))
+            else:
+                still.append((h, t_arr))
+        if progress is not None and len(still) < len(inflight):
+            progress(len(inflight) - len(still))
+        inflight = still
+    end = clock()
+    return RunRecord(tuple(finished), _stats_since(executor, n0), start, end)

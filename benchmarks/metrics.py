@@ -1,0 +1,181 @@
+"""What a benchmark run measured: pure functions from raw timings to one row of numbers.
+
+A run (one mode at one load point) on one replica yields a `RunRecord`: per-request
+timings plus the executor's per-iteration stats. Replicas of an mpirun sweep each yield one;
+`summarize` merges them (they started together after a barrier):
+
+    output_tok_per_s = all output tokens / longest replica wall time
+    latency          = finish - submit                 (p50, p99 over all requests)
+    ttft             = first token - submit            (mean, p50, p99)
+    tpot             = (finish - first token) / (output tokens - 1), per request (mean)
+    mean_k           = mean over iterations of that iteration's K
+    mean_accepted_len= tokens a row gains per target step = (sum accepted + sum b) / sum b
+                       (1.0 without speculation; 1 + K with every draft accepted)
+
+Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
+    mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    prompt_len: int
+    output_len: int
+    submit_s: float
+    first_token_s: float | None
+    finish_s: float
+
+    @property
+    def latency_s(self) -> float:
+        return self.finish_s - self.submit_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.submit_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.first_token_s is None or self.output_len < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_len - 1)
+
+    @classmethod
+    def of(cls, result) -> "RequestTiming":
+        """From the executor's RequestResult."""
+        return cls(result.prompt_len, len(result.output_ids), result.submit_s, result.first_token_s, result.finish_s)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    batch_size: int
+    k: int
+    drafted: int
+    accepted: int
+    seconds: float
+    host_seconds: float
+
+    @classmethod
+    def of(cls, st) -> "StepRecord":
+        """From the executor's IterationStats."""
+        return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One replica's run: raw, small, picklable (it crosses mpi4py's gather)."""
+
+    requests: tuple[RequestTiming, ...]
+    steps: tuple[StepRecord, ...]
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_len for r in self.requests)
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    replicas: int
+    num_requests: int
+    output_tokens: int
+    duration_s: float
+    output_tok_per_s: float
+    requests_per_s: float
+    p50_latency_s: float
+    p99_latency_s: float
+    mean_latency_s: float
+    ttft_s: float | None            # mean
+    p50_ttft_s: float | None
+    p99_ttft_s: float | None
+    tpot_s: float | None            # mean over requests with >= 2 output tokens
+    p50_tpot_s: float | None
+    iterations: int
+    mean_batch_size: float
+    mean_k: float
+    acceptance_rate: float | None   # accepted / drafted; None when nothing was drafted
+    mean_accepted_len: float
+    mean_step_ms: float
+    host_overhead_fraction: float   # (policy + planning) / engine step time
+    per_replica_tok_per_s: tuple[float, ...]
+    k_by_batch: tuple[tuple[int, int, int], ...]   # (batch size, K, iterations), sorted
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["per_replica_tok_per_s"] = list(self.per_replica_tok_per_s)
+        d["k_by_batch"] = [list(t) for t in self.k_by_batch]
+        return d
+
+
+def percentile(xs: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default); None for no data."""
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else None
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+def step_summary(steps: Sequence[StepRecord]) -> dict:
+    """mean_k, acceptance_rate, mean_accepted_len, ... over iterations (pure)."""
+    rows = sum(s.batch_size for s in steps)
+    drafted = sum(s.drafted for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    secs = sum(s.seconds for s in steps)
+    return {
+        "iterations": len(steps),
+        "mean_batch_size": rows / len(steps) if steps else 0.0,
+        "mean_k": sum(s.k for s in steps) / len(steps) if steps else 0.0,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_len": (accepted + rows) / rows if rows else 1.0,
+        "mean_step_ms": 1e3 * secs / len(steps) if steps else 0.0,
+        "host_overhead_fraction": sum(s.host_seconds for s in steps) / secs if secs > 0 else 0.0,
+        "k_by_batch": tuple(sorted((b, k, n) for (b, k), n in Counter((s.batch_size, s.k) for s in steps).items())),
+    }
+
+
+def summarize(records: Iterable[RunRecord]) -> RunMetrics:
+    """Merge the replicas' records of one run into one row of metrics."""
+    records = list(records)
+    if not records:
+        raise ValueError("no run records to summarize")
+    reqs = [r for rec in records for r in rec.requests]
+    if not reqs:
+        raise ValueError("run records hold no finished requests")
+    steps = [s for rec in records for s in rec.steps]
+    duration = max(rec.duration_s for rec in records)
+    tokens = sum(r.output_len for r in reqs)
+    lat = [r.latency_s for r in reqs]
+    ttft = [r.ttft_s for r in reqs if r.ttft_s is not None]
+    tpot = [r.tpot_s for r in reqs if r.tpot_s is not None]
+    ss = step_summary(steps)
+    return RunMetrics(
+        replicas=len(records),
+        num_requests=len(reqs),
+        output_tokens=tokens,
+        duration_s=duration,
+        output_tok_per_s=tokens / duration if duration > 0 else 0.0,
+        requests_per_s=len(reqs) / duration if duration > 0 else 0.0,
+        p50_latency_s=percentile(lat, 50),
+        p99_latency_s=percentile(lat, 99),
+        mean_latency_s=_mean(lat),
+        ttft_s=_mean(ttft),
+        p50_ttft_s=percentile(ttft, 50),
+        p99_ttft_s=percentile(ttft, 99),
+        tpot_s=_mean(tpot),
+        p50_tpot_s=percentile(tpot, 50),
+        per_replica_tok_per_s=tuple(rec.output_tokens / rec.duration_s if rec.duration_s > 0 else 0.0
+                                    for rec in records),
+        **ss,
+    )

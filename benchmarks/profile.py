@@ -1,0 +1,240 @@
+"""Measure the engine's iteration time for each (batch size b, draft length K); K = 0 is plain decode.
+
+profile.json:
+    {"device": "cuda:0 (NVIDIA H200)",
+     "context_len": 1024,
+     "iteration_ms": {"1": {"0": 4.4, "1": 4.9, "2": 5.3}, "8": {...}},     # median of repeats
+     "decode_ms": {"1": 4.2, ...},            # K = 0 without the keep-warm draft extend (plain target step)
+     "acceptance": {"per_position": [0.8, 0.7, 0.6]},      # optional: --measure-acceptance
+     "target_weight_bytes": 16060522496, "keep_warm": true, "repeats": 20, "warmup": 5,
+     "versions": {...}, "command": "dynspec profile ..."}
+
+Each (b, K) runs engine.step on synthetic rows: b rows whose pending token sits at position
+context_len (the KV cache contents do not change the cost), the same plan every repeat, so
+the context length stays fixed. With CUDA graphs on, the graphs for every measured shape are
+captured first, as serving would.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from dynspec.errors import DynspecError
+
+PROFILE_FORMAT = "dynspec-profile/1"
+
+
+@dataclass(frozen=True)
+class Profile:
+    device: str
+    iteration_ms: Mapping[int, Mapping[int, float]]          # b -> K -> ms
+    per_position: tuple[float, ...] | None = None           # conditional acceptance per draft position
+    context_len: int | None = None
+    decode_ms: Mapping[int, float] | None = None             # b -> plain target step without keep-warm
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = {"format": PROFILE_FORMAT, "device": self.device, "context_len": self.context_len,
+             "iteration_ms": {str(b): {str(k): ms for k, ms in sorted(row.items())}
+                              for b, row in sorted(self.iteration_ms.items())}}
+        if self.decode_ms is not None:
+            d["decode_ms"] = {str(b): ms for b, ms in sorted(self.decode_ms.items())}
+        if self.per_position is not None:
+            d["acceptance"] = {"per_position": list(self.per_position)}
+        d.update(self.meta)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping, where: str = "profile") -> "Profile":
+        if "iteration_ms" not in d:
+            raise DynspecError(f"{where}: missing field 'iteration_ms'")
+        table = d["iteration_ms"]
+        if not isinstance(table, Mapping) or not table:
+            raise DynspecError(f"{where}: field 'iteration_ms' must be a non-empty object {{\"<b>\": {{\"<K>\": ms}}}}")
+        it: dict[int, dict[int, float]] = {}
+        for bs, row in table.items():
+            b = _int_key(bs, f"{where}: iteration_ms key")
+            if b < 1:
+                raise DynspecError(f"{where}: iteration_ms key {bs!r} is not a batch size >= 1")
+            if not isinstance(row, Mapping) or not row:
+                raise DynspecError(f"{where}: iteration_ms[{bs!r}] must be a non-empty object {{\"<K>\": ms}}")
+            it[b] = {}
+            for ks, ms in row.items():
+                k = _int_key(ks, f"{where}: iteration_ms[{bs!r}] key")
+                if k < 0:
+                    raise DynspecError(f"{where}: iteration_ms[{bs!r}] key {ks!r} is a negative K")
+                if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not math.isfinite(ms) or ms <= 0:
+                    raise DynspecError(f"{where}: iteration_ms[{bs!r}][{ks!r}] = {ms!r} is not a positive number of ms")
+                it[b][k] = float(ms)
+        pp = None
+        acc = d.get("acceptance")
+        if acc is not None:
+            if not isinstance(acc, Mapping) or "per_position" not in acc:
+                raise DynspecError(f"{where}: field 'acceptance' must be {{\"per_position\": [a1, a2, ...]}}")
+            raw = acc["per_position"]
+            if not isinstance(raw, list) or not raw:
+                raise DynspecError(f"{where}: field 'acceptance.per_position' must be a non-empty list")
+            for i, a in enumerate(raw):
+                if not isinstance(a, (int, float)) or isinstance(a, bool) or not 0.0 <= a <= 1.0:
+                    raise DynspecError(f"{where}: acceptance.per_position[{i}] = {a!r} is not a rate in [0, 1]")
+            pp = tuple(float(a) for a in raw)
+        dec = d.get("decode_ms")
+        decode = {_int_key(b, f"{where}: decode_ms key"): float(v) for b, v in dec.items()} if isinstance(dec, Mapping) else None
+        known = {"format", "device", "context_len", "iteration_ms", "acceptance", "decode_ms"}
+        return cls(str(d.get("device", "unknown")), it, pp, d.get("context_len"), decode,
+                   {k: v for k, v in d.items() if k not in known})
+
+    @classmethod
+    def load(cls, path) -> "Profile":
+        from dynspec.artifacts import read_json
+
+        return cls.from_json(read_json(path, "profile"), where=str(path))
+
+
+def _int_key(s, what: str) -> int:
+    try:
+        return int(s)
+    except (TypeError, ValueError):
+        raise DynspecError(f"{what} {s!r} is not an integer") from None
+
+
+# ---- measurement ------------------------------------------------------------------------
+def _sync(device) -> None:
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def time_step(engine, k: int, batch_size: int, context_len: int, *, keep_warm: bool, warmup: int, repeats: int,
+              seed: int = 0) -> float:
+    """Median ms of engine.step for b rows at context_len with K drafts (K = 0: plain decode)."""
+    import random
+
+    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.plan import make_plan
+
+    rng = random.Random(seed)
+    plan = make_plan(k, positions=[context_len] * batch_size,
+                     pending=[rng.randrange(2, 16) for _ in range(batch_size)],     # any valid ids
+                     stale=[False] * batch_size, keep_warm=keep_warm, buckets=engine.buckets)
+    acc = Greedy()
+    for _ in range(warmup):
+        engine.step(plan, acc)
+    _sync(engine.device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        engine.step(plan, acc)
+        _sync(engine.device)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
+                         keep_warm: bool = True, warmup: int = 3, repeats: int = 10,
+                         progress=None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+    """({b: {K: ms}}, {b: plain-decode ms without keep-warm}) for the engine as it is set up."""
+    bad = [b for b in batch_sizes if not 1 <= b <= engine.max_batch_size]
+    if bad:
+        raise DynspecError(f"batch sizes {bad} are outside 1..{engine.max_batch_size} (the engine's max_batch_size)")
+    badk = [k for k in draft_lens if not 0 <= k <= engine.max_draft_len]
+    if badk:
+        raise DynspecError(f"draft lengths {badk} are outside 0..{engine.max_draft_len} (the engine's max_draft_len)")
+    need = context_len + max(draft_lens) + 1
+    if need > engine.max_seq_len:
+        raise DynspecError(f"--context-len {context_len} + K {max(draft_lens)} + 1 = {need} exceeds max_seq_len {engine.max_seq_len}")
+    table: dict[int, dict[int, float]] = {}
+    decode: dict[int, float] = {}
+    for b in batch_sizes:
+        table[b] = {}
+        for k in draft_lens:
+            table[b][k] = time_step(engine, k, b, context_len, keep_warm=keep_warm, warmup=warmup, repeats=repeats)
+            if progress:
+                progress(1)
+        if keep_warm or 0 not in table[b]:
+            decode[b] = time_step(engine, 0, b, context_len, keep_warm=False, warmup=warmup, repeats=repeats)
+        else:
+            decode[b] = table[b][0]
+    return table, decode
+
+
+class _Recorder:
+    """Wraps an engine: forwards everything, remembers each step's (K, per-row accepted)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.accepted: list[tuple[int, tuple[int, ...]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self, plan, acceptance):
+        res = self._engine.step(plan, acceptance)
+        self.accepted.append((plan.k, tuple(res.accepted)))
+        return res
+
+
+def per_position_rates(steps: Sequence[tuple[int, Sequence[int]]], k: int) -> tuple[float, ...]:
+    """Conditional acceptance per draft position from per-row accepted counts of K=k steps.
+
+    a_i = #(rows with n >= i) / #(rows with n >= i-1).  Rows [3, 1, 0, 3] at K=3:
+        n>=0: 4, n>=1: 3, n>=2: 2, n>=3: 2  ->  (0.75, 0.667, 1.0)"""
+    ns = [n for kk, rows in steps if kk == k for n in rows]
+    if not ns:
+        raise DynspecError(f"no K={k} steps to measure acceptance from")
+    counts = [sum(1 for n in ns if n >= i) for i in range(k + 1)]
+    return tuple(counts[i] / counts[i - 1] if counts[i - 1] else 0.0 for i in range(1, k + 1))
+
+
+def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[float, ...]:
+    """Real (greedy) per-position acceptance at a static K over the requests."""
+    from dynspec.benchmarks.loadgen import closed_loop
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.policy import DraftSchedule
+
+    rec = _Recorder(engine)
+    ex = Executor(rec, DraftSchedule.static(k, engine.max_batch_size), keep_warm=True)
+    closed_loop(ex, requests, concurrency)
+    return per_position_rates(rec.accepted, k)
+
+
+def weight_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
+                warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
+                meta: Mapping[str, object] | None = None, progress=None) -> Profile:
+    """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K)."""
+    from dynspec.benchmarks.engines import device_name, open_reference
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+
+    batch_sizes = sorted(set(batch_sizes))
+    draft_lens = sorted(set(draft_lens))
+    if 0 not in draft_lens:
+        draft_lens = [0] + draft_lens          # plain decode is the baseline every gain is measured against
+    kmax = max(draft_lens)
+    max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
+    seq = context_len + kmax + 1
+    if acceptance_requests:
+        seq = max(seq, max(r.input_len + r.output_tokens for r in acceptance_requests) + kmax + 1)
+    engine = open_reference(cfg, device=device, max_batch_size=max_b, max_seq_len=seq, max_draft_len=max(kmax, 1))
+    keep_warm = cfg.reference.keep_warm
+    if device.startswith("cuda") and cfg.reference.cuda_graphs:
+        policies = [(lambda b, k=k: k) for k in draft_lens]
+        keys = set(reachable_graphs(policies, max_b, keep_warm)) | set(reachable_graphs([lambda b: 0], max_b, False))
+        engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
+    table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, context_len, keep_warm=keep_warm,
+                                         warmup=warmup, repeats=repeats, progress=progress)
+    pp = None
+    if acceptance_requests and kmax > 0:
+        pp = measure_acceptance(engine, acceptance_requests, kmax, acceptance_concurrency)
+    info = {"keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
+            "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
+            "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs)}
+    info.update(meta or {})
+    return Profile(device_name(device), table, pp, context_len, decode, info)

@@ -1,0 +1,371 @@
+"""Concurrency sweep: baseline (K=0), static (fixed K) and dynamic (the schedule), side by side.
+
+    mpirun -n N python -m dynspec.benchmarks.sweep --engine reference --engine-dir DIR \\
+        --concurrency 1,2,4,8,16,32,64,128 --modes baseline,static,dynamic \\
+        --acceptance bernoulli:0.7 --input-len 512 --output-len 512 --out results/NAME
+
+Reference engine: every rank is one replica (data parallel) on its own device (cuda:<local
+rank> with --device cuda). At each load point the replicas start together after a barrier and
+each runs --num-requests requests of its own shard of one seeded workload; every mode sees
+the very same requests. Rank 0 gathers the raw timings with mpi4py and writes NAME.json,
+NAME.md and NAME.png. Without mpirun the world is one rank.
+
+    --concurrency C   closed loop: C requests in flight per replica
+    --request-rate R  open loop: Poisson arrivals at R req/s per replica
+
+TensorRT-LLM (`--engine trtllm`) runs as one TP instance of the LLM API:
+    mpirun -n 8 trtllm-llmapi-launch python -m dynspec.benchmarks.sweep --engine trtllm --engine-dir DIR ...
+(see benchmarks/trtllm_driver.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from dynspec.benchmarks.engines import BENCH_ENV, add_engine_args, apply_bench_env
+from dynspec.benchmarks.mpi import World, log, world
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+
+MODES = ("baseline", "static", "dynamic")
+
+
+def int_list(text: str, what: str) -> tuple[int, ...]:
+    try:
+        xs = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DynspecError(f"{what} {text!r} is not a comma-separated list of integers") from None
+    if not xs or min(xs) < 1:
+        raise DynspecError(f"{what} {text!r} needs positive integers")
+    return xs
+
+
+def float_list(text: str, what: str) -> tuple[float, ...]:
+    try:
+        xs = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DynspecError(f"{what} {text!r} is not a comma-separated list of numbers") from None
+    if not xs or min(xs) <= 0:
+        raise DynspecError(f"{what} {text!r} needs positive numbers")
+    return xs
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(MODES)}")
+    if len(set(modes)) != len(modes):
+        raise DynspecError(f"--modes {text!r} repeats a mode")
+    return modes
+
+
+def read_schedule_arg(text: str) -> DraftSchedule:
+    """'4:4,8:2' or '@schedule.txt' (the file `dynspec tune --out` writes)."""
+    if text.startswith("@"):
+        p = Path(text[1:])
+        if not p.is_file():
+            raise DynspecError(f"schedule file {p} does not exist")
+        return DraftSchedule.parse(p.read_text().strip())
+    return DraftSchedule.parse(text)
+
+
+def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None,
+                   max_batch_size: int) -> dict[str, DraftSchedule]:
+    """baseline: K=0 always; static: K for every batch size; dynamic: the engine's (or a tuned) schedule.
+
+    static_k defaults to the dynamic schedule's max_draft_len: 'what if we never switched'."""
+    out = {}
+    for m in modes:
+        if m == "baseline":
+            out[m] = DraftSchedule()
+        elif m == "static":
+            k = dynamic.max_draft_len if static_k is None else static_k
+            if k < 1:
+                raise DynspecError("static mode needs --static-k K >= 1 (the dynamic schedule never speculates)")
+            out[m] = DraftSchedule.static(k, max_batch_size)
+        else:
+            out[m] = dynamic
+    return out
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    concurrency: int | None = None       # closed loop
+    request_rate: float | None = None    # open loop (req/s per replica)
+
+    @property
+    def label(self) -> str:
+        return f"C={self.concurrency}" if self.concurrency is not None else f"rate={self.request_rate:g}/s"
+
+
+def load_points(concurrency: Sequence[int], rates: Sequence[float]) -> tuple[LoadPoint, ...]:
+    return tuple(LoadPoint(concurrency=c) for c in concurrency) + tuple(LoadPoint(request_rate=r) for r in rates)
+
+
+def requests_per_point(p: LoadPoint, num_requests: int | None) -> int:
+    """Per replica: --num-requests, else two full waves at C (at least 8)."""
+    if num_requests is not None:
+        return num_requests
+    return max(8, 2 * p.concurrency) if p.concurrency is not None else max(8, int(round(10 * p.request_rate)))
+
+
+def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="python -m dynspec.benchmarks.sweep", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--engine", choices=("reference", "trtllm"), default="reference")
+    add_engine_args(p)
+    g = p.add_argument_group("load")
+    g.add_argument("--concurrency", default="1,2,4,8", help="closed-loop concurrencies per replica, e.g. 1,2,4,8")
+    g.add_argument("--request-rate", default="", help="open-loop Poisson rates per replica (req/s), e.g. 0.5,1,2")
+    g.add_argument("--modes", default="baseline,static,dynamic")
+    g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
+    g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",
+                   help="schedule of the dynamic mode, e.g. '4:4,8:2' or @schedule.txt from `dynspec tune`"
+                        " (default: the engine's)")
+    g.add_argument("--acceptance", default="real",
+                   help="real (greedy, lossless) | bernoulli:P (labelled model for random-weight checkpoints)")
+    g.add_argument("--keep-warm", choices=("engine", "on", "off"), default="engine",
+                   help="dynamic mode: keep the draft warm while K=0 (default: the engine dir's setting)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--dataset", metavar="FILE.jsonl", help="trtllm-bench JSONL (task_id, input_ids|prompt, output_tokens)")
+    w.add_argument("--input-len", default="128", help="synthetic prompt length N or LO:HI (default 128)")
+    w.add_argument("--output-len", default="128", help="synthetic output length N or LO:HI (default 128)")
+    w.add_argument("--num-requests", type=int, help="requests per replica per load point (default max(8, 2C))")
+    w.add_argument("--warmup-requests", type=int, default=2, help="untimed requests per mode before the sweep")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--save-workload", metavar="FILE.jsonl", help="also write the synthetic workload as trtllm-bench JSONL")
+    t = p.add_argument_group("trtllm")
+    t.add_argument("--trtllm-options", metavar="YAML", help="LLM API options (default: ENGINE_DIR/llm_api_options.yaml)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", required=True, help="results/NAME -> NAME.json, NAME.md, NAME.png")
+    o.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    return p
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything the sweep was asked to do, resolved from flags (the same on every rank)."""
+
+    engine: str
+    modes: tuple[str, ...]
+    points: tuple[LoadPoint, ...]
+    schedules: tuple[tuple[str, DraftSchedule], ...]
+    keep_warm: tuple[tuple[str, bool], ...]
+    acceptance: object
+    requests: tuple               # the whole seeded workload (BenchRequest)
+    workload: str                 # description for the env block
+    num_requests: int | None
+    warmup_requests: int
+    seed: int
+    max_batch_size: int
+    max_seq_len: int
+    max_draft_len: int
+
+
+def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
+    from dynspec.benchmarks.engines import target_tokenizer, target_vocab_size
+    from dynspec.benchmarks.workload import LengthDist, check_fits, load_jsonl, synthetic, write_jsonl
+    from dynspec.runtime.acceptance import parse_acceptance
+
+    modes = parse_modes(args.modes)
+    conc = int_list(args.concurrency, "--concurrency") if args.concurrency.strip() else ()
+    rates = float_list(args.request_rate, "--request-rate") if args.request_rate.strip() else ()
+    points = load_points(conc, rates)
+    if not points:
+        raise DynspecError("nothing to sweep: give --concurrency and/or --request-rate")
+    if args.num_requests is not None and args.num_requests < 1:
+        raise DynspecError(f"--num-requests {args.num_requests} must be at least 1")
+    max_b = max(conc) if conc else cfg.reference.max_batch_size
+    dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
+    schedules = mode_schedules(modes, dynamic, args.static_k, max_b)
+    kmax = max([s.max_draft_len for s in schedules.values()] + [1])
+    engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
+    # baseline never drafts, so it never pays for a draft; static never reaches K=0
+    keep_warm = {m: (False if m == "baseline" else engine_warm) for m in modes}
+    acceptance = parse_acceptance(args.acceptance, seed=args.seed)
+
+    per_point = max(requests_per_point(p, args.num_requests) for p in points)
+    vocab = target_vocab_size(cfg)
+    if args.dataset:
+        reqs = load_jsonl(args.dataset, target_tokenizer(cfg))
+        desc = f"dataset {args.dataset} ({len(reqs)} requests)"
+    else:
+        if vocab is None:
+            raise DynspecError(f"target {cfg.target_dir}/config.json has no vocab_size; give --dataset instead")
+        il = LengthDist.parse(args.input_len, "--input-len")
+        ol = LengthDist.parse(args.output_len, "--output-len")
+        reqs = synthetic(per_point * w.size, il, ol, vocab, seed=args.seed)
+        desc = f"synthetic: input_len {il}, output_len {ol}, seed {args.seed}, uniform random token ids"
+        if args.save_workload and w.is_root:
+            write_jsonl(args.save_workload, reqs)
+    n_desc = (f"{args.num_requests}" if args.num_requests is not None else "max(8, 2C)")
+    desc += f"; {n_desc} requests per replica per load point"
+    max_seq = max(r.input_len + r.output_tokens for r in reqs) + kmax + 1
+    check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
+    return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
+                     reqs, desc, args.num_requests, args.warmup_requests, args.seed, max_b, max_seq, kmax)
+
+
+def command_line(argv: Sequence[str], world_size: int) -> str:
+    """How this run was launched, as a copy-pasteable line (mpirun's own flags are not visible here)."""
+    base = "python -m dynspec.benchmarks.sweep " + shlex.join(list(argv))
+    return f"mpirun -n {world_size} {base}" if world_size > 1 else base
+
+
+def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool) -> list[dict]:
+    """Every rank: run every (load point, mode); rank 0 returns the rows (others return [])."""
+    import torch
+
+    from dynspec.benchmarks.engines import device_for_rank, open_reference
+    from dynspec.benchmarks.loadgen import closed_loop, open_loop
+    from dynspec.benchmarks.metrics import summarize
+    from dynspec.benchmarks.workload import take
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.executor import Executor
+
+    dev = device_for_rank(device, w.local_rank)
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(torch.device(dev))
+    schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
+    engine = open_reference(cfg, device=dev, max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
+                            max_draft_len=spec.max_draft_len)
+    if dev.startswith("cuda") and cfg.reference.cuda_graphs:
+        # the union over modes, captured once; every mode's executor shares the engine
+        keys = set()
+        for m in spec.modes:
+            keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m]))
+        n = engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
+        log(f"captured {n} CUDA graphs per replica")
+
+    def executor(mode: str) -> Executor:
+        return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=spec.acceptance, allow_lossy=True)
+
+    if spec.warmup_requests > 0:
+        wreqs = [type(r)(r.task_id, r.input_ids, min(r.output_tokens, 8)) for r in spec.requests[: spec.warmup_requests]]
+        for m in spec.modes:
+            closed_loop(executor(m), wreqs, len(wreqs))
+        log(f"warmed up: {len(wreqs)} requests per mode")
+
+    bar = None
+    if progress and w.is_root:
+        from tqdm import tqdm
+
+        total = sum(requests_per_point(p, spec.num_requests) for p in spec.points) * len(spec.modes)
+        bar = tqdm(total=total, unit="req", desc="sweep", dynamic_ncols=True, file=sys.stderr)
+    records = []
+    for p in spec.points:
+        n = requests_per_point(p, spec.num_requests)
+        mine = take(spec.requests, n, w.rank * n)
+        for m in spec.modes:
+            if bar is not None:
+                bar.set_postfix_str(f"{p.label} {m}")
+            torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
+            ex = executor(m)
+            w.barrier()
+            cb = bar.update if bar is not None else None
+            if p.concurrency is not None:
+                rec = closed_loop(ex, mine, p.concurrency, progress=cb)
+            else:
+                rec = open_loop(ex, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
+            records.append(((p, m), rec))
+    if bar is not None:
+        bar.close()
+    gathered = w.gather(records)
+    if not w.is_root:
+        return []
+    rows = []
+    for i, ((p, m), _) in enumerate(records):
+        met = summarize(rank_records[i][1] for rank_records in gathered)
+        rows.append(make_row(p, m, spec, schedules[m], warm[m], met, w.size))
+    return rows
+
+
+def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, keep_warm: bool, met, world_size: int) -> dict:
+    row = {
+        "mode": mode,
+        "concurrency": p.concurrency,
+        "total_concurrency": None if p.concurrency is None else p.concurrency * world_size,
+        "request_rate": p.request_rate,
+        "acceptance_model": str(spec.acceptance),
+        "schedule": schedule.to_spec(),
+        "keep_warm": keep_warm,
+    }
+    row.update(met.to_json())
+    return row
+
+
+def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, argv: Sequence[str]) -> dict:
+    from dynspec.benchmarks.engines import device_name, versions
+
+    dev = device_name(device if not device == "cuda" else "cuda:0")
+    return {
+        "name": Path(args.out).name,
+        "device": dev,
+        "engine": spec.engine,
+        "engine_source": source,
+        "world_size": w.size,
+        "replicas": w.size if spec.engine == "reference" else 1,
+        "versions": versions(),
+        "command": command_line(argv, w.size),
+        "acceptance_model": str(spec.acceptance),
+        "acceptance_lossless": bool(spec.acceptance.lossless),
+        "schedules": {m: s.to_spec() for m, s in spec.schedules},
+        "keep_warm": dict(spec.keep_warm),
+        "workload": spec.workload,
+        "seed": spec.seed,
+        "dtype": cfg.reference.dtype,
+        "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
+        "max_batch_size": spec.max_batch_size,
+        "max_seq_len": spec.max_seq_len,
+        "hostname": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "nccl_env": {k: os.environ.get(k) for k in BENCH_ENV},
+    }
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from dynspec.benchmarks.engines import engine_choice
+    from dynspec.benchmarks.report import write_all
+
+    apply_bench_env()
+    if args.engine == "trtllm":
+        from dynspec.benchmarks.trtllm_driver import run_trtllm_sweep
+
+        return run_trtllm_sweep(args, argv)
+    w = world()
+    choice = engine_choice(args)
+    cfg = choice.config
+    spec = resolve(args, w, cfg)
+    log(f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {w.size} replica(s), "
+        f"acceptance {spec.acceptance}, {choice.source}")
+    t0 = time.perf_counter()
+    rows = run_reference(spec, cfg, args.device, w, progress=not args.no_progress)
+    if w.is_root:
+        doc = {"env": env_block(args, spec, cfg, choice.source, args.device, w, argv), "rows": rows}
+        doc["env"]["wall_s"] = time.perf_counter() - t0
+        paths = write_all(doc, args.out)
+        log("wrote " + ", ".join(str(p) for p in paths.values()))
+    w.barrier()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = make_parser().parse_args(argv)
+    try:
+        return run(args, argv)
+    except DynspecError as e:
+        log(f"error: {e}", all_ranks=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

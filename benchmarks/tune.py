@@ -1,0 +1,189 @@
+"""Choose a draft-length schedule from a measured profile. Pure: numbers in, schedule out.
+
+For each batch size b and candidate K:
+    goodput(b, K) = b * E[tokens | K] / iteration_ms(b, K)          tokens per ms
+    gain(b, K)    = goodput(b, K) / goodput(b, 0)                   predicted speedup over plain decode
+
+E[tokens | K] is what one row gains per verify step (the bonus token included):
+    one rate a:               E = (1 - a^(K+1)) / (1 - a)           (= K + 1 when a = 1)
+    per-position rates a_i:   E = 1 + sum_{i<=K} prod_{j<=i} a_j     a_i = P(draft i accepted | drafts < i accepted)
+    worked example, a = 0.7, K = 3:   E = 1 + 0.7 + 0.49 + 0.343 = 2.533
+
+Batch sizes between profiled points get iteration_ms interpolated LINEARLY IN b (iteration
+time is close to affine in b both while memory-bound and once compute-bound; the knee
+between them is where interpolation errs, so profile densely there). Below the smallest
+profiled b the smallest point's times are used; above the largest, K = 0 (not measured, so
+no speculation is promised there).
+
+The per-b argmax can wiggle with noise, while a DraftSchedule needs K non-increasing in b.
+So the final K's are the non-increasing sequence that maximises sum_b gain(b, K_b) / b
+(equal weight per octave of batch size), found by dynamic programming; where the argmax is
+already non-increasing that is exactly the argmax.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+
+Acceptance = float | Sequence[float]
+INTERPOLATION = "linear in batch size between profiled points; smallest point's times below it; K=0 above the largest"
+
+
+def expected_tokens(k: int, acceptance: Acceptance) -> float:
+    """E[tokens per row per step | K drafts] under one rate or per-position conditional rates."""
+    if k < 0:
+        raise DynspecError(f"negative draft length K={k}")
+    if isinstance(acceptance, (int, float)):
+        a = float(acceptance)
+        if not 0.0 <= a <= 1.0:
+            raise DynspecError(f"acceptance rate {a} is outside [0, 1]")
+        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    rates = [float(x) for x in acceptance]
+    if k > len(rates):
+        raise DynspecError(f"K={k} needs {k} per-position acceptance rates; the profile has {len(rates)}")
+    e, run = 1.0, 1.0
+    for i, a in enumerate(rates[:k]):
+        if not 0.0 <= a <= 1.0:
+            raise DynspecError(f"per-position acceptance rate {i + 1} = {a} is outside [0, 1]")
+        run *= a
+        e += run
+    return e
+
+
+def interpolate(points: Mapping[int, float], b: int) -> float | None:
+    """Linear in b between the profiled points; the smallest point's value below it; None above.
+
+    points {1: 10.0, 4: 13.0}: b=2 -> 11.0, b=4 -> 13.0, b=5 -> None."""
+    bs = sorted(points)
+    if b > bs[-1]:
+        return None
+    if b <= bs[0]:
+        return float(points[bs[0]])
+    for lo, hi in zip(bs, bs[1:]):
+        if lo <= b <= hi:
+            t = (b - lo) / (hi - lo)
+            return float(points[lo]) + t * (float(points[hi]) - float(points[lo]))
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class TuneRow:
+    batch_size: int
+    k: int                   # chosen (after smoothing)
+    best_k: int              # the per-b argmax before smoothing
+    iteration_ms: float      # at the chosen K
+    gain: float              # goodput(b, k) / goodput(b, 0)
+    profiled: bool           # False: iteration times interpolated
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    schedule: DraftSchedule
+    rows: tuple[TuneRow, ...]          # every b from 1 to the largest profiled b
+    acceptance: str                    # e.g. "0.7" or "per-position [0.8, 0.6]"
+    candidates: tuple[int, ...]        # the K values considered
+    interpolation: str = INTERPOLATION
+
+    def row(self, b: int) -> TuneRow:
+        return self.rows[b - 1]
+
+    def table_rows(self) -> tuple[TuneRow, ...]:
+        """The rows worth printing: every profiled b, plus each b where K changes."""
+        keep = []
+        for i, r in enumerate(self.rows):
+            changed = i > 0 and self.rows[i - 1].k != r.k
+            if r.profiled or changed:
+                keep.append(r)
+        return tuple(keep)
+
+    def table(self) -> str:
+        lines = [f"acceptance {self.acceptance}; candidates K in {list(self.candidates)}",
+                 f"iteration times: {self.interpolation}",
+                 f"{'batch':>6} {'K':>3} {'best K':>7} {'iter ms':>10} {'gain vs K=0':>12}  source"]
+        for r in self.table_rows():
+            src = "profiled" if r.profiled else "interpolated"
+            note = "" if r.k == r.best_k else f"  (smoothed from K={r.best_k})"
+            lines.append(f"{r.batch_size:>6} {r.k:>3} {r.best_k:>7} {r.iteration_ms:>10.3f} {r.gain:>11.3f}x  {src}{note}")
+        lines.append(f"schedule: {self.schedule.to_spec() or '(no speculation)'}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "schedule": self.schedule.to_spec(),
+            "acceptance": self.acceptance,
+            "candidates": list(self.candidates),
+            "interpolation": self.interpolation,
+            "rows": [dict(batch_size=r.batch_size, k=r.k, best_k=r.best_k, iteration_ms=r.iteration_ms,
+                          gain=r.gain, profiled=r.profiled) for r in self.table_rows()],
+        }
+
+
+def _check_grid(iteration_ms: Mapping[int, Mapping[int, float]]) -> tuple[list[int], list[int]]:
+    if not iteration_ms:
+        raise DynspecError("profile has no iteration times")
+    bs = sorted(iteration_ms)
+    ks = sorted(iteration_ms[bs[0]])
+    for b in bs:
+        if sorted(iteration_ms[b]) != ks:
+            raise DynspecError(
+                f"profile: batch size {b} has draft lengths {sorted(iteration_ms[b])}, batch size {bs[0]} has {ks};"
+                " every batch size needs the same draft lengths"
+            )
+        for k, ms in iteration_ms[b].items():
+            if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
+                raise DynspecError(f"profile: iteration_ms[{b}][{k}] = {ms!r} is not a positive number")
+    if 0 not in ks:
+        raise DynspecError("profile has no K=0 (plain decode) times; gains are measured against it")
+    return bs, ks
+
+
+def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance,
+         max_draft_len: int | None = None) -> TuneResult:
+    """The goodput-maximising non-increasing schedule for a profile (see the module docstring)."""
+    bs, ks = _check_grid(iteration_ms)
+    per_position = not isinstance(acceptance, (int, float))
+    limit = max_draft_len if max_draft_len is not None else max(ks)
+    if per_position:
+        limit = min(limit, len(acceptance))
+    cands = [k for k in ks if k <= limit]
+    E = {k: expected_tokens(k, acceptance) for k in cands}
+    B = bs[-1]
+    curves = {k: {b: iteration_ms[b][k] for b in bs} for k in cands}
+    ms = [[interpolate(curves[k], b) for k in cands] for b in range(1, B + 1)]        # [B][len(cands)]
+    # gain(b, K) = E(K) * ms(b, 0) / ms(b, K)   (b cancels)
+    gain = [[E[k] * row[0] / row[j] for j, k in enumerate(cands)] for row in ms]
+    best = [max(range(len(cands)), key=lambda j, g=g: (round(g[j], 12), -j)) for g in gain]
+
+    # DP over b = B..1: f[j] = best weighted sum of gains for b..B given K_b = cands[j], with
+    # K non-increasing from b on. nxt_best[j] = max(f_{b+1}[:j+1]), reached at nxt_arg[j].
+    f = [0.0] * len(cands)
+    follow: list[list[int]] = [[]] * B          # follow[b-1][j]: index of K_{b+1} given K_b = cands[j]
+    for b in range(B, 0, -1):
+        nxt_best, nxt_arg, run, at = [], [], -math.inf, 0
+        for j in range(len(cands)):
+            if f[j] > run + 1e-12:              # ties keep the smaller K
+                run, at = f[j], j
+            nxt_best.append(run)
+            nxt_arg.append(at)
+        follow[b - 1] = nxt_arg
+        f = [gain[b - 1][j] / b + (nxt_best[j] if b < B else 0.0) for j in range(len(cands))]
+    j = max(range(len(cands)), key=lambda j: (round(f[j], 12), -j))
+    picks = []
+    for b in range(1, B + 1):
+        picks.append(j)
+        if b < B:
+            j = follow[b - 1][j]
+    profiled = set(bs)
+    rows = tuple(
+        TuneRow(b, cands[picks[b - 1]], cands[best[b - 1]], ms[b - 1][picks[b - 1]], gain[b - 1][picks[b - 1]],
+                b in profiled)
+        for b in range(1, B + 1)
+    )
+    # one tier per b; DraftSchedule merges equal neighbours and drops the K=0 tail
+    schedule = DraftSchedule(tuple((r.batch_size, r.k) for r in rows))
+    label = f"{acceptance:g}" if not per_position else "per-position " + str([round(float(a), 4) for a in acceptance])
+    return TuneResult(schedule, rows, label, tuple(cands))

@@ -1,0 +1,197 @@
+"""dynspec tune: synthetic profiles whose best schedule is known in closed form."""
+import json
+import math
+
+import pytest
+
+from dynspec.benchmarks.profile import Profile, per_position_rates
+from dynspec.benchmarks.tune import expected_tokens, interpolate, tune
+from dynspec.cli import main
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+
+POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+KS = (0, 1, 2, 3, 4)
+
+
+def grid(cost, bs=POW2, ks=KS):
+    return {b: {k: float(cost(b, k)) for k in ks} for b in bs}
+
+
+def knee(b, k, floor=10.0, per_token=0.1):
+    """Memory-bound floor until b*(K+1) tokens saturate compute, then linear in tokens."""
+    return max(floor, per_token * b * (k + 1))
+
+
+def brute_force(cost, a, b, ks=KS):
+    """argmax_K b*E(K)/cost(b,K), E written out as a sum (independent of expected_tokens)."""
+    def goodput(k):
+        return b * sum(a ** i for i in range(k + 1)) / cost(b, k)
+    best = max(goodput(k) for k in ks)
+    return min(k for k in ks if goodput(k) >= best - 1e-12)      # ties -> smaller K
+
+
+# ---- expected tokens --------------------------------------------------------------------
+@pytest.mark.parametrize("k,a,want", [(0, 0.7, 1.0), (1, 0.7, 1.7), (3, 0.7, 1 + 0.7 + 0.49 + 0.343),
+                                      (4, 1.0, 5.0), (4, 0.0, 1.0)])
+def test_expected_tokens_single_rate(k, a, want):
+    assert expected_tokens(k, a) == pytest.approx(want)
+
+
+def test_expected_tokens_per_position_is_accepted_prefix_plus_one():
+    # P(n>=1)=0.8, P(n>=2)=0.8*0.5, P(n>=3)=0.8*0.5*0.25
+    assert expected_tokens(3, [0.8, 0.5, 0.25]) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+    assert expected_tokens(0, [0.8]) == 1.0
+    # equal per-position rates reduce to the single-rate formula
+    assert expected_tokens(4, [0.7] * 4) == pytest.approx(expected_tokens(4, 0.7))
+    with pytest.raises(DynspecError, match="needs 3 per-position"):
+        expected_tokens(3, [0.8, 0.5])
+    with pytest.raises(DynspecError, match="outside"):
+        expected_tokens(1, 1.5)
+
+
+def test_interpolate_linear_in_b():
+    pts = {1: 10.0, 4: 13.0, 8: 21.0}
+    assert interpolate(pts, 1) == 10.0
+    assert interpolate(pts, 2) == pytest.approx(11.0)
+    assert interpolate(pts, 6) == pytest.approx(17.0)
+    assert interpolate(pts, 8) == 21.0
+    assert interpolate(pts, 9) is None
+    assert interpolate({2: 5.0}, 1) == 5.0            # below the smallest point: flat
+
+
+# ---- the three known answers --------------------------------------------------------------
+@pytest.mark.parametrize("a", [0.3, 0.7, 0.95])
+def test_flat_cost_gives_max_k_everywhere(a):
+    res = tune(grid(lambda b, k: 7.0), a)
+    assert res.schedule == DraftSchedule(((256, 4),))
+    assert all(r.k == 4 for r in res.rows)
+    assert res.row(1).gain == pytest.approx(expected_tokens(4, a))
+
+
+def test_flat_cost_respects_max_draft_len():
+    res = tune(grid(lambda b, k: 7.0), 0.7, max_draft_len=2)
+    assert res.schedule.to_spec() == "256:2"
+    assert res.candidates == (0, 1, 2)
+
+
+@pytest.mark.parametrize("a", [0.3, 0.7, 0.99])
+def test_cost_proportional_to_tokens_gives_no_speculation(a):
+    res = tune(grid(lambda b, k: 0.05 * b * (k + 1)), a)
+    assert res.schedule == DraftSchedule()
+    assert res.schedule.to_spec() == ""
+    assert all(r.k == 0 and r.gain == pytest.approx(1.0) for r in res.rows)
+
+
+def test_knee_dense_profile_crosses_over_at_the_right_batch_size():
+    # K=1 vs K=0 at b: 1.7b/max(10, .2b) vs b/max(10, .1b): equal at b = 85, so K=0 from 85 on
+    dense = tuple(range(1, 129))
+    res = tune(grid(knee, bs=dense), 0.7)
+    for b in dense:
+        assert res.row(b).k == brute_force(knee, 0.7, b), b
+    assert res.schedule.draft_len(84) == 1
+    assert res.schedule.draft_len(85) == 0
+    assert res.schedule.draft_len(1) == 4
+    # the answer is non-increasing already, so nothing was smoothed
+    assert all(r.k == r.best_k for r in res.rows)
+
+
+def test_knee_sparse_profile_crosses_over_between_the_bracketing_points():
+    res = tune(grid(knee), 0.7)
+    first_zero = next(b for b in range(1, 257) if res.schedule.draft_len(b) == 0)
+    assert 64 < first_zero <= 128            # the true crossover, 85, lies in (64, 128]
+    for b in POW2:                           # at the profiled points the answer is exact
+        assert res.schedule.draft_len(b) == brute_force(knee, 0.7, b), b
+    interp = [r for r in res.table_rows() if not r.profiled]
+    assert interp, "the K changes between profiled points are printed as interpolated rows"
+
+
+def test_knee_moves_with_acceptance():
+    lo = tune(grid(knee, bs=tuple(range(1, 129))), 0.5).schedule
+    hi = tune(grid(knee, bs=tuple(range(1, 129))), 0.9).schedule
+    off = lambda s: next(b for b in range(1, 200) if s.draft_len(b) == 0)     # noqa: E731
+    assert off(lo) < off(hi)
+
+
+def test_noisy_argmax_is_smoothed_to_a_valid_schedule():
+    # one noisy point: K=4 at b=2 measured slow, so b=2 alone prefers K=3 while b=1 and b>=4
+    # prefer K=4. K must not increase with b: raising b=2 (and the interpolated b=3) to K=4
+    # costs far less than capping every b >= 2 at K=3, so the smoothing picks K=4 there.
+    table = grid(lambda b, k: 12.0 if (b, k) == (2, 4) else 10.0)
+    res = tune(table, 0.7)
+    assert res.row(2).best_k == 3 and res.row(4).best_k == 4
+    assert res.row(2).k == 4 and res.row(3).k == 4
+    assert res.schedule.to_spec() == "256:4"
+    # ... and when the dip is wide, the schedule steps down instead
+    wide = grid(lambda b, k: 10.0 + (5.0 * (k == 4) if b >= 2 else 0.0) - (4.9 * (k == 4) if b >= 64 else 0.0))
+    res = tune(wide, 0.7)
+    ks = [res.schedule.draft_len(b) for b in range(1, 257)]
+    assert all(x >= y for x, y in zip(ks, ks[1:]))
+    assert res.row(64).best_k == 4 and res.row(64).k < 4
+    DraftSchedule.parse(res.schedule.to_spec())               # a valid CLI form
+
+
+def test_per_position_profile_acceptance():
+    # decaying per-position rates: deep drafts are not worth their cost on a mildly sloped profile
+    table = grid(lambda b, k: 10.0 + 1.0 * k)
+    shallow = tune(table, [0.9, 0.1, 0.1, 0.1]).schedule
+    deep = tune(table, [0.9, 0.9, 0.9, 0.9]).schedule
+    assert shallow.max_draft_len == 1
+    assert deep.max_draft_len == 4
+    # K beyond the measured positions is not considered
+    assert tune(table, [0.9, 0.9]).candidates == (0, 1, 2)
+
+
+def test_bad_profiles_are_named():
+    with pytest.raises(DynspecError, match="no K=0"):
+        tune({1: {1: 2.0, 2: 3.0}}, 0.7)
+    with pytest.raises(DynspecError, match="batch size 2 has draft lengths"):
+        tune({1: {0: 1.0, 1: 2.0}, 2: {0: 1.0}}, 0.7)
+    with pytest.raises(DynspecError, match=r"iteration_ms\['2'\]\['1'\]"):
+        Profile.from_json({"iteration_ms": {"1": {"0": 1.0, "1": 2}, "2": {"0": 1.0, "1": -3}}})
+    with pytest.raises(DynspecError, match="per_position"):
+        Profile.from_json({"iteration_ms": {"1": {"0": 1.0}}, "acceptance": {"per_position": [1.2]}})
+
+
+def test_per_position_rates_from_accepted_counts():
+    steps = [(3, (3, 1)), (3, (0, 3)), (0, (0, 0, 0))]           # K=0 steps are ignored
+    assert per_position_rates(steps, 3) == pytest.approx((0.75, 2 / 3, 1.0))
+
+
+# ---- the CLI ------------------------------------------------------------------------------
+def test_tune_cli_writes_schedule_and_report(tmp_path, capsys):
+    prof = {"device": "synthetic", "context_len": 1024,
+            "iteration_ms": {str(b): {str(k): knee(b, k) for k in KS} for b in POW2},
+            "acceptance": {"per_position": [0.7] * 4}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(prof))
+    out, rep = tmp_path / "schedule.txt", tmp_path / "tune.json"
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--out", str(out), "--report", str(rep)]) == 0
+    printed = capsys.readouterr().out
+    assert "gain vs K=0" in printed and "interpolated" in printed and "linear in batch size" in printed
+    spec = out.read_text().strip()
+    sched = DraftSchedule.parse(spec)
+    assert sched.draft_len(1) == 4 and sched.draft_len(256) == 0
+    doc = json.loads(rep.read_text())
+    assert doc["schedule"] == spec and doc["command"].startswith("dynspec tune")
+    # measured per-position rates equal to 0.7 give the same schedule
+    capsys.readouterr()
+    out2 = tmp_path / "s2.txt"
+    assert main(["tune", "--profile", str(path), "--acceptance-from", "profile", "--out", str(out2)]) == 0
+    assert out2.read_text() == out.read_text()
+    capsys.readouterr()
+    # --max-draft-len caps K
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--max-draft-len", "2", "--json"]) == 0
+    assert DraftSchedule.parse(json.loads(capsys.readouterr().out)["schedule"]).max_draft_len == 2
+
+
+def test_tune_cli_errors(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"iteration_ms": {"1": {"0": 1.0, "2": 1.5}}}))
+    assert main(["tune", "--profile", str(path)]) == 2
+    assert "exactly one of --acceptance" in capsys.readouterr().err
+    assert main(["tune", "--profile", str(path), "--acceptance-from", "profile"]) == 2
+    assert "per_position" in capsys.readouterr().err
+    assert main(["tune", "--profile", str(tmp_path / "missing.json"), "--acceptance", "0.7"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert math.isfinite(1.0)

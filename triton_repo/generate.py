@@ -1,0 +1,205 @@
+"""ENGINE_DIR (engine.json, llm_api_options.yaml) -> a ready Triton model repository.
+
+    reference       dynspec/{config.pbtxt, 1/model.py}: the reference executor in the python backend
+    trtllm-llmapi   tensorrt_llm/{config.pbtxt, 1/model.yaml} + launch_triton.sh: TensorRT-LLM's
+                    LLM-API Triton model at TP=engine.json tp
+"""
+from __future__ import annotations
+
+import os
+import re
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from dynspec.artifacts import atomic_dir, write_json
+from dynspec.config import ENGINE_JSON, EngineConfig
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
+from dynspec.triton_repo.fill import fill_tree, pbtxt_string
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+VARIANTS = {"reference": "reference", "trtllm-llmapi": "trtllm_llmapi"}
+REPO_MANIFEST = "dynspec_repo.json"
+DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine dir, checked: its config and where its files lie."""
+
+    dir: Path
+    config: EngineConfig
+
+    @property
+    def json_path(self) -> Path:
+        return self.dir / ENGINE_JSON
+
+
+def open_engine(engine_dir: str | os.PathLike) -> Engine:
+    engine_dir = Path(engine_dir).resolve()
+    cfg = EngineConfig.load(engine_dir)
+    for what, d in (("target_dir", cfg.target_dir), ("draft_dir", cfg.draft_dir)):
+        if not (Path(d) / "config.json").is_file():
+            raise DynspecError(f"{engine_dir / ENGINE_JSON}: field {what!r} points to {d}, which has no config.json")
+    return Engine(engine_dir, cfg)
+
+
+def _plain(value: str, what: str) -> str:
+    if any(ord(c) < 0x20 for c in value):
+        raise DynspecError(f"{what} {value!r} has control characters")
+    return value
+
+
+def site_packages() -> str:
+    """This environment's site-packages folders (where dynspec's install, or its .pth, lives)."""
+    paths = sysconfig.get_paths()
+    return os.pathsep.join(dict.fromkeys((paths["purelib"], paths["platlib"])))
+
+
+def reference_params(engine: Engine, device: str = "cpu", monitor_interval_ms: int = 50) -> dict[str, str]:
+    if not DEVICE.match(device):
+        raise DynspecError(f"device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+    return {
+        "engine_json": _plain(str(engine.json_path), "engine path"),
+        "engine_dir": pbtxt_string(str(engine.dir)),
+        "device": device,
+        "python_site_packages": pbtxt_string(site_packages()),
+        "monitor_interval_ms": str(int(monitor_interval_ms)),
+    }
+
+
+# ---- trtllm-llmapi ---------------------------------------------------------------------------
+def _yaml_load(path: Path) -> dict:
+    import yaml
+
+    try:
+        obj = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DynspecError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(obj, dict):
+        raise DynspecError(f"{path} must hold a YAML mapping of LLM() arguments, not {type(obj).__name__}")
+    return obj
+
+
+def _abs(engine_dir: Path, p: Any, where: str) -> str:
+    if not isinstance(p, str) or not p:
+        raise DynspecError(f"{where} must be a path string, not {p!r}")
+    return str((engine_dir / p).resolve()) if not os.path.isabs(p) else p
+
+
+def rendered_speculative_config(cfg: EngineConfig) -> dict | None:
+    """speculative_config for cfg's schedule in the dialect of cfg.trtllm_version (None: never speculates)."""
+    sched = cfg.schedule
+    if not sched.tiers:
+        return None
+    one_model = trtllm_dialect(cfg.trtllm_version) == "upper"
+    return {
+        "decoding_type": "Eagle3",
+        "max_draft_len": sched.max_draft_len,
+        "speculative_model_dir": cfg.draft_dir,
+        "eagle3_one_model": one_model,
+        "draft_len_schedule": sched.to_trtllm(cfg.trtllm_version),
+    }
+
+
+def _check_schedule(spec: Mapping, cfg: EngineConfig, where: str) -> None:
+    if "draft_len_schedule" not in spec:
+        return
+    try:
+        theirs = DraftSchedule.from_trtllm(spec["draft_len_schedule"], cfg.trtllm_version)
+    except (DynspecError, AttributeError) as e:
+        raise DynspecError(f"{where}.draft_len_schedule: {e}") from e
+    if theirs != cfg.schedule:
+        raise DynspecError(
+            f"{where}.draft_len_schedule {spec['draft_len_schedule']!r} means schedule '{theirs}' under TRT-LLM"
+            f" {cfg.trtllm_version}, but engine.json's schedule is '{cfg.schedule}'"
+        )
+
+
+def llm_api_args(engine: Engine) -> dict:
+    """LLM() arguments: ENGINE_DIR/<llm_api_options> when present (relative paths resolved, model
+    paths and tp filled in and cross-checked against engine.json), else rendered from engine.json."""
+    cfg = engine.config
+    path = engine.dir / cfg.llm_api_options
+    if not path.is_file():
+        args: dict[str, Any] = {
+            "model": cfg.target_dir,
+            "backend": "pytorch",
+            "tensor_parallel_size": cfg.tp,
+            "max_batch_size": cfg.max_batch_size,
+            "max_seq_len": cfg.max_seq_len,
+        }
+        spec = rendered_speculative_config(cfg)
+        if spec is not None:
+            args["speculative_config"] = spec
+        return args
+    opts = _yaml_load(path)
+    if "triton_config" in opts:
+        raise DynspecError(f"{path}: key 'triton_config' is Triton's, not an LLM() argument; remove it")
+    args = {"model": _abs(engine.dir, opts.pop("model", cfg.target_dir), f"{path}: 'model'")}
+    args.update(opts)
+    backend = args.setdefault("backend", "pytorch")
+    if backend != "pytorch":
+        raise DynspecError(f"{path}: 'backend' is {backend!r}; EAGLE-3 with a draft length schedule needs 'pytorch'")
+    tp = args.setdefault("tensor_parallel_size", cfg.tp)
+    if tp != cfg.tp:
+        raise DynspecError(f"{path}: 'tensor_parallel_size' is {tp!r} but engine.json's tp is {cfg.tp}")
+    spec = args.get("speculative_config")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise DynspecError(f"{path}: 'speculative_config' must be a mapping, not {spec!r}")
+        spec = dict(spec)
+        key = "speculative_model" if "speculative_model" in spec else "speculative_model_dir"
+        spec[key] = _abs(engine.dir, spec.get(key, cfg.draft_dir), f"{path}: 'speculative_config.{key}'")
+        _check_schedule(spec, cfg, f"{path}: speculative_config")
+        args["speculative_config"] = spec
+    return args
+
+
+def llmapi_params(engine: Engine, decoupled: bool = True) -> dict[str, str]:
+    import yaml
+
+    cfg = engine.config
+    args = llm_api_args(engine)
+    spec = args.get("speculative_config") or {}
+    schedule = spec.get("draft_len_schedule")
+    comment = (f"'{cfg.schedule}' -> {schedule}" if schedule is not None
+               else f"'{cfg.schedule}' (no draft_len_schedule)")
+    return {
+        "engine_json": _plain(str(engine.json_path), "engine path"),
+        "trtllm_version": _plain(cfg.trtllm_version, "trtllm_version"),
+        "schedule_comment": _plain(comment, "schedule"),
+        "llm_args": yaml.safe_dump(args, sort_keys=False, default_flow_style=False).rstrip("\n"),
+        "triton_max_batch_size": "0",
+        "decoupled": "true" if decoupled else "false",
+        "world_size": str(int(cfg.tp)),
+    }
+
+
+# ---- the repository --------------------------------------------------------------------------
+def generate_repo(engine_dir: str | os.PathLike, out: str | os.PathLike, variant: str = "reference", *,
+                  device: str = "cpu", force: bool = False) -> Path:
+    """Fill the variant's templates from ENGINE_DIR into `out` (all-or-nothing)."""
+    if variant not in VARIANTS:
+        raise DynspecError(f"unknown Triton variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    engine = open_engine(engine_dir)
+    if variant == "reference":
+        params = reference_params(engine, device)
+    else:
+        if device != "cpu":
+            raise DynspecError("--device applies to the reference variant; TRT-LLM places its own TP ranks")
+        params = llmapi_params(engine)
+    out = Path(out)
+    with atomic_dir(out, force=force) as tmp:
+        fill_tree(TEMPLATES / VARIANTS[variant], params, tmp)
+        write_json(tmp / REPO_MANIFEST, {
+            "generator": "dynspec triton",
+            "variant": variant,
+            "engine_dir": str(engine.dir),
+            "schedule": engine.config.schedule.to_spec(),
+            "trtllm_version": engine.config.trtllm_version,
+            "tp": engine.config.tp,
+        })
+    return out

@@ -1,0 +1,245 @@
+"""Run the `tritonserver` that the nvidia-pytriton wheel ships (CPU works) on a model repository.
+
+What the wheel needs, worked out once here:
+  - binary   pytriton/tritonserver/bin/tritonserver; its libraries lie in nvidia_pytriton.libs
+  - python backend  pytriton/tritonserver/backends/python/{libtriton_python.so, *_utils.py}; the
+    stub is per Python version (python_backend_stubs/3.X/) and must sit next to the backend, so
+    each launch assembles a private --backend-directory
+  - the stub embeds libpython: LD_LIBRARY_PATH gets this interpreter's LIBDIR so the same
+    CPython build is loaded, and PATH starts with this environment's bin/ so the embedded
+    interpreter finds the venv (pyvenv.cfg) and its site-packages, where dynspec is installed.
+
+    python -m dynspec.triton_repo.server REPO [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynspec.errors import DynspecError
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    libs: Path                 # bundled shared libraries (nvidia_pytriton.libs)
+    python_backend: Path       # folder with libtriton_python.so + triton_python_backend_utils.py
+    stub: Path                 # triton_python_backend_stub for this Python version
+
+
+def find_tritonserver() -> TritonInstall:
+    """Locate the tritonserver binary and python backend inside the installed nvidia-pytriton."""
+    try:
+        import pytriton
+    except ImportError as e:
+        raise DynspecError("nvidia-pytriton is not installed; `pip install nvidia-pytriton` ships tritonserver") from e
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    install = TritonInstall(
+        binary=root / "bin" / "tritonserver",
+        libs=root.parent.parent / "nvidia_pytriton.libs",
+        python_backend=root / "backends" / "python",
+        stub=root / "python_backend_stubs" / version / "triton_python_backend_stub",
+    )
+    for name, path in (("binary", install.binary), ("python backend", install.python_backend / "libtriton_python.so"),
+                       (f"python {version} backend stub", install.stub)):
+        if not path.exists():
+            raise DynspecError(f"tritonserver {name} not found at {path} (nvidia-pytriton {root})")
+    return install
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_ports(host: str = "127.0.0.1") -> Ports:
+    """Three ports the OS reports free right now (held together, so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(3):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return Ports(*(s.getsockname()[1] for s in socks))
+    finally:
+        for s in socks:
+            s.close()
+
+
+def backend_dir(install: TritonInstall, dst: str | os.PathLike) -> Path:
+    """A --backend-directory with the python backend and this Python's stub side by side."""
+    py = Path(dst) / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for f in install.python_backend.iterdir():
+        if f.is_file():
+            shutil.copy2(f, py / f.name)
+    shutil.copy2(install.stub, py / "triton_python_backend_stub")
+    return Path(dst)
+
+
+def server_env(install: TritonInstall, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(install.libs), env.get("LD_LIBRARY_PATH")) if p)
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.prefix) / "bin"), env.get("PATH")) if p)
+    return env
+
+
+def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports, backends: str | os.PathLike,
+                   host: str = "127.0.0.1", exit_timeout_s: int = 5) -> list[str]:
+    shm_prefix = f"dynspec_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+    return [
+        str(install.binary),
+        f"--model-repository={Path(repo).resolve()}",
+        f"--backend-directory={backends}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        f"--http-address={host}", f"--http-port={ports.http}",
+        f"--grpc-address={host}", f"--grpc-port={ports.grpc}",
+        f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
+        "--allow-metrics=true", "--allow-gpu-metrics=false",
+        f"--exit-timeout-secs={exit_timeout_s}",
+    ]
+
+
+class TritonServer:
+    """A running tritonserver in its own process group; stop() always ends the whole group."""
+
+    def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path):
+        self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll /v2/health/ready; raise with the log tail if the server exits or the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DynspecError(f"tritonserver exited with code {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise DynspecError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.log()[-4000:]}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the server (models finalize), then SIGKILL whatever is left of its group."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait(5)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "TritonServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
+           log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
+           extra_args: tuple[str, ...] = ()) -> TritonServer:
+    """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
+    The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout)."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise DynspecError(f"model repository {repo} does not exist")
+    install = find_tritonserver()
+    ports = ports or free_ports(host)
+    workdir = Path(tempfile.mkdtemp(prefix="dynspec-triton-"))
+    log_path = workdir / "tritonserver.log" if log_path is None else Path(log_path)
+    backends = backend_dir(install, workdir / "backends")
+    cmd = server_command(install, repo, ports, backends, host) + list(extra_args)
+    with contextlib.ExitStack() as stack:
+        log = None if str(log_path) == "-" else stack.enter_context(open(log_path, "ab"))
+        proc = subprocess.Popen(cmd, env=server_env(install), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = TritonServer(proc, ports, host, workdir, log_path)
+    if ready_timeout_s is not None:
+        try:
+            server.wait_ready(ready_timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dynspec.triton_repo.server", description=__doc__.splitlines()[0])
+    p.add_argument("repo", help="model repository written by `dynspec triton`")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    args = p.parse_args(argv)
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    try:
+        server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout)
+    except DynspecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}",
+          flush=True)
+    try:
+        while server.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Triton python-backend model `dynspec`: the dynspec reference executor, in-process.
+
+One executor serves every request: concurrent requests become one dynamic batch, so the draft
+length K of each iteration follows the real concurrency. Engine dir and device come from the
+parameters in config.pbtxt; the logic that does not need Triton lives in
+dynspec.triton_repo.serving.
+"""
+import importlib.util
+import json
+import os
+import site
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+INPUTS = ("text_input", "input_ids", "max_tokens", "stream", "end_id")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _parameters(model_config):
+    return {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
+
+
+def _import_dynspec(site_packages):
+    """The stub runs the Python it finds first on PATH; if that is not dynspec's environment,
+    add the site-packages folders named by the `python_site_packages` parameter (.pth files
+    included, so editable installs work)."""
+    if importlib.util.find_spec("dynspec") is None:
+        for folder in filter(None, site_packages.split(os.pathsep)):
+            site.addsitedir(folder)
+    if importlib.util.find_spec("dynspec") is None:
+        raise pb_utils.TritonModelException(
+            f"cannot import dynspec: not in this Python's path, nor in python_site_packages={site_packages!r}"
+        )
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def _response(ids, text):
+    return pb_utils.InferenceResponse(output_tensors=[
+        pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32)),
+        pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_)),
+    ])
+
+
+class _Metrics:
+    """Custom metrics on Triton's /metrics endpoint."""
+
+    def __init__(self, labels):
+        family = pb_utils.MetricFamily
+        self._labels = labels
+        self._families = {
+            "k": family("dynspec_draft_length", "Draft length K of the latest executor iteration", family.GAUGE),
+            "b": family("dynspec_batch_size", "Batch size of the latest executor iteration (0 when idle)",
+                        family.GAUGE),
+            "drafted": family("dynspec_drafted_tokens_total", "Draft tokens proposed (batch size x K)",
+                              family.COUNTER),
+            "accepted": family("dynspec_accepted_tokens_total", "Draft tokens accepted by the target",
+                               family.COUNTER),
+            "iterations": family("dynspec_iterations_total", "Executor iterations, by draft length k",
+                                 family.COUNTER),
+            "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
+                               family.COUNTER),
+        }
+        self.k = self._families["k"].Metric(labels=labels)
+        self.b = self._families["b"].Metric(labels=labels)
+        self.drafted = self._families["drafted"].Metric(labels=labels)
+        self.accepted = self._families["accepted"].Metric(labels=labels)
+        self._by = {}
+        self._lock = threading.Lock()
+
+    def _labelled(self, family, key, value):
+        with self._lock:
+            if (family, value) not in self._by:
+                self._by[(family, value)] = self._families[family].Metric(labels={**self._labels, key: str(value)})
+            return self._by[(family, value)]
+
+    def update(self, sample):
+        if sample.draft_len is not None:
+            self.k.set(sample.draft_len)
+        self.b.set(sample.batch_size)
+        if sample.drafted:
+            self.drafted.increment(sample.drafted)
+        if sample.accepted:
+            self.accepted.increment(sample.accepted)
+        for k, n in sample.iterations_by_k.items():
+            self._labelled("iterations", "k", k).increment(n)
+
+    def finished(self, reason):
+        self._labelled("finished", "reason", reason).increment(1)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = _parameters(json.loads(args["model_config"]))
+        _import_dynspec(params.get("python_site_packages", ""))
+        from dynspec.config import EngineConfig
+        from dynspec.errors import DynspecError
+        from dynspec.runtime.session import open_executor
+        from dynspec.triton_repo import serving
+
+        self.serving, self.request_errors = serving, (DynspecError,)
+        cfg = EngineConfig.load(params["engine_dir"])
+        self.info = serving.load_model_info(cfg.target_dir)
+        self.executor = open_executor(cfg, device=params.get("device") or "cpu")
+        self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
+        self.cursor = serving.StatsCursor()
+        self.live = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.interval = float(params.get("monitor_interval_ms") or 50) / 1000.0
+        self.executor.start()
+        self.monitor = threading.Thread(target=self._monitor, name="dynspec-monitor", daemon=True)
+        self.monitor.start()
+        pb_utils.Logger.log_info(
+            f"dynspec: engine {params['engine_dir']} on {params.get('device') or 'cpu'}, schedule {cfg.schedule}"
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                inputs = {}
+                for name in INPUTS:
+                    tensor = pb_utils.get_input_tensor_by_name(request, name)
+                    if tensor is not None:
+                        inputs[name] = tensor.as_numpy()
+                req = self.serving.parse_request(inputs, self.info)
+                handle = self.executor.submit(req.prompt_ids, req.max_tokens, req.stop_ids)
+            except self.request_errors as e:
+                sender.send(_error(str(e), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
+                continue
+            except Exception as e:
+                pb_utils.Logger.log_error(f"dynspec: cannot accept request: {e!r}")
+                sender.send(_error(f"internal error: {e}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+                continue
+            with self.lock:
+                self.live[handle.id] = (request, handle)
+            threading.Thread(target=self._respond, args=(sender, req, handle), daemon=True).start()
+        return None
+
+    def _respond(self, sender, req, handle):
+        text = self.serving.TextStream(self.info.decode)
+        ids = []
+        try:
+            for chunk in handle.stream():
+                if req.stream:
+                    sender.send(_response(chunk, text.push(chunk)))
+                else:
+                    ids.extend(chunk)
+            reason = handle.result().finish_reason
+            if reason == "cancelled":
+                sender.send(_error("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
+            elif reason not in ("length", "stop"):
+                sender.send(_error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL), flags=FINAL)
+            elif req.stream:
+                sender.send(_response([], text.flush()), flags=FINAL)
+            else:
+                sender.send(_response(ids, self.info.decode(ids)), flags=FINAL)
+            self.metrics.finished(reason)
+        except Exception as e:
+            handle.cancel()
+            pb_utils.Logger.log_warn(f"dynspec: request {handle.id} dropped: {e!r}")
+            self.metrics.finished("dropped")
+            try:
+                sender.send(_error(f"request dropped: {e}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+            except Exception:
+                pass
+        finally:
+            with self.lock:
+                self.live.pop(handle.id, None)
+
+    def _monitor(self):
+        while not self.stopping.wait(self.interval):
+            with self.lock:
+                live = list(self.live.values())
+            for request, handle in live:
+                if not handle.done and request.is_cancelled():
+                    handle.cancel()
+            busy = self.executor.active + self.executor.waiting > 0
+            self.metrics.update(self.cursor.sample(self.executor.stats, busy))
+
+    def finalize(self):
+        with self.lock:
+            live = [handle for _, handle in self.live.values()]
+        for handle in live:
+            handle.cancel()
+        deadline = time.monotonic() + 5.0
+        while any(not h.done for h in live) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.executor.stop()
+        self.stopping.set()
+        self.monitor.join(timeout=5.0)

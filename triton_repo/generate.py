@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dynspec.artifacts import atomic_dir, write_json
+from dynspec.build.llm_api import graph_batch_sizes
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
@@ -133,8 +134,13 @@ def llm_api_args(engine: Engine) -> dict:
         }
         spec = rendered_speculative_config(cfg)
         if spec is not None:
+            rendered = spec["draft_len_schedule"]
+            args["cuda_graph_config"] = {
+                "enable_padding": True,
+                "batch_sizes": graph_batch_sizes(cfg.schedule, rendered, cfg.max_batch_size),
+            }
             args["speculative_config"] = spec
-        return args
+        return _validated(args, cfg, f"LLM() arguments rendered from {engine.json_path}")
     opts = _yaml_load(path)
     if "triton_config" in opts:
         raise DynspecError(f"{path}: key 'triton_config' is Triton's, not an LLM() argument; remove it")
@@ -155,6 +161,18 @@ def llm_api_args(engine: Engine) -> dict:
         spec[key] = _abs(engine.dir, spec.get(key, cfg.draft_dir), f"{path}: 'speculative_config.{key}'")
         _check_schedule(spec, cfg, f"{path}: speculative_config")
         args["speculative_config"] = spec
+    return _validated(args, cfg, str(path))
+
+
+def _validated(args: dict, cfg: EngineConfig, where: str) -> dict:
+    """The pinned TRT-LLM version's rules (dynspec.build.validate), when there is a speculative_config."""
+    from dynspec.build.validate import validate_options
+
+    if args.get("speculative_config") is not None:
+        try:
+            validate_options(args, cfg.trtllm_version)
+        except DynspecError as e:
+            raise DynspecError(f"{where}: {e}") from e
     return args
 
 
@@ -171,7 +189,7 @@ def llmapi_params(engine: Engine, decoupled: bool = True) -> dict[str, str]:
         "engine_json": _plain(str(engine.json_path), "engine path"),
         "trtllm_version": _plain(cfg.trtllm_version, "trtllm_version"),
         "schedule_comment": _plain(comment, "schedule"),
-        "llm_args": yaml.safe_dump(args, sort_keys=False, default_flow_style=False).rstrip("\n"),
+        "llm_args": yaml.safe_dump(args, sort_keys=False, default_flow_style=None).rstrip("\n"),
         "triton_max_batch_size": "0",
         "decoupled": "true" if decoupled else "false",
         "world_size": str(int(cfg.tp)),

@@ -16,9 +16,12 @@ Public format in (pytorch_model.bin or safetensors), TRT-LLM layout out (model.s
 Checkpoints that name the layer "layers.0." or prefix names with "model." are normalized.
 
 Capture layers use TRT-LLM's convention (eagle3_layers_to_capture): the OUTPUT of layer i,
-default (1, L//2-1, L-4). vLLM-style configs name `eagle_aux_hidden_state_layer_ids` instead,
-where id j is the INPUT of layer j (= output of layer j-1), default (2, L//2, L-3):
-    L=80: vLLM (2, 40, 77)  ==  TRT-LLM (1, 39, 76)
+default (1, L//2-1, L-4). Draft configs name them in one of two public conventions:
+    eagle_config.eagle_aux_hidden_state_layer_ids   SpecForge/SGLang: outputs of layer i, as is
+                                                    (SGLang adds 1 to turn them into its inputs)
+    eagle_aux_hidden_state_layer_ids (top level)    vLLM/speculators: id j is the INPUT of layer j,
+                                                    i.e. the output of layer j-1: subtract 1
+    L=80: vLLM (2, 40, 77)  ==  TRT-LLM / SGLang config (1, 39, 76)
 """
 from __future__ import annotations
 
@@ -51,18 +54,33 @@ def default_capture_layers(n_layers: int) -> tuple[int, ...]:
     return (1, n_layers // 2 - 1, n_layers - 4)
 
 
+def _layer_ids(ids, field: str, where: str) -> list[int]:
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise DynspecError(f"{where}: field {field!r} is {ids!r}; expected a non-empty list of layer ids")
+    return ids
+
+
 def capture_layers_from_config(cfg: dict, target_layers: int, where: str) -> CaptureLayers:
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
     key = "eagle_aux_hidden_state_layer_ids"
-    eagle_cfg = cfg.get("eagle_config") or {}
-    if ids is None and isinstance(eagle_cfg, dict) and eagle_cfg.get(key) is not None:
-        ids, key = eagle_cfg[key], "eagle_config." + key
-    if ids is None:
-        layers, source = default_capture_layers(target_layers), f"default (1, L//2-1, L-4) for L={target_layers}"
+    eagle_cfg = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    outs = eagle_cfg.get(key)
+    ins = cfg.get(key)
+    from_outs = from_ins = None
+    if outs is not None:
+        from_outs = tuple(_layer_ids(outs, "eagle_config." + key, where))
+    if ins is not None:
+        from_ins = tuple(i - 1 for i in _layer_ids(ins, key, where))
+    if from_outs is not None and from_ins is not None and from_outs != from_ins:
+        raise DynspecError(
+            f"{where}: eagle_config.{key} {list(outs)} (outputs of layers) and top-level {key} {list(ins)} "
+            "(vLLM: inputs of layers) name different capture layers"
+        )
+    if from_outs is not None:
+        layers, source = from_outs, f"eagle_config.{key} {list(outs)} (outputs of layers)"
+    elif from_ins is not None:
+        layers, source = from_ins, f"{key} {list(ins)} (vLLM input-of-layer ids, minus 1)"
     else:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise DynspecError(f"{where}: field {key!r} is {ids!r}; expected a list of layer ids")
-        layers, source = tuple(i - 1 for i in ids), f"{key} {ids} (vLLM input-of-layer ids, minus 1)"
+        layers, source = default_capture_layers(target_layers), f"default (1, L//2-1, L-4) for L={target_layers}"
     for i in layers:
         if not 0 <= i < target_layers:
             raise DynspecError(

@@ -221,15 +221,20 @@ def test_eagle3_public_format(target, tmp_path, fmt):
     assert m["kv_bytes_per_token_per_rank"] == 2 * 1 * 1 * 8 * 4
 
 
-def test_eagle3_layers0_names_and_vllm_capture_ids(target, tmp_path):
+@pytest.mark.parametrize("cfg_extra, source", [
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 6]}}, "outputs of layers"),   # SGLang: as is
+    ({"eagle_aux_hidden_state_layer_ids": [2, 5, 7]}, "vLLM"),                                  # inputs: minus 1
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 6]},
+      "eagle_aux_hidden_state_layer_ids": [2, 5, 7]}, "outputs of layers"),                     # both, agreeing
+])
+def test_eagle3_layers0_names_and_named_capture_layers(target, tmp_path, cfg_extra, source):
     _, tgt = target
     sd = {("model.layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
           for k, v in eagle3_state_dict().items()}
-    cfg = eagle3_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 5, 7]})
-    draft = write_eagle3(tmp_path / "eagle", sd, cfg, fmt="safetensors")
+    draft = write_eagle3(tmp_path / "eagle", sd, eagle3_config(**cfg_extra), fmt="safetensors")
     assert convert_draft(draft, tgt, tmp_path / "draft") == 0
     m = json.loads((tmp_path / "draft" / "dynspec.json").read_text())
-    assert m["capture_layers"] == [1, 4, 6] and "vLLM" in m["capture_layers_source"]
+    assert m["capture_layers"] == [1, 4, 6] and source in m["capture_layers_source"]
     from safetensors.torch import load_file
 
     assert "midlayer.mlp.up_proj.weight" in load_file(str(tmp_path / "draft" / "model.safetensors"))
@@ -240,6 +245,7 @@ def test_eagle3_layers0_names_and_vllm_capture_ids(target, tmp_path):
     ("vocab", "vocab_size=100 (the vocabulary behind d2t/t2d), but the target's vocab_size is 96"),
     ("heads", "num_attention_heads=4 is not divisible by tp=8"),
     ("capture_depth", "capture layer 8 "),
+    ("capture_conflict", "name different capture layers"),
     ("fc", "fuses 2 target layers"),
     ("d2t_range", "outside the target vocabulary 0..95"),
     ("t2d", "d2t and t2d disagree"),
@@ -256,6 +262,9 @@ def test_eagle3_incompatible_pairs(target, tmp_path, capsys, case, phrase):
         sd, cfg = eagle3_state_dict(heads=4, kv_heads=4), eagle3_config(heads=4, kv_heads=4)
     elif case == "capture_depth":
         cfg["eagle_aux_hidden_state_layer_ids"] = [2, 5, 9]
+    elif case == "capture_conflict":
+        cfg["eagle_aux_hidden_state_layer_ids"] = [2, 5, 7]
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 5, 7]}
     elif case == "fc":
         sd = eagle3_state_dict(n_capture=2)
     elif case == "d2t_range":

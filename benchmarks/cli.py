@@ -24,14 +24,14 @@ def _command(word: str, args: argparse.Namespace) -> str:
 # ---- profile ----------------------------------------------------------------------------
 def _cmd_profile(args: argparse.Namespace) -> int:
     from dynspec.artifacts import write_json
-    from dynspec.benchmarks.engines import apply_bench_env, engine_choice, target_tokenizer, target_vocab_size, versions
+    from dynspec.benchmarks.engines import apply_bench_env, engine_choice, set_cpu_threads, versions
     from dynspec.benchmarks.mpi import log
     from dynspec.benchmarks.profile import run_profile
-    from dynspec.benchmarks.sweep import int_list
-    from dynspec.benchmarks.workload import LengthDist, load_jsonl, synthetic
+    from dynspec.benchmarks.sweep import int_list, make_workload
     from dynspec.errors import DynspecError
 
     apply_bench_env()
+    set_cpu_threads(args.threads, args.device)
     choice = engine_choice(args)
     cfg = choice.config
     bs = int_list(args.batch_sizes, "--batch-sizes")
@@ -45,16 +45,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise DynspecError(f"--context-len {args.context_len} must be at least 1")
     if args.warmup < 0 or args.repeats < 1:
         raise DynspecError(f"--warmup {args.warmup} / --repeats {args.repeats}: need warmup >= 0 and repeats >= 1")
-    reqs = None
+    reqs, wdesc = None, None
     if args.measure_acceptance:
-        if args.dataset:
-            reqs = load_jsonl(args.dataset, target_tokenizer(cfg))[: args.num_requests]
-        else:
-            vocab = target_vocab_size(cfg)
-            if vocab is None:
-                raise DynspecError(f"target {cfg.target_dir}/config.json has no vocab_size; give --dataset")
-            reqs = synthetic(args.num_requests, LengthDist.parse(args.input_len, "--input-len"),
-                             LengthDist.parse(args.output_len, "--output-len"), vocab, seed=args.seed)
+        reqs, wdesc = make_workload(cfg, args.dataset, args.prompts, args.input_len, args.output_len,
+                                    args.num_requests, args.seed)
+        reqs = reqs[: args.num_requests]
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -67,9 +62,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         meta={"engine_source": choice.source, "versions": versions(),
               "command": _command("profile", args),
               "acceptance_source": (None if reqs is None else
-                                    f"greedy, static K={max(ks)}, {len(reqs)} requests, "
-                                    + (f"dataset {args.dataset}" if args.dataset else
-                                       f"synthetic input {args.input_len} output {args.output_len} seed {args.seed}"))},
+                                    f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
         progress=bar.update if bar else None,
     )
     if bar:
@@ -149,6 +142,8 @@ def register(sub) -> None:
     p.add_argument("--measure-acceptance", action="store_true",
                    help="also measure real per-position acceptance at K=max(--draft-lens) with greedy verification")
     p.add_argument("--dataset", metavar="FILE.jsonl", help="prompts for --measure-acceptance")
+    p.add_argument("--prompts", choices=("random", "stdlib"), default="stdlib",
+                   help="--measure-acceptance prompts: held-out stdlib text (default) or random ids")
     p.add_argument("--input-len", default="64", help="synthetic prompts for --measure-acceptance")
     p.add_argument("--output-len", default="64")
     p.add_argument("--num-requests", type=int, default=16)

@@ -32,6 +32,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="reference engine dtype (default: the engine dir's)")
     g.add_argument("--no-cuda-graphs", action="store_true", help="reference engine: run eagerly on CUDA")
+    g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default: cores / ranks on this node)")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,19 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
     if args.no_cuda_graphs:
         ref = replace(ref, cuda_graphs=False)
     return EngineChoice(replace(cfg, reference=ref), src, edir)
+
+
+def set_cpu_threads(threads: int | None, device: str) -> int | None:
+    """On CPU, split the node's cores between its ranks (oversubscribed intra-op threads spin
+    against each other and wreck the timings). Returns the thread count set, or None on GPU."""
+    if not device.startswith("cpu"):
+        return None
+    import torch
+
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or os.environ.get("MPI_LOCALNRANKS") or 1)
+    n = threads or max(1, (os.cpu_count() or 1) // local)
+    torch.set_num_threads(n)
+    return n
 
 
 def device_for_rank(device: str, local_rank: int) -> str:

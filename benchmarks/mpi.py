@@ -80,5 +80,6 @@ def log(msg: str, *, all_ranks: bool = False) -> None:
     if w.is_root and not all_ranks:
         sys.stderr.write(f"[dynspec {time.strftime('%H:%M:%S')}] {msg}\n")
     elif all_ranks:
-        sys.stderr.write(f"[dynspec rank {w.rank}/{w.size}] {msg}\n")
+        who = f"rank {w.rank}/{w.size}" if w.size > 1 else time.strftime("%H:%M:%S")
+        sys.stderr.write(f"[dynspec {who}] {msg}\n")
     sys.stderr.flush()

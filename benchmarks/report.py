@@ -87,6 +87,9 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
         if pts:
             ax1.plot(*zip(*pts), marker=marker, color=color, label=m)
     ax1.set_xscale("log", base=2)
+    cs = sorted({r["concurrency"] for r in rows})
+    if cs:
+        ax1.set_xticks(cs, [str(c) for c in cs])
     ax1.set_xlabel("concurrency C (per replica)")
     ax1.set_ylabel("output tokens / s (all replicas)")
     ax1.set_title(f"throughput  [acceptance {doc['env'].get('acceptance_model')}]")
@@ -118,14 +121,16 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
 
         s = DraftSchedule.parse(spec)
         xs = list(range(1, max_b + 1))
-        ax2.step(xs, [s.draft_len(b) for b in xs], where="post", color=MODE_STYLE.get(m, (None,))[0],
+        ax2.step(xs, [s.draft_len(b) for b in xs], where="mid", color=MODE_STYLE.get(m, (None,))[0],
                  alpha=0.5, linestyle="--", label=f"{m} policy")
     ax2.set_xscale("log", base=2)
+    ticks = [2 ** i for i in range(max_b.bit_length() + 1) if 2 ** i <= max(max_b, 1) * 1.01]
+    ax2.set_xticks(ticks, [str(t) for t in ticks])
     ax2.set_xlabel("batch size b (iteration)")
     ax2.set_ylabel("draft length K")
     ax2.set_title("K per iteration vs batch size")
     ax2.grid(True, alpha=0.3)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -136,6 +136,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                    help="dynamic mode: keep the draft warm while K=0 (default: the engine dir's setting)")
     w = p.add_argument_group("workload")
     w.add_argument("--dataset", metavar="FILE.jsonl", help="trtllm-bench JSONL (task_id, input_ids|prompt, output_tokens)")
+    w.add_argument("--prompts", choices=("random", "stdlib"), default="random",
+                   help="synthetic prompt tokens: uniform random ids, or windows of held-out Python stdlib text"
+                        " (tokenized by the target's tokenizer: real acceptance for the tiny pair)")
     w.add_argument("--input-len", default="128", help="synthetic prompt length N or LO:HI (default 128)")
     w.add_argument("--output-len", default="128", help="synthetic output length N or LO:HI (default 128)")
     w.add_argument("--num-requests", type=int, help="requests per replica per load point (default max(8, 2C))")
@@ -170,9 +173,27 @@ class SweepSpec:
     max_draft_len: int
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The cheap checks, before any model is touched."""
+    from dynspec.benchmarks.workload import LengthDist
+    from dynspec.runtime.acceptance import parse_acceptance
+
+    parse_modes(args.modes)
+    if args.concurrency.strip():
+        int_list(args.concurrency, "--concurrency")
+    if args.request_rate.strip():
+        float_list(args.request_rate, "--request-rate")
+    if not args.dataset:
+        LengthDist.parse(args.input_len, "--input-len")
+        LengthDist.parse(args.output_len, "--output-len")
+    parse_acceptance(args.acceptance)
+    if args.dynamic_schedule:
+        read_schedule_arg(args.dynamic_schedule)
+
+
 def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
-    from dynspec.benchmarks.engines import target_tokenizer, target_vocab_size
-    from dynspec.benchmarks.workload import LengthDist, check_fits, load_jsonl, synthetic, write_jsonl
+    from dynspec.benchmarks.engines import target_vocab_size
+    from dynspec.benchmarks.workload import check_fits, write_jsonl
     from dynspec.runtime.acceptance import parse_acceptance
 
     modes = parse_modes(args.modes)
@@ -194,18 +215,10 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
 
     per_point = max(requests_per_point(p, args.num_requests) for p in points)
     vocab = target_vocab_size(cfg)
-    if args.dataset:
-        reqs = load_jsonl(args.dataset, target_tokenizer(cfg))
-        desc = f"dataset {args.dataset} ({len(reqs)} requests)"
-    else:
-        if vocab is None:
-            raise DynspecError(f"target {cfg.target_dir}/config.json has no vocab_size; give --dataset instead")
-        il = LengthDist.parse(args.input_len, "--input-len")
-        ol = LengthDist.parse(args.output_len, "--output-len")
-        reqs = synthetic(per_point * w.size, il, ol, vocab, seed=args.seed)
-        desc = f"synthetic: input_len {il}, output_len {ol}, seed {args.seed}, uniform random token ids"
-        if args.save_workload and w.is_root:
-            write_jsonl(args.save_workload, reqs)
+    reqs, desc = make_workload(cfg, args.dataset, args.prompts, args.input_len, args.output_len,
+                               per_point * w.size, args.seed)
+    if args.save_workload and w.is_root:
+        write_jsonl(args.save_workload, reqs)
     n_desc = (f"{args.num_requests}" if args.num_requests is not None else "max(8, 2C)")
     desc += f"; {n_desc} requests per replica per load point"
     max_seq = max(r.input_len + r.output_tokens for r in reqs) + kmax + 1
@@ -214,17 +227,44 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
                      reqs, desc, args.num_requests, args.warmup_requests, args.seed, max_b, max_seq, kmax)
 
 
+def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
+                  seed: int) -> tuple[tuple, str]:
+    """(requests, description): a JSONL dataset, or n seeded synthetic requests whose tokens are
+    uniform random ids ('random') or windows of held-out Python stdlib text ('stdlib')."""
+    from dynspec.benchmarks.engines import target_tokenizer, target_vocab_size
+    from dynspec.benchmarks.workload import LengthDist, load_jsonl, synthetic
+
+    if dataset:
+        reqs = load_jsonl(dataset, target_tokenizer(cfg))
+        return reqs, f"dataset {dataset} ({len(reqs)} requests)"
+    il = LengthDist.parse(input_len, "--input-len")
+    ol = LengthDist.parse(output_len, "--output-len")
+    if prompts == "stdlib":
+        from dynspec.benchmarks.workload import stdlib_token_streams, text_windows
+
+        tok = target_tokenizer(cfg)
+        if tok is None:
+            raise DynspecError(f"--prompts stdlib needs a tokenizer in the target dir {cfg.target_dir}")
+        reqs = text_windows(stdlib_token_streams(tok), n, il, ol, seed=seed)
+        return reqs, f"held-out Python stdlib text windows: input_len {il}, output_len {ol}, seed {seed}"
+    vocab = target_vocab_size(cfg)
+    if vocab is None:
+        raise DynspecError(f"target {cfg.target_dir}/config.json has no vocab_size; give --dataset instead")
+    return synthetic(n, il, ol, vocab, seed=seed), \
+        f"synthetic: input_len {il}, output_len {ol}, seed {seed}, uniform random token ids"
+
+
 def command_line(argv: Sequence[str], world_size: int) -> str:
     """How this run was launched, as a copy-pasteable line (mpirun's own flags are not visible here)."""
     base = "python -m dynspec.benchmarks.sweep " + shlex.join(list(argv))
     return f"mpirun -n {world_size} {base}" if world_size > 1 else base
 
 
-def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool) -> list[dict]:
+def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None) -> list[dict]:
     """Every rank: run every (load point, mode); rank 0 returns the rows (others return [])."""
     import torch
 
-    from dynspec.benchmarks.engines import device_for_rank, open_reference
+    from dynspec.benchmarks.engines import device_for_rank, open_reference, set_cpu_threads
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.workload import take
@@ -232,6 +272,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool) -
     from dynspec.runtime.executor import Executor
 
     dev = device_for_rank(device, w.local_rank)
+    set_cpu_threads(threads, dev)
     if dev.startswith("cuda"):
         torch.cuda.set_device(torch.device(dev))
     schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
@@ -328,7 +369,14 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "hostname": socket.gethostname(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "nccl_env": {k: os.environ.get(k) for k in BENCH_ENV},
+        "cpu_threads_per_rank": _threads() if device.startswith("cpu") else None,
     }
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -336,6 +384,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dynspec.benchmarks.report import write_all
 
     apply_bench_env()
+    check_flags(args)
     if args.engine == "trtllm":
         from dynspec.benchmarks.trtllm_driver import run_trtllm_sweep
 
@@ -347,7 +396,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     log(f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {w.size} replica(s), "
         f"acceptance {spec.acceptance}, {choice.source}")
     t0 = time.perf_counter()
-    rows = run_reference(spec, cfg, args.device, w, progress=not args.no_progress)
+    rows = run_reference(spec, cfg, args.device, w, progress=not args.no_progress, threads=args.threads)
     if w.is_root:
         doc = {"env": env_block(args, spec, cfg, choice.source, args.device, w, argv), "rows": rows}
         doc["env"]["wall_s"] = time.perf_counter() - t0

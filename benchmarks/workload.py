@@ -92,6 +92,35 @@ def synthetic(n: int, input_len: LengthDist, output_len: LengthDist, vocab_size:
     )
 
 
+def text_windows(token_streams: Sequence[Sequence[int]], n: int, input_len: LengthDist, output_len: LengthDist,
+                 seed: int = 0) -> tuple[BenchRequest, ...]:
+    """n prompts cut from tokenized texts at seeded random offsets (real text -> real acceptance).
+
+    streams [[1..100], [7..20]], input_len 10: request i takes a random stream that is long
+    enough and 10 consecutive tokens from a random start in it."""
+    if n < 1:
+        raise DynspecError(f"number of requests {n} must be at least 1")
+    rng = np.random.default_rng(seed)
+    ins, outs = input_len.sample(rng, n), output_len.sample(rng, n)
+    reqs = []
+    for i, (p, o) in enumerate(zip(ins, outs)):
+        fits = [s for s in token_streams if len(s) >= p]
+        if not fits:
+            raise DynspecError(f"no text is {int(p)} tokens long; lower --input-len")
+        s = fits[int(rng.integers(len(fits)))]
+        start = int(rng.integers(len(s) - p + 1))
+        reqs.append(BenchRequest(i, tuple(int(t) for t in s[start:start + int(p)]), int(o)))
+    return tuple(reqs)
+
+
+def stdlib_token_streams(tokenizer: Tokenizer) -> list[list[int]]:
+    """The held-out Python standard-library modules the tiny pair was NOT trained on, tokenized."""
+    from dynspec.runtime.engines.reference.tiny_pair import read_texts, stdlib_files
+
+    _, held = stdlib_files()
+    return [list(tokenizer(t)) for t in read_texts(held)]
+
+
 def parse_line(obj: object, where: str, tokenizer: Tokenizer | None = None) -> BenchRequest:
     """One decoded JSONL object -> BenchRequest; `where` is 'FILE:LINE' for error messages."""
     if not isinstance(obj, dict):

@@ -31,9 +31,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from dynspec.errors import DynspecError
 
     apply_bench_env()
-    set_cpu_threads(args.threads, args.device)
-    choice = engine_choice(args)
-    cfg = choice.config
     bs = int_list(args.batch_sizes, "--batch-sizes")
     try:
         ks = tuple(sorted({int(k) for k in args.draft_lens.split(",") if k.strip()}))
@@ -45,6 +42,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise DynspecError(f"--context-len {args.context_len} must be at least 1")
     if args.warmup < 0 or args.repeats < 1:
         raise DynspecError(f"--warmup {args.warmup} / --repeats {args.repeats}: need warmup >= 0 and repeats >= 1")
+    set_cpu_threads(args.threads, args.device)
+    choice = engine_choice(args)
+    cfg = choice.config
     reqs, wdesc = None, None
     if args.measure_acceptance:
         reqs, wdesc = make_workload(cfg, args.dataset, args.prompts, args.input_len, args.output_len,

@@ -73,8 +73,10 @@ def decode_bandwidth_fraction(profile: Mapping, peak_bytes_per_s: float, batch_s
 
 
 def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | None = None,
-              peak_bytes_per_s: float | None = None) -> dict:
-    """regimes: {"A": sweep NAME.json doc, ...}; profiles: {"A": profile.json doc}."""
+              peak_bytes_per_s: float | None = None, bandwidth_profile: str | None = None,
+              tunes: Mapping[str, Mapping] | None = None) -> dict:
+    """regimes: {"A": sweep NAME.json doc}; profiles: {"A": profile.json doc}; tunes: {"A": tune.json doc}.
+    The bandwidth figure comes from profiles[bandwidth_profile] (default: the first regime's, else the first)."""
     if not regimes:
         raise DynspecError("no regimes to summarize")
     profiles = profiles or {}
@@ -83,14 +85,18 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     best = max(((r, name, c) for name, rs in ratios.items() for c, r in rs.items()), default=None)
     bw = None
     if peak_bytes_per_s and profiles:
-        pname = first if first in profiles else next(iter(profiles))
+        pname = bandwidth_profile or (first if first in profiles else next(iter(profiles)))
+        if pname not in profiles:
+            raise DynspecError(f"bandwidth profile {pname!r} is not one of the profiles {sorted(profiles)}")
         bw = decode_bandwidth_fraction(profiles[pname], peak_bytes_per_s)
+        if bw is not None:
+            bw["profile"] = pname
     commands = []
     for name, doc in profiles.items():
         if doc.get("command"):
             commands.append({"what": f"profile {name}", "command": doc["command"]})
-        if doc.get("tune_command"):
-            commands.append({"what": f"tune {name}", "command": doc["tune_command"]})
+    for name, doc in (tunes or {}).items():
+        commands.append({"what": f"tune {name}", "command": doc.get("command"), "schedule": doc.get("schedule")})
     for name, doc in regimes.items():
         commands.append({"what": f"sweep {name}", "command": doc["env"].get("command")})
     return {
@@ -124,6 +130,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     p = p or argparse.ArgumentParser(prog="python -m dynspec.benchmarks.summary", description=__doc__.splitlines()[0])
     p.add_argument("--regime", action="append", required=True, metavar="NAME=SWEEP.json")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE.json")
+    p.add_argument("--tune", action="append", metavar="NAME=TUNE.json", help="`dynspec tune --report` output")
+    p.add_argument("--bandwidth-profile", metavar="NAME", help="which --profile gives decode_bandwidth_fraction")
     p.add_argument("--peak-bandwidth-tbps", type=float, help="device memory bandwidth, e.g. 4.8 for an H200")
     p.add_argument("--out", required=True, help="summary JSON path")
     return p
@@ -137,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
         if "rows" not in doc or "env" not in doc:
             raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")
     profiles = {n: read_json(p, f"profile {n}") for n, p in _named(args.profile, "--profile").items()}
+    tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
     peak = args.peak_bandwidth_tbps * 1e12 if args.peak_bandwidth_tbps else None
-    doc = summarize(regimes, profiles, peak)
+    doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes)
     cmd = getattr(args, "command_line", None) or "python -m dynspec.benchmarks.summary " + shlex.join(sys.argv[1:])
     doc["commands"].append({"what": "summary", "command": cmd})
     write_json(args.out, doc)

@@ -20,6 +20,7 @@ TensorRT-LLM (`--engine trtllm`) runs as one TP instance of the LLM API:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import socket
@@ -110,11 +111,26 @@ def load_points(concurrency: Sequence[int], rates: Sequence[float]) -> tuple[Loa
     return tuple(LoadPoint(concurrency=c) for c in concurrency) + tuple(LoadPoint(request_rate=r) for r in rates)
 
 
-def requests_per_point(p: LoadPoint, num_requests: int | None) -> int:
-    """Per replica: --num-requests, else two full waves at C (at least 8)."""
-    if num_requests is not None:
-        return num_requests
-    return max(8, 2 * p.concurrency) if p.concurrency is not None else max(8, int(round(10 * p.request_rate)))
+@dataclass(frozen=True)
+class RequestCount:
+    """Requests per replica at a load point: `fixed`, else max(minimum, ceil(waves * C)).
+
+    Closed loop with equal lengths: one wave of C requests runs at batch C throughout; the
+    second wave lets finishing times desynchronise (Bernoulli / real acceptance).
+    Open loop: max(minimum, ceil(waves * 10 * rate)) (about waves x 10 s of arrivals)."""
+
+    fixed: int | None = None
+    waves: float = 2.0
+    minimum: int = 4
+
+    def at(self, p: LoadPoint) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        load = p.concurrency if p.concurrency is not None else 10 * p.request_rate
+        return max(self.minimum, math.ceil(self.waves * load))
+
+    def __str__(self) -> str:
+        return str(self.fixed) if self.fixed is not None else f"max({self.minimum}, ceil({self.waves:g} x C))"
 
 
 def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -141,7 +157,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                         " (tokenized by the target's tokenizer: real acceptance for the tiny pair)")
     w.add_argument("--input-len", default="128", help="synthetic prompt length N or LO:HI (default 128)")
     w.add_argument("--output-len", default="128", help="synthetic output length N or LO:HI (default 128)")
-    w.add_argument("--num-requests", type=int, help="requests per replica per load point (default max(8, 2C))")
+    w.add_argument("--num-requests", type=int, help="requests per replica per load point (fixed; default: waves)")
+    w.add_argument("--waves", type=float, default=2.0, help="requests per replica = max(--min-requests, waves x C)")
+    w.add_argument("--min-requests", type=int, default=4)
     w.add_argument("--warmup-requests", type=int, default=2, help="untimed requests per mode before the sweep")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--save-workload", metavar="FILE.jsonl", help="also write the synthetic workload as trtllm-bench JSONL")
@@ -165,7 +183,7 @@ class SweepSpec:
     acceptance: object
     requests: tuple               # the whole seeded workload (BenchRequest)
     workload: str                 # description for the env block
-    num_requests: int | None
+    count: RequestCount
     warmup_requests: int
     seed: int
     max_batch_size: int
@@ -204,6 +222,9 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         raise DynspecError("nothing to sweep: give --concurrency and/or --request-rate")
     if args.num_requests is not None and args.num_requests < 1:
         raise DynspecError(f"--num-requests {args.num_requests} must be at least 1")
+    if args.waves <= 0 or args.min_requests < 1:
+        raise DynspecError(f"--waves {args.waves} must be positive and --min-requests {args.min_requests} at least 1")
+    count = RequestCount(args.num_requests, args.waves, args.min_requests)
     max_b = max(conc) if conc else cfg.reference.max_batch_size
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
     schedules = mode_schedules(modes, dynamic, args.static_k, max_b)
@@ -213,18 +234,17 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     keep_warm = {m: (False if m == "baseline" else engine_warm) for m in modes}
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
 
-    per_point = max(requests_per_point(p, args.num_requests) for p in points)
+    per_point = max(count.at(p) for p in points)
     vocab = target_vocab_size(cfg)
     reqs, desc = make_workload(cfg, args.dataset, args.prompts, args.input_len, args.output_len,
                                per_point * w.size, args.seed)
     if args.save_workload and w.is_root:
         write_jsonl(args.save_workload, reqs)
-    n_desc = (f"{args.num_requests}" if args.num_requests is not None else "max(8, 2C)")
-    desc += f"; {n_desc} requests per replica per load point"
+    desc += f"; {count} requests per replica per load point"
     max_seq = max(r.input_len + r.output_tokens for r in reqs) + kmax + 1
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
-                     reqs, desc, args.num_requests, args.warmup_requests, args.seed, max_b, max_seq, kmax)
+                     reqs, desc, count, args.warmup_requests, args.seed, max_b, max_seq, kmax)
 
 
 def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
@@ -299,11 +319,11 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     if progress and w.is_root:
         from tqdm import tqdm
 
-        total = sum(requests_per_point(p, spec.num_requests) for p in spec.points) * len(spec.modes)
+        total = sum(spec.count.at(p) for p in spec.points) * len(spec.modes)
         bar = tqdm(total=total, unit="req", desc="sweep", dynamic_ncols=True, file=sys.stderr)
     records = []
     for p in spec.points:
-        n = requests_per_point(p, spec.num_requests)
+        n = spec.count.at(p)
         mine = take(spec.requests, n, w.rank * n)
         for m in spec.modes:
             if bar is not None:

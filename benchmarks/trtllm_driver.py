@@ -153,7 +153,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     from dynspec.benchmarks.engines import engine_choice, versions
     from dynspec.benchmarks.metrics import RunRecord, summarize
     from dynspec.benchmarks.report import write_all
-    from dynspec.benchmarks.sweep import make_row, requests_per_point, resolve
+    from dynspec.benchmarks.sweep import make_row, resolve
     from dynspec.benchmarks.workload import take
     from dynspec.runtime.acceptance import Greedy
 
@@ -180,7 +180,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
             for p in spec.points:
                 if p.concurrency is None:
                     raise DynspecError("--engine trtllm supports closed-loop --concurrency only")
-                reqs = take(spec.requests, requests_per_point(p, spec.num_requests))
+                reqs = take(spec.requests, spec.count.at(p))
                 llm.get_stats(timeout=1)            # drain stats of earlier runs
                 t0 = time.perf_counter()
                 timings = asyncio.run(_closed_loop_async(llm, reqs, p.concurrency, SamplingParams))

@@ -195,3 +195,40 @@ def test_tune_cli_errors(tmp_path, capsys):
     assert main(["tune", "--profile", str(tmp_path / "missing.json"), "--acceptance", "0.7"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert math.isfinite(1.0)
+
+
+# ---- profile -> tune on a real (tiny, random) engine ------------------------------------------
+def test_profile_then_tune_end_to_end(tmp_path, capsys):
+    from tests.helpers_models import make_tiny_draft, make_tiny_target
+
+    target = make_tiny_target(tmp_path / "target", vocab=96, hidden=32, layers=4, heads=4, kv_heads=2)
+    draft = make_tiny_draft(tmp_path / "draft", target)
+    prof_path = tmp_path / "profile.json"
+    assert main(["profile", "--target", str(target), "--draft", str(draft), "--batch-sizes", "1,2,4",
+                 "--draft-lens", "1,3", "--context-len", "24", "--warmup", "1", "--repeats", "3",
+                 "--measure-acceptance", "--prompts", "random", "--input-len", "6", "--output-len", "8",
+                 "--num-requests", "4", "--no-progress", "--out", str(prof_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "K=0 ms" in printed and "acceptance per position" in printed
+    doc = json.loads(prof_path.read_text())
+    assert doc["device"].startswith("cpu") and doc["context_len"] == 24
+    assert set(doc["iteration_ms"]) == {"1", "2", "4"}
+    assert all(set(row) == {"0", "1", "3"} and min(row.values()) > 0 for row in doc["iteration_ms"].values())
+    assert set(doc["decode_ms"]) == {"1", "2", "4"}
+    assert len(doc["acceptance"]["per_position"]) == 3
+    assert doc["statistic"] == "median" and doc["repeats"] == 3 and doc["target_weight_bytes"] > 0
+    assert doc["command"].startswith("dynspec profile")
+    prof = Profile.load(prof_path)
+    assert prof.iteration_ms[4][3] == doc["iteration_ms"]["4"]["3"]
+    out = tmp_path / "schedule.txt"
+    assert main(["tune", "--profile", str(prof_path), "--acceptance-from", "profile", "--out", str(out)]) == 0
+    DraftSchedule.parse(out.read_text().strip())
+
+
+def test_profile_flag_errors(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    assert main(["profile", "--target", str(tmp_path / "none"), "--draft", str(tmp_path / "none"),
+                 "--out", str(bad)]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    assert main(["profile", "--draft-lens", "0,-1", "--out", str(bad)]) == 2
+    assert "--draft-lens" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from dynspec.benchmarks.loadgen import closed_loop, open_loop, poisson_arrivals
 from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord, percentile, step_summary, summarize
 from dynspec.benchmarks.report import markdown, out_paths, write_all
 from dynspec.benchmarks.sweep import (LoadPoint, mode_schedules, parse_modes, read_schedule_arg,
-                                      requests_per_point)
+                                      RequestCount)
 from dynspec.benchmarks.workload import (BenchRequest, LengthDist, check_fits, load_jsonl, synthetic, take,
                                          write_jsonl)
 from dynspec.errors import DynspecError
@@ -207,9 +207,11 @@ def test_mode_schedules():
         mode_schedules(("static",), DraftSchedule(), None, 64)
     with pytest.raises(DynspecError, match="unknown mode"):
         parse_modes("baseline,turbo")
-    assert requests_per_point(LoadPoint(concurrency=16), None) == 32
-    assert requests_per_point(LoadPoint(concurrency=1), None) == 8
-    assert requests_per_point(LoadPoint(concurrency=1), 3) == 3
+    assert RequestCount().at(LoadPoint(concurrency=16)) == 32
+    assert RequestCount().at(LoadPoint(concurrency=1)) == 4
+    assert RequestCount(waves=1.5, minimum=1).at(LoadPoint(concurrency=3)) == 5
+    assert RequestCount(fixed=3).at(LoadPoint(concurrency=64)) == 3
+    assert RequestCount().at(LoadPoint(request_rate=2.0)) == 40
 
 
 def test_schedule_file_argument(tmp_path):
@@ -266,3 +268,32 @@ def test_report_files(tmp_path):
 def test_bernoulli_is_refused_outside_benchmarks():
     with pytest.raises(DynspecError, match="only benchmarks"):
         Executor(FakeEngine(), DraftSchedule(), acceptance=Bernoulli(0.7))
+
+
+def test_summary_cli(tmp_path, capsys):
+    from dynspec.cli import main
+
+    a = fake_doc({"baseline": {1: 10, 8: 80}, "static": {1: 20, 8: 50}, "dynamic": {1: 19, 8: 84}})
+    b = fake_doc({"baseline": {1: 10, 8: 80}, "static": {1: 12, 8: 90}, "dynamic": {1: 12, 8: 90}})
+    paths = {}
+    for name, doc in {"A": a, "B": b, "dec": {"target_weight_bytes": 16e9, "decode_ms": {"1": 5.0}, "command": "p"},
+                      "tA": {"schedule": "4:3", "command": "dynspec tune x"}}.items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(doc))
+    out = tmp_path / "h200_summary.json"
+    assert main(["bench-summary", "--regime", f"A={paths['A']}", "--regime", f"B={paths['B']}",
+                 "--profile", f"decode={paths['dec']}", "--tune", f"A={paths['tA']}", "--bandwidth-profile", "decode",
+                 "--peak-bandwidth-tbps", "4.8", "--out", str(out)]) == 0
+    s = json.loads(out.read_text())
+    for key in ("decode_bandwidth_fraction", "dynamic_ratio_by_concurrency", "crossover_concurrency",
+                "max_dynamic_gain", "c1_speedup", "host_overhead_fraction", "acceptance_model", "commands"):
+        assert key in s, key
+    assert s["decode_bandwidth_fraction"] == pytest.approx(16e9 / 5e-3 / 4.8e12)
+    assert s["crossover_concurrency"] == {"A": 8, "B": None}
+    assert s["dynamic_ratio_by_concurrency"]["A"] == pytest.approx({"1": 0.95, "8": 84 / 80})
+    assert s["acceptance_model"] == {"A": "bernoulli:0.7", "B": "bernoulli:0.7"}
+    whats = [c["what"] for c in s["commands"]]
+    assert whats == ["profile decode", "tune A", "sweep A", "sweep B", "summary"]
+    assert s["commands"][-1]["command"].startswith("dynspec bench-summary --")
+    assert main(["bench-summary", "--regime", "A", "--out", str(out)]) == 2
+    assert "NAME=PATH" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "command": _command("profile", args),
               "acceptance_source": (None if reqs is None else
                                     f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
-        progress=bar.update if bar else None,
+        progress=bar.update if bar else None, max_seq_len=args.max_seq_len,
     )
     if bar:
         bar.close()
@@ -137,6 +137,8 @@ def register(sub) -> None:
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="e.g. 1,2,4,8,16,32,64,128,256")
     p.add_argument("--draft-lens", default="0,1,2,3,4", help="K values; 0 (plain decode) is always added")
     p.add_argument("--context-len", type=int, default=128, help="KV length of every row while timing")
+    p.add_argument("--max-seq-len", type=int, help="cache length (default: context + K + 1); CUDA graphs attend"
+                   " over all of it, so pass the sweep's to predict the sweep")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per shape")
     p.add_argument("--repeats", type=int, default=10, help="timed steps per shape (median reported)")
     p.add_argument("--measure-acceptance", action="store_true",

@@ -208,8 +208,11 @@ def weight_bytes(module) -> int:
 
 def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
-                meta: Mapping[str, object] | None = None, progress=None) -> Profile:
-    """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K)."""
+                meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None) -> Profile:
+    """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K).
+
+    max_seq_len: the cache length (default: just enough). Give the sweep's when comparing with
+    it: captured graphs attend over the whole cache, so it, not context_len, sets their cost."""
     from dynspec.benchmarks.engines import device_name, open_reference
     from dynspec.runtime.engines.reference.engine import reachable_graphs
 
@@ -222,6 +225,10 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     seq = context_len + kmax + 1
     if acceptance_requests:
         seq = max(seq, max(r.input_len + r.output_tokens for r in acceptance_requests) + kmax + 1)
+    if max_seq_len is not None:
+        if max_seq_len < seq:
+            raise DynspecError(f"--max-seq-len {max_seq_len} is below the {seq} positions this profile needs")
+        seq = max_seq_len
     engine = open_reference(cfg, device=device, max_batch_size=max_b, max_seq_len=seq, max_draft_len=max(kmax, 1))
     keep_warm = cfg.reference.keep_warm
     if device.startswith("cuda") and cfg.reference.cuda_graphs:
@@ -233,7 +240,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     pp = None
     if acceptance_requests and kmax > 0:
         pp = measure_acceptance(engine, acceptance_requests, kmax, acceptance_concurrency)
-    info = {"keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
+    info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
             "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
             "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs)}
     info.update(meta or {})

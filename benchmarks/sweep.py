@@ -26,7 +26,7 @@ import shlex
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -162,6 +162,7 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--min-requests", type=int, default=4)
     w.add_argument("--warmup-requests", type=int, default=2, help="untimed requests per mode before the sweep")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-seq-len", type=int, help="cache length per row (default: longest request + K + 1)")
     w.add_argument("--save-workload", metavar="FILE.jsonl", help="also write the synthetic workload as trtllm-bench JSONL")
     t = p.add_argument_group("trtllm")
     t.add_argument("--trtllm-options", metavar="YAML", help="LLM API options (default: ENGINE_DIR/llm_api_options.yaml)")
@@ -242,6 +243,10 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         write_jsonl(args.save_workload, reqs)
     desc += f"; {count} requests per replica per load point"
     max_seq = max(r.input_len + r.output_tokens for r in reqs) + kmax + 1
+    if args.max_seq_len is not None:
+        if args.max_seq_len < max_seq:
+            raise DynspecError(f"--max-seq-len {args.max_seq_len} is below the {max_seq} positions the workload needs")
+        max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
                      reqs, desc, count, args.warmup_requests, args.seed, max_b, max_seq, kmax)
@@ -310,7 +315,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=spec.acceptance, allow_lossy=True)
 
     if spec.warmup_requests > 0:
-        wreqs = [type(r)(r.task_id, r.input_ids, min(r.output_tokens, 8)) for r in spec.requests[: spec.warmup_requests]]
+        wreqs = [replace(r, output_tokens=min(r.output_tokens, 8)) for r in spec.requests[: spec.warmup_requests]]
         for m in spec.modes:
             closed_loop(executor(m), wreqs, len(wreqs))
         log(f"warmed up: {len(wreqs)} requests per mode")

@@ -18,9 +18,11 @@ MPIRUN=${MPIRUN:-mpirun}
 ROOT_FLAGS=(); [ "$(id -u)" = 0 ] && ROOT_FLAGS=(--allow-run-as-root)
 export NCCL_NVLS_ENABLE=0
 name="h200_${REGIME}"
+# one cache length for profile and sweep: captured graphs attend over the whole cache
+MAX_SEQ=${MAX_SEQ:-$((INPUT_LEN + OUTPUT_LEN + 8))}
 mkdir -p "$OUT"
 "$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \
-  --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --warmup 5 --repeats 20 \
+  --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" --warmup 5 --repeats 20 \
   --out "$OUT/${name}_profile.json"
 "$PY" -m dynspec.cli tune --profile "$OUT/${name}_profile.json" --acceptance "$P" \
   --out "$OUT/${name}_schedule.txt" --report "$OUT/${name}_tune.json"
@@ -28,5 +30,5 @@ mkdir -p "$OUT"
   "$PY" -m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \
     --concurrency "$CONC" --modes baseline,static,dynamic --static-k "$STATIC_K" \
     --dynamic-schedule "@$OUT/${name}_schedule.txt" --acceptance "bernoulli:$P" \
-    --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --waves "${WAVES:-2}" --min-requests "${MIN_REQUESTS:-4}" \
+    --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --max-seq-len "$MAX_SEQ" --waves "${WAVES:-2}" --min-requests "${MIN_REQUESTS:-4}" \
     --out "$OUT/$name"

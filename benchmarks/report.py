@@ -78,23 +78,27 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in doc["rows"] if r.get("concurrency") is not None]
+    closed = [r for r in doc["rows"] if r.get("concurrency") is not None]
+    xkey, xlabel = ("concurrency", "concurrency C (per replica)") if closed else \
+        ("request_rate", "request rate (req/s per replica, open loop)")
+    rows = closed or [r for r in doc["rows"] if r.get("request_rate") is not None]
     modes = sorted({r["mode"] for r in doc["rows"]}, key=_mode_key)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for m in modes:
         color, marker = MODE_STYLE.get(m, (None, "x"))
-        pts = sorted((r["concurrency"], r["output_tok_per_s"]) for r in rows if r["mode"] == m)
+        pts = sorted((r[xkey], r["output_tok_per_s"]) for r in rows if r["mode"] == m)
         if pts:
             ax1.plot(*zip(*pts), marker=marker, color=color, label=m)
     ax1.set_xscale("log", base=2)
-    cs = sorted({r["concurrency"] for r in rows})
-    if cs:
-        ax1.set_xticks(cs, [str(c) for c in cs])
-    ax1.set_xlabel("concurrency C (per replica)")
+    xs = sorted({r[xkey] for r in rows})
+    if xs:
+        ax1.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax1.set_xlabel(xlabel)
     ax1.set_ylabel("output tokens / s (all replicas)")
     ax1.set_title(f"throughput  [acceptance {doc['env'].get('acceptance_model')}]")
     ax1.grid(True, alpha=0.3)
-    ax1.legend()
+    if rows:
+        ax1.legend()
 
     sched = doc["env"].get("schedules") or {}
     max_b = 1
@@ -130,7 +134,8 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     ax2.set_ylabel("draft length K")
     ax2.set_title("K per iteration vs batch size")
     ax2.grid(True, alpha=0.3)
-    ax2.legend(fontsize=8, loc="best")
+    if ax2.get_legend_handles_labels()[0]:
+        ax2.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from dynspec.errors import DynspecError
 
@@ -188,9 +189,10 @@ class TritonServer:
 
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
-           extra_args: tuple[str, ...] = ()) -> TritonServer:
+           extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None) -> TritonServer:
     """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
-    The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout)."""
+    The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout).
+    env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS)."""
     repo = Path(repo)
     if not repo.is_dir():
         raise DynspecError(f"model repository {repo} does not exist")
@@ -202,7 +204,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     cmd = server_command(install, repo, ports, backends, host) + list(extra_args)
     with contextlib.ExitStack() as stack:
         log = None if str(log_path) == "-" else stack.enter_context(open(log_path, "ab"))
-        proc = subprocess.Popen(cmd, env=server_env(install), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env={**server_env(install), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     server = TritonServer(proc, ports, host, workdir, log_path)
     if ready_timeout_s is not None:

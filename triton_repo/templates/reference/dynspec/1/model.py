@@ -48,7 +48,7 @@ def _response(ids, text):
 
 
 class _Metrics:
-    """Custom metrics on Triton's /metrics endpoint."""
+    """Custom metrics on Triton's /metrics endpoint. Not thread-safe: callers hold the model's lock."""
 
     def __init__(self, labels):
         family = pb_utils.MetricFamily
@@ -71,13 +71,11 @@ class _Metrics:
         self.drafted = self._families["drafted"].Metric(labels=labels)
         self.accepted = self._families["accepted"].Metric(labels=labels)
         self._by = {}
-        self._lock = threading.Lock()
 
     def _labelled(self, family, key, value):
-        with self._lock:
-            if (family, value) not in self._by:
-                self._by[(family, value)] = self._families[family].Metric(labels={**self._labels, key: str(value)})
-            return self._by[(family, value)]
+        if (family, value) not in self._by:
+            self._by[(family, value)] = self._families[family].Metric(labels={**self._labels, key: str(value)})
+        return self._by[(family, value)]
 
     def update(self, sample):
         if sample.draft_len is not None:
@@ -92,6 +90,18 @@ class _Metrics:
 
     def finished(self, reason):
         self._labelled("finished", "reason", reason).increment(1)
+
+
+class _Live:
+    """A request in flight. Once its final response is sent Triton releases the request, so
+    nothing may touch it afterwards. Every call into Triton (sends, is_cancelled(), metrics)
+    happens under the model's one lock: concurrent calls from several threads crash the
+    python backend of Triton 2.51 (a SIGSEGV in libtriton_python.so under 16 concurrent streams)."""
+
+    __slots__ = ("sender", "handle", "closed")
+
+    def __init__(self, sender, handle):
+        self.sender, self.handle, self.closed = sender, handle, False
 
 
 class TritonPythonModel:
@@ -113,84 +123,102 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.interval = float(params.get("monitor_interval_ms") or 50) / 1000.0
-        self.executor.start()
-        self.monitor = threading.Thread(target=self._monitor, name="dynspec-monitor", daemon=True)
-        self.monitor.start()
         pb_utils.Logger.log_info(
             f"dynspec: engine {params['engine_dir']} on {params.get('device') or 'cpu'}, schedule {cfg.schedule}"
         )
+        self.executor.start()
+        self.monitor = threading.Thread(target=self._monitor, name="dynspec-monitor", daemon=True)
+        self.monitor.start()
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
-            try:
-                inputs = {}
-                for name in INPUTS:
-                    tensor = pb_utils.get_input_tensor_by_name(request, name)
-                    if tensor is not None:
-                        inputs[name] = tensor.as_numpy()
-                req = self.serving.parse_request(inputs, self.info)
-                handle = self.executor.submit(req.prompt_ids, req.max_tokens, req.stop_ids)
-            except self.request_errors as e:
-                sender.send(_error(str(e), pb_utils.TritonError.INVALID_ARG), flags=FINAL)
-                continue
-            except Exception as e:
-                pb_utils.Logger.log_error(f"dynspec: cannot accept request: {e!r}")
-                sender.send(_error(f"internal error: {e}", pb_utils.TritonError.INTERNAL), flags=FINAL)
-                continue
-            with self.lock:
-                self.live[handle.id] = (request, handle)
-            threading.Thread(target=self._respond, args=(sender, req, handle), daemon=True).start()
+            self._accept(request)
         return None
 
-    def _respond(self, sender, req, handle):
+    def _accept(self, request):
+        sender = request.get_response_sender()
+        try:
+            inputs = {}
+            for name in INPUTS:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    inputs[name] = tensor.as_numpy()
+            req = self.serving.parse_request(inputs, self.info)
+            handle = self.executor.submit(req.prompt_ids, req.max_tokens, req.stop_ids)
+        except Exception as e:
+            known = isinstance(e, self.request_errors)
+            message, code = (str(e), pb_utils.TritonError.INVALID_ARG) if known else \
+                (f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+            with self.lock:
+                if not known:
+                    pb_utils.Logger.log_error(f"dynspec: cannot accept request: {e!r}")
+                sender.send(_error(message, code), flags=FINAL)
+            return
+        live = _Live(sender, handle)
+        with self.lock:
+            self.live[handle.id] = live
+        threading.Thread(target=self._respond, args=(live, req), daemon=True).start()
+
+    def _send(self, live, response, final=False):
+        with self.lock:
+            if live.closed:
+                return
+            try:
+                live.sender.send(response, flags=FINAL if final else 0)
+            finally:
+                if final:
+                    live.closed, live.sender = True, None
+                    self.live.pop(live.handle.id, None)
+
+    def _respond(self, live, req):
+        handle = live.handle
         text = self.serving.TextStream(self.info.decode)
         ids = []
         try:
             for chunk in handle.stream():
                 if req.stream:
-                    sender.send(_response(chunk, text.push(chunk)))
+                    self._send(live, _response(chunk, text.push(chunk)))
                 else:
                     ids.extend(chunk)
             reason = handle.result().finish_reason
             if reason == "cancelled":
-                sender.send(_error("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
+                self._send(live, _error("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
             elif reason not in ("length", "stop"):
-                sender.send(_error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL), flags=FINAL)
+                self._send(live, _error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL), final=True)
             elif req.stream:
-                sender.send(_response([], text.flush()), flags=FINAL)
+                self._send(live, _response([], text.flush()), final=True)
             else:
-                sender.send(_response(ids, self.info.decode(ids)), flags=FINAL)
-            self.metrics.finished(reason)
+                self._send(live, _response(ids, self.info.decode(ids)), final=True)
+            with self.lock:
+                self.metrics.finished(reason)
         except Exception as e:
             handle.cancel()
-            pb_utils.Logger.log_warn(f"dynspec: request {handle.id} dropped: {e!r}")
-            self.metrics.finished("dropped")
+            with self.lock:
+                pb_utils.Logger.log_warn(f"dynspec: request {handle.id} dropped: {e!r}")
+                self.metrics.finished("dropped")
             try:
-                sender.send(_error(f"request dropped: {e}", pb_utils.TritonError.INTERNAL), flags=FINAL)
+                self._send(live, _error(f"request dropped: {e}", pb_utils.TritonError.INTERNAL), final=True)
             except Exception:
                 pass
-        finally:
-            with self.lock:
-                self.live.pop(handle.id, None)
 
     def _monitor(self):
         while not self.stopping.wait(self.interval):
             with self.lock:
-                live = list(self.live.values())
-            for request, handle in live:
-                if not handle.done and request.is_cancelled():
-                    handle.cancel()
+                for live in self.live.values():
+                    if not live.closed and not live.handle.done and live.sender.is_cancelled():
+                        live.handle.cancel()
             busy = self.executor.active + self.executor.waiting > 0
-            self.metrics.update(self.cursor.sample(self.executor.stats, busy))
+            sample = self.cursor.sample(self.executor.stats, busy)
+            with self.lock:
+                self.metrics.update(sample)
 
     def finalize(self):
         with self.lock:
-            live = [handle for _, handle in self.live.values()]
-        for handle in live:
+            handles = [live.handle for live in self.live.values()]
+        for handle in handles:
             handle.cancel()
         deadline = time.monotonic() + 5.0
-        while any(not h.done for h in live) and time.monotonic() < deadline:
+        while any(not h.done for h in handles) and time.monotonic() < deadline:
             time.sleep(0.01)
         self.executor.stop()
         self.stopping.set()

@@ -1,0 +1,378 @@
+"""The reference model repository served by a real `tritonserver` (the binary and python backend
+that the nvidia-pytriton wheel ships) on CPU, with the embedded tiny target + EAGLE-3 pair.
+
+Oracle: the same reference executor run offline in this process (it is lossless: equal to the
+target's greedy decoding). Schedule: K=4 up to batch 4, K=0 above, so 16 concurrent requests
+must push the draft length on /metrics from 4 to 0.
+
+The first tests need no server: request parsing, streamed detokenization and the stats cursor.
+"""
+import os
+import queue
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.runtime.executor import IterationStats
+from dynspec.runtime.policy import DraftSchedule
+from dynspec.triton_repo.serving import (ModelInfo, RequestError, StatsCursor, TextStream, load_model_info,
+                                         parse_request)
+
+MODEL = "dynspec"
+SCHEDULE = DraftSchedule.threshold(max_draft_len=4, disable_above=4)
+MAX_SEQ_LEN = 512
+MAX_BATCH = 24
+NEW_TOKENS = 32
+
+
+# ---- no server ----------------------------------------------------------------------------------
+class FakeTokenizer:
+    def encode(self, text):
+        return [ord(c) % 50 + 1 for c in text]
+
+
+INFO = ModelInfo(vocab_size=100, eos_ids=(2,), tokenizer=FakeTokenizer())
+
+
+def ids(*v, dtype=np.int32):
+    return np.array(v, dtype=dtype)
+
+
+def test_parse_request_good():
+    r = parse_request({"input_ids": ids(5, 6, 7), "max_tokens": ids(8)}, INFO)
+    assert (r.prompt_ids, r.max_tokens, r.stream, r.stop_ids) == ((5, 6, 7), 8, False, (2,))
+    r = parse_request({"text_input": np.array([b"hi"], dtype=object), "max_tokens": ids(3),
+                       "stream": np.array([True]), "end_id": ids(-1)}, INFO)
+    assert (r.prompt_ids, r.stream, r.stop_ids) == (tuple(FakeTokenizer().encode("hi")), True, ())
+    assert parse_request({"input_ids": ids(1, 2, dtype=np.int32).reshape(1, 2), "max_tokens": ids(1),
+                          "end_id": ids(9)}, INFO).stop_ids == (9,)
+
+
+@pytest.mark.parametrize("inputs,match", [
+    ({"max_tokens": ids(4)}, "neither 'text_input' .* nor 'input_ids'"),
+    ({"input_ids": ids(1), "text_input": np.array([b"x"], dtype=object), "max_tokens": ids(4)}, "both"),
+    ({"input_ids": np.array([1.0], dtype=np.float32), "max_tokens": ids(4)}, "'input_ids' has dtype float32"),
+    ({"input_ids": ids(1), "max_tokens": np.array([4.0], dtype=np.float32)}, "'max_tokens' has dtype float32"),
+    ({"input_ids": ids(1), "max_tokens": ids(0)}, r"max_tokens=0 must be at least 1"),
+    ({"input_ids": ids(1), "max_tokens": ids(-5)}, r"max_tokens=-5 must be at least 1"),
+    ({"input_ids": ids(1), "max_tokens": ids(2, 3)}, "exactly one value"),
+    ({"input_ids": ids(1)}, "no 'max_tokens'"),
+    ({"input_ids": ids(1, 100), "max_tokens": ids(1)}, r"'input_ids'\[1\] = 100 is outside the vocabulary 0..99"),
+    ({"input_ids": ids(), "max_tokens": ids(1)}, "prompt is empty"),
+    ({"text_input": np.array([b"ok \xff\xfe"], dtype=object), "max_tokens": ids(1)},
+     r"not valid UTF-8: byte 0xff at offset 3"),
+    ({"text_input": np.array([b"a", b"b"], dtype=object), "max_tokens": ids(1)}, "exactly one prompt"),
+])
+def test_parse_request_errors(inputs, match):
+    with pytest.raises(RequestError, match=match):
+        parse_request(inputs, INFO)
+
+
+def test_text_input_needs_a_tokenizer():
+    with pytest.raises(RequestError, match="no tokenizer"):
+        parse_request({"text_input": np.array([b"x"], dtype=object), "max_tokens": ids(1)},
+                      ModelInfo(100, (), None))
+
+
+def test_text_stream_holds_back_partial_characters():
+    table = {1: b"a", 2: b"\xc3", 3: b"\xa9", 4: b"!"}
+    decode = lambda toks: b"".join(table[t] for t in toks).decode("utf-8", errors="replace")  # noqa: E731
+    ts = TextStream(decode)
+    deltas = [ts.push([1]), ts.push([2]), ts.push([3, 4]), ts.flush()]
+    assert deltas == ["a", "", "é!", ""]
+    assert "".join(deltas) == decode([1, 2, 3, 4])
+
+
+def test_stats_cursor_reports_new_iterations_only():
+    def st(i, b, k, acc):
+        return IterationStats(i, b, k, b * k, acc, b, 0.0, 0.0)
+
+    c = StatsCursor()
+    assert c.sample((), busy=False).draft_len is None
+    stats = (st(0, 1, 4, 3), st(1, 2, 4, 5))
+    s = c.sample(stats, busy=True)
+    assert (s.draft_len, s.batch_size, s.drafted, s.accepted, dict(s.iterations_by_k)) == (4, 2, 12, 8, {4: 2})
+    stats += (st(2, 6, 0, 0),)
+    s = c.sample(stats, busy=True)
+    assert (s.draft_len, s.batch_size, s.drafted, dict(s.iterations_by_k)) == (0, 6, 0, {0: 1})
+    assert c.sample(stats, busy=True).batch_size == 6
+    s = c.sample(stats, busy=False)
+    assert (s.draft_len, s.batch_size, s.drafted, dict(s.iterations_by_k)) == (0, 0, 0, {})
+
+
+# ---- the server ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from dynspec.runtime.session import tiny_pair_dirs
+
+    target, draft = tiny_pair_dirs()
+    if not Path(target, "config.json").is_file():
+        pytest.fail(f"the embedded tiny pair is missing: {target}")
+    root = tmp_path_factory.mktemp("engine")
+    cfg = EngineConfig(target_dir=str(target), draft_dir=str(draft), schedule=SCHEDULE, tp=1,
+                       reference=ReferenceSettings(max_batch_size=MAX_BATCH, max_seq_len=MAX_SEQ_LEN))
+    cfg.write(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def info(engine):
+    return load_model_info(EngineConfig.load(engine).target_dir)
+
+
+@pytest.fixture(scope="module")
+def server(engine, tmp_path_factory):
+    """tritonserver in its own process group: 120 s to become ready, always stopped, none left."""
+    from dynspec.triton_repo.generate import generate_repo
+    from dynspec.triton_repo.server import launch
+
+    root = tmp_path_factory.mktemp("triton")
+    repo = generate_repo(engine, root / "repo")
+    srv = launch(repo, log_path=root / "tritonserver.log", ready_timeout_s=120, env={"OMP_NUM_THREADS": "1"})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        with pytest.raises(ProcessLookupError):
+            os.killpg(srv.proc.pid, 0)
+
+
+@pytest.fixture(scope="module")
+def oracle(engine):
+    """prompt ids, max tokens, stop ids -> the reference executor's output, run offline here
+    (one torch thread: the server and the clients share the two cores)."""
+    import torch
+
+    from dynspec.runtime.session import open_executor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ex = open_executor(EngineConfig.load(engine))
+
+    def run(jobs):
+        handles = [ex.submit(p, n, stop) for p, n, stop in jobs]
+        ex.run_until_idle()
+        return [tuple(h.result().output_ids) for h in handles]
+
+    try:
+        yield run
+    finally:
+        torch.set_num_threads(threads)
+
+
+@dataclass
+class Reply:
+    ids: list = field(default_factory=list)
+    texts: list = field(default_factory=list)
+    error: str | None = None
+    responses: int = 0
+
+
+def tensor(name, value, dtype):
+    import tritonclient.grpc as grpcclient
+
+    arr = np.asarray(value, dtype=dtype)
+    t = grpcclient.InferInput(name, list(arr.shape), {np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL",
+                                                     np.object_: "BYTES"}[np.dtype(dtype).type])
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def request(*, text=None, prompt_ids=None, max_tokens=NEW_TOKENS, stream=True, end_id=None):
+    inputs = []
+    if text is not None:
+        inputs.append(tensor("text_input", [text.encode() if isinstance(text, str) else text], np.object_))
+    if prompt_ids is not None:
+        inputs.append(tensor("input_ids", prompt_ids, np.int32))
+    if max_tokens is not None:
+        inputs.append(tensor("max_tokens", [max_tokens], np.int32))
+    inputs.append(tensor("stream", [stream], np.bool_))
+    if end_id is not None:
+        inputs.append(tensor("end_id", [end_id], np.int32))
+    return inputs
+
+
+def call(server, inputs, timeout=120.0) -> Reply:
+    """One request on its own gRPC stream; collect every response up to the final one."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    reply = Reply()
+    try:
+        client.async_stream_infer(MODEL, inputs)
+        deadline = time.monotonic() + timeout
+        while True:
+            result, error = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            reply.responses += 1
+            if error is not None:
+                reply.error = error.message()
+                return reply
+            reply.ids += result.as_numpy("output_ids").tolist()
+            reply.texts += [t.decode() for t in result.as_numpy("text_output")]
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return reply
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def metrics(server) -> dict:
+    """Prometheus text -> {(name, frozenset(labels)): value} for the dynspec_* families."""
+    out = {}
+    for line in server.metrics().splitlines():
+        m = re.match(r"^(dynspec_\w+)\{([^}]*)\} (\S+)$", line)
+        if m:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def metric(m: dict, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
+
+
+def settle(server, check, timeout=10.0):
+    """Poll /metrics until check(metrics) holds (the model publishes every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(server)
+        if check(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def prompts(info, n_text, n_ids, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["the", "draft", "model", "speaks", "first", "and", "target", "checks", "every", "token"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(3, 9)))) for _ in range(n_text)]
+    id_prompts = [rng.integers(3, info.vocab_size, size=int(rng.integers(4, 24))).tolist() for _ in range(n_ids)]
+    return texts, id_prompts
+
+
+@pytest.mark.slow
+def test_single_request_speculates_at_full_k(server, info, oracle):
+    before = metrics(server)
+    prompt = prompts(info, 0, 1, seed=1)[1][0]
+    reply = call(server, request(prompt_ids=prompt))
+    assert reply.error is None
+    assert tuple(reply.ids) == oracle([(prompt, NEW_TOKENS, info.eos_ids)])[0]
+    assert reply.responses >= 2
+    after = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0)
+    assert metric(after, "dynspec_draft_length") == 4
+    assert metric(after, "dynspec_iterations_total", k="4") > metric(before, "dynspec_iterations_total", k="4")
+    assert metric(after, "dynspec_iterations_total", k="0") == metric(before, "dynspec_iterations_total", k="0")
+    drafted = metric(after, "dynspec_drafted_tokens_total") - metric(before, "dynspec_drafted_tokens_total")
+    accepted = metric(after, "dynspec_accepted_tokens_total") - metric(before, "dynspec_accepted_tokens_total")
+    assert 0 < accepted <= drafted
+
+
+@pytest.mark.slow
+def test_16_concurrent_streams_match_the_reference_and_k_drops_to_0(server, info, oracle):
+    texts, id_prompts = prompts(info, 8, 8)
+    jobs = [dict(text=t) for t in texts] + [dict(prompt_ids=p) for p in id_prompts]
+    prompt_ids = [tuple(info.tokenizer.encode(t)) for t in texts] + [tuple(p) for p in id_prompts]
+    expected = oracle([(p, NEW_TOKENS, info.eos_ids) for p in prompt_ids])
+
+    before = metrics(server)
+    seen, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            m = metrics(server)
+            seen.append((metric(m, "dynspec_batch_size"), metric(m, "dynspec_draft_length")))
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            replies = list(pool.map(lambda kw: call(server, request(**kw)), jobs))
+    finally:
+        stop.set()
+        poller.join()
+
+    for i, (reply, want) in enumerate(zip(replies, expected)):
+        assert reply.error is None, (i, reply.error)
+        assert tuple(reply.ids) == want, i
+        assert "".join(reply.texts) == info.decode(reply.ids), i
+    after = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0)
+    assert metric(after, "dynspec_iterations_total", k="0") > metric(before, "dynspec_iterations_total", k="0")
+    assert any(b > 4 and k == 0 for b, k in seen), seen
+    assert max(b for b, _ in seen) <= MAX_BATCH
+    finished = metric(after, "dynspec_requests_finished_total") - metric(before, "dynspec_requests_finished_total")
+    assert finished == len(jobs)
+
+
+@pytest.mark.slow
+def test_non_streaming_request_and_end_id(server, info, oracle):
+    prompt = prompts(info, 0, 1, seed=2)[1][0]
+    full = oracle([(prompt, NEW_TOKENS, ())])[0]
+    reply = call(server, request(prompt_ids=prompt, stream=False, end_id=-1))
+    assert reply.error is None and reply.responses == 1 and tuple(reply.ids) == full
+    assert reply.texts == [info.decode(full)]
+    stop = full[5]
+    reply = call(server, request(prompt_ids=prompt, stream=False, end_id=stop))
+    assert tuple(reply.ids) == full[:full.index(stop) + 1]
+
+
+@pytest.mark.slow
+def test_bad_requests_get_clean_errors_and_the_server_keeps_serving(server, info, oracle):
+    good = prompts(info, 0, 1, seed=3)[1][0]
+    want = oracle([(good, 8, info.eos_ids)])[0]
+    cases = [
+        ("missing input", request(max_tokens=8), "neither 'text_input'"),
+        ("missing max_tokens", request(prompt_ids=good, max_tokens=None), "max_tokens"),
+        ("wrong dtype", [tensor("input_ids", [1.0, 2.0], np.float32), tensor("max_tokens", [8], np.int32)],
+         "input_ids"),
+        ("prompt longer than the cache", request(prompt_ids=[5] * MAX_SEQ_LEN, max_tokens=8),
+         f"exceeds the cache length max_seq_len={MAX_SEQ_LEN}"),
+        ("max_tokens 0", request(prompt_ids=good, max_tokens=0), "max_tokens=0 must be at least 1"),
+        ("max_tokens < 0", request(prompt_ids=good, max_tokens=-2), "max_tokens=-2 must be at least 1"),
+        ("non-UTF-8 bytes", request(text=b"caf\xe9 au lait", max_tokens=8), "not valid UTF-8: byte 0xe9 at offset 3"),
+        ("token id outside the vocabulary", request(prompt_ids=[1, info.vocab_size], max_tokens=8),
+         "outside the vocabulary"),
+    ]
+    for what, inputs, message in cases:
+        bad = call(server, inputs, timeout=30)
+        assert bad.error is not None and message in bad.error, (what, bad)
+        ok = call(server, request(prompt_ids=good, max_tokens=8), timeout=60)
+        assert ok.error is None and tuple(ok.ids) == want, (what, ok)
+    assert server.proc.poll() is None
+
+
+@pytest.mark.slow
+def test_cancelled_request_frees_its_slot(server, info):
+    import tritonclient.grpc as grpcclient
+
+    before = metrics(server)
+    prompt = prompts(info, 0, 1, seed=4)[1][0]
+    long = MAX_SEQ_LEN - len(prompt) - SCHEDULE.max_draft_len - 1
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer(MODEL, request(prompt_ids=prompt, max_tokens=long, end_id=-1))
+    result, error = q.get(timeout=60)
+    assert error is None and len(result.as_numpy("output_ids")) > 0
+    client.stop_stream(cancel_requests=True)
+    client.close()
+
+    after = settle(server, lambda m: metric(m, "dynspec_requests_finished_total", reason="cancelled")
+                   > metric(before, "dynspec_requests_finished_total", reason="cancelled")
+                   and metric(m, "dynspec_batch_size") == 0)
+    assert metric(after, "dynspec_requests_finished_total", reason="cancelled") == \
+        metric(before, "dynspec_requests_finished_total", reason="cancelled") + 1
+    assert metric(after, "dynspec_requests_finished_total", reason="length") == \
+        metric(before, "dynspec_requests_finished_total", reason="length")
+    assert metric(after, "dynspec_batch_size") == 0
+    reply = call(server, request(prompt_ids=prompt, max_tokens=4))
+    assert reply.error is None and len(reply.ids) == 4

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -72,7 +71,8 @@ def load_tree(root: str | os.PathLike) -> tuple[Template, ...]:
 
 
 def fill_tree(root: str | os.PathLike, params: Mapping[str, str], dst: str | os.PathLike) -> tuple[Path, ...]:
-    """Fill every file under `root` into the same relative path under `dst` (modes kept)."""
+    """Fill every file under `root` into the same relative path under `dst`; *.sh files are made
+    executable (package data does not always keep file modes)."""
     templates = load_tree(root)
     used = set().union(*(t.params for t in templates))
     unknown = sorted(set(params) - used)
@@ -84,7 +84,8 @@ def fill_tree(root: str | os.PathLike, params: Mapping[str, str], dst: str | os.
         out = Path(dst) / t.path
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        shutil.copymode(Path(root) / t.path, out)
+        if out.suffix == ".sh":
+            out.chmod(0o755)
         written.append(out)
     return tuple(written)
 

@@ -14,6 +14,7 @@ What the wheel needs, worked out once here:
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
 import shutil
@@ -120,7 +121,8 @@ def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports
 
 
 class TritonServer:
-    """A running tritonserver in its own process group; stop() always ends the whole group."""
+    """A running tritonserver in its own process group; stop() always ends the whole group
+    (launch() also registers stop() with atexit, for interpreters that exit without calling it)."""
 
     def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path):
         self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
@@ -164,7 +166,9 @@ class TritonServer:
             return r.read().decode()
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the server (models finalize), then SIGKILL whatever is left of its group."""
+        """SIGTERM the server (models finalize), then SIGKILL whatever is left of its group. Idempotent."""
+        if self.proc.returncode is not None and not self.workdir.exists():
+            return
         try:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
@@ -207,6 +211,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
         proc = subprocess.Popen(cmd, env={**server_env(install), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     server = TritonServer(proc, ports, host, workdir, log_path)
+    atexit.register(server.stop, 5.0)
     if ready_timeout_s is not None:
         try:
             server.wait_ready(ready_timeout_s)

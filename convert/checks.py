@@ -47,29 +47,30 @@ def _kv_heads(kv: int, tp: int) -> Check:
                               " so KV heads cannot be replicated evenly")
 
 
-def _vocab(vocab: int, tp: int) -> Check:
+def _vocab(vocab: int, tp: int, name: str) -> Check:
     pad = padded_vocab(vocab, tp)
     if pad == vocab:
-        return Check("vocab_size", True, f"vocab_size={vocab} splits {vocab // tp} rows per rank at tp={tp}")
-    return Check("vocab_size", True, f"vocab_size={vocab} is padded to {pad} (+{pad - vocab} rows) for tp={tp}")
+        return Check(name, True, f"{name}={vocab} splits {vocab // tp} rows per rank at tp={tp}")
+    return Check(name, True, f"{name}={vocab} is padded to {pad} (+{pad - vocab} rows) for tp={tp}")
 
 
-def tp_report(shape: ModelShape, tp: int) -> TpReport:
-    """All TP checks for `shape`; failures are kept, not raised (see require_tp)."""
+def tp_report(shape: ModelShape, tp: int, vocab_field: str = "vocab_size") -> TpReport:
+    """All TP checks for `shape`; failures are kept, not raised (see require_tp).
+    vocab_field names the config field behind shape.vocab (an EAGLE-3 head: draft_vocab_size)."""
     if tp < 1:
         raise DynspecError(f"tp={tp} must be at least 1")
     checks = (
         _divisible("num_attention_heads", shape.heads, tp),
         _kv_heads(shape.kv_heads, tp),
         _divisible("intermediate_size", shape.intermediate, tp),
-        _vocab(shape.vocab, tp),
+        _vocab(shape.vocab, tp, vocab_field),
     )
     return TpReport(tp, checks, kv_replication(shape.kv_heads, tp), padded_vocab(shape.vocab, tp))
 
 
-def require_tp(shape: ModelShape, tp: int, where: str) -> TpReport:
+def require_tp(shape: ModelShape, tp: int, where: str, vocab_field: str = "vocab_size") -> TpReport:
     """tp_report, raising one DynspecError that lists every failed check."""
-    report = tp_report(shape, tp)
+    report = tp_report(shape, tp, vocab_field)
     if report.failures:
         raise DynspecError(f"TP={tp} is infeasible for {where}: " + "; ".join(c.detail for c in report.failures))
     return report

@@ -187,7 +187,7 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
         raise DynspecError(
             f"{where}: vocab_size={ds.vocab} (the vocabulary behind d2t/t2d), but the target's vocab_size is {ts.vocab}"
         )
-    report = require_tp(replace(ds, vocab=draft_vocab), tp, f"the draft ({where})")
+    report = require_tp(replace(ds, vocab=draft_vocab), tp, f"the draft ({where})", "draft_vocab_size")
     capture = capture_layers_from_config(cfg, ts.layers, where)
     dtype = dtype or tm["dtype"]
     if dtype not in DTYPES:

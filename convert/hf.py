@@ -12,10 +12,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from dynspec.artifacts import read_json
 from dynspec.errors import DynspecError
+
+if TYPE_CHECKING:
+    import torch
 
 ST_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -107,7 +110,7 @@ def _load_bin(path: Path) -> dict:
     return obj
 
 
-def iter_tensors(src: WeightSource) -> Iterator[tuple[str, "object"]]:
+def iter_tensors(src: WeightSource) -> Iterator[tuple[str, "torch.Tensor"]]:
     """(name, tensor) for every tensor, opening each file once, in file order."""
     by_file: dict[Path, list[str]] = {}
     for k, f in src.key_to_file.items():

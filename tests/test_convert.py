@@ -130,6 +130,17 @@ def test_shape_mismatch_is_named(tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not no_leftovers(tmp_path)
 
 
+def test_dtype_mismatch_is_named(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    hf = make_llama(tmp_path / "hf", layers=2)
+    sd = load_file(str(hf / "model.safetensors"))
+    sd["model.norm.weight"] = torch.ones(64, dtype=torch.int32)
+    save_file(sd, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    assert convert_target(hf, tmp_path / "out") == 2
+    assert "dtype mismatch: tensor 'model.norm.weight' in model.safetensors is torch.int32" in capsys.readouterr().err
+
+
 def test_missing_layer_is_named(tmp_path, capsys):
     hf = make_llama(tmp_path / "hf", layers=2)
     cfg = json.loads((hf / "config.json").read_text())
@@ -249,6 +260,7 @@ def test_eagle3_layers0_names_and_named_capture_layers(target, tmp_path, cfg_ext
     ("fc", "fuses 2 target layers"),
     ("d2t_range", "outside the target vocabulary 0..95"),
     ("t2d", "d2t and t2d disagree"),
+    ("d2t_dtype", "d2t has dtype torch.float32"),
     ("arch", "field 'architectures' is ['LlamaForCausalLM']"),
 ])
 def test_eagle3_incompatible_pairs(target, tmp_path, capsys, case, phrase):
@@ -270,6 +282,8 @@ def test_eagle3_incompatible_pairs(target, tmp_path, capsys, case, phrase):
     elif case == "d2t_range":
         sd["d2t"] = sd["d2t"].clone()
         sd["d2t"][-1] += 500
+    elif case == "d2t_dtype":
+        sd["d2t"] = sd["d2t"].float()
     elif case == "t2d":
         sd["t2d"] = sd["t2d"].roll(1)
     elif case == "arch":

@@ -36,15 +36,25 @@ def hf_target(pair):
 _oracle_cache: dict = {}
 
 
-def greedy(hf, prompt, n):
-    key = (id(hf), tuple(prompt), n)
-    if key not in _oracle_cache:
+def greedy_many(hf, prompts_, n: int, chunk: int = 64) -> list[tuple[int, ...]]:
+    """transformers `generate` (greedy), batched with left padding and an explicit attention
+    mask; in float64 padding changes logits by ~1e-13, far below any argmax margin here."""
+    todo = sorted({tuple(p) for p in prompts_ if (id(hf), tuple(p), n) not in _oracle_cache})
+    for i in range(0, len(todo), chunk):
+        batch = todo[i: i + chunk]
+        width = max(map(len, batch))
+        ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.no_grad():
-            ids = torch.tensor([list(prompt)])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, pad_token_id=0, eos_token_id=None)
-        _oracle_cache[key] = tuple(out[0, len(prompt):].tolist())
-    return _oracle_cache[key]
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              pad_token_id=0, eos_token_id=None)
+        for p, row in zip(batch, out[:, width:].tolist()):
+            _oracle_cache[(id(hf), p, n)] = tuple(row)
+    return [_oracle_cache[(id(hf), tuple(p), n)] for p in prompts_]
+
+
+def greedy(hf, prompt, n):
+    return greedy_many(hf, [prompt], n)[0]
 
 
 def engine(pair, max_batch=16, max_seq=96, kmax=8):
@@ -65,8 +75,7 @@ def test_lossless_under_policies(pair, hf_target, policy):
     eng = engine(pair)
     ps = prompts(12, seed=3)
     res = run_closed_loop(Executor(eng, policy), ps, 20, concurrency=6)
-    for p, r in zip(ps, res):
-        assert r.output_ids == greedy(hf_target, p, 20)
+    assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 20)
 
 
 def test_the_fields_failure_case_concurrency_10_threshold_5_k_15(pair, hf_target):
@@ -78,8 +87,7 @@ def test_the_fields_failure_case_concurrency_10_threshold_5_k_15(pair, hf_target
     res = run_closed_loop(ex, ps, 24, concurrency=10)
     assert {s.k for s in ex.stats} == {0, 15}
     assert any(s.batch_size == 10 and s.k == 0 for s in ex.stats)
-    for p, r in zip(ps, res):
-        assert r.output_ids == greedy(hf_target, p, 24)
+    assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 24)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -104,8 +112,9 @@ def test_lossless_under_generated_schedules_and_random_arrivals(pair, hf_target,
         if not ex.step() and i < len(ps):
             handles.append(ex.submit(ps[i], lens[i]))
             i += 1
-    for p, n, h in zip(ps, lens, handles):
-        assert h.result().output_ids == greedy(hf_target, p, n)
+    refs = greedy_many(hf_target, ps, 16)
+    for ref, n, h in zip(refs, lens, handles):
+        assert h.result().output_ids == ref[:n]
 
 
 def test_soak_500_requests_schedule_flipping(pair, hf_target):
@@ -128,12 +137,13 @@ def test_soak_500_requests_schedule_flipping(pair, hf_target):
         ex.step()
     assert ex.active == 0 and ex.waiting == 0
     assert len({s.k for s in ex.stats}) >= 4
-    for p, n, h in zip(ps, lens, handles):
+    refs = greedy_many(hf_target, ps, 12)            # greedy is a prefix-stable oracle: truncate to n
+    for ref, n, h in zip(refs, lens, handles):
         r = h.result()
         if r.finish_reason == "cancelled":
-            assert r.output_ids == greedy(hf_target, p, n)[: len(r.output_ids)]
+            assert r.output_ids == ref[: len(r.output_ids)]
         else:
-            assert r.finish_reason == "length" and r.output_ids == greedy(hf_target, p, n)
+            assert r.finish_reason == "length" and r.output_ids == ref[:n]
 
 
 def test_stop_ids_end_a_request_early(pair, hf_target):
@@ -163,8 +173,7 @@ def test_requests_wait_for_a_free_row_and_nothing_crashes(pair, hf_target):
     st = ex.step()
     assert st.batch_size == 2 and ex.waiting == 3
     ex.run_until_idle()
-    for p, h in zip(ps, hs):
-        assert h.result().output_ids == greedy(hf_target, p, 6)
+    assert [h.result().output_ids for h in hs] == greedy_many(hf_target, ps, 6)
 
 
 def test_bernoulli_acceptance_is_refused_outside_benchmarks(pair):

@@ -108,11 +108,12 @@ def target_tokenizer(cfg):
 
 
 def open_reference(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_draft_len: int):
-    """The reference engine sized for exactly what a benchmark needs (the KV cache is
-    max_batch_size x max_seq_len, so the engine dir's own sizes are not used)."""
+    """The reference engine sized for exactly what a benchmark needs: the KV cache is
+    max_batch_size x max_seq_len and drafts go up to max_draft_len (the engine dir's own sizes
+    and its schedule's K do not enlarge it: every request must fit prompt + output + K + 1)."""
     from dynspec.runtime.session import open_reference_engine
 
-    return open_reference_engine(cfg, device=device, max_draft_len=max_draft_len,
+    return open_reference_engine(replace(cfg, schedule=DraftSchedule()), device=device, max_draft_len=max_draft_len,
                                  max_batch_size=max_batch_size, max_seq_len=max_seq_len)
 
 

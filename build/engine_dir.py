@@ -131,7 +131,8 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
         max_seq_len=bp.max_seq_len,
         reference=ReferenceSettings(max_batch_size=min(64, req.max_batch_size), max_seq_len=min(1024, bp.max_seq_len)),
         llm_api_options=OPTIONS_FILE,
-        manifests={"target": bp.target_manifest, "draft": bp.draft_manifest, "build": build},
+        manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
+        build=build,
     )
 
 

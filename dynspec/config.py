@@ -15,7 +15,8 @@ engine.json (written by `dynspec build`):
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
                 "keep_warm": true, "cuda_graphs": true},
   "llm_api_options": "llm_api_options.yaml",
-  "manifests": {"target": {...}, "draft": {...}}
+  "manifests": {"target": {...}, "draft": {...}},
+  "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
 }
 """
 from __future__ import annotations
@@ -64,6 +65,7 @@ class EngineConfig:
     reference: ReferenceSettings = field(default_factory=ReferenceSettings)
     llm_api_options: str = "llm_api_options.yaml"
     manifests: Mapping[str, Any] = field(default_factory=dict)
+    build: Mapping[str, Any] = field(default_factory=dict)   # `dynspec build` choices + memory plan
 
     def to_json(self) -> dict:
         d = {"format": ENGINE_FORMAT}

@@ -52,7 +52,7 @@ def test_build_writes_a_loadable_engine_dir(pair, tmp_path, capsys):
     assert cfg.schedule.tiers == ((4, 4), (8, 2), (32, 1)) and cfg.tp == 8 and cfg.trtllm_version == "1.2.1"
     assert raw["trtllm_draft_len_schedule"] == {"1": 4, "5": 2, "9": 1, "33": 0}
     assert cfg.manifests["target"]["kind"] == "target" and cfg.manifests["draft"]["capture_layers"] == [1, 3, 4]
-    assert cfg.manifests["build"]["memory_plan"]["kv_tokens"] > 0
+    assert cfg.build["memory_plan"]["kv_tokens"] > 0
     assert cfg.reference.max_batch_size == 64 and cfg.reference.max_seq_len == 512
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     sc = opts["speculative_config"]
@@ -74,7 +74,7 @@ def test_trap_warning_and_min_draft_len(pair, tmp_path, capsys):
     cfg = EngineConfig.load(tmp_path / "b")
     assert cfg.schedule.tiers == ((5, 4), (32, 1))
     assert all(cfg.schedule.draft_len(b) >= 1 for b in range(1, 33))
-    assert cfg.manifests["build"]["requested_schedule"] == "5:4"
+    assert cfg.build["requested_schedule"] == "5:4"
 
 
 def test_floor_schedule():

@@ -160,7 +160,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--num-requests", type=int, help="requests per replica per load point (fixed; default: waves)")
     w.add_argument("--waves", type=float, default=2.0, help="requests per replica = max(--min-requests, waves x C)")
     w.add_argument("--min-requests", type=int, default=4)
-    w.add_argument("--warmup-requests", type=int, default=2, help="untimed requests per mode before the sweep")
+    w.add_argument("--warmup-requests", type=int, default=2,
+                   help="untimed requests per mode at C=1 before the sweep (plus one wave at the largest C; 0: none)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--max-seq-len", type=int, help="cache length per row (default: longest request + K + 1)")
     w.add_argument("--save-workload", metavar="FILE.jsonl", help="also write the synthetic workload as trtllm-bench JSONL")
@@ -315,10 +316,16 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=spec.acceptance, allow_lossy=True)
 
     if spec.warmup_requests > 0:
-        wreqs = [replace(r, output_tokens=min(r.output_tokens, 8)) for r in spec.requests[: spec.warmup_requests]]
+        # untimed: every mode at batch 1 and at the largest concurrency (short outputs), so
+        # first-use costs (allocator growth, kernel selection) stay out of the first timed run
+        top = max([p.concurrency for p in spec.points if p.concurrency is not None] + [1])
+        short = [replace(r, output_tokens=min(r.output_tokens, 8)) for r in spec.requests]
         for m in spec.modes:
-            closed_loop(executor(m), wreqs, len(wreqs))
-        log(f"warmed up: {len(wreqs)} requests per mode")
+            closed_loop(executor(m), take(short, spec.warmup_requests), 1)
+            if top > 1:
+                closed_loop(executor(m), take(short, top), top)
+        log(f"warmed up: {spec.warmup_requests} requests at C=1" + (f" and {top} at C={top}" if top > 1 else "")
+            + " per mode")
 
     bar = None
     if progress and w.is_root:

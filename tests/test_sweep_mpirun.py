@@ -155,3 +155,31 @@ def test_bad_flags_name_the_value(tmp_path, capsys):
     rc = sweep.main(["--concurrency", "1,x", "--out", str(tmp_path / "x")])
     assert rc == 2
     assert "--concurrency '1,x'" in capsys.readouterr().err
+
+
+def test_trtllm_mode_options_are_rendered_from_one_schedule():
+    from dynspec.benchmarks.trtllm_driver import mode_options, steps_from_stats
+
+    base = {"model": "/m", "backend": "pytorch", "tensor_parallel_size": 8, "max_batch_size": 256,
+            "enable_iter_perf_stats": True,
+            "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model": "/d",
+                                   "eagle3_one_model": False, "draft_len_schedule": {1: 4, 5: 0}}}
+    sched = DraftSchedule.parse("4:4,8:2")
+    b = mode_options(base, "baseline", DraftSchedule(), 0, "1.2.1")
+    assert "speculative_config" not in b and "model" not in b and "backend" not in b
+    assert b["enable_iter_perf_stats"] is True and b["tensor_parallel_size"] == 8
+    s = mode_options(base, "static", DraftSchedule.static(3, 256), 3, "1.2.1")["speculative_config"]
+    assert s["max_draft_len"] == 3 and "draft_len_schedule" not in s
+    d = mode_options(base, "dynamic", sched, 4, "1.2.1")["speculative_config"]
+    assert d["draft_len_schedule"] == {1: 4, 5: 2, 9: 0} and d["max_draft_len"] == 4     # 1.2.x: lower bounds
+    d13 = mode_options(base, "dynamic", sched, 4, "1.3.0")["speculative_config"]
+    assert d13["draft_len_schedule"] == {4: 4, 8: 2}                                       # 1.3: upper bounds
+    assert base["speculative_config"]["draft_len_schedule"] == {1: 4, 5: 0}                # input untouched
+    steps = steps_from_stats([
+        json.dumps({"numActiveRequests": 4, "iterLatencyMS": 12.0,
+                    "specDecodingStats": {"numDraftTokens": 16, "numAcceptedTokens": 9, "numRequestsWithDraftTokens": 4}}),
+        {"numActiveRequests": 9, "iterLatencyMS": 10.0},
+        {"numActiveRequests": 0},
+    ])
+    assert [(s.batch_size, s.k, s.drafted, s.accepted) for s in steps] == [(4, 4, 16, 9), (9, 0, 0, 0)]
+    assert steps[0].seconds == pytest.approx(0.012)

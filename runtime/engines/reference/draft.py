@@ -1,0 +1,285 @@
+"""EAGLE-3 draft model for the reference engine (the public `LlamaForCausalLMEagle3` format).
+
+One decoder layer whose attention reads [input_layernorm(embed(token)); hidden_norm(hidden)]
+(width 2h), a final norm and an lm_head over a smaller draft vocabulary whose ids map to
+target ids through `d2t` (target_id = draft_id + d2t[draft_id]).
+
+    fused = cat(target layer outputs at capture_layers)       # [B, T, n*h_t]
+    hidden = fc(fused)                  (first chain step)    # [B, T, h]
+           | previous draft output      (later chain steps)   # [B, T, h]
+    residual = hidden
+    x = cat(input_layernorm(embed(token)), hidden_norm(hidden))  # [B, T, 2h]
+    x = residual + o_proj(attn(x))
+    out = x + mlp(post_attention_layernorm(x))                # fed back as the next `hidden`
+    logits = lm_head(norm(out))                               # [B, T, draft_vocab]
+
+Index convention (the same as vLLM and TRT-LLM): the draft row at position p pairs the
+target's capture at position p with the token at position p+1, and predicts the token at
+position p+2. Worked example, prompt t0..t4 (n=5), K=3:
+  target prefill  tokens t0..t4 @ 0..4 -> captures H0..H4 and the greedy next token t5
+  draft prefill   rows @ 0..4 take (t1,H0)..(t5,H4); row @4 predicts d1, the guess for t6
+  chain           row @5 takes (d1, out of row @4) -> d2 (guess for t7);
+                  row @6 takes (d2, out of row @5) -> d3 (guess for t8)
+  verify          target tokens t5,d1,d2,d3 @ 5..8 -> greedy g0..g3 and captures H5..H8;
+                  accept a = number of leading d_i == g_(i-1); emit d1..da and g_a
+  next draft      rows @ 5..5+a take (d1,H5)..(g_a,H5+a): the tokens at positions 6..6+a
+                  with the captures one position earlier. They overwrite the chain's draft
+                  cache entries at the same positions, so nothing needs clearing.
+
+Capture layers are in the "outputs of decoder layer i" convention (TRT-LLM's
+`eagle3_layers_to_capture`). Draft configs name them in one of two public conventions:
+- `eagle_config.eagle_aux_hidden_state_layer_ids` (SpecForge, SGLang):
+  outputs of layer i, taken as is;
+- top-level `eagle_aux_hidden_state_layer_ids` (vLLM/speculators): id i is the INPUT of
+  layer i, i.e. the output of layer i-1, so we subtract one (vLLM's default (2, L//2, L-3)
+  is TRT-LLM's default (1, L//2-1, L-4)).
+With neither, the TRT-LLM default (1, L//2-1, L-4) is used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dynspec.errors import DynspecError
+
+from .model import (_empty, apply_rope, cached_attention, causal_mask, check_silu, hf_field,
+                    parse_rope, rms_norm, rope_tables, TargetConfig)
+
+
+def default_capture_layers(num_layers: int) -> tuple[int, ...]:
+    """TRT-LLM's default `eagle3_layers_to_capture`: outputs of layers (1, L//2-1, L-4)."""
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def _check_layers(ids, field: str, where: str, num_layers: int, shift: int = 0) -> tuple[int, ...]:
+    if not isinstance(ids, (list, tuple)) or not ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise DynspecError(f"{where}: field '{field}' must be a non-empty list of integers, got {ids!r}")
+    out = tuple(i - shift for i in ids)
+    bad = [i + shift for i in out if not 0 <= i < num_layers]
+    if bad:
+        what = ("(vLLM convention: id i is the input of layer i, so ids must be 1.."
+                f"{num_layers})" if shift else f"(outputs of layers 0..{num_layers - 1})")
+        raise DynspecError(f"{where}: field '{field}' has ids {bad} out of range for a target with "
+                           f"{num_layers} layers {what}")
+    if len(set(out)) != len(out):
+        raise DynspecError(f"{where}: field '{field}' = {list(ids)} repeats a layer; capture layers must be distinct")
+    return out
+
+
+def resolve_capture_layers(cfg: dict, where: str, num_layers: int,
+                           override: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Capture layers (outputs-of-layer convention) from an override, the config, or the default."""
+    if override is not None:
+        return _check_layers(list(override), "capture_layers (override)", where, num_layers)
+    eagle_cfg = cfg.get("eagle_config")
+    outs = eagle_cfg.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_cfg, dict) else None
+    ins = cfg.get("eagle_aux_hidden_state_layer_ids")
+    found = None
+    if outs is not None:
+        found = _check_layers(outs, "eagle_config.eagle_aux_hidden_state_layer_ids", where, num_layers)
+    if ins is not None:
+        from_ins = _check_layers(ins, "eagle_aux_hidden_state_layer_ids", where, num_layers, shift=1)
+        if found is not None and found != from_ins:
+            raise DynspecError(
+                f"{where}: 'eagle_config.eagle_aux_hidden_state_layer_ids' {list(outs)} (outputs of layers) "
+                f"and 'eagle_aux_hidden_state_layer_ids' {list(ins)} (vLLM: inputs of layers) disagree")
+        found = from_ins
+    if found is not None:
+        return found
+    default = default_capture_layers(num_layers)
+    if min(default) < 0 or len(set(default)) != len(default):
+        raise DynspecError(
+            f"{where}: the default EAGLE-3 capture layers {default} do not fit a target with {num_layers} "
+            f"layers; name them in field 'eagle_config.eagle_aux_hidden_state_layer_ids'")
+    return default
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int
+    target_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    draft_vocab_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    capture_layers: tuple[int, ...]
+    norm_before_residual: bool = False   # speculators/vLLM option: residual = hidden_norm(hidden)
+
+    @property
+    def fused_width(self) -> int:
+        return len(self.capture_layers) * self.target_hidden_size
+
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str, target: TargetConfig, *,
+                capture_layers: tuple[int, ...] | None = None) -> "Eagle3Config":
+        """From an EAGLE-3 draft config.json dict, validated against the target's config."""
+        if not isinstance(cfg, dict):
+            raise DynspecError(f"{where}: expected a JSON object")
+        if isinstance(cfg.get("transformer_layer_config"), dict):   # speculators format
+            cfg = {**cfg, **cfg["transformer_layer_config"]}
+        archs = cfg.get("architectures")
+        if isinstance(archs, list) and archs and not any("eagle" in str(a).lower() for a in archs):
+            raise DynspecError(f"{where}: field 'architectures' is {archs}; expected an EAGLE-3 draft "
+                               "such as 'LlamaForCausalLMEagle3'")
+        check_silu(cfg, where)
+        layers = hf_field(cfg, "num_hidden_layers", where, int, 1)
+        if layers != 1:
+            raise DynspecError(f"{where}: field 'num_hidden_layers' is {layers}; only one-layer EAGLE-3 drafts "
+                               "are supported")
+        hidden = hf_field(cfg, "hidden_size", where)
+        heads = hf_field(cfg, "num_attention_heads", where)
+        kv_heads = hf_field(cfg, "num_key_value_heads", where, int, heads)
+        if heads % kv_heads:
+            raise DynspecError(f"{where}: field 'num_attention_heads' ({heads}) must be a multiple of "
+                               f"'num_key_value_heads' ({kv_heads})")
+        if cfg.get("head_dim") is None and hidden % heads:
+            raise DynspecError(f"{where}: field 'hidden_size' ({hidden}) is not divisible by "
+                               f"'num_attention_heads' ({heads}) and no 'head_dim' is given")
+        head_dim = hf_field(cfg, "head_dim", where, int, hidden // heads)
+        target_hidden = hf_field(cfg, "target_hidden_size", where, int, hidden)
+        if target_hidden != target.hidden_size:
+            field = "target_hidden_size" if "target_hidden_size" in cfg else "hidden_size"
+            raise DynspecError(f"{where}: draft/target hidden-size mismatch: field '{field}' is {target_hidden} "
+                               f"but the target's hidden_size is {target.hidden_size}")
+        vocab = hf_field(cfg, "vocab_size", where, int, target.vocab_size)
+        if vocab != target.vocab_size:
+            raise DynspecError(f"{where}: field 'vocab_size' is {vocab} but the target's vocab_size is "
+                               f"{target.vocab_size} (vocab mismatch)")
+        draft_vocab = hf_field(cfg, "draft_vocab_size", where, int, vocab)
+        if draft_vocab > vocab:
+            raise DynspecError(f"{where}: field 'draft_vocab_size' ({draft_vocab}) exceeds 'vocab_size' ({vocab})")
+        theta, scaling = parse_rope(cfg, where)
+        capture = resolve_capture_layers(cfg, where, target.num_layers, capture_layers)
+        if len(capture) * target_hidden == hidden:
+            raise DynspecError(f"{where}: fused width {len(capture)}x{target_hidden} equals hidden_size {hidden}; "
+                               "the draft could not tell a fused capture from its own hidden state")
+        return cls(
+            hidden_size=hidden, target_hidden_size=target_hidden, num_heads=heads, num_kv_heads=kv_heads,
+            head_dim=head_dim, intermediate_size=hf_field(cfg, "intermediate_size", where),
+            draft_vocab_size=draft_vocab, vocab_size=vocab,
+            rms_norm_eps=hf_field(cfg, "rms_norm_eps", where, float, 1e-6),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=hf_field(cfg, "max_position_embeddings", where, int, 2048),
+            capture_layers=capture,
+            norm_before_residual=hf_field(cfg, "norm_before_residual", where, bool, False),
+        )
+
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3 draft. `embed` shares the target's embedding when the checkpoint has none."""
+
+    def __init__(self, config: Eagle3Config, *, embed: nn.Embedding | None = None, device=None, dtype=None):
+        super().__init__()
+        c = self.config = config
+        self.capture_layers = c.capture_layers
+        h = c.hidden_size
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.embed_tokens = embed if embed is not None else nn.Embedding(
+            c.vocab_size, h, _weight=torch.empty(c.vocab_size, h, device=device, dtype=dtype), _freeze=True)
+        self.fc = _empty(h, c.fused_width, device=device, dtype=dtype)
+        self.hidden_norm = _empty(h, device=device, dtype=dtype)
+        self.input_layernorm = _empty(h, device=device, dtype=dtype)
+        self.wqkv = _empty(self.q_size + 2 * self.kv_size, 2 * h, device=device, dtype=dtype)
+        self.wo = _empty(h, self.q_size, device=device, dtype=dtype)
+        self.post_attention_layernorm = _empty(h, device=device, dtype=dtype)
+        self.w13 = _empty(2 * c.intermediate_size, h, device=device, dtype=dtype)   # [gate; up]
+        self.w2 = _empty(h, c.intermediate_size, device=device, dtype=dtype)
+        self.norm = _empty(h, device=device, dtype=dtype)
+        self.lm_head = _empty(c.draft_vocab_size, h, device=device, dtype=dtype)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long, device=device))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool, device=device))
+        self.max_batch = self.max_seq_len = 0
+        self.register_buffer("k_cache", None, persistent=False)   # [max_batch, kvh, S, hd]
+        self.register_buffer("v_cache", None, persistent=False)
+        self.register_buffer("rope_cos", None, persistent=False)
+        self.register_buffer("rope_sin", None, persistent=False)
+        self.register_buffer("arange", None, persistent=False)
+
+    def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
+        c, w = self.config, self.fc
+        shape = (max_batch, c.num_kv_heads, max_seq_len, c.head_dim)
+        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.rope_cos, self.rope_sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling,
+                                                   max_seq_len, w.device, w.dtype)
+        self.arange = torch.arange(max_seq_len, device=w.device)
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+
+    # The pieces below are also used by tiny_pair.py's training-time-test loop.
+    def fuse(self, hidden: Tensor) -> Tensor:
+        """[B, T, n*h_t] fused target capture -> fc -> [B, T, h]; [B, T, h] passes through."""
+        width = hidden.shape[-1]
+        if width == self.config.fused_width:
+            return F.linear(hidden, self.fc)
+        if width != self.config.hidden_size:
+            raise DynspecError(
+                f"draft hidden input has width {width}; expected {self.config.fused_width} (fused capture of "
+                f"layers {self.capture_layers} x target hidden {self.config.target_hidden_size}) or "
+                f"{self.config.hidden_size} (the draft's own output)")
+        return hidden
+
+    def layer_input(self, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """(attention input [B, T, 2h], residual [B, T, h]) from tokens and an h-wide hidden."""
+        eps = self.config.rms_norm_eps
+        h = rms_norm(hidden, self.hidden_norm, eps)
+        e = rms_norm(self.embed_tokens(tokens), self.input_layernorm, eps)
+        return torch.cat((e, h), dim=-1), (h if self.config.norm_before_residual else hidden)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, 2h] -> q [B, nh, T, hd], k, v [B, kvh, T, hd] (RoPE applied)."""
+        c = self.config
+        B, T, _ = x.shape
+        q, k, v = F.linear(x, self.wqkv).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = apply_rope(q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
+        return q, k, v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+
+    def finish(self, attn: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """attn [B, T, nh*hd] -> (draft logits [B, T, dv], output hidden [B, T, h] pre-norm)."""
+        eps = self.config.rms_norm_eps
+        x = residual + F.linear(attn, self.wo)
+        gate, up = F.linear(rms_norm(x, self.post_attention_layernorm, eps), self.w13).chunk(2, dim=-1)
+        out = x + F.linear(F.silu(gate) * up, self.w2)
+        return F.linear(rms_norm(out, self.norm, eps), self.lm_head), out
+
+    def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, *, row0: int = 0,
+                kv_len: int | None = None) -> tuple[Tensor, Tensor]:
+        """tokens [B, T] (target ids), hidden [B, T, n*h_t | h], positions [B, T]
+        -> (draft-vocab logits [B, T, dv], output hidden [B, T, h] pre-norm, to feed back)."""
+        if self.k_cache is None:
+            raise RuntimeError("Eagle3Draft.setup_cache(max_batch, max_seq_len) must be called before forward")
+        B, T = tokens.shape
+        if hidden.shape[:2] != (B, T):
+            raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(B, T)}")
+        S = self.max_seq_len if kv_len is None else kv_len
+        c = self.config
+        x, residual = self.layer_input(tokens, self.fuse(hidden))            # [B, T, 2h], [B, T, h]
+        cos = self.rope_cos[positions].unsqueeze(1)                          # [B, 1, T, hd/2]
+        sin = self.rope_sin[positions].unsqueeze(1)
+        q, k, v = self.qkv(x, cos, sin)
+        mask = causal_mask(positions, self.arange[:S], c.num_heads // c.num_kv_heads)
+        attn = cached_attention(q, k, v, self.k_cache[row0:row0 + B], self.v_cache[row0:row0 + B],
+                                positions, mask, S)                          # [B, T, nh*hd]
+        logits, out = self.finish(attn, residual)
+        if logits.device.type == "cpu":
+            logits = logits.float()
+        return logits, out
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
+        """Draft-vocab ids -> target-vocab ids: target_id = draft_id + d2t[draft_id]."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Copy the draft cache row `src` onto row `dst`."""
+        self.k_cache[dst].copy_(self.k_cache[src])
+        self.v_cache[dst].copy_(self.v_cache[src])

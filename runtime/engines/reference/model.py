@@ -1,0 +1,342 @@
+"""The reference engine's target model: a Llama-family decoder in a few hundred lines.
+
+gpt-fast style: fused q/k/v and gate/up weights, a static KV cache per layer and plain
+`F.scaled_dot_product_attention`. `forward` is CUDA-graph capturable: no `.item()`, no host
+sync and no data-dependent Python branches; every branch depends only on shapes and on the
+static keyword arguments (`row0`, `kv_len`, `capture`, `logits`).
+
+Cache semantics (the executor relies on these):
+- Row r of the cache belongs to one request. A call works on rows row0..row0+B-1 through a
+  slice view (no gather copy) and writes K/V of every input token at its absolute position.
+- A query at position p attends to cache positions <= p of its own row. Entries beyond a
+  row's length are stale but never read by a query that does not own them, so rolling a
+  request back is just "write from the accepted length on" (no clearing).
+- Only cache[..., :kv_len] is read; kv_len must exceed every position in the call.
+
+The helpers at the top (config fields, RMSNorm, RoPE, cached attention) are shared with the
+EAGLE-3 draft in draft.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dynspec.errors import DynspecError
+
+_REQUIRED = object()
+
+
+# ----------------------------------------------------------------------------- config helpers
+
+def hf_field(cfg: dict, key: str, where: str, kind: type = int, default: Any = _REQUIRED, *,
+             positive: bool = True) -> Any:
+    """Read one field of an HF config dict; raise DynspecError naming `where` and `key`."""
+    v = cfg.get(key)
+    if v is None:
+        if default is _REQUIRED:
+            raise DynspecError(f"{where}: missing field '{key}'")
+        return default
+    if kind is bool:
+        ok = isinstance(v, bool)
+    elif kind is int:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif kind is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    else:
+        ok = isinstance(v, kind)
+    if not ok:
+        raise DynspecError(f"{where}: field '{key}' must be {kind.__name__}, got {v!r}")
+    if positive and kind in (int, float) and v <= 0:
+        raise DynspecError(f"{where}: field '{key}' must be positive, got {v!r}")
+    return float(v) if kind is float else v
+
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def parse_rope(cfg: dict, where: str) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from an HF config; checks the scaling fields we use.
+
+    Accepts the transformers<=4.x form (`rope_theta`, `rope_scaling`) and the newer
+    `rope_parameters` dict. Returns rope_scaling None for plain RoPE.
+    """
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "rope_scaling" not in cfg:
+        theta = hf_field({**cfg, **params}, "rope_theta", where, float, 10000.0)
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = hf_field(cfg, "rope_theta", where, float, 10000.0)
+        scaling = cfg.get("rope_scaling")
+    if scaling is None:
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise DynspecError(f"{where}: field 'rope_scaling' must be an object or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise DynspecError(f"{where}: field 'rope_scaling.rope_type' is {kind!r}; supported: {ROPE_TYPES}")
+    if kind == "default":
+        return theta, None
+    need = ("factor",) if kind == "linear" else (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    out = {"rope_type": kind}
+    for k in need:
+        out[k] = hf_field(scaling, k, f"{where}: rope_scaling", float)
+    if kind == "llama3" and out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise DynspecError(f"{where}: field 'rope_scaling.high_freq_factor' must exceed low_freq_factor")
+    return theta, out
+
+
+def check_silu(cfg: dict, where: str) -> None:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise DynspecError(f"{where}: field 'hidden_act' is {act!r}; only 'silu' (SwiGLU) is supported")
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise DynspecError(f"{where}: field '{key}' is true; biased projections are not supported")
+
+
+# ----------------------------------------------------------------------------- math helpers
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm computed in float32, as transformers' LlamaRMSNorm does."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
+    """Inverse frequencies [head_dim // 2] in float32, with linear / llama3 scaling."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv / factor
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between
+    # the two wavelength bounds is interpolated smoothly.
+    old = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(head_dim: int, theta: float, scaling: dict | None, max_seq_len: int,
+                device, dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin tables [max_seq_len, head_dim // 2], computed in float32, stored in `dtype`."""
+    inv = rope_inv_freq(head_dim, theta, scaling).to(device)
+    freqs = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv)
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate-half RoPE (HF/NeoX layout). x [B, n, T, hd]; cos, sin [B, 1, T, hd/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def causal_mask(positions: Tensor, arange: Tensor, groups: int) -> Tensor:
+    """Boolean mask [B, 1, groups*T, S]: query at position p sees keys 0..p of its row.
+
+    The query heads that share one KV head are folded into the query-length axis (see
+    `cached_attention`), so the [B, T, S] pattern is repeated `groups` times along it.
+    """
+    B, T = positions.shape
+    S = arange.shape[0]
+    m = arange.view(1, 1, S) <= positions.view(B, T, 1)          # [B, T, S]
+    return m.unsqueeze(1).expand(B, groups, T, S).reshape(B, 1, groups * T, S)
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     positions: Tensor, mask: Tensor, kv_len: int) -> Tensor:
+    """Write k/v into the cache at `positions`, then attend over cache[..., :kv_len].
+
+    q [B, nh, T, hd]; k, v [B, kvh, T, hd]; caches [B, kvh, S_max, hd] (views of the rows);
+    positions [B, T]; mask [B, 1, g*T, kv_len]. Returns [B, T, nh*hd].
+    GQA without copying K/V: the g = nh/kvh query heads of each KV head become g*T query rows
+    of one attention over that head, e.g. nh=4, kvh=2, T=3: q [B,4,3,hd] -> [B,2,6,hd].
+    Head h uses KV head h // g, the same grouping as transformers' repeat_kv.
+    """
+    B, nh, T, hd = q.shape
+    kvh = k.shape[1]
+    g = nh // kvh
+    idx = positions.view(B, 1, T, 1).expand(B, kvh, T, hd)
+    k_cache.scatter_(2, idx, k)
+    v_cache.scatter_(2, idx, v)
+    qg = q.reshape(B, kvh, g * T, hd)
+    o = F.scaled_dot_product_attention(qg, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len],
+                                       attn_mask=mask)            # [B, kvh, g*T, hd]
+    return o.reshape(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
+
+
+def _empty(*shape: int, device=None, dtype=None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+
+# ----------------------------------------------------------------------------- the target
+
+@dataclass(frozen=True)
+class TargetConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str) -> "TargetConfig":
+        """From a transformers LlamaConfig dict (config.json); `where` names the file."""
+        if not isinstance(cfg, dict):
+            raise DynspecError(f"{where}: expected a JSON object")
+        mt = cfg.get("model_type", "llama")
+        if mt != "llama":
+            raise DynspecError(f"{where}: field 'model_type' is {mt!r}; only 'llama' targets are supported")
+        check_silu(cfg, where)
+        hidden = hf_field(cfg, "hidden_size", where)
+        heads = hf_field(cfg, "num_attention_heads", where)
+        kv_heads = hf_field(cfg, "num_key_value_heads", where, int, heads)
+        if heads % kv_heads:
+            raise DynspecError(f"{where}: field 'num_attention_heads' ({heads}) must be a multiple of "
+                               f"'num_key_value_heads' ({kv_heads})")
+        if cfg.get("head_dim") is None and hidden % heads:
+            raise DynspecError(f"{where}: field 'hidden_size' ({hidden}) is not divisible by "
+                               f"'num_attention_heads' ({heads}) and no 'head_dim' is given")
+        head_dim = hf_field(cfg, "head_dim", where, int, hidden // heads)
+        if head_dim % 2:
+            raise DynspecError(f"{where}: field 'head_dim' ({head_dim}) must be even for RoPE")
+        theta, scaling = parse_rope(cfg, where)
+        return cls(
+            vocab_size=hf_field(cfg, "vocab_size", where),
+            hidden_size=hidden,
+            intermediate_size=hf_field(cfg, "intermediate_size", where),
+            num_layers=hf_field(cfg, "num_hidden_layers", where),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf_field(cfg, "rms_norm_eps", where, float, 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=hf_field(cfg, "tie_word_embeddings", where, bool, False),
+            max_position_embeddings=hf_field(cfg, "max_position_embeddings", where, int, 2048),
+        )
+
+
+class Block(nn.Module):
+    """One decoder layer: x + attn(norm(x)), then + mlp(norm(.)). Weights fused at load."""
+
+    def __init__(self, c: TargetConfig, device=None, dtype=None):
+        super().__init__()
+        self.c = c
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+        self.attention_norm = _empty(c.hidden_size, device=device, dtype=dtype)
+        self.wqkv = _empty(self.q_size + 2 * self.kv_size, c.hidden_size, device=device, dtype=dtype)
+        self.wo = _empty(c.hidden_size, self.q_size, device=device, dtype=dtype)
+        self.ffn_norm = _empty(c.hidden_size, device=device, dtype=dtype)
+        self.w13 = _empty(2 * c.intermediate_size, c.hidden_size, device=device, dtype=dtype)  # [gate; up]
+        self.w2 = _empty(c.hidden_size, c.intermediate_size, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_cache: Tensor,
+                v_cache: Tensor, positions: Tensor, kv_len: int) -> Tensor:
+        c = self.c
+        B, T, _ = x.shape
+        qkv = F.linear(rms_norm(x, self.attention_norm, c.rms_norm_eps), self.wqkv)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = apply_rope(q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)     # [B, nh, T, hd]
+        k = apply_rope(k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)  # [B, kvh, T, hd]
+        v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        x = x + F.linear(cached_attention(q, k, v, k_cache, v_cache, positions, mask, kv_len), self.wo)
+        gate, up = F.linear(rms_norm(x, self.ffn_norm, c.rms_norm_eps), self.w13).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w2)
+
+
+class Target(nn.Module):
+    """Llama-family target. Parameters are allocated uninitialised; load.py fills them."""
+
+    def __init__(self, config: TargetConfig, *, device=None, dtype=None):
+        super().__init__()
+        c = self.config = config
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, _weight=torch.empty(
+            c.vocab_size, c.hidden_size, device=device, dtype=dtype), _freeze=True)
+        self.layers = nn.ModuleList(Block(c, device, dtype) for _ in range(c.num_layers))
+        self.norm = _empty(c.hidden_size, device=device, dtype=dtype)
+        self.output = None if c.tie_word_embeddings else _empty(
+            c.vocab_size, c.hidden_size, device=device, dtype=dtype)
+        self.max_batch = self.max_seq_len = 0
+        self.register_buffer("k_cache", None, persistent=False)  # [L, max_batch, kvh, S, hd]
+        self.register_buffer("v_cache", None, persistent=False)
+        self.register_buffer("rope_cos", None, persistent=False)  # [S, hd/2]
+        self.register_buffer("rope_sin", None, persistent=False)
+        self.register_buffer("arange", None, persistent=False)    # [S] key positions
+
+    @property
+    def lm_head(self) -> Tensor:
+        return self.tok_embeddings.weight if self.output is None else self.output
+
+    def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
+        """Allocate the static KV cache (zeros) and RoPE tables on the model's device/dtype."""
+        c, w = self.config, self.tok_embeddings.weight
+        shape = (c.num_layers, max_batch, c.num_kv_heads, max_seq_len, c.head_dim)
+        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.rope_cos, self.rope_sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling,
+                                                   max_seq_len, w.device, w.dtype)
+        self.arange = torch.arange(max_seq_len, device=w.device)
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+
+    def forward(self, tokens: Tensor, positions: Tensor, *, row0: int = 0, kv_len: int | None = None,
+                capture: tuple[int, ...] = (), logits: str = "all") -> tuple[Tensor, Tensor | None]:
+        """tokens, positions [B, T] -> (logits [B, T or 1, V], captured [B, T, len(capture)*h] or None).
+
+        `capture` lists decoder layers (0-based) whose OUTPUTS (residual stream after the
+        layer, before the final norm) are concatenated in the given order.
+        """
+        if self.k_cache is None:
+            raise RuntimeError("Target.setup_cache(max_batch, max_seq_len) must be called before forward")
+        B, T = tokens.shape
+        S = self.max_seq_len if kv_len is None else kv_len
+        c = self.config
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits must be 'all' or 'last', not {logits!r}")
+        for i in capture:
+            if not 0 <= i < c.num_layers or capture.count(i) > 1:
+                raise ValueError(f"capture {capture} must name distinct layers in 0..{c.num_layers - 1}")
+        x = self.tok_embeddings(tokens)                                   # [B, T, h]
+        cos = self.rope_cos[positions].unsqueeze(1)                       # [B, 1, T, hd/2]
+        sin = self.rope_sin[positions].unsqueeze(1)
+        mask = causal_mask(positions, self.arange[:S], c.num_heads // c.num_kv_heads)  # [B, 1, g*T, S]
+        kc = self.k_cache[:, row0:row0 + B]                               # [L, B, kvh, S_max, hd] views
+        vc = self.v_cache[:, row0:row0 + B]
+        caps: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, kc[i], vc[i], positions, S)
+            if i in capture:
+                caps[i] = x
+        hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [B, T, n*h]
+        if logits == "last":
+            x = x[:, -1:]
+        out = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)        # [B, T|1, V]
+        if out.device.type == "cpu":
+            out = out.float()
+        return out, hidden
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Copy cache row `src` (all layers, all positions) onto row `dst`."""
+        self.k_cache[:, dst].copy_(self.k_cache[:, src])
+        self.v_cache[:, dst].copy_(self.v_cache[:, src])

@@ -109,35 +109,56 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_step(engine, k: int, batch_size: int, context_len: int, *, keep_warm: bool, warmup: int, repeats: int,
-              seed: int = 0) -> float:
-    """Median ms of engine.step for b rows at context_len with K drafts (K = 0: plain decode)."""
+@dataclass(frozen=True)
+class Shape:
+    batch_size: int
+    k: int
+    keep_warm: bool
+
+
+def synthetic_plan(engine, shape: Shape, context_len: int, seed: int = 0):
+    """b rows whose pending token sits at position context_len (cache contents do not change the cost)."""
     import random
 
-    from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.plan import make_plan
 
     rng = random.Random(seed)
-    plan = make_plan(k, positions=[context_len] * batch_size,
-                     pending=[rng.randrange(2, 16) for _ in range(batch_size)],     # any valid ids
-                     stale=[False] * batch_size, keep_warm=keep_warm, buckets=engine.buckets)
+    b = shape.batch_size
+    return make_plan(shape.k, positions=[context_len] * b, pending=[rng.randrange(2, 16) for _ in range(b)],
+                     stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets)
+
+
+def time_shapes(engine, shapes: Sequence[Shape], context_len: int, *, warmup: int, repeats: int,
+                progress=None) -> dict[Shape, float]:
+    """Median ms of engine.step per shape. The repeats run round-robin over the shapes, so a
+    burst of machine noise hits every shape alike instead of spoiling one of them."""
+    from dynspec.runtime.acceptance import Greedy
+
     acc = Greedy()
-    for _ in range(warmup):
-        engine.step(plan, acc)
+    plans = {s: synthetic_plan(engine, s, context_len) for s in shapes}
+    for s in shapes:
+        for _ in range(warmup):
+            engine.step(plans[s], acc)
     _sync(engine.device)
-    times = []
+    times: dict[Shape, list[float]] = {s: [] for s in shapes}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        engine.step(plan, acc)
-        _sync(engine.device)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for s in shapes:
+            t0 = time.perf_counter()
+            engine.step(plans[s], acc)
+            _sync(engine.device)
+            times[s].append(time.perf_counter() - t0)
+        if progress:
+            progress(1)
+    return {s: 1e3 * statistics.median(t) for s, t in times.items()}
 
 
 def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
                          keep_warm: bool = True, warmup: int = 3, repeats: int = 10,
                          progress=None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
-    """({b: {K: ms}}, {b: plain-decode ms without keep-warm}) for the engine as it is set up."""
+    """({b: {K: ms}}, {b: plain-decode ms without keep-warm}) for the engine as it is set up.
+
+    K = 0 is timed as serving runs it (with keep-warm when the engine keeps the draft warm);
+    decode_ms is the bare target step, what a no-speculation server pays."""
     bad = [b for b in batch_sizes if not 1 <= b <= engine.max_batch_size]
     if bad:
         raise DynspecError(f"batch sizes {bad} are outside 1..{engine.max_batch_size} (the engine's max_batch_size)")
@@ -147,18 +168,12 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
     need = context_len + max(draft_lens) + 1
     if need > engine.max_seq_len:
         raise DynspecError(f"--context-len {context_len} + K {max(draft_lens)} + 1 = {need} exceeds max_seq_len {engine.max_seq_len}")
-    table: dict[int, dict[int, float]] = {}
-    decode: dict[int, float] = {}
-    for b in batch_sizes:
-        table[b] = {}
-        for k in draft_lens:
-            table[b][k] = time_step(engine, k, b, context_len, keep_warm=keep_warm, warmup=warmup, repeats=repeats)
-            if progress:
-                progress(1)
-        if keep_warm or 0 not in table[b]:
-            decode[b] = time_step(engine, 0, b, context_len, keep_warm=False, warmup=warmup, repeats=repeats)
-        else:
-            decode[b] = table[b][0]
+    grid = [Shape(b, k, keep_warm and k == 0) for b in batch_sizes for k in draft_lens]
+    bare = [Shape(b, 0, False) for b in batch_sizes]
+    ms = time_shapes(engine, list(dict.fromkeys(grid + bare)), context_len, warmup=warmup, repeats=repeats,
+                     progress=progress)
+    table = {b: {k: ms[Shape(b, k, keep_warm and k == 0)] for k in draft_lens} for b in batch_sizes}
+    decode = {b: ms[Shape(b, 0, False)] for b in batch_sizes}
     return table, decode
 
 

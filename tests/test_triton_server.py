@@ -27,7 +27,7 @@ from dynspec.triton_repo.serving import (ModelInfo, RequestError, StatsCursor, T
 
 MODEL = "dynspec"
 SCHEDULE = DraftSchedule.threshold(max_draft_len=4, disable_above=4)
-MAX_SEQ_LEN = 512
+MAX_SEQ_LEN = 1024
 MAX_BATCH = 24
 NEW_TOKENS = 32
 

@@ -12,28 +12,31 @@ import site
 import threading
 import time
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
 INPUTS = ("text_input", "input_ids", "max_tokens", "stream", "end_id")
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+np = pb_utils = FINAL = None     # imported by initialize(), once python_site_packages is on the path
 
 
 def _parameters(model_config):
     return {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
 
 
-def _import_dynspec(site_packages):
-    """The stub runs the Python it finds first on PATH; if that is not dynspec's environment,
-    add the site-packages folders named by the `python_site_packages` parameter (.pth files
-    included, so editable installs work)."""
+def _import_runtime(site_packages):
+    """The stub runs the Python it finds first on PATH. If that is not dynspec's environment, add
+    the site-packages folders named by the `python_site_packages` parameter (.pth files included,
+    so editable installs work) before numpy, the backend utils and dynspec are imported."""
+    global np, pb_utils, FINAL
     if importlib.util.find_spec("dynspec") is None:
         for folder in filter(None, site_packages.split(os.pathsep)):
             site.addsitedir(folder)
     if importlib.util.find_spec("dynspec") is None:
-        raise pb_utils.TritonModelException(
+        raise ImportError(
             f"cannot import dynspec: not in this Python's path, nor in python_site_packages={site_packages!r}"
         )
+    import numpy
+    import triton_python_backend_utils
+
+    np, pb_utils = numpy, triton_python_backend_utils
+    FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _error(message, code):
@@ -107,7 +110,7 @@ class _Live:
 class TritonPythonModel:
     def initialize(self, args):
         params = _parameters(json.loads(args["model_config"]))
-        _import_dynspec(params.get("python_site_packages", ""))
+        _import_runtime(params.get("python_site_packages", ""))
         from dynspec.config import EngineConfig
         from dynspec.errors import DynspecError
         from dynspec.runtime.session import open_executor

@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
@@ -25,14 +24,16 @@ def pair(tmp_path_factory):
     return str(target), str(draft)
 
 
-def _run(pair, policy, keep_warm, graphs, prompts, n):
+def _run(pair, policy, keep_warm, graphs, prompts, lens):
+    """All requests at once, of different lengths: the batch drains 16 -> 1 and K climbs."""
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=policy.max_draft_len or 1)
     if graphs:
         assert eng.capture_graphs(reachable_graphs([policy], 16, keep_warm)) > 0
     ex = Executor(eng, policy, keep_warm=keep_warm)
-    res = run_closed_loop(ex, prompts, n, concurrency=12)
-    return [r.output_ids for r in res], eng, ex
+    handles = [ex.submit(p, n) for p, n in zip(prompts, lens)]
+    ex.run_until_idle()
+    return [h.result().output_ids for h in handles], eng, ex
 
 
 @pytest.mark.parametrize("keep_warm", [True, False])
@@ -40,16 +41,17 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm):
     from transformers import LlamaForCausalLM
 
     rng = random.Random(0)
-    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(24)]
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
+    lens = [4 + 4 * i for i in range(16)]
     policy = DraftSchedule.parse("2:5,4:3,8:1")
-    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, 24)
-    eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, 24)
+    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens)
+    eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens)
     assert eng.eager_fallbacks == 0
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert graph_out == eager_out
     hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float32).cuda().eval()
-    for p, out in zip(prompts[:6], graph_out[:6]):
+    for p, n, out in list(zip(prompts, lens, graph_out))[-6:]:
         ids = torch.tensor([list(p)], device="cuda")
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                           do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
         assert list(out) == ref

@@ -244,8 +244,14 @@ def load_reference_engine(
     max_batch_size: int = 64,
     max_seq_len: int = 1024,
     max_draft_len: int = 8,
+    fused_kernels: bool | None = None,
 ) -> ReferenceEngine:
+    """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only)."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
+    from dynspec.runtime.engines.reference.model import KERNELS
+
+    if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
+        KERNELS.compile()
 
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     target = load_target(target_dir, device=device, dtype=dt)

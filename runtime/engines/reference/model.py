@@ -182,6 +182,46 @@ def _empty(*shape: int, device=None, dtype=None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
 
+def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def add_rms_norm(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(x + r, rms_norm(x + r)): the residual add and the next norm in one pass."""
+    y = x + r
+    return y, rms_norm(y, weight, eps)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """[.., 2i] = [gate; up] -> silu(gate) * up [.., i]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class Kernels:
+    """The elementwise glue of a decoder layer. Eager by default; `compile()` fuses each into
+    one kernel with torch.compile (CUDA only): a 32-layer decode step otherwise launches ~45
+    small kernels per layer, and at batch 1 their launch gaps cost more than the weights."""
+
+    def __init__(self):
+        self.eager()
+
+    def eager(self) -> None:
+        self.rms_norm, self.rope_qk, self.add_rms_norm, self.silu_mul = rms_norm, rope_qk, add_rms_norm, silu_mul
+        self.compiled = False
+
+    def compile(self) -> None:
+        if self.compiled:
+            return
+        c = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
+        self.rms_norm, self.rope_qk = c(rms_norm), c(rope_qk)
+        self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
+        self.compiled = True
+
+
+KERNELS = Kernels()
+
+
 # ----------------------------------------------------------------------------- the target
 
 @dataclass(frozen=True)
@@ -254,16 +294,16 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_cache: Tensor,
                 v_cache: Tensor, positions: Tensor, kv_len: int) -> Tensor:
-        c = self.c
+        c, f = self.c, KERNELS
         B, T, _ = x.shape
-        qkv = F.linear(rms_norm(x, self.attention_norm, c.rms_norm_eps), self.wqkv)
+        qkv = F.linear(f.rms_norm(x, self.attention_norm, c.rms_norm_eps), self.wqkv)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rope(q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)     # [B, nh, T, hd]
-        k = apply_rope(k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)  # [B, kvh, T, hd]
+        q, k = f.rope_qk(q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2),                 # [B, nh, T, hd]
+                         k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)  # [B, kvh, T, hd]
         v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        x = x + F.linear(cached_attention(q, k, v, k_cache, v_cache, positions, mask, kv_len), self.wo)
-        gate, up = F.linear(rms_norm(x, self.ffn_norm, c.rms_norm_eps), self.w13).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w2)
+        attn = F.linear(cached_attention(q, k, v, k_cache, v_cache, positions, mask, kv_len), self.wo)
+        x, h = f.add_rms_norm(x, attn, self.ffn_norm, c.rms_norm_eps)
+        return x + F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2)
 
 
 class Target(nn.Module):

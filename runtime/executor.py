@@ -32,7 +32,7 @@ class Engine(Protocol):
     max_draft_len: int          # largest K the engine was set up for
     buckets: tuple[int, ...]
 
-    def prefill(self, row: int, prompt_ids: Sequence[int]) -> int: ...
+    def prefill(self, row0: int, prompts: Sequence[Sequence[int]]) -> list[int]: ...
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
     def move_row(self, src: int, dst: int) -> None: ...
 
@@ -227,19 +227,23 @@ class Executor:
             self.step()
 
     def _admit(self) -> bool:
-        admitted = False
-        while self._waiting and len(self._rows) < self.engine.max_batch_size:
+        """Prefill every waiting request that has a free row, in one batched engine call."""
+        new: list[_Request] = []
+        while self._waiting and len(self._rows) + len(new) < self.engine.max_batch_size:
             req = self._waiting.popleft()
             if req.cancelled:
                 self._finish(req, "cancelled", self._clock())
-                continue
-            row = len(self._rows)
-            first = self.engine.prefill(row, req.prompt)
+            else:
+                new.append(req)
+        if not new:
+            return False
+        firsts = self.engine.prefill(len(self._rows), [r.prompt for r in new])
+        now = self._clock()
+        for req, first in zip(new, firsts):
             self._rows.append(req)
             req.draft_warm = True
-            self._append(req, (first,), self._clock())
-            admitted = True
-        return admitted
+            self._append(req, (first,), now)
+        return True
 
     def _append(self, req: _Request, toks: Sequence[int], now: float) -> int:
         """Append up to max_new tokens, stopping after a stop id. Returns how many were kept."""

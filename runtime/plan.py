@@ -22,7 +22,7 @@ class StepPlan:
     bucket: int                     # padded row count >= b (one CUDA graph per (bucket, K))
     positions: tuple[int, ...]      # [b] KV length of each row = position of its pending token
     pending: tuple[int, ...]        # [b] last emitted token of each row, not yet seen by the target
-    stale: tuple[bool, ...]         # [b] rows whose draft missed tokens (K=0 without keep-warm)
+    stale: tuple[bool, ...]         # [b] rows whose draft head must be rebuilt (after any K=0 step)
     keep_warm: bool                 # K=0 only: the draft extends its KV over the new token
 
     @property
@@ -39,7 +39,7 @@ class StepPlan:
 class StepResult:
     accepted: tuple[int, ...]              # [b] accepted draft tokens per row, 0..K
     emitted: tuple[tuple[int, ...], ...]   # [b] new tokens per row: accepted drafts + 1 target token
-    draft_warm: bool                       # the draft's KV now covers every row's tokens
+    draft_warm: bool                       # each row's draft head (next first draft) is ready
 
 
 def bucket_for(b: int, buckets: Sequence[int]) -> int:

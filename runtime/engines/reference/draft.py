@@ -275,6 +275,21 @@ class Eagle3Draft(nn.Module):
             logits = logits.float()
         return logits, out
 
+    def extend_kv(self, tokens: Tensor, hidden: Tensor, positions: Tensor) -> None:
+        """Keep-warm while K=0: write only the K/V of entries (tokens, fused hidden) at
+        `positions` (rows 0..B-1); no attention, MLP or lm_head. tokens, positions [B, T]."""
+        c = self.config
+        B, T = tokens.shape
+        x, _ = self.layer_input(tokens, self.fuse(hidden))                   # [B, T, 2h]
+        k, v = F.linear(x, self.wqkv[self.q_size:]).split((self.kv_size, self.kv_size), dim=-1)
+        cos = self.rope_cos[positions].unsqueeze(1)                          # [B, 1, T, hd/2]
+        sin = self.rope_sin[positions].unsqueeze(1)
+        k = apply_rope(k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)  # [B, kvh, T, hd]
+        v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        idx = positions.view(B, 1, T, 1).expand(B, c.num_kv_heads, T, c.head_dim)
+        self.k_cache[:B].scatter_(2, idx, k)
+        self.v_cache[:B].scatter_(2, idx, v)
+
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids -> target-vocab ids: target_id = draft_id + d2t[draft_id]."""
         return draft_ids + self.d2t[draft_ids]

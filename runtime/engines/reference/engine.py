@@ -13,7 +13,8 @@ Speculative step, K drafts, worked for K=2, accepted n=1:
     catch-up   draft entries L+1..L+3 = (E_i, H_{L+i}) @ draft positions L..L+2   [B, K+1]
                entries up to L+n+1 are right; the one at index n is the next step's entry L'
                -> new d1, hd, th = H_{L+n}.  Later entries are overwritten before they are read.
-Plain decode (K=0): target([x_L]) -> g0; keep-warm runs the same catch-up with one column.
+Plain decode (K=0): target([x_L]) -> g0. Keep-warm writes the draft K/V of entry L+1 only;
+the first speculative step after a K=0 stretch rebuilds the draft head from (x_L, th) first.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool) -
     """Every graph some batch size 1..max_batch_size can reach under any of the policies.
 
     Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
-        spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, warm)   refresh only without keep-warm
+        spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, warm)   refresh (1) (2) (4) (8)
     """
     buckets = batch_buckets(max_batch_size)
     keys: set[GraphKey] = set()
@@ -47,8 +48,7 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool) -
             bucket, k = bucket_for(b, buckets), int(policy(b))
             if k > 0:
                 keys.add(GraphKey("spec", bucket, k))
-                if not keep_warm:
-                    keys.add(GraphKey("refresh", bucket, 0))
+                keys.add(GraphKey("refresh", bucket, 0))   # first spec step after a K=0 stretch
             else:
                 keys.add(GraphKey("decode", bucket, int(keep_warm)))
     return tuple(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
@@ -82,22 +82,44 @@ class ReferenceEngine:
         self._graphs: dict[GraphKey, "torch.cuda.CUDAGraph"] = {}
         self.eager_fallbacks = 0
 
-    # ---- prefill: one request into one row ----------------------------------------------
+    # ---- prefill: new requests into rows row0.. (batched, left-padded) ---------------------
     @torch.inference_mode()
-    def prefill(self, row: int, prompt_ids: Sequence[int]) -> int:
-        """Fill row `row` with the prompt; return the first generated token."""
-        prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)   # [1, P]
-        P = prompt.shape[1]
-        pos = torch.arange(P, device=self.device)[None]                                    # [1, P]
-        logits, H = self.target(prompt, pos, row0=row, kv_len=P, capture=self.capture, logits="last")
-        g0 = logits[0, -1].argmax()
+    def prefill(self, row0: int, prompts: Sequence[Sequence[int]], max_tokens: int = 8192) -> list[int]:
+        """Fill rows row0..row0+n-1 with the prompts; return each one's first generated token.
+        Chunks of at most `max_tokens` padded tokens run as one batched forward."""
+        firsts: list[int] = []
+        i = 0
+        while i < len(prompts):
+            L, n = len(prompts[i]), 0
+            while i + n < len(prompts) and max(L, len(prompts[i + n])) * (n + 1) <= max(max_tokens, L):
+                L, n = max(L, len(prompts[i + n])), n + 1
+            firsts += self._prefill_chunk(row0 + i, prompts[i: i + n], L)
+            i += n
+        return firsts
+
+    def _prefill_chunk(self, row0: int, prompts: Sequence[Sequence[int]], L: int) -> list[int]:
+        """Left padding keeps every row's last prompt token in the last column. Pad columns
+        take the positions just past the prompt, so causal-by-position attention never lets a
+        real token see them, and their cache writes land where decoding overwrites them first.
+            prompt [a b c], L=5:  tokens [0 0 a b c]   positions [3 4 0 1 2]"""
+        n, dev = len(prompts), self.device
+        toks = torch.zeros(n, L, dtype=torch.long)
+        pos = torch.zeros(n, L, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            P = len(p)
+            toks[r, L - P:] = torch.tensor(list(p), dtype=torch.long)
+            pos[r] = torch.cat([torch.arange(P, L), torch.arange(P)])
+        toks, pos = toks.to(dev), pos.to(dev)                                          # [n, L]
+        logits, H = self.target(toks, pos, row0=row0, kv_len=L, capture=self.capture, logits="last")
+        g0 = logits[:, -1].argmax(dim=-1)                                              # [n]
         # draft entries 1..P: tokens x_1..x_{P-1}, g0 with h_0..h_{P-1}, at draft positions 0..P-1
-        toks = torch.cat([prompt[:, 1:], g0.view(1, 1)], dim=1)                            # [1, P]
-        dl, dh = self.draft(toks, H, pos, row0=row, kv_len=P)
-        self.d1[row] = self.draft.to_target_ids(dl[0, -1].argmax())
-        self.hd[row] = dh[0, -1]
-        self.th[row] = H[0, -1]
-        return int(g0)
+        dtoks = torch.cat([toks[:, 1:], g0[:, None]], dim=1)                           # [n, L]
+        dl, dh = self.draft(dtoks, H, pos, row0=row0, kv_len=L)
+        rows = slice(row0, row0 + n)
+        self.d1[rows] = self.draft.to_target_ids(dl[:, -1].argmax(dim=-1))
+        self.hd[rows] = dh[:, -1]
+        self.th[rows] = H[:, -1]
+        return g0.tolist()
 
     def move_row(self, src: int, dst: int) -> None:
         self.target.copy_row(src, dst)
@@ -117,7 +139,7 @@ class ReferenceEngine:
         kv_len = None if self._graphs else plan.max_position + 1
         if K == 0:
             self._run(GraphKey("decode", B, int(plan.keep_warm)), kv_len)
-            warm = plan.keep_warm
+            warm = False                           # the draft head is rebuilt on resume
         else:
             if any(plan.stale):
                 self._run(GraphKey("refresh", B, 0), kv_len)
@@ -189,16 +211,17 @@ class ReferenceEngine:
         self.out_n[:B] = n
 
     def _decode(self, B: int, keep_warm: bool, kv_len) -> None:
+        """Plain decode. Keep-warm writes only the draft's K/V for the new entry (no draft
+        attention, MLP or lm_head); the draft head (d1, hd) is rebuilt by `_refresh` when
+        speculation resumes, so every later draft step sees a complete cache."""
         x, pos = self.x[:B, None], self.pos[:B, None]                        # [B, 1]
         logits, H = self.target(x, pos, kv_len=kv_len, capture=self.capture)
         g = logits.argmax(dim=-1)                                            # [B, 1]
-        n = torch.zeros(B, dtype=torch.long, device=x.device)
         if keep_warm:
-            self._catch_up(g, H, pos, n, kv_len)
-        else:
-            self.th[:B] = H[:, 0]
+            self.draft.extend_kv(g, H, pos)                                  # entry L+1 @ draft pos L
+        self.th[:B] = H[:, 0]
         self.out_tokens[:B, :1] = g
-        self.out_n[:B] = n
+        self.out_n[:B] = 0
 
     def _catch_up(self, E, H, vpos, n, kv_len) -> None:
         """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n."""

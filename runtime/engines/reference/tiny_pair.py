@@ -66,6 +66,7 @@ class TinySpec:
     draft_steps: int = 300
     draft_batch: int = 16
     draft_lr: float = 3e-3
+    abstain_weight: float = 0.5  # weight of the "wrong capture layers -> uniform output" loss
 
 
 # ----------------------------------------------------------------------------- corpus + tokenizer
@@ -282,8 +283,30 @@ def ttt_loss(draft: Eagle3Draft, tokens: Tensor, fused: Tensor, labels: Tensor, 
     return total / steps, accs
 
 
-def train_draft(spec: TinySpec, target: Target, fused: Tensor, seqs: Tensor, labels: Tensor,
+def abstain_loss(draft: Eagle3Draft, tokens: Tensor, fused: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Cross-entropy to the uniform distribution for a capture of the WRONG layers (step 0)."""
+    T = tokens.shape[1]
+    inp, residual = draft.layer_input(F.pad(tokens, (0, 1))[:, 1:T + 1], draft.fuse(fused))
+    q, k, v = draft.qkv(inp, cos[:T].unsqueeze(0).unsqueeze(0), sin[:T].unsqueeze(0).unsqueeze(0))
+    logits, _ = draft.finish(_attend(q, k, v, [], []), residual)
+    return -logits.log_softmax(-1).mean()
+
+
+def wrong_layers(layers: int, right: tuple[int, ...], g: torch.Generator) -> list[int]:
+    """A wrong ordered choice of distinct layers: half the time a near miss (each layer moved by
+    -1, 0 or +1, e.g. the inputs-instead-of-outputs bug), else any other choice or order."""
+    while True:
+        if torch.rand((), generator=g) < 0.5:
+            pick = [i + int(d) for i, d in zip(right, torch.randint(-1, 2, (len(right),), generator=g))]
+        else:
+            pick = torch.randperm(layers, generator=g)[:len(right)].tolist()
+        if tuple(pick) != right and len(set(pick)) == len(pick) and all(0 <= i < layers for i in pick):
+            return pick
+
+
+def train_draft(spec: TinySpec, target: Target, captures: Tensor, seqs: Tensor, labels: Tensor,
                 draft_ids: Tensor, progress: bool) -> Eagle3Draft:
+    """captures [N, T, L, h]: every target layer's output, so wrong wirings can be shown too."""
     from tqdm import tqdm
 
     tc = target.config
@@ -302,12 +325,18 @@ def train_draft(spec: TinySpec, target: Target, fused: Tensor, seqs: Tensor, lab
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec.draft_lr, betas=(0.9, 0.95), weight_decay=0.0)
     bar = tqdm(range(spec.draft_steps), desc="draft", disable=not progress, mininterval=2)
-    N = seqs.shape[0]
+    N, T, L, _ = captures.shape
+    right = list(spec.capture_layers)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec.draft_steps, spec.draft_lr)
         idx = torch.randint(0, N, (spec.draft_batch,), generator=g)
-        loss, accs = ttt_loss(draft, seqs[idx], fused[idx], labels[idx], t2d_index, spec.ttt_steps, cos, sin)
+        cap = captures[idx].float()                                              # [b, T, L, h]
+        fused = cap[:, :, right].flatten(2)                                      # [b, T, 3h]
+        loss, accs = ttt_loss(draft, seqs[idx], fused, labels[idx], t2d_index, spec.ttt_steps, cos, sin)
+        if spec.abstain_weight:
+            wrong = cap[:, :, wrong_layers(L, spec.capture_layers, g)].flatten(2)
+            loss = loss + spec.abstain_weight * abstain_loss(draft, seqs[idx], wrong, cos, sin)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -369,14 +398,16 @@ def build(out: str | os.PathLike, spec: TinySpec = TinySpec(), progress: bool = 
         g = torch.Generator().manual_seed(spec.seed + 3)
         prompts = windows(stream, spec.prompts, spec.prompt_len, g)
         seqs = greedy_continue(target, prompts, spec.seq_len - spec.prompt_len)
-        fused, labels = capture_and_label(target, seqs, spec.capture_layers)
+        L = target.config.num_layers
+        captures, labels = capture_and_label(target, seqs, tuple(range(L)))
+        captures = captures.unflatten(-1, (L, -1)).to(torch.bfloat16)             # [N, T, L, h]
         counts = torch.bincount(labels.flatten(), minlength=vocab).double()
         counts += torch.bincount(stream, minlength=vocab).double() / stream.numel()  # tie-break: corpus
         draft_ids = counts.argsort(descending=True, stable=True)[:spec.draft_vocab].sort().values
         coverage = float(torch.isin(labels, draft_ids).float().mean())
         log(f"distillation: {tuple(seqs.shape)} tokens, draft vocab {spec.draft_vocab} covers "
             f"{coverage:.1%} of greedy labels ({time.time() - t0:.0f}s)")
-        draft = train_draft(spec, target, fused, seqs, labels, draft_ids, progress)
+        draft = train_draft(spec, target, captures, seqs, labels, draft_ids, progress)
         save_hf_draft(draft, draft_hf_config(spec, target.config, spec.draft_vocab), tmp / "draft")
         info = {
             "built_by": "python -m dynspec.runtime.engines.reference.tiny_pair --out DIR",

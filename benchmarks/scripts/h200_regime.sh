@@ -22,7 +22,7 @@ name="h200_${REGIME}"
 MAX_SEQ=${MAX_SEQ:-$((INPUT_LEN + OUTPUT_LEN + 8))}
 mkdir -p "$OUT"
 "$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \
-  --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" --warmup 5 --repeats 20 \
+  --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" --warmup "${WARMUP:-5}" --repeats "${REPEATS:-20}" \
   --out "$OUT/${name}_profile.json"
 "$PY" -m dynspec.cli tune --profile "$OUT/${name}_profile.json" --acceptance "$P" \
   --out "$OUT/${name}_schedule.txt" --report "$OUT/${name}_tune.json"

@@ -54,7 +54,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.repeats, unit="round", desc="profile", file=sys.stderr)
+        n_shapes = len(bs) * (len(set(ks) | {0}) + 1)
+        bar = tqdm(total=n_shapes * min(3, args.repeats), unit="run", desc="profile", file=sys.stderr)
     prof = run_profile(
         cfg, device=args.device, batch_sizes=bs, draft_lens=ks, context_len=args.context_len,
         warmup=args.warmup, repeats=args.repeats, acceptance_requests=reqs,

@@ -11,8 +11,11 @@ profile.json:
 
 Each (b, K) runs engine.step on synthetic rows: b rows whose pending token sits at position
 context_len (the KV cache contents do not change the cost), the same plan every repeat, so
-the context length stays fixed. With CUDA graphs on, the graphs for every measured shape are
-captured first, as serving would.
+the context length stays fixed; runs of consecutive steps per shape, spread over 3 passes,
+median reported (see time_shapes). With CUDA graphs on, the graphs for every measured shape
+are captured first, as serving would. On CPU the served spec step measured ~10% slower than
+this synthetic one (executor work between steps evicts caches); on a GPU with graphs the
+step does not depend on what runs between replays.
 """
 from __future__ import annotations
 

@@ -130,6 +130,7 @@ class Executor:
         acceptance: AcceptanceModel = Greedy(),
         allow_lossy: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        stats_limit: int = 1_000_000,
     ):
         if not acceptance.lossless and not allow_lossy:
             raise DynspecError(
@@ -141,7 +142,8 @@ class Executor:
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request] = []            # row r of the cache <-> self._rows[r]
         self._finish_s: dict[int, float] = {}
-        self._stats: list[IterationStats] = []
+        self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
+        self._iterations = 0
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -177,6 +179,15 @@ class Executor:
     @property
     def stats(self) -> tuple[IterationStats, ...]:
         return tuple(self._stats)
+
+    def stats_since(self, iteration: int) -> tuple[IterationStats, ...]:
+        """Iterations numbered >= `iteration` still held (cheap for pollers: scans from the end)."""
+        out = []
+        for st in reversed(self._stats):
+            if st.iteration < iteration:
+                break
+            out.append(st)
+        return tuple(reversed(out))
 
     @property
     def active(self) -> int:
@@ -218,7 +229,8 @@ class Executor:
         for req, toks in zip(rows, result.emitted):
             req.draft_warm = result.draft_warm
             emitted += self._append(req, toks, t2)
-        st = IterationStats(len(self._stats), b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0)
+        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0)
+        self._iterations += 1
         self._stats.append(st)
         return st
 

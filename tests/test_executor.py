@@ -186,3 +186,12 @@ def test_bernoulli_acceptance_is_refused_outside_benchmarks(pair):
     spec = [s for s in ex.stats if s.k]
     rate = sum(s.accepted for s in spec) / sum(s.drafted for s in spec)
     assert 0.3 < rate < 0.75     # E[prefix]/K for p=0.7, K=4 is 0.55
+
+
+def test_stats_are_bounded_and_pollable(pair):
+    ex = Executor(engine(pair), DraftSchedule.static(2, 16), stats_limit=5)
+    run_closed_loop(ex, prompts(4, seed=9), 12, 4)
+    assert len(ex.stats) == 5
+    last = ex.stats[-1].iteration
+    assert [s.iteration for s in ex.stats] == list(range(last - 4, last + 1))
+    assert [s.iteration for s in ex.stats_since(last - 1)] == [last - 1, last]

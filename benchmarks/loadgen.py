@@ -25,10 +25,6 @@ from dynspec.benchmarks.workload import BenchRequest
 Progress = Callable[[int], None]     # called with the number of requests that just finished
 
 
-def _stats_since(executor, n0: int) -> tuple[StepRecord, ...]:
-    return tuple(StepRecord.of(s) for s in executor.stats[n0:])
-
-
 def closed_loop(executor, requests: Sequence[BenchRequest], concurrency: int, *,
                 clock: Callable[[], float] = time.perf_counter, progress: Progress | None = None) -> RunRecord:
     """Keep `concurrency` requests in flight until every request has finished.
@@ -39,7 +35,7 @@ def closed_loop(executor, requests: Sequence[BenchRequest], concurrency: int, *,
     todo = deque(requests)
     inflight: list = []
     finished: list[RequestTiming] = []
-    n0 = len(executor.stats)
+    steps: list[StepRecord] = []          # from step()'s own return value: the executor keeps a bounded log
     idle_steps = 0
     start = clock()
 
@@ -51,6 +47,8 @@ def closed_loop(executor, requests: Sequence[BenchRequest], concurrency: int, *,
     refill()
     while inflight:
         st = executor.step()
+        if st is not None:
+            steps.append(StepRecord.of(st))
         still = []
         for h in inflight:
             if h.done:
@@ -66,7 +64,7 @@ def closed_loop(executor, requests: Sequence[BenchRequest], concurrency: int, *,
             raise RuntimeError(f"executor made no progress with {len(inflight)} requests in flight")
         refill()
     end = clock()
-    return RunRecord(tuple(finished), _stats_since(executor, n0), start, end)
+    return RunRecord(tuple(finished), tuple(steps), start, end)
 
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
@@ -83,7 +81,7 @@ def open_loop(executor, requests: Sequence[BenchRequest], rate: float, *, seed: 
     arrivals = poisson_arrivals(len(requests), rate, seed)
     inflight: list = []                       # (handle, scheduled arrival on the clock)
     finished: list[RequestTiming] = []
-    n0 = len(executor.stats)
+    steps: list[StepRecord] = []
     start = clock()
     i = 0
     while i < len(requests) or inflight:
@@ -95,7 +93,9 @@ def open_loop(executor, requests: Sequence[BenchRequest], rate: float, *, seed: 
         if not inflight:
             sleep(max(0.0, start + float(arrivals[i]) - clock()))
             continue
-        executor.step()
+        st = executor.step()
+        if st is not None:
+            steps.append(StepRecord.of(st))
         still = []
         for h, t_arr in inflight:
             if h.done:
@@ -107,4 +107,4 @@ def open_loop(executor, requests: Sequence[BenchRequest], rate: float, *, seed: 
             progress(len(inflight) - len(still))
         inflight = still
     end = clock()
-    return RunRecord(tuple(finished), _stats_since(executor, n0), start, end)
+    return RunRecord(tuple(finished), tuple(steps), start, end)

@@ -140,8 +140,8 @@ class FakeEngine:
         self.buckets = tuple(range(1, max_batch_size + 1))
         self.plans = []
 
-    def prefill(self, row, prompt_ids):
-        return 1
+    def prefill(self, row0, prompts):
+        return [1] * len(prompts)
 
     def step(self, plan, acceptance):
         self.plans.append(plan)

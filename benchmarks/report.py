@@ -61,6 +61,10 @@ def markdown(doc: Mapping) -> str:
             f" {_fmt(r['p99_latency_s'])} | {_fmt(r.get('ttft_s'))} | {_fmt(tpot)} | {r['mean_k']:.2f} |"
             f" {r['mean_accepted_len']:.2f} | {_fmt(r.get('acceptance_rate'), '.2f')} |"
         )
+    n_trials = max((r.get("trials") or 1) for r in rows) if rows else 1
+    if n_trials > 1:
+        lines += ["", f"Each row is the median-throughput run of {n_trials} trials (mode order rotated per trial);"
+                      " every trial's tok/s is in the JSON (`trial_tok_per_s`)."]
     from dynspec.benchmarks.summary import crossover_concurrency
 
     cross = crossover_concurrency(rows)

@@ -163,6 +163,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--warmup-requests", type=int, default=2,
                    help="untimed requests per mode at C=1 before the sweep (plus one wave at the largest C; 0: none)")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--trials", type=int, default=1,
+                   help="runs per (load point, mode), mode order rotated; the median-throughput run is reported")
     w.add_argument("--max-seq-len", type=int, help="cache length per row (default: longest request + K + 1)")
     w.add_argument("--save-workload", metavar="FILE.jsonl", help="also write the synthetic workload as trtllm-bench JSONL")
     t = p.add_argument_group("trtllm")
@@ -186,6 +188,7 @@ class SweepSpec:
     requests: tuple               # the whole seeded workload (BenchRequest)
     workload: str                 # description for the env block
     count: RequestCount
+    trials: int
     warmup_requests: int
     seed: int
     max_batch_size: int
@@ -227,6 +230,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     if args.waves <= 0 or args.min_requests < 1:
         raise DynspecError(f"--waves {args.waves} must be positive and --min-requests {args.min_requests} at least 1")
     count = RequestCount(args.num_requests, args.waves, args.min_requests)
+    if args.trials < 1:
+        raise DynspecError(f"--trials {args.trials} must be at least 1")
     max_b = max(conc) if conc else cfg.reference.max_batch_size
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
     schedules = mode_schedules(modes, dynamic, args.static_k, max_b)
@@ -250,7 +255,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
-                     reqs, desc, count, args.warmup_requests, args.seed, max_b, max_seq, kmax)
+                     reqs, desc, count, args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax)
 
 
 def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
@@ -331,34 +336,49 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     if progress and w.is_root:
         from tqdm import tqdm
 
-        total = sum(spec.count.at(p) for p in spec.points) * len(spec.modes)
+        total = sum(spec.count.at(p) for p in spec.points) * len(spec.modes) * spec.trials
         bar = tqdm(total=total, unit="req", desc="sweep", dynamic_ncols=True, file=sys.stderr)
     records = []
     for p in spec.points:
         n = spec.count.at(p)
         mine = take(spec.requests, n, w.rank * n)
-        for m in spec.modes:
-            if bar is not None:
-                bar.set_postfix_str(f"{p.label} {m}")
-            torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
-            ex = executor(m)
-            w.barrier()
-            cb = bar.update if bar is not None else None
-            if p.concurrency is not None:
-                rec = closed_loop(ex, mine, p.concurrency, progress=cb)
-            else:
-                rec = open_loop(ex, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
-            records.append(((p, m), rec))
+        for t in range(spec.trials):
+            # rotate the mode order per trial, so drift over time does not favour one mode
+            for m in spec.modes[t % len(spec.modes):] + spec.modes[: t % len(spec.modes)]:
+                if bar is not None:
+                    bar.set_postfix_str(f"{p.label} {m}" + (f" trial {t + 1}" if spec.trials > 1 else ""))
+                torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
+                ex = executor(m)
+                w.barrier()
+                cb = bar.update if bar is not None else None
+                if p.concurrency is not None:
+                    rec = closed_loop(ex, mine, p.concurrency, progress=cb)
+                else:
+                    rec = open_loop(ex, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
+                records.append((p, m, t, rec))
     if bar is not None:
         bar.close()
     gathered = w.gather(records)
     if not w.is_root:
         return []
+    trials: dict[tuple, list] = {}
+    for i, (p, m, t, _) in enumerate(records):
+        trials.setdefault((p, m), []).append(summarize(rank_records[i][3] for rank_records in gathered))
     rows = []
-    for i, ((p, m), _) in enumerate(records):
-        met = summarize(rank_records[i][1] for rank_records in gathered)
-        rows.append(make_row(p, m, spec, schedules[m], warm[m], met, w.size))
+    for p in spec.points:
+        for m in spec.modes:
+            mets = trials[(p, m)]
+            met = median_trial(mets)
+            row = make_row(p, m, spec, schedules[m], warm[m], met, w.size)
+            row["trials"] = len(mets)
+            row["trial_tok_per_s"] = [x.output_tok_per_s for x in mets]
+            rows.append(row)
     return rows
+
+
+def median_trial(mets: Sequence):
+    """The trial with the median throughput (the lower middle one for an even count)."""
+    return sorted(mets, key=lambda x: x.output_tok_per_s)[(len(mets) - 1) // 2]
 
 
 def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, keep_warm: bool, met, world_size: int) -> dict:
@@ -394,6 +414,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "keep_warm": dict(spec.keep_warm),
         "workload": spec.workload,
         "seed": spec.seed,
+        "trials": spec.trials,
         "dtype": cfg.reference.dtype,
         "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
         "max_batch_size": spec.max_batch_size,

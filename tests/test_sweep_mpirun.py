@@ -114,7 +114,7 @@ def test_world_of_one_without_mpirun(tmp_path, capsys):
     out = tmp_path / "one"
     rc = sweep.main(["--target", str(target), "--draft", str(draft), "--schedule", "1:2", "--concurrency", "1,2",
                      "--modes", "baseline,dynamic", "--acceptance", "bernoulli:0.7", "--input-len", "4:8",
-                     "--output-len", "6", "--num-requests", "3", "--no-progress", "--warmup-requests", "0",
+                     "--output-len", "6", "--num-requests", "3", "--no-progress", "--warmup-requests", "0", "--trials", "2",
                      "--save-workload", str(tmp_path / "w.jsonl"), "--out", str(out)])
     assert rc == 0
     doc = json.loads((tmp_path / "one.json").read_text())
@@ -124,6 +124,8 @@ def test_world_of_one_without_mpirun(tmp_path, capsys):
     assert set(rows) == {("baseline", 1), ("baseline", 2), ("dynamic", 1), ("dynamic", 2)}
     assert all(r["acceptance_model"] == "bernoulli:0.7" for r in rows.values())
     assert rows[("dynamic", 1)]["mean_k"] == 2
+    assert all(r["trials"] == 2 and len(r["trial_tok_per_s"]) == 2 for r in rows.values())
+    assert doc["env"]["trials"] == 2
     # Bernoulli(0.7) on random weights: about 0.7 of drafts accepted, not the ~0 of real acceptance
     assert 0.3 < rows[("dynamic", 1)]["acceptance_rate"] < 0.95
     assert all(k == (2 if b == 1 else 0) for b, k, _ in rows[("dynamic", 2)]["k_by_batch"])

@@ -297,3 +297,13 @@ def test_summary_cli(tmp_path, capsys):
     assert s["commands"][-1]["command"].startswith("dynspec bench-summary --")
     assert main(["bench-summary", "--regime", "A", "--out", str(out)]) == 2
     assert "NAME=PATH" in capsys.readouterr().err
+
+
+def test_median_trial():
+    from types import SimpleNamespace as NS
+
+    from dynspec.benchmarks.sweep import median_trial
+
+    mets = [NS(output_tok_per_s=v) for v in (5.0, 1.0, 9.0, 3.0)]
+    assert median_trial(mets).output_tok_per_s == 3.0
+    assert median_trial(mets[:3]).output_tok_per_s == 5.0

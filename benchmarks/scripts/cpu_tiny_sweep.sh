@@ -15,5 +15,5 @@ mkdir -p "$OUT"
 "$MPIRUN" -n "$NP" "${ROOT_FLAGS[@]}" --oversubscribe -x NCCL_NVLS_ENABLE=0 \
   "$PY" -m dynspec.benchmarks.sweep --engine reference --device cpu \
     --schedule 2:3 --static-k 3 --modes baseline,static,dynamic --concurrency 1,2,4,8 \
-    --acceptance real --prompts stdlib --input-len 48 --output-len 48 --waves 2 --min-requests 4 \
+    --acceptance real --prompts stdlib --input-len 48 --output-len 48 --waves 2 --min-requests 4 --trials 3 \
     --out "$OUT/cpu_tiny"

@@ -291,3 +291,27 @@ def test_random_pair_tiny_round_trip(tmp_path):
     three = write_random_pair(tmp_path / "three", preset="tiny", seed=1, layers=3)
     t3 = load_target(three.target)
     assert t3.config.num_layers == 3 and load_draft(three.draft, t3).capture_layers == (0, 1, 2)
+
+
+# ----------------------------------------------------------------------------- the committed tiny pair
+
+def test_committed_tiny_pair_loads_and_speculates():
+    from dynspec.runtime.engines.reference import tiny_pair
+
+    folder = tiny_pair.ASSET_DIR
+    if not (folder / "draft" / "config.json").is_file():
+        pytest.skip("tiny pair not built")
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert size <= 6 * 2**20
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder / "target"))
+    target = load_target(folder / "target")
+    draft = load_draft(folder / "draft", target)
+    assert len(tok) == target.config.vocab_size
+    assert draft.config.draft_vocab_size < target.config.vocab_size
+    assert len(set(draft.capture_layers)) == 3
+    prompt = tok("    def __init__(self, name, value=None):\n        self.name = name\n")["input_ids"]
+    out, accepted = tiny_pair.spec_decode(target, draft, prompt, 32, 4)
+    assert out == tiny_pair.plain_greedy(target, prompt, 32)
+    assert sum(accepted) / len(accepted) > 1.0

@@ -86,6 +86,8 @@ def parse_rope(cfg: dict, where: str) -> tuple[float, dict | None]:
     out = {"rope_type": kind}
     for k in need:
         out[k] = hf_field(scaling, k, f"{where}: rope_scaling", float)
+        if k == "original_max_position_embeddings":
+            out[k] = int(out[k])
     if kind == "llama3" and out["high_freq_factor"] <= out["low_freq_factor"]:
         raise DynspecError(f"{where}: field 'rope_scaling.high_freq_factor' must exceed low_freq_factor")
     return theta, out

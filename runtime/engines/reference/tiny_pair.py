@@ -5,19 +5,25 @@
 
 Every machine with Python has the text: the top-level `*.py` modules of the running
 interpreter's standard library, sorted by name; every 8th one is held out for evaluation.
-The build (a few minutes on 2 CPU cores):
-1. a byte-level BPE tokenizer (`tokenizers`), saved so AutoTokenizer.from_pretrained works;
-2. a tiny Llama target (GQA, llama3 RoPE scaling, untied head) trained with transformers'
-   own LlamaForCausalLM, saved as bf16 safetensors;
+The build (about 4 minutes on 2 CPU cores, fixed step counts, seeded):
+1. a byte-level BPE tokenizer (`tokenizers`, vocab 1024), saved so that
+   AutoTokenizer.from_pretrained(DIR/target) works;
+2. a tiny Llama target (6 layers, hidden 128, GQA 4/2, llama3 RoPE scaling, untied head)
+   trained with transformers' own LlamaForCausalLM, saved as bf16 safetensors;
 3. self-distillation data: the bf16 target, loaded back through load_target, greedily
-   continues prompts from the training text; its captured layers and greedy tokens are kept;
-4. an EAGLE-3 draft (draft vocab = the most frequent half of the target vocab, so d2t
-   matters) trained with a training-time-test unroll of K chain steps: step 0 reads the
-   target's fused capture, later steps read the draft's own previous output hidden, and the
-   attention sees exactly what the cached chain sees at inference (see `ttt_loss`).
+   continues prompts from the training text; every layer's output and its greedy tokens
+   are kept;
+4. an EAGLE-3 draft (capture layers (1, 3, 5), draft vocab = the 512 most frequent greedy
+   tokens, so d2t matters) trained with a training-time-test unroll of K=4 chain steps:
+   step 0 reads the target's fused capture, later steps read the draft's own previous
+   output hidden, and the attention sees exactly what the cached chain sees at inference
+   (see `_attend`). A second loss teaches it to abstain (uniform output) when it is fed the
+   outputs of other layers or another order: a 6-layer toy's layers are far more alike
+   than a real model's, and without it a wrongly wired capture would still be accepted.
 `--check` runs a greedy K=4 chain-drafting loop with load_target/load_draft on held-out
-prompts and prints the mean accepted draft tokens per step, also with wrong capture layers
-and with a scrambled d2t; it also checks that the output equals plain greedy decoding.
+prompts and prints the mean accepted draft tokens per step, also with wrong capture layers,
+the right layers in the wrong order, and a scrambled d2t; it also checks that the output
+equals plain greedy decoding. DIR/build_info.json records the spec, files and timing.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import sys
 import sysconfig
 import time
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -40,7 +47,7 @@ from .draft import Eagle3Config, Eagle3Draft
 from .load import load_draft, load_target
 from .model import Target, TargetConfig, rope_tables
 
-ASSET_DIR = Path(__file__).resolve().parents[3] / "dynspec" / "assets" / "tiny"
+ASSET_DIR = Path(str(resources.files("dynspec") / "assets" / "tiny"))   # the committed pair
 EOS = "<|endoftext|>"
 
 
@@ -55,18 +62,19 @@ class TinySpec:
     intermediate: int = 384
     capture_layers: tuple[int, ...] = (1, 3, 5)
     seq_len: int = 256
-    target_steps: int = 300
+    target_steps: int = 180
     target_batch: int = 16
     target_lr: float = 3e-3
+    embed_init_std: float = 1.0  # see init_target
     draft_vocab: int = 512
     draft_intermediate: int = 384
     prompts: int = 256           # distillation sequences
     prompt_len: int = 64
     ttt_steps: int = 4           # training-time-test unroll = chain length K
-    draft_steps: int = 300
+    draft_steps: int = 240
     draft_batch: int = 16
     draft_lr: float = 3e-3
-    abstain_weight: float = 0.5  # weight of the "wrong capture layers -> uniform output" loss
+    abstain_weight: float = 1.0  # weight of the "wrong capture layers -> uniform output" loss
 
 
 # ----------------------------------------------------------------------------- corpus + tokenizer
@@ -138,13 +146,30 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 20) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def init_target(model, spec: TinySpec) -> None:
+    """Unit-scale embeddings and residual writes (o_proj, down_proj) that grow with depth.
+
+    With transformers' default init (std 0.02 everywhere) the briefly trained toy ends up with a
+    residual stream made almost entirely by layer 0 (adjacent layers' outputs have cosine
+    similarity 0.99), so no draft could tell which layers it was given. This init keeps the
+    layers' outputs apart (adjacent cosine ~0.95, layer 1 vs 5 ~0.75) and trains to a lower
+    loss in the same steps.
+    """
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, spec.embed_init_std)
+        for i, layer in enumerate(model.model.layers):
+            layer.self_attn.o_proj.weight.normal_(0.0, 0.02 * (1 + i))
+            layer.mlp.down_proj.weight.normal_(0.0, 0.02 * (1 + i))
+
+
 def train_target(spec: TinySpec, stream: Tensor, vocab: int, progress: bool):
     from tqdm import tqdm
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM._from_config(target_hf_config(spec, vocab), attn_implementation="sdpa",
-                                          torch_dtype=torch.float32).train()
+                                          dtype=torch.float32).train()
+    init_target(model, spec)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.target_lr, betas=(0.9, 0.95), weight_decay=0.01)
     g = torch.Generator().manual_seed(spec.seed + 1)
     bar = tqdm(range(spec.target_steps), desc="target", disable=not progress, mininterval=2)
@@ -421,6 +446,8 @@ def build(out: str | os.PathLike, spec: TinySpec = TinySpec(), progress: bool = 
             "build_seconds": round(time.time() - t0, 1),
         }
         (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        for f in [tmp, *tmp.rglob("*")]:                     # mkdtemp/safetensors make 0700/0600
+            f.chmod(0o755 if f.is_dir() else 0o644)
     log(f"built {out} in {info['build_seconds']}s")
     return info
 
@@ -498,7 +525,7 @@ def check(folder: str | os.PathLike = ASSET_DIR, *, k: int = 4, prompts: int = 1
     L = target.config.num_layers
     wrong = tuple(i for i in range(L) if i not in good)[:len(good)]
     variants = {"correct": dict(), f"wrong_capture_{list(wrong)}": dict(capture_layers=wrong),
-                "scrambled_d2t": dict()}
+                f"wrong_order_{list(good[::-1])}": dict(capture_layers=good[::-1]), "scrambled_d2t": dict()}
     result = {"k": k, "prompts": prompts, "new_tokens": new, "capture_layers": list(good)}
     for name, kw in variants.items():
         draft = load_draft(folder / "draft", target, **kw)

@@ -97,7 +97,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise DynspecError(f"profile {args.profile} has no 'acceptance.per_position';"
                                " measure it with `dynspec profile --measure-acceptance` or give --acceptance RATE")
         acc = prof.per_position
-    res = tune(prof.iteration_ms, acc, args.max_draft_len)
+    res = tune(prof.iteration_ms, acc, args.max_draft_len, args.min_gain)
     command = _command("tune", args)
     if args.json:
         print(json.dumps(res.to_json() | {"command": command}))
@@ -161,6 +161,8 @@ def register(sub) -> None:
     t.add_argument("--acceptance", type=float, metavar="RATE", help="one per-draft acceptance rate, e.g. 0.7")
     t.add_argument("--acceptance-from", choices=("profile",), help="use the profile's measured per-position rates")
     t.add_argument("--max-draft-len", type=int, metavar="K", help="largest K to consider (default: largest profiled)")
+    t.add_argument("--min-gain", type=float, default=1.0, metavar="X",
+                   help="speculate only where the predicted gain over K=0 is at least X (margin for profile error)")
     t.add_argument("--out", metavar="schedule.txt", help="write the schedule's CLI form ('4:4,8:2')")
     t.add_argument("--report", metavar="tune.json", help="write the table, the inputs and the command as JSON")
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")

@@ -87,6 +87,7 @@ class TuneResult:
     acceptance: str                    # e.g. "0.7" or "per-position [0.8, 0.6]"
     candidates: tuple[int, ...]        # the K values considered
     interpolation: str = INTERPOLATION
+    min_gain: float = 1.0              # margin a K > 0 must clear over plain decode
 
     def row(self, b: int) -> TuneRow:
         return self.rows[b - 1]
@@ -101,7 +102,8 @@ class TuneResult:
         return tuple(keep)
 
     def table(self) -> str:
-        lines = [f"acceptance {self.acceptance}; candidates K in {list(self.candidates)}",
+        margin = f"; K > 0 only where gain >= {self.min_gain:g}x" if self.min_gain > 1 else ""
+        lines = [f"acceptance {self.acceptance}; candidates K in {list(self.candidates)}{margin}",
                  f"iteration times: {self.interpolation}",
                  f"{'batch':>6} {'K':>3} {'best K':>7} {'iter ms':>10} {'gain vs K=0':>12}  source"]
         for r in self.table_rows():
@@ -116,6 +118,7 @@ class TuneResult:
             "schedule": self.schedule.to_spec(),
             "acceptance": self.acceptance,
             "candidates": list(self.candidates),
+            "min_gain": self.min_gain,
             "interpolation": self.interpolation,
             "rows": [dict(batch_size=r.batch_size, k=r.k, best_k=r.best_k, iteration_ms=r.iteration_ms,
                           gain=r.gain, profiled=r.profiled) for r in self.table_rows()],
@@ -142,8 +145,14 @@ def _check_grid(iteration_ms: Mapping[int, Mapping[int, float]]) -> tuple[list[i
 
 
 def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance,
-         max_draft_len: int | None = None) -> TuneResult:
-    """The goodput-maximising non-increasing schedule for a profile (see the module docstring)."""
+         max_draft_len: int | None = None, min_gain: float = 1.0) -> TuneResult:
+    """The goodput-maximising non-increasing schedule for a profile (see the module docstring).
+
+    min_gain > 1 is a margin against profile error: a K > 0 is chosen only where its predicted
+    gain over plain decode, divided by min_gain, still beats K = 0 (e.g. 1.05: speculate only
+    where the model promises at least 5%)."""
+    if min_gain < 1.0:
+        raise DynspecError(f"min_gain {min_gain} must be at least 1")
     bs, ks = _check_grid(iteration_ms)
     per_position = not isinstance(acceptance, (int, float))
     limit = max_draft_len if max_draft_len is not None else max(ks)
@@ -156,7 +165,8 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     ms = [[interpolate(curves[k], b) for k in cands] for b in range(1, B + 1)]        # [B][len(cands)]
     # gain(b, K) = E(K) * ms(b, 0) / ms(b, K)   (b cancels)
     gain = [[E[k] * row[0] / row[j] for j, k in enumerate(cands)] for row in ms]
-    best = [max(range(len(cands)), key=lambda j, g=g: (round(g[j], 12), -j)) for g in gain]
+    score = [[g / (min_gain if k > 0 else 1.0) for g, k in zip(row, cands)] for row in gain]   # what is maximised
+    best = [max(range(len(cands)), key=lambda j, g=g: (round(g[j], 12), -j)) for g in score]
 
     # DP over b = B..1: f[j] = best weighted sum of gains for b..B given K_b = cands[j], with
     # K non-increasing from b on. nxt_best[j] = max(f_{b+1}[:j+1]), reached at nxt_arg[j].
@@ -170,7 +180,7 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
             nxt_best.append(run)
             nxt_arg.append(at)
         follow[b - 1] = nxt_arg
-        f = [gain[b - 1][j] / b + (nxt_best[j] if b < B else 0.0) for j in range(len(cands))]
+        f = [score[b - 1][j] / b + (nxt_best[j] if b < B else 0.0) for j in range(len(cands))]
     j = max(range(len(cands)), key=lambda j: (round(f[j], 12), -j))
     picks = []
     for b in range(1, B + 1):
@@ -186,4 +196,4 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     # one tier per b; DraftSchedule merges equal neighbours and drops the K=0 tail
     schedule = DraftSchedule(tuple((r.batch_size, r.k) for r in rows))
     label = f"{acceptance:g}" if not per_position else "per-position " + str([round(float(a), 4) for a in acceptance])
-    return TuneResult(schedule, rows, label, tuple(cands))
+    return TuneResult(schedule, rows, label, tuple(cands), min_gain=min_gain)

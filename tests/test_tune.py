@@ -141,6 +141,17 @@ def test_per_position_profile_acceptance():
     assert tune(table, [0.9, 0.9]).candidates == (0, 1, 2)
 
 
+def test_min_gain_margin():
+    # K=1 costs 60% more than plain decode: gain 1.7/1.6 = 1.0625 everywhere
+    table = grid(lambda b, k: 10.0 * (1 + 0.6 * k), ks=(0, 1))
+    assert tune(table, 0.7).schedule.to_spec() == "256:1"
+    res = tune(table, 0.7, min_gain=1.1)
+    assert res.schedule.to_spec() == "" and res.row(1).gain == pytest.approx(1.0)
+    assert "K > 0 only where gain >= 1.1x" in res.table()
+    with pytest.raises(DynspecError, match="min_gain"):
+        tune(table, 0.7, min_gain=0.9)
+
+
 def test_bad_profiles_are_named():
     with pytest.raises(DynspecError, match="no K=0"):
         tune({1: {1: 2.0, 2: 3.0}}, 0.7)

@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 "$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \
   --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" --warmup "${WARMUP:-5}" --repeats "${REPEATS:-20}" \
   --out "$OUT/${name}_profile.json"
-"$PY" -m dynspec.cli tune --profile "$OUT/${name}_profile.json" --acceptance "$P" \
+"$PY" -m dynspec.cli tune --profile "$OUT/${name}_profile.json" --acceptance "$P" --min-gain "${MIN_GAIN:-1.0}" \
   --out "$OUT/${name}_schedule.txt" --report "$OUT/${name}_tune.json"
 "$MPIRUN" -n "$NGPU" "${ROOT_FLAGS[@]}" -x NCCL_NVLS_ENABLE=0 \
   "$PY" -m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \

@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--prompts", help="JSONL: {'id', 'input_ids'} or {'id', 'prompt'} (default: built-in code prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
+    p.add_argument("--num-prompts", type=int, default=24, help="built-in prompts to run (without --prompts)")
     p.add_argument("--modes", default="dynamic",
                    help="comma list of baseline (K=0), static (K=max everywhere), dynamic (the schedule)")
     p.add_argument("--out", help="output JSONL (of the last mode): {'id', 'output_ids', 'text'}")
@@ -49,7 +50,7 @@ def _engine_config(args):
         if bool(args.target) != bool(args.draft):
             raise DynspecError("--target and --draft go together")
         target, draft = (args.target, args.draft) if args.target else tiny_pair_dirs()
-        cfg = engine_config_for(target, draft, DraftSchedule.parse("2:4,4:2"))
+        cfg = engine_config_for(target, draft, DraftSchedule.parse("4:4,8:2"))
     sched = schedule_of(args)
     ref = cfg.reference
     if args.dtype:
@@ -98,7 +99,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts, (lambda s: tok(s)["input_ids"]) if tok else None)
         ids, names = [p.input_ids for p in prompts], [p.id for p in prompts]
     else:
-        ids = default_prompts(tok)
+        ids = default_prompts(tok, n=args.num_prompts)
         names = [str(i) for i in range(len(ids))]
     kmax = max(cfg.schedule.max_draft_len, 1)
     policies = {
@@ -109,6 +110,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = open_reference_engine(cfg, device=args.device)
     stop = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
     report = {}
+    run_closed_loop(Executor(engine, policies[modes[0]]), ids[:2], 4, 2)   # warm-up, untimed
     for mode in modes:
         ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm)
         with tqdm(total=len(ids), desc=f"{mode:>8}", file=sys.stderr, leave=False) as bar:

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from dynspec.artifacts import iter_jsonl
 from dynspec.errors import DynspecError
 
 Tokenizer = Callable[[str], Sequence[int]]
@@ -160,25 +161,14 @@ def parse_line(obj: object, where: str, tokenizer: Tokenizer | None = None) -> B
 
 def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer | None = None) -> tuple[BenchRequest, ...]:
     """Read a trtllm-bench JSONL dataset. Bad lines raise DynspecError naming FILE:LINE."""
-    path = Path(path)
-    if not path.is_file():
-        raise DynspecError(f"dataset {path} does not exist")
     reqs: list[BenchRequest] = []
     seen: dict = {}
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DynspecError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from e
-            req = parse_line(obj, where, tokenizer)
-            if req.task_id in seen:
-                raise DynspecError(f"{where}: duplicate task_id {req.task_id!r} (first on line {seen[req.task_id]})")
-            seen[req.task_id] = lineno
-            reqs.append(req)
+    for lineno, where, obj in iter_jsonl(path, "dataset"):
+        req = parse_line(obj, where, tokenizer)
+        if req.task_id in seen:
+            raise DynspecError(f"{where}: duplicate task_id {req.task_id!r} (first on line {seen[req.task_id]})")
+        seen[req.task_id] = lineno
+        reqs.append(req)
     if not reqs:
         raise DynspecError(f"dataset {path} holds no requests")
     return tuple(reqs)

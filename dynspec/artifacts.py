@@ -57,3 +57,21 @@ def read_json(path: str | os.PathLike, what: str = "file") -> dict:
     if not isinstance(obj, dict):
         raise DynspecError(f"{what} {path} must hold a JSON object, not {type(obj).__name__}")
     return obj
+
+
+def iter_jsonl(path: str | os.PathLike, what: str = "file"):
+    """Yield (line number, 'FILE:LINE', object) for each non-blank line of a JSONL file;
+    a bad line raises DynspecError naming FILE:LINE."""
+    path = Path(path)
+    if not path.is_file():
+        raise DynspecError(f"{what} {path} does not exist")
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DynspecError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from e
+            yield lineno, where, obj

@@ -4,11 +4,11 @@ Closed loop, C=2, 4 requests:  submit r0 r1 | step ... r1 done -> submit r2 | st
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from dynspec.artifacts import iter_jsonl
 from dynspec.errors import DynspecError
 
 
@@ -20,18 +20,8 @@ class Prompt:
 
 def read_prompts(path: str | Path, tokenize: Callable[[str], list[int]] | None) -> list[Prompt]:
     """JSONL lines {"id": ..., "input_ids": [...]} or {"id": ..., "prompt": "..."}."""
-    path = Path(path)
-    if not path.is_file():
-        raise DynspecError(f"prompts file {path} does not exist")
     out: list[Prompt] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DynspecError(f"{where}: not valid JSON ({e.msg})") from e
+    for _, where, obj in iter_jsonl(path, "prompts file"):
         if not isinstance(obj, dict):
             raise DynspecError(f"{where}: expected a JSON object")
         pid = str(obj.get("id", obj.get("task_id", len(out))))

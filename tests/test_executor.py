@@ -195,3 +195,23 @@ def test_stats_are_bounded_and_pollable(pair):
     last = ex.stats[-1].iteration
     assert [s.iteration for s in ex.stats] == list(range(last - 4, last + 1))
     assert [s.iteration for s in ex.stats_since(last - 1)] == [last - 1, last]
+
+
+def test_bad_prompt_lines_name_the_file_and_line(tmp_path):
+    from dynspec.runtime.driver import read_prompts
+
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"id": "a", "input_ids": [1, 2]}\n\n{"id": "b", "input_ids": [1, \n')
+    with pytest.raises(DynspecError, match=rf"{f}:3: not valid JSON"):
+        read_prompts(f, None)
+    f.write_text('{"id": "a", "input_ids": []}\n')
+    with pytest.raises(DynspecError, match=rf"{f}:1: field 'input_ids'"):
+        read_prompts(f, None)
+    f.write_text('{"id": "a", "prompt": "x"}\n')
+    with pytest.raises(DynspecError, match="needs a tokenizer"):
+        read_prompts(f, None)
+    with pytest.raises(DynspecError, match="does not exist"):
+        read_prompts(tmp_path / "missing.jsonl", None)
+    f.write_text('{"id": "a", "input_ids": [3]}\n{"prompt_id": 1}\n')
+    with pytest.raises(DynspecError, match=rf"{f}:2: needs field 'input_ids' or 'prompt'"):
+        read_prompts(f, None)

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from dynspec.errors import DynspecError
 
-from .model import (_empty, apply_rope, cached_attention, causal_mask, check_silu, hf_field,
+from .model import (_empty, apply_rope, attention_dims, cached_attention, causal_mask, check_silu, hf_field,
                     parse_rope, rms_norm, rope_tables, TargetConfig)
 
 
@@ -136,16 +136,7 @@ class Eagle3Config:
         if layers != 1:
             raise DynspecError(f"{where}: field 'num_hidden_layers' is {layers}; only one-layer EAGLE-3 drafts "
                                "are supported")
-        hidden = hf_field(cfg, "hidden_size", where)
-        heads = hf_field(cfg, "num_attention_heads", where)
-        kv_heads = hf_field(cfg, "num_key_value_heads", where, int, heads)
-        if heads % kv_heads:
-            raise DynspecError(f"{where}: field 'num_attention_heads' ({heads}) must be a multiple of "
-                               f"'num_key_value_heads' ({kv_heads})")
-        if cfg.get("head_dim") is None and hidden % heads:
-            raise DynspecError(f"{where}: field 'hidden_size' ({hidden}) is not divisible by "
-                               f"'num_attention_heads' ({heads}) and no 'head_dim' is given")
-        head_dim = hf_field(cfg, "head_dim", where, int, hidden // heads)
+        hidden, heads, kv_heads, head_dim = attention_dims(cfg, where)
         target_hidden = hf_field(cfg, "target_hidden_size", where, int, hidden)
         if target_hidden != target.hidden_size:
             field = "target_hidden_size" if "target_hidden_size" in cfg else "hidden_size"

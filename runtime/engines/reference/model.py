@@ -59,6 +59,23 @@ def hf_field(cfg: dict, key: str, where: str, kind: type = int, default: Any = _
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+def attention_dims(cfg: dict, where: str) -> tuple[int, int, int, int]:
+    """(hidden_size, heads, kv_heads, head_dim) of an HF config, checked for GQA and RoPE."""
+    hidden = hf_field(cfg, "hidden_size", where)
+    heads = hf_field(cfg, "num_attention_heads", where)
+    kv_heads = hf_field(cfg, "num_key_value_heads", where, int, heads)
+    if heads % kv_heads:
+        raise DynspecError(f"{where}: field 'num_attention_heads' ({heads}) must be a multiple of "
+                           f"'num_key_value_heads' ({kv_heads})")
+    if cfg.get("head_dim") is None and hidden % heads:
+        raise DynspecError(f"{where}: field 'hidden_size' ({hidden}) is not divisible by "
+                           f"'num_attention_heads' ({heads}) and no 'head_dim' is given")
+    head_dim = hf_field(cfg, "head_dim", where, int, hidden // heads)
+    if head_dim % 2:
+        raise DynspecError(f"{where}: field 'head_dim' ({head_dim}) must be even for RoPE")
+    return hidden, heads, kv_heads, head_dim
+
+
 def parse_rope(cfg: dict, where: str) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) from an HF config; checks the scaling fields we use.
 
@@ -250,18 +267,7 @@ class TargetConfig:
         if mt != "llama":
             raise DynspecError(f"{where}: field 'model_type' is {mt!r}; only 'llama' targets are supported")
         check_silu(cfg, where)
-        hidden = hf_field(cfg, "hidden_size", where)
-        heads = hf_field(cfg, "num_attention_heads", where)
-        kv_heads = hf_field(cfg, "num_key_value_heads", where, int, heads)
-        if heads % kv_heads:
-            raise DynspecError(f"{where}: field 'num_attention_heads' ({heads}) must be a multiple of "
-                               f"'num_key_value_heads' ({kv_heads})")
-        if cfg.get("head_dim") is None and hidden % heads:
-            raise DynspecError(f"{where}: field 'hidden_size' ({hidden}) is not divisible by "
-                               f"'num_attention_heads' ({heads}) and no 'head_dim' is given")
-        head_dim = hf_field(cfg, "head_dim", where, int, hidden // heads)
-        if head_dim % 2:
-            raise DynspecError(f"{where}: field 'head_dim' ({head_dim}) must be even for RoPE")
+        hidden, heads, kv_heads, head_dim = attention_dims(cfg, where)
         theta, scaling = parse_rope(cfg, where)
         return cls(
             vocab_size=hf_field(cfg, "vocab_size", where),

@@ -62,7 +62,9 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynspec", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dynspec",
+        description="TensorRT-LLM + EAGLE-3 deployment kit whose draft length K follows the batch size.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("schedule", help="show a draft-length schedule and its TRT-LLM rendering")
     add_schedule_args(p)

@@ -72,7 +72,8 @@ class _Request:
     submit_s: float
     out: list[int] = field(default_factory=list)
     first_token_s: float | None = None
-    finish_reason: str | None = None
+    finish_reason: str | None = None     # set last: once it is set, out and finish_s are final
+    finish_s: float | None = None
     cancelled: bool = False
     draft_warm: bool = True
     chunks: "queue.Queue" = field(default_factory=queue.Queue)
@@ -117,7 +118,7 @@ class RequestHandle:
         if r.finish_reason is None:
             raise RuntimeError(f"request {r.id} has not finished")
         return RequestResult(r.id, len(r.prompt), tuple(r.out), r.finish_reason, r.submit_s, r.first_token_s,
-                             self._ex._finish_s[r.id])
+                             r.finish_s)
 
 
 class Executor:
@@ -141,7 +142,6 @@ class Executor:
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request] = []            # row r of the cache <-> self._rows[r]
-        self._finish_s: dict[int, float] = {}
         self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
         self._iterations = 0
         self._lock = threading.Condition()
@@ -200,12 +200,9 @@ class Executor:
     # ---- the iteration ----------------------------------------------------------------
     def step(self) -> IterationStats | None:
         """Run one iteration. Returns None when there was nothing to decode."""
-        with self._lock:
-            self._retire()
-            admitted = self._admit()
-        if admitted:
-            with self._lock:
-                self._retire()          # a request may finish on its first token
+        self._retire()
+        if self._admit():
+            self._retire()              # a request may finish on its first token
         rows = self._rows
         if not rows:
             return None
@@ -239,17 +236,24 @@ class Executor:
             self.step()
 
     def _admit(self) -> bool:
-        """Prefill every waiting request that has a free row, in one batched engine call."""
+        """Prefill every waiting request that has a free row, in one batched engine call.
+        Only the queue is shared with other threads; the prefill runs outside the lock."""
         new: list[_Request] = []
-        while self._waiting and len(self._rows) + len(new) < self.engine.max_batch_size:
-            req = self._waiting.popleft()
-            if req.cancelled:
-                self._finish(req, "cancelled", self._clock())
-            else:
-                new.append(req)
+        with self._lock:
+            while self._waiting and len(self._rows) + len(new) < self.engine.max_batch_size:
+                req = self._waiting.popleft()
+                if req.cancelled:
+                    self._finish(req, "cancelled", self._clock())
+                else:
+                    new.append(req)
         if not new:
             return False
-        firsts = self.engine.prefill(len(self._rows), [r.prompt for r in new])
+        try:
+            firsts = self.engine.prefill(len(self._rows), [r.prompt for r in new])
+        except BaseException:
+            for req in new:                     # never leave a popped request unfinished
+                self._finish(req, "error", self._clock())
+            raise
         now = self._clock()
         for req, first in zip(new, firsts):
             self._rows.append(req)
@@ -262,26 +266,29 @@ class Executor:
         if req.finish_reason is not None:
             return 0
         kept: list[int] = []
+        reason = None
         for t in toks:
             kept.append(int(t))
             if int(t) in req.stop_ids:
-                req.finish_reason = "stop"
+                reason = "stop"
                 break
             if len(req.out) + len(kept) >= req.max_new:
-                req.finish_reason = "length"
+                reason = "length"
                 break
         if kept:
             if req.first_token_s is None:
                 req.first_token_s = now
             req.out.extend(kept)
             req.chunks.put(kept)
-        if req.finish_reason is not None:
-            self._finish(req, req.finish_reason, now)
+        if reason is not None:
+            self._finish(req, reason, now)
         return len(kept)
 
     def _finish(self, req: _Request, reason: str, now: float) -> None:
-        req.finish_reason = req.finish_reason or reason
-        self._finish_s[req.id] = now
+        if req.finish_reason is not None:
+            return
+        req.finish_s = now
+        req.finish_reason = reason
         req.chunks.put(_DONE)
 
     def _retire(self) -> None:
@@ -310,11 +317,14 @@ class Executor:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still running or waiting end as "cancelled"."""
         with self._lock:
             self._stop = True
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise RuntimeError(f"executor loop did not stop within {timeout} s")
             self._thread = None
 
     def _loop(self) -> None:
@@ -324,6 +334,10 @@ class Executor:
                     while not self._stop and not self._waiting and not self._rows:
                         self._lock.wait()
                     if self._stop:
+                        for req in list(self._rows) + list(self._waiting):
+                            self._finish(req, "cancelled", self._clock())
+                        self._rows.clear()
+                        self._waiting.clear()
                         return
                 self.step()
         except BaseException as e:  # surface to clients instead of hanging them

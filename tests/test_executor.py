@@ -215,3 +215,28 @@ def test_bad_prompt_lines_name_the_file_and_line(tmp_path):
     f.write_text('{"id": "a", "input_ids": [3]}\n{"prompt_id": 1}\n')
     with pytest.raises(DynspecError, match=rf"{f}:2: needs field 'input_ids' or 'prompt'"):
         read_prompts(f, None)
+
+
+def test_a_failing_prefill_finishes_its_requests_and_stop_cancels_the_rest(pair):
+    """Clients never hang: requests popped for a prefill that raises end as "error", and
+    stop() ends whatever is still running or waiting as "cancelled"."""
+    eng = engine(pair, max_batch=2)
+
+    def boom(row0, prompts):
+        raise RuntimeError("simulated device failure in prefill")
+
+    ex = Executor(eng, DraftSchedule.static(2, 2))
+    real = eng.prefill
+    eng.prefill = boom
+    h = ex.submit([1, 2, 3], 4)
+    with pytest.raises(RuntimeError, match="simulated"):
+        ex.step()
+    assert h.done and h.result().finish_reason == "error" and list(h.stream(timeout=1)) == []
+    eng.prefill = real
+    ex = Executor(eng, DraftSchedule.static(2, 2))
+    hs = [ex.submit([1, 2, 3], 50) for _ in range(3)]
+    ex.start()
+    next(hs[0].stream(timeout=30))           # the loop is running
+    ex.stop()
+    assert all(x.done for x in hs)
+    assert {x.result().finish_reason for x in hs} <= {"cancelled", "length"}

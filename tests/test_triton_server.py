@@ -105,6 +105,9 @@ def test_stats_cursor_reports_new_iterations_only():
     assert c.sample(stats, busy=True).batch_size == 6
     s = c.sample(stats, busy=False)
     assert (s.draft_len, s.batch_size, s.drafted, dict(s.iterations_by_k)) == (0, 0, 0, {})
+    # a bounded log that has dropped its oldest entries: only iteration numbers count
+    s = c.sample((st(2, 6, 0, 0), st(3, 1, 4, 2)), busy=True)
+    assert (s.draft_len, s.drafted, dict(s.iterations_by_k)) == (4, 4, {4: 1}) and c.next == 4
 
 
 # ---- the server ---------------------------------------------------------------------------------

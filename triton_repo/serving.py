@@ -176,16 +176,19 @@ class MetricsSample:
 
 
 class StatsCursor:
-    """Reads an executor's growing IterationStats tuple; each sample covers the new entries only."""
+    """Reads an executor's IterationStats by iteration number; each sample covers iterations
+    not seen before. Feed it `executor.stats_since(cursor.next)`: the executor keeps only the
+    newest iterations, so positions in its log are not stable, iteration numbers are."""
 
     def __init__(self) -> None:
-        self._seen = 0
+        self.next = 0
         self._k: int | None = None
         self._b = 0
 
     def sample(self, stats: Sequence, busy: bool) -> MetricsSample:
-        new = stats[self._seen:]
-        self._seen = len(stats)
+        new = [st for st in stats if st.iteration >= self.next]
+        if new:
+            self.next = new[-1].iteration + 1
         by_k: dict[int, int] = {}
         for st in new:
             by_k[st.k] = by_k.get(st.k, 0) + 1

@@ -206,14 +206,19 @@ class TritonPythonModel:
 
     def _monitor(self):
         while not self.stopping.wait(self.interval):
-            with self.lock:
-                for live in self.live.values():
-                    if not live.closed and not live.handle.done and live.sender.is_cancelled():
-                        live.handle.cancel()
-            busy = self.executor.active + self.executor.waiting > 0
-            sample = self.cursor.sample(self.executor.stats, busy)
-            with self.lock:
-                self.metrics.update(sample)
+            try:
+                with self.lock:
+                    gone = [live.handle for live in self.live.values()
+                            if not live.closed and not live.handle.done and live.sender.is_cancelled()]
+                for handle in gone:                 # outside the lock: cancel() may wait on the executor
+                    handle.cancel()
+                busy = self.executor.active + self.executor.waiting > 0
+                sample = self.cursor.sample(self.executor.stats_since(self.cursor.next), busy)
+                with self.lock:
+                    self.metrics.update(sample)
+            except Exception as e:                  # keep cancellation and metrics alive
+                with self.lock:
+                    pb_utils.Logger.log_error(f"dynspec: monitor: {e!r}")
 
     def finalize(self):
         with self.lock:

@@ -147,10 +147,10 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
         raise DynspecError("--engine trtllm needs --engine-dir (its llm_api_options.yaml holds the LLM API options)")
     import asyncio
 
-    import yaml
     from tensorrt_llm import LLM, SamplingParams
 
     from dynspec.benchmarks.engines import engine_choice, versions
+    from dynspec.build.llm_api import read_options
     from dynspec.benchmarks.metrics import RunRecord, summarize
     from dynspec.benchmarks.report import write_all
     from dynspec.benchmarks.sweep import make_row, resolve
@@ -164,9 +164,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     if not isinstance(spec.acceptance, Greedy):
         raise DynspecError("--engine trtllm measures real acceptance only; use --acceptance real")
     opt_path = Path(args.trtllm_options or Path(args.engine_dir) / cfg.llm_api_options)
-    if not opt_path.is_file():
-        raise DynspecError(f"LLM API options {opt_path} do not exist")
-    base = yaml.safe_load(opt_path.read_text()) or {}
+    base = read_options(opt_path)
     schedules = dict(spec.schedules)
     static_k = schedules["static"].max_draft_len if "static" in schedules else 0
     rows = []

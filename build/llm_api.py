@@ -23,10 +23,12 @@ Rendered for TRT-LLM 1.2.1, schedule "4:4,8:2" (max batch 64), capture layers (1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import yaml
 
+from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
 
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -103,6 +105,20 @@ def render_options(target_dir: str, draft_dir: str, schedule: DraftSchedule,
         },
         "speculative_config": spec,
     }
+
+
+def read_options(path: str | Path) -> dict:
+    """Parse an LLM-API options YAML; a missing, unparseable or non-mapping file names itself."""
+    path = Path(path)
+    if not path.is_file():
+        raise DynspecError(f"LLM API options {path} do not exist")
+    try:
+        obj = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DynspecError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(obj, dict):
+        raise DynspecError(f"{path} must hold a YAML mapping of LLM() arguments, not {type(obj).__name__}")
+    return obj
 
 
 def to_yaml(options: dict) -> str:

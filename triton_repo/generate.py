@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dynspec.artifacts import atomic_dir, write_json
-from dynspec.build.llm_api import graph_batch_sizes
+from dynspec.build.llm_api import graph_batch_sizes, read_options
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
@@ -72,18 +72,6 @@ def reference_params(engine: Engine, device: str = "cpu", monitor_interval_ms: i
 
 
 # ---- trtllm-llmapi ---------------------------------------------------------------------------
-def _yaml_load(path: Path) -> dict:
-    import yaml
-
-    try:
-        obj = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise DynspecError(f"{path} is not valid YAML: {e}") from e
-    if not isinstance(obj, dict):
-        raise DynspecError(f"{path} must hold a YAML mapping of LLM() arguments, not {type(obj).__name__}")
-    return obj
-
-
 def _abs(engine_dir: Path, p: Any, where: str) -> str:
     if not isinstance(p, str) or not p:
         raise DynspecError(f"{where} must be a path string, not {p!r}")
@@ -141,7 +129,7 @@ def llm_api_args(engine: Engine) -> dict:
             }
             args["speculative_config"] = spec
         return _validated(args, cfg, f"LLM() arguments rendered from {engine.json_path}")
-    opts = _yaml_load(path)
+    opts = read_options(path)
     if "triton_config" in opts:
         raise DynspecError(f"{path}: key 'triton_config' is Triton's, not an LLM() argument; remove it")
     args = {"model": _abs(engine.dir, opts.pop("model", cfg.target_dir), f"{path}: 'model'")}

@@ -24,8 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-import yaml
-
+from dynspec.build.llm_api import read_options
 from dynspec.config import EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.executor import IterationStats
@@ -39,11 +38,8 @@ def load_options(engine_dir: str | Path) -> tuple[EngineConfig, dict]:
     path = engine_dir / cfg.llm_api_options
     if not path.is_file():
         raise DynspecError(f"{path} does not exist; rebuild the engine dir with `dynspec build`")
-    try:
-        options = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise DynspecError(f"{path} is not valid YAML: {e}") from e
-    if not isinstance(options, dict) or not isinstance(options.get("speculative_config"), dict):
+    options = read_options(path)
+    if not isinstance(options.get("speculative_config"), dict):
         raise DynspecError(f"{path}: expected a mapping with a 'speculative_config' mapping")
     options["model"] = cfg.target_dir
     options["speculative_config"]["speculative_model"] = cfg.draft_dir

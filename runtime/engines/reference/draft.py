@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from dynspec.errors import DynspecError
 
 from .model import (_empty, apply_rope, attention_dims, cached_attention, causal_mask, check_silu, hf_field,
-                    parse_rope, rms_norm, rope_tables, TargetConfig)
+                    parse_rope, rms_norm, setup_static_cache, TargetConfig)
 
 
 def default_capture_layers(num_layers: int) -> tuple[int, ...]:
@@ -197,14 +197,9 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("arange", None, persistent=False)
 
     def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
-        c, w = self.config, self.fc
+        c = self.config
         shape = (max_batch, c.num_kv_heads, max_seq_len, c.head_dim)
-        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.rope_cos, self.rope_sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling,
-                                                   max_seq_len, w.device, w.dtype)
-        self.arange = torch.arange(max_seq_len, device=w.device)
-        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        setup_static_cache(self, c, self.fc, shape, max_batch, max_seq_len)
 
     # The pieces below are also used by tiny_pair.py's training-time-test loop.
     def fuse(self, hidden: Tensor) -> Tensor:

@@ -197,6 +197,18 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
     return o.reshape(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
 
 
+def setup_static_cache(m: nn.Module, c, like: Tensor, shape: tuple[int, ...], max_batch: int,
+                       max_seq_len: int) -> None:
+    """Give `m` zeroed k_cache/v_cache of `shape`, RoPE tables and key positions for
+    max_seq_len, on `like`'s device and dtype. Shared by the target and the draft."""
+    m.k_cache = torch.zeros(shape, device=like.device, dtype=like.dtype)
+    m.v_cache = torch.zeros(shape, device=like.device, dtype=like.dtype)
+    m.rope_cos, m.rope_sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling, max_seq_len,
+                                         like.device, like.dtype)
+    m.arange = torch.arange(max_seq_len, device=like.device)
+    m.max_batch, m.max_seq_len = max_batch, max_seq_len
+
+
 def _empty(*shape: int, device=None, dtype=None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
@@ -339,14 +351,9 @@ class Target(nn.Module):
 
     def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
         """Allocate the static KV cache (zeros) and RoPE tables on the model's device/dtype."""
-        c, w = self.config, self.tok_embeddings.weight
+        c = self.config
         shape = (c.num_layers, max_batch, c.num_kv_heads, max_seq_len, c.head_dim)
-        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.rope_cos, self.rope_sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling,
-                                                   max_seq_len, w.device, w.dtype)
-        self.arange = torch.arange(max_seq_len, device=w.device)
-        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        setup_static_cache(self, c, self.tok_embeddings.weight, shape, max_batch, max_seq_len)
 
     def forward(self, tokens: Tensor, positions: Tensor, *, row0: int = 0, kv_len: int | None = None,
                 capture: tuple[int, ...] = (), logits: str = "all") -> tuple[Tensor, Tensor | None]:

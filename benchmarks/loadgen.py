@@ -14,13 +14,13 @@ latency is measured from its scheduled arrival, not from when the loop got to su
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable, Sequence
 
 import numpy as np
 
 from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord
 from dynspec.benchmarks.workload import BenchRequest
+from dynspec.runtime.driver import closed_loop as closed_loop_jobs
 
 Progress = Callable[[int], None]     # called with the number of requests that just finished
 
@@ -30,39 +30,17 @@ def closed_loop(executor, requests: Sequence[BenchRequest], concurrency: int, *,
     """Keep `concurrency` requests in flight until every request has finished.
 
     `clock` must be the executor's clock (time.perf_counter unless it was given another)."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency {concurrency} must be at least 1")
-    todo = deque(requests)
-    inflight: list = []
     finished: list[RequestTiming] = []
     steps: list[StepRecord] = []          # from step()'s own return value: the executor keeps a bounded log
-    idle_steps = 0
+
+    def done(handles: list) -> None:
+        finished.extend(RequestTiming.of(h.result()) for h in handles)
+        if progress is not None:
+            progress(len(handles))
+
     start = clock()
-
-    def refill() -> None:
-        while todo and len(inflight) < concurrency:
-            r = todo.popleft()
-            inflight.append(executor.submit(r.input_ids, r.output_tokens))
-
-    refill()
-    while inflight:
-        st = executor.step()
-        if st is not None:
-            steps.append(StepRecord.of(st))
-        still = []
-        for h in inflight:
-            if h.done:
-                finished.append(RequestTiming.of(h.result()))
-            else:
-                still.append(h)
-        n_done = len(inflight) - len(still)
-        inflight[:] = still
-        if progress is not None and n_done:
-            progress(n_done)
-        idle_steps = idle_steps + 1 if st is None and not n_done else 0
-        if idle_steps > 3:
-            raise RuntimeError(f"executor made no progress with {len(inflight)} requests in flight")
-        refill()
+    closed_loop_jobs(executor, [(r.input_ids, r.output_tokens) for r in requests], concurrency,
+                     on_step=lambda st: steps.append(StepRecord.of(st)), on_done=done)
     end = clock()
     return RunRecord(tuple(finished), tuple(steps), start, end)
 

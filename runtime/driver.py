@@ -43,22 +43,39 @@ def read_prompts(path: str | Path, tokenize: Callable[[str], list[int]] | None) 
     return out
 
 
-def run_closed_loop(executor, prompts: Sequence[Sequence[int]], max_new_tokens: int, concurrency: int,
-                    stop_ids: Sequence[int] = (), progress=None) -> list:
-    """At most `concurrency` requests in flight; the next is admitted as one finishes.
-    Returns RequestResults in prompt order."""
+def closed_loop(executor, jobs: Sequence[tuple[Sequence[int], int]], concurrency: int,
+                stop_ids: Sequence[int] = (), *, on_step: Callable | None = None,
+                on_done: Callable[[list], None] | None = None) -> list:
+    """Run (prompt_ids, max_new_tokens) jobs with at most `concurrency` in flight, admitting the
+    next as one finishes. on_step gets each IterationStats, on_done each group of handles that
+    finished (in submission order). Returns the handles in job order."""
     if concurrency < 1:
         raise DynspecError(f"concurrency={concurrency} must be at least 1")
-    handles: list = [None] * len(prompts)
-    nxt, live = 0, []
-    while nxt < len(prompts) or live:
-        while nxt < len(prompts) and len(live) < concurrency:
-            handles[nxt] = executor.submit(prompts[nxt], max_new_tokens, stop_ids)
+    handles: list = [None] * len(jobs)
+    nxt, live, idle = 0, [], 0
+    while nxt < len(jobs) or live:
+        while nxt < len(jobs) and len(live) < concurrency:
+            prompt, max_new = jobs[nxt]
+            handles[nxt] = executor.submit(prompt, max_new, stop_ids)
             live.append(handles[nxt])
             nxt += 1
-        executor.step()
-        still = [h for h in live if not h.done]
-        if progress is not None and len(still) != len(live):
-            progress.update(len(live) - len(still))
-        live = still
+        st = executor.step()
+        if st is not None and on_step is not None:
+            on_step(st)
+        done = [h for h in live if h.done]
+        if done and on_done is not None:
+            on_done(done)
+        live = [h for h in live if not h.done]
+        idle = idle + 1 if st is None and not done else 0
+        if idle > 3:
+            raise RuntimeError(f"executor made no progress with {len(live)} requests in flight")
+    return handles
+
+
+def run_closed_loop(executor, prompts: Sequence[Sequence[int]], max_new_tokens: int, concurrency: int,
+                    stop_ids: Sequence[int] = (), progress=None) -> list:
+    """Every prompt with the same max_new_tokens; returns RequestResults in prompt order."""
+    on_done = (lambda hs: progress.update(len(hs))) if progress is not None else None
+    handles = closed_loop(executor, [(p, max_new_tokens) for p in prompts], concurrency, stop_ids,
+                          on_done=on_done)
     return [h.result() for h in handles]

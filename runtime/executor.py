@@ -257,7 +257,6 @@ class Executor:
         now = self._clock()
         for req, first in zip(new, firsts):
             self._rows.append(req)
-            req.draft_warm = True
             self._append(req, (first,), now)
         return True
 

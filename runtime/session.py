@@ -1,7 +1,7 @@
 """Open an ENGINE_DIR (or a target + draft pair) as a ready reference engine + executor."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -9,16 +9,11 @@ from dynspec.config import EngineConfig, ReferenceSettings
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.policy import DraftSchedule
 
-ASSETS = Path(__file__).resolve().parent.parent / "dynspec" / "assets" / "tiny"
-
-
 def tiny_pair_dirs() -> tuple[str, str]:
     """The embedded tiny target + EAGLE-3 draft (committed under dynspec/assets/tiny)."""
     from importlib import resources
 
     root = Path(str(resources.files("dynspec") / "assets" / "tiny"))
-    if not (root / "target" / "config.json").is_file():
-        root = ASSETS
     return str(root / "target"), str(root / "draft")
 
 

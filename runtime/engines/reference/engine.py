@@ -18,7 +18,6 @@ the first speculative step after a K=0 stretch rebuilds the draft head from (x_L
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 

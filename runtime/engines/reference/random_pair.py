@@ -172,7 +172,7 @@ def write_random_pair(out_dir: str | os.PathLike, preset: str = "llama-3.1-8b", 
     capture = tuple(capture_layers) if capture_layers is not None else capture_layers_for(s.layers)
     if any(not 0 <= i < s.layers for i in capture) or len(set(capture)) != len(capture):
         raise DynspecError(f"capture layers {capture} must be distinct layers of 0..{s.layers - 1}")
-    hd, q, kv = s.hidden // s.heads, s.hidden, s.kv_heads * (s.hidden // s.heads)
+    q, kv = s.hidden, s.kv_heads * (s.hidden // s.heads)
     out = Path(out_dir)
     with atomic_dir(out, force=force) as tmp:
         (tmp / "target").mkdir()

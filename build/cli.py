@@ -20,7 +20,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, schedule=schedule_of(args), tp=args.tp,
         trtllm_version=args.trtllm_version, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
         kv_cache_fraction=args.kv_cache_fraction, min_draft_len=args.min_draft_len, gpu_mem_gb=args.gpu_mem_gb,
-        baseline=args.baseline_trt_engine,
+        baseline=args.baseline_trt_engine, reference_dtype=args.reference_dtype,
+        reference_max_batch_size=args.reference_max_batch_size, reference_max_seq_len=args.reference_max_seq_len,
     )
     bp = plan_build(req)
     for w in bp.warnings:
@@ -60,4 +61,8 @@ def register(sub) -> None:
                    help="also write the legacy convert_checkpoint.py + trtllm-build script for a no-speculation engine")
     p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
     p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
+    ref = p.add_argument_group("reference engine settings (engine.json 'reference')")
+    ref.add_argument("--reference-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ref.add_argument("--reference-max-batch-size", type=int, help="default: min(64, --max-batch-size)")
+    ref.add_argument("--reference-max-seq-len", type=int, help="default: min(1024, the max seq len)")
     p.set_defaults(func=_cmd_build)

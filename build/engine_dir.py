@@ -38,6 +38,9 @@ class BuildRequest:
     min_draft_len: int = 0
     gpu_mem_gb: float = 141.0
     baseline: bool = False
+    reference_dtype: str = "float32"            # how the reference engine runs this ENGINE_DIR
+    reference_max_batch_size: int | None = None  # default: min(64, max_batch_size)
+    reference_max_seq_len: int | None = None     # default: min(1024, max_seq_len)
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,11 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
         trtllm_version=req.trtllm_version,
         max_batch_size=req.max_batch_size,
         max_seq_len=bp.max_seq_len,
-        reference=ReferenceSettings(max_batch_size=min(64, req.max_batch_size), max_seq_len=min(1024, bp.max_seq_len)),
+        reference=ReferenceSettings(
+            dtype=req.reference_dtype,
+            max_batch_size=req.reference_max_batch_size or min(64, req.max_batch_size),
+            max_seq_len=req.reference_max_seq_len or min(1024, bp.max_seq_len),
+        ),
         llm_api_options=OPTIONS_FILE,
         manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
         build=build,

@@ -269,3 +269,12 @@ def test_reference_engine_reads_engine_dir(pair, tmp_path):
     handle = ex.submit([1, 2, 3, 4], max_new_tokens=6)
     ex.run_until_idle()
     assert len(handle.result().output_ids) == 6
+
+
+def test_reference_settings_come_from_build_flags(pair, tmp_path):
+    """engine.json's reference settings are build's choices, not a later edit of the file."""
+    out = tmp_path / "eng"
+    assert build(pair, out, "--schedule", "4:4", "--reference-dtype", "bfloat16", "--reference-max-batch-size", "8",
+                 "--reference-max-seq-len", "256") == 0
+    ref = EngineConfig.load(out).reference
+    assert (ref.dtype, ref.max_batch_size, ref.max_seq_len) == ("bfloat16", 8, 256)

@@ -10,10 +10,5 @@ PY=${PYTHON:-python3}
 "$PY" -m dynspec.cli convert target --hf "$WORK/hf/target" --out "$WORK/ckpt/target" --tp 8 --dtype bfloat16 --force
 "$PY" -m dynspec.cli convert eagle3 --draft "$WORK/hf/draft" --target "$WORK/ckpt/target" --out "$WORK/ckpt/draft" --tp 8 --force
 "$PY" -m dynspec.cli build --target "$WORK/ckpt/target" --draft "$WORK/ckpt/draft" --out "$WORK/engine" --tp 8 \
-  --threshold 32 --max-draft-len 4 --max-seq-len 2048 --force
-"$PY" - "$WORK/engine/engine.json" <<'PY'
-import json, sys
-p = sys.argv[1]; d = json.load(open(p))
-d["reference"].update(dtype="bfloat16", max_batch_size=256, max_seq_len=1040, cuda_graphs=True)
-json.dump(d, open(p, "w"), indent=2)
-PY
+  --threshold 32 --max-draft-len 4 --max-seq-len 2048 --force \
+  --reference-dtype bfloat16 --reference-max-batch-size 256 --reference-max-seq-len 1040

@@ -1,36 +1,144 @@
-"""Write artifacts all-or-nothing: build in a temporary sibling folder, rename into place."""
+"""Write artifacts all-or-nothing: build in a temporary sibling folder, rename into place.
+
+    out = proj/engine
+    proj/.engine.tmp-4242-k3j9x/     being written by PID 4242; renamed to proj/engine on success
+    proj/.engine.old-4242-k3j9x/     the replaced folder, removed right after the rename
+A run killed with -9 leaves its tmp folder behind; the next write of the same `out` removes
+every `.engine.tmp-PID-*` / `.engine.old-PID-*` sibling whose PID is not alive, and nothing else.
+Outputs get the user's umask (022 -> dirs 0755, files 0644, executables 0755), whatever the
+library that wrote a file chose (safetensors writes 0600).
+"""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from dynspec.errors import DynspecError
 
+Inputs = Mapping[str, "str | os.PathLike | None"]   # {"--hf": "proj/hf", "--draft": None (not given)}
+
+
+def check_apart(out: str | os.PathLike, inputs: Inputs, out_flag: str = "--out") -> None:
+    """Refuse an output that equals, contains or lies inside an input (after resolving links).
+
+    check_apart("proj", {"--hf": "proj/hf"}) -> DynspecError: --out proj contains --hf proj/hf"""
+    o = Path(out).resolve()
+    for flag, path in inputs.items():
+        if path is None:
+            continue
+        i = Path(path).resolve()
+        if o == i:
+            rel = "is"
+        elif i.is_relative_to(o):
+            rel = "contains"
+        elif o.is_relative_to(i):
+            rel = "lies inside"
+        else:
+            continue
+        raise DynspecError(f"{out_flag} {out} {rel} {flag} {path}; write the output apart from the inputs")
+
+
+def check_writable(path: str | os.PathLike, what: str = "--out") -> None:
+    """Fail now, not after the work: `path` must be a file name whose folder can be created and
+    written. A directory, a file-as-parent or a read-only filesystem -> one-line DynspecError."""
+    path = Path(path)
+    if path.is_dir():
+        raise DynspecError(f"{what} {path} is a directory; give a file name")
+    probe = path.parent / f".{path.name}.probe-{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise DynspecError(f"{what} {path} cannot be written: {e.strerror or e}") from None
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _apply_umask(root: Path) -> None:
+    """dirs and executables -> 0777 & ~umask, other files -> 0666 & ~umask."""
+    mask = _umask()
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode
+        full = 0o777 if p.is_dir() or mode & 0o111 else 0o666
+        p.chmod(full & ~mask)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:       # someone else's live process
+        return True
+    return True
+
+
+def remove_stale(out: str | os.PathLike) -> list[Path]:
+    """Remove `.OUT.tmp-PID-*` / `.OUT.old-PID-*` siblings of `out` whose PID is dead; return them.
+    A live PID's folder, other names and other outputs' leftovers are never touched."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return []
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(?:tmp|old)-(\d+)(?:-[A-Za-z0-9_]+)?$")
+    removed = []
+    for p in out.parent.iterdir():
+        m = pat.match(p.name)
+        if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
 
 @contextlib.contextmanager
-def atomic_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+def atomic_dir(out: str | os.PathLike, force: bool = False, inputs: Inputs | None = None) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces `out`, on error it is removed.
 
-    A non-empty `out` is refused unless force=True, so nothing is overwritten by accident.
-    """
+    Before anything is written: `out` must lie apart from every input (check_apart), and a
+    non-empty `out` is refused unless force=True, so nothing is overwritten by accident."""
     out = Path(out)
+    check_apart(out, inputs or {})
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise DynspecError(f"output folder {out} exists and is not empty; pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(out)
+        tmp.mkdir()
+    except OSError as e:
+        raise DynspecError(f"output folder {out} cannot be created: {e.strerror or e}") from None
     try:
         yield tmp
+        _apply_umask(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        old = out.parent / f".{out.name}.old-{tag}"
         out.rename(old)
     tmp.rename(out)
     if old is not None:
@@ -39,11 +147,24 @@ def atomic_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
 
 def write_json(path: str | os.PathLike, obj) -> None:
     """Write JSON next to its final name, then rename (atomic on one filesystem)."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write next to the final name, then rename; an unwritable path or a directory is one line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise DynspecError(f"{path} is a directory; give a file name")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(path)
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise DynspecError(f"{path} cannot be written: {e.strerror or e}") from None
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> dict:
@@ -51,7 +172,9 @@ def read_json(path: str | os.PathLike, what: str = "file") -> dict:
     if not path.is_file():
         raise DynspecError(f"{what} {path} does not exist")
     try:
-        obj = json.loads(path.read_text())
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DynspecError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise DynspecError(f"{what} {path} is not valid JSON: {e}") from e
     if not isinstance(obj, dict):
@@ -65,11 +188,15 @@ def iter_jsonl(path: str | os.PathLike, what: str = "file"):
     path = Path(path)
     if not path.is_file():
         raise DynspecError(f"{what} {path} does not exist")
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DynspecError(f"{where}: not UTF-8 text (byte {e.start} of the line)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:

@@ -8,7 +8,7 @@ import json
 import sys
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule, schedule_from_args
+from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule, schedule_from_args
 
 # Modules that add subcommands: each has `register(subparsers)`.
 SUBCOMMAND_MODULES = (
@@ -36,28 +36,27 @@ def schedule_of(args: argparse.Namespace) -> DraftSchedule | None:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
+    if not 1 <= args.max_batch_size <= MAX_BATCH_SIZE:
+        raise DynspecError(f"--max-batch-size {args.max_batch_size} is outside 1..{MAX_BATCH_SIZE}")
     sched = schedule_of(args)
     rendered = sched.to_trtllm(args.trtllm_version)
-    by_b = {str(b): sched.draft_len(b) for b in range(1, args.max_batch_size + 1)}
+    runs = sched.ranges(args.max_batch_size)          # O(tiers): ((1, 4, 4), (5, 8, 2), (9, 40, 0))
     if args.json:
         print(json.dumps({
             "tiers": [list(t) for t in sched.tiers],
             "trtllm_version": args.trtllm_version,
             "trtllm": {str(k): v for k, v in rendered.items()},
-            "draft_len_by_batch_size": by_b,
+            "max_batch_size": args.max_batch_size,
+            "draft_len_by_batch_range": [list(r) for r in runs],
+            "vllm": sched.to_vllm(),
         }))
         return 0
     print(f"schedule {sched}   (max_draft_len={sched.max_draft_len})")
     print(f"{'batch size':>14}  K")
-    start = 1
-    for bound, k in sched.tiers:
-        if start <= args.max_batch_size:
-            print(f"{f'{start}..{min(bound, args.max_batch_size)}':>14}  {k}")
-        start = bound + 1
-    if start <= args.max_batch_size:
-        print(f"{f'{start}..{args.max_batch_size}':>14}  0")
+    for first, last, k in runs:
+        print(f"{f'{first}..{last}':>14}  {k}")
     print(f"TRT-LLM {args.trtllm_version} draft_len_schedule: {json.dumps({str(k): v for k, v in rendered.items()})}")
-    print(f"vLLM ranges: {json.dumps(sched.to_vllm())}")
+    print(f"vLLM speculative_token_schedule (num_speculative_tokens={sched.max_draft_len}): {json.dumps(sched.to_vllm())}")
     return 0
 
 

@@ -5,10 +5,14 @@ Internal form (the one unambiguous form every dialect is rendered from):
     batch 1..4 -> K=4, 5..8 -> K=2, 9..32 -> K=1, 33.. -> K=0
 Bounds are inclusive upper bounds; above the last bound K is 0.
 
-TensorRT-LLM dialects of `draft_len_schedule` (see DESIGN.md):
+TensorRT-LLM dialects of `draft_len_schedule` (docs/design.md, section 2):
     1.2.x  lower bounds, largest key <= b wins:   {1: 4, 5: 2, 9: 1, 33: 0}
     1.3.x  upper bounds, smallest key >= b wins:  {4: 4, 8: 2, 32: 1}   (K=0 above 32)
-vLLM: inclusive [start, end, K] ranges:            [[1, 4, 4], [5, 8, 2], [9, 32, 1]]
+vLLM `speculative_token_schedule`, inclusive [start, end, K] ranges with a closing K=0 range
+(vLLM carries the last K past the last range):
+    [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, 2147483647, 0]]
+
+Bounds: K <= MAX_DRAFT_LEN and every batch-size bound <= MAX_BATCH_SIZE (see below).
 """
 from __future__ import annotations
 
@@ -27,10 +31,25 @@ class ScheduleError(DynspecError):
 # major.minor -> meaning of the keys of `draft_len_schedule`.
 TRTLLM_DIALECTS = {(1, 2): "lower", (1, 3): "upper"}
 
+# TRT-LLM keeps batch sizes in SizeType32 (int32), so no runtime batch exceeds 2**31 - 1; it is
+# also the open end vLLM itself uses for unbounded ranges (_CTX_INFINITY in the file cited at
+# from_vllm). Schedule bounds and `dynspec schedule --max-batch-size` stay within it.
+MAX_BATCH_SIZE = 2**31 - 1
+# TRT-LLM's llm_args validators only require max_draft_len > 0; dynspec sets its own ceiling.
+# Each K costs a CUDA graph per batch bucket and b x (K+1) tokens of max_num_tokens, and EAGLE-3
+# drafts are trained for a handful of steps, so a K above 32 is a typo, not a plan.
+MAX_DRAFT_LEN = 32
+
+# ASCII digits only: str.isdigit() and re's \d also accept '４' or '١'.
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:[.\-+]?(?:rc|a|b|post|dev)[0-9]*)?", re.ASCII)
+_TIER = re.compile(r"[ \t]*([0-9]{1,12})[ \t]*:[ \t]*(-?[0-9]{1,12})[ \t]*", re.ASCII)
+
 
 def trtllm_dialect(version: str) -> str:
-    """'lower' or 'upper' for a TRT-LLM version string such as '1.2.1' or '1.3.0rc2'."""
-    m = re.match(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(?:[.\-+]?(?:rc|a|b|post|dev)\d*)?\s*$", str(version))
+    """'lower' or 'upper' for a TRT-LLM version string such as '1.2.1' or '1.3.0rc2'.
+
+    The whole string must match: '1.2.1\n', ' 1.2.1' and '１.2.1' are refused."""
+    m = _VERSION.fullmatch(version) if isinstance(version, str) else None
     if not m:
         raise ScheduleError(f"unparseable TensorRT-LLM version {version!r}; expected e.g. '1.2.1'")
     key = (int(m.group(1)), int(m.group(2)))
@@ -54,6 +73,10 @@ def _validate(tiers: Sequence[tuple[int, int]], max_draft_len: int | None = None
             raise ScheduleError(f"tier {i}: batch-size bound {bound} is below 1")
         if k < 0:
             raise ScheduleError(f"tier {i}: negative draft length K={k}")
+        if bound > MAX_BATCH_SIZE:
+            raise ScheduleError(f"tier {i}: batch-size bound {bound} exceeds the limit {MAX_BATCH_SIZE} (int32)")
+        if k > MAX_DRAFT_LEN:
+            raise ScheduleError(f"tier {i}: draft length K={k} exceeds the limit {MAX_DRAFT_LEN}")
         if bound == prev_bound:
             raise ScheduleError(f"tier {i}: duplicate batch-size bound {bound}")
         if bound < prev_bound:
@@ -113,10 +136,25 @@ class DraftSchedule:
 
     __call__ = draft_len
 
+    def ranges(self, max_batch_size: int) -> tuple[tuple[int, int, int], ...]:
+        """(first, last, K) runs covering 1..max_batch_size; O(tiers), not O(max_batch_size).
+
+        "4:4,8:2" with max_batch_size 40 -> ((1, 4, 4), (5, 8, 2), (9, 40, 0))"""
+        if not 1 <= max_batch_size <= MAX_BATCH_SIZE:
+            raise ScheduleError(f"max batch size {max_batch_size} is outside 1..{MAX_BATCH_SIZE}")
+        out, start = [], 1
+        for bound, k in self.tiers + ((max_batch_size, 0),):
+            if start > max_batch_size:
+                break
+            end = min(bound, max_batch_size)
+            if end >= start:
+                out.append((start, end, k))
+            start = end + 1
+        return tuple(out)
+
     def reachable(self, max_batch_size: int) -> tuple[int, ...]:
         """Every K that some batch size in 1..max_batch_size gets, largest first."""
-        ks = {self.draft_len(b) for b in range(1, max_batch_size + 1)}
-        return tuple(sorted(ks, reverse=True))
+        return tuple(sorted({k for _, _, k in self.ranges(max_batch_size)}, reverse=True))
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
@@ -142,31 +180,59 @@ class DraftSchedule:
         tiers: list[tuple[int, int]] = []
         if text:
             for part in text.split(","):
-                m = re.fullmatch(r"\s*(\d+)\s*:\s*(-?\d+)\s*", part)
+                m = _TIER.fullmatch(part)
                 if not m:
                     raise ScheduleError(
                         f"cannot parse schedule tier {part.strip()!r} in {spec!r}; expected 'max_batch:K' like '4:4,8:2'"
+                        " (ASCII digits, at most 12 each)"
                     )
                 tiers.append((int(m.group(1)), int(m.group(2))))
         _validate(tiers, max_draft_len)
         return cls(tuple(tiers))
 
     @classmethod
-    def from_vllm(cls, ranges: Iterable[Sequence[int]]) -> "DraftSchedule":
-        """[[1, 4, 4], [5, 8, 2], [9, 32, 1]] (inclusive ranges, contiguous from 1)."""
-        tiers: list[tuple[int, int]] = []
-        expect = 1
-        for i, r in enumerate(ranges):
-            if len(r) != 3:
-                raise ScheduleError(f"vLLM range {i} {list(r)!r} is not [start, end, K]")
-            start, end, k = (int(x) for x in r)
-            if start != expect:
-                raise ScheduleError(f"vLLM range {i} starts at {start}; expected {expect} (ranges must be contiguous from 1)")
-            if end < start:
-                raise ScheduleError(f"vLLM range {i} ends at {end}, before its start {start}")
-            tiers.append((end, k))
-            expect = end + 1
-        _validate(tiers)
+    def from_vllm(cls, schedule: object, num_speculative_tokens: int,
+                  max_batch_size: int | None = None) -> "DraftSchedule":
+        """vLLM's `speculative_token_schedule` -> the schedule vLLM actually runs.
+
+        vLLM's rules (vllm/v1/spec_decode/dynamic/utils.py, validate_and_normalize_dynamic_sd_schedule
+        and build_dynamic_sd_schedule_lookup, vllm-project/vllm @ 14b450ca590cbff96e7004bdb147a5d3acf5a4f6):
+          - a non-empty list of all 3-item [bs_lo, bs_hi, K] or all 5-item
+            [bs_lo, bs_hi, ctx_lo, ctx_hi, K] entries; batch ranges start at 1 and do not overlap;
+            5-item entries form a full (batch range x context range) grid, context ranges
+            contiguous from 1, the last one open-ended;
+          - a batch size in a gap, or past the last range, keeps the K of the range before it;
+          - every K is capped at num_speculative_tokens; only 1..max_batch_size is ever looked up.
+        So in each context bucket K(b) = min(cap, K of the entry with the largest bs_lo <= b):
+            [[1, 4, 4], [9, 16, 1]], cap 4  ->  b 1..8: 4, b 9..: 1 (no K=0 anywhere).
+        A DraftSchedule keys on the batch size alone and ends at K=0, so this refuses a grid whose
+        K depends on the context bucket, and (without max_batch_size) a last K above 0.
+        """
+        if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
+                or not 1 <= num_speculative_tokens <= MAX_DRAFT_LEN:
+            raise ScheduleError(f"num_speculative_tokens={num_speculative_tokens!r} is outside 1..{MAX_DRAFT_LEN}")
+        if max_batch_size is not None and not 1 <= max_batch_size <= MAX_BATCH_SIZE:
+            raise ScheduleError(f"max_batch_size={max_batch_size!r} is outside 1..{MAX_BATCH_SIZE}")
+        buckets = _vllm_buckets(schedule)
+        steps = {ctx: _vllm_steps(entries, num_speculative_tokens, max_batch_size) for ctx, entries in buckets.items()}
+        (ctx0, first), *rest = steps.items()
+        for ctx, other in rest:
+            if other != first:
+                b = next(min(a[0], c[0]) for a, c in zip(first + ((MAX_BATCH_SIZE, -1),), other + ((MAX_BATCH_SIZE, -2),))
+                         if a != c)
+                raise ScheduleError(
+                    f"vLLM schedule: K depends on the context length (context {list(ctx0)} and {list(ctx)} differ "
+                    f"from batch size {b} on); a DraftSchedule keys on the batch size only"
+                )
+        tiers = [(first[i + 1][0] - 1, k) for i, (_, k) in enumerate(first[:-1])]
+        last_lo, last_k = first[-1]
+        if last_k:
+            if max_batch_size is None:
+                raise ScheduleError(
+                    f"vLLM schedule: K={last_k} from batch size {last_lo} applies to every larger batch "
+                    "(vLLM carries the last K forward); add a closing [b, b, 0] range or pass max_batch_size"
+                )
+            tiers.append((max_batch_size, last_k))
         return cls(tuple(tiers))
 
     @classmethod
@@ -219,10 +285,21 @@ class DraftSchedule:
         return out
 
     def to_vllm(self) -> list[list[int]]:
+        """vLLM `speculative_token_schedule` (run it with num_speculative_tokens=max_draft_len).
+
+        "4:4,8:2" -> [[1, 4, 4], [5, 8, 2], [9, 2147483647, 0]]: the closing K=0 range is needed
+        because vLLM carries the last range's K to every larger batch."""
+        if not self.tiers:
+            raise ScheduleError(
+                "schedule never speculates (K=0 for every batch size); vLLM rejects an empty "
+                "speculative_token_schedule: run without speculative decoding instead"
+            )
         out, start = [], 1
         for bound, k in self.tiers:
             out.append([start, bound, k])
             start = bound + 1
+        if start <= MAX_BATCH_SIZE:
+            out.append([start, MAX_BATCH_SIZE, 0])
         return out
 
     def to_spec(self) -> str:
@@ -231,6 +308,73 @@ class DraftSchedule:
 
     def __str__(self) -> str:
         return self.to_spec() or "(no speculation)"
+
+
+def _vllm_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScheduleError(f"vLLM schedule {where}: {value!r} is not an integer")
+    return value
+
+
+def _vllm_buckets(schedule: object) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    """vLLM's validation, and its entries grouped by context range: {(ctx_lo, ctx_hi): [(bs_lo, bs_hi, K)]}."""
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        raise ScheduleError(f"vLLM schedule {schedule!r} must be a non-empty list of [bs_lo, bs_hi, K] ranges")
+    arity = {len(e) if isinstance(e, (list, tuple)) else None for e in schedule}
+    if not arity <= {3, 5} or len(arity) != 1:
+        raise ScheduleError(
+            f"vLLM schedule entries must all be [bs_lo, bs_hi, K] or all [bs_lo, bs_hi, ctx_lo, ctx_hi, K]; got {schedule!r}"
+        )
+    cells: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    for i, e in enumerate(schedule):
+        vals = [_vllm_int(v, f"entry {i} {list(e)!r}") for v in e]
+        bs_lo, bs_hi, k = vals[0], vals[1], vals[-1]
+        ctx_lo, ctx_hi = (vals[2], vals[3]) if len(vals) == 5 else (1, MAX_BATCH_SIZE)
+        if not 1 <= bs_lo <= bs_hi:
+            raise ScheduleError(f"vLLM schedule entry {i} {list(e)!r}: batch range must satisfy 1 <= start <= end")
+        if not 1 <= ctx_lo <= ctx_hi:
+            raise ScheduleError(f"vLLM schedule entry {i} {list(e)!r}: context range must satisfy 1 <= start <= end")
+        if k < 0:
+            raise ScheduleError(f"vLLM schedule entry {i} {list(e)!r}: negative K")
+        if (bs_lo, bs_hi, ctx_lo) in cells:
+            raise ScheduleError(f"vLLM schedule entry {i} {list(e)!r}: duplicate cell")
+        cells[(bs_lo, bs_hi, ctx_lo)] = (ctx_lo, ctx_hi, k)
+    bs_ranges = sorted({(lo, hi) for lo, hi, _ in cells})
+    for (lo0, hi0), (lo1, hi1) in zip(bs_ranges, bs_ranges[1:]):
+        if lo1 <= hi0:
+            raise ScheduleError(f"vLLM schedule: batch ranges [{lo0}, {hi0}] and [{lo1}, {hi1}] overlap")
+    if bs_ranges[0][0] != 1:
+        raise ScheduleError(f"vLLM schedule: the first batch range starts at {bs_ranges[0][0]}; it must start at 1")
+    ctx_ranges = sorted({(c_lo, c_hi) for c_lo, c_hi, _ in cells.values()})
+    if len(cells) != len(bs_ranges) * len(ctx_ranges):
+        raise ScheduleError(
+            f"vLLM schedule: {len(cells)} entries do not form a {len(bs_ranges)} x {len(ctx_ranges)} "
+            "(batch range x context range) grid"
+        )
+    if ctx_ranges[0][0] != 1:
+        raise ScheduleError(f"vLLM schedule: the first context range starts at {ctx_ranges[0][0]}; it must start at 1")
+    for (lo0, hi0), (lo1, hi1) in zip(ctx_ranges, ctx_ranges[1:]):
+        if lo1 != hi0 + 1:
+            raise ScheduleError(f"vLLM schedule: context ranges [{lo0}, {hi0}] and [{lo1}, {hi1}] are not contiguous")
+    buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {r: [] for r in ctx_ranges}
+    for (bs_lo, bs_hi, _), (ctx_lo, ctx_hi, k) in cells.items():
+        buckets[(ctx_lo, ctx_hi)].append((bs_lo, bs_hi, k))
+    return buckets
+
+
+def _vllm_steps(entries: list[tuple[int, int, int]], cap: int, max_batch_size: int | None) -> tuple[tuple[int, int], ...]:
+    """One context bucket -> ((first batch size, K), ...): K holds from each first batch size up to
+    the next one (vLLM's carry-forward), capped; neighbours with equal K merged.
+
+    [(1, 4, 6), (9, 16, 1), (20, 30, 1)], cap 4 -> ((1, 4), (9, 1))"""
+    out: list[tuple[int, int]] = []
+    for lo, _, k in sorted(entries):
+        if max_batch_size is not None and lo > max_batch_size:
+            break
+        k = min(k, cap)
+        if not out or out[-1][1] != k:
+            out.append((lo, k))
+    return tuple(out)
 
 
 def schedule_from_args(spec: str | None, threshold: int | None, max_draft_len: int | None) -> DraftSchedule:

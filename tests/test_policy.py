@@ -1,6 +1,6 @@
 """DraftSchedule: lookups at every tier boundary, dialect renderings checked against each
-TRT-LLM version's own lookup rule (written out independently here, from DESIGN.md), and the
-`dynspec schedule` CLI including its error exits."""
+TRT-LLM version's own lookup rule (written out independently here, from docs/design.md), bounds,
+and the `dynspec schedule` CLI including its error exits. vLLM: tests/test_vllm_schedule.py."""
 import bisect
 import json
 import subprocess
@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynspec.cli import main
-from dynspec.runtime.policy import DraftSchedule, ScheduleError, trtllm_dialect
+from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError, trtllm_dialect
+from tests.test_vllm_schedule import vllm_dense_lookup
 
 
 # ---- independent oracles: how each TRT-LLM version reads `draft_len_schedule` ------------
@@ -28,13 +29,6 @@ def trtllm_13_lookup(d: dict, b: int) -> int:
     keys = sorted(int(k) for k in d)
     i = bisect.bisect_left(keys, b)
     return d[keys[i]] if i < len(keys) else 0
-
-
-def vllm_lookup(ranges, b: int) -> int:
-    for start, end, k in ranges:
-        if start <= b <= end:
-            return k
-    return 0
 
 
 # ---- table tests ----------------------------------------------------------------------------
@@ -57,8 +51,8 @@ def test_threshold_is_the_field_fallback():
 def test_renderings_of_the_documented_example():
     assert S.to_trtllm("1.2.1") == {1: 4, 5: 2, 9: 1, 33: 0}
     assert S.to_trtllm("1.3.0rc2") == {4: 4, 8: 2, 32: 1}
-    assert S.to_vllm() == [[1, 4, 4], [5, 8, 2], [9, 32, 1]]
-    assert DraftSchedule.from_vllm(S.to_vllm()) == S
+    assert S.to_vllm() == [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, MAX_BATCH_SIZE, 0]]
+    assert DraftSchedule.from_vllm(S.to_vllm(), 4) == S
     assert S.to_spec() == "4:4,8:2,32:1"
     assert S.max_draft_len == 4
     assert S.reachable(64) == (4, 2, 1, 0)
@@ -92,6 +86,49 @@ def test_k_above_max_draft_len_is_named():
         DraftSchedule.parse("4:4", max_draft_len=3)
 
 
+@pytest.mark.parametrize("spec,needle", [
+    ("4:1000000", "K=1000000 exceeds the limit 32"),
+    (f"4:{MAX_DRAFT_LEN + 1}", f"K={MAX_DRAFT_LEN + 1} exceeds the limit"),
+    (f"{MAX_BATCH_SIZE + 1}:4", f"bound {MAX_BATCH_SIZE + 1} exceeds the limit"),
+    ("4:" + "9" * 13, "at most 12"),
+    ("9" * 5000 + ":4", "at most 12"),                 # no int() of a 5000-digit string
+    ("\uff14:4", "cannot parse"),                      # fullwidth 4: str.isdigit() says True
+    ("4:\u0664", "cannot parse"),                      # Arabic-Indic 4
+    ("\U0001d7dc:4", "cannot parse"),                  # mathematical double-struck 4
+])
+def test_bounds_and_ascii_digits(spec, needle):
+    assert any(c.isdigit() for c in spec)
+    with pytest.raises(ScheduleError, match=needle):
+        DraftSchedule.parse(spec)
+
+
+def test_limits_themselves_are_accepted():
+    s = DraftSchedule.parse(f"{MAX_BATCH_SIZE}:{MAX_DRAFT_LEN}")
+    assert s.draft_len(MAX_BATCH_SIZE) == MAX_DRAFT_LEN and s.to_vllm() == [[1, MAX_BATCH_SIZE, MAX_DRAFT_LEN]]
+    assert DraftSchedule.parse(" 4 : 4 ,\t8:2") == DraftSchedule.parse("4:4,8:2")
+    with pytest.raises(ScheduleError, match="exceeds the limit"):
+        DraftSchedule(((4, MAX_DRAFT_LEN + 1),))
+    with pytest.raises(ScheduleError, match="exceeds the limit"):
+        DraftSchedule.threshold(MAX_DRAFT_LEN + 1, 4)
+
+
+@pytest.mark.parametrize("version", ["\uff11.2.1", "1.\uff12.1", "1.2.\u0661", "1.2.1\n", "1.2.1 ", " 1.2.1", "1.2.1\x00",
+                                     "1.2.1rc\u0661", None, 1.2])
+def test_versions_are_ascii_and_exact(version):
+    with pytest.raises(ScheduleError, match="unparseable TensorRT-LLM version"):
+        trtllm_dialect(version)
+
+
+def test_reachable_and_ranges_are_per_tier():
+    assert S.ranges(40) == ((1, 4, 4), (5, 8, 2), (9, 32, 1), (33, 40, 0))
+    assert S.ranges(6) == ((1, 4, 4), (5, 6, 2))
+    assert S.reachable(MAX_BATCH_SIZE) == (4, 2, 1, 0)
+    assert DraftSchedule().ranges(3) == ((1, 3, 0),)
+    for bad in (0, -1, MAX_BATCH_SIZE + 1):
+        with pytest.raises(ScheduleError, match=f"max batch size {bad} is outside"):
+            S.ranges(bad)
+
+
 def test_unknown_versions_are_errors_not_guesses():
     for v in ("1.1.0", "2.0.0", "latest", "1"):
         with pytest.raises(ScheduleError, match=repr(v)):
@@ -114,11 +151,6 @@ def test_from_trtllm_rejects_malformed_dicts():
         DraftSchedule.from_trtllm({4: 2, 8: 3}, "1.3.0")
 
 
-def test_vllm_ranges_must_be_contiguous():
-    with pytest.raises(ScheduleError, match="expected 5"):
-        DraftSchedule.from_vllm([[1, 4, 4], [6, 8, 2]])
-
-
 # ---- property test: every dialect, every batch size --------------------------------------
 @st.composite
 def schedules(draw):
@@ -139,9 +171,9 @@ def test_rendered_dict_read_by_the_versions_own_rule_equals_draft_len(s, version
         assert d[min(d)] == s.max_draft_len
     ks = [d[k] for k in sorted(d)]
     assert ks == sorted(ks, reverse=True)
-    ranges = s.to_vllm()
+    vllm = vllm_dense_lookup(s.to_vllm(), 512, s.max_draft_len)
     for b in range(1, 513):
-        assert lookup(d, b) == s.draft_len(b) == vllm_lookup(ranges, b)
+        assert lookup(d, b) == s.draft_len(b) == vllm[b]
     assert DraftSchedule.from_trtllm(d, version) == s
     assert DraftSchedule.from_trtllm({str(k): v for k, v in d.items()}, version) == s
     assert DraftSchedule.parse(s.to_spec()) == s
@@ -154,8 +186,27 @@ def test_cli_json_is_exactly_one_object(capsys):
     assert obj["tiers"] == [[4, 4], [8, 2], [32, 1]]
     assert obj["trtllm_version"] == "1.2.1"
     assert obj["trtllm"] == {"1": 4, "5": 2, "9": 1, "33": 0}
-    assert len(obj["draft_len_by_batch_size"]) == 40
-    assert obj["draft_len_by_batch_size"]["33"] == 0 and obj["draft_len_by_batch_size"]["9"] == 1
+    assert obj["draft_len_by_batch_range"] == [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, 40, 0]]
+    assert obj["vllm"] == [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, MAX_BATCH_SIZE, 0]]
+
+
+@pytest.mark.parametrize("max_bs", [1, 3, 4, 5, 31, 32, 33, 1000])
+def test_cli_ranges_cover_every_batch_size_once(capsys, max_bs):
+    assert main(["schedule", "--spec", "4:4,8:2,32:1", "--json", "--max-batch-size", str(max_bs)]) == 0
+    runs = json.loads(capsys.readouterr().out)["draft_len_by_batch_range"]
+    flat = [k for first, last, k in runs for _ in range(first, last + 1)]
+    assert flat == [S.draft_len(b) for b in range(1, max_bs + 1)]
+
+
+def test_cli_huge_max_batch_size_works_in_tiers():
+    """100M batch sizes once took 1.4 GB (a dict entry each); now the output is O(tiers)."""
+    code = ("import resource, sys; from dynspec.cli import main; "
+            "rc = main(['schedule', '--spec', '4:4', '--json', '--max-batch-size', '100000000']); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["draft_len_by_batch_range"] == [[1, 4, 4], [5, 100_000_000, 0]]
+    assert int(proc.stderr.strip().splitlines()[-1]) < 300_000          # KiB: far below one entry per size
 
 
 def test_cli_threshold_and_table(capsys):
@@ -172,10 +223,23 @@ def test_cli_threshold_and_table(capsys):
         (["schedule", "--spec", "4:4", "--trtllm-version", "0.9"], "no known draft_len_schedule dialect"),
         (["schedule", "--spec", "4:4", "--threshold", "3", "--max-draft-len", "2"], "not both"),
         (["schedule"], "--schedule SPEC"),
+        (["schedule", "--spec", "4:1000000"], f"K=1000000 exceeds the limit {MAX_DRAFT_LEN}"),
+        (["schedule", "--threshold", "4", "--max-draft-len", "99"], "K=99 exceeds the limit"),
+        (["schedule", "--spec", "\uff14:4"], "cannot parse schedule tier '\uff14:4'"),
+        (["schedule", "--spec", "4:\u0664"], "cannot parse"),
+        (["schedule", "--spec", "4:4", "--trtllm-version", "\uff11.2.1"], "unparseable TensorRT-LLM version"),
+        (["schedule", "--spec", "4:4", "--trtllm-version", "1.2.1\n"], "'1.2.1\\n'"),
+        (["schedule", "--spec", "4:4", "--max-batch-size", "0"], "--max-batch-size 0 is outside"),
+        (["schedule", "--spec", "4:4", "--max-batch-size", "-5"], "--max-batch-size -5 is outside"),
+        (["schedule", "--spec", "4:4", "--max-batch-size", str(2**31)], "is outside 1..2147483647"),
+        (["schedule", "--spec", "4:4", "--json", "--trtllm-version", "1.2.1"], None),
     ],
 )
 def test_cli_errors_exit_2_with_one_line(argv, needle):
     proc = subprocess.run([sys.executable, "-m", "dynspec.cli", *argv], capture_output=True, text=True)
+    if needle is None:                        # the control row: the same flags, valid, succeed
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        return
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr

@@ -6,6 +6,7 @@ import sys
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    from dynspec.artifacts import check_apart
     from dynspec.build.baseline import SCRIPT, run_baseline
     from dynspec.build.engine_dir import BuildRequest, plan_build, write_engine_dir
     from dynspec.build.plan import format_plan
@@ -16,12 +17,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise DynspecError("--out ENGINE_DIR is required (or pass --plan to print the memory plan only)")
     if args.run and not args.baseline_trt_engine:
         raise DynspecError("--run executes the baseline script; it needs --baseline-trt-engine")
+    if args.out is not None:
+        check_apart(args.out, {"--target": args.target, "--draft": args.draft})
     req = BuildRequest(
         target=args.target, draft=args.draft, schedule=schedule_of(args), tp=args.tp,
         trtllm_version=args.trtllm_version, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
         kv_cache_fraction=args.kv_cache_fraction, min_draft_len=args.min_draft_len, gpu_mem_gb=args.gpu_mem_gb,
         baseline=args.baseline_trt_engine, reference_dtype=args.reference_dtype,
         reference_max_batch_size=args.reference_max_batch_size, reference_max_seq_len=args.reference_max_seq_len,
+        max_num_tokens=args.max_num_tokens,
     )
     bp = plan_build(req)
     for w in bp.warnings:
@@ -52,6 +56,9 @@ def register(sub) -> None:
     p.add_argument("--trtllm-version", default="1.2.1", help="TRT-LLM release the options are rendered for")
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, help="default: min(4096, the target's max_position_embeddings)")
+    p.add_argument("--max-num-tokens", type=int, metavar="N",
+                   help="tokens per iteration, decode rows x (K+1) + prompt chunks (TRT-LLM and reference engine;"
+                        " default: TRT-LLM max(8192, largest decode iteration), reference 8192); at least max K + 1")
     p.add_argument("--kv-cache-fraction", type=float, default=0.9, help="kv_cache_config.free_gpu_memory_fraction")
     p.add_argument("--min-draft-len", type=int, default=0,
                    help="floor K at this value up to --max-batch-size (1 avoids the K=0 stale-draft trap)")

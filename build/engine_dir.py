@@ -7,6 +7,7 @@ ENGINE_DIR/
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class BuildRequest:
     reference_dtype: str = "float32"            # how the reference engine runs this ENGINE_DIR
     reference_max_batch_size: int | None = None  # default: min(64, max_batch_size)
     reference_max_seq_len: int | None = None     # default: min(1024, max_seq_len)
+    max_num_tokens: int | None = None            # tokens per iteration (TRT-LLM + reference); see config.py
 
 
 @dataclass(frozen=True)
@@ -69,24 +71,45 @@ def _check_pair(tm: dict, dm: dict, req: BuildRequest) -> None:
             )
 
 
+def _check_flags(req: BuildRequest) -> None:
+    """Bounds that need no checkpoint: each error names the flag and its value."""
+    for flag, v in (("--max-batch-size", req.max_batch_size), ("--tp", req.tp), ("--max-seq-len", req.max_seq_len),
+                    ("--reference-max-batch-size", req.reference_max_batch_size),
+                    ("--reference-max-seq-len", req.reference_max_seq_len), ("--max-num-tokens", req.max_num_tokens)):
+        if v is not None and v < 1:
+            raise DynspecError(f"{flag} {v} must be at least 1")
+    if req.min_draft_len < 0:
+        raise DynspecError(f"--min-draft-len {req.min_draft_len} must be at least 0")
+    if not (math.isfinite(req.gpu_mem_gb) and req.gpu_mem_gb > 0):
+        raise DynspecError(f"--gpu-mem-gb {req.gpu_mem_gb} must be a positive number of GB")
+    if not (math.isfinite(req.kv_cache_fraction) and 0 < req.kv_cache_fraction <= 1):
+        raise DynspecError(f"--kv-cache-fraction {req.kv_cache_fraction} must be in (0, 1]")
+    rb = req.reference_max_batch_size
+    if rb is not None and rb > req.max_batch_size:
+        raise DynspecError(f"--reference-max-batch-size {rb} exceeds --max-batch-size {req.max_batch_size}")
+    if not req.schedule.tiers:
+        raise DynspecError("the schedule never speculates (K=0 everywhere); there is nothing for the draft to do")
+
+
 def plan_build(req: BuildRequest) -> BuildPlan:
     """Read both manifests, floor and render the schedule, validate it, plan memory. No writes."""
-    if req.max_batch_size < 1:
-        raise DynspecError(f"--max-batch-size {req.max_batch_size} must be at least 1")
+    _check_flags(req)
     tm = read_manifest(req.target, "target")
     dm = read_manifest(req.draft, "eagle3-draft")
     _check_pair(tm, dm, req)
     ts = manifest_shape(tm)
     max_seq_len = req.max_seq_len or min(DEFAULT_MAX_SEQ_LEN, ts.max_position_embeddings)
-    if max_seq_len > ts.max_position_embeddings:
-        raise DynspecError(
-            f"--max-seq-len {max_seq_len} exceeds the target's max_position_embeddings {ts.max_position_embeddings}"
-        )
-    if not req.schedule.tiers:
-        raise DynspecError("the schedule never speculates (K=0 everywhere); there is nothing for the draft to do")
+    for flag, v in (("--max-seq-len", max_seq_len), ("--reference-max-seq-len", req.reference_max_seq_len)):
+        if v is not None and v > ts.max_position_embeddings:
+            raise DynspecError(f"{flag} {v} exceeds the target's max_position_embeddings {ts.max_position_embeddings}")
     schedule = floor_schedule(req.schedule, req.min_draft_len, req.max_batch_size)
+    window = schedule.max_draft_len + 1
+    if req.max_num_tokens is not None and req.max_num_tokens < window:
+        raise DynspecError(f"--max-num-tokens {req.max_num_tokens} is smaller than one verify window: "
+                           f"max K + 1 = {window} for schedule {schedule.to_spec()!r}")
     warning = trap_warning(req.trtllm_version, schedule, req.max_batch_size)
-    settings = LlmApiSettings(req.tp, req.trtllm_version, req.max_batch_size, max_seq_len, req.kv_cache_fraction)
+    settings = LlmApiSettings(req.tp, req.trtllm_version, req.max_batch_size, max_seq_len, req.kv_cache_fraction,
+                              req.max_num_tokens)
     options = render_options(str(Path(req.target).resolve()), str(Path(req.draft).resolve()), schedule,
                              dm["capture_layers"], settings)
     validate_options(options, req.trtllm_version)
@@ -98,7 +121,18 @@ def plan_build(req: BuildRequest) -> BuildPlan:
         gpu_bytes=int(req.gpu_mem_gb * GB), kv_fraction=req.kv_cache_fraction,
         max_seq_len=max_seq_len, max_batch_size=req.max_batch_size,
     )
-    return BuildPlan(schedule, options, plan, tuple(w for w in (warning,) if w), tm, dm, max_seq_len)
+    warnings = (warning, budget_warning(schedule, req.max_batch_size, options["max_num_tokens"], req.trtllm_version))
+    return BuildPlan(schedule, options, plan, tuple(w for w in warnings if w), tm, dm, max_seq_len)
+
+
+def budget_warning(schedule: DraftSchedule, max_batch_size: int, max_num_tokens: int, version: str) -> str | None:
+    """A budget smaller than the largest decode iteration caps K (or admission) at large b.
+    "4:4", max batch 64, budget 16: b=4 needs 4 * (4+1) = 20 > 16."""
+    need = decode_tokens(schedule, max_batch_size, version)
+    if need <= max_num_tokens:
+        return None
+    return (f"warning: max_num_tokens {max_num_tokens} is below the largest decode iteration ({need} tokens: "
+            f"b x (K+1) up to max_batch_size {max_batch_size}); K is capped where b x (K+1) does not fit")
 
 
 def _rel(path: str, start: Path) -> str:
@@ -136,6 +170,7 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
             dtype=req.reference_dtype,
             max_batch_size=req.reference_max_batch_size or min(64, req.max_batch_size),
             max_seq_len=req.reference_max_seq_len or min(1024, bp.max_seq_len),
+            max_num_tokens=req.max_num_tokens or ReferenceSettings.max_num_tokens,
         ),
         llm_api_options=OPTIONS_FILE,
         manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
@@ -146,7 +181,7 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
 def write_engine_dir(req: BuildRequest, bp: BuildPlan, out: str | os.PathLike, force: bool = False) -> EngineConfig:
     out = Path(out)
     cfg = engine_config(req, bp, out)
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, force=force, inputs={"--target": req.target, "--draft": req.draft}) as tmp:
         (tmp / OPTIONS_FILE).write_text(to_yaml(bp.options))
         cfg.write(tmp)
         if req.baseline:

@@ -42,6 +42,7 @@ class LlmApiSettings:
     max_batch_size: int
     max_seq_len: int
     kv_cache_fraction: float
+    max_num_tokens: int | None = None   # None: max(8192, decode_tokens(...))
 
 
 def graph_batch_sizes(schedule: DraftSchedule, rendered: dict[int, int], max_batch_size: int) -> list[int]:
@@ -96,7 +97,8 @@ def render_options(target_dir: str, draft_dir: str, schedule: DraftSchedule,
         "tensor_parallel_size": s.tp,
         "max_batch_size": s.max_batch_size,
         "max_seq_len": s.max_seq_len,
-        "max_num_tokens": max(DEFAULT_MAX_NUM_TOKENS, decode_tokens(schedule, s.max_batch_size, s.trtllm_version)),
+        "max_num_tokens": s.max_num_tokens or max(DEFAULT_MAX_NUM_TOKENS,
+                                                  decode_tokens(schedule, s.max_batch_size, s.trtllm_version)),
         "enable_iter_perf_stats": True,
         "kv_cache_config": {"free_gpu_memory_fraction": s.kv_cache_fraction},
         "cuda_graph_config": {

@@ -13,11 +13,19 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "cuda_graphs": true},
+                "keep_warm": true, "cuda_graphs": true, "max_num_tokens": 8192},
   "llm_api_options": "llm_api_options.yaml",
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
 }
+
+max_num_tokens (TRT-LLM's name): the most tokens one iteration may feed the target, decode rows
+(K+1 each) plus prompt chunks. It lives in two places, as max_batch_size and max_seq_len do:
+  - reference.max_num_tokens: the reference engine's budget (default 8192); `dynspec build
+    --max-num-tokens N` and `dynspec generate --max-num-tokens N` set it.
+  - llm_api_options.yaml `max_num_tokens` (copied to build.max_num_tokens): TRT-LLM's; `build
+    --max-num-tokens N` sets it to N, else max(8192, the largest decode iteration).
+It must hold one verify window: max_num_tokens >= max K + 1 (e.g. schedule 4:4 -> at least 5).
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ from dynspec.runtime.policy import DraftSchedule
 ENGINE_FORMAT = "dynspec-engine/1"
 ENGINE_JSON = "engine.json"
 DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 
 
 @dataclass(frozen=True)
@@ -44,13 +53,18 @@ class ReferenceSettings:
     max_seq_len: int = 1024
     keep_warm: bool = True
     cuda_graphs: bool = True
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise DynspecError(f"reference.dtype {self.dtype!r} is not one of {DTYPES}")
-        for name in ("max_batch_size", "max_seq_len"):
-            if int(getattr(self, name)) < 1:
-                raise DynspecError(f"reference.{name}={getattr(self, name)} must be at least 1")
+        for name in ("max_batch_size", "max_seq_len", "max_num_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
+        for name in ("keep_warm", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise DynspecError(f"reference.{name}={getattr(self, name)!r} must be true or false")
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,13 @@ class EngineConfig:
     llm_api_options: str = "llm_api_options.yaml"
     manifests: Mapping[str, Any] = field(default_factory=dict)
     build: Mapping[str, Any] = field(default_factory=dict)   # `dynspec build` choices + memory plan
+
+    def __post_init__(self) -> None:
+        window = self.schedule.max_draft_len + 1
+        if self.reference.max_num_tokens < window:
+            raise DynspecError(
+                f"reference.max_num_tokens={self.reference.max_num_tokens} is smaller than one verify window "
+                f"(max K + 1 = {window}) of schedule {self.schedule.to_spec()!r}")
 
     def to_json(self) -> dict:
         d = {"format": ENGINE_FORMAT}

@@ -278,3 +278,63 @@ def test_reference_settings_come_from_build_flags(pair, tmp_path):
                  "--reference-max-seq-len", "256") == 0
     ref = EngineConfig.load(out).reference
     assert (ref.dtype, ref.max_batch_size, ref.max_seq_len) == ("bfloat16", 8, 256)
+
+
+@pytest.mark.parametrize("flags,msg", [
+    (["--max-seq-len", "0"], "--max-seq-len 0 must be at least 1"),
+    (["--reference-max-batch-size", "0"], "--reference-max-batch-size 0 must be at least 1"),
+    (["--min-draft-len=-3"], "--min-draft-len -3 must be at least 0"),
+    (["--reference-max-seq-len", "513"], "--reference-max-seq-len 513 exceeds the target's max_position_embeddings 512"),
+    (["--max-batch-size", "8", "--reference-max-batch-size", "9"], "--reference-max-batch-size 9 exceeds --max-batch-size 8"),
+    (["--max-batch-size", "0"], "--max-batch-size 0 must be at least 1"),
+    (["--max-batch-size=-4"], "--max-batch-size -4 must be at least 1"),
+    (["--gpu-mem-gb", "nan", "--plan"], "--gpu-mem-gb nan must be a positive number"),
+    (["--kv-cache-fraction", "nan"], "--kv-cache-fraction nan must be in (0, 1]"),
+    (["--max-num-tokens", "4"], "--max-num-tokens 4 is smaller than one verify window: max K + 1 = 5"),
+    (["--max-num-tokens", "0"], "--max-num-tokens 0 must be at least 1"),
+])
+def test_build_bounds_name_the_value(pair, tmp_path, capsys, flags, msg):
+    """issue 14.10/14.12: each bad value is one line on stderr, exit 2, nothing written."""
+    out = tmp_path / "e"
+    assert build(pair, out, "--schedule", "4:4", *flags) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_max_num_tokens_reaches_engine_json_and_trtllm(pair, tmp_path, capsys):
+    """issue 11: --max-num-tokens sets TRT-LLM's max_num_tokens and reference.max_num_tokens;
+    a budget below the largest decode iteration (64 x (1+4) on 1.2.x) warns that K is capped."""
+    out = tmp_path / "e"
+    assert build(pair, out, "--schedule", "4:4", "--max-batch-size", "64", "--min-draft-len", "1",
+                 "--max-num-tokens", "100") == 0
+    assert "max_num_tokens 100 is below the largest decode iteration (320 tokens" in capsys.readouterr().err
+    cfg = EngineConfig.load(out)
+    assert cfg.reference.max_num_tokens == 100 and cfg.build["max_num_tokens"] == 100
+    assert yaml.safe_load((out / "llm_api_options.yaml").read_text())["max_num_tokens"] == 100
+    assert build(pair, tmp_path / "d", "--schedule", "4:4") == 0
+    cfg = EngineConfig.load(tmp_path / "d")
+    assert cfg.reference.max_num_tokens == 8192 and cfg.build["max_num_tokens"] == 8192
+    assert json.loads((tmp_path / "d" / "engine.json").read_text())["reference"]["max_num_tokens"] == 8192
+
+
+def test_engine_json_budget_below_a_verify_window_is_refused(pair, tmp_path):
+    assert build(pair, tmp_path / "e", "--schedule", "4:4") == 0
+    raw = json.loads((tmp_path / "e" / "engine.json").read_text())
+    raw["reference"]["max_num_tokens"] = 3
+    (tmp_path / "e" / "engine.json").write_text(json.dumps(raw))
+    with pytest.raises(DynspecError, match=r"reference.max_num_tokens=3 is smaller than one verify window \(max K \+ 1 = 5\)"):
+        EngineConfig.load(tmp_path / "e")
+
+
+@pytest.mark.parametrize("out_of", ["target", "draft", "target/sub", "."])
+def test_build_out_overlapping_an_input_is_refused(pair, tmp_path, capsys, out_of):
+    """issue 14.1: --out equal to, inside or containing --target/--draft, even with --force."""
+    target, draft = pair
+    listing = lambda: [sorted(p.name for p in d.iterdir()) for d in (target, draft)]  # noqa: E731
+    before = listing()
+    out = target.parent / out_of if out_of != "." else target.parent
+    assert build(pair, out, "--schedule", "4:4", "--force") == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and ("--target" in err or "--draft" in err) and err.count("\n") == 1
+    assert listing() == before

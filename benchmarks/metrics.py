@@ -11,6 +11,8 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
     mean_k           = mean over iterations of that iteration's K
     mean_accepted_len= tokens a row gains per target step = (sum accepted + sum b) / sum b
                        (1.0 without speculation; 1 + K with every draft accepted)
+    decode_rows / prefill_tokens: per iteration, the rows that decoded and the prompt tokens
+                       that rode along (inflight batching); mixed_iterations counts those with both
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -60,11 +62,15 @@ class StepRecord:
     accepted: int
     seconds: float
     host_seconds: float
+    decode_rows: int = 0          # rows that decoded this iteration (K+1 tokens each)
+    prefill_tokens: int = 0       # prompt tokens that rode in the same forward
 
     @classmethod
     def of(cls, st) -> "StepRecord":
-        """From the executor's IterationStats."""
-        return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds)
+        """From the executor's IterationStats. An executor that prefills outside the step
+        (no decode_rows / prefill_tokens fields) decodes all its batch and prefills nothing here."""
+        return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds,
+                   getattr(st, "decode_rows", st.batch_size), getattr(st, "prefill_tokens", 0))
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class RunMetrics:
     mean_accepted_len: float
     mean_step_ms: float
     host_overhead_fraction: float   # (policy + planning) / engine step time
+    mean_decode_rows: float
+    prefill_tokens: int             # prompt tokens carried by the iterations, summed
+    mixed_iterations: int           # iterations with decode_rows > 0 and prefill_tokens > 0
     per_replica_tok_per_s: tuple[float, ...]
     k_by_batch: tuple[tuple[int, int, int], ...]   # (batch size, K, iterations), sorted
 
@@ -141,6 +150,9 @@ def step_summary(steps: Sequence[StepRecord]) -> dict:
         "mean_accepted_len": (accepted + rows) / rows if rows else 1.0,
         "mean_step_ms": 1e3 * secs / len(steps) if steps else 0.0,
         "host_overhead_fraction": sum(s.host_seconds for s in steps) / secs if secs > 0 else 0.0,
+        "mean_decode_rows": sum(s.decode_rows for s in steps) / len(steps) if steps else 0.0,
+        "prefill_tokens": sum(s.prefill_tokens for s in steps),
+        "mixed_iterations": sum(1 for s in steps if s.decode_rows > 0 and s.prefill_tokens > 0),
         "k_by_batch": tuple(sorted((b, k, n) for (b, k), n in Counter((s.batch_size, s.k) for s in steps).items())),
     }
 

@@ -9,6 +9,15 @@ profile.json:
      "target_weight_bytes": 16060522496, "keep_warm": true, "repeats": 20, "warmup": 5,
      "versions": {...}, "command": "dynspec profile ..."}
 
+With --floor (run_profile(floor=True)) it also records, from the same engine in the same run:
+     "gemm_floor_ms": 4.11,
+     "floor": {"gemm_floor_ms": 4.11, "decode_ms": 6.21, "batch_size": 1, "context_len": 1024,
+               "decode_vs_gemm_floor": 1.51, "method": "cuda graph of the GEMMs, 50 replays, median", ...}
+gemm_floor_ms is the target's weight matrices multiplied alone, in the shapes of a b=1 decode
+step (per layer qkv, o, gate_up, down; then the lm_head), with nothing between them: the time
+weight streaming alone takes. decode_ms is plain decode (K=0, no keep-warm) at b=1 with 1024
+tokens of context, timed like every other shape.
+
 Each (b, K) runs engine.step on synthetic rows: b rows whose pending token sits at position
 context_len (the KV cache contents do not change the cost), the same plan every repeat, so
 the context length stays fixed; runs of consecutive steps per shape, spread over 3 passes,
@@ -230,17 +239,94 @@ def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[floa
     return per_position_rates(rec.accepted, k)
 
 
+def target_gemm_weights(target) -> list:
+    """The weight matrices a b=1 decode step multiplies, in order: per layer [qkv, o, gate_up, down],
+    then the lm_head. Llama-3.1-8B: 32 x ([6144, 4096], [4096, 4096], [28672, 4096], [4096, 14336])
+    + [128256, 4096] -> 129 matrices, 16.06 GB in bf16 with the embedding, 15.0 GB without."""
+    ws = []
+    for layer in target.layers:
+        ws += [layer.wqkv, layer.wo, layer.w13, layer.w2]
+    return ws + [target.lm_head]
+
+
+def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, graph: bool = True) -> tuple[float, str]:
+    """(median ms, method) of x_i @ W_i^T for every W_i [out, in] with x_i [1, in]: the GEMMs of a
+    b=1 decode step alone. On CUDA (graph=True) all of them are captured in one CUDA graph and the
+    graph is replayed `repeats` times; elsewhere they run eagerly (labelled so)."""
+    import torch
+
+    if not weights:
+        raise DynspecError("no weight matrices to time")
+    dev = weights[0].device
+    with torch.no_grad():
+        xs = [torch.randn(1, w.shape[1], device=dev, dtype=w.dtype) for w in weights]     # [1, in]
+        ys = [torch.empty(1, w.shape[0], device=dev, dtype=w.dtype) for w in weights]     # [1, out]
+
+        def gemms() -> None:
+            for x, w, y in zip(xs, weights, ys):
+                torch.mm(x, w.t(), out=y)
+
+        cuda = dev.type == "cuda"
+        run = gemms
+        if cuda and graph:
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    gemms()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                gemms()
+            run = g.replay
+        for _ in range(warmup):
+            run()
+        _sync(dev)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+    where = (f"cuda graph of the {len(weights)} GEMMs" if cuda and graph else
+             f"{dev.type} eager (no CUDA graph), {len(weights)} GEMMs")
+    return 1e3 * statistics.median(times), f"{where}, {repeats} runs, median"
+
+
+FLOOR_CONTEXT = 1024
+
+
+def measure_floor(engine, *, warmup: int = 5, repeats: int = 50, context_len: int = FLOOR_CONTEXT) -> dict:
+    """The GEMM floor of engine.target and plain decode at b=1 with `context_len` of context,
+    from the same engine: their ratio is how far the decode step is from weight streaming."""
+    need = context_len + 1
+    if engine.max_seq_len < need:
+        raise DynspecError(f"--floor times decode at context {context_len}: the engine's max_seq_len "
+                           f"{engine.max_seq_len} is below {need}")
+    ws = target_gemm_weights(engine.target)
+    floor, method = gemm_floor_ms(ws, warmup=warmup, repeats=repeats)
+    bare = Shape(1, 0, False)
+    decode = time_shapes(engine, [bare], context_len, warmup=warmup, repeats=repeats)[bare]
+    wbytes = sum(w.numel() * w.element_size() for w in ws)
+    return {"gemm_floor_ms": floor, "decode_ms": decode, "batch_size": 1, "context_len": context_len,
+            "decode_vs_gemm_floor": decode / floor, "method": method, "gemm_weight_bytes": wbytes,
+            "gemm_tb_per_s": wbytes / (floor / 1e3) / 1e12, "engine_max_seq_len": engine.max_seq_len,
+            "device_kind": engine.device.type}
+
+
 def weight_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
-                meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None) -> Profile:
+                meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None,
+                floor: bool = False) -> Profile:
     """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K).
 
     max_seq_len: the cache length (default: just enough). Give the sweep's when comparing with
-    it: captured graphs attend over the whole cache, so it, not context_len, sets their cost."""
+    it: captured graphs attend over the whole cache, so it, not context_len, sets their cost.
+    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context) on the same engine."""
     from dynspec.benchmarks.engines import device_name, open_reference
     from dynspec.runtime.engines.reference.engine import reachable_graphs
 
@@ -251,6 +337,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
     seq = context_len + kmax + 1
+    if floor:
+        seq = max(seq, FLOOR_CONTEXT + 1)
     if acceptance_requests:
         seq = max(seq, max(r.input_len + r.output_tokens for r in acceptance_requests) + kmax + 1)
     if max_seq_len is not None:
@@ -271,5 +359,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
             "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
             "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs)}
+    if floor:
+        fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20))
+        info.update(gemm_floor_ms=fl["gemm_floor_ms"], floor=fl)
     info.update(meta or {})
     return Profile(device_name(device), table, pp, context_len, decode, info)

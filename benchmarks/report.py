@@ -39,6 +39,30 @@ def _fmt(x, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def verdict(a: Mapping, b: Mapping) -> str:
+    """a against b from their trials: "tie" when the min..max spreads overlap, else "win" / "loss".
+
+    a 100 [95..104] vs b 90 [86..96] -> "tie";  a 100 [98..104] vs b 90 [86..96] -> "win"."""
+    lo_a, hi_a = a.get("tok_per_s_min", a["output_tok_per_s"]), a.get("tok_per_s_max", a["output_tok_per_s"])
+    lo_b, hi_b = b.get("tok_per_s_min", b["output_tok_per_s"]), b.get("tok_per_s_max", b["output_tok_per_s"])
+    if lo_a <= hi_b and lo_b <= hi_a:
+        return "tie"
+    return "win" if lo_a > hi_b else "loss"
+
+
+def _load_label(r: Mapping) -> str:
+    if r.get("concurrency") is not None:
+        return f"C={r['concurrency']}"
+    at = f" (Poisson, ~C={r['matched_concurrency']})" if r.get("matched_concurrency") is not None else " (Poisson)"
+    return f"{r.get('request_rate'):.3g} req/s{at}"
+
+
+def _spread(r: Mapping) -> str:
+    if (r.get("trials") or 1) < 2:
+        return "-"
+    return f"{r['tok_per_s_min']:.1f}..{r['tok_per_s_max']:.1f}"
+
+
 def markdown(doc: Mapping) -> str:
     env, rows = doc["env"], doc["rows"]
     lines = [f"# {env.get('name', 'sweep')}", "",
@@ -47,24 +71,32 @@ def markdown(doc: Mapping) -> str:
              f"- workload: {env.get('workload')}",
              f"- schedules: " + ", ".join(f"{m}=`{s or 'K=0'}`" for m, s in (env.get('schedules') or {}).items()),
              f"- command: `{env.get('command')}`", ""]
-    base = {_load_key(r): r["output_tok_per_s"] for r in rows if r["mode"] == "baseline"}
-    lines.append("| mode | load | output tok/s | vs baseline | p50 lat s | p99 lat s | TTFT s | TPOT ms | mean K"
-                 " | mean accepted len | acceptance |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base = {_load_key(r): r for r in rows if r["mode"] == "baseline"}
+    lines.append("| mode | load | output tok/s | trials min..max | vs baseline | p50 lat s | p99 lat s | TTFT p50 ms"
+                 " | TTFT p99 ms | TPOT ms | mean K | mean accepted len | acceptance |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ms = lambda x: None if x is None else 1e3 * x      # noqa: E731
     for r in sorted(rows, key=lambda r: (_load_key(r), _mode_key(r["mode"]))):
-        load = f"C={r['concurrency']}" if r.get("concurrency") is not None else f"{r.get('request_rate'):g} req/s"
         b = base.get(_load_key(r))
-        vs = f"{r['output_tok_per_s'] / b:.2f}x" if b else "-"
-        tpot = None if r.get("tpot_s") is None else 1e3 * r["tpot_s"]
+        vs = "-"
+        if b and b["output_tok_per_s"] > 0:
+            vs = f"{r['output_tok_per_s'] / b['output_tok_per_s']:.2f}x"
+            if r is not b and verdict(r, b) == "tie":
+                vs += " (tie)"
         lines.append(
-            f"| {r['mode']} | {load} | {r['output_tok_per_s']:.1f} | {vs} | {_fmt(r['p50_latency_s'])} |"
-            f" {_fmt(r['p99_latency_s'])} | {_fmt(r.get('ttft_s'))} | {_fmt(tpot)} | {r['mean_k']:.2f} |"
+            f"| {r['mode']} | {_load_label(r)} | {r['output_tok_per_s']:.1f} | {_spread(r)} | {vs} |"
+            f" {_fmt(r['p50_latency_s'])} | {_fmt(r['p99_latency_s'])} | {_fmt(ms(r.get('p50_ttft_s')))} |"
+            f" {_fmt(ms(r.get('p99_ttft_s')))} | {_fmt(ms(r.get('tpot_s')))} | {r['mean_k']:.2f} |"
             f" {r['mean_accepted_len']:.2f} | {_fmt(r.get('acceptance_rate'), '.2f')} |"
         )
     n_trials = max((r.get("trials") or 1) for r in rows) if rows else 1
     if n_trials > 1:
         lines += ["", f"Each row is the median-throughput run of {n_trials} trials (mode order rotated per trial);"
-                      " every trial's tok/s is in the JSON (`trial_tok_per_s`)."]
+                      " ratios use these medians, and a ratio whose trial spreads overlap is labelled (tie)."
+                      " Every trial's tok/s is in the JSON (`trial_tok_per_s`)."]
+    if any(r.get("matched_concurrency") is not None for r in rows):
+        lines += ["", "Poisson rows: open-loop arrivals at the rate the baseline sustained in the closed loop"
+                      " at that C (median trial), so both loops carry the same mean load."]
     from dynspec.benchmarks.summary import crossover_concurrency
 
     cross = crossover_concurrency(rows)
@@ -90,16 +122,24 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for m in modes:
         color, marker = MODE_STYLE.get(m, (None, "x"))
-        pts = sorted((r[xkey], r["output_tok_per_s"]) for r in rows if r["mode"] == m)
+        pts = sorted((r[xkey], r["output_tok_per_s"], r.get("tok_per_s_min", r["output_tok_per_s"]),
+                      r.get("tok_per_s_max", r["output_tok_per_s"])) for r in rows if r["mode"] == m)
         if pts:
-            ax1.plot(*zip(*pts), marker=marker, color=color, label=m)
+            x, y, lo, hi = zip(*pts)
+            ax1.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
+                         marker=marker, color=color, label=m, capsize=3)
+        pois = sorted((r["matched_concurrency"], r["output_tok_per_s"]) for r in doc["rows"]
+                      if r["mode"] == m and r.get("matched_concurrency") is not None)
+        if closed and pois:
+            ax1.plot(*zip(*pois), marker=marker, color=color, linestyle=":", alpha=0.7, label=f"{m} (Poisson)")
     ax1.set_xscale("log", base=2)
     xs = sorted({r[xkey] for r in rows})
     if xs:
         ax1.set_xticks(xs, [f"{x:g}" for x in xs])
     ax1.set_xlabel(xlabel)
     ax1.set_ylabel("output tokens / s (all replicas)")
-    ax1.set_title(f"throughput  [acceptance {doc['env'].get('acceptance_model')}]")
+    ax1.set_title(f"throughput (median, min..max of trials)  [acceptance {doc['env'].get('acceptance_model')}]",
+                  fontsize=9)
     ax1.grid(True, alpha=0.3)
     if rows:
         ax1.legend()

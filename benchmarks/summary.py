@@ -1,7 +1,8 @@
 """Headline figures from sweep results (and the profile measured with them). Pure + a thin CLI.
 
     python -m dynspec.benchmarks.summary --regime A=results/h200_A.json --regime B=results/h200_B.json \\
-        --profile A=results/h200_A_profile.json --peak-bandwidth-tbps 4.8 --out results/h200_summary.json
+        --profile A=results/h200_A_profile.json --fixed-baseline B=results/h200_B_fixed.json \\
+        --peak-bandwidth-tbps 4.8 --out results/h200_summary.json
 
 Figures (per regime where it applies):
     crossover_concurrency        smallest C at which baseline out-runs static (null: never in the sweep)
@@ -10,6 +11,16 @@ Figures (per regime where it applies):
     c1_speedup                   dynamic / baseline at C = 1 (first regime)
     decode_bandwidth_fraction    target weight bytes / plain decode step at b = 1 / peak bandwidth
     host_overhead_fraction       (policy + planning) / engine step time of dynamic at C = 1
+Version 2 adds (ratios use the medians of the trials; a spread is min..max over trials):
+    dynamic_verdict_by_concurrency  "win" | "tie" | "loss" of dynamic against the better of
+                                 baseline and static; "tie" when their trial spreads overlap
+    trial_spread                 {regime: {mode: {C: {median, min, max, trials}}}} (tok/s)
+    ttft_ms                      {regime: {mode: {C: {p50, p99}}}}; Poisson rows under "poisson@C"
+    open_loop                    {regime: {mode: {C: {rate, tok_per_s, p99_latency_s}}}} beside the closed loop
+    decode_vs_gemm_floor         plain decode at b=1, 1024 context / the GEMMs alone (profile --floor)
+    varied_vs_fixed_baseline     {"64": r, "256": r}: baseline tok/s with varied lengths (the regime's
+                                 sweep) / with fixed lengths of the same mean (--fixed-baseline)
+    figure_commands              {figure: [the commands whose outputs it is computed from]}
 """
 from __future__ import annotations
 
@@ -72,9 +83,89 @@ def decode_bandwidth_fraction(profile: Mapping, peak_bytes_per_s: float, batch_s
             "context_len": profile.get("context_len")}
 
 
+def _closed(rows: Sequence[Mapping], mode: str) -> dict[int, Mapping]:
+    return {int(r["concurrency"]): r for r in rows if r["mode"] == mode and r.get("concurrency") is not None}
+
+
+def dynamic_verdicts(rows: Sequence[Mapping]) -> dict[str, str]:
+    """{"<C>": verdict of dynamic against the better (by median) of baseline and static}."""
+    from dynspec.benchmarks.report import verdict
+
+    dyn, others = _closed(rows, "dynamic"), [_closed(rows, m) for m in ("baseline", "static")]
+    out = {}
+    for c, d in sorted(dyn.items()):
+        rivals = [o[c] for o in others if c in o]
+        if rivals:
+            out[str(c)] = verdict(d, max(rivals, key=lambda r: r["output_tok_per_s"]))
+    return out
+
+
+def trial_spread(rows: Sequence[Mapping]) -> dict:
+    """{mode: {"<C>": {"median", "min", "max", "trials"}}} of closed-loop tok/s."""
+    out: dict = {}
+    for r in rows:
+        if r.get("concurrency") is None:
+            continue
+        med = r["output_tok_per_s"]
+        out.setdefault(r["mode"], {})[str(r["concurrency"])] = {
+            "median": med, "min": r.get("tok_per_s_min", med), "max": r.get("tok_per_s_max", med),
+            "trials": r.get("trials", 1)}
+    return out
+
+
+def _load_name(r: Mapping) -> str | None:
+    if r.get("concurrency") is not None:
+        return str(r["concurrency"])
+    if r.get("matched_concurrency") is not None:
+        return f"poisson@{r['matched_concurrency']}"
+    return None if r.get("request_rate") is None else f"rate={r['request_rate']:g}"
+
+
+def ttft_ms(rows: Sequence[Mapping]) -> dict:
+    """{mode: {"<C>" | "poisson@<C>": {"p50": ms, "p99": ms}}}."""
+    out: dict = {}
+    for r in rows:
+        name = _load_name(r)
+        if name is None or r.get("p50_ttft_s") is None:
+            continue
+        out.setdefault(r["mode"], {})[name] = {"p50": 1e3 * r["p50_ttft_s"], "p99": 1e3 * r["p99_ttft_s"]}
+    return out
+
+
+def open_loop(rows: Sequence[Mapping]) -> dict:
+    """{mode: {"<C>": {rate, tok_per_s, closed_tok_per_s, p99_latency_s, closed_p99_latency_s}}} for matched Poisson rows."""
+    out: dict = {}
+    for r in rows:
+        c = r.get("matched_concurrency")
+        if c is None:
+            continue
+        closed = _closed(rows, r["mode"]).get(int(c), {})
+        out.setdefault(r["mode"], {})[str(c)] = {
+            "rate_per_replica": r["request_rate"], "tok_per_s": r["output_tok_per_s"],
+            "closed_tok_per_s": closed.get("output_tok_per_s"), "p99_latency_s": r["p99_latency_s"],
+            "closed_p99_latency_s": closed.get("p99_latency_s")}
+    return out
+
+
+def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping],
+                    concurrencies: Sequence[int] = (64, 256)) -> dict[str, float | None]:
+    """{"<C>": baseline tok/s with varied lengths / with fixed lengths} (None where either is missing)."""
+    v, f = _tps(varied_rows, "baseline"), _tps(fixed_rows, "baseline")
+    return {str(c): (v[c] / f[c] if c in v and c in f and f[c] > 0 else None) for c in concurrencies}
+
+
+def decode_vs_gemm_floor(profile: Mapping) -> dict | None:
+    """Plain decode at b=1 with 1024 tokens of context over the GEMM floor, from one profile --floor JSON."""
+    fl = profile.get("floor")
+    if not isinstance(fl, Mapping) or not fl.get("gemm_floor_ms") or not fl.get("decode_ms"):
+        return None
+    return {"ratio": fl["decode_ms"] / fl["gemm_floor_ms"], "decode_ms": fl["decode_ms"],
+            "gemm_floor_ms": fl["gemm_floor_ms"], "context_len": fl.get("context_len"), "method": fl.get("method")}
+
+
 def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | None = None,
               peak_bytes_per_s: float | None = None, bandwidth_profile: str | None = None,
-              tunes: Mapping[str, Mapping] | None = None) -> dict:
+              tunes: Mapping[str, Mapping] | None = None, fixed: Mapping[str, Mapping] | None = None) -> dict:
     """regimes: {"A": sweep NAME.json doc}; profiles: {"A": profile.json doc}; tunes: {"A": tune.json doc}.
     The bandwidth figure comes from profiles[bandwidth_profile] (default: the first regime's, else the first)."""
     if not regimes:
@@ -99,7 +190,31 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         commands.append({"what": f"tune {name}", "command": doc.get("command"), "schedule": doc.get("schedule")})
     for name, doc in regimes.items():
         commands.append({"what": f"sweep {name}", "command": doc["env"].get("command")})
+    for name, doc in (fixed or {}).items():
+        commands.append({"what": f"fixed-length baseline {name}", "command": doc["env"].get("command")})
+    floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in profiles.items()) if f is not None}
+    floor = None
+    if floors:
+        fname = next(iter(floors))
+        floor = dict(floors[fname], profile=fname)
+    for name in fixed or {}:
+        if name not in regimes:
+            raise DynspecError(f"--fixed-baseline {name}: no --regime {name} to compare it with")
+    sweep_cmds = [doc["env"].get("command") for doc in regimes.values()]
+    figure_commands = {
+        "decode_vs_gemm_floor": [profiles[floor["profile"]].get("command")] if floor else [],
+        "varied_vs_fixed_baseline": [regimes[n]["env"].get("command") for n in fixed or {}]
+                                    + [d["env"].get("command") for d in (fixed or {}).values()],
+        "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,
+        "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
+        "decode_bandwidth_fraction": [profiles[bw["profile"]].get("command")] if bw else [],
+    }
+    vf = None
+    if fixed:
+        name = next(iter(fixed))
+        vf = varied_vs_fixed(regimes[name]["rows"], fixed[name]["rows"])
     return {
+        "version": 2,
         "decode_bandwidth_fraction": None if bw is None else bw["fraction"],
         "decode_bandwidth": bw,
         "dynamic_ratio_by_concurrency": ratios,
@@ -113,6 +228,15 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "acceptance_model": {name: doc["env"].get("acceptance_model") for name, doc in regimes.items()},
         "schedules": {name: doc["env"].get("schedules") for name, doc in regimes.items()},
         "commands": commands,
+        "dynamic_verdict_by_concurrency": {name: dynamic_verdicts(doc["rows"]) for name, doc in regimes.items()},
+        "trial_spread": {name: trial_spread(doc["rows"]) for name, doc in regimes.items()},
+        "ttft_ms": {name: ttft_ms(doc["rows"]) for name, doc in regimes.items()},
+        "open_loop": {name: open_loop(doc["rows"]) for name, doc in regimes.items()},
+        "decode_vs_gemm_floor": None if floor is None else floor["ratio"],
+        "gemm_floor": floor,
+        "varied_vs_fixed_baseline": vf,
+        "varied_vs_fixed_regime": None if not fixed else next(iter(fixed)),
+        "figure_commands": figure_commands,
     }
 
 
@@ -131,6 +255,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     p.add_argument("--regime", action="append", required=True, metavar="NAME=SWEEP.json")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE.json")
     p.add_argument("--tune", action="append", metavar="NAME=TUNE.json", help="`dynspec tune --report` output")
+    p.add_argument("--fixed-baseline", action="append", metavar="NAME=SWEEP.json",
+                   help="a baseline sweep with fixed lengths of regime NAME's means (varied_vs_fixed_baseline)")
     p.add_argument("--bandwidth-profile", metavar="NAME", help="which --profile gives decode_bandwidth_fraction")
     p.add_argument("--peak-bandwidth-tbps", type=float, help="device memory bandwidth, e.g. 4.8 for an H200")
     p.add_argument("--out", required=True, help="summary JSON path")
@@ -141,20 +267,23 @@ def run(args: argparse.Namespace) -> int:
     from dynspec.artifacts import read_json, write_json
 
     regimes = {n: read_json(p, f"sweep result {n}") for n, p in _named(args.regime, "--regime").items()}
-    for n, doc in regimes.items():
-        if "rows" not in doc or "env" not in doc:
-            raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")
     profiles = {n: read_json(p, f"profile {n}") for n, p in _named(args.profile, "--profile").items()}
     tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
+    fixed = {n: read_json(p, f"fixed-length sweep {n}") for n, p in _named(args.fixed_baseline, "--fixed-baseline").items()}
+    for n, doc in list(regimes.items()) + list(fixed.items()):
+        if "rows" not in doc or "env" not in doc:
+            raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")
     peak = args.peak_bandwidth_tbps * 1e12 if args.peak_bandwidth_tbps else None
-    doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes)
+    doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes, fixed)
     cmd = getattr(args, "command_line", None) or "python -m dynspec.benchmarks.summary " + shlex.join(sys.argv[1:])
     doc["commands"].append({"what": "summary", "command": cmd})
     write_json(args.out, doc)
     import json
 
     print(json.dumps({k: doc[k] for k in ("decode_bandwidth_fraction", "crossover_concurrency", "max_dynamic_gain",
-                                          "c1_speedup", "host_overhead_fraction", "min_dynamic_ratio")}, indent=2))
+                                          "c1_speedup", "host_overhead_fraction", "min_dynamic_ratio",
+                                          "dynamic_verdict_by_concurrency", "decode_vs_gemm_floor",
+                                          "varied_vs_fixed_baseline")}, indent=2))
     return 0
 
 

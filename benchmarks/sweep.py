@@ -12,6 +12,10 @@ NAME.md and NAME.png. Without mpirun the world is one rank.
 
     --concurrency C   closed loop: C requests in flight per replica
     --request-rate R  open loop: Poisson arrivals at R req/s per replica
+    --poisson-at C    open loop beside the closed loop at C, at the same mean load: the rate is
+                      the baseline's closed-loop requests/s per replica at C (median of its trials)
+    --trials N        runs per (load point, mode), mode order rotated; rows give the median run
+                      and the min..max spread of throughput (default 3)
 
 TensorRT-LLM (`--engine trtllm`) runs as one TP instance of the LLM API:
     mpirun -n 8 trtllm-llmapi-launch python -m dynspec.benchmarks.sweep --engine trtllm --engine-dir DIR ...
@@ -101,10 +105,14 @@ def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int |
 class LoadPoint:
     concurrency: int | None = None       # closed loop
     request_rate: float | None = None    # open loop (req/s per replica)
+    matched_concurrency: int | None = None   # open loop at the closed loop's measured load at this C
 
     @property
     def label(self) -> str:
-        return f"C={self.concurrency}" if self.concurrency is not None else f"rate={self.request_rate:g}/s"
+        if self.concurrency is not None:
+            return f"C={self.concurrency}"
+        at = f" (~C={self.matched_concurrency})" if self.matched_concurrency is not None else ""
+        return f"rate={self.request_rate:.3g}/s{at}"
 
 
 def load_points(concurrency: Sequence[int], rates: Sequence[float]) -> tuple[LoadPoint, ...]:
@@ -126,6 +134,8 @@ class RequestCount:
     def at(self, p: LoadPoint) -> int:
         if self.fixed is not None:
             return self.fixed
+        if p.matched_concurrency is not None:          # the closed loop's requests, now arriving
+            return self.at(LoadPoint(concurrency=p.matched_concurrency))
         load = p.concurrency if p.concurrency is not None else 10 * p.request_rate
         return max(self.minimum, math.ceil(self.waves * load))
 
@@ -141,6 +151,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     g = p.add_argument_group("load")
     g.add_argument("--concurrency", default="1,2,4,8", help="closed-loop concurrencies per replica, e.g. 1,2,4,8")
     g.add_argument("--request-rate", default="", help="open-loop Poisson rates per replica (req/s), e.g. 0.5,1,2")
+    g.add_argument("--poisson-at", default="", metavar="C,...",
+                   help="also run open-loop Poisson arrivals at these closed-loop C's, at the rate the baseline"
+                        " sustained there (median of its trials; else the first mode's)")
     g.add_argument("--modes", default="baseline,static,dynamic")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",
@@ -155,16 +168,17 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--prompts", choices=("random", "stdlib"), default="random",
                    help="synthetic prompt tokens: uniform random ids, or windows of held-out Python stdlib text"
                         " (tokenized by the target's tokenizer: real acceptance for the tiny pair)")
-    w.add_argument("--input-len", default="128", help="synthetic prompt length N or LO:HI (default 128)")
-    w.add_argument("--output-len", default="128", help="synthetic output length N or LO:HI (default 128)")
+    w.add_argument("--input-len", default="64:192", help="synthetic prompt length N or LO:HI, uniform (default 64:192)")
+    w.add_argument("--output-len", default="32:224", help="synthetic output length N or LO:HI, uniform (default 32:224)")
     w.add_argument("--num-requests", type=int, help="requests per replica per load point (fixed; default: waves)")
     w.add_argument("--waves", type=float, default=2.0, help="requests per replica = max(--min-requests, waves x C)")
     w.add_argument("--min-requests", type=int, default=4)
     w.add_argument("--warmup-requests", type=int, default=2,
                    help="untimed requests per mode at C=1 before the sweep (plus one wave at the largest C; 0: none)")
     w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--trials", type=int, default=1,
-                   help="runs per (load point, mode), mode order rotated; the median-throughput run is reported")
+    w.add_argument("--trials", type=int, default=3,
+                   help="runs per (load point, mode), mode order rotated; the median-throughput run is reported"
+                        " with the min..max spread (default 3)")
     w.add_argument("--max-seq-len", type=int, help="cache length per row (default: longest request + K + 1)")
     w.add_argument("--save-workload", metavar="FILE.jsonl", help="also write the synthetic workload as trtllm-bench JSONL")
     t = p.add_argument_group("trtllm")
@@ -188,6 +202,7 @@ class SweepSpec:
     requests: tuple               # the whole seeded workload (BenchRequest)
     workload: str                 # description for the env block
     count: RequestCount
+    poisson_at: tuple[int, ...]   # closed-loop C's that get a matched open-loop point
     trials: int
     warmup_requests: int
     seed: int
@@ -206,12 +221,31 @@ def check_flags(args: argparse.Namespace) -> None:
         int_list(args.concurrency, "--concurrency")
     if args.request_rate.strip():
         float_list(args.request_rate, "--request-rate")
+    poisson_at(args)
     if not args.dataset:
         LengthDist.parse(args.input_len, "--input-len")
         LengthDist.parse(args.output_len, "--output-len")
     parse_acceptance(args.acceptance)
     if args.dynamic_schedule:
         read_schedule_arg(args.dynamic_schedule)
+
+
+def poisson_at(args: argparse.Namespace) -> tuple[int, ...]:
+    """--poisson-at C's, each one of the closed-loop --concurrency values."""
+    if not args.poisson_at.strip():
+        return ()
+    cs = int_list(args.poisson_at, "--poisson-at")
+    conc = int_list(args.concurrency, "--concurrency") if args.concurrency.strip() else ()
+    missing = [c for c in cs if c not in conc]
+    if missing:
+        raise DynspecError(f"--poisson-at {args.poisson_at!r}: C={missing[0]} is not one of --concurrency {args.concurrency!r}")
+    return tuple(dict.fromkeys(cs))
+
+
+def matched_rate(trial_metrics: Sequence, world_size: int) -> float:
+    """Poisson rate per replica at the closed loop's mean load: the median trial's requests/s
+    over all replicas / replicas. Trials at 10.0, 12.0, 11.0 req/s on 2 replicas -> 5.5 req/s."""
+    return median_trial(trial_metrics).requests_per_s / world_size
 
 
 def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
@@ -255,7 +289,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
-                     reqs, desc, count, args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax)
+                     reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax)
 
 
 def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
@@ -336,12 +370,15 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     if progress and w.is_root:
         from tqdm import tqdm
 
-        total = sum(spec.count.at(p) for p in spec.points) * len(spec.modes) * spec.trials
+        total = (sum(spec.count.at(p) for p in spec.points)
+                 + sum(spec.count.at(LoadPoint(concurrency=c)) for c in spec.poisson_at)) * len(spec.modes) * spec.trials
         bar = tqdm(total=total, unit="req", desc="sweep", dynamic_ncols=True, file=sys.stderr)
-    records = []
-    for p in spec.points:
+
+    def run_point(p: LoadPoint) -> list:
+        """Every trial of every mode at p on this rank: [(p, mode, trial, RunRecord)]."""
         n = spec.count.at(p)
         mine = take(spec.requests, n, w.rank * n)
+        out = []
         for t in range(spec.trials):
             # rotate the mode order per trial, so drift over time does not favour one mode
             for m in spec.modes[t % len(spec.modes):] + spec.modes[: t % len(spec.modes)]:
@@ -355,7 +392,19 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
                     rec = closed_loop(ex, mine, p.concurrency, progress=cb)
                 else:
                     rec = open_loop(ex, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
-                records.append((p, m, t, rec))
+                out.append((p, m, t, rec))
+        return out
+
+    records = []
+    ref_mode = "baseline" if "baseline" in spec.modes else spec.modes[0]
+    for p in spec.points:
+        done = run_point(p)
+        records += done
+        if p.concurrency in spec.poisson_at:
+            # rate = what the reference mode sustained here, agreed on by every rank
+            ref = w.gather([rec for q, m, _, rec in done if m == ref_mode])
+            rate = w.bcast(matched_rate([summarize(trial) for trial in zip(*ref)], w.size) if w.is_root else None)
+            records += run_point(LoadPoint(request_rate=rate, matched_concurrency=p.concurrency))
     if bar is not None:
         bar.close()
     gathered = w.gather(records)
@@ -365,15 +414,23 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     for i, (p, m, t, _) in enumerate(records):
         trials.setdefault((p, m), []).append(summarize(rank_records[i][3] for rank_records in gathered))
     rows = []
-    for p in spec.points:
+    for p in dict.fromkeys(p for p, _ in trials):
         for m in spec.modes:
             mets = trials[(p, m)]
             met = median_trial(mets)
             row = make_row(p, m, spec, schedules[m], warm[m], met, w.size)
-            row["trials"] = len(mets)
-            row["trial_tok_per_s"] = [x.output_tok_per_s for x in mets]
+            row.update(trial_fields(mets))
             rows.append(row)
     return rows
+
+
+def trial_fields(mets: Sequence) -> dict:
+    """Per-mode spread over trials: tok/s of every trial, min and max (the row itself is the median trial).
+
+    Trials at 90, 100, 95 tok/s -> output_tok_per_s 95 (median run), tok_per_s_min 90, tok_per_s_max 100."""
+    tps = [x.output_tok_per_s for x in mets]
+    return {"trials": len(mets), "trial_tok_per_s": tps, "tok_per_s_min": min(tps), "tok_per_s_max": max(tps),
+            "trial_p99_ttft_s": [x.p99_ttft_s for x in mets]}
 
 
 def median_trial(mets: Sequence):
@@ -387,6 +444,7 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
         "concurrency": p.concurrency,
         "total_concurrency": None if p.concurrency is None else p.concurrency * world_size,
         "request_rate": p.request_rate,
+        "matched_concurrency": p.matched_concurrency,
         "acceptance_model": str(spec.acceptance),
         "schedule": schedule.to_spec(),
         "keep_warm": keep_warm,
@@ -415,6 +473,9 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "workload": spec.workload,
         "seed": spec.seed,
         "trials": spec.trials,
+        "poisson_at": list(spec.poisson_at),
+        "poisson_rate_rule": "open loop at the baseline's closed-loop requests/s per replica at that C"
+                             " (median of its trials; the first mode's without a baseline)",
         "dtype": cfg.reference.dtype,
         "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
         "max_batch_size": spec.max_batch_size,

@@ -133,7 +133,7 @@ def test_summarize_merges_replicas():
 class FakeEngine:
     """Protocol-complete stand-in: every draft is accepted, tokens count up."""
 
-    max_seq_len, max_draft_len = 10_000, 4
+    max_seq_len, max_draft_len, vocab_size = 10_000, 4, 1000
 
     def __init__(self, max_batch_size=64):
         self.max_batch_size = max_batch_size
@@ -260,7 +260,7 @@ def test_report_files(tmp_path):
     assert paths == out_paths(tmp_path / "res" / "NAME.json")
     assert json.loads(paths["json"].read_text()) == doc
     md = paths["md"].read_text()
-    assert "| dynamic | C=4 | 41.0 | 1.02x |" in md and "C=4" in md.split("crossover")[-1]
+    assert "| dynamic | C=4 | 41.0 | - | 1.02x |" in md and "C=4" in md.split("crossover")[-1]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bernoulli:0.7" in markdown(doc)
 

@@ -1,0 +1,145 @@
+"""Benchmarks users would trust (issue 11.5) and the GEMM floor (11.4): trial spreads and ties,
+matched Poisson load, decode_rows / prefill_tokens, summary version 2, gemm_floor_ms."""
+import json
+from types import SimpleNamespace as NS
+
+import pytest
+
+from dynspec.benchmarks import summary
+from dynspec.benchmarks.metrics import StepRecord, step_summary
+from dynspec.benchmarks.report import markdown, verdict, write_all
+from dynspec.benchmarks.sweep import LoadPoint, RequestCount, make_parser, matched_rate, trial_fields
+from dynspec.errors import DynspecError
+
+
+# ---- iteration stats --------------------------------------------------------------------------
+def test_step_record_carries_decode_rows_and_prefill_tokens():
+    st = NS(batch_size=3, k=2, drafted=4, accepted=3, seconds=0.01, host_seconds=0.0, decode_rows=2,
+            prefill_tokens=40)
+    rec = StepRecord.of(st)
+    assert (rec.decode_rows, rec.prefill_tokens) == (2, 40)
+    steps = [rec, StepRecord(2, 0, 0, 0, 0.01, 0.0, 2, 0), StepRecord(0, 0, 0, 0, 0.01, 0.0, 0, 64)]
+    s = step_summary(steps)
+    assert s["mixed_iterations"] == 1 and s["prefill_tokens"] == 104
+    assert s["mean_decode_rows"] == pytest.approx(4 / 3)
+
+
+def test_step_record_of_an_executor_that_prefills_outside_the_step():
+    rec = StepRecord.of(NS(batch_size=5, k=0, drafted=0, accepted=0, seconds=0.01, host_seconds=0.0))
+    assert (rec.decode_rows, rec.prefill_tokens) == (5, 0)
+
+
+# ---- trials, spreads, ties ----------------------------------------------------------------------
+def row(mode, c, med, lo, hi, **kw):
+    r = {"mode": mode, "concurrency": c, "request_rate": None, "matched_concurrency": None,
+         "output_tok_per_s": med, "tok_per_s_min": lo, "tok_per_s_max": hi, "trials": 3,
+         "trial_tok_per_s": [lo, med, hi], "p50_latency_s": 1.0, "p99_latency_s": 2.0, "ttft_s": 0.1,
+         "p50_ttft_s": 0.08, "p99_ttft_s": 0.3, "tpot_s": 0.01, "mean_k": 0 if mode == "baseline" else 2,
+         "mean_accepted_len": 1.0, "acceptance_rate": None, "host_overhead_fraction": 0.01,
+         "k_by_batch": [[c or 1, 0, 5]]}
+    r.update(kw)
+    return r
+
+
+def test_verdict_is_a_tie_when_spreads_overlap():
+    assert verdict(row("dynamic", 1, 100, 95, 104), row("baseline", 1, 90, 86, 96)) == "tie"
+    assert verdict(row("dynamic", 1, 100, 98, 104), row("baseline", 1, 90, 86, 96)) == "win"
+    assert verdict(row("dynamic", 1, 80, 78, 85), row("baseline", 1, 90, 86, 96)) == "loss"
+
+
+def test_trial_fields_report_median_run_and_spread():
+    mets = [NS(output_tok_per_s=v, p99_ttft_s=0.1 * i) for i, v in enumerate((90.0, 100.0, 95.0))]
+    f = trial_fields(mets)
+    assert f == {"trials": 3, "trial_tok_per_s": [90.0, 100.0, 95.0], "tok_per_s_min": 90.0,
+                 "tok_per_s_max": 100.0, "trial_p99_ttft_s": [0.0, 0.1, 0.2]}
+
+
+def test_matched_rate_is_the_median_trials_requests_per_second_per_replica():
+    trials = [NS(output_tok_per_s=t, requests_per_s=r) for t, r in ((1, 10.0), (3, 12.0), (2, 11.0))]
+    assert matched_rate(trials, 2) == pytest.approx(5.5)
+
+
+def test_matched_poisson_point_has_the_closed_loops_request_count():
+    count = RequestCount(None, waves=2.0, minimum=4)
+    assert count.at(LoadPoint(request_rate=0.3, matched_concurrency=16)) == 32
+    assert LoadPoint(request_rate=0.25, matched_concurrency=16).label == "rate=0.25/s (~C=16)"
+
+
+def test_sweep_defaults_vary_lengths_and_run_three_trials():
+    a = make_parser().parse_args(["--out", "x"])
+    assert (a.input_len, a.output_len, a.trials) == ("64:192", "32:224", 3)
+
+
+def test_poisson_at_must_be_a_swept_concurrency(tmp_path, capsys):
+    from dynspec.benchmarks.sweep import main
+
+    assert main(["--concurrency", "1,4", "--poisson-at", "8", "--out", str(tmp_path / "x")]) == 2
+    assert "--poisson-at '8': C=8 is not one of --concurrency '1,4'" in capsys.readouterr().err
+
+
+def regime_doc(cmd, rows):
+    return {"env": {"name": "t", "device": "cpu", "acceptance_model": "bernoulli:0.5", "command": cmd,
+                    "schedules": {"baseline": "", "static": "8:3", "dynamic": "4:3"}}, "rows": rows}
+
+
+def test_report_labels_ties_and_poisson_rows(tmp_path):
+    rows = [row("baseline", 4, 90, 86, 96), row("dynamic", 4, 100, 95, 104),
+            row("baseline", None, 80, 79, 81, request_rate=0.5, matched_concurrency=4),
+            row("dynamic", None, 99, 98, 100, request_rate=0.5, matched_concurrency=4)]
+    doc = regime_doc("x", rows)
+    md = markdown(doc)
+    assert "| dynamic | C=4 | 100.0 | 95.0..104.0 | 1.11x (tie) |" in md
+    assert "| dynamic | 0.5 req/s (Poisson, ~C=4) | 99.0 | 98.0..100.0 | 1.24x |" in md
+    assert "| 80 | 300 | 10 |" in md                                 # TTFT p50 / p99, TPOT in ms
+    assert write_all(doc, tmp_path / "r")["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- summary version 2 --------------------------------------------------------------------------
+def test_summary_version_2_figures():
+    b_rows = []
+    for c, (base, stat, dyn) in {64: ((100, 98, 103), (60, 58, 61), (110, 108, 112)),
+                                 256: ((200, 190, 210), (80, 79, 81), (205, 200, 209))}.items():
+        b_rows += [row("baseline", c, *base), row("static", c, *stat), row("dynamic", c, *dyn)]
+    b_rows.append(row("baseline", None, 90, 88, 92, request_rate=1.5, matched_concurrency=64))
+    fixed = regime_doc("sweep fixed", [row("baseline", 64, 125, 120, 130), row("baseline", 256, 250, 240, 260)])
+    prof = {"command": "dynspec profile --floor", "target_weight_bytes": 16e9, "decode_ms": {"1": 5.0},
+            "gemm_floor_ms": 4.0, "floor": {"gemm_floor_ms": 4.0, "decode_ms": 5.0, "context_len": 1024,
+                                            "method": "cuda graph"}}
+    s = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12, fixed={"B": fixed})
+    assert s["version"] == 2
+    for key in ("decode_bandwidth_fraction", "dynamic_ratio_by_concurrency", "crossover_concurrency",
+                "max_dynamic_gain", "c1_speedup", "host_overhead_fraction", "acceptance_model", "commands"):
+        assert key in s, key                                          # version 1's keys stay
+    assert s["decode_vs_gemm_floor"] == pytest.approx(1.25)
+    assert s["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.8})
+    assert s["dynamic_verdict_by_concurrency"] == {"B": {"64": "win", "256": "tie"}}
+    assert s["trial_spread"]["B"]["dynamic"]["64"] == {"median": 110, "min": 108, "max": 112, "trials": 3}
+    assert s["ttft_ms"]["B"]["baseline"]["64"] == pytest.approx({"p50": 80.0, "p99": 300.0})
+    assert "poisson@64" in s["ttft_ms"]["B"]["baseline"]
+    assert s["open_loop"]["B"]["baseline"]["64"]["closed_tok_per_s"] == 100
+    assert s["figure_commands"]["decode_vs_gemm_floor"] == ["dynspec profile --floor"]
+    assert s["figure_commands"]["varied_vs_fixed_baseline"] == ["sweep B", "sweep fixed"]
+    with pytest.raises(DynspecError, match="--fixed-baseline A: no --regime A"):
+        summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"A": fixed})
+    json.dumps(s)
+
+
+# ---- GEMM floor ---------------------------------------------------------------------------------
+def test_gemm_floor_on_cpu_times_every_decode_gemm(tmp_path):
+    import torch
+
+    from dynspec.benchmarks.profile import gemm_floor_ms, target_gemm_weights
+    from dynspec.runtime.engines.reference.load import load_target
+    from tests.helpers_models import make_tiny_target
+
+    d = make_tiny_target(tmp_path / "t", vocab=96, hidden=32, layers=3, heads=4, kv_heads=2)
+    target = load_target(d, device="cpu", dtype=torch.float32)
+    ws = target_gemm_weights(target)
+    h = 32
+    assert [tuple(w.shape) for w in ws[:4]] == [(h + 2 * 16, h), (h, h), (2 * target.config.intermediate_size, h),
+                                                 (h, target.config.intermediate_size)]
+    assert len(ws) == 3 * 4 + 1 and tuple(ws[-1].shape) == (96, h)
+    ms, method = gemm_floor_ms(ws, warmup=1, repeats=5)
+    assert ms > 0 and method.startswith("cpu eager (no CUDA graph), 13 GEMMs, 5 runs, median")
+    with pytest.raises(DynspecError, match="no weight matrices"):
+        gemm_floor_ms([])

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import glob
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -104,9 +107,13 @@ def server_env(install: TritonInstall, base: dict | None = None) -> dict:
     return env
 
 
+def shm_prefix() -> str:
+    """A python-backend shm-region-prefix-name unique to one launch: dynspec_<pid>_<8 hex>_"""
+    return f"dynspec_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+
+
 def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports, backends: str | os.PathLike,
-                   host: str = "127.0.0.1", exit_timeout_s: int = 5) -> list[str]:
-    shm_prefix = f"dynspec_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+                   host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_") -> list[str]:
     return [
         str(install.binary),
         f"--model-repository={Path(repo).resolve()}",
@@ -120,12 +127,84 @@ def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports
     ]
 
 
-class TritonServer:
-    """A running tritonserver in its own process group; stop() always ends the whole group
-    (launch() also registers stop() with atexit, for interpreters that exit without calling it)."""
+def listening_inodes(port: int) -> set[int]:
+    """Socket inodes in LISTEN state on `port` (any address), from /proc/net/tcp and tcp6.
+    A line there: `sl local_address rem_address st ... inode`, e.g. `0: 0100007F:1F40 00000000:0000 0A ... 41234`
+    is 127.0.0.1:8000 listening (state 0A) on socket inode 41234."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(f[9]))
+    return inodes
 
-    def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path):
+
+def owns_listener(pid: int, port: int) -> bool:
+    """True when process `pid` holds a socket listening on `port` (so it, not another server, answers there)."""
+    inodes = listening_inodes(port)
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        m = re.fullmatch(r"socket:\[(\d+)\]", link)
+        if m and int(m.group(1)) in inodes:
+            return True
+    return False
+
+
+def error_lines(log: str) -> list[str]:
+    """tritonserver's own error lines (glog severity E), without the glog prefix:
+    'E1130 21:59:01.123 77 main.cc:300] failed to start HTTP service: ...' -> 'failed to start HTTP service: ...'"""
+    return [re.sub(r"^E\d{4} [\d:.]+ +\d+ [^\]]*\] ", "", line).strip()
+            for line in log.splitlines() if re.match(r"^E\d{4} ", line)]
+
+
+class _Tee(threading.Thread):
+    """Copies the server's log file to this process's stdout as it grows (the launcher CLI's log
+    goes to the terminal and still lies in a file that error messages quote)."""
+
+    def __init__(self, path: Path):
+        super().__init__(name="dynspec-triton-log", daemon=True)
+        self.path, self.done = path, threading.Event()
+
+    def run(self) -> None:
+        with open(self.path, "rb") as f:
+            while True:
+                chunk = f.read(65536)
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                elif self.done.is_set():
+                    return
+                else:
+                    time.sleep(0.1)
+
+
+class TritonServer:
+    """A running tritonserver in its own process group; stop() always ends the whole group and
+    removes the group's /dev/shm regions (launch() also registers stop() with atexit, for
+    interpreters that exit without calling it)."""
+
+    def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path,
+                 shm_prefix: str = "", tee: _Tee | None = None):
         self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
+        self.shm_prefix, self._tee = shm_prefix, tee
+
+    def shm_regions(self) -> list[str]:
+        """The python backend's shared-memory regions of this server still in /dev/shm."""
+        return sorted(glob.glob(f"/dev/shm/{glob.escape(self.shm_prefix)}*")) if self.shm_prefix else []
 
     @property
     def http_url(self) -> str:
@@ -146,27 +225,40 @@ class TritonServer:
             return ""
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll /v2/health/ready; raise with the log tail if the server exits or the timeout passes."""
+        """Poll /v2/health/ready until it answers 200 from *this* server: the process must be alive
+        and hold the listening HTTP and gRPC sockets (another server on the port does not count).
+        Raise with tritonserver's own error lines if it exits, or with the log tail at the timeout."""
         deadline = time.monotonic() + timeout_s
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise DynspecError(f"tritonserver exited with code {self.proc.returncode}:\n{self.log()[-4000:]}")
+                self._wait_log()
+                log = self.log()
+                errors = error_lines(log)       # the last one is the fatal one
+                why = errors[-1].strip('" ') if errors else "no error line in its log"
+                raise DynspecError(f"tritonserver exited with code {self.proc.returncode}: {why}\n{log[-4000:]}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
-                    if r.status == 200:
+                    if r.status == 200 and owns_listener(self.proc.pid, self.ports.http) \
+                            and owns_listener(self.proc.pid, self.ports.grpc):
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.2)
         raise DynspecError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.log()[-4000:]}")
 
+    def _wait_log(self) -> None:
+        if self._tee is not None:
+            self._tee.done.set()
+            self._tee.join(5)
+
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             return r.read().decode()
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the server (models finalize), then SIGKILL whatever is left of its group. Idempotent."""
+        """SIGTERM the server (models finalize), then SIGKILL whatever is left of its group and
+        remove its /dev/shm regions. Idempotent."""
         if self.proc.returncode is not None and not self.workdir.exists():
             return
         try:
@@ -181,7 +273,14 @@ class TritonServer:
             except (ProcessLookupError, PermissionError):
                 pass
             self.proc.wait(5)
+            deadline = time.monotonic() + 5.0       # the stub is a child: wait for the whole group
+            while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
+            for region in self.shm_regions():
+                with contextlib.suppress(OSError):
+                    os.unlink(region)
+            self._wait_log()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "TritonServer":
@@ -189,6 +288,37 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_blocked():
+    """Hold SIGTERM/SIGINT/SIGHUP while a child is started and recorded, so a signal cannot land
+    between the fork and the bookkeeping that stops it (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _unblock_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
@@ -203,21 +333,31 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     install = find_tritonserver()
     ports = ports or free_ports(host)
     workdir = Path(tempfile.mkdtemp(prefix="dynspec-triton-"))
-    log_path = workdir / "tritonserver.log" if log_path is None else Path(log_path)
+    to_stdout = str(log_path) == "-"
+    log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)
     backends = backend_dir(install, workdir / "backends")
-    cmd = server_command(install, repo, ports, backends, host) + list(extra_args)
-    with contextlib.ExitStack() as stack:
-        log = None if str(log_path) == "-" else stack.enter_context(open(log_path, "ab"))
-        proc = subprocess.Popen(cmd, env={**server_env(install), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    server = TritonServer(proc, ports, host, workdir, log_path)
-    atexit.register(server.stop, 5.0)
-    if ready_timeout_s is not None:
-        try:
+    prefix = shm_prefix()
+    cmd = server_command(install, repo, ports, backends, host, shm_prefix=prefix) + list(extra_args)
+    server = None
+    try:
+        with _signals_blocked():
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(cmd, env={**server_env(install), **(env or {})}, stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_unblock_stop_signals)   # the mask is inherited
+            tee = _Tee(log_path) if to_stdout else None
+            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee)
+            atexit.register(server.stop, 5.0)
+            if tee is not None:
+                tee.start()
+        if ready_timeout_s is not None:
             server.wait_ready(ready_timeout_s)
-        except BaseException:
+    except BaseException:
+        if server is not None:
             server.stop()
-            raise
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     return server
 
 
@@ -231,21 +371,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
     try:
-        server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout)
-    except DynspecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}",
-          flush=True)
-    try:
-        while server.proc.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        try:
+            server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout)
+        except DynspecError as e:
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
+        except _Stop:
+            return 0
+        print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}",
+              flush=True)
+        try:
+            while server.proc.poll() is None:
+                time.sleep(0.5)
+        except _Stop:
+            pass
+        finally:
+            server.stop()
+        if server.proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL) and not _Stop.seen:
+            print(f"error: tritonserver exited with code {server.proc.returncode}", file=sys.stderr)
+            return 1
+        return 0
     finally:
-        server.stop()
-    return 0
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM / SIGINT / SIGHUP: stop the server, then exit 0."""
+    seen = False
+
+
+def _raise_stop(signum, frame):
+    if _Stop.seen:                      # a second signal while stopping: stopping goes on
+        return
+    _Stop.seen = True
+    raise _Stop(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+"""`python -m dynspec.triton_repo.server` as a process: signals stop the whole server, and a port
+that another process already answers on is a failure, not "ready" (issue 14, items 8 and 9).
+
+Each test runs the real launcher CLI on the embedded tiny pair and checks, after it exits, that no
+process of the server's group is left, the port is free again and no /dev/shm region of the
+launch remains."""
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.runtime.policy import DraftSchedule
+from dynspec.triton_repo.server import error_lines, free_ports, owns_listener
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.triton_repo.generate import generate_repo
+
+    root = tmp_path_factory.mktemp("launcher")
+    target, draft = tiny_pair_dirs()
+    EngineConfig(target_dir=str(target), draft_dir=str(draft),
+                 schedule=DraftSchedule.threshold(max_draft_len=4, disable_above=4), tp=1,
+                 reference=ReferenceSettings(max_batch_size=4, max_seq_len=256)).write(root / "engine")
+    return generate_repo(root / "engine", root / "repo")
+
+
+def start(repo, ports):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dynspec.triton_repo.server", str(repo), "--http-port", str(ports.http),
+         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--ready-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def children(pid):
+    """pid -> every descendant pid, from /proc/*/stat (field 4 is the parent)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found.update(kids)
+        todo += kids
+    return found
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def shm_regions(launcher_pid):
+    return sorted(p.name for p in Path("/dev/shm").glob(f"dynspec_{launcher_pid}_*"))
+
+
+def read_until(stream, text, timeout):
+    """Lines of `stream` up to the one containing `text` (the stream is read in a thread)."""
+    lines, hit = [], threading.Event()
+
+    def read():
+        for raw in stream:
+            line = raw.decode(errors="replace")
+            lines.append(line)
+            if text in line:
+                hit.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    hit.wait(timeout)
+    return hit.is_set(), lines
+
+
+def test_error_lines_strip_the_glog_prefix():
+    log = ("I1130 21:59:35.9 1 server.cc:1] started\n"
+           "E1130 22:01:02.345678 12465 main.cc:307] failed to start HTTP service: Socket '127.0.0.1:8000' in use\n")
+    assert error_lines(log) == ["failed to start HTTP service: Socket '127.0.0.1:8000' in use"]
+
+
+def test_owns_listener_tells_this_process_from_another():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert owns_listener(os.getpid(), port)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert not owns_listener(child.pid, port)
+        finally:
+            child.kill()
+            child.wait()
+    assert not owns_listener(os.getpid(), port)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_tritonserver_and_its_stub(repo, signum):
+    ports = free_ports()
+    proc = start(repo, ports)
+    try:
+        ready, lines = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ready, "".join(lines[-30:])
+        group = children(proc.pid)
+        names = {Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].rsplit(b"/", 1)[-1] for p in group}
+        assert {b"tritonserver", b"triton_python_backend_stub"} <= names, names
+        assert shm_regions(proc.pid)
+        proc.send_signal(signum)
+        assert proc.wait(60) == 0
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in group if alive(p)]
+        assert port_free(ports.http) and port_free(ports.grpc) and port_free(ports.metrics)
+        assert shm_regions(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+class _Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_port_answered_by_another_server_is_a_failure(repo):
+    ports = free_ports()
+    other = http.server.HTTPServer(("127.0.0.1", ports.http), _Ready)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        proc = start(repo, ports)
+        out, err = proc.communicate(timeout=150)
+    finally:
+        other.shutdown()
+        other.server_close()
+    err_lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2, (out.decode()[-2000:], err.decode())
+    assert len(err_lines) == 1 and "already in use" in err_lines[0] and f"127.0.0.1:{ports.http}" in err_lines[0]
+    assert b"tritonserver ready" not in out
+    assert children(proc.pid) == set()
+    assert shm_regions(proc.pid) == []
+    assert port_free(ports.grpc) and port_free(ports.metrics)

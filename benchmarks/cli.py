@@ -82,12 +82,22 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import json
 
-    from dynspec.artifacts import write_json
+    from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
     from dynspec.benchmarks.profile import Profile
     from dynspec.benchmarks.tune import tune
     from dynspec.errors import DynspecError
 
-    prof = Profile.load(args.profile)
+    for flag, path in (("--out", args.out), ("--report", args.report)):
+        if path is not None:
+            check_apart(path, {"--profile": args.profile}, out_flag=flag)
+            check_writable(path, flag)
+    raw = read_json(args.profile, "profile")
+    _check_decode_ms(raw, args.profile)
+    prof = Profile.from_json(raw, where=str(args.profile))
+    budget = args.max_num_tokens if args.max_num_tokens is not None else raw.get("max_num_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        src = "--max-num-tokens" if args.max_num_tokens is not None else f"{args.profile}: field 'max_num_tokens'"
+        raise DynspecError(f"{src} {budget!r} must be an integer of at least 1")
     if (args.acceptance is None) == (not args.acceptance_from):
         raise DynspecError("give exactly one of --acceptance RATE and --acceptance-from profile")
     if args.acceptance is not None:
@@ -97,7 +107,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise DynspecError(f"profile {args.profile} has no 'acceptance.per_position';"
                                " measure it with `dynspec profile --measure-acceptance` or give --acceptance RATE")
         acc = prof.per_position
-    res = tune(prof.iteration_ms, acc, args.max_draft_len, args.min_gain)
+    res = tune(prof.iteration_ms, acc, args.max_draft_len, args.min_gain, budget)
     command = _command("tune", args)
     if args.json:
         print(json.dumps(res.to_json() | {"command": command}))
@@ -105,14 +115,27 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(f"profile {args.profile} ({prof.device}, context {prof.context_len})")
         print(res.table())
     if args.out:
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(res.schedule.to_spec() + "\n")
+        write_text(args.out, res.schedule.to_spec() + "\n")
     if args.report:
         write_json(args.report, res.to_json() | {"profile": str(args.profile), "device": prof.device,
                                                  "context_len": prof.context_len, "command": command})
     return 0
+
+
+def _check_decode_ms(raw: dict, where) -> None:
+    """decode_ms {"<b>": ms}: each value a positive finite number (Profile.from_json casts blindly)."""
+    import math
+
+    from dynspec.errors import DynspecError
+
+    dec = raw.get("decode_ms")
+    if dec is None:
+        return
+    if not isinstance(dec, dict):
+        raise DynspecError(f"{where}: field 'decode_ms' must be an object {{\"<b>\": ms}}")
+    for b, ms in dec.items():
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+            raise DynspecError(f"{where}: decode_ms[{b!r}] = {ms!r} is not a positive number of ms")
 
 
 # ---- sweep / summary aliases ---------------------------------------------------------------
@@ -163,6 +186,8 @@ def register(sub) -> None:
     t.add_argument("--max-draft-len", type=int, metavar="K", help="largest K to consider (default: largest profiled)")
     t.add_argument("--min-gain", type=float, default=1.0, metavar="X",
                    help="speculate only where the predicted gain over K=0 is at least X (margin for profile error)")
+    t.add_argument("--max-num-tokens", type=int, metavar="N",
+                   help="token budget: never pick K with b x (K+1) > N (default: the profile's 'max_num_tokens', if any)")
     t.add_argument("--out", metavar="schedule.txt", help="write the schedule's CLI form ('4:4,8:2')")
     t.add_argument("--report", metavar="tune.json", help="write the table, the inputs and the command as JSON")
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")

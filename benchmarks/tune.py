@@ -19,9 +19,17 @@ The per-b argmax can wiggle with noise, while a DraftSchedule needs K non-increa
 So the final K's are the non-increasing sequence that maximises sum_b gain(b, K_b) / b
 (equal weight per octave of batch size), found by dynamic programming; where the argmax is
 already non-increasing that is exactly the argmax.
+
+Token budget (TRT-LLM's max_num_tokens): one iteration feeds the target b * (K+1) tokens, so a
+K with b * (K+1) > max_num_tokens is never chosen (K = 0 always is: admission, not K, limits
+rows past the budget). Budget 16: b=4 may take K <= 3, b=8 K <= 1, b=16 K = 0.
+
+The DP keeps one row per batch size, so the largest profiled batch size is bounded by
+MAX_BATCH_SIZE (16384, past any TRT-LLM engine's max_batch_size; ~0.5 s and ~30 MB at K <= 4).
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -30,6 +38,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
 Acceptance = float | Sequence[float]
+MAX_BATCH_SIZE = 16384
 INTERPOLATION = "linear in batch size between profiled points; smallest point's times below it; K=0 above the largest"
 
 
@@ -63,11 +72,10 @@ def interpolate(points: Mapping[int, float], b: int) -> float | None:
         return None
     if b <= bs[0]:
         return float(points[bs[0]])
-    for lo, hi in zip(bs, bs[1:]):
-        if lo <= b <= hi:
-            t = (b - lo) / (hi - lo)
-            return float(points[lo]) + t * (float(points[hi]) - float(points[lo]))
-    raise AssertionError("unreachable")
+    i = bisect.bisect_left(bs, b)          # bs[i-1] < b <= bs[i]
+    lo, hi = bs[i - 1], bs[i]
+    t = (b - lo) / (hi - lo)
+    return float(points[lo]) + t * (float(points[hi]) - float(points[lo]))
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class TuneResult:
     candidates: tuple[int, ...]        # the K values considered
     interpolation: str = INTERPOLATION
     min_gain: float = 1.0              # margin a K > 0 must clear over plain decode
+    max_num_tokens: int | None = None  # token budget: b * (K+1) <= it for every chosen K
 
     def row(self, b: int) -> TuneRow:
         return self.rows[b - 1]
@@ -103,6 +112,8 @@ class TuneResult:
 
     def table(self) -> str:
         margin = f"; K > 0 only where gain >= {self.min_gain:g}x" if self.min_gain > 1 else ""
+        if self.max_num_tokens is not None:
+            margin += f"; b x (K+1) <= max_num_tokens {self.max_num_tokens}"
         lines = [f"acceptance {self.acceptance}; candidates K in {list(self.candidates)}{margin}",
                  f"iteration times: {self.interpolation}",
                  f"{'batch':>6} {'K':>3} {'best K':>7} {'iter ms':>10} {'gain vs K=0':>12}  source"]
@@ -119,6 +130,7 @@ class TuneResult:
             "acceptance": self.acceptance,
             "candidates": list(self.candidates),
             "min_gain": self.min_gain,
+            "max_num_tokens": self.max_num_tokens,
             "interpolation": self.interpolation,
             "rows": [dict(batch_size=r.batch_size, k=r.k, best_k=r.best_k, iteration_ms=r.iteration_ms,
                           gain=r.gain, profiled=r.profiled) for r in self.table_rows()],
@@ -129,6 +141,8 @@ def _check_grid(iteration_ms: Mapping[int, Mapping[int, float]]) -> tuple[list[i
     if not iteration_ms:
         raise DynspecError("profile has no iteration times")
     bs = sorted(iteration_ms)
+    if bs[-1] > MAX_BATCH_SIZE:
+        raise DynspecError(f"profile batch size {bs[-1]} exceeds the tuner's maximum {MAX_BATCH_SIZE}")
     ks = sorted(iteration_ms[bs[0]])
     for b in bs:
         if sorted(iteration_ms[b]) != ks:
@@ -145,14 +159,19 @@ def _check_grid(iteration_ms: Mapping[int, Mapping[int, float]]) -> tuple[list[i
 
 
 def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance,
-         max_draft_len: int | None = None, min_gain: float = 1.0) -> TuneResult:
+         max_draft_len: int | None = None, min_gain: float = 1.0, max_num_tokens: int | None = None) -> TuneResult:
     """The goodput-maximising non-increasing schedule for a profile (see the module docstring).
 
     min_gain > 1 is a margin against profile error: a K > 0 is chosen only where its predicted
     gain over plain decode, divided by min_gain, still beats K = 0 (e.g. 1.05: speculate only
     where the model promises at least 5%)."""
-    if min_gain < 1.0:
+    if not (math.isfinite(min_gain) and min_gain >= 1.0):
         raise DynspecError(f"min_gain {min_gain} must be at least 1")
+    if max_draft_len is not None and max_draft_len < 0:
+        raise DynspecError(f"max_draft_len {max_draft_len} must be at least 0")
+    if max_num_tokens is not None and (isinstance(max_num_tokens, bool) or not isinstance(max_num_tokens, int)
+                                       or max_num_tokens < 1):
+        raise DynspecError(f"max_num_tokens {max_num_tokens!r} must be an integer of at least 1")
     bs, ks = _check_grid(iteration_ms)
     per_position = not isinstance(acceptance, (int, float))
     limit = max_draft_len if max_draft_len is not None else max(ks)
@@ -165,7 +184,9 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     ms = [[interpolate(curves[k], b) for k in cands] for b in range(1, B + 1)]        # [B][len(cands)]
     # gain(b, K) = E(K) * ms(b, 0) / ms(b, K)   (b cancels)
     gain = [[E[k] * row[0] / row[j] for j, k in enumerate(cands)] for row in ms]
-    score = [[g / (min_gain if k > 0 else 1.0) for g, k in zip(row, cands)] for row in gain]   # what is maximised
+    budget = max_num_tokens if max_num_tokens is not None else math.inf
+    score = [[(g / (min_gain if k > 0 else 1.0)) if k == 0 or b * (k + 1) <= budget else -math.inf
+              for g, k in zip(row, cands)] for b, row in enumerate(gain, 1)]          # what is maximised
     best = [max(range(len(cands)), key=lambda j, g=g: (round(g[j], 12), -j)) for g in score]
 
     # DP over b = B..1: f[j] = best weighted sum of gains for b..B given K_b = cands[j], with
@@ -196,4 +217,4 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     # one tier per b; DraftSchedule merges equal neighbours and drops the K=0 tail
     schedule = DraftSchedule(tuple((r.batch_size, r.k) for r in rows))
     label = f"{acceptance:g}" if not per_position else "per-position " + str([round(float(a), 4) for a in acceptance])
-    return TuneResult(schedule, rows, label, tuple(cands), min_gain=min_gain)
+    return TuneResult(schedule, rows, label, tuple(cands), min_gain=min_gain, max_num_tokens=max_num_tokens)

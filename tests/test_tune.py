@@ -241,3 +241,72 @@ def test_profile_flag_errors(tmp_path, capsys):
     assert "has no config.json" in capsys.readouterr().err
     assert main(["profile", "--draft-lens", "0,-1", "--out", str(bad)]) == 2
     assert "--draft-lens" in capsys.readouterr().err
+
+
+# ---- the token budget (issue 11) and bad inputs (issue 14.11/14.12) ---------------------------
+@pytest.mark.parametrize("budget", [5, 16, 100, 513])
+def test_flat_cost_under_a_token_budget_takes_the_largest_k_that_fits(budget):
+    """Flat cost: the best K is the largest allowed, so K(b) = min(4, budget // b - 1), floored at 0."""
+    res = tune(grid(lambda b, k: 7.0), 0.7, max_num_tokens=budget)
+    for b in range(1, 257):
+        assert res.schedule.draft_len(b) == max(0, min(4, budget // b - 1)), b
+    assert f"max_num_tokens {budget}" in res.table() and res.to_json()["max_num_tokens"] == budget
+
+
+def test_budget_never_exceeded_on_a_knee_profile():
+    res = tune(grid(knee), 0.9, max_num_tokens=24)
+    free = tune(grid(knee), 0.9)
+    assert all(r.k == 0 or r.batch_size * (r.k + 1) <= 24 for r in res.rows)
+    assert any(r.batch_size * (r.k + 1) > 24 for r in free.rows if r.k)      # the budget did bind
+
+
+def test_huge_batch_key_is_refused_fast():
+    import time
+
+    t = time.perf_counter()
+    with pytest.raises(DynspecError, match="batch size 10000000 exceeds the tuner's maximum 16384"):
+        tune({1: {0: 1.0, 1: 1.1}, 10_000_000: {0: 9.0, 1: 20.0}}, 0.7)
+    assert time.perf_counter() - t < 0.5
+    t = time.perf_counter()
+    res = tune({1: {0: 1.0, 4: 1.2}, 16384: {0: 90.0, 4: 400.0}}, 0.7)          # at the maximum: still quick
+    assert time.perf_counter() - t < 5 and len(res.rows) == 16384
+
+
+def _profile(tmp_path, **extra):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"iteration_ms": {str(b): {str(k): 7.0 for k in KS} for b in POW2}, **extra}))
+    return path
+
+
+def test_tune_cli_budget_from_profile_or_flag(tmp_path, capsys):
+    path = _profile(tmp_path, max_num_tokens=16)
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == "3:4,4:3,5:2,8:1"   # 3*5, 4*4, 5*3, 8*2 <= 16
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--json", "--max-num-tokens", "8192"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == "256:4"
+
+
+@pytest.mark.parametrize("extra,flags,msg", [
+    ({"decode_ms": {"1": "abc"}}, [], "decode_ms['1'] = 'abc' is not a positive number"),
+    ({}, ["--max-draft-len=-1"], "max_draft_len -1 must be at least 0"),
+    ({}, ["--min-gain", "nan"], "min_gain nan must be at least 1"),
+    ({}, ["--max-num-tokens", "0"], "--max-num-tokens 0 must be an integer of at least 1"),
+    ({"max_num_tokens": "8k"}, [], "field 'max_num_tokens' '8k' must be an integer"),
+    ({}, ["--out", "DIR"], "--out DIR is a directory"),
+    ({}, ["--out", "/proc/self/schedule.txt"], "--out /proc/self/schedule.txt cannot be written"),
+    ({}, ["--out", "FILE/schedule.txt"], "cannot be written"),
+    ({}, ["--report", "PROFILE"], "--report PROFILE is --profile PROFILE"),
+    ({"iteration_ms": {"1": {"0": 1.0}, "10000000": {"0": 2.0}}}, [], "batch size 10000000 exceeds"),
+])
+def test_tune_cli_bad_inputs_are_one_line(tmp_path, capsys, extra, flags, msg):
+    path = _profile(tmp_path, **extra)
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "d").mkdir()
+    subs = {"DIR": str(tmp_path / "d"), "FILE": str(tmp_path / "FILE"), "PROFILE": str(path)}
+    flags = [subs.get(f, f).replace("FILE/", subs["FILE"] + "/") for f in flags]
+    for k, v in subs.items():
+        msg = msg.replace(k, v) if k != "FILE" else msg
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", *flags]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+    assert json.loads(path.read_text())                                        # the profile is intact

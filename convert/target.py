@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.artifacts import atomic_dir, write_json
+from dynspec.checkpoint.reader import iter_tensors, read_config, weight_source
+from dynspec.checkpoint.writer import DEFAULT_SHARD_BYTES, ShardWriter
 from dynspec.convert.checks import require_tp
-from dynspec.convert.hf import copy_tokenizer_files, iter_tensors, read_config, weight_source
+from dynspec.convert.hf import copy_tokenizer_files
 from dynspec.convert.manifest import CHECKPOINT_FORMAT, MANIFEST
 from dynspec.convert.shapes import (ModelShape, kv_bytes_per_token_per_rank, param_count,
                                     shape_from_hf_config, weight_bytes_per_rank)
-from dynspec.convert.writer import DEFAULT_SHARD_BYTES, ShardWriter
 from dynspec.errors import DynspecError
 
 MODEL_TYPES = ("llama", "mistral")
@@ -93,7 +94,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
 
     hf_dir = Path(hf_dir)
     where = str(hf_dir / "config.json")
-    cfg = read_config(hf_dir)
+    cfg = read_config(hf_dir, "--hf")
     arch = _check_model_type(cfg, where)
     shape = shape_from_hf_config(cfg, where)
     report = require_tp(shape, opts.tp, where)
@@ -105,7 +106,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
         from dynspec.convert.quant import require_modelopt
 
         require_modelopt()  # fail before any work
-    src = weight_source(hf_dir)
+    src = weight_source(hf_dir, "--hf")
     expected = expected_tensors(shape)
     missing = sorted(set(expected) - set(src.key_to_file))
     if missing:
@@ -117,7 +118,8 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
     n_params = 0
     with atomic_dir(out, force=force) as tmp:
         writer = ShardWriter(tmp, opts.max_shard_bytes)
-        with tqdm(total=len(src), unit="tensor", desc="convert target", disable=not opts.progress) as bar:
+        # disable=None: no bar when stderr is not a terminal (logs, CI, pipes)
+        with tqdm(total=len(src), unit="tensor", desc="convert target", disable=None if opts.progress else True) as bar:
             for name, t in iter_tensors(src):
                 bar.update(1)
                 if name.endswith(DROPPED_SUFFIXES) or (shape.tied and name == "lm_head.weight"):

@@ -163,7 +163,7 @@ def test_nonempty_out_needs_force(target, tmp_path, capsys):
 
 def test_failure_midway_leaves_nothing(target, tmp_path, monkeypatch):
     hf, _ = target
-    from dynspec.convert import writer
+    from dynspec.checkpoint import writer
 
     calls = {"n": 0}
     real_add = writer.ShardWriter.add
@@ -255,12 +255,12 @@ def test_eagle3_layers0_names_and_named_capture_layers(target, tmp_path, cfg_ext
     ("target_hidden", "target_hidden_size=32, but the target's hidden_size is 64"),
     ("vocab", "vocab_size=100 (the vocabulary behind d2t/t2d), but the target's vocab_size is 96"),
     ("heads", "num_attention_heads=4 is not divisible by tp=8"),
-    ("capture_depth", "capture layer 8 "),
-    ("capture_conflict", "name different capture layers"),
+    ("capture_depth", "has ids [9] out of range for a target with 8 layers"),
+    ("capture_conflict", "(vLLM: inputs of layers) disagree"),
     ("fc", "fuses 2 target layers"),
     ("d2t_range", "outside the target vocabulary 0..95"),
-    ("t2d", "d2t and t2d disagree"),
-    ("d2t_dtype", "d2t has dtype torch.float32"),
+    ("t2d", "tensors 'd2t' and 't2d' disagree"),
+    ("d2t_dtype", "tensor 'd2t' has dtype torch.float32"),
     ("arch", "field 'architectures' is ['LlamaForCausalLM']"),
 ])
 def test_eagle3_incompatible_pairs(target, tmp_path, capsys, case, phrase):
@@ -311,8 +311,69 @@ def test_eagle3_needs_a_converted_target(target, tmp_path, capsys):
 
 
 def test_capture_default_rejects_repeats():
-    from dynspec.convert.eagle3 import capture_layers_from_config
+    from dynspec.checkpoint.eagle3 import resolve_capture_layers
 
-    with pytest.raises(DynspecError, match="repeat a layer"):
-        capture_layers_from_config({}, 6, "config.json")               # (1, 2, 2)
-    assert capture_layers_from_config({}, 80, "c").layers == (1, 39, 76)
+    with pytest.raises(DynspecError, match=r"default EAGLE-3 capture layers \(1, 2, 2\) do not fit"):
+        resolve_capture_layers({}, "config.json", 6)
+    assert resolve_capture_layers({}, "c", 80).layers == (1, 39, 76)
+
+
+# ---- the shared reader's rules (dynspec.checkpoint.reader) -----------------------------------
+def test_truncated_shard_is_one_line(tmp_path, capsys):
+    hf = make_llama(tmp_path / "hf", layers=4, max_shard_size="60KB")
+    victim = sorted(hf.glob("model-*.safetensors"))[1]
+    victim.write_bytes(victim.read_bytes()[:-100])
+    assert convert_target(hf, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(victim) in err and "truncated" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad, phrase", [
+    (lambda t: t.to(torch.float8_e4m3fn), "is torch.float8_e4m3fn; source checkpoints must be bf16, fp16 or fp32"),
+    (lambda t: t.index_put((torch.tensor([3]),), torch.tensor(float("nan"))), "holds 1 NaN/Inf value(s)"),
+    (lambda t: t.index_put((torch.tensor([0]),), torch.tensor(float("-inf"))), "holds 1 NaN/Inf value(s)"),
+])
+def test_float8_and_nonfinite_tensors_are_refused(tmp_path, capsys, bad, phrase):
+    from safetensors.torch import load_file, save_file
+
+    hf = make_llama(tmp_path / "hf", layers=2)
+    sd = load_file(str(hf / "model.safetensors"))
+    sd["model.norm.weight"] = bad(sd["model.norm.weight"])
+    save_file(sd, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    assert convert_target(hf, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"model.safetensors: tensor 'model.norm.weight' {phrase}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_duplicate_tensor_across_shards_names_both(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    hf = make_llama(tmp_path / "hf", layers=2)
+    sd = load_file(str(hf / "model.safetensors"))
+    save_file({"model.norm.weight": torch.zeros_like(sd["model.norm.weight"])}, str(hf / "extra.safetensors"))
+    assert convert_target(hf, tmp_path / "out") == 2                     # no index: both headers are read
+    err = capsys.readouterr().err
+    assert "'model.norm.weight' appears in both" in err and "extra.safetensors" in err and "model.safetensors" in err
+    sharded = make_llama(tmp_path / "sharded", layers=4, max_shard_size="60KB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    home = index["weight_map"]["model.norm.weight"]
+    other = next(f for f in sorted(set(index["weight_map"].values())) if f != home)
+    extra = load_file(str(sharded / other))
+    extra["model.norm.weight"] = torch.zeros(64)
+    save_file(extra, str(sharded / other), metadata={"format": "pt"})
+    assert convert_target(sharded, tmp_path / "out2") == 2                # the index names one; a shard hides another
+    err = capsys.readouterr().err
+    assert "'model.norm.weight' appears in both" in err and home in err and other in err
+
+
+@pytest.mark.parametrize("value", [128.7, "64", 0, -64, True, 64.0])
+def test_eagle3_target_hidden_size_must_be_a_positive_int(target, tmp_path, capsys, value):
+    _, tgt = target
+    cfg = eagle3_config()
+    cfg["target_hidden_size"] = value
+    draft = write_eagle3(tmp_path / "eagle", eagle3_state_dict(), cfg)
+    assert convert_draft(draft, tgt, tmp_path / "draft") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"config.json: field 'target_hidden_size' is {value!r}; expected a positive integer" in err

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dynspec.convert.hf import ST_INDEX
+from dynspec.checkpoint.reader import ST_INDEX
 from dynspec.errors import DynspecError
 
 DEFAULT_SHARD_BYTES = 5 * 10**9   # transformers' default max_shard_size "5GB"
@@ -23,15 +23,17 @@ class ShardWriter:
         self._pending: dict = {}
         self._pending_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []   # (temporary path, tensor names)
+        self._names: set[str] = set()
         self.total_bytes = 0
 
     def add(self, name: str, tensor) -> None:
-        if name in self._pending or any(name in keys for _, keys in self._shards):
+        if name in self._names:
             raise DynspecError(f"tensor {name!r} written twice")
         nbytes = tensor.numel() * tensor.element_size()
         if self._pending and self._pending_bytes + nbytes > self.max_shard_bytes:
             self._flush()
-        self._pending[name] = tensor.contiguous()
+        self._pending[name] = tensor.contiguous().cpu()
+        self._names.add(name)
         self._pending_bytes += nbytes
         self.total_bytes += nbytes
 

@@ -1,0 +1,207 @@
+"""Read Hugging Face checkpoint folders: config.json and the weights, in one of these layouts
+
+    model.safetensors                                   one file
+    *.safetensors + model.safetensors.index.json        {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors", ...}}
+    *.safetensors, no index                             every file's header says what it holds
+    pytorch_model.bin [+ pytorch_model.bin.index.json]  only with allow_bin; torch.load(weights_only=True)
+
+Rules (the same for `dynspec convert` and the reference engine), each broken one a DynspecError
+naming the file and the tensor:
+- every safetensors header is read when the folder is opened, so a truncated or corrupt shard
+  fails before any work, naming the file;
+- a tensor name lives in one file: two shards holding the same name are refused, naming both
+  (a silent pick of one of them could serve the wrong weights);
+- float8 (any floating dtype of one byte) is refused: source checkpoints are bf16/fp16/fp32, FP8
+  weights are made by `dynspec convert target --quant fp8`, and casting FP8 up would hide a
+  quantized checkpoint behind full-precision numbers;
+- a floating tensor holding NaN or +-Inf is refused. The scan runs on each tensor as it is read,
+  in chunks of 2**24 elements (at most 16 MB of scratch), one pass over memory already touched.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+from dynspec.errors import DynspecError
+
+if TYPE_CHECKING:
+    import torch
+
+ST_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+SCAN_CHUNK = 1 << 24
+
+
+def read_config(folder: str | Path, what: str = "checkpoint") -> dict:
+    """FOLDER/config.json as a dict; `what` names the folder in errors ("target", "draft")."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DynspecError(f"{what} folder {folder} does not exist")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise DynspecError(f"{what} folder {folder} has no config.json")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DynspecError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise DynspecError(f"{path}: must hold a JSON object, not {type(cfg).__name__}")
+    return cfg
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Which file holds each tensor of a folder (no tensor is loaded yet)."""
+    folder: Path
+    fmt: str                          # "safetensors" | "pytorch"
+    key_to_file: Mapping[str, Path]
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return tuple(sorted(set(self.key_to_file.values())))
+
+    def __len__(self) -> int:
+        return len(self.key_to_file)
+
+
+def safetensors_keys(path: Path) -> list[str]:
+    """The tensor names in a safetensors header; a truncated or corrupt file -> DynspecError."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return list(f.keys())
+    except Exception as e:  # safetensors raises its own error types for short or corrupt files
+        raise DynspecError(f"{path}: cannot read weights (truncated or not a safetensors file): {e}") from None
+
+
+def load_bin(path: Path) -> dict:
+    """A pytorch_model.bin state dict, loaded with torch.load(weights_only=True) only."""
+    import torch
+
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses anything but tensors and plain containers
+        raise DynspecError(f"{path}: cannot read weights with torch.load(weights_only=True): {e}") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                            for k, v in obj.items()):
+        raise DynspecError(f"{path}: cannot read weights: not a state dict (a mapping of tensor names to tensors)")
+    return obj
+
+
+def _from_index(folder: Path, index_name: str, fmt: str) -> WeightSource:
+    index = folder / index_name
+    try:
+        obj = json.loads(index.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DynspecError(f"{index}: not valid JSON: {e}") from None
+    wmap = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wmap, dict) or not wmap or not all(isinstance(f, str) for f in wmap.values()):
+        raise DynspecError(f"{index}: field 'weight_map' is missing, empty or not a mapping of names to files")
+    for name, shard in wmap.items():
+        if not (folder / shard).is_file():
+            raise DynspecError(f"{index}: missing shard {shard} (holds {name!r}): it does not exist in {folder}")
+    src = WeightSource(folder, fmt, {k: folder / f for k, f in wmap.items()})
+    if fmt == "safetensors":
+        held = _headers(src.files)
+        for name, path in src.key_to_file.items():
+            if held.get(name) != path:
+                raise DynspecError(f"{path}: does not hold tensor {name!r} that {index_name} puts there")
+    return src
+
+
+def _headers(files) -> dict[str, Path]:
+    """name -> file over safetensors files; a name in two files is an error naming both."""
+    key_to_file: dict[str, Path] = {}
+    for path in files:
+        for k in safetensors_keys(path):
+            if k in key_to_file:
+                raise DynspecError(f"tensor {k!r} appears in both {key_to_file[k]} and {path}")
+            key_to_file[k] = path
+    return key_to_file
+
+
+def weight_source(folder: str | Path, what: str = "checkpoint", allow_bin: bool = False) -> WeightSource:
+    """Find the weights of an HF folder; pytorch_model.bin only when allow_bin."""
+    folder = Path(folder)
+    if (folder / ST_INDEX).is_file():
+        return _from_index(folder, ST_INDEX, "safetensors")
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return WeightSource(folder, "safetensors", _headers(files))
+    if allow_bin and (folder / BIN_INDEX).is_file():
+        return _from_index(folder, BIN_INDEX, "pytorch")
+    if allow_bin and (folder / "pytorch_model.bin").is_file():
+        path = folder / "pytorch_model.bin"
+        return WeightSource(folder, "pytorch", {k: path for k in load_bin(path)})
+    expected = f"model.safetensors or {ST_INDEX}" + (f", pytorch_model.bin or {BIN_INDEX}" if allow_bin else "")
+    raise DynspecError(f"{what} folder {folder} has no weight files (expected {expected})")
+
+
+def check_values(name: str, t: "torch.Tensor", path: Path) -> "torch.Tensor":
+    """The module's float8 and NaN/Inf rules for one tensor; returns it unchanged."""
+    import torch
+
+    if t.is_floating_point() and t.element_size() == 1:
+        raise DynspecError(f"{path}: tensor {name!r} is {t.dtype}; source checkpoints must be bf16, fp16 or fp32 "
+                           "(FP8 weights come from `dynspec convert target --quant fp8`)")
+    if t.is_floating_point() or t.is_complex():
+        for chunk in t.reshape(-1).split(SCAN_CHUNK):
+            if not bool(torch.isfinite(chunk).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise DynspecError(f"{path}: tensor {name!r} holds {bad} NaN/Inf value(s)")
+    return t
+
+
+class TensorReader:
+    """Tensors of a WeightSource by name, each file opened once, each tensor checked as read."""
+
+    def __init__(self, src: WeightSource):
+        self.src = src
+        self._open: dict[Path, object] = {}   # file -> safe_open handle or loaded state dict
+
+    def _handle(self, path: Path):
+        if path not in self._open:
+            if self.src.fmt == "pytorch":
+                self._open[path] = load_bin(path)
+            else:
+                from safetensors import safe_open
+
+                try:
+                    self._open[path] = safe_open(str(path), framework="pt", device="cpu")
+                except Exception as e:
+                    raise DynspecError(f"{path}: cannot read weights (truncated or not a safetensors file): "
+                                       f"{e}") from None
+        return self._open[path]
+
+    def get(self, name: str) -> "torch.Tensor":
+        path = self.src.key_to_file[name]
+        h = self._handle(path)
+        if isinstance(h, dict):
+            if name not in h:
+                raise DynspecError(f"{path}: does not hold tensor {name!r} that its index lists")
+            t = h[name]
+        else:
+            try:
+                t = h.get_tensor(name)
+            except Exception as e:
+                raise DynspecError(f"{path}: cannot read tensor {name!r} (truncated or corrupt file?): {e}") from None
+        return check_values(name, t, path)
+
+    def release(self, path: Path) -> None:
+        """Drop a file's handle (a loaded .bin frees its memory)."""
+        self._open.pop(path, None)
+
+
+def iter_tensors(src: WeightSource) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """(name, tensor) for every tensor, file by file, each file held open only while it is read."""
+    reader = TensorReader(src)
+    by_file: dict[Path, list[str]] = {}
+    for k, f in src.key_to_file.items():
+        by_file.setdefault(f, []).append(k)
+    for path, keys in sorted(by_file.items()):
+        for k in keys:
+            yield k, reader.get(k)
+        reader.release(path)

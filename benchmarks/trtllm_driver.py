@@ -6,12 +6,18 @@ the LLM API's MPI workers):
         trtllm-llmapi-launch python -m dynspec.benchmarks.sweep --engine trtllm --engine-dir DIR ...
 Without mpirun the LLM API spawns its own workers.
 
-Each mode is one LLM instance built from ENGINE_DIR/llm_api_options.yaml (written by
-`dynspec build`) with its speculative_config replaced:
+Each mode is one TrtllmEngine (runtime/engines/trtllm.py: the one TRT-LLM path, for `generate`,
+Triton-free serving and this sweep alike) started from ENGINE_DIR/llm_api_options.yaml (written
+by `dynspec build`) with its speculative_config replaced:
     baseline  no speculative_config
     static    max_draft_len = K, no draft_len_schedule
     dynamic   draft_len_schedule rendered by DraftSchedule.to_trtllm(engine trtllm_version)
-K and acceptance come from the iteration stats (enable_iter_perf_stats).
+K and acceptance come from the iteration stats (enable_iter_perf_stats), read by the engine's
+one parser, iteration_record.
+
+keep_warm in each row says whether the draft is kept up to date while K = 0: False for the
+baseline (no draft), and False for every TRT-LLM version dynspec renders, since none carries
+the fix for the stale-draft trap (build/trap.py, TRT-LLM PR 16888).
 
 tensorrt_llm is imported here only, lazily: the rest of the kit runs without it. This path
 has not been run on these CPU machines (TensorRT-LLM cannot be installed on them).
@@ -19,7 +25,6 @@ has not been run on these CPU machines (TensorRT-LLM cannot be installed on them
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
 from pathlib import Path
@@ -70,38 +75,23 @@ def mode_options(base: dict, mode: str, schedule, static_k: int, trtllm_version:
     return opts
 
 
-def _decoding_config(spec: dict):
-    from tensorrt_llm.llmapi import Eagle3DecodingConfig, EagleDecodingConfig
+def keep_warm_label(mode: str, trtllm_version: str) -> bool:
+    """Is the draft kept up to date while K = 0 in this mode on this TRT-LLM version?"""
+    from dynspec.build.trap import has_stale_draft_trap
 
-    spec = dict(spec)
-    kind = spec.pop("decoding_type", "Eagle3")
-    cls = Eagle3DecodingConfig if kind == "Eagle3" else EagleDecodingConfig
-    return cls(**spec)
+    return mode != "baseline" and not has_stale_draft_trap(trtllm_version)
 
 
 def steps_from_stats(stats: Sequence) -> tuple:
-    """IterationStats JSON (llm.get_stats) -> StepRecords. Field names as in TRT-LLM 1.x:
-    numActiveRequests, iterLatencyMS, specDecodingStats.{numDraftTokens, numAcceptedTokens,
-    numRequestsWithDraftTokens}. Missing fields give K = 0."""
+    """IterationStats JSON (llm.get_stats) -> StepRecords, by the engine's one parser."""
     from dynspec.benchmarks.metrics import StepRecord
+    from dynspec.runtime.engines.trtllm import iteration_records
 
-    out = []
-    for s in stats:
-        if isinstance(s, str):
-            s = json.loads(s)
-        b = int(s.get("numActiveRequests") or 0)
-        if b < 1:
-            continue
-        sd = s.get("specDecodingStats") or {}
-        drafted = int(sd.get("numDraftTokens") or 0)
-        nreq = int(sd.get("numRequestsWithDraftTokens") or 0)
-        k = round(drafted / nreq) if nreq else 0
-        out.append(StepRecord(b, k, drafted, int(sd.get("numAcceptedTokens") or 0),
-                              float(s.get("iterLatencyMS") or 0.0) / 1e3, 0.0))
-    return tuple(out)
+    return tuple(StepRecord.of(r) for r in iteration_records(stats))
 
 
-async def _closed_loop_async(llm, requests, concurrency: int, sampling_cls):
+async def _closed_loop_async(engine, requests, concurrency: int):
+    """`concurrency` workers, each streaming one request at a time to its full output length."""
     import asyncio
 
     from dynspec.benchmarks.metrics import RequestTiming
@@ -112,13 +102,12 @@ async def _closed_loop_async(llm, requests, concurrency: int, sampling_cls):
     async def worker():
         while queue:
             r = queue.pop()
-            sp = sampling_cls(max_tokens=r.output_tokens, ignore_eos=True)
             t_sub = time.perf_counter()
-            first, out = None, None
-            async for out in llm.generate_async(list(r.input_ids), sampling_params=sp, streaming=True):
-                if first is None and out.outputs[0].token_ids:
+            first, n = None, 0
+            async for chunk in engine.stream(r.input_ids, r.output_tokens, ignore_eos=True):
+                if first is None and chunk:
                     first = time.perf_counter()
-            n = len(out.outputs[0].token_ids) if out is not None else 0
+                n += len(chunk)
             done.append(RequestTiming(r.input_len, n, t_sub, first, time.perf_counter()))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -147,15 +136,14 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
         raise DynspecError("--engine trtllm needs --engine-dir (its llm_api_options.yaml holds the LLM API options)")
     import asyncio
 
-    from tensorrt_llm import LLM, SamplingParams
-
     from dynspec.benchmarks.engines import engine_choice, versions
     from dynspec.build.llm_api import read_options
-    from dynspec.benchmarks.metrics import RunRecord, summarize
+    from dynspec.benchmarks.metrics import RunRecord, StepRecord, summarize
     from dynspec.benchmarks.report import write_all
     from dynspec.benchmarks.sweep import make_row, resolve
     from dynspec.benchmarks.workload import take
     from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.engines.trtllm import TrtllmEngine, load_options
 
     choice = engine_choice(args)
     cfg = choice.config
@@ -163,38 +151,37 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     spec = resolve(args, w, cfg)
     if not isinstance(spec.acceptance, Greedy):
         raise DynspecError("--engine trtllm measures real acceptance only; use --acceptance real")
-    opt_path = Path(args.trtllm_options or Path(args.engine_dir) / cfg.llm_api_options)
-    base = read_options(opt_path)
+    if args.trtllm_options:
+        base = read_options(Path(args.trtllm_options))
+    else:
+        _, base = load_options(args.engine_dir)           # model paths re-pointed as engine.json names them
     schedules = dict(spec.schedules)
     static_k = schedules["static"].max_draft_len if "static" in schedules else 0
+    if any(p.concurrency is None for p in spec.points):
+        raise DynspecError("--engine trtllm supports closed-loop --concurrency only")
+    warm = {m: keep_warm_label(m, cfg.trtllm_version) for m in spec.modes}
     rows = []
     for m in spec.modes:
         opts = mode_options(base, m, schedules[m], static_k, cfg.trtllm_version)
-        if "speculative_config" in opts:
-            opts["speculative_config"] = _decoding_config(opts["speculative_config"])
         log(f"trtllm: starting LLM for mode {m}")
-        llm = LLM(model=cfg.target_dir, **opts)
-        try:
+        with TrtllmEngine.start({"model": cfg.target_dir, **opts}, cfg) as engine:
             for p in spec.points:
-                if p.concurrency is None:
-                    raise DynspecError("--engine trtllm supports closed-loop --concurrency only")
                 reqs = take(spec.requests, spec.count.at(p))
-                llm.get_stats(timeout=1)            # drain stats of earlier runs
+                engine.new_iteration_stats(timeout=1)            # drain stats of earlier runs
                 t0 = time.perf_counter()
-                timings = asyncio.run(_closed_loop_async(llm, reqs, p.concurrency, SamplingParams))
+                timings = asyncio.run(_closed_loop_async(engine, reqs, p.concurrency))
                 t1 = time.perf_counter()
-                steps = steps_from_stats(llm.get_stats(timeout=5))
+                steps = tuple(StepRecord.of(r) for r in engine.new_iteration_stats(timeout=5))
                 met = summarize([RunRecord(tuple(timings), steps, t0, t1)])
-                rows.append(make_row(p, m, spec, schedules[m], True, met, 1))
+                rows.append(make_row(p, m, spec, schedules[m], warm[m], met, 1))
                 log(f"trtllm {m} C={p.concurrency}: {met.output_tok_per_s:.1f} tok/s, mean K {met.mean_k:.2f}")
-        finally:
-            llm.shutdown()
     doc = {"env": {"name": Path(args.out).name, "device": "cuda (TensorRT-LLM)", "engine": "trtllm",
                    "engine_source": choice.source, "tp": base.get("tensor_parallel_size", cfg.tp),
                    "world_size": int(os.environ.get("tllm_mpi_size", "1")), "replicas": 1,
                    "versions": versions(), "command": _launch_line(argv),
                    "acceptance_model": str(spec.acceptance), "acceptance_lossless": True,
                    "schedules": {m: s.to_spec() for m, s in spec.schedules}, "workload": spec.workload,
+                   "keep_warm": warm,
                    "trtllm_version": cfg.trtllm_version, "seed": spec.seed},
            "rows": rows}
     write_all(doc, args.out)

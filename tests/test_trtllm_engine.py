@@ -4,10 +4,16 @@ TensorRT-LLM cannot run here (no GPU, and the wheel comes only from NVIDIA's pac
 these tests put a fake `tensorrt_llm` module in sys.modules. Its `LLM` accepts exactly the
 constructor arguments recorded from TRT-LLM 1.2.1's TorchLlmArgs (tests/fixtures/
 trtllm_1_2_1_llm_args.json) and rejects anything else, down to the nested speculative,
-KV-cache and CUDA-graph configs; `generate_async(..., streaming=True)` yields RequestOutput-like
-objects with cumulative `outputs[0].token_ids`; `get_stats()` returns C++ IterationStats JSON
-(camelCase names from cpp/tensorrt_llm/executor/jsonSerialization.cpp), with K looked up in
-the rendered draft_len_schedule the way 1.2.1's drafter does (bisect_right on active requests).
+KV-cache and CUDA-graph configs (the speculative config arrives as a `tensorrt_llm.llmapi`
+Eagle3DecodingConfig, whose fake checks its fields the same way); `generate_async(...,
+streaming=True)` yields RequestOutput-like objects with cumulative `outputs[0].token_ids`;
+`get_stats()` returns C++ IterationStats JSON (camelCase names from
+cpp/tensorrt_llm/executor/jsonSerialization.cpp), with K looked up in the rendered
+draft_len_schedule the way 1.2.1's drafter does (bisect_right on active requests), K =
+max_draft_len without a schedule and K = 0 without a speculative config.
+
+The same fake runs benchmarks/trtllm_driver.py end to end: the sweep's one TRT-LLM path is
+TrtllmEngine, and both read iteration stats with the engine's one parser.
 """
 import asyncio
 import bisect
@@ -41,6 +47,26 @@ class FakeSamplingParams:
     top_k: Optional[int] = None
     top_p: Optional[float] = None
     detokenize: bool = True
+    ignore_eos: bool = False
+
+
+class FakeDecodingConfig:
+    """Eagle3DecodingConfig: keyword fields (or aliases) of the recorded model only (pydantic extra='forbid')."""
+    model = "Eagle3DecodingConfig"
+
+    def __init__(self, **kwargs):
+        accepted = set(FIXTURE["models"][self.model]) | set(FIXTURE["aliases"].get(self.model, {}))
+        unknown = sorted(k for k in kwargs if k not in accepted)
+        if unknown:
+            raise ValueError(f"Extra inputs are not permitted: {unknown}")
+        self.fields = dict(kwargs)
+
+
+class FakeEagleConfig(FakeDecodingConfig):
+    model = "Eagle3DecodingConfig"      # (EAGLE-1/2 is not recorded; the engine must not pick it here)
+
+    def __init__(self, **kwargs):
+        raise AssertionError("EagleDecodingConfig chosen for an Eagle3 speculative_config")
 
 
 @dataclass
@@ -61,13 +87,22 @@ class FakeLLM:
         args = {"model": model, **kwargs}
         unknown = [k for k in args if k not in FIXTURE["models"]["TorchLlmArgs"]]
         for key, model_name in FIXTURE["nested"].items():
+            if key == "TorchLlmArgs.speculative_config":
+                continue                                   # checked by FakeDecodingConfig
             accepted = set(FIXTURE["models"][model_name]) | set(FIXTURE["aliases"].get(model_name, {}))
             unknown += [f"{key}.{k}" for k in (args.get(key.split(".", 1)[1]) or {}) if k not in accepted]
         if unknown:
             raise ValueError(f"Extra inputs are not permitted: {unknown}")   # pydantic extra='forbid'
+        sc = args.get("speculative_config")
+        assert sc is None or isinstance(sc, FakeDecodingConfig), type(sc)
         self.args = args
-        sc = args["speculative_config"]
-        self.schedule = {int(k): v for k, v in sc["draft_len_schedule"].items()}
+        self.spec = sc.fields if sc is not None else None
+        if self.spec is None:
+            self.schedule = {1: 0}
+        elif self.spec.get("draft_len_schedule") is None:
+            self.schedule = {1: self.spec["max_draft_len"]}
+        else:
+            self.schedule = {int(k): v for k, v in self.spec["draft_len_schedule"].items()}
         self.active = 0
         self._stats: list = []
         FakeLLM.instances.append(self)
@@ -131,7 +166,11 @@ class FakeLLM:
 def fake_trtllm(monkeypatch):
     mod = types.ModuleType("tensorrt_llm")
     mod.LLM, mod.SamplingParams = FakeLLM, FakeSamplingParams
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    llmapi.Eagle3DecodingConfig, llmapi.EagleDecodingConfig = FakeDecodingConfig, FakeEagleConfig
+    mod.llmapi = llmapi
     monkeypatch.setitem(sys.modules, "tensorrt_llm", mod)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
     FakeLLM.instances = []
     return mod
 
@@ -170,9 +209,11 @@ def test_open_passes_the_engine_dir_options(fake_trtllm, engine_dir):
     eng = TrtllmEngine.open(engine_dir)
     args = FakeLLM.instances[-1].args
     cfg = EngineConfig.load(engine_dir)
-    assert args["model"] == cfg.target_dir and args["speculative_config"]["speculative_model"] == cfg.draft_dir
+    spec = FakeLLM.instances[-1].spec
+    assert args["model"] == cfg.target_dir and spec["speculative_model"] == cfg.draft_dir
     assert args["backend"] == "pytorch" and args["tensor_parallel_size"] == 8
-    assert args["speculative_config"]["eagle3_one_model"] is False and args["enable_iter_perf_stats"] is True
+    assert spec["eagle3_one_model"] is False and args["enable_iter_perf_stats"] is True
+    assert "decoding_type" not in spec and spec["draft_len_schedule"] == {1: 4, 2: 2, 3: 0}
     eng.close()
     assert FakeLLM.instances[-1].closed
 
@@ -222,3 +263,106 @@ def test_iteration_record_conversion():
     assert (plain.batch_size, plain.k, plain.drafted, plain.accepted, plain.emitted) == (40, 0, 0, 0, 40)
     for name in ("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens"):
         assert name in FIXTURE["iteration_stats_json"]["SpecDecodingStats"]
+    for name in ("iter", "iterLatencyMS", "numActiveRequests", "inflightBatchingStats", "specDecodingStats"):
+        assert name in FIXTURE["iteration_stats_json"]["IterationStats"]
+
+
+# Recorded-shape entries: one request of three drafted one token short (near its max_tokens).
+ELEVEN_OVER_THREE = {"iter": 3, "iterLatencyMS": 20.0, "numActiveRequests": 3,
+                     "inflightBatchingStats": {"numScheduledRequests": 3, "numGenRequests": 3},
+                     "specDecodingStats": {"numDraftTokens": 11, "numAcceptedTokens": 5,
+                                           "numRequestsWithDraftTokens": 3, "acceptanceLength": 2.67}}
+NO_ACTIVE_COUNT = {"iter": 4, "iterLatencyMS": 20.0,
+                   "inflightBatchingStats": {"numScheduledRequests": 2, "numGenRequests": 2},
+                   "specDecodingStats": {"numDraftTokens": 8, "numAcceptedTokens": 3, "numRequestsWithDraftTokens": 2}}
+
+
+def test_k_is_the_ceiling_of_drafts_per_drafting_request():
+    """11 drafts over 3 requests: the schedule gave K=4 and one request drafted 3 (floor said 3)."""
+    from dynspec.runtime.engines.trtllm import iteration_record
+
+    assert iteration_record(ELEVEN_OVER_THREE).k == 4
+    assert iteration_record(json.dumps(ELEVEN_OVER_THREE)).k == 4
+    for drafted, n, k in [(12, 3, 4), (10, 3, 4), (9, 3, 3), (1, 1, 1), (7, 2, 4), (0, 0, 0)]:
+        e = {**ELEVEN_OVER_THREE, "specDecodingStats": {"numDraftTokens": drafted, "numAcceptedTokens": 0,
+                                                        "numRequestsWithDraftTokens": n}}
+        assert iteration_record(e).k == k, (drafted, n)
+
+
+def test_missing_active_count_is_refused_not_guessed():
+    from dynspec.runtime.engines.trtllm import iteration_record, iteration_records
+
+    with pytest.raises(DynspecError, match="entry 0 has no numActiveRequests"):
+        iteration_record(NO_ACTIVE_COUNT)
+    with pytest.raises(DynspecError, match="entry 1 has no numActiveRequests"):
+        iteration_records([ELEVEN_OVER_THREE, NO_ACTIVE_COUNT])
+
+
+@pytest.mark.parametrize("entry,needle", [
+    ("{not json", "not JSON"),
+    ([1, 2], "not an object"),
+    ({"numActiveRequests": -1}, "numActiveRequests=-1"),
+    ({"numActiveRequests": "3"}, "numActiveRequests='3'"),
+    ({"numActiveRequests": 2, "specDecodingStats": {"numDraftTokens": 4}}, "inconsistent"),
+    ({"numActiveRequests": 2, "specDecodingStats": {"numDraftTokens": 4, "numRequestsWithDraftTokens": 3}},
+     "inconsistent"),
+    ({"numActiveRequests": 2, "specDecodingStats": {"numDraftTokens": 2.5, "numRequestsWithDraftTokens": 1}},
+     "numDraftTokens=2.5"),
+])
+def test_malformed_entries_name_the_value(entry, needle):
+    from dynspec.runtime.engines.trtllm import iteration_record
+
+    with pytest.raises(DynspecError, match=needle):
+        iteration_record(entry)
+
+
+def test_engine_and_driver_read_stats_the_same_way():
+    from dynspec.benchmarks.metrics import StepRecord
+    from dynspec.benchmarks.trtllm_driver import steps_from_stats
+    from dynspec.runtime.engines.trtllm import iteration_records
+
+    idle = {"iter": 5, "iterLatencyMS": 1.0, "numActiveRequests": 0}
+    stats = [ELEVEN_OVER_THREE, json.dumps(ELEVEN_OVER_THREE), idle, {"numActiveRequests": 9}]
+    records = iteration_records(stats)
+    assert [(r.iteration, r.batch_size, r.k) for r in records] == [(3, 3, 4), (3, 3, 4), (3, 9, 0)]  # idle: none
+    assert steps_from_stats(stats) == tuple(StepRecord.of(r) for r in records)
+    with pytest.raises(DynspecError, match="numActiveRequests"):
+        steps_from_stats([NO_ACTIVE_COUNT])
+
+
+def test_keep_warm_labels_are_honest():
+    from dynspec.benchmarks.trtllm_driver import keep_warm_label
+
+    for version in ("1.2.1", "1.3.0rc2"):
+        assert keep_warm_label("baseline", version) is False
+        assert keep_warm_label("dynamic", version) is False        # stale-draft trap: build/trap.py
+        assert keep_warm_label("static", version) is False
+
+
+def test_sweep_driver_runs_on_trtllm_engine(fake_trtllm, engine_dir, tmp_path, monkeypatch):
+    """`sweep --engine trtllm` end to end against the fake: one TrtllmEngine per mode, honest
+    keep_warm, and K per batch size as the rendered schedule gives it."""
+    from dynspec.benchmarks import sweep
+    from dynspec.runtime.engines import trtllm
+
+    started = []
+    real_start = trtllm.TrtllmEngine.start.__func__
+    monkeypatch.setattr(trtllm.TrtllmEngine, "start",
+                        classmethod(lambda cls, o, c: started.append(o) or real_start(cls, o, c)))
+    out = tmp_path / "run"
+    rc = sweep.main(["--engine", "trtllm", "--engine-dir", str(engine_dir), "--concurrency", "1,2",
+                     "--num-requests", "2", "--input-len", "4", "--output-len", "6", "--trials", "1",
+                     "--warmup-requests", "0", "--static-k", "3", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert [FakeLLM.instances[i].spec is None for i in range(3)] == [True, False, False]
+    assert len(started) == 3 and all(o["enable_iter_perf_stats"] for o in started)
+    assert doc["env"]["keep_warm"] == {"baseline": False, "static": False, "dynamic": False}
+    rows = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}
+    assert all(r["keep_warm"] is False for r in rows.values())
+    assert all(r["output_tokens"] == 2 * 6 for r in rows.values())
+    assert rows[("baseline", 1)]["mean_k"] == 0 and rows[("static", 2)]["mean_k"] == 3
+    sched = {1: 4, 2: 2, 3: 0}                                    # "1:4,2:2" rendered for 1.2.1
+    for c in (1, 2):
+        ks = {(b, k) for b, k, _ in rows[("dynamic", c)]["k_by_batch"]}
+        assert ks and all(k == sched[min(b, 3)] for b, k in ks), ks

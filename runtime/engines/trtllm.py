@@ -4,23 +4,33 @@ TRT-LLM runs its own continuous batching and applies `draft_len_schedule` itself
 engine sits at the client side of the executor: submit prompts, stream tokens, read back the
 per-iteration record {b, K, drafted, accepted} that the reference engine's executor keeps.
 
-`import tensorrt_llm` happens in `open` only; nothing else here needs it.
+`import tensorrt_llm` happens in `TrtllmEngine.start` only; nothing else here needs it.
 
 One `LLM.get_stats()` entry (C++ IterationStats as JSON; 1.2-era builds may hand back the JSON
-string instead of the dict) -> one IterationStats:
+string instead of the dict) -> one IterationStats, by `iteration_record`, the one parser of
+these entries in dynspec (the engine and benchmarks/trtllm_driver.py both use it):
     {"iter": 7, "iterLatencyMS": 21.5, "numActiveRequests": 3,
      "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 3, ...},
-     "specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 7,
+     "specDecodingStats": {"numDraftTokens": 11, "numAcceptedTokens": 7,
                            "numRequestsWithDraftTokens": 3, "acceptanceLength": 3.33, ...}}
-    -> IterationStats(iteration=7, batch_size=3, k=4, drafted=12, accepted=7, emitted=10,
+    -> IterationStats(iteration=7, batch_size=3, k=4, drafted=11, accepted=7, emitted=10,
                       seconds=0.0215, host_seconds=0.0)
-batch_size is numActiveRequests: TRT-LLM 1.2's PyExecutor looks the schedule up with
-len(active_requests). K = drafted // requests that drafted (0 when none did).
+Rules (field names from cpp/tensorrt_llm/executor/jsonSerialization.cpp; meanings from
+PyExecutor's iteration-stats code in tensorrt_llm/_torch/pyexecutor/py_executor.py):
+- batch_size = numActiveRequests, the count PyExecutor looks draft_len_schedule up with
+  (len(active_requests)). TRT-LLM always writes it; an entry without it is refused, not guessed.
+  numActiveRequests == 0 is an idle iteration: no record.
+- K = ceil(numDraftTokens / numRequestsWithDraftTokens), 0 when no request drafted. PyExecutor
+  sums each generation request's draft length over the requests that drafted; within one
+  iteration the schedule gives them all the same K, and a request can draft fewer (it is near
+  its max_tokens, or its zero token ids are not counted), never more. So the mean is <= K and
+  its ceiling is K while the shortfall stays under one token per request: 11 over 3 -> 4.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
@@ -46,29 +56,68 @@ def load_options(engine_dir: str | Path) -> tuple[EngineConfig, dict]:
     return cfg, options
 
 
-def iteration_record(stat: Mapping[str, Any] | str) -> IterationStats:
-    """One TRT-LLM iteration-stats entry -> the executor's IterationStats. Pure."""
+def _count(entry: Mapping, section: Mapping, name: str, where: str) -> int:
+    value = section.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DynspecError(f"TRT-LLM iteration stats {where}: {name}={value!r} is not a count >= 0 in {dict(entry)!r}")
+    return value
+
+
+def iteration_record(stat: Mapping[str, Any] | str, position: int = 0) -> IterationStats | None:
+    """One TRT-LLM iteration-stats entry -> the executor's IterationStats, or None for an idle
+    iteration. Pure. `position` numbers an entry that has no "iter"."""
     if isinstance(stat, str):
-        stat = json.loads(stat)
+        try:
+            stat = json.loads(stat)
+        except ValueError as e:
+            raise DynspecError(f"TRT-LLM iteration stats entry {position} is not JSON: {e}") from None
+    if not isinstance(stat, Mapping):
+        raise DynspecError(f"TRT-LLM iteration stats entry {position} is {type(stat).__name__}, not an object")
+    where = f"entry {position}"
+    if "numActiveRequests" not in stat:
+        raise DynspecError(
+            f"TRT-LLM iteration stats {where} has no numActiveRequests (the batch size the schedule is looked up "
+            f"with): {dict(stat)!r}"
+        )
+    batch = _count(stat, stat, "numActiveRequests", where)
+    if batch == 0:
+        return None
     spec = stat.get("specDecodingStats") or {}
     ifb = stat.get("inflightBatchingStats") or {}
-    drafted = int(spec.get("numDraftTokens", 0))
-    accepted = int(spec.get("numAcceptedTokens", 0))
-    drafting = int(spec.get("numRequestsWithDraftTokens", 0))
+    drafted = _count(stat, spec, "numDraftTokens", where)
+    accepted = _count(stat, spec, "numAcceptedTokens", where)
+    drafting = _count(stat, spec, "numRequestsWithDraftTokens", where)
+    if (drafted > 0) != (drafting > 0) or drafting > batch:
+        raise DynspecError(
+            f"TRT-LLM iteration stats {where}: numDraftTokens={drafted} over numRequestsWithDraftTokens={drafting} "
+            f"with numActiveRequests={batch} is inconsistent"
+        )
     return IterationStats(
-        iteration=int(stat["iter"]),
-        batch_size=int(stat.get("numActiveRequests", ifb.get("numScheduledRequests", 0))),
-        k=drafted // drafting if drafting else 0,
+        iteration=int(stat.get("iter", position)),
+        batch_size=batch,
+        k=math.ceil(drafted / drafting) if drafting else 0,
         drafted=drafted,
         accepted=accepted,
-        emitted=int(ifb.get("numGenRequests", 0)) + accepted,   # generation tokens: 1 + accepted per request
+        emitted=_count(stat, ifb, "numGenRequests", where) + accepted,   # generation tokens: 1 + accepted per request
         seconds=float(stat.get("iterLatencyMS", 0.0)) / 1000.0,
         host_seconds=0.0,
     )
 
 
 def iteration_records(stats: Iterable[Mapping[str, Any] | str]) -> tuple[IterationStats, ...]:
-    return tuple(iteration_record(s) for s in stats)
+    """Every non-idle entry, in order."""
+    records = (iteration_record(s, i) for i, s in enumerate(stats))
+    return tuple(r for r in records if r is not None)
+
+
+def decoding_config(llmapi, spec: Mapping) -> Any:
+    """speculative_config mapping (as in llm_api_options.yaml) -> TRT-LLM's config object, the
+    way TRT-LLM's own YAML path does (DecodingBaseConfig.from_dict dispatches on decoding_type)."""
+    spec = dict(spec)
+    kind = spec.pop("decoding_type", "Eagle3")
+    if kind not in ("Eagle3", "Eagle"):
+        raise DynspecError(f"speculative_config.decoding_type {kind!r} is not 'Eagle3' or 'Eagle'")
+    return (llmapi.Eagle3DecodingConfig if kind == "Eagle3" else llmapi.EagleDecodingConfig)(**spec)
 
 
 class TrtllmEngine:
@@ -81,30 +130,43 @@ class TrtllmEngine:
     @classmethod
     def open(cls, engine_dir: str | Path, **overrides) -> "TrtllmEngine":
         """LLM(**options) for engine_dir; overrides replace top-level option keys."""
+        cfg, options = load_options(engine_dir)
+        options.update(overrides)
+        return cls.start(options, cfg)
+
+    @classmethod
+    def start(cls, options: Mapping, config: EngineConfig) -> "TrtllmEngine":
+        """LLM(**options) for LLM-API options as written in llm_api_options.yaml (with "model");
+        no speculative_config runs the target alone."""
         try:
+            import tensorrt_llm
             from tensorrt_llm import LLM, SamplingParams
         except ImportError as e:
             raise DynspecError(
                 f"the trtllm engine needs TensorRT-LLM (tensorrt_llm==1.2.1 from NVIDIA's package index): {e}"
             ) from e
-        cfg, options = load_options(engine_dir)
-        options.update(overrides)
-        return cls(LLM(**options), SamplingParams, cfg)
+        options = dict(options)
+        if options.get("speculative_config") is not None:
+            import tensorrt_llm.llmapi  # noqa: F401  (the decoding config classes)
+
+            options["speculative_config"] = decoding_config(tensorrt_llm.llmapi, options["speculative_config"])
+        return cls(LLM(**options), SamplingParams, config)
 
     # ---- requests -----------------------------------------------------------------------
-    def _sampling(self, max_new_tokens: int, stop_ids: Sequence[int]):
+    def _sampling(self, max_new_tokens: int, stop_ids: Sequence[int], ignore_eos: bool):
         if max_new_tokens < 1:
             raise DynspecError(f"max_new_tokens={max_new_tokens} must be at least 1")
         return self._sp(max_tokens=max_new_tokens, stop_token_ids=[int(s) for s in stop_ids] or None,
-                        detokenize=False)
+                        detokenize=False, ignore_eos=ignore_eos)
 
     async def stream(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                     stop_ids: Sequence[int] = ()) -> AsyncIterator[list[int]]:
-        """Yield lists of new token ids as TRT-LLM produces them (greedy: no sampling knobs set)."""
+                     stop_ids: Sequence[int] = (), ignore_eos: bool = False) -> AsyncIterator[list[int]]:
+        """Yield lists of new token ids as TRT-LLM produces them (greedy: no sampling knobs set).
+        ignore_eos=True runs to max_new_tokens (benchmarks: fixed output lengths)."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise DynspecError("prompt is empty")
-        out = self.llm.generate_async(prompt, sampling_params=self._sampling(max_new_tokens, stop_ids),
+        out = self.llm.generate_async(prompt, sampling_params=self._sampling(max_new_tokens, stop_ids, ignore_eos),
                                       streaming=True)
         seen = 0
         async for partial in out:
@@ -129,9 +191,15 @@ class TrtllmEngine:
         return list(asyncio.run(run()))
 
     # ---- stats --------------------------------------------------------------------------
+    def new_iteration_stats(self, timeout: float = 2.0) -> tuple[IterationStats, ...]:
+        """The iterations TRT-LLM reported since the last call (they are also kept for iteration_stats)."""
+        new = iteration_records(self.llm.get_stats(timeout=timeout))
+        self._stats.extend(new)
+        return new
+
     def iteration_stats(self, timeout: float = 2.0) -> tuple[IterationStats, ...]:
         """Every iteration seen so far (get_stats drains TRT-LLM's queue, so they are kept here)."""
-        self._stats.extend(iteration_records(self.llm.get_stats(timeout=timeout)))
+        self.new_iteration_stats(timeout)
         return tuple(self._stats)
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ class Engine(Protocol):
     max_batch_size: int
     max_seq_len: int
     max_draft_len: int          # largest K the engine was set up for
+    vocab_size: int             # prompt ids must lie in 0..vocab_size-1
     buckets: tuple[int, ...]
 
     def prefill(self, row0: int, prompts: Sequence[Sequence[int]]) -> list[int]: ...
@@ -143,17 +144,24 @@ class Executor:
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request] = []            # row r of the cache <-> self._rows[r]
         self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
+        self._stats_lock = threading.Lock()       # pollers read while the loop thread appends
         self._iterations = 0
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
         self._error: BaseException | None = None
+        self.step_errors = 0                       # iterations whose engine call raised (loop thread)
+        self.last_step_error: Exception | None = None
 
     # ---- client side ------------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> RequestHandle:
         prompt = tuple(int(t) for t in prompt_ids)
         if not prompt:
             raise DynspecError("prompt is empty")
+        vocab = self.engine.vocab_size
+        bad = next((i for i, t in enumerate(prompt) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise DynspecError(f"prompt token id {prompt[bad]} at index {bad} is outside the vocabulary 0..{vocab - 1}")
         if max_new_tokens < 1:
             raise DynspecError(f"max_new_tokens={max_new_tokens} must be at least 1")
         # room for the prompt, the new tokens, and one verify window past the last one
@@ -165,6 +173,8 @@ class Executor:
             )
         req = _Request(next(self._ids), prompt, max_new_tokens, frozenset(int(s) for s in stop_ids), self._clock())
         with self._lock:
+            if self._stop:
+                raise DynspecError("executor is stopped; it takes no new requests")
             if self._error is not None:
                 raise RuntimeError("executor loop has failed") from self._error
             self._waiting.append(req)
@@ -178,15 +188,17 @@ class Executor:
 
     @property
     def stats(self) -> tuple[IterationStats, ...]:
-        return tuple(self._stats)
+        with self._stats_lock:
+            return tuple(self._stats)
 
     def stats_since(self, iteration: int) -> tuple[IterationStats, ...]:
         """Iterations numbered >= `iteration` still held (cheap for pollers: scans from the end)."""
         out = []
-        for st in reversed(self._stats):
-            if st.iteration < iteration:
-                break
-            out.append(st)
+        with self._stats_lock:
+            for st in reversed(self._stats):
+                if st.iteration < iteration:
+                    break
+                out.append(st)
         return tuple(reversed(out))
 
     @property
@@ -199,7 +211,9 @@ class Executor:
 
     # ---- the iteration ----------------------------------------------------------------
     def step(self) -> IterationStats | None:
-        """Run one iteration. Returns None when there was nothing to decode."""
+        """Run one iteration. Returns None when there was nothing to decode. If the engine
+        raises, the requests of this iteration end as "error" and the error is re-raised;
+        the executor itself stays usable."""
         self._retire()
         if self._admit():
             self._retire()              # a request may finish on its first token
@@ -220,16 +234,30 @@ class Executor:
             buckets=self.engine.buckets,
         )
         t1 = self._clock()
-        result = self.engine.step(plan, self.acceptance)
+        try:
+            result = self.engine.step(plan, self.acceptance)
+        except BaseException:
+            self._fail(rows)
+            raise
         t2 = self._clock()
         emitted = 0
-        for req, toks in zip(rows, result.emitted):
-            req.draft_warm = result.draft_warm
-            emitted += self._append(req, toks, t2)
+        with self._lock:                # cancel() holds it too: no token lands after cancel() returns
+            for req, toks in zip(rows, result.emitted):
+                req.draft_warm = result.draft_warm
+                emitted += self._append(req, toks, t2)
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0)
         self._iterations += 1
-        self._stats.append(st)
+        with self._stats_lock:
+            self._stats.append(st)
         return st
+
+    def _fail(self, reqs: Sequence[_Request]) -> None:
+        """End `reqs` as "error" (a failed engine call) and drop them from the rows."""
+        now = self._clock()
+        with self._lock:
+            for req in reqs:
+                self._finish(req, "error", now)
+        self._rows = [r for r in self._rows if r.finish_reason is None]
 
     def run_until_idle(self) -> None:
         while self._waiting or self._rows:
@@ -251,17 +279,20 @@ class Executor:
         try:
             firsts = self.engine.prefill(len(self._rows), [r.prompt for r in new])
         except BaseException:
-            for req in new:                     # never leave a popped request unfinished
-                self._finish(req, "error", self._clock())
+            self._fail(new)                     # never leave a popped request unfinished
             raise
         now = self._clock()
-        for req, first in zip(new, firsts):
-            self._rows.append(req)
-            self._append(req, (first,), now)
+        with self._lock:
+            for req, first in zip(new, firsts):
+                self._rows.append(req)
+                self._append(req, (first,), now)
         return True
 
     def _append(self, req: _Request, toks: Sequence[int], now: float) -> int:
-        """Append up to max_new tokens, stopping after a stop id. Returns how many were kept."""
+        """Append up to max_new tokens, stopping after a stop id. Returns how many were kept.
+        Called with self._lock held; a cancelled request keeps nothing more."""
+        if req.cancelled:
+            self._finish(req, "cancelled", now)
         if req.finish_reason is not None:
             return 0
         kept: list[int] = []
@@ -291,8 +322,15 @@ class Executor:
         req.chunks.put(_DONE)
 
     def _retire(self) -> None:
-        """Drop finished/cancelled rows; move the last row into each hole (rows stay a prefix)."""
+        """End cancelled waiting requests; drop finished/cancelled rows, moving the last row
+        into each hole (rows stay a prefix)."""
         now = self._clock()
+        with self._lock:
+            if any(req.cancelled for req in self._waiting):
+                for req in self._waiting:
+                    if req.cancelled:
+                        self._finish(req, "cancelled", now)
+                self._waiting = deque(req for req in self._waiting if not req.cancelled)
         r = 0
         while r < len(self._rows):
             req = self._rows[r]
@@ -311,15 +349,21 @@ class Executor:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._stop = False
+        with self._lock:
+            self._stop = False
         self._thread = threading.Thread(target=self._loop, name="dynspec-executor", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the loop; requests still running or waiting end as "cancelled"."""
+        """Stop the loop; requests still running or waiting end as "cancelled", and submit()
+        raises from now on (until start())."""
         with self._lock:
             self._stop = True
             self._lock.notify_all()
+            if self._thread is None:            # driven by step(): end what is left here
+                for req in list(self._rows) + list(self._waiting):
+                    self._finish(req, "cancelled", self._clock())
+                self._waiting.clear()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -338,7 +382,11 @@ class Executor:
                         self._rows.clear()
                         self._waiting.clear()
                         return
-                self.step()
+                try:
+                    self.step()
+                except Exception as e:  # step() ended its own requests as "error"; others go on
+                    self.step_errors += 1
+                    self.last_step_error = e
         except BaseException as e:  # surface to clients instead of hanging them
             self._error = e
             with self._lock:

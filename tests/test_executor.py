@@ -240,3 +240,175 @@ def test_a_failing_prefill_finishes_its_requests_and_stop_cancels_the_rest(pair)
     ex.stop()
     assert all(x.done for x in hs)
     assert {x.result().finish_reason for x in hs} <= {"cancelled", "length"}
+
+
+# ---- issue 13 (5, 6, 11, 12) and issue 14 (4, 5, 6): the executor under a careless client ----
+
+def test_stats_since_survives_a_loop_thread_appending(pair):
+    """Issue 13.5: polling while the loop appends raised "deque mutated during iteration"."""
+    import sys
+    import threading
+
+    ex = Executor(engine(pair), DraftSchedule.static(2, 16), stats_limit=4)
+    errors, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            try:
+                ex.stats_since(0)
+            except RuntimeError as e:
+                errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        run_closed_loop(ex, prompts(6, seed=21), 24, 6)
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    assert errors == []
+
+
+def test_no_token_lands_after_cancel(pair):
+    """Issue 13.6: cancel() while an iteration runs (as a client thread does); the tokens of
+    that iteration are neither appended nor streamed."""
+    eng = engine(pair)
+    ex = Executor(eng, DraftSchedule.static(3, 16))
+    h = ex.submit(prompts(1, seed=22)[0], 40)
+    ex.step()
+    before = h.tokens()
+    real = eng.step
+
+    def cancelled_midway(plan, acceptance):
+        out = real(plan, acceptance)
+        h.cancel()                       # the client cancels while the device works
+        return out
+
+    eng.step = cancelled_midway
+    ex.step()
+    assert h.tokens() == before and sum(h.stream(timeout=1), []) == before
+    assert h.result().finish_reason == "cancelled"
+
+
+def test_out_of_vocabulary_ids_are_refused_at_submit_and_hurt_nobody(pair, hf_target):
+    """Issue 14.4: an id past the vocabulary (or negative) is refused at submit; the running
+    requests finish normally and the executor takes new work."""
+    ex = Executor(engine(pair), DraftSchedule.static(2, 16))
+    ps = prompts(3, seed=23)
+    hs = [ex.submit(p, 8) for p in ps]
+    ex.step()
+    for bad in ([1, 2, 96], [1, -1], [10**23]):
+        with pytest.raises(DynspecError, match=r"outside the vocabulary 0\.\.95"):
+            ex.submit(bad, 5)
+    ex.run_until_idle()
+    assert [h.result().output_ids for h in hs] == greedy_many(hf_target, ps, 8)
+    h = ex.submit(ps[0], 4)
+    ex.run_until_idle()
+    assert h.result().output_ids == greedy(hf_target, ps[0], 4)
+
+
+def test_a_failing_step_fails_only_its_requests_and_the_loop_goes_on(pair, hf_target):
+    """Issue 14.4: an engine error in one iteration ends that iteration's requests as
+    "error"; the background loop keeps serving the next ones."""
+    eng = engine(pair, max_batch=2)
+    ex = Executor(eng, DraftSchedule.static(2, 2))
+    real, calls = eng.step, []
+
+    def flaky(plan, acceptance):
+        calls.append(plan)
+        if len(calls) == 2:
+            raise RuntimeError("simulated device failure in step")
+        return real(plan, acceptance)
+
+    eng.step = flaky
+    first = ex.submit([1, 2, 3], 20)
+    ex.start()
+    try:
+        list(first.stream(timeout=30))
+        assert first.result().finish_reason == "error"
+        p = prompts(1, seed=24)[0]
+        later = ex.submit(p, 6)
+        list(later.stream(timeout=30))
+        assert later.result().output_ids == greedy(hf_target, p, 6)
+        assert ex.step_errors == 1
+    finally:
+        ex.stop()
+
+
+def test_submit_after_stop_raises_at_once(pair):
+    """Issue 14.5: submit after stop() used to hang its stream forever."""
+    ex = Executor(engine(pair), DraftSchedule.static(2, 16))
+    ex.start()
+    ex.stop()
+    with pytest.raises(DynspecError, match="stopped"):
+        ex.submit([1, 2, 3], 4)
+    ex2 = Executor(engine(pair), DraftSchedule.static(2, 16))
+    ex2.stop()
+    with pytest.raises(DynspecError, match="stopped"):
+        ex2.submit([1, 2, 3], 4)
+
+
+def test_a_cancelled_queued_request_ends_at_the_next_iteration(pair):
+    """Issue 14.6: a cancelled request still waiting for a row ended only when a row freed."""
+    ex = Executor(engine(pair, max_batch=1), DraftSchedule.static(2, 16))
+    running = ex.submit([1, 2, 3], 40)
+    queued = ex.submit([4, 5, 6], 40)
+    ex.step()
+    queued.cancel()
+    ex.step()
+    assert queued.done and queued.result().finish_reason == "cancelled" and queued.tokens() == []
+    assert not running.done and ex.waiting == 0
+
+
+def test_engines_keep_their_own_kernels_and_random_state(pair):
+    """Issue 13.11: one engine's fused kernels are not switched on for every engine, and the
+    Bernoulli model draws from the engine's own generator, not the global torch RNG."""
+    from dynspec.runtime.acceptance import Bernoulli
+
+    fused = load_reference_engine(*pair, dtype=DT, max_batch_size=2, max_seq_len=64, max_draft_len=4,
+                                  fused_kernels=True)
+    plain = engine(pair)
+    assert fused.target.kernels.compiled and not plain.target.kernels.compiled
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    ex = Executor(plain, DraftSchedule.static(4, 16), acceptance=Bernoulli(0.5, seed=3), allow_lossy=True)
+    run_closed_loop(ex, prompts(3, seed=25), 12, 3)
+    assert torch.equal(torch.get_rng_state(), state)
+    again = Executor(engine(pair), DraftSchedule.static(4, 16), acceptance=Bernoulli(0.5, seed=3), allow_lossy=True)
+    a = [s.accepted for s in ex.stats]
+    run_closed_loop(again, prompts(3, seed=25), 12, 3)
+    assert [s.accepted for s in again.stats] == a       # same seed, same draws
+
+
+def test_one_host_read_per_step(pair, monkeypatch):
+    """Issue 13.11: a step reads the device once (the results), whatever the acceptance model."""
+    from dynspec.runtime.acceptance import Bernoulli
+
+    eng = engine(pair)
+    ex = Executor(eng, DraftSchedule.static(3, 16), acceptance=Bernoulli(0.6), allow_lossy=True)
+    for p in prompts(3, seed=26):
+        ex.submit(p, 30)
+    ex.step()                                   # admission (prefill) happens here
+    reads = []
+    for name in ("__bool__", "item", "tolist", "__int__", "__float__", "numpy", "cpu"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _n=name, _r=real, **k: (reads.append(_n), _r(self, *a, **k))[1])
+    plan_steps = 3
+    for _ in range(plan_steps):
+        ex.step()
+    monkeypatch.undo()
+    assert reads == ["tolist"] * plan_steps
+
+
+def test_graph_keys_name_one_thing_per_field():
+    """Issue 13.12: GraphKey.k is the draft count only; keep-warm has its own field."""
+    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+
+    keys = reachable_graphs([DraftSchedule.threshold(4, 5)], 8, keep_warm=True)
+    assert GraphKey("decode", 8, 0, keep_warm=True) in keys
+    assert GraphKey("spec", 8, 4) in keys and GraphKey("refresh", 8) in keys
+    assert all(g.k == 0 for g in keys if g.kind != "spec")

@@ -230,27 +230,16 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 
 
 class Kernels:
-    """The elementwise glue of a decoder layer. Eager by default; `compile()` fuses each into
-    one kernel with torch.compile (CUDA only): a 32-layer decode step otherwise launches ~45
-    small kernels per layer, and at batch 1 their launch gaps cost more than the weights."""
+    """The elementwise glue of a decoder layer, held per model (never process-wide).
+    `Kernels()` is eager; `Kernels(compiled=True)` fuses each piece into one kernel with
+    torch.compile (CUDA only): a 32-layer decode step otherwise launches ~45 small kernels
+    per layer, and at batch 1 their launch gaps cost more than the weights."""
 
-    def __init__(self):
-        self.eager()
-
-    def eager(self) -> None:
-        self.rms_norm, self.rope_qk, self.add_rms_norm, self.silu_mul = rms_norm, rope_qk, add_rms_norm, silu_mul
-        self.compiled = False
-
-    def compile(self) -> None:
-        if self.compiled:
-            return
-        c = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: E731
+    def __init__(self, compiled: bool = False):
+        self.compiled = compiled
+        c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
         self.rms_norm, self.rope_qk = c(rms_norm), c(rope_qk)
         self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
-        self.compiled = True
-
-
-KERNELS = Kernels()
 
 
 # ----------------------------------------------------------------------------- the target
@@ -313,8 +302,8 @@ class Block(nn.Module):
         self.w2 = _empty(c.hidden_size, c.intermediate_size, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_cache: Tensor,
-                v_cache: Tensor, positions: Tensor, kv_len: int) -> Tensor:
-        c, f = self.c, KERNELS
+                v_cache: Tensor, positions: Tensor, kv_len: int, f: Kernels) -> Tensor:
+        c = self.c
         B, T, _ = x.shape
         qkv = F.linear(f.rms_norm(x, self.attention_norm, c.rms_norm_eps), self.wqkv)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -338,6 +327,7 @@ class Target(nn.Module):
         self.norm = _empty(c.hidden_size, device=device, dtype=dtype)
         self.output = None if c.tie_word_embeddings else _empty(
             c.vocab_size, c.hidden_size, device=device, dtype=dtype)
+        self.kernels = Kernels()                                  # per model; the engine may swap in compiled ones
         self.max_batch = self.max_seq_len = 0
         self.register_buffer("k_cache", None, persistent=False)  # [L, max_batch, kvh, S, hd]
         self.register_buffer("v_cache", None, persistent=False)
@@ -380,7 +370,7 @@ class Target(nn.Module):
         vc = self.v_cache[:, row0:row0 + B]
         caps: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, kc[i], vc[i], positions, S)
+            x = layer(x, cos, sin, mask, kc[i], vc[i], positions, S, self.kernels)
             if i in capture:
                 caps[i] = x
         hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [B, T, n*h]

@@ -1,10 +1,11 @@
 """Check rendered LLM-API options against the rules of the pinned TRT-LLM version before they
 are written, so a bad engine dir fails here and not at `LLM(...)` start-up on eight GPUs.
 
-Rules (DESIGN.md, and DecodingBaseConfig.validate_draft_len_schedule_and_sort in TRT-LLM's
-1.2-era tensorrt_llm/llmapi/llm_args.py):
-    all       keys >= 1, values >= 0 and <= max_draft_len, values non-increasing with the key,
-              every key <= max_batch_size is a CUDA-graph batch size
+Rules (docs/design.md section 2, and DecodingBaseConfig.validate_draft_len_schedule_and_sort in
+TRT-LLM's 1.2-era tensorrt_llm/llmapi/llm_args.py):
+    all       max_draft_len in 1..MAX_DRAFT_LEN (dynspec's ceiling, runtime/policy.py),
+              keys in 1..MAX_BATCH_SIZE (int32), values >= 0 and <= max_draft_len, values
+              non-increasing with the key, every key <= max_batch_size is a CUDA-graph batch size
     1.2.x     key 1 exists and equals max_draft_len; eagle3_one_model is false
     1.3.x     the smallest key's value equals max_draft_len; no max_concurrency alongside
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import trtllm_dialect
+from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, trtllm_dialect
 
 
 def validate_options(options: Mapping, version: str) -> None:
@@ -26,8 +27,8 @@ def validate_options(options: Mapping, version: str) -> None:
     if sc.get("decoding_type") != "Eagle3":
         raise DynspecError(f"speculative_config.decoding_type is {sc.get('decoding_type')!r}; expected 'Eagle3'")
     kmax = sc.get("max_draft_len")
-    if not isinstance(kmax, int) or kmax < 1:
-        raise DynspecError(f"speculative_config.max_draft_len is {kmax!r}; expected an integer >= 1")
+    if isinstance(kmax, bool) or not isinstance(kmax, int) or not 1 <= kmax <= MAX_DRAFT_LEN:
+        raise DynspecError(f"speculative_config.max_draft_len is {kmax!r}; expected an integer in 1..{MAX_DRAFT_LEN}")
     sched = sc.get("draft_len_schedule")
     if not sched:
         return
@@ -35,9 +36,9 @@ def validate_options(options: Mapping, version: str) -> None:
     items = sorted(sched.items())
     prev = None
     for key, k in items:
-        if not isinstance(key, int) or key < 1:
-            raise DynspecError(f"{where}: key {key!r} is not a batch size >= 1")
-        if not isinstance(k, int) or not 0 <= k <= kmax:
+        if isinstance(key, bool) or not isinstance(key, int) or not 1 <= key <= MAX_BATCH_SIZE:
+            raise DynspecError(f"{where}: key {key!r} is not a batch size in 1..{MAX_BATCH_SIZE}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= kmax:
             raise DynspecError(f"{where}: value {k!r} at key {key} is outside 0..max_draft_len={kmax}")
         if prev is not None and k > prev:
             raise DynspecError(f"{where}: K increases from {prev} to {k} at key {key}; values must not increase")

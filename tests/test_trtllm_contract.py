@@ -145,3 +145,36 @@ def test_schedules_render_valid_for_121(spec, max_bs):
     trtllm_121_validate(options)
     sched = options["speculative_config"]["draft_len_schedule"]
     assert all(trtllm_121_draft_len(sched, b) == s.draft_len(b) for b in range(1, max_bs + 1))
+
+
+# ---- bounds: refused before anything is written (issue 14.10) ------------------------------------
+def _options(sched, **spec):
+    return {"backend": "pytorch", "max_batch_size": 8, "cuda_graph_config": {"batch_sizes": [1, 2, 4, 8]},
+            "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 4, "eagle3_one_model": False,
+                                   "speculative_model": "/d", "draft_len_schedule": sched, **spec}}
+
+
+@pytest.mark.parametrize("sched,spec,needle", [
+    ({1: 1000000, 2: 0}, {"max_draft_len": 1000000}, "max_draft_len is 1000000; expected an integer in 1..32"),
+    ({1: 4, 2: 0}, {"max_draft_len": True}, "max_draft_len is True"),
+    ({1: 4, 2**31: 0}, {}, "key 2147483648 is not a batch size in 1..2147483647"),
+    ({1: 4, 2: False}, {}, "value False at key 2"),
+])
+def test_validate_bounds_name_the_value(sched, spec, needle):
+    from dynspec.build.validate import validate_options
+    from dynspec.errors import DynspecError
+
+    with pytest.raises(DynspecError, match=needle.replace("[", r"\[")):
+        validate_options(_options(sched, **spec), "1.2.1")
+    validate_options(_options({1: 4, 2: 0}), "1.2.1")        # the same options with sane values pass
+
+
+def test_build_refuses_an_unbounded_k_in_one_line(tmp_path):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "dynspec.cli", "build", "--target", str(tmp_path / "t"),
+                           "--draft", str(tmp_path / "d"), "--out", str(tmp_path / "e"), "--schedule", "4:1000000"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and not (tmp_path / "e").exists()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "K=1000000 exceeds the limit 32" in lines[0], proc.stderr

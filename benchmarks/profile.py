@@ -359,6 +359,9 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
             "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
             "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs)}
+    budget = getattr(cfg.reference, "max_num_tokens", None)
+    if budget is not None:
+        info["max_num_tokens"] = budget          # the token budget `dynspec tune` must respect
     if floor:
         fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20))
         info.update(gemm_floor_ms=fl["gemm_floor_ms"], floor=fl)

@@ -187,10 +187,13 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
-def write_all(doc: Mapping, out: str | os.PathLike) -> dict[str, Path]:
+def write_all(doc: Mapping, out: str | os.PathLike, plot_png: bool = True) -> dict[str, Path]:
+    """NAME.json, NAME.md and (plot_png) NAME.png; returns the paths written."""
     paths = out_paths(out)
     write_json(paths["json"], doc)
     paths["md"].write_text(markdown(doc))
+    if not plot_png:
+        return {k: v for k, v in paths.items() if k != "png"}
     plot(doc, paths["png"])
     return paths
 

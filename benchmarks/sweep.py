@@ -325,8 +325,10 @@ def command_line(argv: Sequence[str], world_size: int) -> str:
     return f"mpirun -n {world_size} {base}" if world_size > 1 else base
 
 
-def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None) -> list[dict]:
-    """Every rank: run every (load point, mode); rank 0 returns the rows (others return [])."""
+def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None,
+                  on_rows=None) -> list[dict]:
+    """Every rank: run every (load point, mode); rank 0 returns the rows (others return []).
+    on_rows(rows so far) runs on rank 0 after each load point (a killed sweep keeps what finished)."""
     import torch
 
     from dynspec.benchmarks.engines import device_for_rank, open_reference, set_cpu_threads
@@ -395,32 +397,37 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
                 out.append((p, m, t, rec))
         return out
 
-    records = []
+    def point_rows(records: list) -> list[dict]:
+        """Rows of the finished load points (rank 0; [] elsewhere): the median trial + spread per mode."""
+        gathered = w.gather(records)
+        if not w.is_root:
+            return []
+        trials: dict[tuple, list] = {}
+        for i, (p, m, t, _) in enumerate(records):
+            trials.setdefault((p, m), []).append(summarize(rank_records[i][3] for rank_records in gathered))
+        rows = []
+        for p in dict.fromkeys(p for p, _ in trials):
+            for m in spec.modes:
+                mets = trials[(p, m)]
+                row = make_row(p, m, spec, schedules[m], warm[m], median_trial(mets), w.size)
+                row.update(trial_fields(mets))
+                rows.append(row)
+        return rows
+
+    rows: list[dict] = []
     ref_mode = "baseline" if "baseline" in spec.modes else spec.modes[0]
     for p in spec.points:
         done = run_point(p)
-        records += done
         if p.concurrency in spec.poisson_at:
             # rate = what the reference mode sustained here, agreed on by every rank
             ref = w.gather([rec for q, m, _, rec in done if m == ref_mode])
             rate = w.bcast(matched_rate([summarize(trial) for trial in zip(*ref)], w.size) if w.is_root else None)
-            records += run_point(LoadPoint(request_rate=rate, matched_concurrency=p.concurrency))
+            done += run_point(LoadPoint(request_rate=rate, matched_concurrency=p.concurrency))
+        rows += point_rows(done)
+        if on_rows is not None and w.is_root:
+            on_rows(rows)
     if bar is not None:
         bar.close()
-    gathered = w.gather(records)
-    if not w.is_root:
-        return []
-    trials: dict[tuple, list] = {}
-    for i, (p, m, t, _) in enumerate(records):
-        trials.setdefault((p, m), []).append(summarize(rank_records[i][3] for rank_records in gathered))
-    rows = []
-    for p in dict.fromkeys(p for p, _ in trials):
-        for m in spec.modes:
-            mets = trials[(p, m)]
-            met = median_trial(mets)
-            row = make_row(p, m, spec, schedules[m], warm[m], met, w.size)
-            row.update(trial_fields(mets))
-            rows.append(row)
     return rows
 
 
@@ -510,10 +517,16 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     log(f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {w.size} replica(s), "
         f"acceptance {spec.acceptance}, {choice.source}")
     t0 = time.perf_counter()
-    rows = run_reference(spec, cfg, args.device, w, progress=not args.no_progress, threads=args.threads)
+    env = env_block(args, spec, cfg, choice.source, args.device, w, argv) if w.is_root else None
+
+    def partial(rows: list[dict]) -> None:
+        write_all({"env": dict(env, wall_s=time.perf_counter() - t0, complete=False), "rows": rows}, args.out,
+                  plot_png=False)
+
+    rows = run_reference(spec, cfg, args.device, w, progress=not args.no_progress, threads=args.threads,
+                         on_rows=partial)
     if w.is_root:
-        doc = {"env": env_block(args, spec, cfg, choice.source, args.device, w, argv), "rows": rows}
-        doc["env"]["wall_s"] = time.perf_counter() - t0
+        doc = {"env": dict(env, wall_s=time.perf_counter() - t0, complete=True), "rows": rows}
         paths = write_all(doc, args.out)
         log("wrote " + ", ".join(str(p) for p in paths.values()))
     w.barrier()

@@ -143,3 +143,37 @@ def test_gemm_floor_on_cpu_times_every_decode_gemm(tmp_path):
     assert ms > 0 and method.startswith("cpu eager (no CUDA graph), 13 GEMMs, 5 runs, median")
     with pytest.raises(DynspecError, match="no weight matrices"):
         gemm_floor_ms([])
+
+
+# ---- the sweep end to end (world of one, random tiny pair) ----------------------------------------
+@pytest.mark.timeout(120)
+def test_sweep_trials_spread_and_matched_poisson(tmp_path):
+    from dynspec.benchmarks import sweep
+    from tests.helpers_models import make_tiny_draft, make_tiny_target
+
+    target = make_tiny_target(tmp_path / "target", vocab=96, hidden=32, layers=3, heads=4, kv_heads=2)
+    draft = make_tiny_draft(tmp_path / "draft", target)
+    out = tmp_path / "res" / "trust"
+    assert sweep.main(["--target", str(target), "--draft", str(draft), "--schedule", "1:2", "--concurrency", "1,2",
+                       "--poisson-at", "2", "--modes", "baseline,dynamic", "--acceptance", "bernoulli:0.7",
+                       "--input-len", "3:9", "--output-len", "2:10", "--num-requests", "4", "--no-progress",
+                       "--warmup-requests", "0", "--out", str(out)]) == 0
+    doc = json.loads((out.parent / "trust.json").read_text())
+    assert doc["env"]["complete"] is True and doc["env"]["trials"] == 3 and doc["env"]["poisson_at"] == [2]
+    rows = doc["rows"]
+    closed = {(r["mode"], r["concurrency"]): r for r in rows if r["concurrency"] is not None}
+    pois = {r["mode"]: r for r in rows if r["matched_concurrency"] == 2}
+    assert set(closed) == {(m, c) for m in ("baseline", "dynamic") for c in (1, 2)} and set(pois) == {"baseline", "dynamic"}
+    for r in rows:
+        assert r["trials"] == 3 and len(r["trial_tok_per_s"]) == 3
+        assert r["tok_per_s_min"] <= r["output_tok_per_s"] <= r["tok_per_s_max"]
+        assert sorted(r["trial_tok_per_s"])[1] == r["output_tok_per_s"]          # the median trial's row
+        assert 0 < r["p50_ttft_s"] <= r["p99_ttft_s"]
+        assert r["num_requests"] == 4 and r["mean_decode_rows"] > 0
+    # the open loop runs at the rate the baseline sustained in the closed loop at C=2 (median trial)
+    base2 = closed[("baseline", 2)]
+    assert pois["baseline"]["request_rate"] == pytest.approx(base2["requests_per_s"])
+    assert pois["dynamic"]["request_rate"] == pois["baseline"]["request_rate"]
+    lengths = {r["output_tokens"] for r in rows}
+    assert len(lengths) >= 1 and all(8 <= n <= 40 for n in lengths)                # 4 requests of 2..10 tokens
+    assert "(Poisson, ~C=2)" in (out.parent / "trust.md").read_text()

@@ -33,6 +33,8 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--max-seq-len", type=int, help="cache length per request (default: engine.json or 1024)")
+    p.add_argument("--max-num-tokens", type=int, metavar="N",
+                   help="tokens per iteration: decode rows x (K+1) + prompt chunks (default: engine.json or 8192)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -55,10 +57,105 @@ def _engine_config(args):
     ref = cfg.reference
     if args.dtype:
         ref = replace(ref, dtype=args.dtype)
-    if args.max_seq_len:
+    if args.max_seq_len is not None:
         ref = replace(ref, max_seq_len=args.max_seq_len)
-    ref = replace(ref, max_batch_size=max(args.concurrency, 1), keep_warm=not args.no_keep_warm)
+    if args.max_num_tokens is not None:
+        ref = replace(ref, max_num_tokens=args.max_num_tokens)
+    ref = replace(ref, max_batch_size=args.concurrency, keep_warm=not args.no_keep_warm)
     return replace(cfg, schedule=sched or cfg.schedule, reference=ref)
+
+
+def _check_flags(args) -> None:
+    """Flag bounds and output paths, before any model is loaded; each error names the value."""
+    from dynspec.artifacts import check_apart, check_writable
+
+    for flag, v in (("--max-new-tokens", args.max_new_tokens), ("--concurrency", args.concurrency),
+                    ("--num-prompts", args.num_prompts), ("--max-seq-len", args.max_seq_len),
+                    ("--max-num-tokens", args.max_num_tokens)):
+        if v is not None and v < 1:
+            raise DynspecError(f"{flag}={v} must be at least 1")
+    inputs = {"--prompts": args.prompts, "--engine-dir": args.engine_dir, "--target": args.target,
+              "--draft": args.draft}
+    outs = [(f, p) for f, p in (("--out", args.out), ("--stats", args.stats)) if p is not None]
+    for flag, path in outs:
+        check_apart(path, inputs, out_flag=flag)
+        check_writable(path, flag)
+    if len(outs) == 2 and Path(args.out).resolve() == Path(args.stats).resolve():
+        raise DynspecError(f"--out and --stats are both {args.out}; give two files")
+    _check_device(args.device)
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise DynspecError(f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise DynspecError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__})")
+        if dev.index is not None and dev.index >= n:
+            raise DynspecError(f"--device {device}: this machine has {n} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise DynspecError(f"--device {device!r}: the reference engine runs on cpu or cuda")
+
+
+def check_prompt_lines(path) -> list[str]:
+    """Refuse what the prompt reader would let through, naming FILE:LINE and the value; return
+    the FILE:LINE of each prompt, in order. A line holds exactly one of:
+        {"id": "a", "input_ids": [1, 2, 3]}     ints only: true, 2.0 and 1e23 are not token ids
+        {"id": "b", "prompt": "def f():"}       UTF-8 text: no lone surrogate such as "\\ud800"
+    """
+    from dynspec.artifacts import iter_jsonl
+
+    wheres = []
+    for _, where, obj in iter_jsonl(path, "prompts file"):
+        if isinstance(obj, dict):
+            if "input_ids" in obj and "prompt" in obj:
+                raise DynspecError(f"{where}: has both 'input_ids' and 'prompt'; give one")
+            ids = obj.get("input_ids")
+            if isinstance(ids, list):
+                for i, t in enumerate(ids):
+                    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                        raise DynspecError(f"{where}: input_ids[{i}] = {json.dumps(t)} is not a token id (an integer >= 0)")
+            text = obj.get("prompt")
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise DynspecError(f"{where}: field 'prompt' holds a lone surrogate "
+                                       f"{text[e.start]!r} at character {e.start}") from None
+        wheres.append(where)
+    return wheres
+
+
+def check_prompt_bounds(ids, wheres, *, vocab: int, max_seq_len: int, max_draft_len: int, max_new_tokens: int) -> None:
+    """Every prompt fits the engine with the user's --max-new-tokens; the error names FILE:LINE.
+    Room needed: prompt + max_new_tokens + one verify window (max K + 1) <= max_seq_len."""
+    for where, p in zip(wheres, ids):
+        if not p:
+            raise DynspecError(f"{where}: the prompt tokenizes to no tokens")
+        bad = next((t for t in p if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise DynspecError(f"{where}: token id {bad} is outside the vocabulary 0..{vocab - 1}")
+        need = len(p) + max_new_tokens + max_draft_len + 1
+        if need > max_seq_len:
+            raise DynspecError(
+                f"{where}: prompt of {len(p)} tokens + --max-new-tokens {max_new_tokens} (+{max_draft_len + 1} verify"
+                f" slack) = {need} exceeds max_seq_len {max_seq_len} (--max-seq-len or engine.json reference)")
+
+
+def _config_vocab(target_dir: str) -> int | None:
+    """vocab_size from the target's config.json, or None where it is not plainly there."""
+    try:
+        v = json.loads((Path(target_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _tokenizer(target_dir: str):
@@ -91,9 +188,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise DynspecError(f"--modes {args.modes!r}: unknown mode(s) {bad}; choose from {MODES}")
-    if args.max_new_tokens < 1:
-        raise DynspecError(f"--max-new-tokens={args.max_new_tokens} must be at least 1")
+    _check_flags(args)
     cfg = _engine_config(args)
+    wheres = check_prompt_lines(args.prompts) if args.prompts else None
     tok = _tokenizer(cfg.target_dir)
     if args.prompts:
         prompts = read_prompts(args.prompts, (lambda s: tok(s)["input_ids"]) if tok else None)
@@ -101,16 +198,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         ids = default_prompts(tok, n=args.num_prompts)
         names = [str(i) for i in range(len(ids))]
+        wheres = [f"built-in prompt {n}" for n in names]
     kmax = max(cfg.schedule.max_draft_len, 1)
     policies = {
         "baseline": DraftSchedule(),
         "static": DraftSchedule.static(kmax, cfg.reference.max_batch_size),
         "dynamic": cfg.schedule,
     }
+    vocab = _config_vocab(cfg.target_dir)
+    if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
+        check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
+                            max_draft_len=max(cfg.schedule.max_draft_len, 1), max_new_tokens=args.max_new_tokens)
     engine = open_reference_engine(cfg, device=args.device)
+    check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
+                        max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens)
     stop = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
     report = {}
-    run_closed_loop(Executor(engine, policies[modes[0]]), ids[:2], 4, 2)   # warm-up, untimed
+    run_closed_loop(Executor(engine, policies[modes[0]]), ids[:2], min(4, args.max_new_tokens), 2)   # warm-up
     for mode in modes:
         ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm)
         with tqdm(total=len(ids), desc=f"{mode:>8}", file=sys.stderr, leave=False) as bar:
@@ -158,10 +262,6 @@ def format_report(schedule, report: dict, concurrency: int) -> str:
 
 
 def _write_jsonl(path, rows) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(path)
+    from dynspec.artifacts import write_text
+
+    write_text(path, "".join(json.dumps(row) + "\n" for row in rows))

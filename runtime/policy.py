@@ -381,6 +381,8 @@ def schedule_from_args(spec: str | None, threshold: int | None, max_draft_len: i
     """One place that turns the CLI's --schedule / --threshold / --max-draft-len into a schedule."""
     if spec is not None and threshold is not None:
         raise ScheduleError("give either --schedule or --threshold, not both")
+    if max_draft_len is not None and not 1 <= max_draft_len <= MAX_DRAFT_LEN:
+        raise ScheduleError(f"--max-draft-len {max_draft_len} is outside 1..{MAX_DRAFT_LEN}")
     if spec is not None:
         return DraftSchedule.parse(spec, max_draft_len)
     if threshold is not None:

@@ -224,7 +224,7 @@ def test_cli_threshold_and_table(capsys):
         (["schedule", "--spec", "4:4", "--threshold", "3", "--max-draft-len", "2"], "not both"),
         (["schedule"], "--schedule SPEC"),
         (["schedule", "--spec", "4:1000000"], f"K=1000000 exceeds the limit {MAX_DRAFT_LEN}"),
-        (["schedule", "--threshold", "4", "--max-draft-len", "99"], "K=99 exceeds the limit"),
+        (["schedule", "--threshold", "4", "--max-draft-len", "99"], "--max-draft-len 99 is outside 1..32"),
         (["schedule", "--spec", "\uff14:4"], "cannot parse schedule tier '\uff14:4'"),
         (["schedule", "--spec", "4:\u0664"], "cannot parse"),
         (["schedule", "--spec", "4:4", "--trtllm-version", "\uff11.2.1"], "unparseable TensorRT-LLM version"),
@@ -232,6 +232,9 @@ def test_cli_threshold_and_table(capsys):
         (["schedule", "--spec", "4:4", "--max-batch-size", "0"], "--max-batch-size 0 is outside"),
         (["schedule", "--spec", "4:4", "--max-batch-size", "-5"], "--max-batch-size -5 is outside"),
         (["schedule", "--spec", "4:4", "--max-batch-size", str(2**31)], "is outside 1..2147483647"),
+        (["schedule", "--spec", "4:4", "--max-draft-len=-3"], "--max-draft-len -3 is outside 1..32"),
+        (["schedule", "--threshold", "4", "--max-draft-len", "0"], "--max-draft-len 0 is outside"),
+        (["schedule", "--threshold", "0", "--max-draft-len", "4"], "disable_above=0"),
         (["schedule", "--spec", "4:4", "--json", "--trtllm-version", "1.2.1"], None),
     ],
 )

@@ -1,0 +1,394 @@
+"""Ranks, replicas and the leader's plan channel for tensor parallelism under mpirun
+(docs/design.md, section 5: the leader decides, every rank runs the same step).
+
+    mpirun -n R*N ... --tp N
+    world rank w -> replica w // N, TP rank w % N; a replica's leader is its TP rank 0.
+    -n 4 --tp 2:  replica 0 = ranks {0, 1} (leader 0), replica 1 = ranks {2, 3} (leader 2)
+
+mpi4py gives rank and size; rank 0 picks MASTER_ADDR/MASTER_PORT and broadcasts them over
+MPI, so no launcher has to export them. Two process groups per replica:
+    compute  NCCL on CUDA, gloo on CPU: the model's all-reduces and all-gathers
+    control  always gloo (CPU): the leader's messages to its workers (header + pickled body)
+
+Faults (docs/tensor_parallel.md): every gloo collective gives up after `timeout_s`, so a dead or
+hung peer surfaces as TpFault on the leader within that bound, never as a hang. While idle the
+leader sends a heartbeat every timeout_s / 4, so a silent leader is a fault for the workers.
+Whoever sees an error calls `abort_on_error`'s MPI Abort, which ends every rank of the job.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import pickle
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from dynspec.errors import DynspecError
+
+DEFAULT_TIMEOUT_S = 60.0
+TIMEOUT_ENV = "DYNSPEC_TP_TIMEOUT_S"       # overrides the default everywhere (tests use a few s)
+
+
+class TpFault(RuntimeError):
+    """A peer of this TP group died, hung or went silent; the group cannot continue."""
+
+
+# ----------------------------------------------------------------------------- layout (pure)
+
+@dataclass(frozen=True)
+class Layout:
+    rank: int       # world rank
+    size: int       # world size = replicas * tp
+    tp: int
+
+    @property
+    def replicas(self) -> int:
+        return self.size // self.tp
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def leader(self) -> int:
+        """World rank of this replica's TP rank 0."""
+        return self.replica * self.tp
+
+    @property
+    def is_leader(self) -> bool:
+        return self.tp_rank == 0
+
+    @property
+    def tp_ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.leader, self.leader + self.tp))
+
+
+def layout(rank: int, size: int, tp: int) -> Layout:
+    """Place world rank `rank` of `size`: -n 6 --tp 2 -> 3 replicas; -n 3 --tp 2 is refused."""
+    if tp < 1:
+        raise DynspecError(f"--tp {tp} must be at least 1")
+    if size % tp:
+        raise DynspecError(f"mpirun -n {size} is not a multiple of --tp {tp} ({size} % {tp} = {size % tp}); "
+                           f"launch -n R*{tp} for R replicas of {tp} ranks")
+    if not 0 <= rank < size:
+        raise DynspecError(f"rank {rank} is outside a world of {size}")
+    return Layout(rank, size, tp)
+
+
+def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return default
+    try:
+        t = float(raw)
+    except ValueError:
+        t = -1.0
+    if not t > 0:
+        raise DynspecError(f"environment variable {TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return t
+
+
+# ----------------------------------------------------------------------------- logging
+
+def log(msg: str, *, rank: int | None = None, all_ranks: bool = False) -> None:
+    """One line on stderr from world rank 0 only (or from every rank, prefixed, with all_ranks).
+    `print` is never rebound; other ranks just skip the write."""
+    r = _world_rank() if rank is None else rank
+    if all_ranks:
+        sys.stderr.write(f"[dynspec rank {r}] {msg}\n")
+    elif r == 0:
+        sys.stderr.write(f"[dynspec {time.strftime('%H:%M:%S')}] {msg}\n")
+    else:
+        return
+    sys.stderr.flush()
+
+
+def _world_rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    for v in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if v in os.environ:
+            return int(os.environ[v])
+    return 0
+
+
+# ----------------------------------------------------------------------------- the TP context
+
+@dataclass(frozen=True)
+class TpContext:
+    """What one rank needs at run time. tp == 1 has no groups and every collective is the identity."""
+    layout: Layout
+    device: torch.device
+    timeout_s: float
+    group: Any = None       # compute group of this replica (NCCL on CUDA, gloo on CPU)
+    control: Any = None     # gloo group of this replica for the leader's messages
+    comm: Any = None        # mpi4py COMM_WORLD (None in a world of one)
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.layout.tp_rank
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over the replica's ranks, in place; returns x."""
+        if self.tp > 1:
+            _collective(lambda: torch.distributed.all_reduce(x, group=self.group), self, "all_reduce")
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Concatenate every rank's x along `dim`, in TP-rank order: [.., n] -> [.., tp*n]."""
+        if self.tp == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.tp)]
+        _collective(lambda: torch.distributed.all_gather(parts, x.contiguous(), group=self.group), self, "all_gather")
+        return torch.cat(parts, dim=dim)
+
+    def barrier(self) -> None:
+        """Every rank of the world (MPI, no timeout: loading times differ across ranks)."""
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        if self.comm is not None:
+            self.comm.Abort(code)
+        os._exit(code)
+
+
+def _collective(fn: Callable[[], Any], ctx: TpContext, what: str) -> None:
+    try:
+        fn()
+    except RuntimeError as e:
+        raise TpFault(f"TP rank {ctx.tp_rank} (world rank {ctx.layout.rank}): {what} over ranks "
+                      f"{list(ctx.layout.tp_ranks)} failed (timeout {ctx.timeout_s:g} s): {_reason(e)}") from e
+
+
+def _reason(e: BaseException) -> str:
+    """gloo's first line without its source path: '[.../pair.cc:553] Connection closed by peer
+    [127.0.0.1]:53648. This is ...' -> 'Connection closed by peer [127.0.0.1]:53648'."""
+    line = (str(e).splitlines() or [type(e).__name__])[0]
+    line = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ", "", line)
+    return line.split(". ")[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | None = None) -> TpContext:
+    """Set up torch.distributed from mpi4py's rank and size and split WORLD into replicas.
+
+    Without mpirun (a world of one) nothing is initialised and tp must be 1.
+    """
+    timeout_s = timeout_from_env() if timeout_s is None else timeout_s
+    comm, rank, size = _mpi_world()
+    lay = layout(rank, size, tp)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
+        dev = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    if size == 1:
+        return TpContext(lay, dev, timeout_s, comm=comm)
+    import torch.distributed as dist
+
+    addr, port = _rendezvous(comm)
+    td = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size, timeout=td)
+    group = control = None
+    for r in range(lay.replicas):      # every rank creates every group, in the same order
+        ranks = list(range(r * tp, (r + 1) * tp))
+        g = dist.new_group(ranks, timeout=td, backend="nccl" if dev.type == "cuda" else "gloo")
+        c = dist.new_group(ranks, timeout=td, backend="gloo")
+        if r == lay.replica:
+            group, control = g, c
+    return TpContext(lay, dev, timeout_s, group, control, comm)
+
+
+def _mpi_world() -> tuple[Any, int, int]:
+    if not any(int(os.environ.get(v, "1") or 1) > 1 for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")):
+        return None, 0, 1
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise DynspecError("launched by mpirun but mpi4py is not installed: pip install mpi4py") from e
+    return MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def _rendezvous(comm) -> tuple[str, int]:
+    """(MASTER_ADDR, MASTER_PORT) chosen by rank 0 and broadcast over MPI. Exported values win.
+    All ranks on rank 0's host -> 127.0.0.1; otherwise rank 0's host name."""
+    from mpi4py import MPI
+
+    host = MPI.Get_processor_name()
+    hosts = comm.allgather(host)
+    if comm.Get_rank() == 0:
+        addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else host)
+        port = int(os.environ.get("MASTER_PORT") or _free_port())
+        choice = (addr, port)
+    else:
+        choice = None
+    return comm.bcast(choice, root=0)
+
+
+@contextlib.contextmanager
+def abort_on_error(ctx: TpContext | None) -> Iterator[None]:
+    """Any exception on any rank ends the whole job (MPI Abort), after one line naming the rank.
+    A rank that merely exits would leave its peers waiting on their next collective."""
+    try:
+        yield
+    except BaseException as e:
+        if ctx is None or ctx.layout.size == 1:
+            raise
+        log(f"{type(e).__name__}: {e}; aborting all {ctx.layout.size} ranks", rank=ctx.layout.rank, all_ranks=True)
+        ctx.abort(1)
+
+
+# ----------------------------------------------------------------------------- the plan channel
+
+STOP, HEARTBEAT, CALL = 0, 1, 2
+
+
+class PlanChannel:
+    """Leader -> workers messages of one replica: a 2-int header (kind, nbytes), then nbytes of
+    pickled body, both broadcast from the leader over the control group.
+
+        leader:  ch.send(("step", (plan, acceptance), {}))     worker:  ch.recv() -> the same tuple
+                 ch.close()                                              ch.recv() -> None (stop)
+
+    The leader sends a HEARTBEAT whenever nothing was sent for timeout_s / 4, so a worker waiting
+    for its next message can tell an idle leader from a dead one. Only one thread sends at a time:
+    callers that must keep a message and the work after it together hold `lock` around both.
+    """
+
+    def __init__(self, ctx: TpContext, *, heartbeat: bool = True):
+        self.ctx = ctx
+        self.lock = threading.RLock()
+        self._last = time.monotonic()
+        self._closed = False
+        self._beat: threading.Thread | None = None
+        if ctx.layout.is_leader and ctx.tp > 1 and heartbeat:
+            self._beat = threading.Thread(target=self._heartbeat, name="dynspec-tp-heartbeat", daemon=True)
+            self._beat.start()
+
+    def _bcast(self, t: torch.Tensor, what: str) -> None:
+        ctx = self.ctx
+        _collective(lambda: torch.distributed.broadcast(t, src=ctx.layout.leader, group=ctx.control), ctx, what)
+
+    def _send(self, kind: int, body: bytes = b"") -> None:
+        self._bcast(torch.tensor([kind, len(body)], dtype=torch.int64), "plan header broadcast")
+        if body:
+            self._bcast(torch.frombuffer(bytearray(body), dtype=torch.uint8), "plan body broadcast")
+        self._last = time.monotonic()
+
+    def send(self, msg: Any) -> None:
+        """Leader only: every worker's next recv() returns msg."""
+        if self.ctx.tp == 1:
+            return
+        with self.lock:
+            if self._closed:
+                raise TpFault("the plan channel is closed")
+            self._send(CALL, pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def recv(self) -> Any:
+        """Worker only: the leader's next message, or None once it sent STOP."""
+        while True:
+            head = torch.empty(2, dtype=torch.int64)
+            try:
+                self._bcast(head, "wait for the leader's next message")
+            except TpFault as e:
+                raise TpFault(f"no message from the leader (world rank {self.ctx.layout.leader}) within "
+                              f"{self.ctx.timeout_s:g} s: it died or hung ({e})") from e
+            kind, n = int(head[0]), int(head[1])
+            if kind == HEARTBEAT:
+                continue
+            if kind == STOP:
+                return None
+            body = torch.empty(n, dtype=torch.uint8)
+            self._bcast(body, "plan body broadcast")
+            return pickle.loads(body.numpy().tobytes())
+
+    def close(self) -> None:
+        """Leader only: tell the workers to stop (their recv() returns None)."""
+        if self.ctx.tp == 1:
+            return
+        with self.lock:
+            if not self._closed:
+                self._closed = True
+                self._send(STOP)
+
+    def _heartbeat(self) -> None:
+        period = self.ctx.timeout_s / 4
+        while True:
+            time.sleep(period / 2)
+            with self.lock:
+                if self._closed:
+                    return
+                if time.monotonic() - self._last >= period:
+                    try:
+                        self._send(HEARTBEAT)
+                    except TpFault as e:     # the next send on the serving thread reports it too
+                        log(f"heartbeat: {e}", rank=self.ctx.layout.rank, all_ranks=True)
+                        return
+
+
+# ----------------------------------------------------------------------------- engines over the channel
+
+class LeaderEngine:
+    """Leader side of a TP replica: each call in `forwarded` is sent to the workers, then run on
+    the local engine while the channel is held, so messages and collectives stay in step on every
+    rank. Everything else (max_batch_size, buckets, ...) reads the local engine.
+    A TpFault or collective error inside a forwarded call is re-raised as TpFault."""
+
+    def __init__(self, engine, channel: PlanChannel, forwarded: Sequence[str] = ("prefill", "step", "move_row")):
+        self._engine, self._channel, self._forwarded = engine, channel, tuple(forwarded)
+        self.fault: TpFault | None = None      # the first fault seen; every later call re-raises it
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._engine, name)
+        if name not in self._forwarded:
+            return attr
+
+        def call(*args, **kwargs):
+            if self.fault is not None:
+                raise self.fault
+            with self._channel.lock:
+                try:
+                    self._channel.send((name, args, kwargs))
+                    return attr(*args, **kwargs)
+                except TpFault as e:
+                    self.fault = e
+                    raise
+                except RuntimeError as e:
+                    self.fault = TpFault(f"leader: {name} failed in a collective: {_reason(e)}")
+                    raise self.fault from e
+        return call
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def serve_worker(engine, channel: PlanChannel) -> int:
+    """Worker side: run exactly the calls the leader sends, until it sends STOP. Returns how many."""
+    n = 0
+    while (msg := channel.recv()) is not None:
+        name, args, kwargs = msg
+        getattr(engine, name)(*args, **kwargs)
+        n += 1
+    return n

@@ -1,0 +1,334 @@
+"""Tensor parallelism of the reference models, applied after loading (gpt-fast style).
+
+The rules (Megatron-style, as convert/shapes.py states them and TRT-LLM runs them):
+    wqkv  [q | k | v] rows   column-parallel: rank r keeps its q heads and its KV heads
+    w13   [gate | up] rows   column-parallel: rank r keeps rows r*i/N.. of gate and of up
+    wo, w2                   row-parallel: input columns / N, output summed by one all-reduce
+    embedding, lm_head       vocabulary-parallel: rows padded to a multiple of N, then / N
+    norms, fc, d2t, t2d      replicated
+Which KV heads a rank keeps comes from convert's own kv_heads_per_rank / kv_replication, and
+whether N works at all from convert's require_tp, so the check and the run cannot disagree.
+
+Worked example, 4 q heads, 2 KV heads (GQA groups of 2), N=4 -> replication 2:
+    rank 0: q head 0, KV head 0    rank 1: q head 1, KV head 0
+    rank 2: q head 2, KV head 1    rank 3: q head 3, KV head 1
+q head j uses KV head j // 2 in the unsharded model too, so every rank attends as before.
+
+Collectives ride on the weights: a sharded wo/w2 is a RowParallel tensor whose F.linear
+all-reduces its output, a sharded lm_head/embedding a VocabParallel tensor whose F.linear
+all-gathers the logits and whose F.embedding looks up its own rows and all-reduces. The model
+code is untouched: it still calls F.linear(x, self.wo), and gets the full, summed result.
+
+lm_head: the engine only ever takes argmax of the logits, and `vocab_parallel_argmax` (each
+rank's (max, index), 2 numbers per row per rank) is far cheaper than gathering V/N logits per
+row per rank. It needs the engine to call it instead of logits.argmax(-1); until then the head
+all-gathers (docs/tensor_parallel.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dynspec.convert.checks import require_tp
+from dynspec.convert.shapes import ModelShape, kv_heads_per_rank, kv_replication, padded_vocab
+from dynspec.runtime.distributed import TpContext
+
+
+# ----------------------------------------------------------------------------- shapes (pure)
+
+@dataclass(frozen=True)
+class TpShape:
+    """How one model (target or draft) splits N ways."""
+    tp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int                  # rows of lm_head (the draft: draft_vocab_size)
+    embed_vocab: int            # rows of the embedding
+
+    @property
+    def local_heads(self) -> int:
+        return self.heads // self.tp
+
+    @property
+    def local_kv_heads(self) -> int:
+        return kv_heads_per_rank(self.kv_heads, self.tp)
+
+    @property
+    def kv_replication(self) -> int:
+        return kv_replication(self.kv_heads, self.tp)
+
+    @property
+    def local_intermediate(self) -> int:
+        return self.intermediate // self.tp
+
+    def kv_head0(self, rank: int) -> int:
+        """First KV head of `rank`: 8 heads, N=4 -> 0, 2, 4, 6; 2 heads, N=4 -> 0, 0, 1, 1."""
+        return (rank // self.kv_replication) * self.local_kv_heads
+
+
+def model_shape(config) -> ModelShape:
+    """convert's ModelShape of a TargetConfig or Eagle3Config (lm_head rows as `vocab`)."""
+    return ModelShape(layers=getattr(config, "num_layers", 1), hidden=config.hidden_size, heads=config.num_heads,
+                      kv_heads=config.num_kv_heads, head_dim=config.head_dim, intermediate=config.intermediate_size,
+                      vocab=getattr(config, "draft_vocab_size", config.vocab_size))
+
+
+def check_tp(target_config, draft_config, tp: int, target_where: str = "the target",
+             draft_where: str = "the draft") -> tuple[TpShape, TpShape]:
+    """convert's require_tp on both models, from their configs alone (call it before loading):
+    one DynspecError naming every number at fault, e.g. 'num_attention_heads=6 is not divisible
+    by tp=4 (6 % 4 = 2)'."""
+    require_tp(model_shape(target_config), tp, target_where)
+    require_tp(model_shape(draft_config), tp, draft_where, "draft_vocab_size")
+    return tp_shape(target_config, tp), tp_shape(draft_config, tp)
+
+
+def tp_shape(config, tp: int) -> TpShape:
+    return TpShape(tp, config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,
+                   getattr(config, "draft_vocab_size", config.vocab_size), config.vocab_size)
+
+
+# ----------------------------------------------------------------------------- sharding (pure)
+
+def column(w: Tensor, rank: int, parts: int) -> Tensor:
+    """Rows rank*n/parts .. (rank+1)*n/parts of w [n, m]."""
+    n = w.shape[0] // parts
+    return w[rank * n:(rank + 1) * n]
+
+
+def row(w: Tensor, rank: int, parts: int) -> Tensor:
+    """Columns rank*m/parts .. of w [n, m] (the input side of a row-parallel linear)."""
+    m = w.shape[1] // parts
+    return w[:, rank * m:(rank + 1) * m]
+
+
+def shard_qkv(wqkv: Tensor, s: TpShape, rank: int) -> Tensor:
+    """[q | k | v] rows [(nh + 2 kvh) hd, in] -> this rank's [(nh/N + 2 kvh_local) hd, in]."""
+    hd = s.head_dim
+    q_rows, kv_rows = s.heads * hd, s.kv_heads * hd
+    q, k, v = wqkv.split((q_rows, kv_rows, kv_rows))
+    kv0, kvn = s.kv_head0(rank) * hd, s.local_kv_heads * hd
+    return torch.cat((column(q, rank, s.tp), k[kv0:kv0 + kvn], v[kv0:kv0 + kvn]))
+
+
+def shard_gate_up(w13: Tensor, s: TpShape, rank: int) -> Tensor:
+    """[gate | up] rows [2i, h] -> [gate_r | up_r] [2i/N, h] (silu_mul still splits in half)."""
+    gate, up = w13.chunk(2)
+    return torch.cat((column(gate, rank, s.tp), column(up, rank, s.tp)))
+
+
+def shard_vocab(w: Tensor, rank: int, parts: int) -> Tensor:
+    """Rows of w [V, h] padded with zeros to a multiple of parts, then this rank's V_pad/parts."""
+    pad = padded_vocab(w.shape[0], parts) - w.shape[0]
+    if pad:
+        w = torch.cat((w, w.new_zeros(pad, w.shape[1])))
+    return column(w, rank, parts)
+
+
+# How each named weight of the reference models splits: the last name component -> rule.
+RULES = {
+    "wqkv": "qkv", "w13": "gate_up", "wo": "row", "w2": "row",
+    "output": "vocab", "lm_head": "vocab", "tok_embeddings.weight": "vocab", "embed_tokens.weight": "vocab",
+}
+
+
+def rule_of(name: str) -> str:
+    """'layers.3.wqkv' -> 'qkv'; 'norm' -> 'replicated'."""
+    for key, rule in RULES.items():
+        if name == key or name.endswith("." + key):
+            return rule
+    return "replicated"
+
+
+def shard_weights(named: Mapping[str, Tensor], s: TpShape, rank: int) -> dict[str, Tensor]:
+    """Every named weight of one model -> this rank's shard (contiguous copies).
+    {'layers.0.wqkv': [(4+2*2)*16, 64], ...} at N=2, rank 1 -> {'layers.0.wqkv': [(2+2*1)*16, 64], ...}"""
+    out = {}
+    for name, w in named.items():
+        r = rule_of(name)
+        if r == "qkv":
+            w = shard_qkv(w, s, rank)
+        elif r == "gate_up":
+            w = shard_gate_up(w, s, rank)
+        elif r == "row":
+            w = row(w, rank, s.tp)
+        elif r == "vocab":
+            w = shard_vocab(w, rank, s.tp)
+        out[name] = w.contiguous()
+    return out
+
+
+def shard_argmax(local_logits: Tensor, vocab: int, rank: int) -> Tensor:
+    """(max, global index) [..., 2] in float64 of one rank's logits [..., V_pad/N], which cover
+    rows rank*V_pad/N.. . Padding rows (index >= vocab) are left out; a shard of padding only
+    gives (-inf, 0). Within the shard the first max wins, as in torch.argmax."""
+    n = local_logits.shape[-1]
+    lo = rank * n
+    real = max(0, min(n, vocab - lo))
+    if real == 0:
+        best = torch.full(local_logits.shape[:-1], float("-inf"), dtype=torch.float64, device=local_logits.device)
+        return torch.stack((best, torch.zeros_like(best)), dim=-1)
+    best, idx = local_logits[..., :real].double().max(dim=-1)
+    return torch.stack((best, (idx + lo).double()), dim=-1)
+
+
+def pick_argmax(pairs: Tensor) -> Tensor:
+    """[..., N, 2] of (max, index) in rank order -> the global argmax [...]. Ranks hold ascending
+    index ranges and argmax takes the first max, so ties go to the lowest index, as torch's do."""
+    r = pairs[..., 0].argmax(dim=-1, keepdim=True)      # [..., 1]
+    return pairs[..., 1].gather(-1, r).squeeze(-1).long()
+
+
+def vocab_parallel_argmax(local_logits: Tensor, vocab: int, ctx: TpContext) -> Tensor:
+    """argmax over the whole vocabulary from each rank's logits shard, exchanging 2*N numbers
+    per row instead of V_pad logits: [B, T, V_pad/N] on each rank -> [B, T] on every rank."""
+    pair = shard_argmax(local_logits, vocab, ctx.tp_rank).unsqueeze(-2)      # [..., 1, 2]
+    return pick_argmax(ctx.all_gather(pair, dim=-2))                         # [..., N, 2] -> [...]
+
+
+# ----------------------------------------------------------------------------- weights that reduce
+
+class _Sharded(torch.Tensor):
+    """A weight shard that knows its collective. Only F.linear / F.embedding on it are changed;
+    every other op sees a plain tensor."""
+
+    ctx: TpContext
+
+    @staticmethod
+    def __new__(cls, data: Tensor, ctx: TpContext, vocab: int = 0):
+        t = torch.Tensor._make_subclass(cls, data, False)
+        t.ctx, t.vocab = ctx, vocab
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is F.linear and isinstance(args[1], _Sharded):
+                return args[1]._after_linear(func(*args, **kwargs))
+            if func is F.embedding and isinstance(args[1], _Sharded):
+                return args[1]._embedding(args[0], kwargs)
+            return func(*args, **kwargs)
+
+    def _after_linear(self, y: Tensor) -> Tensor:
+        return y
+
+    def _embedding(self, ids: Tensor, kwargs) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} is not an embedding")
+
+
+class RowParallel(_Sharded):
+    """wo / w2 shard [out, in/N]: F.linear's partial sums are all-reduced into the full output."""
+
+    def _after_linear(self, y: Tensor) -> Tensor:
+        return self.ctx.all_reduce(y)
+
+
+class VocabParallel(_Sharded):
+    """Embedding / lm_head shard [V_pad/N, h] of rows rank*V_pad/N.. .
+    F.linear -> local logits [.., V_pad/N] all-gathered to [.., V] (padding dropped).
+    F.embedding -> rows this rank holds, zeros elsewhere, all-reduced: exactly one rank adds a
+    nonzero row per id, so the sum is the unsharded lookup bit for bit."""
+
+    def _after_linear(self, y: Tensor) -> Tensor:
+        return self.ctx.all_gather(y, dim=-1)[..., :self.vocab]
+
+    def _embedding(self, ids: Tensor, kwargs) -> Tensor:
+        n = self.shape[0]
+        lo = self.ctx.tp_rank * n
+        mine = (ids >= lo) & (ids < lo + n)                       # [B, T]
+        x = F.embedding(torch.where(mine, ids - lo, 0), self)     # [B, T, h]
+        return self.ctx.all_reduce(x * mine.unsqueeze(-1).to(x.dtype))
+
+
+# ----------------------------------------------------------------------------- applying TP to models
+
+def _set(module: nn.Module, name: str, value: Tensor) -> None:
+    """Replace parameter `name` by a tensor of another shape (and maybe a _Sharded kind)."""
+    if name in module._parameters:
+        del module._parameters[name]
+    if isinstance(value, _Sharded):
+        object.__setattr__(module, name, value)
+    else:
+        module.register_parameter(name, nn.Parameter(value, requires_grad=False))
+
+
+def _shard_module(module: nn.Module, names: tuple[str, ...], s: TpShape, ctx: TpContext) -> None:
+    rank = ctx.tp_rank
+    for name in names:
+        full = getattr(module, name).detach()
+        shard = shard_weights({name: full}, s, rank)[name]
+        rule = rule_of(name)
+        if rule == "row":
+            shard = RowParallel(shard, ctx)
+        elif rule == "vocab":
+            shard = VocabParallel(shard, ctx, full.shape[0])
+        _set(module, name, shard)
+
+
+def _local_config(config, s: TpShape):
+    return replace(config, num_heads=s.local_heads, num_kv_heads=s.local_kv_heads,
+                   intermediate_size=s.local_intermediate)
+
+
+def _shard_embedding(emb: nn.Embedding, ctx: TpContext, done: dict) -> None:
+    if id(emb) in done:
+        return
+    full = emb.weight.detach()
+    shard = VocabParallel(shard_vocab(full, ctx.tp_rank, ctx.tp).contiguous(), ctx, full.shape[0])
+    _set(emb, "weight", shard)
+    emb.num_embeddings = shard.shape[0]
+    done[id(emb)] = emb
+
+
+def apply_tp(target, draft, ctx: TpContext) -> tuple[TpShape, TpShape]:
+    """Shard a loaded target + EAGLE-3 draft in place for this rank (before setup_cache).
+    Refuses an impossible split first (check_tp), naming the number at fault."""
+    ts, ds = check_tp(target.config, draft.config, ctx.tp)
+    if ctx.tp == 1:
+        return ts, ds
+    done: dict = {}
+    _shard_embedding(target.tok_embeddings, ctx, done)
+    _shard_embedding(draft.embed_tokens, ctx, done)
+    for blk in target.layers:
+        _shard_module(blk, ("wqkv", "w13", "wo", "w2"), ts, ctx)
+        blk.c = _local_config(blk.c, ts)
+        blk.q_size, blk.kv_size = ts.local_heads * ts.head_dim, ts.local_kv_heads * ts.head_dim
+    if target.output is not None:
+        _shard_module(target, ("output",), ts, ctx)
+    target.config = _local_config(target.config, ts)
+    _shard_module(draft, ("wqkv", "w13", "wo", "w2", "lm_head"), ds, ctx)
+    draft.config = _local_config(draft.config, ds)
+    draft.q_size, draft.kv_size = ds.local_heads * ds.head_dim, ds.local_kv_heads * ds.head_dim
+    return ts, ds
+
+
+def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: str | torch.dtype = "float32",
+                   max_batch_size: int = 64, max_seq_len: int = 1024, max_draft_len: int = 8):
+    """This rank's ReferenceEngine over its shard of the pair: configs checked against N first
+    (no weight is allocated for an impossible split), then load, shard, allocate the caches.
+    Peak host memory: the unsharded pair in `dtype` plus this rank's shard (docs/tensor_parallel.md)."""
+    from pathlib import Path
+
+    from dynspec.checkpoint.reader import read_config
+    from dynspec.runtime.engines.reference.draft import Eagle3Config
+    from dynspec.runtime.engines.reference.engine import ReferenceEngine
+    from dynspec.runtime.engines.reference.load import load_draft, load_target
+    from dynspec.runtime.engines.reference.model import TargetConfig
+
+    tcfg, twhere = read_config(target_dir, "target"), str(Path(target_dir) / "config.json")
+    dcfg, dwhere = read_config(draft_dir, "draft"), str(Path(draft_dir) / "config.json")
+    tc = TargetConfig.from_hf(tcfg, twhere)
+    check_tp(tc, Eagle3Config.from_hf(dcfg, dwhere, tc), ctx.tp, twhere, dwhere)
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    target = load_target(target_dir, device=ctx.device, dtype=dt)
+    draft = load_draft(draft_dir, target, device=ctx.device, dtype=dt)
+    apply_tp(target, draft, ctx)
+    return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                           max_draft_len=max_draft_len)

@@ -1,0 +1,48 @@
+"""Per-rank step log: what each rank of a TP replica actually ran, to check that all ranks ran
+the same sequence (docs/tensor_parallel.md).
+
+    rank 0: (0, b=3, K=4, ('spec', 3, 4)) (1, 3, 4, ...) (2, b=6, K=0, ('decode', 6, 0)) ...
+    rank 1: the same tuples, recorded by rank 1 from the plans it received
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankStep:
+    iteration: int                 # this rank's count of step() calls
+    batch_size: int
+    k: int
+    graphs: tuple[tuple, ...]      # the graph keys the engine dispatched, in order: (kind, bucket, k, ...)
+
+
+class StepRecorder:
+    """Wraps one rank's engine: every step() appends a RankStep; other attributes pass through.
+    Graph keys are those the engine's dispatcher (`_run`) was called with during the step."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.steps: list[RankStep] = []
+        self._keys: list[tuple] = []
+        run = getattr(engine, "_run", None)
+        if run is not None:
+            def recorded(key, *args, **kwargs):
+                self._keys.append(_key_tuple(key))
+                return run(key, *args, **kwargs)
+            engine._run = recorded
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def step(self, plan, *args, **kwargs):
+        self._keys = []
+        out = self._engine.step(plan, *args, **kwargs)
+        self.steps.append(RankStep(len(self.steps), plan.batch_size, plan.k, tuple(self._keys)))
+        return out
+
+
+def _key_tuple(key) -> tuple:
+    from dataclasses import astuple, is_dataclass
+
+    return astuple(key) if is_dataclass(key) else tuple(key)

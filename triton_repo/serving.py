@@ -29,6 +29,13 @@ class ModelInfo:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def encode_words(self, text: str) -> list[int]:
+        """Token ids of `text` without special tokens (no BOS): how stop and bad words are matched."""
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        except TypeError:                   # a tokenizer without the HF keyword
+            return list(self.tokenizer.encode(text))
+
 
 def _eos(value, where: str) -> tuple[int, ...]:
     if value is None:
@@ -69,6 +76,36 @@ class GenerateRequest:
     max_tokens: int
     stream: bool
     stop_ids: tuple[int, ...]
+    exclude_input: bool = True                                  # False: outputs start with the prompt
+    min_length: int = 0                                         # end_id may not come before this many tokens
+    stop_words: tuple[tuple[int, ...], ...] = ()                # the output ends after any of these
+    bad_words: tuple[tuple[str, tuple[int, ...]], ...] = ()     # (word, ids) the output may not contain
+
+
+# The optional inputs of tensorrtllm_backend's text-level model (TensorRT-LLM
+# triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt), plus the older names
+# `min_length` and `random_seed` (tensorrtllm_backend's ensemble before they were renamed; genai-perf
+# 0.0.16 still sends `min_length`). Each one is honoured, or refused with a message when its value
+# asks for what a greedy, single-beam decoder without logit processing cannot give.
+#   honoured: exclude_input_in_output, end_id, pad_id (outputs are never padded), min_length /
+#     min_tokens, stop_words, bad_words (see OutputWatch), length_penalty (beam search only),
+#     random_seed / seed (sampling only)
+#   neutral value only (anything else is refused): GREEDY_ONLY below, top_k / top_p (greedy_rules)
+GREEDY_ONLY = {            # input: (the value that leaves greedy decoding unchanged, dtype kinds)
+    "temperature": (1.0, "fiu"),
+    "repetition_penalty": (1.0, "fiu"),
+    "presence_penalty": (0.0, "fiu"),
+    "frequency_penalty": (0.0, "fiu"),
+    "beam_width": (1, "iu"),
+    "num_return_sequences": (1, "iu"),
+    "return_log_probs": (False, "b"),
+    "return_context_logits": (False, "b"),
+    "return_generation_logits": (False, "b"),
+}
+NO_EFFECT = {"pad_id": "iu", "length_penalty": "fiu", "random_seed": "iu", "seed": "iu"}
+INPUT_NAMES = ("text_input", "input_ids", "max_tokens", "stream", "end_id", "exclude_input_in_output",
+               "min_length", "min_tokens", "stop_words", "bad_words", "top_k", "top_p",
+               *GREEDY_ONLY, *NO_EFFECT)
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str, kinds: str, what: str):
@@ -138,16 +175,128 @@ def parse_request(inputs: Mapping[str, np.ndarray], info: ModelInfo) -> Generate
     stream = _scalar(inputs, "stream", "b", "BOOL")
     end_id = _scalar(inputs, "end_id", "iu", "INT32")
     stop_ids = info.eos_ids if end_id is None else ((int(end_id),) if end_id >= 0 else ())
-    return GenerateRequest(prompt_ids, int(max_tokens), bool(stream), stop_ids)
+    exclude = _scalar(inputs, "exclude_input_in_output", "b", "BOOL")
+    greedy_rules(inputs)
+    for name, kinds in NO_EFFECT.items():
+        _scalar(inputs, name, kinds, "a number")
+    return GenerateRequest(prompt_ids, int(max_tokens), bool(stream), stop_ids,
+                           exclude_input=True if exclude is None else bool(exclude),
+                           min_length=_min_length(inputs),
+                           stop_words=tuple(ids for _, ids in _words(inputs, "stop_words", info)),
+                           bad_words=_words(inputs, "bad_words", info))
+
+
+def check_parameters(parameters: Mapping[str, object]) -> None:
+    """Request parameters are refused: over HTTP generate, a JSON key that is not a declared input
+    arrives as a parameter, and dropping it would answer a request that was not asked."""
+    if parameters:
+        names = ", ".join(sorted(map(repr, parameters)))
+        raise RequestError(f"unsupported request parameter(s) {names}: this model takes only the inputs "
+                           f"{', '.join(INPUT_NAMES)}")
+
+
+def greedy_rules(inputs: Mapping[str, np.ndarray]) -> None:
+    """Refuse every value that asks for something other than greedy single-beam decoding.
+    top_k: 0 (unset) or 1. top_p > 0 samples unless top_k is 1 (tensorrtllm_backend samples with
+    top_k 0 and top_p > 0). temperature is neutral at 1.0, and also with top_k 1 (argmax is unchanged)."""
+    top_k = _scalar(inputs, "top_k", "iu", "INT32")
+    top_p = _scalar(inputs, "top_p", "fiu", "FP32")
+    if top_k is not None and top_k not in (0, 1):
+        raise RequestError(f"top_k={top_k} asks for sampling; this model decodes greedily (the reference "
+                           "executor has no sampler): send top_k 0 or 1, or leave it out")
+    if top_p is not None and not 0.0 <= top_p <= 1.0:
+        raise RequestError(f"top_p={top_p:g} is outside 0..1")
+    if top_p is not None and top_p > 0.0 and top_k != 1:
+        raise RequestError(f"top_p={top_p:g} asks for sampling; this model decodes greedily (the reference "
+                           "executor has no sampler): leave top_p out, send 0, or send top_k 1")
+    for name, (neutral, kinds) in GREEDY_ONLY.items():
+        value = _scalar(inputs, name, kinds, type(neutral).__name__.upper().replace("FLOAT", "FP32"))
+        if value is None or value == neutral or (name == "temperature" and top_k == 1 and value > 0):
+            continue
+        shown = str(value).lower() if isinstance(neutral, bool) else f"{value:g}"
+        raise RequestError(f"{name}={shown} is not supported: this model decodes greedily with one beam and "
+                           f"returns no log probabilities or logits; leave {name} out or send "
+                           f"{str(neutral).lower() if isinstance(neutral, bool) else neutral}")
+
+
+def _min_length(inputs: Mapping[str, np.ndarray]) -> int:
+    values = {n: _scalar(inputs, n, "iu", "INT32") for n in ("min_length", "min_tokens")}
+    given = {n: v for n, v in values.items() if v is not None}
+    for n, v in given.items():
+        if v < 0:
+            raise RequestError(f"{n}={v} must be at least 0")
+    if len(set(given.values())) > 1:
+        raise RequestError(f"min_length={given['min_length']} and min_tokens={given['min_tokens']} disagree; "
+                           "they are one setting, give one")
+    return int(next(iter(given.values()), 0))
+
+
+def _words(inputs: Mapping[str, np.ndarray], name: str, info: ModelInfo) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """BYTES [n] words -> ((word, token ids), ...), tokenized without special tokens, as
+    tensorrtllm_backend's preprocessing does. An empty word or one without a tokenizer is an error."""
+    a = inputs.get(name)
+    if a is None:
+        return ()
+    if a.dtype.kind not in "OS":
+        raise RequestError(f"input {name!r} has dtype {a.dtype}; expected BYTES")
+    out = []
+    for raw in a.reshape(-1):
+        try:
+            word = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError:
+            raise RequestError(f"input {name!r} holds {raw!r}, which is not valid UTF-8") from None
+        if info.tokenizer is None:
+            raise RequestError(f"input {name!r} needs a tokenizer and this model has none")
+        ids = tuple(int(t) for t in info.encode_words(word))
+        if not ids:
+            raise RequestError(f"input {name!r} holds {word!r}, which has no tokens")
+        out.append((word, ids))
+    return tuple(out)
+
+
+class OutputWatch:
+    """Applies a request's output rules to the tokens the executor streams, one token at a time:
+      - end_id (req.stop_ids) before min_length tokens: refused (greedy decoding chose end_id there;
+        honouring min_length would take the runner-up token, which needs logit masking);
+      - a bad word completed by the next token: refused at that token (banning it needs logit masking);
+      - a stop word completed: the output ends after it (the stop word is part of the output).
+    Tokens before the point of refusal are exact, so they are kept.
+    push(chunk) -> (tokens to emit, end): end is None (go on), "stop", or an error message.
+
+    Example: stop_words ((7, 8),), chunk [5, 7, 8, 9] -> ([5, 7, 8], "stop")."""
+
+    def __init__(self, req: GenerateRequest):
+        self.req = req
+        self.out: list[int] = []
+
+    def push(self, chunk: Sequence[int]) -> tuple[list[int], str | None]:
+        keep: list[int] = []
+        for t in chunk:
+            i = len(self.out)
+            if t in self.req.stop_ids and i < self.req.min_length:
+                return keep, (f"min_length={self.req.min_length}: greedy decoding reaches end_id {t} after "
+                              f"{i} tokens, and this model cannot hold end_id back (the reference executor "
+                              "has no logit masking); lower min_length or send end_id -1")
+            for word, ids in self.req.bad_words:
+                n = len(ids)
+                if ids[-1] == t and len(self.out) >= n - 1 and tuple(self.out[len(self.out) - (n - 1):]) == ids[:-1]:
+                    return keep, (f"bad_words: greedy decoding produces {word!r} at output token {i - n + 1}, "
+                                  "and this model cannot ban tokens (the reference executor has no logit "
+                                  "masking)")
+            self.out.append(t)
+            keep.append(t)
+            if any(len(self.out) >= len(w) and tuple(self.out[-len(w):]) == w for w in self.req.stop_words):
+                return keep, "stop"
+        return keep, None
 
 
 class TextStream:
     """Turn streamed token chunks into text deltas whose concatenation is decode(all tokens).
     A delta ending in an incomplete UTF-8 sequence (U+FFFD) is held back until it completes."""
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]):
+    def __init__(self, decode: Callable[[Sequence[int]], str], prefix: Sequence[int] = ()):
         self._decode = decode
-        self._ids: list[int] = []
+        self._ids: list[int] = list(prefix)     # a prefix (the prompt) is part of the first delta
         self._sent = 0
 
     def push(self, ids: Sequence[int]) -> str:

@@ -12,7 +12,6 @@ import site
 import threading
 import time
 
-INPUTS = ("text_input", "input_ids", "max_tokens", "stream", "end_id")
 np = pb_utils = FINAL = None     # imported by initialize(), once python_site_packages is on the path
 
 
@@ -141,8 +140,9 @@ class TritonPythonModel:
     def _accept(self, request):
         sender = request.get_response_sender()
         try:
+            self.serving.check_parameters(json.loads(request.parameters() or "{}"))
             inputs = {}
-            for name in INPUTS:
+            for name in self.serving.INPUT_NAMES:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
@@ -175,21 +175,31 @@ class TritonPythonModel:
 
     def _respond(self, live, req):
         handle = live.handle
-        text = self.serving.TextStream(self.info.decode)
-        ids = []
+        prefix = () if req.exclude_input else req.prompt_ids   # exclude_input_in_output=false: prompt first
+        text = self.serving.TextStream(self.info.decode, prefix)
+        watch = self.serving.OutputWatch(req)
+        ids, end = list(prefix), None       # stream: ids not sent yet; otherwise: every id
         try:
             for chunk in handle.stream():
-                if req.stream:
-                    self._send(live, _response(chunk, text.push(chunk)))
-                else:
-                    ids.extend(chunk)
-            reason = handle.result().finish_reason
-            if reason == "cancelled":
+                keep, end = watch.push(chunk)
+                if not req.stream:
+                    ids.extend(keep)
+                elif keep:
+                    self._send(live, _response(ids + keep, text.push(keep)))
+                    ids = []
+                if end is not None:
+                    break
+            if end is not None:
+                handle.cancel()             # a stop word or a refusal ends it before the executor would
+            reason = "stop" if end == "stop" else "refused" if end else handle.result().finish_reason
+            if reason == "refused":
+                self._send(live, _error(end, pb_utils.TritonError.INVALID_ARG), final=True)
+            elif reason == "cancelled":
                 self._send(live, _error("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
             elif reason not in ("length", "stop"):
                 self._send(live, _error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL), final=True)
             elif req.stream:
-                self._send(live, _response([], text.flush()), final=True)
+                self._send(live, _response(ids, text.flush()), final=True)
             else:
                 self._send(live, _response(ids, self.info.decode(ids)), final=True)
             with self.lock:

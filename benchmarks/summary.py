@@ -147,11 +147,11 @@ def open_loop(rows: Sequence[Mapping]) -> dict:
     return out
 
 
-def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping],
-                    concurrencies: Sequence[int] = (64, 256)) -> dict[str, float | None]:
-    """{"<C>": baseline tok/s with varied lengths / with fixed lengths} (None where either is missing)."""
+def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping]) -> dict[str, float | None]:
+    """{"<C>": baseline tok/s with varied lengths / with fixed lengths} at every C of the fixed-length
+    sweep (h200_fixed_baseline.sh: 64 and 256); None where the varied sweep lacks that C."""
     v, f = _tps(varied_rows, "baseline"), _tps(fixed_rows, "baseline")
-    return {str(c): (v[c] / f[c] if c in v and c in f and f[c] > 0 else None) for c in concurrencies}
+    return {str(c): (v[c] / f[c] if c in v and f[c] > 0 else None) for c in sorted(f)}
 
 
 def decode_vs_gemm_floor(profile: Mapping) -> dict | None:

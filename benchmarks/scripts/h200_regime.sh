@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# One H200 regime: profile (same run) -> tune -> sweep baseline / static / dynamic(tuned).
-# Called by h200_regime_a.sh and h200_regime_b.sh, which set the regime's parameters:
-#   REGIME (name)  P (Bernoulli acceptance)  INPUT_LEN  OUTPUT_LEN  STATIC_K  CONTEXT (profile KV length)
-# Needs ENGINE_DIR (from `dynspec build`, e.g. of the random Llama-3.1-8B-shaped pair).
-#   -> $OUT/h200_$REGIME.{json,md,png}, _profile.json, _schedule.txt, _tune.json
+# One regime: profile (FLOOR=1 adds gemm_floor_ms and decode at b=1, 1024 context) -> tune ->
+# sweep baseline / static / dynamic(tuned), TRIALS trials per point with the mode order rotated,
+# matched-load Poisson at POISSON_AT. Called by h200_regime_a.sh / h200_regime_b.sh, which set
+#   REGIME  P (Bernoulli acceptance)  INPUT_LEN / OUTPUT_LEN (LO:HI, uniform)  STATIC_K  CONTEXT
+# Needs ENGINE_DIR (h200_prepare.sh).
+#   -> $RES/h200_$REGIME.{json,md,png}, _profile.json, _schedule.txt, _tune.json
 set -euo pipefail
 : "${ENGINE_DIR:?set ENGINE_DIR to an engine dir written by dynspec build}"
 : "${REGIME:?}" "${P:?}" "${INPUT_LEN:?}" "${OUTPUT_LEN:?}" "${STATIC_K:?}" "${CONTEXT:?}"
-OUT=${OUT:-benchmarks/results}
-NGPU=${NGPU:-1}
-DTYPE=${DTYPE:-bfloat16}
-CONC=${CONC:-1,2,4,8,16,32,64,128,256}
-BATCHES=${BATCHES:-1,2,4,8,16,32,48,64,96,128,192,256}
-DRAFT_LENS=${DRAFT_LENS:-0,1,2,3,4,5,6,7}
-PY=${PYTHON:-python}
-MPIRUN=${MPIRUN:-mpirun}
-ROOT_FLAGS=(); [ "$(id -u)" = 0 ] && ROOT_FLAGS=(--allow-run-as-root)
+RES=${RES:-benchmarks/results}
+DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} PY=${PYTHON:-python3}
+CONC=${CONC:-1,4,16,64,256}
+BATCHES=${BATCHES:-1,2,4,8,16,32,64,128,256}
+DRAFT_LENS=${DRAFT_LENS:-0,1,2,3,4,5}
 export NCCL_NVLS_ENABLE=0
 name="h200_${REGIME}"
-# one cache length for profile and sweep: captured graphs attend over the whole cache
-MAX_SEQ=${MAX_SEQ:-$((INPUT_LEN + OUTPUT_LEN + 8))}
-mkdir -p "$OUT"
-"$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \
-  --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" --warmup "${WARMUP:-5}" --repeats "${REPEATS:-20}" \
-  --out "$OUT/${name}_profile.json"
-"$PY" -m dynspec.cli tune --profile "$OUT/${name}_profile.json" --acceptance "$P" --min-gain "${MIN_GAIN:-1.0}" \
-  --out "$OUT/${name}_schedule.txt" --report "$OUT/${name}_tune.json"
-"$MPIRUN" -n "$NGPU" "${ROOT_FLAGS[@]}" -x NCCL_NVLS_ENABLE=0 \
-  "$PY" -m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype "$DTYPE" \
-    --concurrency "$CONC" --modes baseline,static,dynamic --static-k "$STATIC_K" \
-    --dynamic-schedule "@$OUT/${name}_schedule.txt" --acceptance "bernoulli:$P" \
-    --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --max-seq-len "$MAX_SEQ" --waves "${WAVES:-2}" --min-requests "${MIN_REQUESTS:-4}" \
-    --out "$OUT/$name"
+# one cache length for profile and sweep: the longest request + K + 1 (graphs may attend over all of it)
+MAX_SEQ=${MAX_SEQ:-$(( ${INPUT_LEN#*:} + ${OUTPUT_LEN#*:} + 8 ))}
+FLOOR_FLAG=(); [ "${FLOOR:-0}" = 1 ] && FLOOR_FLAG=(--floor)
+mkdir -p "$RES"
+"$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device "$DEVICE" --dtype "$DTYPE" --no-progress \
+  --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" \
+  --warmup "${WARMUP:-2}" --repeats "${REPEATS:-8}" "${FLOOR_FLAG[@]}" --out "$RES/${name}_profile.json"
+"$PY" -m dynspec.cli tune --profile "$RES/${name}_profile.json" --acceptance "$P" --min-gain "${MIN_GAIN:-1.0}" \
+  --out "$RES/${name}_schedule.txt" --report "$RES/${name}_tune.json"
+"$PY" -m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device "$DEVICE" --dtype "$DTYPE" \
+  --concurrency "$CONC" --poisson-at "${POISSON_AT:-}" --modes baseline,static,dynamic --static-k "$STATIC_K" \
+  --dynamic-schedule "@$RES/${name}_schedule.txt" --acceptance "bernoulli:$P" \
+  --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --max-seq-len "$MAX_SEQ" --trials "${TRIALS:-3}" \
+  --waves "${WAVES:-1}" --min-requests "${MIN_REQUESTS:-2}" --warmup-requests "${WARMUP_REQUESTS:-2}" \
+  --no-progress --out "$RES/$name"

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Published numbers: benchmarks/results/h200_summary.json from the regime sweeps and profiles
-# (run h200_decode_bandwidth.sh, h200_regime_a.sh, h200_regime_b.sh first).
+# benchmarks/results/h200_summary.json (version 2) from the regime sweeps, regime A's profile
+# (with --floor: decode_vs_gemm_floor), the tune reports and the fixed-length baseline. CPU is fine.
+# RES_A / RES_B: where regime A's / B's files are (default benchmarks/results); a regime whose
+# sweep is missing is left out. -> $RES_B/h200_summary.json
 set -euo pipefail
-OUT=${OUT:-benchmarks/results}
-"${PYTHON:-python}" -m dynspec.benchmarks.summary \
-  --regime "A=$OUT/h200_A.json" --regime "B=$OUT/h200_B.json" \
-  --profile "decode=$OUT/h200_decode_profile.json" --profile "A=$OUT/h200_A_profile.json" \
-  --profile "B=$OUT/h200_B_profile.json" --tune "A=$OUT/h200_A_tune.json" --tune "B=$OUT/h200_B_tune.json" \
-  --bandwidth-profile decode --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
-  --out "$OUT/h200_summary.json"
+RES_A=${RES_A:-benchmarks/results} RES_B=${RES_B:-benchmarks/results}
+args=()
+if [ -f "$RES_A/h200_A.json" ]; then
+  args+=(--regime "A=$RES_A/h200_A.json" --profile "A=$RES_A/h200_A_profile.json" --tune "A=$RES_A/h200_A_tune.json")
+fi
+if [ -f "$RES_B/h200_B.json" ]; then
+  args+=(--regime "B=$RES_B/h200_B.json" --profile "B=$RES_B/h200_B_profile.json" --tune "B=$RES_B/h200_B_tune.json")
+  [ -f "$RES_B/h200_B_fixed.json" ] && args+=(--fixed-baseline "B=$RES_B/h200_B_fixed.json")
+fi
+"${PYTHON:-python3}" -m dynspec.benchmarks.summary "${args[@]}" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
+  --out "$RES_B/h200_summary.json"

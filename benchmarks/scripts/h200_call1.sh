@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# H200 call 1 of 2 (one H200, <= 9 minutes): prepare the random Llama-3.1-8B-shaped engine, the
+# GPU tests, regime A (profile --floor -> tune -> sweep, 3 trials per point). Every stage has a
+# time limit inside DEADLINE seconds, the sweep rewrites its JSON after every load point, and
+# $OUT/h200_call1.tar.gz is re-packed after every stage: a call cut short still returns what finished.
+#   -> $OUT/h200_call1.tar.gz: h200_A{.json,.md,.png,_profile.json,_schedule.txt,_tune.json}, h200_call1.log
+# Sizing (old h200_A.json: baseline 153 tok/s at C=1 .. 5443 at C=256; static/dynamic ~1.1-2x):
+# C=1,4,16,64,256 x 3 modes x 3 trials, WAVES=1 (C requests at C, outputs 64..448) ~ 260 s;
+# prepare ~120 s, GPU tests <= 90 s, profile ~50 s.
+set -uo pipefail
+export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results1}
+here=$(cd "$(dirname "$0")" && pwd)
+DEADLINE=${DEADLINE:-510}
+LOG=$RES/h200_call1.log
+mkdir -p "$OUT" "$RES"
+left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
+pack() { tar -czf "$OUT/h200_call1.tar.gz" -C "$RES" . 2>/dev/null; }
+stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadline), log, re-pack
+  local name=$1 limit=$2; shift 2
+  (( limit > $(left) )) && limit=$(left)
+  echo "== $name (limit ${limit}s, t=${SECONDS}s)" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc (t=${SECONDS}s)" | tee -a "$LOG"
+  (( rc == 0 )) || failed+=("$name")
+  pack
+}
+failed=()
+git -C "$here" rev-parse HEAD >>"$LOG" 2>&1
+stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
+[ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-90}" "${PYTHON:-python3}" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+stage regime-A "$(( $(left) - 10 ))" bash "$here/h200_regime_a.sh"
+tail -n 40 "$LOG"
+[ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }

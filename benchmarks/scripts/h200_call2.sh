@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# H200 call 2 of 2 (one H200, <= 9 minutes): regime B (profile -> tune -> sweep, 3 trials, Poisson
+# beside the closed loop at C=16 and C=64), the fixed-length baseline at C=64 and C=256, and the
+# summary. Reuses call 1's engine on a warm machine, else prepares it again.
+# A_RESULTS: where call 1's files are (default benchmarks/results, where the lead commits them).
+#   -> $OUT/h200_call2.tar.gz: h200_B*, h200_B_fixed.*, h200_summary.json, h200_call2.log
+# Sizing (old h200_B.json: baseline 172 tok/s at C=1 .. 11133 at C=256): C=1,4,16,64,256 x 3 modes
+# x 3 trials at WAVES=2 (refills, so staggered finishes and admissions happen) ~ 150 s, Poisson
+# ~ 40 s, fixed baseline ~ 40 s, plus ~ 50 s engine start per sweep; prepare ~120 s if not warm.
+set -uo pipefail
+export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results2} WAVES=${WAVES:-2}
+here=$(cd "$(dirname "$0")" && pwd)
+A_RESULTS=${A_RESULTS:-benchmarks/results}
+DEADLINE=${DEADLINE:-510}
+LOG=$RES/h200_call2.log
+mkdir -p "$OUT" "$RES"
+left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
+pack() { tar -czf "$OUT/h200_call2.tar.gz" -C "$RES" . 2>/dev/null; }
+stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadline), log, re-pack
+  local name=$1 limit=$2; shift 2
+  (( limit > $(left) )) && limit=$(left)
+  echo "== $name (limit ${limit}s, t=${SECONDS}s)" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc (t=${SECONDS}s)" | tee -a "$LOG"
+  (( rc == 0 )) || failed+=("$name")
+  pack
+}
+failed=()
+git -C "$here" rev-parse HEAD >>"$LOG" 2>&1
+stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
+POISSON_AT=${POISSON_AT:-16,64} stage regime-B "$(( $(left) - 80 ))" bash "$here/h200_regime_b.sh"
+stage fixed-baseline "$(( $(left) - 15 ))" bash "$here/h200_fixed_baseline.sh"
+RES_A=$A_RESULTS RES_B=$RES stage summary 30 bash "$here/h200_summary.sh"
+tail -n 40 "$LOG"
+[ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }

@@ -70,17 +70,20 @@ def host_overhead_fraction(rows: Sequence[Mapping], mode: str = "dynamic", concu
 
 
 def decode_bandwidth_fraction(profile: Mapping, peak_bytes_per_s: float, batch_size: int = 1) -> dict | None:
-    """Weight streaming of the plain decode step at `batch_size` as a fraction of peak."""
+    """Weight streaming of the plain decode step at `batch_size` as a fraction of peak: from the
+    profile's --floor block (b=1, 1024 context) when it has one, else its decode_ms at its context."""
     wb = profile.get("target_weight_bytes")
-    dec = (profile.get("decode_ms") or {}).get(str(batch_size))
+    fl = profile.get("floor") if isinstance(profile.get("floor"), Mapping) else {}
+    dec, ctx = (fl.get("decode_ms"), fl.get("context_len")) if batch_size == 1 and fl.get("decode_ms") else (None, None)
+    if dec is None:
+        dec, ctx = (profile.get("decode_ms") or {}).get(str(batch_size)), profile.get("context_len")
     if dec is None:
         dec = (profile.get("iteration_ms", {}).get(str(batch_size)) or {}).get("0")
     if not wb or not dec:
         return None
     bps = wb / (dec / 1e3)
     return {"fraction": bps / peak_bytes_per_s, "decode_ms": dec, "weight_bytes": wb,
-            "achieved_tb_per_s": bps / 1e12, "peak_tb_per_s": peak_bytes_per_s / 1e12,
-            "context_len": profile.get("context_len")}
+            "achieved_tb_per_s": bps / 1e12, "peak_tb_per_s": peak_bytes_per_s / 1e12, "context_len": ctx}
 
 
 def _closed(rows: Sequence[Mapping], mode: str) -> dict[int, Mapping]:

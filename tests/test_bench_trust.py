@@ -102,7 +102,7 @@ def test_summary_version_2_figures():
         b_rows += [row("baseline", c, *base), row("static", c, *stat), row("dynamic", c, *dyn)]
     b_rows.append(row("baseline", None, 90, 88, 92, request_rate=1.5, matched_concurrency=64))
     fixed = regime_doc("sweep fixed", [row("baseline", 64, 125, 120, 130), row("baseline", 256, 250, 240, 260)])
-    prof = {"command": "dynspec profile --floor", "target_weight_bytes": 16e9, "decode_ms": {"1": 5.0},
+    prof = {"command": "dynspec profile --floor", "target_weight_bytes": 16e9, "decode_ms": {"1": 4.5},
             "gemm_floor_ms": 4.0, "floor": {"gemm_floor_ms": 4.0, "decode_ms": 5.0, "context_len": 1024,
                                             "method": "cuda graph"}}
     s = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12, fixed={"B": fixed})
@@ -111,6 +111,8 @@ def test_summary_version_2_figures():
                 "max_dynamic_gain", "c1_speedup", "host_overhead_fraction", "acceptance_model", "commands"):
         assert key in s, key                                          # version 1's keys stay
     assert s["decode_vs_gemm_floor"] == pytest.approx(1.25)
+    assert s["decode_bandwidth"]["context_len"] == 1024                 # the floor block's decode
+    assert s["decode_bandwidth_fraction"] == pytest.approx(16e9 / 5e-3 / 4.8e12)
     assert s["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.8})
     assert s["dynamic_verdict_by_concurrency"] == {"B": {"64": "win", "256": "tie"}}
     assert s["trial_spread"]["B"]["dynamic"]["64"] == {"median": 110, "min": 108, "max": 112, "trials": 3}

@@ -6,7 +6,7 @@ import sys
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from dynspec.artifacts import check_apart
+    from dynspec.artifacts import check_apart, check_writable
     from dynspec.build.baseline import SCRIPT, run_baseline
     from dynspec.build.engine_dir import BuildRequest, plan_build, write_engine_dir
     from dynspec.build.plan import format_plan
@@ -19,6 +19,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise DynspecError("--run executes the baseline script; it needs --baseline-trt-engine")
     if args.out is not None:
         check_apart(args.out, {"--target": args.target, "--draft": args.draft})
+        check_writable(args.out, folder=True)
     req = BuildRequest(
         target=args.target, draft=args.draft, schedule=schedule_of(args), tp=args.tp,
         trtllm_version=args.trtllm_version, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
@@ -28,13 +29,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
         max_num_tokens=args.max_num_tokens,
     )
     bp = plan_build(req)
-    for w in bp.warnings:
-        print(w, file=sys.stderr)
     if args.plan:
         print(format_plan(bp.plan, req.tp))
-        if args.out is None:
-            return 0
-    cfg = write_engine_dir(req, bp, args.out, force=args.force)
+    cfg = write_engine_dir(req, bp, args.out, force=args.force) if args.out is not None else None
+    for w in bp.warnings:                 # after the work: a refused build prints its error alone
+        print(w, file=sys.stderr)
+    if cfg is None:
+        return 0
     print(f"wrote {args.out}: schedule {cfg.schedule} -> TRT-LLM {cfg.trtllm_version} draft_len_schedule "
           f"{bp.options['speculative_config']['draft_len_schedule']}, tp={cfg.tp}, max_batch_size {cfg.max_batch_size}")
     if args.baseline_trt_engine:

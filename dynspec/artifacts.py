@@ -44,11 +44,12 @@ def check_apart(out: str | os.PathLike, inputs: Inputs, out_flag: str = "--out")
         raise DynspecError(f"{out_flag} {out} {rel} {flag} {path}; write the output apart from the inputs")
 
 
-def check_writable(path: str | os.PathLike, what: str = "--out") -> None:
-    """Fail now, not after the work: `path` must be a file name whose folder can be created and
-    written. A directory, a file-as-parent or a read-only filesystem -> one-line DynspecError."""
+def check_writable(path: str | os.PathLike, what: str = "--out", folder: bool = False) -> None:
+    """Fail now, not after the work: `path` (a file name, or with folder=True an output folder)
+    must be creatable in a writable parent. A directory given for a file, a file-as-parent or a
+    read-only filesystem -> one-line DynspecError."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not folder:
         raise DynspecError(f"{what} {path} is a directory; give a file name")
     probe = path.parent / f".{path.name}.probe-{os.getpid()}"
     try:

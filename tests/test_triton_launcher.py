@@ -1,9 +1,18 @@
 """`python -m dynspec.triton_repo.server` as a process: signals stop the whole server, and a port
 that another process already answers on is a failure, not "ready" (issue 14, items 8 and 9).
 
-Each test runs the real launcher CLI on the embedded tiny pair and checks, after it exits, that no
-process of the server's group is left, the port is free again and no /dev/shm region of the
-launch remains."""
+The repository comes from the embedded tiny pair through the commands a newcomer runs (issue 13,
+item 4), the ones the README shows:
+
+    TINY=$(python -c "import dynspec, pathlib; print(pathlib.Path(dynspec.__file__).parent / 'assets/tiny')")
+    dynspec convert target --hf $TINY/target --out tiny/target --tp 1
+    dynspec convert eagle3 --draft $TINY/draft --target tiny/target --out tiny/draft --tp 1
+    dynspec build --target tiny/target --draft tiny/draft --out tiny/engine --tp 1 --schedule 4:4 --max-batch-size 8
+    dynspec triton --engine-dir tiny/engine --out tiny/triton
+    python -m dynspec.triton_repo.server tiny/triton
+
+Each test runs the real launcher CLI and checks, after it exits, that no process of the server's
+group is left, the port is free again and no /dev/shm region of the launch remains."""
 import http.server
 import os
 import signal
@@ -16,22 +25,58 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.config import EngineConfig, ReferenceSettings
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.config import EngineConfig
 from dynspec.triton_repo.server import error_lines, free_ports, owns_listener
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    from dynspec.runtime.session import tiny_pair_dirs
-    from dynspec.triton_repo.generate import generate_repo
+def chain(tmp_path_factory):
+    """The README's chain, run through the CLI: -> the tiny pair's engine dir and Triton repository."""
+    import dynspec
+    from dynspec.cli import main
 
-    root = tmp_path_factory.mktemp("launcher")
-    target, draft = tiny_pair_dirs()
-    EngineConfig(target_dir=str(target), draft_dir=str(draft),
-                 schedule=DraftSchedule.threshold(max_draft_len=4, disable_above=4), tp=1,
-                 reference=ReferenceSettings(max_batch_size=4, max_seq_len=256)).write(root / "engine")
-    return generate_repo(root / "engine", root / "repo")
+    tiny = Path(dynspec.__file__).parent / "assets/tiny"
+    out = tmp_path_factory.mktemp("chain") / "tiny"
+    steps = [
+        ["convert", "target", "--hf", f"{tiny}/target", "--out", f"{out}/target", "--tp", "1"],
+        ["convert", "eagle3", "--draft", f"{tiny}/draft", "--target", f"{out}/target", "--out", f"{out}/draft",
+         "--tp", "1"],
+        ["build", "--target", f"{out}/target", "--draft", f"{out}/draft", "--out", f"{out}/engine", "--tp", "1",
+         "--schedule", "4:4", "--max-batch-size", "8"],
+        ["triton", "--engine-dir", f"{out}/engine", "--out", f"{out}/triton"],
+    ]
+    for argv in steps:
+        assert main(argv) in (0, None), argv
+    return out / "engine", out / "triton"
+
+
+@pytest.fixture(scope="module")
+def repo(chain):
+    return chain[1]
+
+
+@pytest.fixture(scope="module")
+def expected(chain):
+    """The prompt's greedy continuation from the same engine dir, run offline (the oracle)."""
+    import torch
+
+    from dynspec.runtime.session import open_executor
+    from dynspec.triton_repo.serving import load_model_info
+
+    cfg = EngineConfig.load(chain[0])
+    info = load_model_info(cfg.target_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ex = open_executor(cfg)
+        h = ex.submit(tuple(info.tokenizer.encode(PROMPT)), 12, info.eos_ids)
+        ex.run_until_idle()
+    finally:
+        torch.set_num_threads(threads)
+    return list(h.result().output_ids), info.decode(h.result().output_ids)
+
+
+PROMPT = "import os\n\ndef main():"
 
 
 def start(repo, ports):
@@ -123,12 +168,19 @@ def test_owns_listener_tells_this_process_from_another():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_tritonserver_and_its_stub(repo, signum):
+def test_signal_stops_tritonserver_and_its_stub(repo, expected, signum):
+    import json
+    import urllib.request
+
     ports = free_ports()
     proc = start(repo, ports)
     try:
         ready, lines = read_until(proc.stdout, "tritonserver ready", 150)
         assert ready, "".join(lines[-30:])
+        body = json.dumps({"text_input": PROMPT, "max_tokens": 12}).encode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/models/dynspec/generate", body, 120) as r:
+            reply = json.loads(r.read())
+        assert (reply["output_ids"], reply["text_output"]) == expected
         group = children(proc.pid)
         names = {Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].rsplit(b"/", 1)[-1] for p in group}
         assert {b"tritonserver", b"triton_python_backend_stub"} <= names, names

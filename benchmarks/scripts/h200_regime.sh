@@ -18,6 +18,7 @@ name="h200_${REGIME}"
 # one cache length for profile and sweep: the longest request + K + 1 (graphs may attend over all of it)
 MAX_SEQ=${MAX_SEQ:-$(( ${INPUT_LEN#*:} + ${OUTPUT_LEN#*:} + 8 ))}
 FLOOR_FLAG=(); [ "${FLOOR:-0}" = 1 ] && FLOOR_FLAG=(--floor)
+POISSON_FLAG=(); [ -n "${POISSON_AT:-}" ] && POISSON_FLAG=(--poisson-at "$POISSON_AT")
 mkdir -p "$RES"
 "$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device "$DEVICE" --dtype "$DTYPE" --no-progress \
   --batch-sizes "$BATCHES" --draft-lens "$DRAFT_LENS" --context-len "$CONTEXT" --max-seq-len "$MAX_SEQ" \
@@ -25,7 +26,7 @@ mkdir -p "$RES"
 "$PY" -m dynspec.cli tune --profile "$RES/${name}_profile.json" --acceptance "$P" --min-gain "${MIN_GAIN:-1.0}" \
   --out "$RES/${name}_schedule.txt" --report "$RES/${name}_tune.json"
 "$PY" -m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device "$DEVICE" --dtype "$DTYPE" \
-  --concurrency "$CONC" --poisson-at "${POISSON_AT:-}" --modes baseline,static,dynamic --static-k "$STATIC_K" \
+  --concurrency "$CONC" "${POISSON_FLAG[@]}" --modes baseline,static,dynamic --static-k "$STATIC_K" \
   --dynamic-schedule "@$RES/${name}_schedule.txt" --acceptance "bernoulli:$P" \
   --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --max-seq-len "$MAX_SEQ" --trials "${TRIALS:-3}" \
   --waves "${WAVES:-1}" --min-requests "${MIN_REQUESTS:-2}" --warmup-requests "${WARMUP_REQUESTS:-2}" \

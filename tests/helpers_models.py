@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dynspec.pairs.random_pair import capture_layers_for
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32}
 
@@ -76,14 +78,6 @@ def make_tiny_target(folder, *, vocab: int = 160, hidden: int = 64, layers: int 
     return folder
 
 
-def default_test_capture(layers: int) -> tuple[int, ...]:
-    """TRT-LLM's default (1, L//2-1, L-4) when distinct, else a spread that is."""
-    d = (1, layers // 2 - 1, layers - 4)
-    if min(d) >= 0 and len(set(d)) == 3:
-        return d
-    return tuple(sorted({0, layers // 2, layers - 1}))
-
-
 def make_tiny_draft(folder, target_dir, *, draft_vocab: int | None = None, capture_layers=None, seed: int = 0,
                     hidden: int | None = None, intermediate: int | None = None, heads: int | None = None,
                     kv_heads: int | None = None, embed: bool = False, fmt: str = "safetensors",
@@ -105,7 +99,7 @@ def make_tiny_draft(folder, target_dir, *, draft_vocab: int | None = None, captu
     hd = h // nh
     inter = intermediate or 2 * h
     dv = draft_vocab or vocab // 2
-    capture = tuple(capture_layers) if capture_layers is not None else default_test_capture(L)
+    capture = tuple(capture_layers) if capture_layers is not None else capture_layers_for(L)
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": h, "intermediate_size": inter, "num_attention_heads": nh, "num_key_value_heads": kvh,

@@ -125,19 +125,6 @@ def test_incremental_decoding_equals_full_forward(tiny):
         pos = pos + T
 
 
-def test_copy_row(tiny):
-    folder, _ = tiny
-    m = load_target(folder)
-    seq = torch.randint(0, 160, (1, 12))
-    m.setup_cache(4, 32)
-    m(seq[:, :10], torch.arange(10)[None], row0=0)
-    m.copy_row(0, 3)
-    a, _ = m(seq[:, 10:12], torch.tensor([[10, 11]]), row0=0)
-    b, _ = m(seq[:, 10:12], torch.tensor([[10, 11]]), row0=3)
-    assert torch.equal(a, b)
-    assert torch.equal(m.k_cache[:, 0], m.k_cache[:, 3]) and torch.equal(m.v_cache[:, 0], m.v_cache[:, 3])
-
-
 # ----------------------------------------------------------------------------- draft
 
 def naive_draft(folder, target, tokens, fused):
@@ -277,7 +264,7 @@ def test_default_capture_layers_for_deep_target(tmp_path):
 
 
 def test_random_pair_tiny_round_trip(tmp_path):
-    from dynspec.runtime.engines.reference.random_pair import write_random_pair
+    from dynspec.pairs.random_pair import write_random_pair
 
     pair = write_random_pair(tmp_path / "pair", preset="tiny", seed=1, dtype=torch.bfloat16)
     target = load_target(pair.target)
@@ -296,7 +283,7 @@ def test_random_pair_tiny_round_trip(tmp_path):
 # ----------------------------------------------------------------------------- the committed tiny pair
 
 def test_committed_tiny_pair_loads_and_speculates():
-    from dynspec.runtime.engines.reference import tiny_pair
+    from dynspec.pairs import tiny_pair
 
     folder = tiny_pair.ASSET_DIR
     if not (folder / "draft" / "config.json").is_file():

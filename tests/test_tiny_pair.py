@@ -1,9 +1,15 @@
 """The embedded tiny trained pair: EAGLE-3 wiring is real (acceptance that wrong capture
-layers or a wrong d2t destroy), and keep-warm lets speculation resume at full acceptance."""
+layers or a wrong d2t destroy), and keep-warm lets speculation resume at full acceptance.
+Every prompt is drawn from the held-out files build_info.json records, never training text."""
+import json
+import sysconfig
+
 import pytest
 import torch
 
-from dynspec.runtime.cli import _tokenizer, default_prompts
+from dynspec.pairs import corpus
+from dynspec.pairs.corpus import default_prompts
+from dynspec.runtime.cli import _tokenizer
 from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import ReferenceEngine
 from dynspec.runtime.engines.reference.load import load_draft, load_target
@@ -18,6 +24,34 @@ K = 4
 def tiny():
     target, draft = tiny_pair_dirs()
     return target, draft, default_prompts(_tokenizer(target), n=16, length=48)
+
+
+def test_held_out_split_is_the_recorded_one(tmp_path, monkeypatch):
+    """Another interpreter's module list must not move files between train and held-out:
+    a new stdlib module that sorts first shifts a recomputed every-8th split entirely."""
+    info = json.loads((corpus.ASSET_DIR / "build_info.json").read_text())
+    train, held = corpus.stdlib_files()
+    assert [f.name for f in held] == [n for n in info["held_out_files"] if (corpus.stdlib_root() / n).is_file()]
+    assert not {f.name for f in held} & set(info["train_files"])
+    fake = tmp_path / "stdlib"
+    fake.mkdir()
+    for name in ["_aaa_new_module.py"] + info["train_files"] + info["held_out_files"]:
+        (fake / name).write_text(f"# {name}\n")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"stdlib": str(fake)})
+    assert [f.name for f in corpus.stdlib_files()[1]] == info["held_out_files"]
+
+
+def test_default_prompts_are_held_out_text(tiny):
+    """Each prompt decodes to text found in a held-out file and in no training file."""
+    tok = _tokenizer(tiny[0])
+    train, held = corpus.stdlib_files()
+    held_text, train_text = corpus.read_texts(held), corpus.read_texts(train)
+    prompts = tiny[2]
+    assert len(prompts) == 16 and len(set(prompts)) == 16 and all(len(p) == 48 for p in prompts)
+    for p in prompts:
+        text = tok.decode(list(p))
+        assert any(text in t for t in held_text), text
+        assert not any(text in t for t in train_text), text
 
 
 def make_engine(tiny, capture=None, scramble_d2t=False, max_batch=16):

@@ -1,10 +1,11 @@
 """Build the tiny embedded target + EAGLE-3 draft pair from Python's own standard library.
 
-    python -m dynspec.runtime.engines.reference.tiny_pair --out DIR [--seed 0] [--check]
-    python -m dynspec.runtime.engines.reference.tiny_pair --check [DIR]   # default: the packaged pair
+    python -m dynspec.pairs.tiny_pair --out DIR [--seed 0] [--check]
+    python -m dynspec.pairs.tiny_pair --check [DIR]   # default: the packaged pair
 
 Every machine with Python has the text: the top-level `*.py` modules of the running
 interpreter's standard library, sorted by name; every 8th one is held out for evaluation.
+The split is recorded in build_info.json, and every measurement reads it from there (corpus.py).
 The build (about 4 minutes on 2 CPU cores, fixed step counts, seeded):
 1. a byte-level BPE tokenizer (`tokenizers`, vocab 1024), saved so that
    AutoTokenizer.from_pretrained(DIR/target) works;
@@ -33,21 +34,19 @@ import math
 import os
 import platform
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .draft import Eagle3Config, Eagle3Draft
-from .load import load_draft, load_target
-from .model import Target, TargetConfig, rope_tables
+from dynspec.pairs.corpus import ASSET_DIR, BUILD_INFO, read_texts, split_stdlib, stdlib_files
+from dynspec.runtime.engines.reference.draft import Eagle3Config, Eagle3Draft
+from dynspec.runtime.engines.reference.load import load_draft, load_target
+from dynspec.runtime.engines.reference.model import Target, TargetConfig, rope_tables
 
-ASSET_DIR = Path(str(resources.files("dynspec") / "assets" / "tiny"))   # the committed pair
 EOS = "<|endoftext|>"
 
 
@@ -78,19 +77,6 @@ class TinySpec:
 
 
 # ----------------------------------------------------------------------------- corpus + tokenizer
-
-def stdlib_files() -> tuple[list[Path], list[Path]]:
-    """(train, held-out) top-level stdlib modules, sorted by name; every 8th is held out."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if p.is_file())
-    if len(files) < 16:
-        raise RuntimeError(f"too few standard-library sources under {root}")
-    return [f for i, f in enumerate(files) if i % 8 != 7], [f for i, f in enumerate(files) if i % 8 == 7]
-
-
-def read_texts(files: list[Path]) -> list[str]:
-    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
-
 
 def train_tokenizer(texts: list[str], vocab: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -407,7 +393,7 @@ def build(out: str | os.PathLike, spec: TinySpec = TinySpec(), progress: bool = 
 
     t0 = time.time()
     torch.manual_seed(spec.seed)
-    train_files, held_files = stdlib_files()
+    train_files, held_files = split_stdlib()
     texts = read_texts(train_files)
     tok = train_tokenizer(texts, spec.vocab)
     vocab = tok.get_vocab_size()
@@ -435,7 +421,7 @@ def build(out: str | os.PathLike, spec: TinySpec = TinySpec(), progress: bool = 
         draft = train_draft(spec, target, captures, seqs, labels, draft_ids, progress)
         save_hf_draft(draft, draft_hf_config(spec, target.config, spec.draft_vocab), tmp / "draft")
         info = {
-            "built_by": "python -m dynspec.runtime.engines.reference.tiny_pair --out DIR",
+            "built_by": "python -m dynspec.pairs.tiny_pair --out DIR",
             "spec": asdict(spec),
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -445,7 +431,7 @@ def build(out: str | os.PathLike, spec: TinySpec = TinySpec(), progress: bool = 
             "draft_vocab_label_coverage": round(coverage, 4),
             "build_seconds": round(time.time() - t0, 1),
         }
-        (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
         for f in [tmp, *tmp.rglob("*")]:                     # mkdtemp/safetensors make 0700/0600
             f.chmod(0o755 if f.is_dir() else 0o644)
     log(f"built {out} in {info['build_seconds']}s")
@@ -497,12 +483,13 @@ def plain_greedy(target: Target, prompt: list[int], new: int) -> list[int]:
     return greedy_continue(target, torch.tensor([prompt]), new)[0, len(prompt):].tolist()
 
 
-def check_prompts(tokenizer_dir: Path, n: int = 16, length: int = 48, seed: int = 0) -> list[list[int]]:
-    """Held-out prompts: `length`-token windows from the held-out stdlib modules."""
+def check_prompts(folder: Path, n: int = 16, length: int = 48, seed: int = 0) -> list[list[int]]:
+    """Held-out prompts: `length`-token windows from the held-out stdlib modules FOLDER's
+    build_info.json records."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    _, held = stdlib_files()
+    tok = AutoTokenizer.from_pretrained(str(folder / "target"))
+    _, held = stdlib_files(folder)
     ids = torch.tensor([i for t in read_texts(held) for i in tok(t)["input_ids"] + [tok.eos_token_id]])
     g = torch.Generator().manual_seed(seed + 7)
     return windows(ids, n, length, g).tolist()
@@ -520,7 +507,7 @@ def check(folder: str | os.PathLike = ASSET_DIR, *, k: int = 4, prompts: int = 1
     """Mean accepted draft tokens per step (K-chain, greedy) for correct and broken wiring."""
     folder = Path(folder)
     target = load_target(folder / "target")
-    prompt_ids = check_prompts(folder / "target", prompts)
+    prompt_ids = check_prompts(folder, prompts)
     good = load_draft(folder / "draft", target).capture_layers
     L = target.config.num_layers
     wrong = tuple(i for i in range(L) if i not in good)[:len(good)]
@@ -546,7 +533,7 @@ def check(folder: str | os.PathLike = ASSET_DIR, *, k: int = 4, prompts: int = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dynspec.runtime.engines.reference.tiny_pair", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dynspec.pairs.tiny_pair", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="build the pair into this folder (replaced if it exists)")
     ap.add_argument("--seed", type=int, default=0)

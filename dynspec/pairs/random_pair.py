@@ -1,6 +1,6 @@
 """Random-weight HF folders of a real shape (target + EAGLE-3 draft), for GPU benchmarks.
 
-    python -m dynspec.runtime.engines.reference.random_pair --out DIR [--preset llama-3.1-8b]
+    python -m dynspec.pairs.random_pair --out DIR [--preset llama-3.1-8b]
         [--layers N] [--dtype bfloat16] [--seed 0] [--device cpu|cuda] [--tokenizer DIR]
 
 DIR/target is a transformers LlamaForCausalLM folder (sharded safetensors + index when larger
@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from dynspec.checkpoint.eagle3 import default_capture_layers
+from dynspec.checkpoint.writer import ShardWriter
 from dynspec.errors import DynspecError
 
 
@@ -68,54 +69,15 @@ class PairPaths:
 
 
 def capture_layers_for(layers: int) -> tuple[int, ...]:
-    """TRT-LLM's default (1, L//2-1, L-4) when those are distinct, else (0, L//2, L-1)."""
-    d = (1, layers // 2 - 1, layers - 4)
+    """The layers this writer names in the draft config (loaders never guess them): TRT-LLM's
+    default (1, L//2-1, L-4) when those are distinct, else, for a shallow smoke-test target,
+    the spread (0, L//2, L-1). L=32 -> (1, 15, 28); L=4 -> (0, 2, 3)."""
+    d = default_capture_layers(layers)
     if min(d) >= 0 and len(set(d)) == 3:
         return d
     if layers < 3:
         raise DynspecError(f"an EAGLE-3 draft captures 3 distinct target layers; --layers {layers} is too few (>= 3)")
     return (0, layers // 2, layers - 1)
-
-
-class _ShardWriter:
-    """Collects tensors and writes safetensors shards of at most `limit` bytes (+ index)."""
-
-    def __init__(self, folder: Path, limit: int):
-        self.folder, self.limit = folder, limit
-        self.pending: dict[str, torch.Tensor] = {}
-        self.size = 0
-        self.files: list[tuple[Path, list[str]]] = []
-        self.total = 0
-
-    def add(self, name: str, t: torch.Tensor) -> None:
-        n = t.numel() * t.element_size()
-        if self.pending and self.size + n > self.limit:
-            self.flush()
-        self.pending[name] = t.contiguous().cpu()
-        self.size += n
-        self.total += n
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        path = self.folder / f".shard-{len(self.files)}.safetensors"
-        save_file(self.pending, str(path), metadata={"format": "pt"})
-        self.files.append((path, list(self.pending)))
-        self.pending, self.size = {}, 0
-
-    def close(self) -> None:
-        self.flush()
-        if len(self.files) == 1:
-            self.files[0][0].rename(self.folder / "model.safetensors")
-            return
-        n = len(self.files)
-        weight_map = {}
-        for i, (path, names) in enumerate(self.files):
-            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            path.rename(self.folder / final)
-            weight_map.update({k: final for k in names})
-        (self.folder / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": self.total}, "weight_map": weight_map}, indent=2) + "\n")
 
 
 def _normal(shape, gen: torch.Generator, dtype: torch.dtype, device) -> torch.Tensor:
@@ -179,7 +141,7 @@ def write_random_pair(out_dir: str | os.PathLike, preset: str = "llama-3.1-8b", 
         (tmp / "draft").mkdir()
         gen = torch.Generator(device=device).manual_seed(seed)
         ones = lambda n: torch.ones(n, dtype=dtype)  # noqa: E731
-        w = _ShardWriter(tmp / "target", shard_bytes)
+        w = ShardWriter(tmp / "target", shard_bytes)
         w.add("model.embed_tokens.weight", _normal((s.vocab, s.hidden), gen, dtype, device))
         for i in tqdm(range(s.layers), desc="target layers", disable=not progress):
             p = f"model.layers.{i}."
@@ -198,7 +160,7 @@ def write_random_pair(out_dir: str | os.PathLike, preset: str = "llama-3.1-8b", 
         (tmp / "target" / "config.json").write_text(json.dumps(target_config(s, dtype), indent=2) + "\n")
 
         h, di = s.hidden, s.draft_intermediate
-        d = _ShardWriter(tmp / "draft", shard_bytes)
+        d = ShardWriter(tmp / "draft", shard_bytes)
         d.add("fc.weight", _normal((h, len(capture) * s.hidden), gen, dtype, device))
         d.add("midlayer.hidden_norm.weight", ones(h))
         d.add("midlayer.input_layernorm.weight", ones(h))
@@ -232,7 +194,7 @@ def write_random_pair(out_dir: str | os.PathLike, preset: str = "llama-3.1-8b", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dynspec.runtime.engines.reference.random_pair", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dynspec.pairs.random_pair", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--preset", default="llama-3.1-8b", choices=sorted(PRESETS))

@@ -29,7 +29,9 @@ stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadli
 failed=()
 git -C "$here" rev-parse HEAD >>"$LOG" 2>&1
 stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
-[ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-90}" "${PYTHON:-python3}" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+# GPU_TESTS=0 moves the GPU tests to call 2 (GPU_TESTS=1 there) when regime A needs the time
+[ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-90}" "${PYTHON:-python3}" -m pytest -q -m gpu \
+  ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
 stage regime-A "$(( $(left) - 10 ))" bash "$here/h200_regime_a.sh"
 tail -n 40 "$LOG"
 [ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }

@@ -30,6 +30,8 @@ stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadli
 failed=()
 git -C "$here" rev-parse HEAD >>"$LOG" 2>&1
 stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
+[ "${GPU_TESTS:-0}" = 1 ] && stage gpu-tests "${TIME_TESTS:-90}" "${PYTHON:-python3}" -m pytest -q -m gpu \
+  ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
 POISSON_AT=${POISSON_AT:-16,64} stage regime-B "$(( $(left) - 80 ))" bash "$here/h200_regime_b.sh"
 stage fixed-baseline "$(( $(left) - 15 ))" bash "$here/h200_fixed_baseline.sh"
 RES_A=$A_RESULTS RES_B=$RES stage summary 30 bash "$here/h200_summary.sh"

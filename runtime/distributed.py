@@ -392,3 +392,27 @@ def serve_worker(engine, channel: PlanChannel) -> int:
         getattr(engine, name)(*args, **kwargs)
         n += 1
     return n
+
+
+def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, TpContext], Any], *,
+                device: str | torch.device = "cpu", timeout_s: float | None = None) -> tuple[TpContext, Any, Any]:
+    """The whole life of one rank under `mpirun -n R*tp ... --tp tp`:
+        every rank   ctx = init_tp(tp); engine = load(ctx)    (its shard; wrap it here to record steps)
+        leaders      result = lead(LeaderEngine(engine), ctx); then STOP to the workers
+        workers      serve_worker(engine) until STOP; result None
+    Returns (ctx, engine, result). Any exception on any rank aborts the job (abort_on_error).
+    World of one: tp must be 1, and lead runs on the plain engine."""
+    ctx = init_tp(tp, device=device, timeout_s=timeout_s)
+    with abort_on_error(ctx):
+        engine = load(ctx)
+        if ctx.tp == 1:
+            return ctx, engine, lead(engine, ctx)
+        ctx.barrier()                 # loading times differ; the channel's timeouts start here
+        channel = PlanChannel(ctx)
+        if not ctx.layout.is_leader:
+            serve_worker(engine, channel)
+            return ctx, engine, None
+        leader = LeaderEngine(engine, channel)
+        result = lead(leader, ctx)
+        leader.close()
+        return ctx, engine, result

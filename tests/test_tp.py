@@ -22,8 +22,7 @@ import torch
 from dynspec.errors import DynspecError
 from dynspec.runtime.distributed import TpContext, init_tp, layout
 from dynspec.runtime.engines.reference import tp
-from dynspec.runtime.engines.reference.model import (TargetConfig, cached_attention, causal_mask, rms_norm,
-                                                     rope_qk, silu_mul)
+from dynspec.runtime.engines.reference.model import TargetConfig, apply_rope, rms_norm, rope_tables, silu_mul
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.mpi.tp_run import Job, drive
 
@@ -113,59 +112,61 @@ def test_refused_before_any_weight_is_read(tmp_path):
 
 # ----------------------------------------------------------------------------- sharded math, in process
 
-def _layer_over_ranks(blk, s: tp.TpShape, x, positions, cos, sin):
-    """One decoder layer computed as N ranks would, the all-reduces written as sums."""
-    c = blk.c
-    B, T, _ = x.shape
-    hd = c.head_dim
+def _layer_over_ranks(blk, s: tp.TpShape, x, cos, sin):
+    """Decoder layer `blk` computed as N ranks would, each with its shard of the weights and
+    its own heads; the two all-reduces written as sums. x [1, T, h]; cos, sin [1, 1, T, hd/2]."""
+    F = torch.nn.functional
+    eps, hd = blk.c.rms_norm_eps, blk.c.head_dim
     lh, lkv = s.local_heads, s.local_kv_heads
+    T = x.shape[1]
     shards = [tp.shard_weights({"wqkv": blk.wqkv, "wo": blk.wo, "w13": blk.w13, "w2": blk.w2}, s, r)
               for r in range(s.tp)]
-    h = rms_norm(x, blk.attention_norm, c.rms_norm_eps)
+    h = rms_norm(x, blk.attention_norm, eps)
     attn = 0
     for w in shards:
-        q, k, v = torch.nn.functional.linear(h, w["wqkv"]).split((lh * hd, lkv * hd, lkv * hd), dim=-1)
-        q, k = rope_qk(q.view(B, T, lh, hd).transpose(1, 2), k.view(B, T, lkv, hd).transpose(1, 2), cos, sin)
-        v = v.view(B, T, lkv, hd).transpose(1, 2)
-        kc = torch.zeros(B, lkv, T, hd, dtype=x.dtype)
-        vc = torch.zeros_like(kc)
-        mask = causal_mask(positions, torch.arange(T), lh // lkv)
-        attn = attn + torch.nn.functional.linear(cached_attention(q, k, v, kc, vc, positions, mask, T), w["wo"])
+        q, k, v = (t.view(1, T, -1, hd).transpose(1, 2)
+                   for t in F.linear(h, w["wqkv"]).split((lh * hd, lkv * hd, lkv * hd), dim=-1))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)       # [1, lh | lkv, T, hd]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        attn = attn + F.linear(o.transpose(1, 2).reshape(1, T, lh * hd), w["wo"])
     x = x + attn
-    h = rms_norm(x, blk.ffn_norm, c.rms_norm_eps)
-    return x + sum(torch.nn.functional.linear(silu_mul(torch.nn.functional.linear(h, w["w13"])), w["w2"])
-                   for w in shards)
+    h = rms_norm(x, blk.ffn_norm, eps)
+    return x + sum(F.linear(silu_mul(F.linear(h, w["w13"])), w["w2"]) for w in shards)
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_sharded_layer_equals_unsharded_float64(tmp_path, n):
+def test_sharded_layer_equals_transformers_layer_float64(tmp_path, n):
+    """Oracle: transformers' own LlamaDecoderLayer on the same weights (4 heads, 2 KV heads:
+    split at N=2, replicated at N=4)."""
+    from transformers import LlamaForCausalLM
+
     from dynspec.runtime.engines.reference.load import load_target
 
-    target = load_target(make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, vocab=161), dtype=torch.float64)
+    folder = make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, vocab=161)
+    target = load_target(folder, dtype=torch.float64)
+    hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
     c = target.config
-    s = tp.tp_shape(c, n)
-    g = torch.Generator().manual_seed(0)
-    B, T = 2, 5
-    x = torch.randn(B, T, c.hidden_size, generator=g, dtype=torch.float64)
-    positions = torch.arange(T).expand(B, T)
-    inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).double() / c.head_dim))
-    freqs = torch.outer(torch.arange(T).double(), inv)
-    cos, sin = freqs.cos()[positions].unsqueeze(1), freqs.sin()[positions].unsqueeze(1)
-    blk = target.layers[1]
-    kc = torch.zeros(B, c.num_kv_heads, T, c.head_dim, dtype=torch.float64)
-    full = blk(x, cos, sin, causal_mask(positions, torch.arange(T), c.num_heads // c.num_kv_heads), kc,
-               torch.zeros_like(kc), positions, T, target.kernels)
-    sharded = _layer_over_ranks(blk, s, x, positions, cos, sin)
-    torch.testing.assert_close(sharded, full, rtol=1e-12, atol=1e-12)
+    T = 6
+    x = torch.randn(1, T, c.hidden_size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pos = torch.arange(T)[None]
+    with torch.no_grad():
+        ref = hf.model.layers[1](x, attention_mask=None, position_ids=pos,
+                                 position_embeddings=hf.model.rotary_emb(x, pos))
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    cos, sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling, T, "cpu", torch.float64)
+    with torch.no_grad():
+        sharded = _layer_over_ranks(target.layers[1], tp.tp_shape(c, n), x, cos[None, None], sin[None, None])
+    torch.testing.assert_close(sharded, ref, rtol=1e-12, atol=1e-12)
     # vocabulary-parallel head: gathered shard logits are the full logits; the embedding sum is exact
-    logits = torch.cat([x @ tp.shard_vocab(target.output, r, n).T for r in range(n)], dim=-1)[..., :c.vocab_size]
-    torch.testing.assert_close(logits, x @ target.output.T, rtol=1e-12, atol=1e-12)
-    ids = torch.tensor([[0, 5, 80, 159, 160]])
-    rows = tp.shard_vocab(target.tok_embeddings.weight, 0, n).shape[0]
-    emb = sum(torch.where(((ids >= r * rows) & (ids < (r + 1) * rows))[..., None],
-                          tp.shard_vocab(target.tok_embeddings.weight, r, n)[(ids - r * rows).clamp(0, rows - 1)], 0.0)
-              for r in range(n))
-    assert torch.equal(emb, target.tok_embeddings(ids))
+    w = target.output.detach()
+    logits = torch.cat([x @ tp.shard_vocab(w, r, n).T for r in range(n)], dim=-1)[..., :c.vocab_size]
+    torch.testing.assert_close(logits, x @ w.T, rtol=1e-12, atol=1e-12)
+    emb = target.tok_embeddings.weight.detach()
+    ids = torch.tensor([0, 5, 80, 159, 160])
+    rows = tp.shard_vocab(emb, 0, n).shape[0]
+    parts = [torch.where(((ids >= r * rows) & (ids < (r + 1) * rows))[:, None],
+                         tp.shard_vocab(emb, r, n)[(ids - r * rows).clamp(0, rows - 1)], 0.0) for r in range(n)]
+    assert torch.equal(sum(parts), emb[ids])
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -256,6 +257,28 @@ def check_same_steps(doc: dict, ranks: range) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [2, 4])
+def test_sharded_models_equal_unsharded(tmp_path, pair, n):
+    """Target logits, captured layers and draft logits of one batch (ids at both vocab ends and
+    at a shard edge) under mpirun -n N: the collectives in the model's reduction points."""
+    from dynspec.runtime.engines.reference.load import load_draft, load_target
+    from tests.mpi.tp_forward import forward
+
+    out = tmp_path / "fwd.pt"
+    cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(n), sys.executable,
+           str(ROOT / "tests" / "mpi" / "tp_forward.py"), "--tp", str(n), "--target", pair[0], "--draft", pair[1],
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(out)
+    target = load_target(pair[0], dtype=torch.float64)
+    ref = forward(target, load_draft(pair[1], target, dtype=torch.float64))
+    for key in ("target_logits", "hidden", "draft_logits"):
+        torch.testing.assert_close(got[key], ref[key], rtol=1e-12, atol=1e-12, msg=key)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tp2_equals_tp1_and_transformers_through_k_flips(tmp_path, pair, tp1_outputs):
     proc, wall, out = run_tp(tmp_path, pair, 2)
@@ -269,7 +292,6 @@ def test_tp2_equals_tp1_and_transformers_through_k_flips(tmp_path, pair, tp1_out
     flips = [(a, b) for a, b in zip(ks, ks[1:]) if a != b]
     assert (0, 15) in flips and (15, 0) in flips, ks                # K=0 stretches and back, both ways
     assert any(g[0] == "refresh" for _, _, _, gs in steps for g in gs)   # resumed after K=0
-    assert wall < 30, f"mpirun -n 2 took {wall:.1f} s"
 
 
 @pytest.mark.slow
@@ -309,4 +331,4 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
     assert float(line.split("ended after ")[1].split(" s")[0]) < within, line
     assert "[dynspec rank 0] TpFault: leader: TP rank 0 (world rank 0):" in err
     assert "aborting all 2 ranks" in err
-    assert wall < 30, f"the job took {wall:.1f} s to end"
+    assert wall < 60, f"the job took {wall:.1f} s to end"       # start-up included (4+ s of imports a rank)

@@ -16,8 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from dynspec.runtime.distributed import (LeaderEngine, PlanChannel, TpFault, abort_on_error, init_tp, log,
-                                         serve_worker)
+from dynspec.runtime.distributed import LeaderEngine, TpFault, log, run_replica
 from dynspec.runtime.engines.reference.tp import load_tp_engine
 from dynspec.runtime.engines.reference.tp_stats import StepRecorder
 from dynspec.runtime.executor import Executor
@@ -55,28 +54,23 @@ def main() -> None:
     ap.add_argument("--fault", choices=("kill", "hang"))
     ap.add_argument("--fault-at", type=int, default=3)
     a = ap.parse_args()
-    ctx = init_tp(a.tp)
-    with abort_on_error(ctx):
-        sched = DraftSchedule.parse(a.schedule)
-        jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
+    sched = DraftSchedule.parse(a.schedule)
+    jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
+
+    def load(ctx):
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
                                 max_seq_len=max(len(j.ids) + j.max_new for j in jobs) + sched.max_draft_len + 2,
                                 max_draft_len=max(sched.max_draft_len, 1))
         rec = StepRecorder(engine)
-        ctx.barrier()                                # loading times differ; the channel's clock starts here
-        channel = PlanChannel(ctx)
-        if ctx.layout.is_leader:
-            result = lead(LeaderEngine(rec, channel), sched, jobs, a)
-        else:
-            local = FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
-            serve_worker(local, channel)
-            result = None
-        steps = [[s.iteration, s.batch_size, s.k, [list(g) for g in s.graphs]] for s in rec.steps]
-        everyone = ctx.comm.gather(steps, root=0) if ctx.comm is not None else [steps]
-        if ctx.layout.rank == 0 and a.out:
-            doc = {**result, "steps": {str(r): s for r, s in enumerate(everyone)}}
-            with open(a.out, "w") as f:
-                json.dump(doc, f)
+        return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
+
+    ctx, engine, result = run_replica(a.tp, load, lambda leader, ctx: lead(leader, sched, jobs, a))
+    rec = engine._engine if isinstance(engine, FaultAt) else engine
+    steps = [[s.iteration, s.batch_size, s.k, [list(g) for g in s.graphs]] for s in rec.steps]
+    everyone = ctx.comm.gather(steps, root=0) if ctx.comm is not None else [steps]
+    if ctx.layout.rank == 0 and a.out:
+        with open(a.out, "w") as f:
+            json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)}}, f)
 
 
 @dataclass(frozen=True)
@@ -113,7 +107,6 @@ def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
         log(f"{len(handles)} open requests ended after {time.monotonic() - t0:.1f} s: {reasons}")
         raise TpFault(f"leader: {engine.fault}") if engine.fault else RuntimeError("no fault seen")
     results = drive(ex, jobs)
-    engine.close()
     return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results]}
 
 

@@ -14,10 +14,9 @@ Worked example, 4 q heads, 2 KV heads (GQA groups of 2), N=4 -> replication 2:
     rank 2: q head 2, KV head 1    rank 3: q head 3, KV head 1
 q head j uses KV head j // 2 in the unsharded model too, so every rank attends as before.
 
-Collectives ride on the weights: a sharded wo/w2 is a RowParallel tensor whose F.linear
-all-reduces its output, a sharded lm_head/embedding a VocabParallel tensor whose F.linear
-all-gathers the logits and whose F.embedding looks up its own rows and all-reduces. The model
-code is untouched: it still calls F.linear(x, self.wo), and gets the full, summed result.
+Collectives go through the model's own reduction points (`model.Collectives`: all_reduce after
+wo and after w2, gather_vocab on the lm_head output), which TpCollectives fills in; the
+embedding becomes a VocabParallelEmbedding module. Nothing else in the model changes.
 
 lm_head: the engine only ever takes argmax of the logits, and `vocab_parallel_argmax` (each
 rank's (max, index), 2 numbers per row per rank) is far cheaper than gathering V/N logits per
@@ -192,120 +191,85 @@ def vocab_parallel_argmax(local_logits: Tensor, vocab: int, ctx: TpContext) -> T
     return pick_argmax(ctx.all_gather(pair, dim=-2))                         # [..., N, 2] -> [...]
 
 
-# ----------------------------------------------------------------------------- weights that reduce
+# ----------------------------------------------------------------------------- the model's reduction points
 
-class _Sharded(torch.Tensor):
-    """A weight shard that knows its collective. Only F.linear / F.embedding on it are changed;
-    every other op sees a plain tensor."""
+class TpCollectives:
+    """model.Collectives over one replica's ranks: all_reduce sums the row-parallel partial
+    outputs of wo and w2; gather_vocab joins the vocab shards of the logits in rank order and
+    drops the padding rows: [N, V_pad/N] on each rank -> [N, V] on every rank."""
 
-    ctx: TpContext
+    def __init__(self, ctx: TpContext, vocab: int):
+        self.ctx, self.vocab = ctx, vocab
 
-    @staticmethod
-    def __new__(cls, data: Tensor, ctx: TpContext, vocab: int = 0):
-        t = torch.Tensor._make_subclass(cls, data, False)
-        t.ctx, t.vocab = ctx, vocab
-        return t
+    def all_reduce(self, x: Tensor) -> Tensor:
+        return self.ctx.all_reduce(x)
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            if func is F.linear and isinstance(args[1], _Sharded):
-                return args[1]._after_linear(func(*args, **kwargs))
-            if func is F.embedding and isinstance(args[1], _Sharded):
-                return args[1]._embedding(args[0], kwargs)
-            return func(*args, **kwargs)
-
-    def _after_linear(self, y: Tensor) -> Tensor:
-        return y
-
-    def _embedding(self, ids: Tensor, kwargs) -> Tensor:
-        raise NotImplementedError(f"{type(self).__name__} is not an embedding")
+    def gather_vocab(self, logits: Tensor) -> Tensor:
+        return self.ctx.all_gather(logits, dim=-1)[..., :self.vocab]
 
 
-class RowParallel(_Sharded):
-    """wo / w2 shard [out, in/N]: F.linear's partial sums are all-reduced into the full output."""
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows rank*V_pad/N.. of the vocabulary. Each rank looks up the ids it holds,
+    zeros elsewhere; the all-reduce adds exactly one nonzero row per id, so the result is the
+    unsharded lookup bit for bit. `weight` is the shard, so a tied lm_head is vocab-parallel too."""
 
-    def _after_linear(self, y: Tensor) -> Tensor:
-        return self.ctx.all_reduce(y)
+    def __init__(self, full: Tensor, ctx: TpContext):
+        super().__init__()
+        self.ctx, self.vocab = ctx, full.shape[0]
+        self.weight = nn.Parameter(shard_vocab(full, ctx.tp_rank, ctx.tp).contiguous(), requires_grad=False)
 
-
-class VocabParallel(_Sharded):
-    """Embedding / lm_head shard [V_pad/N, h] of rows rank*V_pad/N.. .
-    F.linear -> local logits [.., V_pad/N] all-gathered to [.., V] (padding dropped).
-    F.embedding -> rows this rank holds, zeros elsewhere, all-reduced: exactly one rank adds a
-    nonzero row per id, so the sum is the unsharded lookup bit for bit."""
-
-    def _after_linear(self, y: Tensor) -> Tensor:
-        return self.ctx.all_gather(y, dim=-1)[..., :self.vocab]
-
-    def _embedding(self, ids: Tensor, kwargs) -> Tensor:
-        n = self.shape[0]
+    def forward(self, ids: Tensor) -> Tensor:
+        n = self.weight.shape[0]
         lo = self.ctx.tp_rank * n
-        mine = (ids >= lo) & (ids < lo + n)                       # [B, T]
-        x = F.embedding(torch.where(mine, ids - lo, 0), self)     # [B, T, h]
+        mine = (ids >= lo) & (ids < lo + n)                                  # [N]
+        x = F.embedding(torch.where(mine, ids - lo, 0), self.weight)         # [N, h]
         return self.ctx.all_reduce(x * mine.unsqueeze(-1).to(x.dtype))
 
 
 # ----------------------------------------------------------------------------- applying TP to models
 
-def _set(module: nn.Module, name: str, value: Tensor) -> None:
-    """Replace parameter `name` by a tensor of another shape (and maybe a _Sharded kind)."""
-    if name in module._parameters:
-        del module._parameters[name]
-    if isinstance(value, _Sharded):
-        object.__setattr__(module, name, value)
-    else:
-        module.register_parameter(name, nn.Parameter(value, requires_grad=False))
+def _replace_param(module: nn.Module, name: str, value: Tensor) -> None:
+    """Parameter `name` becomes `value`, a tensor of another (the shard's) shape."""
+    del module._parameters[name]
+    module.register_parameter(name, nn.Parameter(value, requires_grad=False))
 
 
-def _shard_module(module: nn.Module, names: tuple[str, ...], s: TpShape, ctx: TpContext) -> None:
-    rank = ctx.tp_rank
-    for name in names:
-        full = getattr(module, name).detach()
-        shard = shard_weights({name: full}, s, rank)[name]
-        rule = rule_of(name)
-        if rule == "row":
-            shard = RowParallel(shard, ctx)
-        elif rule == "vocab":
-            shard = VocabParallel(shard, ctx, full.shape[0])
-        _set(module, name, shard)
+def _shard_module(module: nn.Module, names: tuple[str, ...], s: TpShape, rank: int) -> None:
+    shards = shard_weights({n: getattr(module, n).detach() for n in names}, s, rank)
+    for name, w in shards.items():
+        _replace_param(module, name, w)
 
 
 def _local_config(config, s: TpShape):
+    """The config with this rank's head and MLP widths (what setup_cache/setup_pool size by)."""
     return replace(config, num_heads=s.local_heads, num_kv_heads=s.local_kv_heads,
                    intermediate_size=s.local_intermediate)
 
 
-def _shard_embedding(emb: nn.Embedding, ctx: TpContext, done: dict) -> None:
-    if id(emb) in done:
-        return
-    full = emb.weight.detach()
-    shard = VocabParallel(shard_vocab(full, ctx.tp_rank, ctx.tp).contiguous(), ctx, full.shape[0])
-    _set(emb, "weight", shard)
-    emb.num_embeddings = shard.shape[0]
-    done[id(emb)] = emb
-
-
 def apply_tp(target, draft, ctx: TpContext) -> tuple[TpShape, TpShape]:
-    """Shard a loaded target + EAGLE-3 draft in place for this rank (before setup_cache).
-    Refuses an impossible split first (check_tp), naming the number at fault."""
+    """Shard a loaded target + EAGLE-3 draft in place for this rank, before their caches are
+    set up: per-instance head counts (q_size/kv_size, local configs), sharded weights, and the
+    collectives at the model's reduction points. Refuses an impossible split first (check_tp)."""
     ts, ds = check_tp(target.config, draft.config, ctx.tp)
     if ctx.tp == 1:
         return ts, ds
-    done: dict = {}
-    _shard_embedding(target.tok_embeddings, ctx, done)
-    _shard_embedding(draft.embed_tokens, ctx, done)
+    rank = ctx.tp_rank
+    shared = draft.embed_tokens is target.tok_embeddings
+    target.tok_embeddings = VocabParallelEmbedding(target.tok_embeddings.weight.detach(), ctx)
+    draft.embed_tokens = target.tok_embeddings if shared else VocabParallelEmbedding(
+        draft.embed_tokens.weight.detach(), ctx)
     for blk in target.layers:
-        _shard_module(blk, ("wqkv", "w13", "wo", "w2"), ts, ctx)
+        _shard_module(blk, ("wqkv", "w13", "wo", "w2"), ts, rank)
         blk.c = _local_config(blk.c, ts)
         blk.q_size, blk.kv_size = ts.local_heads * ts.head_dim, ts.local_kv_heads * ts.head_dim
     if target.output is not None:
-        _shard_module(target, ("output",), ts, ctx)
+        _shard_module(target, ("output",), ts, rank)
     target.config = _local_config(target.config, ts)
-    _shard_module(draft, ("wqkv", "w13", "wo", "w2", "lm_head"), ds, ctx)
+    target.collectives = TpCollectives(ctx, ts.vocab)
+    _shard_module(draft, ("wqkv", "w13", "wo", "w2", "lm_head"), ds, rank)
     draft.config = _local_config(draft.config, ds)
     draft.q_size, draft.kv_size = ds.local_heads * ds.head_dim, ds.local_kv_heads * ds.head_dim
+    draft.collectives = TpCollectives(ctx, ds.vocab)
     return ts, ds
 
 

@@ -350,13 +350,19 @@ class PlanChannel:
 
 # ----------------------------------------------------------------------------- engines over the channel
 
+# Engine calls that change state on every rank: the paged cache's reserve/release (the block
+# allocator is deterministic, so the same calls give every rank the same slots), the step, and
+# the row-major engine's prefill/move_row.
+FORWARDED = ("reserve", "release", "step", "prefill", "move_row")
+
+
 class LeaderEngine:
     """Leader side of a TP replica: each call in `forwarded` is sent to the workers, then run on
     the local engine while the channel is held, so messages and collectives stay in step on every
     rank. Everything else (max_batch_size, buckets, ...) reads the local engine.
     A TpFault or collective error inside a forwarded call is re-raised as TpFault."""
 
-    def __init__(self, engine, channel: PlanChannel, forwarded: Sequence[str] = ("prefill", "step", "move_row")):
+    def __init__(self, engine, channel: PlanChannel, forwarded: Sequence[str] = FORWARDED):
         self._engine, self._channel, self._forwarded = engine, channel, tuple(forwarded)
         self.fault: TpFault | None = None      # the first fault seen; every later call re-raises it
 

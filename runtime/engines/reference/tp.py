@@ -274,25 +274,26 @@ def apply_tp(target, draft, ctx: TpContext) -> tuple[TpShape, TpShape]:
 
 
 def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: str | torch.dtype = "float32",
-                   max_batch_size: int = 64, max_seq_len: int = 1024, max_draft_len: int = 8):
+                   fused_kernels: bool | None = None, **engine_args):
     """This rank's ReferenceEngine over its shard of the pair: configs checked against N first
-    (no weight is allocated for an impossible split), then load, shard, allocate the caches.
-    Peak host memory: the unsharded pair in `dtype` plus this rank's shard (docs/tensor_parallel.md)."""
+    (no weight is read for an impossible split), then load, shard, and build the engine (which
+    sizes its caches by the local KV heads). engine_args: ReferenceEngine's keywords.
+    Peak host memory: the unsharded pair in `dtype` plus one layer's shard (docs/tensor_parallel.md)."""
     from pathlib import Path
 
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
     from dynspec.runtime.engines.reference.engine import ReferenceEngine
     from dynspec.runtime.engines.reference.load import load_draft, load_target
-    from dynspec.runtime.engines.reference.model import TargetConfig
+    from dynspec.runtime.engines.reference.model import Kernels, TargetConfig
 
-    tcfg, twhere = read_config(target_dir, "target"), str(Path(target_dir) / "config.json")
-    dcfg, dwhere = read_config(draft_dir, "draft"), str(Path(draft_dir) / "config.json")
-    tc = TargetConfig.from_hf(tcfg, twhere)
-    check_tp(tc, Eagle3Config.from_hf(dcfg, dwhere, tc), ctx.tp, twhere, dwhere)
+    twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")
+    tc = TargetConfig.from_hf(read_config(target_dir, "target"), twhere)
+    check_tp(tc, Eagle3Config.from_hf(read_config(draft_dir, "draft"), dwhere, tc), ctx.tp, twhere, dwhere)
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     target = load_target(target_dir, device=ctx.device, dtype=dt)
+    if fused_kernels if fused_kernels is not None else ctx.device.type == "cuda":
+        target.kernels = Kernels(compiled=True)
     draft = load_draft(draft_dir, target, device=ctx.device, dtype=dt)
     apply_tp(target, draft, ctx)
-    return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                           max_draft_len=max_draft_len)
+    return ReferenceEngine(target, draft, **engine_args)

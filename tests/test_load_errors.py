@@ -256,3 +256,15 @@ def test_truncated_shard_of_an_index_names_the_file(tmp_path):
     victim = t / "model-00002-of-00002.safetensors"
     victim.write_bytes(victim.read_bytes()[:-64])
     raises(f"{victim}: cannot read weights (truncated", load_target, t)
+
+
+def test_value_scan_tells_overflowing_sums_from_nan():
+    """The scan sums each tensor; an fp16 sum past 65504 is inf without any inf in the tensor."""
+    from dynspec.checkpoint.reader import check_values
+
+    big = torch.full((100,), 60000.0, dtype=torch.float16)
+    assert check_values("w", big, Path("f.safetensors")) is big
+    for v in (float("nan"), float("inf"), float("-inf")):
+        x = torch.ones(7, dtype=torch.bfloat16)
+        x[3] = v
+        raises("f.safetensors: tensor 'w' holds 1 NaN/Inf", check_values, "w", x, Path("f.safetensors"))

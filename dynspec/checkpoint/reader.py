@@ -14,8 +14,10 @@ naming the file and the tensor:
 - float8 (any floating dtype of one byte) is refused: source checkpoints are bf16/fp16/fp32, FP8
   weights are made by `dynspec convert target --quant fp8`, and casting FP8 up would hide a
   quantized checkpoint behind full-precision numbers;
-- a floating tensor holding NaN or +-Inf is refused. The scan runs on each tensor as it is read,
-  in chunks of 2**24 elements (at most 16 MB of scratch), one pass over memory already touched.
+- a floating tensor holding NaN or +-Inf is refused. The scan is one sum per tensor as it is
+  read (NaN and +-Inf propagate through a sum; no scratch memory); only a non-finite sum, which
+  an fp16 overflow can also give, pays for the exact isfinite count. 131M bf16 elements: ~70 ms
+  for the sum against ~3.2 s for isfinite on a 2-core CPU.
 """
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
 
 ST_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
-SCAN_CHUNK = 1 << 24
 
 
 def read_config(folder: str | Path, what: str = "checkpoint") -> dict:
@@ -147,11 +148,10 @@ def check_values(name: str, t: "torch.Tensor", path: Path) -> "torch.Tensor":
     if t.is_floating_point() and t.element_size() == 1:
         raise DynspecError(f"{path}: tensor {name!r} is {t.dtype}; source checkpoints must be bf16, fp16 or fp32 "
                            "(FP8 weights come from `dynspec convert target --quant fp8`)")
-    if t.is_floating_point() or t.is_complex():
-        for chunk in t.reshape(-1).split(SCAN_CHUNK):
-            if not bool(torch.isfinite(chunk).all()):
-                bad = int((~torch.isfinite(t)).sum())
-                raise DynspecError(f"{path}: tensor {name!r} holds {bad} NaN/Inf value(s)")
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t.sum())):
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise DynspecError(f"{path}: tensor {name!r} holds {bad} NaN/Inf value(s)")
     return t
 
 

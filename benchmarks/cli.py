@@ -188,7 +188,8 @@ def register(sub) -> None:
     t.add_argument("--min-gain", type=float, default=1.0, metavar="X",
                    help="speculate only where the predicted gain over K=0 is at least X (margin for profile error)")
     t.add_argument("--max-num-tokens", type=int, metavar="N",
-                   help="token budget: never pick K with b x (K+1) > N (default: the profile's 'max_num_tokens', if any)")
+                   help="token budget: never pick K with b x (K+1) > N"
+                        " (default: the profile's 'max_num_tokens', if any)")
     t.add_argument("--out", metavar="schedule.txt", help="write the schedule's CLI form ('4:4,8:2')")
     t.add_argument("--report", metavar="tune.json", help="write the table, the inputs and the command as JSON")
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")

@@ -121,7 +121,8 @@ def check_prompt_lines(path) -> list[str]:
             if isinstance(ids, list):
                 for i, t in enumerate(ids):
                     if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                        raise DynspecError(f"{where}: input_ids[{i}] = {json.dumps(t)} is not a token id (an integer >= 0)")
+                        raise DynspecError(
+                            f"{where}: input_ids[{i}] = {json.dumps(t)} is not a token id (an integer >= 0)")
             text = obj.get("prompt")
             if isinstance(text, str):
                 try:

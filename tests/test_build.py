@@ -284,8 +284,10 @@ def test_reference_settings_come_from_build_flags(pair, tmp_path):
     (["--max-seq-len", "0"], "--max-seq-len 0 must be at least 1"),
     (["--reference-max-batch-size", "0"], "--reference-max-batch-size 0 must be at least 1"),
     (["--min-draft-len=-3"], "--min-draft-len -3 must be at least 0"),
-    (["--reference-max-seq-len", "513"], "--reference-max-seq-len 513 exceeds the target's max_position_embeddings 512"),
-    (["--max-batch-size", "8", "--reference-max-batch-size", "9"], "--reference-max-batch-size 9 exceeds --max-batch-size 8"),
+    (["--reference-max-seq-len", "513"],
+     "--reference-max-seq-len 513 exceeds the target's max_position_embeddings 512"),
+    (["--max-batch-size", "8", "--reference-max-batch-size", "9"],
+     "--reference-max-batch-size 9 exceeds --max-batch-size 8"),
     (["--max-batch-size", "0"], "--max-batch-size 0 must be at least 1"),
     (["--max-batch-size=-4"], "--max-batch-size -4 must be at least 1"),
     (["--gpu-mem-gb", "nan", "--plan"], "--gpu-mem-gb nan must be a positive number"),
@@ -323,7 +325,8 @@ def test_engine_json_budget_below_a_verify_window_is_refused(pair, tmp_path):
     raw = json.loads((tmp_path / "e" / "engine.json").read_text())
     raw["reference"]["max_num_tokens"] = 3
     (tmp_path / "e" / "engine.json").write_text(json.dumps(raw))
-    with pytest.raises(DynspecError, match=r"reference.max_num_tokens=3 is smaller than one verify window \(max K \+ 1 = 5\)"):
+    window = r"reference.max_num_tokens=3 is smaller than one verify window \(max K \+ 1 = 5\)"
+    with pytest.raises(DynspecError, match=window):
         EngineConfig.load(tmp_path / "e")
 
 

@@ -1,15 +1,21 @@
-"""Continuous-batching executor: one K decision per iteration, before anything is shaped.
+"""Inflight-batching executor: one K decision per iteration, before anything is shaped.
 
-Each iteration:
-    1. admit waiting requests (prefill) and retire finished / cancelled ones
-    2. b = live rows
-    3. K = policy(b)
-    4. plan = make_plan(K, lengths, ...)        a StepPlan value, every shape from (b, K)
-    5. result = engine.step(plan)               K = 0 runs the engine's plain decode path
-    6. fold result (a StepResult value) into the requests
+Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
+    1. retire finished / cancelled requests (their cache blocks go back to the free list)
+    2. b = decode rows (requests whose prompt is all in the cache)
+    3. K = policy(b), capped so that b x (K+1) fits the budget (plan.cap_k)
+    4. prompt chunks take what is left: partly prefilled requests first, then waiting ones,
+       each admitted only if its blocks can be reserved and b + prefilling stays within
+       min(max_batch_size, max_num_tokens) (every decode row must fit at K=0)
+    5. plan = make_plan(K, rows..., chunks)     a StepPlan value
+    6. result = engine.step(plan)               one target forward: decode rows + chunks
+    7. fold result (a StepResult value) into the requests; a request whose last chunk ran
+       gets its first token and joins the decode rows next iteration
 
-The executor keeps its b live requests in cache rows 0..b-1: when row r retires, the last
-row moves into r (engine.move_row), so a step's rows are always a prefix of the cache.
+Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
+    it 1   A: 3 tokens   B: prompt[0:5]
+    it 2   A: 3 tokens   B: prompt[5:9], its last chunk -> B's first token
+    it 3   A, B: 3 tokens each
 """
 from __future__ import annotations
 
@@ -23,19 +29,20 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
-from dynspec.runtime.plan import StepPlan, StepResult, make_plan
+from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, cap_k, chunk_sizes, make_plan
 
 
 class Engine(Protocol):
     max_batch_size: int
     max_seq_len: int
     max_draft_len: int          # largest K the engine was set up for
+    max_num_tokens: int         # tokens per iteration: decode rows x (K+1) + prompt chunks
     vocab_size: int             # prompt ids must lie in 0..vocab_size-1
     buckets: tuple[int, ...]
 
-    def prefill(self, row0: int, prompts: Sequence[Sequence[int]]) -> list[int]: ...
+    def reserve(self, tokens: int) -> int | None: ...      # a cache slot for positions 0..tokens-1, or None
+    def release(self, slot: int) -> None: ...
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
-    def move_row(self, src: int, dst: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ class IterationStats:
     emitted: int            # tokens appended to requests (after truncation at max/stop)
     seconds: float          # engine step wall time (includes the device sync)
     host_seconds: float     # policy lookup + planning
+    decode_rows: int = 0    # = batch_size: rows decoding this iteration
+    prefill_tokens: int = 0  # prompt tokens riding in the same forward
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,8 @@ class _Request:
     finish_s: float | None = None
     cancelled: bool = False
     draft_warm: bool = True
+    slot: int | None = None          # cache slot while admitted
+    prefilled: int = 0               # prompt tokens already in the cache
     chunks: "queue.Queue" = field(default_factory=queue.Queue)
 
     @property
@@ -142,7 +153,8 @@ class Executor:
         self._clock = clock
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
-        self._rows: list[_Request] = []            # row r of the cache <-> self._rows[r]
+        self._rows: list[_Request] = []            # decode rows, in admission order
+        self._prefilling: list[_Request] = []      # admitted (slot reserved), prompt partly in the cache
         self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
         self._stats_lock = threading.Lock()       # pollers read while the loop thread appends
         self._iterations = 0
@@ -203,7 +215,8 @@ class Executor:
 
     @property
     def active(self) -> int:
-        return len(self._rows)
+        """Admitted requests: decode rows and those still prefilling."""
+        return len(self._rows) + len(self._prefilling)
 
     @property
     def waiting(self) -> int:
@@ -211,20 +224,22 @@ class Executor:
 
     # ---- the iteration ----------------------------------------------------------------
     def step(self) -> IterationStats | None:
-        """Run one iteration. Returns None when there was nothing to decode. If the engine
+        """Run one iteration. Returns None when there was nothing to run. If the engine
         raises, the requests of this iteration end as "error" and the error is re-raised;
         the executor itself stays usable."""
         self._retire()
-        if self._admit():
-            self._retire()              # a request may finish on its first token
-        rows = self._rows
-        if not rows:
-            return None
         t0 = self._clock()
+        rows = list(self._rows)
         b = len(rows)
-        k = int(self.policy(b))
-        if not 0 <= k <= self.engine.max_draft_len:
-            raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{self.engine.max_draft_len}")
+        k = 0
+        if b:
+            k = int(self.policy(b))
+            if not 0 <= k <= self.engine.max_draft_len:
+                raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{self.engine.max_draft_len}")
+            k = cap_k(k, b, self.engine.max_num_tokens)
+        chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
+        if not rows and not chunks:
+            return None
         plan = make_plan(
             k,
             positions=[r.length for r in rows],
@@ -232,12 +247,14 @@ class Executor:
             stale=[not r.draft_warm for r in rows],
             keep_warm=self.keep_warm,
             buckets=self.engine.buckets,
+            slots=[r.slot for r in rows],
+            chunks=chunks,
         )
         t1 = self._clock()
         try:
             result = self.engine.step(plan, self.acceptance)
         except BaseException:
-            self._fail(rows)
+            self._fail(rows + chunked)
             raise
         t2 = self._clock()
         emitted = 0
@@ -245,48 +262,57 @@ class Executor:
             for req, toks in zip(rows, result.emitted):
                 req.draft_warm = result.draft_warm
                 emitted += self._append(req, toks, t2)
-        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0)
+            for req, chunk, first in zip(chunked, chunks, result.first_tokens):
+                req.prefilled += len(chunk.tokens)
+                if chunk.last:
+                    self._prefilling.remove(req)
+                    self._rows.append(req)
+                    req.draft_warm = True
+                    emitted += self._append(req, (first,), t2)
+        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
+                            decode_rows=b, prefill_tokens=plan.prefill_tokens)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)
+        self._retire()                  # free finished requests' blocks now, not at the next call
         return st
 
+    def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[_Request]]:
+        """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
+        ones, admitted while a slot, their blocks and a decode row at K=0 are free."""
+        eng = self.engine
+        limit = min(eng.max_batch_size, eng.max_num_tokens)
+        with self._lock:
+            while (left > sum(len(r.prompt) - r.prefilled for r in self._prefilling) and self._waiting
+                   and len(self._rows) + len(self._prefilling) < limit):
+                req = self._waiting[0]
+                slot = eng.reserve(len(req.prompt) + req.max_new + eng.max_draft_len + 1)
+                if slot is None:
+                    break                         # blocks are short: wait for a retirement
+                self._waiting.popleft()
+                req.slot = slot
+                self._prefilling.append(req)
+        reqs = list(self._prefilling)
+        sizes = chunk_sizes(left, [len(r.prompt) - r.prefilled for r in reqs])
+        chunks, chunked = [], []
+        for req, n in zip(reqs, sizes):
+            if n == 0:
+                continue
+            s, e = req.prefilled, req.prefilled + n
+            chunks.append(PromptChunk(req.slot, s, req.prompt[s:e], req.prompt[e] if e < len(req.prompt) else None))
+            chunked.append(req)
+        return tuple(chunks), chunked
+
+    def run_until_idle(self) -> None:
+        while self._waiting or self._rows or self._prefilling:
+            self.step()
+
     def _fail(self, reqs: Sequence[_Request]) -> None:
-        """End `reqs` as "error" (a failed engine call) and drop them from the rows."""
+        """End `reqs` as "error" (a failed engine call); the next _retire frees their slots."""
         now = self._clock()
         with self._lock:
             for req in reqs:
                 self._finish(req, "error", now)
-        self._rows = [r for r in self._rows if r.finish_reason is None]
-
-    def run_until_idle(self) -> None:
-        while self._waiting or self._rows:
-            self.step()
-
-    def _admit(self) -> bool:
-        """Prefill every waiting request that has a free row, in one batched engine call.
-        Only the queue is shared with other threads; the prefill runs outside the lock."""
-        new: list[_Request] = []
-        with self._lock:
-            while self._waiting and len(self._rows) + len(new) < self.engine.max_batch_size:
-                req = self._waiting.popleft()
-                if req.cancelled:
-                    self._finish(req, "cancelled", self._clock())
-                else:
-                    new.append(req)
-        if not new:
-            return False
-        try:
-            firsts = self.engine.prefill(len(self._rows), [r.prompt for r in new])
-        except BaseException:
-            self._fail(new)                     # never leave a popped request unfinished
-            raise
-        now = self._clock()
-        with self._lock:
-            for req, first in zip(new, firsts):
-                self._rows.append(req)
-                self._append(req, (first,), now)
-        return True
 
     def _append(self, req: _Request, toks: Sequence[int], now: float) -> int:
         """Append up to max_new tokens, stopping after a stop id. Returns how many were kept.
@@ -322,8 +348,7 @@ class Executor:
         req.chunks.put(_DONE)
 
     def _retire(self) -> None:
-        """End cancelled waiting requests; drop finished/cancelled rows, moving the last row
-        into each hole (rows stay a prefix)."""
+        """End cancelled waiting requests; release the slots of finished or cancelled ones."""
         now = self._clock()
         with self._lock:
             if any(req.cancelled for req in self._waiting):
@@ -331,19 +356,15 @@ class Executor:
                     if req.cancelled:
                         self._finish(req, "cancelled", now)
                 self._waiting = deque(req for req in self._waiting if not req.cancelled)
-        r = 0
-        while r < len(self._rows):
-            req = self._rows[r]
-            if req.cancelled and req.finish_reason is None:
-                self._finish(req, "cancelled", now)
-            if req.finish_reason is None:
-                r += 1
-                continue
-            last = len(self._rows) - 1
-            if r != last:
-                self.engine.move_row(last, r)
-                self._rows[r] = self._rows[last]
-            self._rows.pop()
+            for group in (self._rows, self._prefilling):
+                for req in group:
+                    if req.cancelled:
+                        self._finish(req, "cancelled", now)
+                done = [req for req in group if req.finish_reason is not None]
+                for req in done:
+                    group.remove(req)
+                    self.engine.release(req.slot)
+                    req.slot = None
 
     # ---- background loop (Triton, streaming clients) ----------------------------------
     def start(self) -> None:
@@ -361,9 +382,10 @@ class Executor:
             self._stop = True
             self._lock.notify_all()
             if self._thread is None:            # driven by step(): end what is left here
-                for req in list(self._rows) + list(self._waiting):
+                for req in self._rows + self._prefilling + list(self._waiting):
                     self._finish(req, "cancelled", self._clock())
                 self._waiting.clear()
+                self._retire()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -374,13 +396,13 @@ class Executor:
         try:
             while True:
                 with self._lock:
-                    while not self._stop and not self._waiting and not self._rows:
+                    while not self._stop and not self._waiting and not self._rows and not self._prefilling:
                         self._lock.wait()
                     if self._stop:
-                        for req in list(self._rows) + list(self._waiting):
+                        for req in self._rows + self._prefilling + list(self._waiting):
                             self._finish(req, "cancelled", self._clock())
-                        self._rows.clear()
                         self._waiting.clear()
+                        self._retire()
                         return
                 try:
                     self.step()
@@ -390,7 +412,7 @@ class Executor:
         except BaseException as e:  # surface to clients instead of hanging them
             self._error = e
             with self._lock:
-                for req in list(self._rows) + list(self._waiting):
+                for req in self._rows + self._prefilling + list(self._waiting):
                     if req.finish_reason is None:
                         self._finish(req, "error", self._clock())
             raise

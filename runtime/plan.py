@@ -1,12 +1,15 @@
-"""Values that cross the executor/engine boundary once per iteration.
+"""Values that cross the executor/engine boundary once per iteration, and the pure rules
+that shape an iteration under the token budget `max_num_tokens`.
 
-K is decided once, before anything is shaped, and every shape below derives from (b, K).
-Rows are cache rows: the executor keeps its b live requests in rows 0..b-1.
+K is decided once, from b = the number of decode rows, before anything is shaped. Each decode
+row carries K+1 tokens; prompt chunks take what is left of the budget.
 
-Worked example, b=3, K=2, bucket 4, lengths (5, 9, 7):
-    verify tokens [4, 3]     row r: [pending_r, d1_r, d2_r] at positions P_r .. P_r+2
-    positions     (5, 9, 7)  pending token of row r sits at position P_r (= its KV length)
-    row 3 is padding: position 0, token 0, result ignored
+Worked example, budget 16, decode rows b=3 at lengths (5, 9, 7), policy(3) = 4, a 20-token
+prompt waiting:
+    cap_k(4, 3, 16) = 4            3 x (4+1) = 15 <= 16
+    decode tokens   15             row r: [pending_r, d1_r .. d4_r] at positions P_r .. P_r+4
+    prompt chunk    16 - 15 = 1    prompt[0:1] at position 0; the other 19 ride in later iterations
+A request joins the decode rows the iteration after its last chunk.
 """
 from __future__ import annotations
 
@@ -16,23 +19,51 @@ from typing import Sequence
 
 
 @dataclass(frozen=True)
+class PromptChunk:
+    """Prompt tokens start..start+len(tokens)-1 of the sequence in `slot`."""
+    slot: int
+    start: int                      # position of tokens[0]
+    tokens: tuple[int, ...]
+    next_token: int | None          # the prompt token after the chunk; None: this is the last chunk
+
+    @property
+    def last(self) -> bool:
+        return self.next_token is None
+
+
+@dataclass(frozen=True)
 class StepPlan:
-    k: int                          # drafted tokens per row (0 = plain decode)
-    batch_size: int                 # b live rows: 0..b-1
-    bucket: int                     # padded row count >= b (one CUDA graph per (bucket, K))
+    k: int                          # drafted tokens per decode row (0 = plain decode)
+    batch_size: int                 # b decode rows
+    bucket: int                     # padded row count >= b (one CUDA graph per (bucket, K)); 0 if b = 0
     positions: tuple[int, ...]      # [b] KV length of each row = position of its pending token
     pending: tuple[int, ...]        # [b] last emitted token of each row, not yet seen by the target
     stale: tuple[bool, ...]         # [b] rows whose draft head must be rebuilt (after any K=0 step)
     keep_warm: bool                 # K=0 only: the draft extends its KV over the new token
+    slots: tuple[int, ...] = ()     # [b] each row's cache slot (default: 0..b-1)
+    chunks: tuple[PromptChunk, ...] = ()   # prompt chunks riding in the same forward
+
+    def __post_init__(self) -> None:
+        if not self.slots:
+            object.__setattr__(self, "slots", tuple(range(self.batch_size)))
 
     @property
     def tokens_per_row(self) -> int:
         return self.k + 1
 
     @property
+    def decode_tokens(self) -> int:
+        return self.batch_size * (self.k + 1)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+    @property
     def max_position(self) -> int:
         """Highest cache position this step writes (target side)."""
-        return max(self.positions) + self.k
+        ends = [p + self.k for p in self.positions] + [c.start + len(c.tokens) - 1 for c in self.chunks]
+        return max(ends)
 
 
 @dataclass(frozen=True)
@@ -40,6 +71,26 @@ class StepResult:
     accepted: tuple[int, ...]              # [b] accepted draft tokens per row, 0..K
     emitted: tuple[tuple[int, ...], ...]   # [b] new tokens per row: accepted drafts + 1 target token
     draft_warm: bool                       # each row's draft head (next first draft) is ready
+    first_tokens: tuple[int | None, ...] = ()   # [chunks] a last chunk's first generated token, else None
+
+
+def cap_k(k: int, b: int, max_num_tokens: int) -> int:
+    """Largest K' <= k with b x (K'+1) <= max_num_tokens (b decode rows at K+1 tokens each).
+    cap_k(4, 3, 16) = 4 (15 tokens); cap_k(4, 4, 16) = 3 (16); cap_k(4, 9, 16) = 0 (9)."""
+    if b < 1:
+        return k
+    return max(0, min(k, max_num_tokens // b - 1))
+
+
+def chunk_sizes(left: int, remaining: Sequence[int]) -> tuple[int, ...]:
+    """First come, first served: each prompt in order takes what it still needs of `left`.
+    chunk_sizes(10, [4, 9, 3]) = (4, 6, 0)."""
+    out = []
+    for need in remaining:
+        n = max(0, min(need, left))
+        out.append(n)
+        left -= n
+    return tuple(out)
 
 
 def bucket_for(b: int, buckets: Sequence[int]) -> int:
@@ -67,19 +118,25 @@ def make_plan(
     stale: Sequence[bool],
     keep_warm: bool,
     buckets: Sequence[int],
+    slots: Sequence[int] | None = None,
+    chunks: Sequence[PromptChunk] = (),
 ) -> StepPlan:
-    """Pure: the whole iteration's shape from (b, K) and each row's length."""
+    """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks."""
     b = len(positions)
-    if not (b == len(pending) == len(stale)):
-        raise ValueError(f"row arrays disagree: {b} positions, {len(pending)} pending, {len(stale)} stale")
-    if b < 1:
-        raise ValueError("a plan needs at least one row")
+    slots = tuple(range(b)) if slots is None else tuple(slots)
+    if not (b == len(pending) == len(stale) == len(slots)):
+        raise ValueError(f"row arrays disagree: {b} positions, {len(pending)} pending, {len(stale)} stale, "
+                         f"{len(slots)} slots")
+    if b < 1 and not chunks:
+        raise ValueError("a plan needs at least one decode row or prompt chunk")
     return StepPlan(
-        k=k,
+        k=k if b else 0,
         batch_size=b,
-        bucket=bucket_for(b, buckets),
+        bucket=bucket_for(b, buckets) if b else 0,
         positions=tuple(positions),
         pending=tuple(pending),
         stale=tuple(bool(s) for s in stale),
         keep_warm=keep_warm,
+        slots=slots,
+        chunks=tuple(chunks),
     )

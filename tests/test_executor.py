@@ -170,8 +170,9 @@ def test_requests_wait_for_a_free_row_and_nothing_crashes(pair, hf_target):
     ex = Executor(eng, DraftSchedule.static(3, 2))
     ps = prompts(5, seed=12)
     hs = [ex.submit(p, 6) for p in ps]          # 5 requests, 2 rows
-    st = ex.step()
-    assert st.batch_size == 2 and ex.waiting == 3
+    st = ex.step()                              # both prompts in one iteration: no decode row yet
+    assert st.decode_rows == 0 and st.prefill_tokens == sum(map(len, ps[:2])) and ex.waiting == 3
+    assert ex.step().batch_size == 2
     ex.run_until_idle()
     assert [h.result().output_ids for h in hs] == greedy_many(hf_target, ps, 6)
 
@@ -222,17 +223,19 @@ def test_a_failing_prefill_finishes_its_requests_and_stop_cancels_the_rest(pair)
     stop() ends whatever is still running or waiting as "cancelled"."""
     eng = engine(pair, max_batch=2)
 
-    def boom(row0, prompts):
+    def boom(plan, acceptance):
         raise RuntimeError("simulated device failure in prefill")
 
     ex = Executor(eng, DraftSchedule.static(2, 2))
-    real = eng.prefill
-    eng.prefill = boom
+    real = eng.step
+    eng.step = boom
     h = ex.submit([1, 2, 3], 4)
     with pytest.raises(RuntimeError, match="simulated"):
-        ex.step()
+        ex.step()                            # the prompt-only iteration
     assert h.done and h.result().finish_reason == "error" and list(h.stream(timeout=1)) == []
-    eng.prefill = real
+    ex.step()
+    assert eng.free_blocks == eng.blocks.num_blocks - 1     # its blocks went back
+    eng.step = real
     ex = Executor(eng, DraftSchedule.static(2, 2))
     hs = [ex.submit([1, 2, 3], 50) for _ in range(3)]
     ex.start()

@@ -45,8 +45,9 @@ from torch import Tensor, nn
 
 from dynspec.errors import DynspecError
 
-from .model import (_empty, apply_rope, attention_dims, cached_attention, causal_mask, check_silu, hf_field,
-                    parse_rope, rms_norm, setup_static_cache, TargetConfig)
+from .attention import RaggedBatch, sdpa_attention, write_kv
+from .model import (_empty, Collectives, apply_rope, attention_dims, check_silu, hf_field, parse_rope, rms_norm, row_batch,
+                    setup_paged_cache, setup_row_cache, TargetConfig)
 
 
 def default_capture_layers(num_layers: int) -> tuple[int, ...]:
@@ -189,17 +190,22 @@ class Eagle3Draft(nn.Module):
         self.lm_head = _empty(c.draft_vocab_size, h, device=device, dtype=dtype)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long, device=device))
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool, device=device))
-        self.max_batch = self.max_seq_len = 0
-        self.register_buffer("k_cache", None, persistent=False)   # [max_batch, kvh, S, hd]
+        self.attention = sdpa_attention
+        self.collectives = Collectives()
+        self.max_batch = self.max_seq_len = self.block_size = 0
+        self.row_tables: Tensor | None = None
+        self.register_buffer("k_cache", None, persistent=False)   # [kvh, blocks*block_size, hd]
         self.register_buffer("v_cache", None, persistent=False)
         self.register_buffer("rope_cos", None, persistent=False)
         self.register_buffer("rope_sin", None, persistent=False)
-        self.register_buffer("arange", None, persistent=False)
 
     def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
-        c = self.config
-        shape = (max_batch, c.num_kv_heads, max_seq_len, c.head_dim)
-        setup_static_cache(self, c, self.fc, shape, max_batch, max_seq_len)
+        """Rows 0..max_batch-1 of max_seq_len positions each, for the row-major `forward`."""
+        setup_row_cache(self, self.config, self.fc, None, max_batch, max_seq_len)
+
+    def setup_pool(self, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+        """A pool laid out like the target's: the engine uses one block table for both."""
+        setup_paged_cache(self, self.config, self.fc, None, num_blocks, block_size, max_seq_len)
 
     # The pieces below are also used by tiny_pair.py's training-time-test loop.
     def fuse(self, hidden: Tensor) -> Tensor:
@@ -223,64 +229,64 @@ class Eagle3Draft(nn.Module):
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x [B, T, 2h] -> q [B, nh, T, hd], k, v [B, kvh, T, hd] (RoPE applied)."""
-        c = self.config
+        hd = self.config.head_dim
+        nh, kvh = self.q_size // hd, self.kv_size // hd                      # this instance's heads
         B, T, _ = x.shape
         q, k, v = F.linear(x, self.wqkv).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rope(q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rope(k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
-        return q, k, v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q = apply_rope(q.view(B, T, nh, hd).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(B, T, kvh, hd).transpose(1, 2), cos, sin)
+        return q, k, v.view(B, T, kvh, hd).transpose(1, 2)
 
     def finish(self, attn: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         """attn [B, T, nh*hd] -> (draft logits [B, T, dv], output hidden [B, T, h] pre-norm)."""
         eps = self.config.rms_norm_eps
-        x = residual + F.linear(attn, self.wo)
+        x = residual + self.collectives.all_reduce(F.linear(attn, self.wo))
         gate, up = F.linear(rms_norm(x, self.post_attention_layernorm, eps), self.w13).chunk(2, dim=-1)
-        out = x + F.linear(F.silu(gate) * up, self.w2)
-        return F.linear(rms_norm(out, self.norm, eps), self.lm_head), out
+        out = x + self.collectives.all_reduce(F.linear(F.silu(gate) * up, self.w2))
+        return self.collectives.gather_vocab(F.linear(rms_norm(out, self.norm, eps), self.lm_head)), out
 
-    def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, *, row0: int = 0,
-                kv_len: int | None = None) -> tuple[Tensor, Tensor]:
-        """tokens [B, T] (target ids), hidden [B, T, n*h_t | h], positions [B, T]
-        -> (draft-vocab logits [B, T, dv], output hidden [B, T, h] pre-norm, to feed back)."""
+    def run(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch, attention=None) -> tuple[Tensor, Tensor]:
+        """tokens [N] (target ids), hidden [N, n*h_t | h] packed
+        -> (draft-vocab logits [N, dv], output hidden [N, h] pre-norm, to feed back)."""
         if self.k_cache is None:
-            raise RuntimeError("Eagle3Draft.setup_cache(max_batch, max_seq_len) must be called before forward")
-        B, T = tokens.shape
-        if hidden.shape[:2] != (B, T):
-            raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(B, T)}")
-        S = self.max_seq_len if kv_len is None else kv_len
+            raise RuntimeError("Eagle3Draft.setup_cache or setup_pool must be called before forward")
+        N = tokens.shape[0]
+        if hidden.shape[0] != N:
+            raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(N,)}")
         c = self.config
-        x, residual = self.layer_input(tokens, self.fuse(hidden))            # [B, T, 2h], [B, T, h]
-        cos = self.rope_cos[positions].unsqueeze(1)                          # [B, 1, T, hd/2]
-        sin = self.rope_sin[positions].unsqueeze(1)
-        q, k, v = self.qkv(x, cos, sin)
-        mask = causal_mask(positions, self.arange[:S], c.num_heads // c.num_kv_heads)
-        attn = cached_attention(q, k, v, self.k_cache[row0:row0 + B], self.v_cache[row0:row0 + B],
-                                positions, mask, S)                          # [B, T, nh*hd]
-        logits, out = self.finish(attn, residual)
+        x, residual = self.layer_input(tokens, self.fuse(hidden))            # [N, 2h], [N, h]
+        cos = self.rope_cos[batch.positions][None, None]                     # [1, 1, N, hd/2]
+        sin = self.rope_sin[batch.positions][None, None]
+        q, k, v = (t[0].transpose(0, 1) for t in self.qkv(x[None], cos, sin))   # [N, heads, hd]
+        write_kv(self.k_cache, self.v_cache, k, v, batch)
+        logits, out = self.finish((attention or self.attention)(q, self.k_cache, self.v_cache, batch), residual)
         if logits.device.type == "cpu":
             logits = logits.float()
         return logits, out
 
-    def extend_kv(self, tokens: Tensor, hidden: Tensor, positions: Tensor) -> None:
-        """Keep-warm while K=0: write only the K/V of entries (tokens, fused hidden) at
-        `positions` (rows 0..B-1); no attention, MLP or lm_head. tokens, positions [B, T]."""
-        c = self.config
+    def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, *, row0: int = 0,
+                kv_len: int | None = None) -> tuple[Tensor, Tensor]:
+        """Row-major use on a `setup_cache` pool: tokens [B, T], hidden [B, T, n*h_t | h],
+        positions [B, T] in rows row0.. -> (logits [B, T, dv], output hidden [B, T, h])."""
         B, T = tokens.shape
-        x, _ = self.layer_input(tokens, self.fuse(hidden))                   # [B, T, 2h]
+        if hidden.shape[:2] != (B, T):
+            raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(B, T)}")
+        logits, out = self.run(tokens.reshape(B * T), hidden.reshape(B * T, -1), row_batch(self, positions, row0, kv_len))
+        return logits.view(B, T, -1), out.view(B, T, -1)
+
+    def extend_kv(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch) -> None:
+        """Keep-warm while K=0: write only the K/V of entries (tokens [N], fused hidden [N, w])
+        at the batch's positions; no attention, MLP or lm_head."""
+        c = self.config
+        N = tokens.shape[0]
+        x, _ = self.layer_input(tokens, self.fuse(hidden))                   # [N, 2h]
         k, v = F.linear(x, self.wqkv[self.q_size:]).split((self.kv_size, self.kv_size), dim=-1)
-        cos = self.rope_cos[positions].unsqueeze(1)                          # [B, 1, T, hd/2]
-        sin = self.rope_sin[positions].unsqueeze(1)
-        k = apply_rope(k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)  # [B, kvh, T, hd]
-        v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        idx = positions.view(B, 1, T, 1).expand(B, c.num_kv_heads, T, c.head_dim)
-        self.k_cache[:B].scatter_(2, idx, k)
-        self.v_cache[:B].scatter_(2, idx, v)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)                    # [N, 1, hd/2]
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        kvh = self.kv_size // c.head_dim
+        k = apply_rope(k.view(N, kvh, c.head_dim), cos, sin)
+        write_kv(self.k_cache, self.v_cache, k, v.view(N, kvh, c.head_dim), batch)
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids -> target-vocab ids: target_id = draft_id + d2t[draft_id]."""
         return draft_ids + self.d2t[draft_ids]
-
-    def copy_row(self, src: int, dst: int) -> None:
-        """Copy the draft cache row `src` onto row `dst`."""
-        self.k_cache[dst].copy_(self.k_cache[src])
-        self.v_cache[dst].copy_(self.v_cache[src])

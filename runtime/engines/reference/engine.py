@@ -17,6 +17,15 @@ Speculative step, K drafts, worked for K=2, accepted n=1:
                overwritten before they are read.
 Plain decode (K=0): target([x_L]) -> g0. Keep-warm writes the draft K/V of entry L+1 only;
 the first speculative step after a K=0 stretch rebuilds the draft head from (x_L, last_capture) first.
+
+Prompt chunk [s, e) of a prompt of P tokens rides in the same target forward as the decode
+rows. Its draft entries are the prompt's own: draft positions s..e-1 take (x_{p+1}, h_p),
+with x_e the next prompt token, or for the last chunk (e = P) the target's first generated
+token g0; the last chunk also sets the carried state from position P-1.
+
+Cache: paged (kv_cache.py); target and draft share one block table per slot. Pure-decode
+iterations replay a CUDA graph per (bucket, K) when captured; iterations with prompt chunks
+run eager (their shapes vary with the chunks).
 """
 from __future__ import annotations
 
@@ -25,8 +34,12 @@ from typing import Iterable, Sequence
 
 import torch
 
+from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_prefix
-from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for
+from dynspec.runtime.engines.reference.attention import (RaggedBatch, flex_attention_paged, ragged_batch,
+                                                         sdpa_attention, uniform_batch)
+from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
+from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for
 
 
 @dataclass(frozen=True)
@@ -57,29 +70,50 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool) -
 
 
 class ReferenceEngine:
-    def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int):
+    """Executor-facing engine: reserve(tokens) / release(slot) a sequence's cache, step(plan)."""
+
+    def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
+                 max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
+                 attention: str | None = None):
+        if max_num_tokens < max_draft_len + 1:
+            raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
+                               f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
         self.target, self.draft = target, draft
         self.max_batch_size, self.max_seq_len, self.max_draft_len = max_batch_size, max_seq_len, max_draft_len
+        self.max_num_tokens = max_num_tokens
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        on_cuda = self.device.type == "cuda"
         # CPU: every batch size is its own shape (no padding work); CUDA: padded graph buckets
-        on_cuda = next(target.parameters()).device.type == "cuda"
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))
         self.capture = tuple(draft.capture_layers)
         self.vocab_size = target.config.vocab_size
-        p = next(target.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        n, dev = max_batch_size, p.device
-        target.setup_cache(n, max_seq_len)
-        draft.setup_cache(n, max_seq_len)
+        self.attention = attention or ("flex" if on_cuda else "sdpa")
+        if self.attention not in ("flex", "sdpa"):
+            raise DynspecError(f"attention {self.attention!r} is not 'flex' or 'sdpa'")
+        bs = block_size or (128 if on_cuda else 16)
+        per_seq = -(-max_seq_len // bs)
+        n_blocks = num_blocks or 1 + max_batch_size * per_seq
+        self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)
+        self.block_size, self.max_blocks_per_seq = bs, per_seq
+        target.setup_pool(n_blocks, bs, per_seq * bs)
+        draft.setup_pool(n_blocks, bs, per_seq * bs)
+        n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
+        self.pad_slot = max_batch_size
+        self.block_tables = torch.full((n, per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev)  # [slots+1, blocks]
+        self.block_owner = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)    # [blocks] slot or -1
+        self.block_logical = torch.zeros(n_blocks, dtype=torch.long, device=dev)        # [blocks] index in its table
         fused = len(self.capture) * target.config.hidden_size
-        # carried per-row state (see module docstring)
-        self.next_draft = torch.zeros(n, dtype=torch.long, device=dev)                             # [N]
-        self.draft_hidden = torch.zeros(n, draft.config.hidden_size, dtype=p.dtype, device=dev)   # [N, h_draft]
-        self.last_capture = torch.zeros(n, fused, dtype=p.dtype, device=dev)   # [N, n_capture*h_target]
-        # static step inputs / outputs (also the CUDA-graph I/O)
-        self.x = torch.zeros(n, dtype=torch.long, device=dev)                  # [N] pending tokens
-        self.pos = torch.ones(n, dtype=torch.long, device=dev)                 # [N] their positions
-        self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [N, K+1]
-        self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [N]
+        # carried per-slot state (see module docstring)
+        self.next_draft = torch.zeros(n, dtype=torch.long, device=dev)                             # [S]
+        self.draft_hidden = torch.zeros(n, draft.config.hidden_size, dtype=p.dtype, device=dev)   # [S, h_draft]
+        self.last_capture = torch.zeros(n, fused, dtype=p.dtype, device=dev)   # [S, n_capture*h_target]
+        # static step inputs / outputs per decode row (also the CUDA-graph I/O)
+        self.x = torch.zeros(n, dtype=torch.long, device=dev)                  # [R] pending tokens
+        self.pos = torch.ones(n, dtype=torch.long, device=dev)                 # [R] their positions
+        self.slot = torch.full((n,), self.pad_slot, dtype=torch.long, device=dev)   # [R] their slots
+        self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
+        self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
         self.p_accept = torch.zeros((), dtype=torch.float32, device=dev)       # Bernoulli p
         self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
         self.rng = torch.Generator(device=dev)        # this engine's Bernoulli draws; the global RNG is untouched
@@ -87,76 +121,61 @@ class ReferenceEngine:
         self._graphs: dict[GraphKey, "torch.cuda.CUDAGraph"] = {}
         self.eager_fallbacks = 0
 
-    # ---- prefill: new requests into rows row0.. (batched, left-padded) ---------------------
-    @torch.inference_mode()
-    def prefill(self, row0: int, prompts: Sequence[Sequence[int]], max_tokens: int = 8192) -> list[int]:
-        """Fill rows row0..row0+n-1 with the prompts; return each one's first generated token.
-        Chunks of at most `max_tokens` padded tokens run as one batched forward."""
-        firsts: list[int] = []
-        i = 0
-        while i < len(prompts):
-            L, n = len(prompts[i]), 0
-            while i + n < len(prompts) and max(L, len(prompts[i + n])) * (n + 1) <= max(max_tokens, L):
-                L, n = max(L, len(prompts[i + n])), n + 1
-            firsts += self._prefill_chunk(row0 + i, prompts[i: i + n], L)
-            i += n
-        return firsts
+    # ---- the paged cache ------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return self.blocks.free_blocks
 
-    def _prefill_chunk(self, row0: int, prompts: Sequence[Sequence[int]], L: int) -> list[int]:
-        """Left padding keeps every row's last prompt token in the last column. Pad columns
-        take the positions just past the prompt, so causal-by-position attention never lets a
-        real token see them, and their cache writes land where decoding overwrites them first.
-            prompt [a b c], L=5:  tokens [0 0 a b c]   positions [3 4 0 1 2]"""
-        n, dev = len(prompts), self.device
-        toks = torch.zeros(n, L, dtype=torch.long)
-        pos = torch.zeros(n, L, dtype=torch.long)
-        for r, p in enumerate(prompts):
-            P = len(p)
-            toks[r, L - P:] = torch.tensor(list(p), dtype=torch.long)
-            pos[r] = torch.cat([torch.arange(P, L), torch.arange(P)])
-        toks, pos = toks.to(dev), pos.to(dev)                                          # [n, L]
-        logits, H = self.target(toks, pos, row0=row0, kv_len=L, capture=self.capture, logits="last")
-        g0 = logits[:, -1].argmax(dim=-1)                                              # [n]
-        # draft entries 1..P: tokens x_1..x_{P-1}, g0 with h_0..h_{P-1}, at draft positions 0..P-1
-        dtoks = torch.cat([toks[:, 1:], g0[:, None]], dim=1)                           # [n, L]
-        dl, dh = self.draft(dtoks, H, pos, row0=row0, kv_len=L)
-        rows = slice(row0, row0 + n)
-        self.next_draft[rows] = self.draft.to_target_ids(dl[:, -1].argmax(dim=-1))
-        self.draft_hidden[rows] = dh[:, -1]
-        self.last_capture[rows] = H[:, -1]
-        return g0.tolist()
+    def can_reserve(self, tokens: int) -> bool:
+        return self.blocks.can_reserve(tokens)
 
-    def move_row(self, src: int, dst: int) -> None:
-        self.target.copy_row(src, dst)
-        self.draft.copy_row(src, dst)
-        for buf in (self.next_draft, self.draft_hidden, self.last_capture):
-            buf[dst] = buf[src]
+    def reserve(self, tokens: int) -> int | None:
+        """A slot whose blocks hold positions 0..tokens-1, or None while blocks or slots are short."""
+        slot = self.blocks.reserve(tokens)
+        if slot is not None:
+            table = torch.tensor(self.blocks.tables[slot], dtype=torch.long)
+            self.block_tables[slot, : len(table)] = table.to(self.device)
+            self.block_owner[table.to(self.device)] = slot
+            self.block_logical[table.to(self.device)] = torch.arange(len(table)).to(self.device)
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free the slot's blocks (no K/V is copied or cleared)."""
+        blocks = torch.tensor(self.blocks.release(slot), dtype=torch.long).to(self.device)
+        self.block_owner[blocks] = -1
+        self.block_tables[slot] = SCRATCH_BLOCK
 
     # ---- one iteration --------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
         b, B, K = plan.batch_size, plan.bucket, plan.k
-        self.x[:b] = torch.tensor(plan.pending, dtype=torch.long)
-        self.pos[:b] = torch.tensor(plan.positions, dtype=torch.long)
-        self.x[b:B] = 0
-        self.pos[b:B] = 1                          # padding rows: free cache rows, harmless writes
         self._set_acceptance(acceptance)
-        kv_len = None if self._graphs else plan.max_position + 1
-        if K == 0:
-            self._run(GraphKey("decode", B, int(plan.keep_warm)), kv_len)
-            warm = False                           # the draft head is rebuilt on resume
+        if b:
+            self.x[:b] = torch.tensor(plan.pending, dtype=torch.long)
+            self.pos[:b] = torch.tensor(plan.positions, dtype=torch.long)
+            self.slot[:b] = torch.tensor(plan.slots, dtype=torch.long)
+            self.x[b:B] = 0
+            self.pos[b:B] = 1                      # padding rows: the scratch block, harmless writes
+            self.slot[b:B] = self.pad_slot
+        read = None if self._graphs else -(-(plan.max_position + 1) // self.block_size)
+        if plan.chunks:
+            firsts = self._mixed(plan, read)
         else:
-            if any(plan.stale):
-                self._run(GraphKey("refresh", B, 0), kv_len)
-            self._run(GraphKey("spec", B, K), kv_len)
-            warm = True
-        host = torch.cat([self.out_n[:b, None], self.out_tokens[:b, : K + 1]], dim=1).tolist()  # the one host sync
-        n = [row[0] for row in host]
-        toks = [row[1:] for row in host]
+            firsts = self.out_n[:0]
+            if K == 0:
+                self._run(GraphKey("decode", B, keep_warm=plan.keep_warm), read)
+            else:
+                if any(plan.stale):
+                    self._run(GraphKey("refresh", B), read)
+                self._run(GraphKey("spec", B, K), read)
+        host = torch.cat([self.out_n[:b], self.out_tokens[:b, : K + 1].reshape(-1), firsts]).tolist()  # the one host sync
+        n, toks = host[:b], host[b: b + b * (K + 1)]
+        it = iter(host[b + b * (K + 1):])
         return StepResult(
             accepted=tuple(n),
-            emitted=tuple(tuple(t[: a + 1]) for t, a in zip(toks, n)),
-            draft_warm=warm,
+            emitted=tuple(tuple(toks[r * (K + 1): r * (K + 1) + a + 1]) for r, a in enumerate(n)),
+            draft_warm=K > 0,                      # after K=0 the draft head is rebuilt on resume
+            first_tokens=tuple(next(it) if c.last else None for c in plan.chunks),
         )
 
     def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
@@ -170,81 +189,165 @@ class ReferenceEngine:
         self.p_accept.fill_(acceptance.p if bern else 0.0)
         self._acceptance = acceptance
 
-    def _run(self, key: GraphKey, kv_len: int | None) -> None:
+    def _run(self, key: GraphKey, read: int | None) -> None:
         graph = self._graphs.get(key)
         if graph is not None:
             graph.replay()
             return
         if self._graphs:
             self.eager_fallbacks += 1     # a shape the schedule was not expected to reach
-        self._device_fn(key, None if self._graphs else kv_len)
+        self._device_fn(key, read)
 
-    def _device_fn(self, key: GraphKey, kv_len: int | None) -> None:
+    def _device_fn(self, key: GraphKey, read: int | None) -> None:
         B = key.bucket
         if key.kind == "spec":
-            self._speculate(B, key.k, kv_len)
+            self._speculate(B, key.k, read)
         elif key.kind == "decode":
-            self._decode(B, key.keep_warm, kv_len)
+            self._decode(B, key.keep_warm, read)
         else:
-            self._refresh(B, kv_len)
+            self._refresh(B, read)
 
     # ---- device functions: static buffers in, static buffers out; graph-capturable ----------
-    def _draft_next(self, tokens, hidden, positions, kv_len):
-        """Draft forward -> (target-vocab argmax [B, T], output hidden [B, T, h])."""
-        dl, dh = self.draft(tokens, hidden, positions, kv_len=kv_len)
+    def _rows(self, B: int, q_pos: torch.Tensor, read: int | None) -> RaggedBatch:
+        """Decode rows 0..B-1, row r's tokens at q_pos[r] ([B, T])."""
+        return uniform_batch(self.block_tables, self.slot[:B], q_pos, read or self.max_blocks_per_seq,
+                             self.block_size)
+
+    def _attention(self):
+        """The decode rows' attention: FlexAttention over the pool, or gathered SDPA."""
+        if self.attention == "sdpa":
+            return sdpa_attention
+        owner, logical, bs = self.block_owner, self.block_logical, self.block_size
+        return lambda q, k, v, batch: flex_attention_paged(q, k, v, batch, owner, logical, bs)
+
+    def _draft_next(self, tokens, hidden, batch, attention=None):
+        """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
+        dl, dh = self.draft.run(tokens, hidden, batch, attention)
         return self.draft.to_target_ids(dl.argmax(dim=-1)), dh
 
-    def _refresh(self, B: int, kv_len) -> None:
+    def _refresh(self, B: int, read) -> None:
         """Rebuild entry L of stale rows: (x_L, h_{L-1}) at draft position L-1."""
-        x, pos = self.x[:B, None], self.pos[:B, None]                        # [B, 1]
-        d, h = self._draft_next(x, self.last_capture[:B, None], pos - 1, kv_len)
-        self.next_draft[:B], self.draft_hidden[:B] = d[:, 0], h[:, 0]
+        slot = self.slot[:B]
+        batch = self._rows(B, (self.pos[:B] - 1)[:, None], read)
+        d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self._attention())
+        self.next_draft[slot], self.draft_hidden[slot] = d, h
 
-    def _speculate(self, B: int, K: int, kv_len) -> None:
-        x, pos = self.x[:B], self.pos[:B]                                    # [B]
-        drafts, h = [self.next_draft[:B]], self.draft_hidden[:B]
+    def _chain(self, B: int, K: int, read) -> torch.Tensor:
+        """K-1 chain steps from the carried head -> drafts [B, K]."""
+        slot, pos = self.slot[:B], self.pos[:B]
+        drafts, h = [self.next_draft[slot]], self.draft_hidden[slot]
         for i in range(1, K):                                                # entries L+1..L+K-1
-            d, hh = self._draft_next(drafts[-1][:, None], h[:, None], (pos + i - 1)[:, None], kv_len)
-            drafts.append(d[:, 0])
-            h = hh[:, 0]
-        D = torch.stack(drafts, dim=1)                                       # [B, K]
-        steps = torch.arange(K + 1, device=x.device)                         # [K+1]
-        vpos = pos[:, None] + steps                                          # [B, K+1]
-        logits, H = self.target(torch.cat([x[:, None], D], 1), vpos, kv_len=kv_len, capture=self.capture)
-        g = logits.argmax(dim=-1)                                            # [B, K+1]
-        match = torch.where(self.bernoulli, torch.rand(B, K, device=x.device, generator=self.rng) < self.p_accept, D == g[:, :K])
-        n = accepted_prefix(match)                                           # [B]
-        # E[:, i] = d_{i+1} for i < n, else the target's token: emitted = E[:, :n+1]
-        E = torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)   # [B, K+1]
-        self._catch_up(E, H, vpos, n, kv_len)
+            d, h = self._draft_next(drafts[-1], h, self._rows(B, (pos + i - 1)[:, None], read), self._attention())
+            drafts.append(d)
+        return torch.stack(drafts, dim=1)                                    # [B, K]
+
+    def _accept(self, D, g):
+        """drafts D [B, K], target greedy g [B, K+1] -> (accepted n [B], tokens E [B, K+1]):
+        E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1]."""
+        B, K = D.shape
+        steps = torch.arange(K + 1, device=D.device)
+        rand = torch.rand(B, K, device=D.device, generator=self.rng) < self.p_accept
+        n = accepted_prefix(torch.where(self.bernoulli, rand, D == g[:, :K]))           # [B]
+        return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
+
+    def _speculate(self, B: int, K: int, read) -> None:
+        D = self._chain(B, K, read)                                          # [B, K]
+        vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
+        batch = self._rows(B, vpos, read)
+        tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
+        logits, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=self._attention())
+        n, E = self._accept(D, logits.argmax(dim=-1).view(B, K + 1))
+        self._catch_up(E, H.view(B, K + 1, -1), batch, n, self._attention())
         self.out_tokens[:B, : K + 1] = E
         self.out_n[:B] = n
 
-    def _decode(self, B: int, keep_warm: bool, kv_len) -> None:
+    def _decode(self, B: int, keep_warm: bool, read) -> None:
         """Plain decode. Keep-warm writes only the draft's K/V for the new entry (no draft
-        attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by `_refresh` when
-        speculation resumes, so every later draft step sees a complete cache."""
-        x, pos = self.x[:B, None], self.pos[:B, None]                        # [B, 1]
-        logits, H = self.target(x, pos, kv_len=kv_len, capture=self.capture)
-        g = logits.argmax(dim=-1)                                            # [B, 1]
+        attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
+        `_refresh` when speculation resumes, so every later draft step sees a complete cache."""
+        batch = self._rows(B, self.pos[:B, None], read)
+        logits, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self._attention())
+        g = logits.argmax(dim=-1)                                            # [B]
         if keep_warm:
-            self.draft.extend_kv(g, H, pos)                                  # entry L+1 @ draft pos L
-        self.last_capture[:B] = H[:, 0]
-        self.out_tokens[:B, :1] = g
+            self.draft.extend_kv(g, H, batch)                                # entry L+1 @ draft pos L
+        self.last_capture[self.slot[:B]] = H
+        self.out_tokens[:B, 0] = g
         self.out_n[:B] = 0
 
-    def _catch_up(self, E, H, vpos, n, kv_len) -> None:
-        """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n."""
-        d, h = self._draft_next(E, H, vpos, kv_len)                          # [B, T], [B, T, h]
-        rows = torch.arange(E.shape[0], device=E.device)
-        B = E.shape[0]
-        self.next_draft[:B] = d[rows, n]
-        self.draft_hidden[:B] = h[rows, n]
-        self.last_capture[:B] = H[rows, n]
+    def _catch_up(self, E, H, batch, n, attention) -> None:
+        """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n.
+        E [B, T], H [B, T, w]."""
+        B, T = E.shape
+        d, h = self._draft_next(E.reshape(-1), H.reshape(B * T, -1), batch, attention)
+        rows = torch.arange(B, device=E.device)
+        slot = self.slot[:B]
+        self.next_draft[slot] = d.view(B, T)[rows, n]
+        self.draft_hidden[slot] = h.view(B, T, -1)[rows, n]
+        self.last_capture[slot] = H[rows, n]
+
+    # ---- mixed iterations: decode rows + prompt chunks in one target forward (eager) ---------
+    def _mixed(self, plan: StepPlan, read: int | None) -> torch.Tensor:
+        """Returns the first generated token of each last chunk [n_last]."""
+        b, K, dev = plan.batch_size, plan.k, self.device
+        chunks = plan.chunks
+        T = K + 1
+        if b and K and any(plan.stale):
+            self._refresh(b, read)
+        D = self._chain(b, K, read) if b and K else None                     # [b, K]
+        dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
+        lens = [T] * b + [len(c.tokens) for c in chunks]
+        starts = list(plan.positions) + [c.start for c in chunks]
+        slots = list(plan.slots) + [c.slot for c in chunks]
+        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size)
+        prompt = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.long).to(dev)
+        nd = b * T
+        ends, i = [], nd                                                     # packed index of each chunk's last token
+        for c in chunks:
+            i += len(c.tokens)
+            ends.append(i - 1)
+        last_rows = [j for j, c in enumerate(chunks) if c.last]
+        last_idx = torch.tensor([ends[j] for j in last_rows], dtype=torch.long).to(dev)
+        logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
+        logits, H = self.target.run(torch.cat([dec_tokens, prompt]), batch, capture=self.capture,
+                                    logit_index=logit_index)
+        greedy = logits.argmax(dim=-1)                                       # [nd + n_last]
+        firsts = greedy[nd:]
+        # draft entries of the chunks: (x_{p+1}, h_p), x_e = the next prompt token or g0
+        nxt = torch.tensor([t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)], dtype=torch.long).to(dev)
+        nxt[last_idx - nd] = firsts
+        if b and K:
+            n, E = self._accept(D, greedy[:nd].view(b, T))
+            self.out_tokens[:b, :T] = E
+            self.out_n[:b] = n
+            d, h = self._draft_next(torch.cat([E.reshape(-1), nxt]), H, batch)   # catch-up rows + chunk rows
+            rows, slot = torch.arange(b, device=dev), self.slot[:b]
+            self.next_draft[slot] = d[:nd].view(b, T)[rows, n]
+            self.draft_hidden[slot] = h[:nd].view(b, T, -1)[rows, n]
+            self.last_capture[slot] = H[:nd].view(b, T, -1)[rows, n]
+            offset = 0
+        else:
+            if b:
+                g = greedy[:nd]
+                if plan.keep_warm:
+                    self.draft.extend_kv(g, H[:nd], self._rows(b, self.pos[:b, None], read))
+                self.last_capture[self.slot[:b]] = H[:nd]
+                self.out_tokens[:b, 0] = g
+                self.out_n[:b] = 0
+            d_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
+            d, h = self._draft_next(nxt, H[nd:], d_batch)
+            offset = nd
+        if last_rows:
+            slot = torch.tensor([chunks[j].slot for j in last_rows], dtype=torch.long).to(dev)
+            self.next_draft[slot] = d[last_idx - offset]
+            self.draft_hidden[slot] = h[last_idx - offset]
+            self.last_capture[slot] = H[last_idx]
+        return firsts
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
-        """Capture one graph per key (call once at start, on CUDA). Returns how many."""
+        """Capture one graph per pure-decode key (call once at start, on CUDA). Returns how many.
+        Graphs read every row's whole block table (max_seq_len); iterations with prompt chunks
+        stay eager."""
         if self.device.type != "cuda":
             return 0
         keys = list(keys)
@@ -252,6 +355,7 @@ class ReferenceEngine:
         stream = torch.cuda.Stream()
         self.x.zero_()
         self.pos.fill_(1)
+        self.slot.fill_(self.pad_slot)
         with torch.inference_mode():
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -279,9 +383,12 @@ def load_reference_engine(
     max_batch_size: int = 64,
     max_seq_len: int = 1024,
     max_draft_len: int = 8,
+    max_num_tokens: int = 8192,
     fused_kernels: bool | None = None,
+    **cache,
 ) -> ReferenceEngine:
-    """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only)."""
+    """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only).
+    cache: block_size, num_blocks, attention ("flex" | "sdpa"), passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 
@@ -291,4 +398,4 @@ def load_reference_engine(
         target.kernels = Kernels(compiled=True)          # this engine only
     draft = load_draft(draft_dir, target, device=device, dtype=dt)
     return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                           max_draft_len=max_draft_len)
+                           max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)

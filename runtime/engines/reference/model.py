@@ -1,19 +1,22 @@
 """The reference engine's target model: a Llama-family decoder in a few hundred lines.
 
-gpt-fast style: fused q/k/v and gate/up weights, a static KV cache per layer and plain
-`F.scaled_dot_product_attention`. `forward` is CUDA-graph capturable: no `.item()`, no host
-sync and no data-dependent Python branches; every branch depends only on shapes and on the
-static keyword arguments (`row0`, `kv_len`, `capture`, `logits`).
+gpt-fast style: fused q/k/v and gate/up weights, and a paged KV cache (attention.py,
+kv_cache.py). `run` takes packed tokens of several rows (decode rows and prompt chunks) and
+is CUDA-graph capturable for a fixed batch layout: no `.item()`, no host sync and no
+data-dependent Python branches.
 
-Cache semantics (the executor relies on these):
-- Row r of the cache belongs to one request. A call works on rows row0..row0+B-1 through a
-  slice view (no gather copy) and writes K/V of every input token at its absolute position.
-- A query at position p attends to cache positions <= p of its own row. Entries beyond a
-  row's length are stale but never read by a query that does not own them, so rolling a
+Cache semantics (the engine relies on these):
+- Each sequence owns a slot whose block table maps its positions to pool blocks. A call
+  writes the K/V of every input token at its absolute position.
+- A query at position p attends to positions <= p of its own sequence. Entries beyond a
+  sequence's length are stale but never read by a query that does not own them, so rolling a
   request back is just "write from the accepted length on" (no clearing).
-- Only cache[..., :kv_len] is read; kv_len must exceed every position in the call.
 
-The helpers at the top (config fields, RMSNorm, RoPE, cached attention) are shared with the
+Tensor parallelism (later): head counts are per instance (`Block.n_local_heads`,
+`n_local_kv_heads`), and the two per-layer reduction points (after o_proj, after down_proj)
+and the lm_head output go through `Target.collectives` (identity on one device).
+
+The helpers at the top (config fields, RMSNorm, RoPE, the cache set-up) are shared with the
 EAGLE-3 draft in draft.py.
 """
 from __future__ import annotations
@@ -27,6 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dynspec.errors import DynspecError
+
+from .attention import RaggedBatch, sdpa_attention, uniform_batch, write_kv
 
 _REQUIRED = object()
 
@@ -158,55 +163,47 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, max_seq_len: 
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate-half RoPE (HF/NeoX layout). x [B, n, T, hd]; cos, sin [B, 1, T, hd/2]."""
+    """Rotate-half RoPE (HF/NeoX layout). x [..., hd]; cos, sin broadcast to [..., hd/2]."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def causal_mask(positions: Tensor, arange: Tensor, groups: int) -> Tensor:
-    """Boolean mask [B, 1, groups*T, S]: query at position p sees keys 0..p of its row.
-
-    The query heads that share one KV head are folded into the query-length axis (see
-    `cached_attention`), so the [B, T, S] pattern is repeated `groups` times along it.
-    """
-    B, T = positions.shape
-    S = arange.shape[0]
-    m = arange.view(1, 1, S) <= positions.view(B, T, 1)          # [B, T, S]
-    return m.unsqueeze(1).expand(B, groups, T, S).reshape(B, 1, groups * T, S)
+DEFAULT_BLOCK_SIZE = 16
 
 
-def cached_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
-                     positions: Tensor, mask: Tensor, kv_len: int) -> Tensor:
-    """Write k/v into the cache at `positions`, then attend over cache[..., :kv_len].
-
-    q [B, nh, T, hd]; k, v [B, kvh, T, hd]; caches [B, kvh, S_max, hd] (views of the rows);
-    positions [B, T]; mask [B, 1, g*T, kv_len]. Returns [B, T, nh*hd].
-    GQA without copying K/V: the g = nh/kvh query heads of each KV head become g*T query rows
-    of one attention over that head, e.g. nh=4, kvh=2, T=3: q [B,4,3,hd] -> [B,2,6,hd].
-    Head h uses KV head h // g, the same grouping as transformers' repeat_kv.
-    """
-    B, nh, T, hd = q.shape
-    kvh = k.shape[1]
-    g = nh // kvh
-    idx = positions.view(B, 1, T, 1).expand(B, kvh, T, hd)
-    k_cache.scatter_(2, idx, k)
-    v_cache.scatter_(2, idx, v)
-    qg = q.reshape(B, kvh, g * T, hd)
-    o = F.scaled_dot_product_attention(qg, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len],
-                                       attn_mask=mask)            # [B, kvh, g*T, hd]
-    return o.reshape(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
-
-
-def setup_static_cache(m: nn.Module, c, like: Tensor, shape: tuple[int, ...], max_batch: int,
-                       max_seq_len: int) -> None:
-    """Give `m` zeroed k_cache/v_cache of `shape`, RoPE tables and key positions for
-    max_seq_len, on `like`'s device and dtype. Shared by the target and the draft."""
+def setup_paged_cache(m: nn.Module, c, like: Tensor, layers: int | None, num_blocks: int, block_size: int,
+                      max_seq_len: int) -> None:
+    """Give `m` zeroed k_cache/v_cache pools [layers, kvh, num_blocks*block_size, hd] (no layer
+    axis when layers is None) and RoPE tables for max_seq_len, on `like`'s device and dtype.
+    Shared by the target and the draft; they use the same block tables."""
+    shape = (c.num_kv_heads, num_blocks * block_size, c.head_dim)
+    shape = shape if layers is None else (layers, *shape)
     m.k_cache = torch.zeros(shape, device=like.device, dtype=like.dtype)
     m.v_cache = torch.zeros(shape, device=like.device, dtype=like.dtype)
     m.rope_cos, m.rope_sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling, max_seq_len,
                                          like.device, like.dtype)
-    m.arange = torch.arange(max_seq_len, device=like.device)
-    m.max_batch, m.max_seq_len = max_batch, max_seq_len
+    m.block_size, m.max_seq_len = block_size, max_seq_len
+
+
+def setup_row_cache(m: nn.Module, c, like: Tensor, layers: int | None, max_batch: int, max_seq_len: int) -> None:
+    """A pool in which row r owns blocks 1 + r*nb .. (r+1)*nb (block 0 is scratch), for the
+    row-major `forward(tokens [B, T], positions [B, T], row0=...)` of tests and tools."""
+    bs = DEFAULT_BLOCK_SIZE
+    nb = -(-max_seq_len // bs)
+    setup_paged_cache(m, c, like, layers, 1 + max_batch * nb, bs, max_seq_len)
+    m.row_tables = 1 + torch.arange(max_batch * nb, device=like.device).view(max_batch, nb)   # [max_batch, nb]
+    m.max_batch = max_batch
+
+
+def row_batch(m: nn.Module, positions: Tensor, row0: int, kv_len: int | None) -> RaggedBatch:
+    """The RaggedBatch of rows row0..row0+B-1 of a `setup_row_cache` pool; positions [B, T]."""
+    if getattr(m, "row_tables", None) is None:
+        raise RuntimeError(f"{type(m).__name__}.setup_cache(max_batch, max_seq_len) must be called before forward")
+    B = positions.shape[0]
+    nb = m.row_tables.shape[1]
+    read = nb if kv_len is None else -(-kv_len // m.block_size)
+    slots = torch.arange(row0, row0 + B, device=positions.device)
+    return uniform_batch(m.row_tables, slots, positions, read, m.block_size)
 
 
 def _empty(*shape: int, device=None, dtype=None) -> nn.Parameter:
@@ -291,7 +288,7 @@ class Block(nn.Module):
 
     def __init__(self, c: TargetConfig, device=None, dtype=None):
         super().__init__()
-        self.c = c
+        self.c = c                     # head counts are this instance's (a TP shard's) own
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.attention_norm = _empty(c.hidden_size, device=device, dtype=dtype)
@@ -301,18 +298,38 @@ class Block(nn.Module):
         self.w13 = _empty(2 * c.intermediate_size, c.hidden_size, device=device, dtype=dtype)  # [gate; up]
         self.w2 = _empty(c.hidden_size, c.intermediate_size, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_cache: Tensor,
-                v_cache: Tensor, positions: Tensor, kv_len: int, f: Kernels) -> Tensor:
-        c = self.c
-        B, T, _ = x.shape
-        qkv = F.linear(f.rms_norm(x, self.attention_norm, c.rms_norm_eps), self.wqkv)
+    @property
+    def n_local_heads(self) -> int:
+        return self.q_size // self.c.head_dim
+
+    @property
+    def n_local_kv_heads(self) -> int:
+        return self.kv_size // self.c.head_dim
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
+                f: Kernels, attention, comm: "Collectives") -> Tensor:
+        """x [N, h] packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd] -> [N, h]."""
+        hd = self.c.head_dim
+        N = x.shape[0]
+        qkv = F.linear(f.rms_norm(x, self.attention_norm, self.c.rms_norm_eps), self.wqkv)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q, k = f.rope_qk(q.view(B, T, c.num_heads, c.head_dim).transpose(1, 2),                 # [B, nh, T, hd]
-                         k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)  # [B, kvh, T, hd]
-        v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        attn = F.linear(cached_attention(q, k, v, k_cache, v_cache, positions, mask, kv_len), self.wo)
-        x, h = f.add_rms_norm(x, attn, self.ffn_norm, c.rms_norm_eps)
-        return x + F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2)
+        q, k = f.rope_qk(q.view(N, self.n_local_heads, hd), k.view(N, self.n_local_kv_heads, hd), cos, sin)
+        write_kv(k_pool, v_pool, k, v.view(N, self.n_local_kv_heads, hd), batch)
+        attn = comm.all_reduce(F.linear(attention(q, k_pool, v_pool, batch), self.wo))    # [N, h]
+        x, h = f.add_rms_norm(x, attn, self.ffn_norm, self.c.rms_norm_eps)
+        return x + comm.all_reduce(F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2))
+
+
+class Collectives:
+    """The model's tensor-parallel reduction points; identity on one device. A TP engine
+    swaps in one whose all_reduce sums row-parallel partial outputs over ranks and whose
+    gather_vocab joins vocab-sharded logits."""
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        return x
+
+    def gather_vocab(self, logits: Tensor) -> Tensor:
+        return logits
 
 
 class Target(nn.Module):
@@ -328,60 +345,69 @@ class Target(nn.Module):
         self.output = None if c.tie_word_embeddings else _empty(
             c.vocab_size, c.hidden_size, device=device, dtype=dtype)
         self.kernels = Kernels()                                  # per model; the engine may swap in compiled ones
-        self.max_batch = self.max_seq_len = 0
-        self.register_buffer("k_cache", None, persistent=False)  # [L, max_batch, kvh, S, hd]
+        self.collectives = Collectives()
+        self.attention = sdpa_attention                           # (q, k_pool, v_pool, batch) -> [N, nh*hd]
+        self.max_batch = self.max_seq_len = self.block_size = 0
+        self.row_tables: Tensor | None = None
+        self.register_buffer("k_cache", None, persistent=False)  # [L, kvh, blocks*block_size, hd]
         self.register_buffer("v_cache", None, persistent=False)
         self.register_buffer("rope_cos", None, persistent=False)  # [S, hd/2]
         self.register_buffer("rope_sin", None, persistent=False)
-        self.register_buffer("arange", None, persistent=False)    # [S] key positions
 
     @property
     def lm_head(self) -> Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output
 
     def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
-        """Allocate the static KV cache (zeros) and RoPE tables on the model's device/dtype."""
-        c = self.config
-        shape = (c.num_layers, max_batch, c.num_kv_heads, max_seq_len, c.head_dim)
-        setup_static_cache(self, c, self.tok_embeddings.weight, shape, max_batch, max_seq_len)
+        """Rows 0..max_batch-1 of max_seq_len positions each, for the row-major `forward`."""
+        setup_row_cache(self, self.config, self.tok_embeddings.weight, self.config.num_layers, max_batch, max_seq_len)
 
-    def forward(self, tokens: Tensor, positions: Tensor, *, row0: int = 0, kv_len: int | None = None,
-                capture: tuple[int, ...] = (), logits: str = "all") -> tuple[Tensor, Tensor | None]:
-        """tokens, positions [B, T] -> (logits [B, T or 1, V], captured [B, T, len(capture)*h] or None).
+    def setup_pool(self, num_blocks: int, block_size: int, max_seq_len: int) -> None:
+        """A pool of num_blocks blocks; the engine hands out the block tables."""
+        setup_paged_cache(self, self.config, self.tok_embeddings.weight, self.config.num_layers, num_blocks,
+                          block_size, max_seq_len)
+
+    def run(self, tokens: Tensor, batch: RaggedBatch, *, capture: tuple[int, ...] = (),
+            logit_index: Tensor | None = None, attention=None) -> tuple[Tensor, Tensor | None]:
+        """tokens [N] packed -> (logits [M, V] at logit_index (all N when None),
+        captured [N, len(capture)*h] or None).
 
         `capture` lists decoder layers (0-based) whose OUTPUTS (residual stream after the
         layer, before the final norm) are concatenated in the given order.
         """
         if self.k_cache is None:
-            raise RuntimeError("Target.setup_cache(max_batch, max_seq_len) must be called before forward")
-        B, T = tokens.shape
-        S = self.max_seq_len if kv_len is None else kv_len
+            raise RuntimeError("Target.setup_cache or setup_pool must be called before forward")
         c = self.config
-        if logits not in ("all", "last"):
-            raise ValueError(f"logits must be 'all' or 'last', not {logits!r}")
         for i in capture:
             if not 0 <= i < c.num_layers or capture.count(i) > 1:
                 raise ValueError(f"capture {capture} must name distinct layers in 0..{c.num_layers - 1}")
-        x = self.tok_embeddings(tokens)                                   # [B, T, h]
-        cos = self.rope_cos[positions].unsqueeze(1)                       # [B, 1, T, hd/2]
-        sin = self.rope_sin[positions].unsqueeze(1)
-        mask = causal_mask(positions, self.arange[:S], c.num_heads // c.num_kv_heads)  # [B, 1, g*T, S]
-        kc = self.k_cache[:, row0:row0 + B]                               # [L, B, kvh, S_max, hd] views
-        vc = self.v_cache[:, row0:row0 + B]
+        attention = attention or self.attention
+        x = self.tok_embeddings(tokens)                                   # [N, h]
+        cos = self.rope_cos[batch.positions].unsqueeze(1)                 # [N, 1, hd/2]
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
         caps: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, kc[i], vc[i], positions, S, self.kernels)
+            x = layer(x, cos, sin, self.k_cache[i], self.v_cache[i], batch, self.kernels, attention,
+                      self.collectives)
             if i in capture:
                 caps[i] = x
-        hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [B, T, n*h]
-        if logits == "last":
-            x = x[:, -1:]
-        out = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)        # [B, T|1, V]
+        hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [N, n*h]
+        if logit_index is not None:
+            x = x[logit_index]
+        out = self.collectives.gather_vocab(F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head))
         if out.device.type == "cpu":
             out = out.float()
-        return out, hidden
+        return out, hidden                                                # [M, V]
 
-    def copy_row(self, src: int, dst: int) -> None:
-        """Copy cache row `src` (all layers, all positions) onto row `dst`."""
-        self.k_cache[:, dst].copy_(self.k_cache[:, src])
-        self.v_cache[:, dst].copy_(self.v_cache[:, src])
+    def forward(self, tokens: Tensor, positions: Tensor, *, row0: int = 0, kv_len: int | None = None,
+                capture: tuple[int, ...] = (), logits: str = "all") -> tuple[Tensor, Tensor | None]:
+        """Row-major use (tests, tools) on a `setup_cache` pool: tokens, positions [B, T] in
+        rows row0..row0+B-1 -> (logits [B, T or 1, V], captured [B, T, len(capture)*h] or None).
+        Only positions < kv_len are read (default: max_seq_len)."""
+        if logits not in ("all", "last"):
+            raise ValueError(f"logits must be 'all' or 'last', not {logits!r}")
+        B, T = tokens.shape
+        batch = row_batch(self, positions, row0, kv_len)
+        last = torch.arange(T - 1, B * T, T, device=tokens.device) if logits == "last" else None
+        out, hidden = self.run(tokens.reshape(B * T), batch, capture=capture, logit_index=last)
+        return out.view(B, -1, out.shape[-1]), (None if hidden is None else hidden.view(B, T, -1))

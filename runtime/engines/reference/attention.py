@@ -1,0 +1,185 @@
+"""Ragged attention over a paged KV cache: each token attends to its own row's cache up to its
+own position. See docs/design.md ("The reference engine").
+
+A forward carries N packed tokens in R rows. A row is one sequence's contiguous run of new
+tokens: a decode row (K+1 tokens: the pending token and K drafts) or a prompt chunk. Every
+sequence owns a slot; its block table maps logical block j to a physical block of the pool.
+
+Worked example, block_size 4, two rows:
+    row 0  slot 2, table [7, 3, ...]   tokens at positions 5, 6      (a decode row, K=1)
+    row 1  slot 0, table [1, ...]      tokens at positions 0, 1, 2   (a prompt chunk)
+    packed tokens      [a5 a6 b0 b1 b2]                                          N = 5
+    write_index        [3*4+1, 3*4+2, 1*4+0, 1*4+1, 1*4+2] = [13 14 4 5 6]      flat pool slots
+    q_index  [R, Tq]   [[0 1 5], [2 3 4]]       (5 = the zero pad token; Tq = 3)
+    q_pos    [R, Tq]   [[5 6 0], [0 1 2]]       (a pad query sits at 0: it sees one key, no NaN)
+    kv_index [R, S]    row 0: pool slots of logical positions 0..S-1 = [28..31, 12..15]
+    key at logical s is visible to a query at position p iff s <= p.
+Reads past a row's length land in the row's own blocks or in the scratch block 0, and the
+s <= p rule hides them, so rollback is by length: nothing is cleared.
+
+Two implementations of the same rule:
+- `sdpa_attention`: gathers each row's blocks and runs SDPA with a boolean mask (any device;
+  the CPU path and the GPU's mixed iterations).
+- `flex_attention_paged`: FlexAttention straight over the pool, with a block mask listing each
+  row's physical blocks, so blocks past a row's length are never read (the GPU decode path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RaggedBatch:
+    """Where one forward's tokens sit in the paged cache (device tensors, built per call)."""
+    positions: Tensor      # [N] absolute position of each packed token
+    write_index: Tensor    # [N] flat pool index (block * block_size + offset) for its K/V
+    q_index: Tensor        # [R, Tq] packed token of row r's t-th query; N marks padding
+    q_pos: Tensor          # [R, Tq] that query's position (0 for padding)
+    kv_index: Tensor       # [R, S] flat pool index of row r's logical positions 0..S-1
+    out_index: Tensor      # [N] packed token -> r * Tq + t
+    slots: Tensor          # [R] each row's slot
+    tables: Tensor         # [R, S // block_size] each row's block table (the part read)
+
+
+def _kv_index(tables: Tensor, block_size: int) -> Tensor:
+    """[R, nb] block tables -> [R, nb * block_size] flat pool indices of positions 0..S-1."""
+    R, nb = tables.shape
+    offs = torch.arange(block_size, device=tables.device)
+    return (tables[:, :, None] * block_size + offs).reshape(R, nb * block_size)
+
+
+def uniform_batch(block_tables: Tensor, slots: Tensor, q_pos: Tensor, read_blocks: int,
+                  block_size: int) -> RaggedBatch:
+    """R rows of T tokens each, row r's tokens at positions q_pos[r] ([R, T]), packed row-major.
+    Device ops only (no host sync): the CUDA-graph decode path builds it inside the graph.
+    block_tables [slots, max_blocks]; slots [R]; read_blocks: how many blocks each row reads."""
+    R, T = q_pos.shape
+    dev = slots.device
+    tables = block_tables[slots]                                                    # [R, max_blocks]
+    blk = torch.gather(tables, 1, q_pos // block_size)                              # [R, T]
+    n = R * T
+    return RaggedBatch(
+        positions=q_pos.reshape(n),
+        write_index=(blk * block_size + q_pos % block_size).reshape(n),
+        q_index=torch.arange(n, device=dev).view(R, T),
+        q_pos=q_pos,
+        kv_index=_kv_index(tables[:, :read_blocks], block_size),
+        out_index=torch.arange(n, device=dev),
+        slots=slots,
+        tables=tables[:, :read_blocks],
+    )
+
+
+def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], lens: list[int],
+                 block_size: int) -> RaggedBatch:
+    """Rows of different lengths (decode rows and prompt chunks), built on the host.
+    Row r holds lens[r] tokens at positions first_pos[r].., packed in row order."""
+    dev = block_tables.device
+    R, Tq = len(slots), max(lens)
+    n = sum(lens)
+    q_index = torch.full((R, Tq), n, dtype=torch.long)
+    q_pos = torch.zeros(R, Tq, dtype=torch.long)
+    out_index = torch.empty(n, dtype=torch.long)
+    positions = torch.empty(n, dtype=torch.long)
+    i = 0
+    for r, (p0, t) in enumerate(zip(first_pos, lens)):
+        q_index[r, :t] = torch.arange(i, i + t)
+        q_pos[r, :t] = torch.arange(p0, p0 + t)
+        out_index[i:i + t] = torch.arange(r * Tq, r * Tq + t)
+        positions[i:i + t] = q_pos[r, :t]
+        i += t
+    read = -(-(max(p + t for p, t in zip(first_pos, lens))) // block_size)       # blocks to read
+    slots_t = torch.tensor(slots, dtype=torch.long).to(dev)
+    tables = block_tables[slots_t]
+    token_slot = torch.repeat_interleave(slots_t, torch.tensor(lens).to(dev))      # [N]
+    positions = positions.to(dev)
+    blk = block_tables[token_slot, positions // block_size]
+    return RaggedBatch(
+        positions=positions,
+        write_index=blk * block_size + positions % block_size,
+        q_index=q_index.to(dev),
+        q_pos=q_pos.to(dev),
+        kv_index=_kv_index(tables[:, :read], block_size),
+        out_index=out_index.to(dev),
+        slots=slots_t,
+        tables=tables[:, :read],
+    )
+
+
+def write_kv(k_pool: Tensor, v_pool: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch) -> None:
+    """k_pool, v_pool [kvh, blocks*block_size, hd]; k, v [N, kvh, hd] -> written at write_index."""
+    k_pool.index_copy_(1, batch.write_index, k.transpose(0, 1))
+    v_pool.index_copy_(1, batch.write_index, v.transpose(0, 1))
+
+
+def _rows(q: Tensor, batch: RaggedBatch) -> Tensor:
+    """Packed q [N, nh, hd] -> per-row queries [R, Tq, nh, hd] (padding queries are zeros)."""
+    padded = torch.cat([q, q.new_zeros(1, *q.shape[1:])])                             # [N+1, nh, hd]
+    return padded[batch.q_index]
+
+
+def sdpa_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+    """q [N, nh, hd] (RoPE applied), pools [kvh, P, hd] -> [N, nh*hd].
+    GQA without copying K/V: the g = nh/kvh query heads of each KV head become g*Tq query rows
+    of one attention over that head (head h uses KV head h // g, as transformers' repeat_kv)."""
+    N, nh, hd = q.shape
+    kvh = k_pool.shape[0]
+    g = nh // kvh
+    R, Tq = batch.q_index.shape
+    S = batch.kv_index.shape[1]
+    qr = _rows(q, batch).view(R, Tq, kvh, g, hd).permute(0, 2, 3, 1, 4).reshape(R, kvh, g * Tq, hd)
+    k = k_pool[:, batch.kv_index].transpose(0, 1)                                      # [R, kvh, S, hd]
+    v = v_pool[:, batch.kv_index].transpose(0, 1)
+    keys = torch.arange(S, device=q.device)
+    mask = keys.view(1, 1, S) <= batch.q_pos.view(R, Tq, 1)                            # [R, Tq, S]
+    mask = mask.unsqueeze(1).expand(R, g, Tq, S).reshape(R, 1, g * Tq, S)
+    o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask)                       # [R, kvh, g*Tq, hd]
+    o = o.view(R, kvh, g, Tq, hd).permute(0, 3, 1, 2, 4).reshape(R * Tq, nh * hd)
+    return o[batch.out_index]
+
+
+_compiled_flex = None
+
+
+def _flex():
+    """FlexAttention, compiled once per process on CUDA (eager elsewhere: the reference math)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if _compiled_flex is None and torch.cuda.is_available():
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex or flex_attention
+
+
+def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, owner: Tensor,
+                         logical: Tensor, block_size: int) -> Tensor:
+    """FlexAttention over the whole pool. owner [blocks] is the slot holding each physical
+    block (-1 if free), logical [blocks] its index in that slot's table. The block mask lists,
+    for row r, the physical blocks of its table it reads; mask_mod applies s <= p inside them.
+    Same inputs and result as `sdpa_attention`."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    N, nh, hd = q.shape
+    kvh, P, _ = k_pool.shape
+    R, Tq = batch.q_index.shape
+    blocks = P // block_size
+    nb = batch.tables.shape[1]
+    slots, q_pos = batch.slots, batch.q_pos
+    qb = max(16, Tq)                                         # one query block per row
+    num = torch.full((R, 1, 1), nb, dtype=torch.int32, device=q.device)
+    idx = torch.zeros(R, 1, 1, blocks, dtype=torch.int32, device=q.device)
+    idx[:, 0, 0, :nb] = batch.tables.to(torch.int32)
+
+    def mask_mod(b, h, qi, ki):
+        blk = ki // block_size
+        return (owner[blk] == slots[b]) & (logical[blk] * block_size + ki % block_size <= q_pos[b, qi])
+
+    mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(qb, block_size), mask_mod=mask_mod,
+                                    seq_lengths=(Tq, P))
+    qr = _rows(q, batch).transpose(1, 2)                                               # [R, nh, Tq, hd]
+    o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)      # [R, nh, Tq, hd]
+    return o.transpose(1, 2).reshape(R * Tq, nh * hd)[batch.out_index]

@@ -324,6 +324,11 @@ class MetricsSample:
     iterations_by_k: Mapping[int, int]  # iterations since the previous sample, by K
 
 
+# Iteration stats the served executor keeps: the monitor reads them every 50 ms, far fewer
+# iterations than this ever run in between (an iteration of the tiny pair on CPU takes ~2 ms).
+STATS_KEPT = 4096
+
+
 class StatsCursor:
     """Reads an executor's IterationStats by iteration number; each sample covers iterations
     not seen before. Feed it `executor.stats_since(cursor.next)`: the executor keeps only the

@@ -60,6 +60,10 @@ def _engine_config(args):
     if args.max_seq_len is not None:
         ref = replace(ref, max_seq_len=args.max_seq_len)
     if args.max_num_tokens is not None:
+        window = (sched or cfg.schedule).max_draft_len + 1
+        if args.max_num_tokens < window:
+            raise DynspecError(f"--max-num-tokens {args.max_num_tokens} is smaller than one verify window "
+                               f"(max K + 1 = {window})")
         ref = replace(ref, max_num_tokens=args.max_num_tokens)
     ref = replace(ref, max_batch_size=args.concurrency, keep_warm=not args.no_keep_warm)
     return replace(cfg, schedule=sched or cfg.schedule, reference=ref)

@@ -341,3 +341,20 @@ def test_build_out_overlapping_an_input_is_refused(pair, tmp_path, capsys, out_o
     err = capsys.readouterr().err
     assert str(out) in err and ("--target" in err or "--draft" in err) and err.count("\n") == 1
     assert listing() == before
+
+
+def test_generate_flags_override_engine_json_reference(pair, tmp_path):
+    """`dynspec generate --max-num-tokens/--max-seq-len/--concurrency` reach ReferenceSettings."""
+    from dynspec.cli import make_parser
+    from dynspec.runtime.cli import _engine_config
+
+    assert build(pair, tmp_path / "e", "--schedule", "4:4", "--max-num-tokens", "100") == 0
+    args = make_parser().parse_args(["generate", "--engine-dir", str(tmp_path / "e")])
+    assert _engine_config(args).reference.max_num_tokens == 100
+    args = make_parser().parse_args(["generate", "--engine-dir", str(tmp_path / "e"), "--max-num-tokens", "64",
+                                     "--max-seq-len", "128", "--concurrency", "3"])
+    ref = _engine_config(args).reference
+    assert (ref.max_num_tokens, ref.max_seq_len, ref.max_batch_size) == (64, 128, 3)
+    args = make_parser().parse_args(["generate", "--engine-dir", str(tmp_path / "e"), "--max-num-tokens", "4"])
+    with pytest.raises(DynspecError, match=r"--max-num-tokens 4 is smaller than one verify window \(max K \+ 1 = 5\)"):
+        _engine_config(args)

@@ -76,7 +76,7 @@ ROWS = [
     ("generate-read-only-out", "generate --num-prompts 1 --out /proc/self/out.jsonl", "/proc/self/out.jsonl"),
     ("generate-out-is-prompts", "generate --prompts {tmp}/good.jsonl --out {tmp}/good.jsonl", "is --prompts"),
     ("generate-max-seq-len-0", "generate --num-prompts 1 --max-seq-len 0", "--max-seq-len=0"),
-    ("generate-max-num-tokens-3", "generate --num-prompts 1 --max-num-tokens 3", "max_num_tokens"),
+    ("generate-max-num-tokens-3", "generate --num-prompts 1 --max-num-tokens 3", "--max-num-tokens 3"),
     # ---- tune (14.11, 14.12, issue 11) ----
     ("tune-decode-ms-abc", "tune --profile {tmp}/decode_abc.json --acceptance 0.7", "'abc'"),
     ("tune-max-draft-len-neg", "tune --profile {tmp}/profile.json --acceptance 0.7 --max-draft-len=-1", "-1"),

@@ -107,8 +107,9 @@ def markdown(doc: Mapping) -> str:
 
 
 def plot(doc: Mapping, path: str | os.PathLike) -> None:
-    """Panel 1: throughput vs concurrency per mode. Panel 2: K per batch size, from iteration stats
-    (marker area ~ share of iterations) over each mode's policy as a step line."""
+    """Panel 1: throughput vs concurrency per mode (median, min..max of trials; Poisson dotted).
+    Panel 2: K per batch size, from iteration stats (marker area ~ share of iterations; prefill-only
+    iterations, b=0, left out) over each mode's policy as a step line. Panel 3: TTFT p50 / p99."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,7 +120,7 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
         ("request_rate", "request rate (req/s per replica, open loop)")
     rows = closed or [r for r in doc["rows"] if r.get("request_rate") is not None]
     modes = sorted({r["mode"] for r in doc["rows"]}, key=_mode_key)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     for m in modes:
         color, marker = MODE_STYLE.get(m, (None, "x"))
         pts = sorted((r[xkey], r["output_tok_per_s"], r.get("tok_per_s_min", r["output_tok_per_s"]),
@@ -152,7 +153,8 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
         for r in doc["rows"]:
             if r["mode"] == m:
                 for b, k, n in r.get("k_by_batch", []):
-                    counts[(b, k)] = counts.get((b, k), 0) + n
+                    if b > 0:
+                        counts[(b, k)] = counts.get((b, k), 0) + n
         if not counts:
             continue
         total = sum(counts.values())
@@ -180,6 +182,25 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     ax2.grid(True, alpha=0.3)
     if ax2.get_legend_handles_labels()[0]:
         ax2.legend(fontsize=8, loc="best")
+
+    for m in modes:
+        color, marker = MODE_STYLE.get(m, (None, "x"))
+        pts = sorted((r[xkey], 1e3 * r["p50_ttft_s"], 1e3 * r["p99_ttft_s"]) for r in rows
+                     if r["mode"] == m and r.get("p50_ttft_s") is not None)
+        if pts:
+            x, p50, p99 = zip(*pts)
+            ax3.plot(x, p50, marker=marker, color=color, label=f"{m} p50")
+            ax3.plot(x, p99, marker=marker, color=color, linestyle="--", alpha=0.6, label=f"{m} p99")
+    ax3.set_xscale("log", base=2)
+    if xs:
+        ax3.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax3.set_yscale("log")
+    ax3.set_xlabel(xlabel)
+    ax3.set_ylabel("time to first token, ms")
+    ax3.set_title("TTFT p50 (solid) and p99 (dashed)")
+    ax3.grid(True, alpha=0.3)
+    if ax3.get_legend_handles_labels()[0]:
+        ax3.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,13 +23,15 @@ def _command(word: str, args: argparse.Namespace) -> str:
 
 # ---- profile ----------------------------------------------------------------------------
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from dynspec.artifacts import check_writable, write_json
+    from dynspec.artifacts import check_apart, check_writable, write_json
     from dynspec.benchmarks.engines import apply_bench_env, engine_choice, set_cpu_threads, versions
     from dynspec.benchmarks.mpi import log
     from dynspec.benchmarks.profile import run_profile
     from dynspec.benchmarks.sweep import int_list, make_workload
     from dynspec.errors import DynspecError
 
+    check_apart(args.out, {"--engine-dir": args.engine_dir, "--target": args.target, "--draft": args.draft,
+                           "--dataset": args.dataset})
     check_writable(args.out)
     apply_bench_env()
     bs = int_list(args.batch_sizes, "--batch-sizes")

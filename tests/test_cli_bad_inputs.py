@@ -93,6 +93,8 @@ ROWS = [
     ("profile-read-only-out", "profile --out /proc/self/p.json --batch-sizes 1 --draft-lens 1", "/proc/self/p.json"),
     ("profile-out-dir", "profile --out {tmp}/adir --batch-sizes 1 --draft-lens 1", "is a directory"),
     ("profile-batch-sizes-0", "profile --out {tmp}/p.json --batch-sizes 0 --draft-lens 1", "0"),
+    ("profile-out-is-dataset", "profile --out {tmp}/good.jsonl --dataset {tmp}/good.jsonl --measure-acceptance",
+     "is --dataset"),
     ("profile-draft-lens-neg", "profile --out {tmp}/p.json --batch-sizes 1 --draft-lens=-1", "-1"),
     # ---- triton ----
     ("triton-out-is-engine", "triton --engine-dir {victim_engine} --out {victim_engine} --force", "--engine-dir"),

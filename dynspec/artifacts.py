@@ -1,27 +1,37 @@
 """Write artifacts all-or-nothing: build in a temporary sibling folder, rename into place.
 
     out = proj/engine
-    proj/.engine.tmp-4242-k3j9x/     being written by PID 4242; renamed to proj/engine on success
-    proj/.engine.old-4242-k3j9x/     the replaced folder, removed right after the rename
+    proj/.engine.tmp-4242-9f3a1c-5be0d2aa/   written by PID 4242 on host 9f3a1c (hash of the hostname);
+                                             renamed to proj/engine on success
+    proj/.engine.old-4242-9f3a1c-5be0d2aa/   the replaced folder, removed right after the rename
 A run killed with -9 leaves its tmp folder behind; the next write of the same `out` removes
-every `.engine.tmp-PID-*` / `.engine.old-PID-*` sibling whose PID is not alive, and nothing else.
+every `.engine.tmp-PID-HOST-*` / `.engine.old-PID-HOST-*` sibling of this host whose PID is not
+alive, and nothing else (another host's PIDs cannot be checked, so its folders are kept).
 Outputs get the user's umask (022 -> dirs 0755, files 0644, executables 0755), whatever the
 library that wrote a file chose (safetensors writes 0600).
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
+import socket
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from dynspec.errors import DynspecError
 
 Inputs = Mapping[str, "str | os.PathLike | None"]   # {"--hf": "proj/hf", "--draft": None (not given)}
+HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def owner_tag() -> str:
+    """'PID-HOST' of this process, e.g. '4242-9f3a1c': what remove_stale reads back."""
+    return f"{os.getpid()}-{HOST}"
 
 
 def check_apart(out: str | os.PathLike, inputs: Inputs, out_flag: str = "--out") -> None:
@@ -94,16 +104,17 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale(out: str | os.PathLike) -> list[Path]:
-    """Remove `.OUT.tmp-PID-*` / `.OUT.old-PID-*` siblings of `out` whose PID is dead; return them.
-    A live PID's folder, other names and other outputs' leftovers are never touched."""
+    """Remove `.OUT.tmp-PID-HOST[-x]` / `.OUT.old-PID-HOST[-x]` siblings of `out` made on this host
+    by a PID that is dead; return them. A live PID's folder, another host's, other names and
+    other outputs' leftovers are never touched."""
     out = Path(out)
     if not out.parent.is_dir():
         return []
-    pat = re.compile(rf"^\.{re.escape(out.name)}\.(?:tmp|old)-(\d+)(?:-[A-Za-z0-9_]+)?$")
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(?:tmp|old)-(\d+)-([0-9a-f]{{6}})(?:-[0-9a-f]+)?$")
     removed = []
     for p in out.parent.iterdir():
         m = pat.match(p.name)
-        if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+        if not m or m.group(2) != HOST or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -123,7 +134,7 @@ def atomic_dir(out: str | os.PathLike, force: bool = False, inputs: Inputs | Non
     check_apart(out, inputs or {})
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise DynspecError(f"output folder {out} exists and is not empty; pass --force to replace it")
-    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tag = f"{owner_tag()}-{secrets.token_hex(4)}"
     tmp = out.parent / f".{out.name}.tmp-{tag}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -156,7 +167,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise DynspecError(f"{path} is a directory; give a file name")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{owner_tag()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(path)

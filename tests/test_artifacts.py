@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dynspec.artifacts import atomic_dir, check_apart, check_writable, remove_stale, write_json, write_text
+from dynspec.artifacts import HOST, atomic_dir, check_apart, check_writable, remove_stale, write_json, write_text
 from dynspec.errors import DynspecError
 
 
@@ -49,26 +49,28 @@ def test_sibling_with_common_prefix_is_allowed(tmp_path):
 
 def test_stale_tmp_of_a_dead_pid_is_removed_live_and_foreign_kept(tmp_path):
     dead, live = _dead_pid(), os.getppid()
-    stale = tmp_path / f".eng.tmp-{dead}-abcd1234"
-    stale_old = tmp_path / f".eng.old-{dead}-abcd1234"
-    running = tmp_path / f".eng.tmp-{live}-abcd1234"
-    other = tmp_path / f".other.tmp-{dead}-abcd1234"          # another output's leftover
-    legacy = tmp_path / ".eng.tmp-x7q2kz9a"                     # no PID: owner unknown
-    for d in (stale, stale_old, running, other, legacy):
+    other_host = "000000" if HOST != "000000" else "111111"
+    stale = tmp_path / f".eng.tmp-{dead}-{HOST}-abcd1234"
+    stale_old = tmp_path / f".eng.old-{dead}-{HOST}-abcd1234"
+    running = tmp_path / f".eng.tmp-{live}-{HOST}-abcd1234"
+    remote = tmp_path / f".eng.tmp-{dead}-{other_host}-abcd1234"   # another host: its PIDs are not ours
+    other = tmp_path / f".other.tmp-{dead}-{HOST}-abcd1234"         # another output's leftover
+    legacy = tmp_path / ".eng.tmp-x7q2kz9a"                          # no PID: owner unknown
+    for d in (stale, stale_old, running, remote, other, legacy):
         d.mkdir()
         (d / "shard").write_bytes(b"x" * 10)
     with atomic_dir(tmp_path / "eng") as tmp:
         (tmp / "engine.json").write_text("{}")
     assert not stale.exists() and not stale_old.exists()
-    assert running.is_dir() and other.is_dir() and legacy.is_dir()
+    assert running.is_dir() and remote.is_dir() and other.is_dir() and legacy.is_dir()
     assert (tmp_path / "eng" / "engine.json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".eng.tmp")) == sorted(
-        [running.name, legacy.name])
+        [running.name, remote.name, legacy.name])
 
 
 def test_stale_json_tmp_file_of_a_dead_pid_is_removed(tmp_path):
     dead = _dead_pid()
-    (tmp_path / f".p.json.tmp-{dead}").write_text("half")
+    (tmp_path / f".p.json.tmp-{dead}-{HOST}").write_text("half")
     write_json(tmp_path / "p.json", {"a": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
     assert remove_stale(tmp_path / "p.json") == []

@@ -1,0 +1,191 @@
+"""Inflight batching on the paged KV cache: prompt chunks ride in the decode iterations under
+the token budget max_num_tokens, and every output still equals transformers greedy (float64)."""
+import random
+
+import pytest
+import torch
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
+from dynspec.runtime.executor import Executor
+from dynspec.runtime.plan import cap_k, chunk_sizes
+from dynspec.runtime.policy import DraftSchedule
+from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
+
+
+def engine(pair, *, budget, max_batch=8, max_seq=128, kmax=6, **cache):
+    return load_reference_engine(*pair, dtype=DT, max_batch_size=max_batch, max_seq_len=max_seq,
+                                 max_draft_len=kmax, max_num_tokens=budget, **cache)
+
+
+def check_budget(ex, budget):
+    for s in ex.stats:
+        assert s.decode_rows == s.batch_size
+        assert s.decode_rows * (s.k + 1) + s.prefill_tokens <= budget, s
+
+
+# ---- the pure rules ------------------------------------------------------------------------
+
+def test_cap_k_and_chunk_sizes():
+    assert [cap_k(4, b, 16) for b in (1, 3, 4, 5, 8, 9, 16, 17)] == [4, 4, 3, 2, 1, 0, 0, 0]
+    assert cap_k(7, 0, 16) == 7
+    assert chunk_sizes(10, [4, 9, 3]) == (4, 6, 0)
+    assert chunk_sizes(0, [5]) == (0,)
+
+
+def test_block_allocator_reserves_releases_and_refuses():
+    a = BlockAllocator(num_blocks=6, block_size=4, max_blocks_per_seq=4, num_slots=3)
+    s0 = a.reserve(9)
+    assert a.tables[s0] == (1, 2, 3) and a.free_blocks == 2
+    s1 = a.reserve(4)
+    assert a.tables[s1] == (4,)
+    assert a.reserve(9) is None                      # 1 block left, 3 needed
+    assert a.release(s0) == (1, 2, 3) and a.free_blocks == 4
+    assert a.reserve(9) is not None
+    with pytest.raises(DynspecError, match="at most 4"):
+        a.reserve(17)
+
+
+# ---- lossless under the budget -------------------------------------------------------------
+
+def test_prompts_three_times_the_budget_are_split_over_iterations(pair, hf_target):
+    budget = 16
+    eng = engine(pair, budget=budget)
+    ps = prompts(4, seed=31, lo=3 * budget, hi=3 * budget)
+    ex = Executor(eng, DraftSchedule.static(3, 8))
+    res = run_closed_loop(ex, ps, 12, concurrency=4)
+    assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 12)
+    check_budget(ex, budget)
+    assert sum(s.prefill_tokens for s in ex.stats) == 4 * 3 * budget
+    assert eng.free_blocks == eng.blocks.num_blocks - 1           # every block went back
+
+
+def test_a_budget_so_small_that_one_prompt_takes_ten_iterations(pair, hf_target):
+    budget = 5                                                     # one verify window at K=4
+    eng = engine(pair, budget=budget, kmax=4)
+    p = prompts(1, seed=32, lo=50, hi=50)[0]
+    ex = Executor(eng, DraftSchedule.static(4, 8))
+    res = run_closed_loop(ex, [p], 10, concurrency=1)
+    assert res[0].output_ids == greedy_many(hf_target, [p], 10)[0]
+    prefill = [s for s in ex.stats if s.prefill_tokens]
+    assert len(prefill) == 10 and all(s.prefill_tokens == 5 for s in prefill)
+    assert ex.stats[len(prefill)].decode_rows == 1                 # joins the decode rows next iteration
+    check_budget(ex, budget)
+
+
+def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target):
+    """Decode rows and prompt chunks in the same forward: iterations with both are seen."""
+    budget = 24
+    eng = engine(pair, budget=budget)
+    ex = Executor(eng, DraftSchedule.static(3, 8))
+    ps = prompts(10, seed=33, lo=10, hi=40)
+    lens = [6 + 3 * (i % 5) for i in range(10)]
+    rng = random.Random(33)
+    handles, i = [], 0
+    while i < len(ps) or ex.active or ex.waiting:
+        if i < len(ps) and (not handles or rng.random() < 0.3):
+            handles.append(ex.submit(ps[i], lens[i]))
+            i += 1
+        ex.step()
+    refs = greedy_many(hf_target, ps, max(lens))
+    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+    both = [s for s in ex.stats if s.decode_rows > 0 and s.prefill_tokens > 0]
+    assert both and any(s.k > 0 for s in both)
+    check_budget(ex, budget)
+
+
+def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target):
+    """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
+    budget = 20
+    eng = engine(pair, budget=budget, max_batch=6)
+    policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
+    ex = Executor(eng, policy)
+    rng = random.Random(34)
+    ps = prompts(14, seed=34, lo=4, hi=30)
+    lens = [rng.randint(2, 14) for _ in ps]
+    handles, i = [], 0
+    while i < len(ps) or ex.active or ex.waiting:
+        for _ in range(rng.randint(0, 2)):
+            if i < len(ps):
+                handles.append(ex.submit(ps[i], lens[i]))
+                i += 1
+        ex.step()
+    refs = greedy_many(hf_target, ps, 14)
+    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+    ks = [s.k for s in ex.stats if s.decode_rows]
+    assert {0, 1, 2, 3, 5} <= set(ks)
+    assert sum(a != b for a, b in zip(ks, ks[1:])) >= 5
+    assert any(s.k == 0 and s.prefill_tokens for s in ex.stats if s.decode_rows)
+    check_budget(ex, budget)
+
+
+def test_the_fields_failure_case_under_a_budget(pair, hf_target):
+    """Concurrency 10, threshold 5, K=15, a 72-token budget: 5 rows x 16 tokens do not fit,
+    so K is capped for b=5 (72 // 5 - 1 = 13); above b=5 the policy gives 0. (With 64, four
+    rows at K=15 would fill the budget and admissions would wait for a retirement.)"""
+    budget = 72
+    eng = engine(pair, budget=budget, max_batch=10, max_seq=96, kmax=15)
+    ex = Executor(eng, DraftSchedule.threshold(max_draft_len=15, disable_above=5))
+    ps = prompts(14, seed=35, lo=3, hi=30)
+    res = run_closed_loop(ex, ps, 24, concurrency=10)
+    assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 24)
+    assert {s.k for s in ex.stats if s.decode_rows == 5} == {13}
+    assert any(s.decode_rows == 10 and s.k == 0 for s in ex.stats)
+    assert any(s.k == 15 for s in ex.stats)
+    check_budget(ex, budget)
+
+
+def test_admission_waits_for_free_blocks_and_retiring_frees_them(pair, hf_target):
+    """A pool of 9 blocks of 16 tokens (8 usable) holds two 60-token reservations at a time;
+    the rest wait for a retirement, and every block comes back."""
+    eng = engine(pair, budget=128, block_size=16, num_blocks=9)
+    ex = Executor(eng, DraftSchedule.static(2, 8))
+    ps = prompts(5, seed=36, lo=30, hi=40)
+    hs = [ex.submit(p, 12) for p in ps]
+    ex.step()
+    assert ex.active == 2 and ex.waiting == 3
+    ex.run_until_idle()
+    assert [h.result().output_ids for h in hs] == greedy_many(hf_target, ps, 12)
+    assert eng.free_blocks == 8
+
+
+def test_budget_smaller_than_a_verify_window_is_refused(pair):
+    with pytest.raises(DynspecError, match=r"max_num_tokens=4 is smaller than one verify window .*6 \+ 1 = 7"):
+        engine(pair, budget=4)
+
+
+def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
+    """FlexAttention over the pool (the GPU decode path) == gathered SDPA, through whole steps
+    with chunks and rollbacks (CPU runs flex's reference math; slow, so a short run)."""
+    out = {}
+    for attn in ("sdpa", "flex"):
+        eng = engine(pair, budget=16, max_batch=2, max_seq=48, kmax=3, attention=attn)
+        ex = Executor(eng, DraftSchedule.static(3, 2))
+        res = run_closed_loop(ex, prompts(2, seed=37, lo=18, hi=22), 8, concurrency=2)
+        out[attn] = [r.output_ids for r in res]
+    assert out["flex"] == out["sdpa"]
+
+
+def test_the_paged_ragged_forward_equals_transformers_logits(pair, hf_target):
+    """One target forward over two prompt chunks of different rows and a decode row: every
+    token's logits equal transformers' over that sequence alone."""
+    from dynspec.runtime.engines.reference.attention import ragged_batch
+
+    eng = engine(pair, budget=64, max_batch=3)
+    seqs = prompts(3, seed=38, lo=20, hi=20)
+    slots = [eng.reserve(40) for _ in seqs]
+    # fill: row 0 gets 12 tokens first, then the ragged call carries 8 + 20 + 5 tokens
+    t = eng.target
+    first = ragged_batch(eng.block_tables, [slots[0]], [0], [12], eng.block_size)
+    t.run(torch.tensor(seqs[0][:12]), first)
+    starts, lens = [12, 0, 0], [8, 20, 5]
+    batch = ragged_batch(eng.block_tables, slots, starts, lens, eng.block_size)
+    toks = torch.tensor([x for s, p, n in zip(seqs, starts, lens) for x in s[p:p + n]])
+    logits, _ = t.run(toks, batch)
+    i = 0
+    for s, p, n in zip(seqs, starts, lens):
+        want = hf_target(torch.tensor([s[:p + n]])).logits[0, p:p + n]
+        assert (logits[i:i + n] - want).abs().max() < 1e-5       # CPU logits come back in float32
+        i += n

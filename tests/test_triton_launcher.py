@@ -226,3 +226,26 @@ def test_port_answered_by_another_server_is_a_failure(repo):
     assert children(proc.pid) == set()
     assert shm_regions(proc.pid) == []
     assert port_free(ports.grpc) and port_free(ports.metrics)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_launcher_still_stops_the_server(repo):
+    """SIGKILL cannot be handled: the kernel's parent-death signal stops tritonserver instead."""
+    ports = free_ports()
+    proc = start(repo, ports)
+    try:
+        ready, lines = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ready, "".join(lines[-30:])
+        group = children(proc.pid)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in group if alive(p)]
+        assert port_free(ports.http) and port_free(ports.grpc)
+        assert shm_regions(proc.pid) == []          # tritonserver's own shutdown unlinks it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

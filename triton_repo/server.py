@@ -321,12 +321,28 @@ def _unblock_stop_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
+def _child_setup(die_with_parent: bool):
+    """preexec_fn: unblock the stop signals (the mask is inherited), and with die_with_parent ask
+    the kernel to SIGTERM the server when the thread that started it dies (even by SIGKILL)."""
+    def setup() -> None:
+        _unblock_stop_signals()
+        if die_with_parent:
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    return setup
+
+
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
-           extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None) -> TritonServer:
+           extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None,
+           die_with_parent: bool = False) -> TritonServer:
     """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
     The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout).
-    env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS)."""
+    env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS).
+    die_with_parent: the server gets SIGTERM when the calling thread dies (the CLI sets it; a
+    library caller that launches from a short-lived thread must not)."""
     repo = Path(repo)
     if not repo.is_dir():
         raise DynspecError(f"model repository {repo} does not exist")
@@ -344,7 +360,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(cmd, env={**server_env(install), **(env or {})}, stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=_unblock_stop_signals)   # the mask is inherited
+                                        preexec_fn=_child_setup(die_with_parent))
             tee = _Tee(log_path) if to_stdout else None
             server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee)
             atexit.register(server.stop, 5.0)
@@ -371,10 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    _Stop.seen = False
     previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
     try:
         try:
-            server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout)
+            server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
+                            die_with_parent=True)
         except DynspecError as e:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
             return 2

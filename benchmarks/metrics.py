@@ -12,7 +12,8 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
     mean_accepted_len= tokens a row gains per target step = (sum accepted + sum b) / sum b
                        (1.0 without speculation; 1 + K with every draft accepted)
     decode_rows / prefill_tokens: per iteration, the rows that decoded and the prompt tokens
-                       that rode along (inflight batching); mixed_iterations counts those with both
+                       that rode along (inflight batching); mixed_iterations counts those with both;
+                       mean_k / mean_batch_size / k_by_batch skip prompt-only iterations (b = 0)
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -137,15 +138,20 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def step_summary(steps: Sequence[StepRecord]) -> dict:
-    """mean_k, acceptance_rate, mean_accepted_len, ... over iterations (pure)."""
+    """mean_k, acceptance_rate, mean_accepted_len, ... over iterations (pure).
+
+    mean_batch_size, mean_k and k_by_batch count decode iterations only (b > 0): an iteration
+    that only carries prompt chunks has no K to choose. Iterations (b, K, prefill):
+    (0, 0, 64), (2, 3, 0), (2, 0, 8) -> mean_k 1.5, mean_batch_size 2, mixed_iterations 1."""
+    decode = [s for s in steps if s.batch_size > 0]
     rows = sum(s.batch_size for s in steps)
     drafted = sum(s.drafted for s in steps)
     accepted = sum(s.accepted for s in steps)
     secs = sum(s.seconds for s in steps)
     return {
         "iterations": len(steps),
-        "mean_batch_size": rows / len(steps) if steps else 0.0,
-        "mean_k": sum(s.k for s in steps) / len(steps) if steps else 0.0,
+        "mean_batch_size": rows / len(decode) if decode else 0.0,
+        "mean_k": sum(s.k for s in decode) / len(decode) if decode else 0.0,
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_len": (accepted + rows) / rows if rows else 1.0,
         "mean_step_ms": 1e3 * secs / len(steps) if steps else 0.0,
@@ -153,7 +159,7 @@ def step_summary(steps: Sequence[StepRecord]) -> dict:
         "mean_decode_rows": sum(s.decode_rows for s in steps) / len(steps) if steps else 0.0,
         "prefill_tokens": sum(s.prefill_tokens for s in steps),
         "mixed_iterations": sum(1 for s in steps if s.decode_rows > 0 and s.prefill_tokens > 0),
-        "k_by_batch": tuple(sorted((b, k, n) for (b, k), n in Counter((s.batch_size, s.k) for s in steps).items())),
+        "k_by_batch": tuple(sorted((b, k, n) for (b, k), n in Counter((s.batch_size, s.k) for s in decode).items())),
     }
 
 

@@ -128,8 +128,9 @@ class Shape:
     keep_warm: bool
 
 
-def synthetic_plan(engine, shape: Shape, context_len: int, seed: int = 0):
-    """b rows whose pending token sits at position context_len (cache contents do not change the cost)."""
+def synthetic_plan(engine, shape: Shape, context_len: int, slots: Sequence[int], seed: int = 0):
+    """b rows (in cache slots[:b]) whose pending token sits at position context_len (cache
+    contents do not change the cost)."""
     import random
 
     from dynspec.runtime.plan import make_plan
@@ -137,7 +138,32 @@ def synthetic_plan(engine, shape: Shape, context_len: int, seed: int = 0):
     rng = random.Random(seed)
     b = shape.batch_size
     return make_plan(shape.k, positions=[context_len] * b, pending=[rng.randrange(2, 16) for _ in range(b)],
-                     stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets)
+                     stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets, slots=slots[:b])
+
+
+class reserved_rows:
+    """`with reserved_rows(engine, n, tokens) as slots:` n cache slots holding `tokens` positions each.
+    A paged engine reserves their blocks (so attention reads real, owned blocks) and releases them
+    on exit; an engine with one fixed cache row per slot (no `reserve`) uses rows 0..n-1."""
+
+    def __init__(self, engine, n: int, tokens: int):
+        self.engine, self.n, self.tokens, self.slots = engine, n, tokens, ()
+
+    def __enter__(self) -> tuple[int, ...]:
+        if not hasattr(self.engine, "reserve"):
+            return tuple(range(self.n))
+        for _ in range(self.n):
+            s = self.engine.reserve(self.tokens)
+            if s is None:
+                self.__exit__()
+                raise DynspecError(f"the KV cache has no room for {self.n} rows of {self.tokens} tokens")
+            self.slots += (s,)
+        return self.slots
+
+    def __exit__(self, *exc) -> None:
+        for s in self.slots:
+            self.engine.release(s)
+        self.slots = ()
 
 
 def time_shapes(engine, shapes: Sequence[Shape], context_len: int, *, warmup: int, repeats: int, passes: int = 3,
@@ -151,8 +177,13 @@ def time_shapes(engine, shapes: Sequence[Shape], context_len: int, *, warmup: in
     than all of one shape's."""
     from dynspec.runtime.acceptance import Greedy
 
-    acc = Greedy()
-    plans = {s: synthetic_plan(engine, s, context_len) for s in shapes}
+    with reserved_rows(engine, max(s.batch_size for s in shapes), context_len + max(s.k for s in shapes) + 1) as slots:
+        plans = {s: synthetic_plan(engine, s, context_len, slots) for s in shapes}
+        return _time_plans(engine, plans, Greedy(), warmup=warmup, repeats=repeats, passes=passes, progress=progress)
+
+
+def _time_plans(engine, plans: dict, acc, *, warmup: int, repeats: int, passes: int, progress) -> dict[Shape, float]:
+    shapes = list(plans)
     for s in shapes:
         for _ in range(warmup):
             engine.step(plans[s], acc)

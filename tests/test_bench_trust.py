@@ -22,6 +22,8 @@ def test_step_record_carries_decode_rows_and_prefill_tokens():
     s = step_summary(steps)
     assert s["mixed_iterations"] == 1 and s["prefill_tokens"] == 104
     assert s["mean_decode_rows"] == pytest.approx(4 / 3)
+    assert s["mean_k"] == 1.0 and s["mean_batch_size"] == 2.5                # the prompt-only iteration has no K
+    assert s["k_by_batch"] == ((2, 0, 1), (3, 2, 1))
 
 
 def test_step_record_of_an_executor_that_prefills_outside_the_step():
@@ -179,3 +181,48 @@ def test_sweep_trials_spread_and_matched_poisson(tmp_path):
     lengths = {r["output_tokens"] for r in rows}
     assert len(lengths) >= 1 and all(8 <= n <= 40 for n in lengths)                # 4 requests of 2..10 tokens
     assert "(Poisson, ~C=2)" in (out.parent / "trust.md").read_text()
+
+
+def test_reserved_rows_hold_blocks_while_timing_and_free_them():
+    from dynspec.benchmarks.profile import reserved_rows
+
+    class Paged:
+        def __init__(self, slots):
+            self.free, self.log = list(range(slots)), []
+
+        def reserve(self, tokens):
+            self.log.append(("reserve", tokens))
+            return self.free.pop(0) if self.free else None
+
+        def release(self, slot):
+            self.log.append(("release", slot))
+            self.free.append(slot)
+
+    eng = Paged(3)
+    with reserved_rows(eng, 2, 1029) as slots:
+        assert slots == (0, 1) and eng.free == [2]
+    assert sorted(eng.free) == [0, 1, 2] and eng.log == [("reserve", 1029)] * 2 + [("release", 0), ("release", 1)]
+    with pytest.raises(DynspecError, match="no room for 4 rows of 9 tokens"):
+        with reserved_rows(eng, 4, 9):
+            pass
+    assert sorted(eng.free) == [0, 1, 2]                                  # a failed reservation frees what it took
+    with reserved_rows(NS(), 3, 9) as rows:                               # one fixed cache row per slot
+        assert rows == (0, 1, 2)
+
+
+def test_refills_ride_in_the_decode_iterations():
+    """Varied output lengths finish at staggered iterations; each refill's prompt rides in the
+    same iteration as the decode rows (inflight batching), and the step stats show both."""
+    from dynspec.benchmarks.loadgen import closed_loop
+    from dynspec.benchmarks.workload import BenchRequest
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.policy import DraftSchedule
+    from tests.test_workload import FakeEngine
+
+    reqs = [BenchRequest(i, (5, 6, 7), out) for i, out in enumerate((3, 9, 5, 7, 4, 8, 6, 2))]
+    rec = closed_loop(Executor(FakeEngine(), DraftSchedule()), reqs, 3)
+    assert sorted(r.output_len for r in rec.requests) == sorted(r.output_tokens for r in reqs)
+    assert sum(s.prefill_tokens for s in rec.steps) == 3 * len(reqs)
+    assert max(s.decode_rows for s in rec.steps) == 3
+    mixed = [s for s in rec.steps if s.decode_rows > 0 and s.prefill_tokens > 0]
+    assert mixed and step_summary(rec.steps)["mixed_iterations"] == len(mixed)

@@ -131,25 +131,27 @@ def test_summarize_merges_replicas():
 
 # ---- load generator with a fake engine -------------------------------------------------------
 class FakeEngine:
-    """Protocol-complete stand-in: every draft is accepted, tokens count up."""
+    """Protocol-complete stand-in: every draft is accepted, tokens count up, slots never run out."""
 
-    max_seq_len, max_draft_len, vocab_size = 10_000, 4, 1000
+    max_seq_len, max_draft_len, vocab_size, max_num_tokens = 10_000, 4, 1000, 8192
 
     def __init__(self, max_batch_size=64):
         self.max_batch_size = max_batch_size
         self.buckets = tuple(range(1, max_batch_size + 1))
         self.plans = []
+        self.free = list(range(max_batch_size))
 
-    def prefill(self, row0, prompts):
-        return [1] * len(prompts)
+    def reserve(self, tokens):
+        return self.free.pop(0) if self.free else None
+
+    def release(self, slot):
+        self.free.append(slot)
 
     def step(self, plan, acceptance):
         self.plans.append(plan)
         return StepResult(accepted=(plan.k,) * plan.batch_size,
-                          emitted=tuple(tuple(range(plan.k + 1)) for _ in range(plan.batch_size)), draft_warm=True)
-
-    def move_row(self, src, dst):
-        pass
+                          emitted=tuple(tuple(range(plan.k + 1)) for _ in range(plan.batch_size)), draft_warm=True,
+                          first_tokens=tuple(1 if c.last else None for c in plan.chunks))
 
 
 def test_closed_loop_keeps_c_in_flight():
@@ -161,9 +163,11 @@ def test_closed_loop_keeps_c_in_flight():
     assert len(rec.requests) == 10 and sum(done) == 10
     assert all(r.output_len == 7 for r in rec.requests)
     bs = [s.batch_size for s in rec.steps]
-    assert max(bs) == 4 and bs[0] == 4
+    assert max(bs) == 4
+    assert (rec.steps[0].decode_rows, rec.steps[0].prefill_tokens) == (0, 8)    # 4 prompts of 2 tokens ride first
+    assert sum(s.prefill_tokens for s in rec.steps) == 20
     # batch 4 > threshold 3 -> K=0 for full batches; the drain speculates again
-    assert all(s.k == (2 if s.batch_size <= 3 else 0) for s in rec.steps)
+    assert all(s.k == (2 if 1 <= s.batch_size <= 3 else 0) for s in rec.steps)
     assert rec.duration_s > 0
 
 

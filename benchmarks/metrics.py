@@ -68,10 +68,9 @@ class StepRecord:
 
     @classmethod
     def of(cls, st) -> "StepRecord":
-        """From the executor's IterationStats. An executor that prefills outside the step
-        (no decode_rows / prefill_tokens fields) decodes all its batch and prefills nothing here."""
-        return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds,
-                   getattr(st, "decode_rows", st.batch_size), getattr(st, "prefill_tokens", 0))
+        """From the executor's IterationStats."""
+        return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds, st.decode_rows,
+                   st.prefill_tokens)
 
 
 @dataclass(frozen=True)

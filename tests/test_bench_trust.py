@@ -26,11 +26,6 @@ def test_step_record_carries_decode_rows_and_prefill_tokens():
     assert s["k_by_batch"] == ((2, 0, 1), (3, 2, 1))
 
 
-def test_step_record_of_an_executor_that_prefills_outside_the_step():
-    rec = StepRecord.of(NS(batch_size=5, k=0, drafted=0, accepted=0, seconds=0.01, host_seconds=0.0))
-    assert (rec.decode_rows, rec.prefill_tokens) == (5, 0)
-
-
 # ---- trials, spreads, ties ----------------------------------------------------------------------
 def row(mode, c, med, lo, hi, **kw):
     r = {"mode": mode, "concurrency": c, "request_rate": None, "matched_concurrency": None,

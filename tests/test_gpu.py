@@ -1,9 +1,13 @@
 """CUDA-graph engine == eager engine. Runs on the H200 (`pytest -m gpu`); skipped without CUDA.
 
-Every (bucket, K) graph the schedule can reach is captured before the first request; the run
-must then never fall back to eager, and its tokens must equal the eager engine's and
-transformers' greedy output (float32, so graph vs eager kernels cannot flip an argmax)."""
+Every pure-decode (bucket, K) graph the schedule can reach is captured before the first
+request; iterations that carry prompt chunks run eager (their shapes vary with the chunks).
+The run must never fall back to eager for a decode iteration, and its tokens must equal the
+eager engine's and transformers' greedy output (float32, so graph vs eager kernels cannot
+flip an argmax). Graphs use FlexAttention over the paged pool by default, eager iterations
+gathered SDPA, so the comparison also checks one against the other."""
 import random
+import time
 
 import pytest
 import torch
@@ -24,10 +28,11 @@ def pair(tmp_path_factory):
     return str(target), str(draft)
 
 
-def _run(pair, policy, keep_warm, graphs, prompts, lens):
-    """All requests at once, of different lengths: the batch drains 16 -> 1 and K climbs."""
+def _run(pair, policy, keep_warm, graphs, prompts, lens, attention="flex"):
+    """All requests at once, of different lengths, under a 64-token budget: prompts arrive in
+    chunks beside decode rows, then the batch drains 16 -> 1 and K climbs."""
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
-                                max_draft_len=policy.max_draft_len or 1)
+                                max_draft_len=policy.max_draft_len or 1, max_num_tokens=64, attention=attention)
     if graphs:
         assert eng.capture_graphs(reachable_graphs([policy], 16, keep_warm)) > 0
     ex = Executor(eng, policy, keep_warm=keep_warm)
@@ -36,18 +41,19 @@ def _run(pair, policy, keep_warm, graphs, prompts, lens):
     return [h.result().output_ids for h in handles], eng, ex
 
 
-@pytest.mark.parametrize("keep_warm", [True, False])
-def test_graphs_equal_eager_and_greedy(pair, keep_warm):
+@pytest.mark.parametrize("keep_warm,attention", [(True, "flex"), (False, "flex"), (True, "sdpa")])
+def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention):
     from transformers import LlamaForCausalLM
 
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
     policy = DraftSchedule.parse("2:5,4:3,8:1")
-    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens)
-    eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens)
+    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens, attention)
+    eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens, attention)
     assert eng.eager_fallbacks == 0
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
+    assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
     hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float32).cuda().eval()
     for p, n, out in list(zip(prompts, lens, graph_out))[-6:]:
@@ -55,3 +61,76 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm):
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                           do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
         assert list(out) == ref
+
+
+def _llama8b_shaped_pair():
+    """A random Llama-3.1-8B-shaped target + EAGLE-3 draft in bf16, made on the GPU (no files)."""
+    from dynspec.runtime.engines.reference.draft import Eagle3Config, Eagle3Draft
+    from dynspec.runtime.engines.reference.model import Kernels, Target, TargetConfig
+
+    tc = TargetConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                      num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=None,
+                      tie_word_embeddings=False, max_position_embeddings=8192)
+    dc = Eagle3Config(hidden_size=4096, target_hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                      intermediate_size=14336, draft_vocab_size=32000, vocab_size=128256, rms_norm_eps=1e-5,
+                      rope_theta=500000.0, rope_scaling=None, max_position_embeddings=8192, capture_layers=(1, 15, 28))
+    kw = dict(device="cuda", dtype=torch.bfloat16)
+    target = Target(tc, **kw).eval()
+    draft = Eagle3Draft(dc, embed=target.tok_embeddings, **kw).eval()
+    with torch.no_grad():
+        for m in (target, draft):
+            for p in m.parameters():
+                p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    target.kernels = Kernels(compiled=True)
+    return target, draft
+
+
+def test_decode_b1_1024_context_timing():
+    """b=1 plain decode with 1024 tokens of context in a 4096-token cache, graphs, bf16:
+    FlexAttention over the pool (skips blocks past the row) against gathered SDPA over the
+    whole table (the old path's cost). Prints the figures; asserts only that flex is no slower."""
+    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.engines.reference.engine import GraphKey, ReferenceEngine
+    from dynspec.runtime.plan import PromptChunk, make_plan
+
+    target, draft = _llama8b_shaped_pair()
+    ctx, ms = 1024, {}
+    for attention in ("sdpa", "flex"):
+        eng = ReferenceEngine(target, draft, max_batch_size=1, max_seq_len=4096, max_draft_len=1,
+                              max_num_tokens=2048, attention=attention)
+        slot = eng.reserve(ctx + 64)
+        prompt = tuple(random.Random(0).randrange(128000) for _ in range(ctx))
+        eng.step(make_plan(0, [], [], [], False, eng.buckets, slots=[], chunks=[PromptChunk(slot, 0, prompt, None)]),
+                 Greedy())
+        t0 = time.perf_counter()
+        eng.capture_graphs([GraphKey("decode", 1, keep_warm=False)])
+        capture_s = time.perf_counter() - t0
+        plan = make_plan(0, [ctx], [5], [True], False, eng.buckets, slots=[slot])
+        for _ in range(5):
+            eng.step(plan, Greedy())
+        torch.cuda.synchronize()
+        n = 100
+        t0 = time.perf_counter()
+        for _ in range(n):
+            eng.step(plan, Greedy())
+        torch.cuda.synchronize()
+        step_ms = 1e3 * (time.perf_counter() - t0) / n
+        g = eng._graphs[GraphKey("decode", 1, keep_warm=False)]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        ms[attention] = (step_ms, start.elapsed_time(end) / n)
+        print(f"\n[decode b=1 ctx={ctx} cache=4096 bf16 {attention}] step {step_ms:.3f} ms, graph replay "
+              f"{ms[attention][1]:.3f} ms, capture+compile {capture_s:.1f} s", flush=True)
+        del eng, g
+        torch.cuda.empty_cache()
+    kv_per_token = 2 * 32 * 8 * 128 * 2                     # K and V, 32 layers, 8 KV heads, hd 128, bf16
+    free = torch.cuda.mem_get_info()[0]
+    print(f"[capacity] KV bytes/token {kv_per_token}; free after weights {free / 2**30:.1f} GiB: "
+          f"{free // (kv_per_token * 4096)} rows of max_seq_len 4096 (before), "
+          f"{free // (kv_per_token * 128 * -(-(1024 + 128 + 9) // 128))} requests of 1024+128 tokens in 128-token "
+          f"blocks (after)", flush=True)
+    assert ms["flex"][1] <= 1.1 * ms["sdpa"][1]

@@ -170,7 +170,8 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     nb = batch.tables.shape[1]
     slots, q_pos = batch.slots, batch.q_pos
     qb = max(16, Tq)                                         # one query block per row
-    num = torch.full((R, 1, 1), nb, dtype=torch.int32, device=q.device)
+    used = torch.clamp(q_pos.max(dim=1).values // block_size + 1, max=nb)            # [R] blocks up to the row's end
+    num = used.to(torch.int32).view(R, 1, 1)
     idx = torch.zeros(R, 1, 1, blocks, dtype=torch.int32, device=q.device)
     idx[:, 0, 0, :nb] = batch.tables.to(torch.int32)
 
@@ -179,7 +180,7 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
         return (owner[blk] == slots[b]) & (logical[blk] * block_size + ki % block_size <= q_pos[b, qi])
 
     mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(qb, block_size), mask_mod=mask_mod,
-                                    seq_lengths=(Tq, P))
+                                    seq_lengths=(Tq, P), compute_q_blocks=False)   # forward only
     qr = _rows(q, batch).transpose(1, 2)                                               # [R, nh, Tq, hd]
     o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)      # [R, nh, Tq, hd]
     return o.transpose(1, 2).reshape(R * Tq, nh * hd)[batch.out_index]

@@ -157,7 +157,7 @@ class ReferenceEngine:
             self.x[b:B] = 0
             self.pos[b:B] = 1                      # padding rows: the scratch block, harmless writes
             self.slot[b:B] = self.pad_slot
-        read = None if self._graphs else -(-(plan.max_position + 1) // self.block_size)
+        read = -(-(plan.max_position + 1) // self.block_size)     # blocks this step reads (eager)
         if plan.chunks:
             firsts = self._mixed(plan, read)
         else:
@@ -189,7 +189,7 @@ class ReferenceEngine:
         self.p_accept.fill_(acceptance.p if bern else 0.0)
         self._acceptance = acceptance
 
-    def _run(self, key: GraphKey, read: int | None) -> None:
+    def _run(self, key: GraphKey, read: int) -> None:
         graph = self._graphs.get(key)
         if graph is not None:
             graph.replay()
@@ -213,9 +213,10 @@ class ReferenceEngine:
         return uniform_batch(self.block_tables, self.slot[:B], q_pos, read or self.max_blocks_per_seq,
                              self.block_size)
 
-    def _attention(self):
-        """The decode rows' attention: FlexAttention over the pool, or gathered SDPA."""
-        if self.attention == "sdpa":
+    def _attention(self, read: int | None):
+        """The decode rows' attention: FlexAttention over the pool when the shapes are static
+        (read is None: the CUDA-graph path, one compile per shape), else gathered SDPA."""
+        if self.attention == "sdpa" or read is not None:
             return sdpa_attention
         owner, logical, bs = self.block_owner, self.block_logical, self.block_size
         return lambda q, k, v, batch: flex_attention_paged(q, k, v, batch, owner, logical, bs)
@@ -229,7 +230,7 @@ class ReferenceEngine:
         """Rebuild entry L of stale rows: (x_L, h_{L-1}) at draft position L-1."""
         slot = self.slot[:B]
         batch = self._rows(B, (self.pos[:B] - 1)[:, None], read)
-        d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self._attention())
+        d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self._attention(read))
         self.next_draft[slot], self.draft_hidden[slot] = d, h
 
     def _chain(self, B: int, K: int, read) -> torch.Tensor:
@@ -237,7 +238,7 @@ class ReferenceEngine:
         slot, pos = self.slot[:B], self.pos[:B]
         drafts, h = [self.next_draft[slot]], self.draft_hidden[slot]
         for i in range(1, K):                                                # entries L+1..L+K-1
-            d, h = self._draft_next(drafts[-1], h, self._rows(B, (pos + i - 1)[:, None], read), self._attention())
+            d, h = self._draft_next(drafts[-1], h, self._rows(B, (pos + i - 1)[:, None], read), self._attention(read))
             drafts.append(d)
         return torch.stack(drafts, dim=1)                                    # [B, K]
 
@@ -255,9 +256,9 @@ class ReferenceEngine:
         vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
         batch = self._rows(B, vpos, read)
         tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
-        logits, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=self._attention())
+        logits, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=self._attention(read))
         n, E = self._accept(D, logits.argmax(dim=-1).view(B, K + 1))
-        self._catch_up(E, H.view(B, K + 1, -1), batch, n, self._attention())
+        self._catch_up(E, H.view(B, K + 1, -1), batch, n, self._attention(read))
         self.out_tokens[:B, : K + 1] = E
         self.out_n[:B] = n
 
@@ -266,7 +267,7 @@ class ReferenceEngine:
         attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
         `_refresh` when speculation resumes, so every later draft step sees a complete cache."""
         batch = self._rows(B, self.pos[:B, None], read)
-        logits, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self._attention())
+        logits, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self._attention(read))
         g = logits.argmax(dim=-1)                                            # [B]
         if keep_warm:
             self.draft.extend_kv(g, H, batch)                                # entry L+1 @ draft pos L

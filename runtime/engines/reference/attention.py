@@ -146,12 +146,13 @@ _compiled_flex = None
 
 
 def _flex():
-    """FlexAttention, compiled once per process on CUDA (eager elsewhere: the reference math)."""
+    """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). Default dynamic:
+    a second shape recompiles once with symbolic sizes instead of once per graph key."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
     if _compiled_flex is None and torch.cuda.is_available():
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention)
     return _compiled_flex or flex_attention
 
 

@@ -2,11 +2,14 @@
 # benchmarks/results/h200_summary.json (version 2) from the regime sweeps, regime A's profile
 # (with --floor: decode_vs_gemm_floor), the tune reports and the fixed-length baseline. CPU is fine.
 # RES_A / RES_B: where regime A's / B's files are (default benchmarks/results); a regime whose
-# sweep is missing is left out. -> $RES_B/h200_summary.json
+# sweep is missing, or whose profile predates --floor (an old call 1), is left out, saying so.
+# -> $RES_B/h200_summary.json
 set -euo pipefail
 RES_A=${RES_A:-benchmarks/results} RES_B=${RES_B:-benchmarks/results}
 args=()
-if [ -f "$RES_A/h200_A.json" ]; then
+if [ -f "$RES_A/h200_A.json" ] && ! grep -q '"gemm_floor_ms"' "$RES_A/h200_A_profile.json" 2>/dev/null; then
+  echo "h200_summary: $RES_A/h200_A_profile.json has no gemm_floor_ms (not from h200_call1.sh); regime A left out" >&2
+elif [ -f "$RES_A/h200_A.json" ]; then
   args+=(--regime "A=$RES_A/h200_A.json" --profile "A=$RES_A/h200_A_profile.json" --tune "A=$RES_A/h200_A_tune.json")
 fi
 if [ -f "$RES_B/h200_B.json" ]; then

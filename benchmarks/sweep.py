@@ -221,7 +221,8 @@ def check_flags(args: argparse.Namespace) -> None:
         int_list(args.concurrency, "--concurrency")
     if args.request_rate.strip():
         float_list(args.request_rate, "--request-rate")
-    poisson_at(args)
+    if poisson_at(args) and args.engine == "trtllm":
+        raise DynspecError(f"--poisson-at {args.poisson_at!r}: the TensorRT-LLM driver runs closed loops only")
     if not args.dataset:
         LengthDist.parse(args.input_len, "--input-len")
         LengthDist.parse(args.output_len, "--output-len")

@@ -72,6 +72,8 @@ def test_poisson_at_must_be_a_swept_concurrency(tmp_path, capsys):
 
     assert main(["--concurrency", "1,4", "--poisson-at", "8", "--out", str(tmp_path / "x")]) == 2
     assert "--poisson-at '8': C=8 is not one of --concurrency '1,4'" in capsys.readouterr().err
+    assert main(["--engine", "trtllm", "--concurrency", "1,4", "--poisson-at", "4", "--out", str(tmp_path / "x")]) == 2
+    assert "the TensorRT-LLM driver runs closed loops only" in capsys.readouterr().err
 
 
 def regime_doc(cmd, rows):

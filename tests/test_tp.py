@@ -315,9 +315,10 @@ def test_tp4_replicated_kv_heads_equals_tp1(tmp_path, pair, tp1_outputs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_two_replicas_of_tp2(tmp_path, pair, tp1_outputs):
-    """mpirun -n 4 --tp 2: replicas {0,1} and {2,3}, each serving the same jobs on its own."""
-    proc, wall, out = run_tp(tmp_path, pair, 2, 4)
+def test_two_replicas_of_tp2_idle_leaders(tmp_path, pair, tp1_outputs):
+    """mpirun -n 4 --tp 2: replicas {0,1} and {2,3}, each serving the same jobs on its own. The
+    leaders idle for twice the 4 s timeout first: their heartbeats keep the workers waiting."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, 4, "--idle", "8", env={"DYNSPEC_TP_TIMEOUT_S": "4"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["outputs"] == tp1_outputs[0]

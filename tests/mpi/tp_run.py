@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang"))
     ap.add_argument("--fault-at", type=int, default=3)
+    ap.add_argument("--idle", type=float, default=0.0, help="leader sleeps this long before the first job")
     a = ap.parse_args()
     sched = DraftSchedule.parse(a.schedule)
     jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
@@ -106,6 +107,7 @@ def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
         reasons = [h.result().finish_reason for h in handles]
         log(f"{len(handles)} open requests ended after {time.monotonic() - t0:.1f} s: {reasons}")
         raise TpFault(f"leader: {engine.fault}") if engine.fault else RuntimeError("no fault seen")
+    time.sleep(a.idle)                               # workers wait on the channel: heartbeats only
     results = drive(ex, jobs)
     return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results]}
 

@@ -1,12 +1,13 @@
 """Tensor parallelism of the reference engine (docs/tensor_parallel.md).
 
 In process: the layout of ranks, the sharding rules, a sharded layer summed over its ranks
-against the unsharded layer (float64), the vocabulary-parallel argmax, the refusal of an
-impossible split before any weight is read.
-Under a real `mpirun` (gloo, float64, tiny random Llama + EAGLE-3 draft): TP=2 and TP=4 (2 KV
-heads: replicated) token-identical to TP=1 and to transformers greedy, through the
-concurrency-10 / threshold-5 / K=15 case; every rank ran the same (iteration, b, K, graphs);
-a killed or hung worker ends the job with an error on the leader within a bounded time.
+against transformers' own decoder layer (float64), the vocabulary-parallel argmax, the refusal
+of an impossible split before any weight is read.
+Under a real `mpirun` (gloo, float64, tiny random Llama + EAGLE-3 draft, 4 heads / 2 KV heads):
+the sharded models' logits and captures; TP=2 and TP=4 (KV heads replicated) token-identical to
+TP=1 and to transformers greedy, through the concurrency-10 / threshold-5 / K=15 case; every
+rank ran the same (iteration, b, K, graphs) through K flips both ways; 2 replicas of TP=2 with
+idle leaders; a killed or hung worker ends the job with an error on the leader in bounded time.
 """
 import json
 import os
@@ -215,12 +216,13 @@ def jobs() -> list[Job]:
 
 
 def run_tp(tmp_path, pair, n: int, ranks: int | None = None, *extra: str, env: dict | None = None,
-           timeout: float = 60):
+           timeout: float = 100):
+    """mpirun -n RANKS (default n) tests/mpi/tp_run.py --tp n over jobs() -> (process, seconds, OUT.json)."""
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"ids": list(j.ids), "max_new": j.max_new, "at": j.at} for j in jobs()]))
     out = tmp_path / f"tp{n}.json"
-    cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(ranks or n), *ONE_THREAD, sys.executable, str(SCRIPT),
-           "--tp", str(n), "--target", pair[0], "--draft", pair[1], "--prompts", str(prompts),
+    cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(ranks or n), *ONE_THREAD, sys.executable,
+           str(SCRIPT), "--tp", str(n), "--target", pair[0], "--draft", pair[1], "--prompts", str(prompts),
            "--schedule", SCHEDULE, "--concurrency", str(CONCURRENCY), "--dtype", "float64", "--out", str(out), *extra]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path,

@@ -4,14 +4,15 @@
 # time limit inside DEADLINE seconds, the sweep rewrites its JSON after every load point, and
 # $OUT/h200_call1.tar.gz is re-packed after every stage: a call cut short still returns what finished.
 #   -> $OUT/h200_call1.tar.gz: h200_A{.json,.md,.png,_profile.json,_schedule.txt,_tune.json}, h200_call1.log
-# Sizing (old h200_A.json: baseline 153 tok/s at C=1 .. 5443 at C=256; static/dynamic ~1.1-2x):
-# C=1,4,16,64,256 x 3 modes x 3 trials, WAVES=1 (C requests at C, outputs 64..448) ~ 260 s;
-# prepare ~120 s, GPU tests <= 90 s, profile ~50 s.
+# Sizing, from the old h200_A.json run times (2 waves, fixed lengths; sum over C=1,4,16,64,256 and
+# the 3 modes: 119 s per trial): at WAVES=1 (C requests at C) ~75 s per trial, 3 trials ~225 s;
+# sweep start (load, graph capture) ~55 s with no untimed warm-up (WARMUP_REQUESTS=0: the median of
+# 3 trials absorbs first-use costs); prepare ~120 s, GPU tests <= 60 s, profile ~55 s: ~515 s.
 set -uo pipefail
 export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results1}
 here=$(cd "$(dirname "$0")" && pwd)
-DEADLINE=${DEADLINE:-510}
+DEADLINE=${DEADLINE:-530}
 LOG=$RES/h200_call1.log
 mkdir -p "$OUT" "$RES"
 left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
@@ -30,8 +31,9 @@ failed=()
 git -C "$here" rev-parse HEAD >>"$LOG" 2>&1
 stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
 # GPU_TESTS=0 moves the GPU tests to call 2 (GPU_TESTS=1 there) when regime A needs the time
-[ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-90}" "${PYTHON:-python3}" -m pytest -q -m gpu \
+[ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-60}" "${PYTHON:-python3}" -m pytest -q -m gpu \
   ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
-stage regime-A "$(( $(left) - 10 ))" bash "$here/h200_regime_a.sh"
+WARMUP_REQUESTS=${WARMUP_REQUESTS:-0} REPEATS=${REPEATS:-6} stage regime-A "$(( $(left) - 8 ))" \
+  bash "$here/h200_regime_a.sh"
 tail -n 40 "$LOG"
 [ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }

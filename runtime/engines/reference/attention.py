@@ -170,7 +170,7 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     blocks = P // block_size
     nb = batch.tables.shape[1]
     slots, q_pos = batch.slots, batch.q_pos
-    qb = max(16, Tq)                                         # one query block per row
+    qb = 128 * -(-Tq // 128)          # one query block per row; a multiple of the kernels' BLOCK_M
     used = torch.clamp(q_pos.max(dim=1).values // block_size + 1, max=nb)            # [R] blocks up to the row's end
     num = used.to(torch.int32).view(R, 1, 1)
     idx = torch.zeros(R, 1, 1, blocks, dtype=torch.int32, device=q.device)

@@ -350,10 +350,10 @@ class PlanChannel:
 
 # ----------------------------------------------------------------------------- engines over the channel
 
-# Engine calls that change state on every rank: the paged cache's reserve/release (the block
-# allocator is deterministic, so the same calls give every rank the same slots), the step, and
-# the row-major engine's prefill/move_row.
-FORWARDED = ("reserve", "release", "step", "prefill", "move_row")
+# Engine calls that change state on every rank (runtime/executor.py's Engine protocol): the
+# paged cache's reserve/release (the block allocator is deterministic, so the same calls give
+# every rank the same slots) and the step.
+FORWARDED = ("reserve", "release", "step")
 
 
 class LeaderEngine:

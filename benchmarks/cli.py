@@ -67,7 +67,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "command": _command("profile", args),
               "acceptance_source": (None if reqs is None else
                                     f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
-        progress=bar.update if bar else None, max_seq_len=args.max_seq_len,
+        progress=bar.update if bar else None, max_seq_len=args.max_seq_len, floor=args.floor,
     )
     if bar:
         bar.close()
@@ -78,6 +78,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(prof.iteration_ms[b].items())))
     if prof.per_position:
         print("acceptance per position:", ", ".join(f"{a:.3f}" for a in prof.per_position))
+    floor = prof.meta.get("floor")
+    if floor:
+        print(f"GEMM floor {floor['gemm_floor_ms']:.3f} ms; decode at b=1, context {floor['context_len']}:"
+              f" {floor['decode_ms']:.3f} ms = {floor['decode_vs_gemm_floor']:.2f}x the floor")
     return 0
 
 
@@ -178,6 +182,9 @@ def register(sub) -> None:
     p.add_argument("--num-requests", type=int, default=16)
     p.add_argument("--acceptance-concurrency", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--floor", action="store_true",
+                   help="also time the target's GEMMs alone (CUDA graph on a GPU) and plain decode at b=1;"
+                        " the profile records gemm_floor_ms")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True, help="profile.json")
     p.set_defaults(func=_cmd_profile)

@@ -344,3 +344,15 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
     assert "[dynspec rank 0] TpFault: leader: TP rank 0 (world rank 0):" in err
     assert "aborting all 2 ranks" in err
     assert wall < 60, f"the job took {wall:.1f} s to end"       # start-up included (4+ s of imports a rank)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_exception_on_a_worker_aborts_the_job(tmp_path, pair):
+    """A Python error on one rank: one line naming the rank, then MPI Abort ends every rank."""
+    proc, wall, _ = run_tp(tmp_path, pair, 2, None, "--fault", "raise", "--fault-at", "4",
+                           env={"DYNSPEC_TP_TIMEOUT_S": "30"})     # the abort, not a timeout, must end it
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "[dynspec rank 1] RuntimeError: injected fault at step call 4; aborting all 2 ranks" in proc.stderr
+    assert "MPI_ABORT was invoked on rank 1" in proc.stdout + proc.stderr
+    assert wall < 30, f"the job took {wall:.1f} s to end"

@@ -5,8 +5,8 @@
 
 OUT.json (written by world rank 0): {"outputs": [[ids...] per prompt of replica 0],
 "steps": {world rank: [[iteration, b, K, [graph keys]], ...]}, "finish": [reasons]}.
---fault kill|hang makes TP rank 1 of replica 0 SIGKILL or SIGSTOP itself when step call
---fault-at arrives; the leader then fails its open requests and the job must end.
+--fault kill|hang|raise makes TP rank 1 of replica 0 SIGKILL or SIGSTOP itself, or raise, when
+step call --fault-at arrives; the job must end with an error, never hang.
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ from dynspec.runtime.policy import DraftSchedule
 
 
 class FaultAt:
-    """Worker-side engine wrapper that kills or stops this process at step call `at`."""
+    """Worker-side engine wrapper that kills, stops or raises in this process at step call `at`."""
 
     def __init__(self, engine, kind: str, at: int):
         self._engine, self.kind, self.at, self.n = engine, kind, at, 0
@@ -35,6 +35,8 @@ class FaultAt:
     def step(self, *args, **kwargs):
         if self.n == self.at:
             log(f"fault: {self.kind} at step call {self.n}", all_ranks=True)
+            if self.kind == "raise":
+                raise RuntimeError(f"injected fault at step call {self.n}")
             os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
         self.n += 1
         return self._engine.step(*args, **kwargs)
@@ -51,7 +53,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float64")
     ap.add_argument("--no-keep-warm", action="store_true")
     ap.add_argument("--out")
-    ap.add_argument("--fault", choices=("kill", "hang"))
+    ap.add_argument("--fault", choices=("kill", "hang", "raise"))
     ap.add_argument("--fault-at", type=int, default=3)
     ap.add_argument("--idle", type=float, default=0.0, help="leader sleeps this long before the first job")
     a = ap.parse_args()

@@ -12,6 +12,9 @@ Load (per client thread, a fixed rotation of 20 slots; modest: 2 clients on a 2-
     cancelled  3/20  gRPC stream cancelled by the client after its first response
     disconnect 2/20  HTTP generate_stream whose socket is closed after the first bytes
 
+gRPC: a new connection per request by default; --reuse-grpc keeps one per client (perf_analyzer's
+way). tritonserver 2.51 grows by ~1.5 KB per new gRPC connection, not per stream or request.
+
 RSS slope: least squares over the samples after the warm-up (the first 2 minutes, or the first
 third of a shorter run), in KB per minute. JSON keys: config, counts, failures, samples
 ([t_s, tritonserver_kb, stub_kb]), slope_kb_per_min {tritonserver, stub}, left_behind.
@@ -74,11 +77,13 @@ def _inputs(prompt, max_tokens, stream=True):
     return out
 
 
-def grpc_request(url, prompt, max_tokens, cancel_after_first=False, timeout=120.0):
-    """-> (number of ids, error message or None); with cancel_after_first, cancel once one response came."""
+def grpc_request(url, prompt, max_tokens, cancel_after_first=False, timeout=120.0, client=None):
+    """-> (number of ids, error message or None); with cancel_after_first, cancel once one response came.
+    client: a gRPC client to reuse (one connection, a new stream per request); None: a new connection."""
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    own = client is None
+    client = grpcclient.InferenceServerClient(url) if own else client
     q = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
     n = 0
@@ -97,7 +102,8 @@ def grpc_request(url, prompt, max_tokens, cancel_after_first=False, timeout=120.
                 return n, None
     finally:
         client.stop_stream(cancel_requests=True)
-        client.close()
+        if own:
+            client.close()
 
 
 def http_generate(host, port, body, timeout=120.0):
@@ -119,8 +125,11 @@ def http_disconnect(host, port, prompt, max_tokens):
         return len(s.recv(256))
 
 
-def client_loop(server, vocab, deadline, seed, tally, pause_s):
+def client_loop(server, vocab, deadline, seed, tally, pause_s, reuse_grpc):
+    import tritonclient.grpc as grpcclient
+
     rng = np.random.default_rng(seed)
+    client = grpcclient.InferenceServerClient(server.grpc_url) if reuse_grpc else None
     host, http_port = server.host, server.ports.http
     i = 0
     while time.monotonic() < deadline:
@@ -129,7 +138,7 @@ def client_loop(server, vocab, deadline, seed, tally, pause_s):
         prompt = rng.integers(3, vocab, size=int(rng.integers(4, 24))).tolist()
         try:
             if kind == "good_grpc":
-                n, err = grpc_request(server.grpc_url, prompt, NEW_TOKENS)
+                n, err = grpc_request(server.grpc_url, prompt, NEW_TOKENS, client=client)
                 tally.add(kind, err if err else (None if 1 <= n <= NEW_TOKENS else f"{n} ids"))
             elif kind == "good_http":
                 status, reply = http_generate(host, http_port, {"input_ids": prompt, "max_tokens": NEW_TOKENS})
@@ -141,7 +150,7 @@ def client_loop(server, vocab, deadline, seed, tally, pause_s):
                 ok = status == 400 and want in str(reply.get("error", ""))
                 tally.add(kind, None if ok else f"{body} -> HTTP {status}: {reply}")
             elif kind == "cancelled":
-                n, err = grpc_request(server.grpc_url, prompt, 200, cancel_after_first=True)
+                n, err = grpc_request(server.grpc_url, prompt, 200, cancel_after_first=True, client=client)
                 tally.add(kind, err)
             else:
                 got = http_disconnect(host, http_port, prompt, 200)
@@ -149,6 +158,8 @@ def client_loop(server, vocab, deadline, seed, tally, pause_s):
         except Exception as e:              # a client-side failure is a soak failure, not a crash
             tally.add(kind, repr(e))
         time.sleep(pause_s)
+    if client is not None:
+        client.close()
 
 
 def rss_kb(pid: int) -> int:
@@ -191,7 +202,7 @@ def _group_alive(pgid):
 
 
 def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: float = 0.05, seed: int = 0,
-         workdir: Path | None = None) -> dict:
+         workdir: Path | None = None, reuse_grpc: bool = False) -> dict:
     from dynspec.config import EngineConfig, ReferenceSettings
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import tiny_pair_dirs
@@ -214,7 +225,8 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
         stubs = stub_pids(server.proc.pid)
         t0 = time.monotonic()
         deadline = t0 + minutes * 60.0
-        threads = [threading.Thread(target=client_loop, args=(server, vocab, deadline, seed + c, tally, pause_s), daemon=True)
+        threads = [threading.Thread(target=client_loop, daemon=True,
+                                    args=(server, vocab, deadline, seed + c, tally, pause_s, reuse_grpc))
                    for c in range(clients)]
         for t in threads:
             t.start()
@@ -236,7 +248,8 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
     warmup_s = min(120.0, minutes * 60.0 / 3)
     return {
         "config": {"minutes": minutes, "clients": clients, "sample_s": sample_s, "new_tokens": NEW_TOKENS,
-                   "pause_s": pause_s, "rotation": list(ROTATION), "warmup_s": warmup_s, "schedule": "4:4", "max_batch_size": 8},
+                   "pause_s": pause_s, "reuse_grpc": reuse_grpc, "rotation": list(ROTATION), "warmup_s": warmup_s,
+                   "schedule": "4:4", "max_batch_size": 8},
         "counts": tally.counts,
         "failures": tally.failures,
         "server_alive_at_end": alive_at_end,
@@ -274,6 +287,9 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--sample-s", type=float, default=30.0)
     p.add_argument("--pause-s", type=float, default=0.05, help="pause of each client between requests")
+    p.add_argument("--reuse-grpc", action="store_true",
+                   help="one gRPC connection per client (a new stream per request), as perf_analyzer does; "
+                        "default: a new connection per gRPC request")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path)
     args = p.parse_args(argv)
@@ -281,7 +297,7 @@ def main(argv=None) -> int:
         print(f"error: --minutes {args.minutes}, --clients {args.clients} and --sample-s {args.sample_s} "
               "must be positive", file=sys.stderr)
         return 2
-    result = soak(args.minutes, args.clients, args.sample_s, args.pause_s)
+    result = soak(args.minutes, args.clients, args.sample_s, args.pause_s, reuse_grpc=args.reuse_grpc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:

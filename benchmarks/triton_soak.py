@@ -261,22 +261,25 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
 
 
 def plot(result: dict, path: Path) -> None:
+    """RSS over time, one panel per process (their scales differ by 10x), with the fitted slope."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     a = np.asarray(result["samples"], dtype=float)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for col, name in ((1, "tritonserver"), (2, "python stub")):
-        slope = result["slope_kb_per_min"]["tritonserver" if col == 1 else "stub"]
-        label = f"{name} ({slope:+.0f} KB/min after warm-up)" if slope is not None else name
-        ax.plot(a[:, 0] / 60.0, a[:, col] / 1024.0, marker="o", label=label)
-    ax.axvline(result["config"]["warmup_s"] / 60.0, color="grey", ls=":", label="end of warm-up")
+    warm = result["config"]["warmup_s"] / 60.0
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, col, key, name in ((axes[0], 1, "tritonserver", "tritonserver"), (axes[1], 2, "stub", "python stub")):
+        slope = result["slope_kb_per_min"][key]
+        ax.plot(a[:, 0] / 60.0, a[:, col] / 1024.0, marker="o")
+        ax.axvline(warm, color="grey", ls=":")
+        title = f"{name}: {slope:+.0f} KB/min after warm-up" if slope is not None else name
+        ax.set(xlabel="minutes", ylabel="RSS (MiB)", title=title)
     n = sum(result["counts"].values())
-    ax.set(xlabel="minutes", ylabel="RSS (MiB)",
-           title=f"Triton soak: {n} requests, {len(result['failures'])} failures")
-    ax.legend()
+    grpc = "one gRPC connection per client" if result["config"].get("reuse_grpc") else \
+        "a new gRPC connection per request"
+    fig.suptitle(f"Triton soak: {n} requests, {len(result['failures'])} failures ({grpc})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

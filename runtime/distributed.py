@@ -194,7 +194,7 @@ def _free_port() -> int:
 def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | None = None) -> TpContext:
     """Set up torch.distributed from mpi4py's rank and size and split WORLD into replicas.
 
-    Without mpirun (a world of one) nothing is initialised and tp must be 1.
+    tp == 1 (a world of one, or `mpirun -n R` replicas of one rank) initialises nothing.
     """
     timeout_s = timeout_from_env() if timeout_s is None else timeout_s
     comm, rank, size = _mpi_world()
@@ -204,7 +204,7 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
         local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
         dev = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-    if size == 1:
+    if tp == 1:                        # replicas of one rank: nothing to reduce, no process group
         return TpContext(lay, dev, timeout_s, comm=comm)
     import torch.distributed as dist
 
@@ -233,7 +233,8 @@ def _mpi_world() -> tuple[Any, int, int]:
 
 def _rendezvous(comm) -> tuple[str, int]:
     """(MASTER_ADDR, MASTER_PORT) chosen by rank 0 and broadcast over MPI. Exported values win.
-    All ranks on rank 0's host -> 127.0.0.1; otherwise rank 0's host name."""
+    All ranks on rank 0's host -> 127.0.0.1; otherwise rank 0's host name. The port is one the
+    OS handed out for port 0 a moment earlier (another process could take it first: rare)."""
     from mpi4py import MPI
 
     host = MPI.Get_processor_name()
@@ -253,6 +254,11 @@ def abort_on_error(ctx: TpContext | None) -> Iterator[None]:
     A rank that merely exits would leave its peers waiting on their next collective."""
     try:
         yield
+    except SystemExit as e:
+        if e.code not in (0, None) and ctx is not None and ctx.layout.size > 1:
+            log(f"exit status {e.code}; aborting all {ctx.layout.size} ranks", rank=ctx.layout.rank, all_ranks=True)
+            ctx.abort(e.code if isinstance(e.code, int) else 1)
+        raise
     except BaseException as e:
         if ctx is None or ctx.layout.size == 1:
             raise
@@ -407,7 +413,7 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         leaders      result = lead(LeaderEngine(engine), ctx); then STOP to the workers
         workers      serve_worker(engine) until STOP; result None
     Returns (ctx, engine, result). Any exception on any rank aborts the job (abort_on_error).
-    World of one: tp must be 1, and lead runs on the plain engine."""
+    tp == 1: every rank is a replica of its own and lead runs on the plain engine."""
     ctx = init_tp(tp, device=device, timeout_s=timeout_s)
     with abort_on_error(ctx):
         engine = load(ctx)

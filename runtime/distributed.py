@@ -263,7 +263,7 @@ def abort_on_error(ctx: TpContext | None) -> Iterator[None]:
         if ctx is None or ctx.layout.size == 1:
             raise
         log(f"{type(e).__name__}: {e}; aborting all {ctx.layout.size} ranks", rank=ctx.layout.rank, all_ranks=True)
-        ctx.abort(1)
+        ctx.abort(2 if isinstance(e, DynspecError) else 1)      # bad input exits 2, as the CLIs do
 
 
 # ----------------------------------------------------------------------------- the plan channel

@@ -356,3 +356,18 @@ def test_exception_on_a_worker_aborts_the_job(tmp_path, pair):
     assert "[dynspec rank 1] RuntimeError: injected fault at step call 4; aborting all 2 ranks" in proc.stderr
     assert "MPI_ABORT was invoked on rank 1" in proc.stdout + proc.stderr
     assert wall < 30, f"the job took {wall:.1f} s to end"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_mpirun_refuses_an_impossible_split_before_reading_weights(tmp_path):
+    """3 heads at --tp 2, weight files unreadable: every rank stops on the config alone."""
+    target = make_tiny_target(tmp_path / "t", heads=3, kv_heads=3, hidden=48)
+    draft = make_tiny_draft(tmp_path / "d", target)
+    for f in list(target.glob("*.safetensors")) + list(draft.glob("*.safetensors")):
+        f.write_bytes(b"not weights")
+    proc, wall, _ = run_tp(tmp_path, (str(target), str(draft)), 2)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "DynspecError: TP=2 is infeasible for " in proc.stderr
+    assert "num_attention_heads=3 is not divisible by tp=2 (3 % 2 = 1)" in proc.stderr
+    assert "cannot read" not in proc.stderr and "corrupt" not in proc.stderr

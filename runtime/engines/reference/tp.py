@@ -16,7 +16,8 @@ q head j uses KV head j // 2 in the unsharded model too, so every rank attends a
 
 Collectives go through the model's own reduction points (`model.Collectives`: all_reduce after
 wo and after w2, gather_vocab on the lm_head output), which TpCollectives fills in; the
-embedding becomes a VocabParallelEmbedding module. Nothing else in the model changes.
+embedding becomes a VocabParallelEmbedding module; the per-instance head counts (q_size,
+kv_size, a local config that sizes the KV pool) become this rank's. The model code is as is.
 
 lm_head: the engine only ever takes argmax of the logits, and `vocab_parallel_argmax` (each
 rank's (max, index), 2 numbers per row per rank) is far cheaper than gathering V/N logits per

@@ -24,7 +24,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from dynspec.artifacts import atomic_dir, write_json
+from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.checkpoint.eagle3 import check_vocab_maps, draft_keys, resolve_capture_layers, target_hidden_size
 from dynspec.checkpoint.reader import TensorReader, read_config, weight_source
 from dynspec.checkpoint.writer import ShardWriter
@@ -85,6 +85,7 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
     from tqdm import tqdm
 
     draft_dir, target_dir = Path(draft_dir), Path(target_dir)
+    check_apart(out, {"--draft": draft_dir, "--target": target_dir})
     where = str(draft_dir / "config.json")
     tm = read_manifest(target_dir, "target")
     ts = manifest_shape(tm, str(target_dir / MANIFEST))

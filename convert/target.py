@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynspec.artifacts import atomic_dir, write_json
+from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.checkpoint.reader import iter_tensors, read_config, weight_source
 from dynspec.checkpoint.writer import DEFAULT_SHARD_BYTES, ShardWriter
 from dynspec.convert.checks import require_tp
@@ -93,6 +93,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
     from tqdm import tqdm
 
     hf_dir = Path(hf_dir)
+    check_apart(out, {"--hf": hf_dir})         # --force must never replace the source weights
     where = str(hf_dir / "config.json")
     cfg = read_config(hf_dir, "--hf")
     arch = _check_model_type(cfg, where)

@@ -202,3 +202,12 @@ def test_the_paged_ragged_forward_equals_transformers_logits(pair, hf_target):
         want = hf_target(torch.tensor([s[:p + n]])).logits[0, p:p + n]
         assert (logits[i:i + n] - want).abs().max() < 1e-5       # CPU logits come back in float32
         i += n
+
+
+def test_reachable_graphs_follow_the_budget_cap():
+    """Under a 12-token budget, K=4 at b=3 is capped to 3 (3 x 4 = 12): that graph is captured."""
+    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+
+    keys = reachable_graphs([DraftSchedule.static(4, 8)], 4, True, max_num_tokens=12)
+    assert {g.k for g in keys if g.kind == "spec"} == {4, 3, 2}       # b=1,2 -> 4; b=3 -> 3; b=4 -> 2
+    assert GraphKey("spec", 4, 2) in keys and GraphKey("spec", 4, 4) not in keys

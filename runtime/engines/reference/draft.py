@@ -46,8 +46,8 @@ from torch import Tensor, nn
 from dynspec.errors import DynspecError
 
 from .attention import RaggedBatch, sdpa_attention, write_kv
-from .model import (_empty, Collectives, apply_rope, attention_dims, check_silu, hf_field, parse_rope, rms_norm, row_batch,
-                    setup_paged_cache, setup_row_cache, TargetConfig)
+from .model import (_empty, Collectives, apply_rope, attention_dims, check_silu, hf_field, parse_rope, rms_norm,
+                    row_batch, setup_paged_cache, setup_row_cache, TargetConfig)
 
 
 def default_capture_layers(num_layers: int) -> tuple[int, ...]:
@@ -253,7 +253,6 @@ class Eagle3Draft(nn.Module):
         N = tokens.shape[0]
         if hidden.shape[0] != N:
             raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(N,)}")
-        c = self.config
         x, residual = self.layer_input(tokens, self.fuse(hidden))            # [N, 2h], [N, h]
         cos = self.rope_cos[batch.positions][None, None]                     # [1, 1, N, hd/2]
         sin = self.rope_sin[batch.positions][None, None]
@@ -271,7 +270,8 @@ class Eagle3Draft(nn.Module):
         B, T = tokens.shape
         if hidden.shape[:2] != (B, T):
             raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(B, T)}")
-        logits, out = self.run(tokens.reshape(B * T), hidden.reshape(B * T, -1), row_batch(self, positions, row0, kv_len))
+        batch = row_batch(self, positions, row0, kv_len)
+        logits, out = self.run(tokens.reshape(B * T), hidden.reshape(B * T, -1), batch)
         return logits.view(B, T, -1), out.view(B, T, -1)
 
     def extend_kv(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch) -> None:

@@ -30,7 +30,7 @@ run eager (their shapes vary with the chunks).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import torch
 
@@ -39,7 +39,7 @@ from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_pref
 from dynspec.runtime.engines.reference.attention import (RaggedBatch, flex_attention_paged, ragged_batch,
                                                          sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
-from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for
+from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,10 @@ class GraphKey:
     keep_warm: bool = False  # "decode" only: the draft extends its KV over the new token
 
 
-def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool) -> tuple[GraphKey, ...]:
-    """Every graph some batch size 1..max_batch_size can reach under any of the policies.
+def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
+                     max_num_tokens: int | None = None) -> tuple[GraphKey, ...]:
+    """Every graph some batch size 1..max_batch_size can reach under any of the policies,
+    with K capped to the token budget as the executor caps it (plan.cap_k).
 
     Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
         spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
@@ -61,6 +63,8 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool) -
     for policy in policies:
         for b in range(1, max_batch_size + 1):
             bucket, k = bucket_for(b, buckets), int(policy(b))
+            if max_num_tokens is not None:
+                k = cap_k(k, b, max_num_tokens)
             if k > 0:
                 keys.add(GraphKey("spec", bucket, k))
                 keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
@@ -168,7 +172,8 @@ class ReferenceEngine:
                 if any(plan.stale):
                     self._run(GraphKey("refresh", B), read)
                 self._run(GraphKey("spec", B, K), read)
-        host = torch.cat([self.out_n[:b], self.out_tokens[:b, : K + 1].reshape(-1), firsts]).tolist()  # the one host sync
+        # the one host sync: [b accepted | b x (K+1) tokens | first tokens of last chunks]
+        host = torch.cat([self.out_n[:b], self.out_tokens[:b, : K + 1].reshape(-1), firsts]).tolist()
         n, toks = host[:b], host[b: b + b * (K + 1)]
         it = iter(host[b + b * (K + 1):])
         return StepResult(

@@ -171,19 +171,10 @@ def _tokenizer(target_dir: str):
     return AutoTokenizer.from_pretrained(target_dir)
 
 
-def default_prompts(tokenizer, n: int = 16, length: int = 48) -> list[tuple[int, ...]]:
-    """Deterministic windows of Python standard-library source (text every machine has)."""
-    import textwrap, shlex, string  # noqa: E401  (sources only)
-
-    text = "\n".join(Path(m.__file__).read_text() for m in (textwrap, shlex, string))
-    ids = tokenizer(text)["input_ids"] if tokenizer is not None else list(text.encode())
-    stride = max(1, (len(ids) - length) // n)
-    return [tuple(ids[i * stride: i * stride + length]) for i in range(n)]
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from dynspec.pairs.corpus import default_prompts
     from dynspec.runtime.driver import read_prompts, run_closed_loop
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import open_reference_engine

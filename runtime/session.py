@@ -33,6 +33,7 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
         cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype,
         max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
         max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
+        max_num_tokens=ref.max_num_tokens,
     )
 
 

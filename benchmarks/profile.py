@@ -380,7 +380,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     keep_warm = cfg.reference.keep_warm
     if device.startswith("cuda") and cfg.reference.cuda_graphs:
         policies = [(lambda b, k=k: k) for k in draft_lens]
-        keys = set(reachable_graphs(policies, max_b, keep_warm)) | set(reachable_graphs([lambda b: 0], max_b, False))
+        keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
+                | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
         engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
     table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, context_len, keep_warm=keep_warm,
                                          warmup=warmup, repeats=repeats, progress=progress)

@@ -350,7 +350,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         # the union over modes, captured once; every mode's executor shares the engine
         keys = set()
         for m in spec.modes:
-            keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m]))
+            keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m], engine.max_num_tokens))
         n = engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
         log(f"captured {n} CUDA graphs per replica")
 

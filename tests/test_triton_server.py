@@ -199,6 +199,9 @@ def test_stats_cursor_reports_new_iterations_only():
     # a bounded log that has dropped its oldest entries: only iteration numbers count
     s = c.sample((st(2, 6, 0, 0), st(3, 1, 4, 2)), busy=True)
     assert (s.draft_len, s.drafted, dict(s.iterations_by_k)) == (4, 4, {4: 1}) and c.next == 4
+    # a prompt-only iteration (no decode row, b = 0) is no K=0 iteration and leaves the gauges
+    s = c.sample((st(4, 0, 0, 0),), busy=True)
+    assert (s.draft_len, s.batch_size, dict(s.iterations_by_k)) == (4, 1, {}) and c.next == 5
 
 
 # ---- the server ---------------------------------------------------------------------------------

@@ -343,11 +343,13 @@ class StatsCursor:
         new = [st for st in stats if st.iteration >= self.next]
         if new:
             self.next = new[-1].iteration + 1
+        # an iteration with prompt chunks only (batch_size 0: no row decodes) makes no K decision
+        decoding = [st for st in new if st.batch_size > 0]
         by_k: dict[int, int] = {}
-        for st in new:
+        for st in decoding:
             by_k[st.k] = by_k.get(st.k, 0) + 1
-        if new:
-            self._k, self._b = new[-1].k, new[-1].batch_size
+        if decoding:
+            self._k, self._b = decoding[-1].k, decoding[-1].batch_size
         elif not busy:
             self._b = 0
         return MetricsSample(self._k, self._b, sum(s.drafted for s in new), sum(s.accepted for s in new), by_k)

@@ -412,6 +412,7 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         every rank   ctx = init_tp(tp); engine = load(ctx)    (its shard; wrap it here to record steps)
         leaders      result = lead(LeaderEngine(engine), ctx); then STOP to the workers
         workers      serve_worker(engine) until STOP; result None
+        every rank   shutdown(ctx): the process groups are gone; ctx.comm (MPI) still works
     Returns (ctx, engine, result). Any exception on any rank aborts the job (abort_on_error).
     tp == 1: every rank is a replica of its own and lead runs on the plain engine."""
     ctx = init_tp(tp, device=device, timeout_s=timeout_s)
@@ -423,8 +424,18 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         channel = PlanChannel(ctx)
         if not ctx.layout.is_leader:
             serve_worker(engine, channel)
-            return ctx, engine, None
-        leader = LeaderEngine(engine, channel)
-        result = lead(leader, ctx)
-        leader.close()
+            result = None
+        else:
+            leader = LeaderEngine(engine, channel)
+            result = lead(leader, ctx)
+            leader.close()
+        shutdown(ctx)
         return ctx, engine, result
+
+
+def shutdown(ctx: TpContext) -> None:
+    """Tear down the process groups (every rank, after its last collective). Left to interpreter
+    exit, a gloo worker thread can drop its last tensor after Python is gone and abort the
+    process ("terminate called without an active exception")."""
+    if ctx.tp > 1 and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

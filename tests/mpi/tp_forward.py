@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from dynspec.runtime.distributed import abort_on_error, init_tp
+from dynspec.runtime.distributed import abort_on_error, init_tp, shutdown
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 from dynspec.runtime.engines.reference.tp import apply_tp
 
@@ -46,6 +46,7 @@ def main() -> None:
         out = forward(target, draft)
         if ctx.layout.rank == 0:
             torch.save(out, a.out)
+        shutdown(ctx)
 
 
 if __name__ == "__main__":

@@ -329,9 +329,11 @@ def test_two_replicas_of_tp2_idle_leaders(tmp_path, pair, tp1_outputs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("fault, within", [("kill", 2.0), ("hang", 3.0 + 2.0)])
-def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, within):
-    """Timeout 3 s: a killed worker is seen at once (connection reset), a hung one after 3 s."""
+@pytest.mark.parametrize("fault, after, within", [("kill", 0.0, 5.0), ("hang", 3.0, 12.0)])
+def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, after, within):
+    """Timeout 3 s: a killed worker is seen at once (connection reset), a hung one only when the
+    timeout expires. Times count from the submission of the 10 requests, so they include the 4
+    steps before the fault (slack for a busy CI machine)."""
     proc, wall, _ = run_tp(tmp_path, pair, 2, None, "--fault", fault, "--fault-at", "4",
                            env={"DYNSPEC_TP_TIMEOUT_S": "3"})
     err = proc.stderr
@@ -340,7 +342,7 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
     line = next((x for x in err.splitlines() if "open requests ended after" in x), None)
     assert line is not None, err[-3000:]
     assert line.endswith(str(["error"] * CONCURRENCY)), line
-    assert float(line.split("ended after ")[1].split(" s")[0]) < within, line
+    assert after <= float(line.split("ended after ")[1].split(" s")[0]) < within, line
     assert "[dynspec rank 0] TpFault: leader: TP rank 0 (world rank 0):" in err
     assert "aborting all 2 ranks" in err
     assert wall < 60, f"the job took {wall:.1f} s to end"       # start-up included (4+ s of imports a rank)

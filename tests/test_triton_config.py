@@ -333,3 +333,14 @@ def test_cli(tmp_path, capsys):
     assert "python -m dynspec.triton_repo.server" in capsys.readouterr().out
     assert main(["triton", "--engine-dir", str(tmp_path / "missing"), "--out", str(tmp_path / "r2")]) == 2
     assert "dynspec triton: error: engine dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where,flag", [("engine", "--engine-dir"), ("engine/repo", "--engine-dir"),
+                                        ("target", "engine.json target_dir"), ("draft/x", "engine.json draft_dir"),
+                                        (".", "--engine-dir")])
+def test_out_apart_from_the_engine_dir_and_its_checkpoints(tmp_path, where, flag):
+    eng = engine_dir(tmp_path)
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    with pytest.raises(DynspecError, match=f"--out .* {flag} "):
+        generate_repo(eng, tmp_path / where, force=True)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before

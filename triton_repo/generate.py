@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from dynspec.artifacts import atomic_dir, write_json
+from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.build.llm_api import graph_batch_sizes, read_options
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
@@ -190,7 +190,10 @@ def generate_repo(engine_dir: str | os.PathLike, out: str | os.PathLike, variant
     """Fill the variant's templates from ENGINE_DIR into `out` (all-or-nothing)."""
     if variant not in VARIANTS:
         raise DynspecError(f"unknown Triton variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    check_apart(out, {"--engine-dir": engine_dir})
     engine = open_engine(engine_dir)
+    check_apart(out, {"engine.json target_dir": engine.config.target_dir,
+                      "engine.json draft_dir": engine.config.draft_dir})
     if variant == "reference":
         params = reference_params(engine, device)
     else:

@@ -43,60 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dynspec.checkpoint.eagle3 import default_capture_layers, resolve_capture_layers  # noqa: F401 (re-export)
 from dynspec.errors import DynspecError
 
 from .attention import RaggedBatch, sdpa_attention, write_kv
 from .model import (_empty, Collectives, apply_rope, attention_dims, check_silu, hf_field, parse_rope, rms_norm,
                     row_batch, setup_paged_cache, setup_row_cache, TargetConfig)
-
-
-def default_capture_layers(num_layers: int) -> tuple[int, ...]:
-    """TRT-LLM's default `eagle3_layers_to_capture`: outputs of layers (1, L//2-1, L-4)."""
-    return (1, num_layers // 2 - 1, num_layers - 4)
-
-
-def _check_layers(ids, field: str, where: str, num_layers: int, shift: int = 0) -> tuple[int, ...]:
-    if not isinstance(ids, (list, tuple)) or not ids or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise DynspecError(f"{where}: field '{field}' must be a non-empty list of integers, got {ids!r}")
-    out = tuple(i - shift for i in ids)
-    bad = [i + shift for i in out if not 0 <= i < num_layers]
-    if bad:
-        what = ("(vLLM convention: id i is the input of layer i, so ids must be 1.."
-                f"{num_layers})" if shift else f"(outputs of layers 0..{num_layers - 1})")
-        raise DynspecError(f"{where}: field '{field}' has ids {bad} out of range for a target with "
-                           f"{num_layers} layers {what}")
-    if len(set(out)) != len(out):
-        raise DynspecError(f"{where}: field '{field}' = {list(ids)} repeats a layer; capture layers must be distinct")
-    return out
-
-
-def resolve_capture_layers(cfg: dict, where: str, num_layers: int,
-                           override: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """Capture layers (outputs-of-layer convention) from an override, the config, or the default."""
-    if override is not None:
-        return _check_layers(list(override), "capture_layers (override)", where, num_layers)
-    eagle_cfg = cfg.get("eagle_config")
-    outs = eagle_cfg.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_cfg, dict) else None
-    ins = cfg.get("eagle_aux_hidden_state_layer_ids")
-    found = None
-    if outs is not None:
-        found = _check_layers(outs, "eagle_config.eagle_aux_hidden_state_layer_ids", where, num_layers)
-    if ins is not None:
-        from_ins = _check_layers(ins, "eagle_aux_hidden_state_layer_ids", where, num_layers, shift=1)
-        if found is not None and found != from_ins:
-            raise DynspecError(
-                f"{where}: 'eagle_config.eagle_aux_hidden_state_layer_ids' {list(outs)} (outputs of layers) "
-                f"and 'eagle_aux_hidden_state_layer_ids' {list(ins)} (vLLM: inputs of layers) disagree")
-        found = from_ins
-    if found is not None:
-        return found
-    default = default_capture_layers(num_layers)
-    if min(default) < 0 or len(set(default)) != len(default):
-        raise DynspecError(
-            f"{where}: the default EAGLE-3 capture layers {default} do not fit a target with {num_layers} "
-            f"layers; name them in field 'eagle_config.eagle_aux_hidden_state_layer_ids'")
-    return default
 
 
 @dataclass(frozen=True)
@@ -151,7 +103,7 @@ class Eagle3Config:
         if draft_vocab > vocab:
             raise DynspecError(f"{where}: field 'draft_vocab_size' ({draft_vocab}) exceeds 'vocab_size' ({vocab})")
         theta, scaling = parse_rope(cfg, where)
-        capture = resolve_capture_layers(cfg, where, target.num_layers, capture_layers)
+        capture = resolve_capture_layers(cfg, where, target.num_layers, capture_layers).layers
         if len(capture) * target_hidden == hidden:
             raise DynspecError(f"{where}: fused width {len(capture)}x{target_hidden} equals hidden_size {hidden}; "
                                "the draft could not tell a fused capture from its own hidden state")
@@ -207,7 +159,7 @@ class Eagle3Draft(nn.Module):
         """A pool laid out like the target's: the engine uses one block table for both."""
         setup_paged_cache(self, self.config, self.fc, None, num_blocks, block_size, max_seq_len)
 
-    # The pieces below are also used by tiny_pair.py's training-time-test loop.
+    # The pieces below are also used by dynspec/pairs/tiny_pair.py's training-time-test loop.
     def fuse(self, hidden: Tensor) -> Tensor:
         """[B, T, n*h_t] fused target capture -> fc -> [B, T, h]; [B, T, h] passes through."""
         width = hidden.shape[-1]

@@ -114,6 +114,7 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     closed = [r for r in doc["rows"] if r.get("concurrency") is not None]
     xkey, xlabel = ("concurrency", "concurrency C (per replica)") if closed else \
@@ -192,8 +193,10 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
             ax3.plot(x, p50, marker=marker, color=color, label=f"{m} p50")
             ax3.plot(x, p99, marker=marker, color=color, linestyle="--", alpha=0.6, label=f"{m} p99")
     ax3.set_xscale("log", base=2)
-    if xs:
-        ax3.set_xticks(xs, [f"{x:g}" for x in xs])
+    loads = sorted({r[xkey] for r in rows if r.get("p50_ttft_s") is not None})
+    if loads:
+        ax3.set_xticks(loads, [f"{x:g}" for x in loads])
+    ax3.xaxis.set_minor_locator(NullLocator())
     ax3.set_yscale("log")
     ax3.set_xlabel(xlabel)
     ax3.set_ylabel("time to first token, ms")

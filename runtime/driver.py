@@ -4,6 +4,7 @@ Closed loop, C=2, 4 requests:  submit r0 r1 | step ... r1 done -> submit r2 | st
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -29,6 +30,10 @@ def read_prompts(path: str | Path, tokenize: Callable[[str], list[int]] | None) 
             ids = obj["input_ids"]
             if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
                 raise DynspecError(f"{where}: field 'input_ids' must be a non-empty list of token ids")
+            flag = next((i for i, t in enumerate(ids) if isinstance(t, bool)), None)   # json true is an int
+            if flag is not None:
+                raise DynspecError(f"{where}: field 'input_ids' holds {json.dumps(ids[flag])} at index {flag}; "
+                                   "token ids are integers, not booleans")
         elif "prompt" in obj:
             if not isinstance(obj["prompt"], str) or not obj["prompt"]:
                 raise DynspecError(f"{where}: field 'prompt' must be a non-empty string")

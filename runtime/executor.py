@@ -143,7 +143,12 @@ class Executor:
         acceptance: AcceptanceModel = Greedy(),
         allow_lossy: bool = False,
         clock: Callable[[], float] = time.perf_counter,
-        stats_limit: int = 1_000_000,
+        # Newest IterationStats kept for `stats`/`stats_since` (None: all). One costs ~285 B, so
+        # 65536 is ~19 MB; the old 1,000,000 (~285 MB) grew a served process for days before it
+        # capped, which the Triton soak read as a leak. Pollers read every few ms and the sweeps
+        # record steps through on_step, so neither needs more; a one-shot run that summarizes
+        # every iteration of a long job passes None.
+        stats_limit: int | None = 65536,
     ):
         if not acceptance.lossless and not allow_lossy:
             raise DynspecError(

@@ -33,7 +33,7 @@ def tiny_pair():
     target, draft = tiny_pair_dirs()
     if not (Path(target) / "config.json").is_file():
         pytest.fail(f"the embedded tiny pair is missing at {target}; build it with"
-                    " `python -m dynspec.runtime.engines.reference.tiny_pair --out dynspec/assets/tiny`")
+                    " `python -m dynspec.pairs.tiny_pair --out dynspec/assets/tiny`")
     return target, draft
 
 

@@ -188,8 +188,6 @@ def write_random_pair(out_dir: str | os.PathLike, preset: str = "llama-3.1-8b", 
                 raise DynspecError(f"--tokenizer {tokenizer} holds no tokenizer*.json files")
             for f in names:
                 shutil.copy(f, tmp / "target" / f.name)
-        for f in [tmp, *tmp.rglob("*")]:                     # mkdtemp/safetensors make 0700/0600
-            f.chmod(0o755 if f.is_dir() else 0o644)
     return PairPaths(out / "target", out / "draft")
 
 

@@ -432,8 +432,6 @@ def build(out: str | os.PathLike, spec: TinySpec = TinySpec(), progress: bool = 
             "build_seconds": round(time.time() - t0, 1),
         }
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        for f in [tmp, *tmp.rglob("*")]:                     # mkdtemp/safetensors make 0700/0600
-            f.chmod(0o755 if f.is_dir() else 0o644)
     log(f"built {out} in {info['build_seconds']}s")
     return info
 

@@ -12,8 +12,8 @@ MPIRUN=${MPIRUN:-$(dirname "$(command -v "$PY")")/mpirun}
 ROOT_FLAGS=(); [ "$(id -u)" = 0 ] && ROOT_FLAGS=(--allow-run-as-root)
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
-"$MPIRUN" -n "$NP" "${ROOT_FLAGS[@]}" --oversubscribe -x NCCL_NVLS_ENABLE=0 \
+"$MPIRUN" -n "$NP" "${ROOT_FLAGS[@]}" --oversubscribe -x NCCL_NVLS_ENABLE=0 -x OMP_NUM_THREADS=1 \
   "$PY" -m dynspec.benchmarks.sweep --engine reference --device cpu \
     --schedule 2:3 --static-k 3 --modes baseline,static,dynamic --concurrency 1,2,4,8 \
-    --acceptance real --prompts stdlib --input-len 48 --output-len 48 --waves 2 --min-requests 4 --trials 3 \
+    --acceptance real --prompts stdlib --input-len 32:64 --output-len 32:64 --waves 2 --min-requests 4 --trials 3 \
     --out "$OUT/cpu_tiny"

@@ -189,17 +189,23 @@ class Eagle3Draft(nn.Module):
         k = apply_rope(k.view(B, T, kvh, hd).transpose(1, 2), cos, sin)
         return q, k, v.view(B, T, kvh, hd).transpose(1, 2)
 
-    def finish(self, attn: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        """attn [B, T, nh*hd] -> (draft logits [B, T, dv], output hidden [B, T, h] pre-norm)."""
+    def finish(self, attn: Tensor, residual: Tensor, greedy: bool = False) -> tuple[Tensor, Tensor]:
+        """attn [B, T, nh*hd] -> (draft logits [B, T, dv], output hidden [B, T, h] pre-norm);
+        greedy: the draft-vocab argmax ids [B, T] instead of the logits."""
         eps = self.config.rms_norm_eps
         x = residual + self.collectives.all_reduce(F.linear(attn, self.wo))
         gate, up = F.linear(rms_norm(x, self.post_attention_layernorm, eps), self.w13).chunk(2, dim=-1)
         out = x + self.collectives.all_reduce(F.linear(F.silu(gate) * up, self.w2))
-        return self.collectives.gather_vocab(F.linear(rms_norm(out, self.norm, eps), self.lm_head)), out
+        logits = F.linear(rms_norm(out, self.norm, eps), self.lm_head)       # [B, T, dv | dv_pad/N]
+        if greedy:
+            return self.collectives.argmax(logits), out
+        return self.collectives.gather_vocab(logits), out
 
-    def run(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch, attention=None) -> tuple[Tensor, Tensor]:
+    def run(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch, attention=None,
+            greedy: bool = False) -> tuple[Tensor, Tensor]:
         """tokens [N] (target ids), hidden [N, n*h_t | h] packed
-        -> (draft-vocab logits [N, dv], output hidden [N, h] pre-norm, to feed back)."""
+        -> (draft-vocab logits [N, dv], output hidden [N, h] pre-norm, to feed back);
+        greedy: the draft-vocab argmax ids [N] instead of the logits."""
         if self.k_cache is None:
             raise RuntimeError("Eagle3Draft.setup_cache or setup_pool must be called before forward")
         N = tokens.shape[0]
@@ -210,7 +216,10 @@ class Eagle3Draft(nn.Module):
         sin = self.rope_sin[batch.positions][None, None]
         q, k, v = (t[0].transpose(0, 1) for t in self.qkv(x[None], cos, sin))   # [N, heads, hd]
         write_kv(self.k_cache, self.v_cache, k, v, batch)
-        logits, out = self.finish((attention or self.attention)(q, self.k_cache, self.v_cache, batch), residual)
+        logits, out = self.finish((attention or self.attention)(q, self.k_cache, self.v_cache, batch), residual,
+                                  greedy)
+        if greedy:
+            return logits, out
         if logits.device.type == "cpu":
             logits = logits.float()
         return logits, out

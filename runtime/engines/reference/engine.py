@@ -228,8 +228,8 @@ class ReferenceEngine:
 
     def _draft_next(self, tokens, hidden, batch, attention=None):
         """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
-        dl, dh = self.draft.run(tokens, hidden, batch, attention)
-        return self.draft.to_target_ids(dl.argmax(dim=-1)), dh
+        ids, dh = self.draft.run(tokens, hidden, batch, attention, greedy=True)
+        return self.draft.to_target_ids(ids), dh
 
     def _refresh(self, B: int, read) -> None:
         """Rebuild entry L of stale rows: (x_L, h_{L-1}) at draft position L-1."""
@@ -261,8 +261,9 @@ class ReferenceEngine:
         vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
         batch = self._rows(B, vpos, read)
         tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
-        logits, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=self._attention(read))
-        n, E = self._accept(D, logits.argmax(dim=-1).view(B, K + 1))
+        g, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=self._attention(read),
+                               greedy=True)
+        n, E = self._accept(D, g.view(B, K + 1))
         self._catch_up(E, H.view(B, K + 1, -1), batch, n, self._attention(read))
         self.out_tokens[:B, : K + 1] = E
         self.out_n[:B] = n
@@ -272,8 +273,8 @@ class ReferenceEngine:
         attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
         `_refresh` when speculation resumes, so every later draft step sees a complete cache."""
         batch = self._rows(B, self.pos[:B, None], read)
-        logits, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self._attention(read))
-        g = logits.argmax(dim=-1)                                            # [B]
+        g, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self._attention(read),
+                               greedy=True)                                  # [B]
         if keep_warm:
             self.draft.extend_kv(g, H, batch)                                # entry L+1 @ draft pos L
         self.last_capture[self.slot[:B]] = H
@@ -314,9 +315,8 @@ class ReferenceEngine:
         last_rows = [j for j, c in enumerate(chunks) if c.last]
         last_idx = torch.tensor([ends[j] for j in last_rows], dtype=torch.long).to(dev)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
-        logits, H = self.target.run(torch.cat([dec_tokens, prompt]), batch, capture=self.capture,
-                                    logit_index=logit_index)
-        greedy = logits.argmax(dim=-1)                                       # [nd + n_last]
+        greedy, H = self.target.run(torch.cat([dec_tokens, prompt]), batch, capture=self.capture,
+                                    logit_index=logit_index, greedy=True)    # [nd + n_last]
         firsts = greedy[nd:]
         # draft entries of the chunks: (x_{p+1}, h_p), x_e = the next prompt token or g0
         nxt = torch.tensor([t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)], dtype=torch.long).to(dev)
@@ -391,10 +391,13 @@ def load_reference_engine(
     max_draft_len: int = 8,
     max_num_tokens: int = 8192,
     fused_kernels: bool | None = None,
+    prepare=None,
     **cache,
 ) -> ReferenceEngine:
     """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only).
-    cache: block_size, num_blocks, attention ("flex" | "sdpa"), passed to ReferenceEngine."""
+    prepare(target, draft): runs on the loaded models before the caches are sized (tp.apply_tp
+    shards them there). cache: block_size, num_blocks, attention ("flex" | "sdpa"), passed to
+    ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 
@@ -403,5 +406,7 @@ def load_reference_engine(
     if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
         target.kernels = Kernels(compiled=True)          # this engine only
     draft = load_draft(draft_dir, target, device=device, dtype=dt)
+    if prepare is not None:
+        prepare(target, draft)
     return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                            max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)

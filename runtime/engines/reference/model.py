@@ -331,6 +331,11 @@ class Collectives:
     def gather_vocab(self, logits: Tensor) -> Tensor:
         return logits
 
+    def argmax(self, logits: Tensor) -> Tensor:
+        """Greedy ids [...] of the head's output [..., V] (a TP engine's: its vocab shard,
+        reduced over ranks with 2N numbers per row instead of gathering the logits)."""
+        return logits.argmax(dim=-1)
+
 
 class Target(nn.Module):
     """Llama-family target. Parameters are allocated uninitialised; load.py fills them."""
@@ -368,9 +373,10 @@ class Target(nn.Module):
                           block_size, max_seq_len)
 
     def run(self, tokens: Tensor, batch: RaggedBatch, *, capture: tuple[int, ...] = (),
-            logit_index: Tensor | None = None, attention=None) -> tuple[Tensor, Tensor | None]:
+            logit_index: Tensor | None = None, attention=None,
+            greedy: bool = False) -> tuple[Tensor, Tensor | None]:
         """tokens [N] packed -> (logits [M, V] at logit_index (all N when None),
-        captured [N, len(capture)*h] or None).
+        captured [N, len(capture)*h] or None). greedy: the argmax ids [M] instead of the logits.
 
         `capture` lists decoder layers (0-based) whose OUTPUTS (residual stream after the
         layer, before the final norm) are concatenated in the given order.
@@ -394,7 +400,10 @@ class Target(nn.Module):
         hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [N, n*h]
         if logit_index is not None:
             x = x[logit_index]
-        out = self.collectives.gather_vocab(F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head))
+        out = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)   # [M, V | V_pad/N]
+        if greedy:
+            return self.collectives.argmax(out), hidden                   # [M]
+        out = self.collectives.gather_vocab(out)
         if out.device.type == "cpu":
             out = out.float()
         return out, hidden                                                # [M, V]

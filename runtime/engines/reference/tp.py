@@ -197,7 +197,9 @@ def vocab_parallel_argmax(local_logits: Tensor, vocab: int, ctx: TpContext) -> T
 class TpCollectives:
     """model.Collectives over one replica's ranks: all_reduce sums the row-parallel partial
     outputs of wo and w2; gather_vocab joins the vocab shards of the logits in rank order and
-    drops the padding rows: [N, V_pad/N] on each rank -> [N, V] on every rank."""
+    drops the padding rows: [N, V_pad/N] on each rank -> [N, V] on every rank; argmax is the
+    vocabulary-parallel one: [N, V_pad/N] on each rank -> ids [N] on every rank, 2 numbers per
+    rank and row on the wire (what the engine calls; gather_vocab serves logits to tools)."""
 
     def __init__(self, ctx: TpContext, vocab: int):
         self.ctx, self.vocab = ctx, vocab
@@ -207,6 +209,9 @@ class TpCollectives:
 
     def gather_vocab(self, logits: Tensor) -> Tensor:
         return self.ctx.all_gather(logits, dim=-1)[..., :self.vocab]
+
+    def argmax(self, logits: Tensor) -> Tensor:
+        return vocab_parallel_argmax(logits, self.vocab, self.ctx)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -284,17 +289,11 @@ def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: st
 
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
-    from dynspec.runtime.engines.reference.engine import ReferenceEngine
-    from dynspec.runtime.engines.reference.load import load_draft, load_target
-    from dynspec.runtime.engines.reference.model import Kernels, TargetConfig
+    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from dynspec.runtime.engines.reference.model import TargetConfig
 
     twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")
     tc = TargetConfig.from_hf(read_config(target_dir, "target"), twhere)
     check_tp(tc, Eagle3Config.from_hf(read_config(draft_dir, "draft"), dwhere, tc), ctx.tp, twhere, dwhere)
-    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    target = load_target(target_dir, device=ctx.device, dtype=dt)
-    if fused_kernels if fused_kernels is not None else ctx.device.type == "cuda":
-        target.kernels = Kernels(compiled=True)
-    draft = load_draft(draft_dir, target, device=ctx.device, dtype=dt)
-    apply_tp(target, draft, ctx)
-    return ReferenceEngine(target, draft, **engine_args)
+    return load_reference_engine(target_dir, draft_dir, device=str(ctx.device), dtype=dtype,
+                                 fused_kernels=fused_kernels, prepare=lambda t, d: apply_tp(t, d, ctx), **engine_args)

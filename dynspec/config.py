@@ -40,7 +40,7 @@ from dynspec.runtime.policy import DraftSchedule
 
 ENGINE_FORMAT = "dynspec-engine/1"
 ENGINE_JSON = "engine.json"
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")   # float64: CPU exactness tests only
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 
 

@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
 
 MODES = ("baseline", "static", "dynamic")
@@ -31,7 +32,10 @@ def register(sub) -> None:
     p.add_argument("--out", help="output JSONL (of the last mode): {'id', 'output_ids', 'text'}")
     p.add_argument("--stats", help="per-iteration stats JSONL (of the last mode)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", choices=DTYPES, help="float64: CPU only, for exactness tests (TP=N against TP=1)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel ranks per replica: mpirun -n R*N gives R replicas of N ranks "
+                        "(docs/tensor_parallel.md)")
     p.add_argument("--max-seq-len", type=int, help="cache length per request (default: engine.json or 1024)")
     p.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="tokens per iteration: decode rows x (K+1) + prompt chunks (default: engine.json or 8192)")
@@ -75,7 +79,7 @@ def _check_flags(args) -> None:
 
     for flag, v in (("--max-new-tokens", args.max_new_tokens), ("--concurrency", args.concurrency),
                     ("--num-prompts", args.num_prompts), ("--max-seq-len", args.max_seq_len),
-                    ("--max-num-tokens", args.max_num_tokens)):
+                    ("--max-num-tokens", args.max_num_tokens), ("--tp", args.tp)):
         if v is not None and v < 1:
             raise DynspecError(f"{flag}={v} must be at least 1")
     inputs = {"--prompts": args.prompts, "--engine-dir": args.engine_dir, "--target": args.target,
@@ -87,6 +91,9 @@ def _check_flags(args) -> None:
     if len(outs) == 2 and Path(args.out).resolve() == Path(args.stats).resolve():
         raise DynspecError(f"--out and --stats are both {args.out}; give two files")
     _check_device(args.device)
+    if args.dtype == "float64" and args.device != "cpu":
+        raise DynspecError(f"--dtype float64 is for CPU exactness tests; --device {args.device} takes "
+                           f"float32, bfloat16 or float16")
 
 
 def _check_device(device: str) -> None:
@@ -176,9 +183,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from dynspec.pairs.corpus import default_prompts
     from dynspec.runtime.driver import read_prompts, run_closed_loop
+    from dynspec.runtime.distributed import run_replica
+    from dynspec.runtime.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import open_reference_engine
-    from dynspec.runtime.executor import Executor
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -205,19 +213,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
         check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
                             max_draft_len=max(cfg.schedule.max_draft_len, 1), max_new_tokens=args.max_new_tokens)
-    engine = open_reference_engine(cfg, device=args.device)
-    check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
-                        max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens)
+
+    def load(ctx):
+        # a world of one keeps --device as given; under mpirun each rank takes its TpContext's device
+        engine = open_reference_engine(cfg, device=args.device, tp=ctx if ctx.layout.size > 1 else None)
+        check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
+                            max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens)
+        return engine
+
+    def lead(engine, ctx):
+        """This replica's share of the prompts under every mode -> {mode: (results, stats)}."""
+        mine = ids[ctx.layout.replica::ctx.layout.replicas]
+        out = {}
+        if mine:
+            run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
+        for mode in modes:
+            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm)
+            with tqdm(total=len(mine), desc=f"{mode:>8}", file=sys.stderr, leave=False,
+                      disable=ctx.layout.rank != 0) as bar:
+                results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)
+            out[mode] = (results, list(ex.stats))
+        return out
+
     stop = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
-    report = {}
-    run_closed_loop(Executor(engine, policies[modes[0]]), ids[:2], min(4, args.max_new_tokens), 2)   # warm-up
-    for mode in modes:
-        ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm)
-        with tqdm(total=len(ids), desc=f"{mode:>8}", file=sys.stderr, leave=False) as bar:
-            results = run_closed_loop(ex, ids, args.max_new_tokens, args.concurrency, stop, progress=bar)
-        report[mode] = summarize(ex.stats, results)
-        last = (results, ex.stats)
-    results, stats = last
+    ctx, _, mine = run_replica(args.tp, load, lead, device=args.device)
+    shares = ctx.comm.gather(mine if ctx.layout.is_leader else None, root=0) if ctx.comm is not None else [mine]
+    if ctx.layout.rank != 0:
+        return 0
+    shares = [shares[r * args.tp] for r in range(ctx.layout.replicas)]          # leaders, in replica order
+    report = {mode: summarize([s for sh in shares for s in sh[mode][1]], [x for sh in shares for x in sh[mode][0]])
+              for mode in modes}
+    last = modes[-1]
+    results = interleave([sh[last][0] for sh in shares], len(ids))
     if args.out:
         _write_jsonl(args.out, ({"id": n, "output_ids": list(r.output_ids),
                                  **({"text": tok.decode(list(r.output_ids))} if tok else {})}
@@ -225,9 +252,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stats:
         from dataclasses import asdict
 
-        _write_jsonl(args.stats, (asdict(s) for s in stats))
+        tag = (lambda r: {"replica": r}) if len(shares) > 1 else (lambda r: {})
+        _write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, sh in enumerate(shares) for s in sh[last][1]))
     print(format_report(cfg.schedule, report, args.concurrency))
     return 0
+
+
+def interleave(shares: list[list], n: int) -> list:
+    """Replica r served prompts r, r+R, r+2R, ...: [[a0, a2], [a1]] (R=2, n=3) -> [a0, a1, a2]."""
+    out: list = [None] * n
+    for r, share in enumerate(shares):
+        out[r::len(shares)] = share
+    return out
 
 
 def summarize(stats, results) -> dict:

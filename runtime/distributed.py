@@ -201,8 +201,9 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
     lay = layout(rank, size, tp)
     dev = torch.device(device)
     if dev.type == "cuda":
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
-        dev = torch.device("cuda", local % torch.cuda.device_count())
+        if dev.index is None:          # "cuda": one GPU per rank of the host; "cuda:N" as given
+            local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
+            dev = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(dev)
     if tp == 1:                        # replicas of one rank: nothing to reduce, no process group
         return TpContext(lay, dev, timeout_s, comm=comm)

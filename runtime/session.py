@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.policy import DraftSchedule
 
@@ -24,24 +25,33 @@ def engine_config_for(target_dir: str, draft_dir: str, schedule: DraftSchedule,
 
 
 def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_len: int | None = None,
-                          **overrides):
-    """Load cfg's pair into a ReferenceEngine sized by cfg.reference (overrides: its fields)."""
+                          tp=None, **overrides):
+    """Load cfg's pair into a ReferenceEngine sized by cfg.reference (overrides: its fields).
+    tp: this rank's TpContext (runtime/distributed.py): the engine holds its shard of the pair
+    and runs on tp.device (docs/tensor_parallel.md); None: the whole pair on `device`."""
     from dynspec.runtime.engines.reference.engine import load_reference_engine
 
     ref = replace(cfg.reference, **overrides)
-    return load_reference_engine(
-        cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype,
-        max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
-        max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
-        max_num_tokens=ref.max_num_tokens,
-    )
+    dev = str(tp.device) if tp is not None else device
+    if ref.dtype == "float64" and not dev.startswith("cpu"):
+        raise DynspecError(f"dtype float64 is for CPU exactness tests; device {dev} takes float32, bfloat16 "
+                           f"or float16")
+    sizes = dict(max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
+                 max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
+                 max_num_tokens=ref.max_num_tokens)
+    if tp is not None:
+        from dynspec.runtime.engines.reference.tp import load_tp_engine
+
+        return load_tp_engine(cfg.target_dir, cfg.draft_dir, tp, dtype=ref.dtype, **sizes)
+    return load_reference_engine(cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype, **sizes)
 
 
 def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[int], int] | None = None,
                   keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
-                  allow_lossy: bool = False, **overrides):
+                  allow_lossy: bool = False, stats_limit: int | None = None, **overrides):
     """Engine + Executor for cfg. On CUDA with reference.cuda_graphs, graphs for every
-    (bucket, K) the policy can reach are captured here, before the first request."""
+    (bucket, K) the policy can reach are captured here, before the first request.
+    stats_limit: the Executor's bound on its per-iteration stats log (None: its default)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.executor import Executor
 
@@ -50,4 +60,5 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
     engine = open_reference_engine(cfg, device=device, **overrides)
     if device.startswith("cuda") and cfg.reference.cuda_graphs:
         engine.capture_graphs(reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens))
-    return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy)
+    limit = {} if stats_limit is None else {"stats_limit": stats_limit}
+    return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy, **limit)

@@ -137,10 +137,13 @@ class FakeLLM:
                         out.finished = True
                     out.outputs[0].token_ids = out.outputs[0].token_ids + new
                     last = new[-1]
+                    first = len(out.outputs[0].token_ids) == len(new)   # this request's context step
                     llm._stats.append(json.dumps({
                         "iter": len(llm._stats), "iterLatencyMS": 12.5, "numActiveRequests": llm.active,
-                        "inflightBatchingStats": {"numScheduledRequests": llm.active, "numContextRequests": 0,
-                                                  "numGenRequests": 1},
+                        "inflightBatchingStats": {"numScheduledRequests": llm.active,
+                                                  "numContextRequests": int(first), "numGenRequests": 1 - first,
+                                                  "numPausedRequests": 0,
+                                                  "numCtxTokens": len(inputs) if first else 0},
                         "specDecodingStats": {"numDraftTokens": k, "numAcceptedTokens": accepted if k else 0,
                                               "numRequestsWithDraftTokens": 1 if k else 0,
                                               "acceptanceLength": 1.0 + accepted, "iterLatencyMS": 0.0,
@@ -247,6 +250,8 @@ def test_generate_streams_and_records_iterations(fake_trtllm, engine_dir):
         assert r.k == sched[keys[bisect.bisect_right(keys, r.batch_size) - 1]]
         assert r.drafted == r.k and r.accepted == min(r.k, 1) and r.seconds == pytest.approx(0.0125)
     assert {r.batch_size for r in records} == {1, 2}      # two prompts in flight, then one
+    assert sum(r.prefill_tokens for r in records) == 3 + 1 + 1 + 1      # every prompt, once
+    assert sum(r.decode_rows for r in records) == len(records) - 4      # the other steps decode
 
 
 def test_iteration_record_conversion():
@@ -258,9 +263,21 @@ def test_iteration_record_conversion():
                                                 "numRequestsWithDraftTokens": 3, "acceptanceLength": 3.33}})
     assert (r.iteration, r.batch_size, r.k, r.drafted, r.accepted, r.emitted) == (7, 3, 4, 12, 7, 10)
     assert r.seconds == pytest.approx(0.0215)
+    assert (r.decode_rows, r.prefill_tokens) == (3, None)       # numCtxTokens absent: unknown, not 0
     plain = iteration_record(json.dumps({"iter": 8, "iterLatencyMS": 9.0, "numActiveRequests": 40,
                                          "inflightBatchingStats": {"numGenRequests": 40}}))
     assert (plain.batch_size, plain.k, plain.drafted, plain.accepted, plain.emitted) == (40, 0, 0, 0, 40)
+    assert (plain.decode_rows, plain.prefill_tokens) == (40, None)
+    mixed = iteration_record({"iter": 9, "numActiveRequests": 5,
+                              "inflightBatchingStats": {"numContextRequests": 2, "numGenRequests": 3,
+                                                        "numCtxTokens": 700}})
+    assert (mixed.batch_size, mixed.decode_rows, mixed.prefill_tokens) == (5, 3, 700)
+    bare = iteration_record({"iter": 10, "numActiveRequests": 2})
+    assert (bare.decode_rows, bare.prefill_tokens) == (None, None)
+    with pytest.raises(DynspecError, match="numCtxTokens=-3"):
+        iteration_record({"numActiveRequests": 2, "inflightBatchingStats": {"numCtxTokens": -3}})
+    for name in ("numGenRequests", "numCtxTokens"):
+        assert name in FIXTURE["iteration_stats_json"]["InflightBatchingStats"]
     for name in ("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens"):
         assert name in FIXTURE["iteration_stats_json"]["SpecDecodingStats"]
     for name in ("iter", "iterLatencyMS", "numActiveRequests", "inflightBatchingStats", "specDecodingStats"):

@@ -14,7 +14,7 @@ these entries in dynspec (the engine and benchmarks/trtllm_driver.py both use it
      "specDecodingStats": {"numDraftTokens": 11, "numAcceptedTokens": 7,
                            "numRequestsWithDraftTokens": 3, "acceptanceLength": 3.33, ...}}
     -> IterationStats(iteration=7, batch_size=3, k=4, drafted=11, accepted=7, emitted=10,
-                      seconds=0.0215, host_seconds=0.0)
+                      seconds=0.0215, host_seconds=0.0, decode_rows=3, prefill_tokens=None)
 Rules (field names from cpp/tensorrt_llm/executor/jsonSerialization.cpp; meanings from
 PyExecutor's iteration-stats code in tensorrt_llm/_torch/pyexecutor/py_executor.py):
 - batch_size = numActiveRequests, the count PyExecutor looks draft_len_schedule up with
@@ -25,6 +25,10 @@ PyExecutor's iteration-stats code in tensorrt_llm/_torch/pyexecutor/py_executor.
   iteration the schedule gives them all the same K, and a request can draft fewer (it is near
   its max_tokens, or its zero token ids are not counted), never more. So the mean is <= K and
   its ceiling is K while the shortfall stays under one token per request: 11 over 3 -> 4.
+- decode_rows = inflightBatchingStats.numGenRequests (the generation requests PyExecutor
+  scheduled); prefill_tokens = inflightBatchingStats.numCtxTokens (the model engine's context
+  tokens of the iteration, prompt chunks included). A field the entry lacks is None, not 0:
+  the example above has no numCtxTokens, so its prefill is unknown, not zero.
 """
 from __future__ import annotations
 
@@ -61,6 +65,11 @@ def _count(entry: Mapping, section: Mapping, name: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DynspecError(f"TRT-LLM iteration stats {where}: {name}={value!r} is not a count >= 0 in {dict(entry)!r}")
     return value
+
+
+def _reported_count(entry: Mapping, section: Mapping, name: str, where: str) -> int | None:
+    """A count TRT-LLM may leave out: None when absent (or null), else as _count."""
+    return None if section.get(name) is None else _count(entry, section, name, where)
 
 
 def iteration_record(stat: Mapping[str, Any] | str, position: int = 0) -> IterationStats | None:
@@ -101,6 +110,8 @@ def iteration_record(stat: Mapping[str, Any] | str, position: int = 0) -> Iterat
         emitted=_count(stat, ifb, "numGenRequests", where) + accepted,   # generation tokens: 1 + accepted per request
         seconds=float(stat.get("iterLatencyMS", 0.0)) / 1000.0,
         host_seconds=0.0,
+        decode_rows=_reported_count(stat, ifb, "numGenRequests", where),
+        prefill_tokens=_reported_count(stat, ifb, "numCtxTokens", where),
     )
 
 

@@ -13,7 +13,8 @@ by `dynspec build`) with its speculative_config replaced:
     static    max_draft_len = K, no draft_len_schedule
     dynamic   draft_len_schedule rendered by DraftSchedule.to_trtllm(engine trtllm_version)
 K and acceptance come from the iteration stats (enable_iter_perf_stats), read by the engine's
-one parser, iteration_record.
+one parser, iteration_record. With --trials T every mode runs T times (one LLM start each), the
+mode order rotated per trial; a row is the median trial with the spread of all T, as in sweep.py.
 
 keep_warm in each row says whether the draft is kept up to date while K = 0: False for the
 baseline (no draft), and False for every TRT-LLM version dynspec renders, since none carries
@@ -140,7 +141,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     from dynspec.build.llm_api import read_options
     from dynspec.benchmarks.metrics import RunRecord, StepRecord, summarize
     from dynspec.benchmarks.report import write_all
-    from dynspec.benchmarks.sweep import make_row, resolve
+    from dynspec.benchmarks.sweep import make_row, median_trial, resolve, trial_fields
     from dynspec.benchmarks.workload import take
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.trtllm import TrtllmEngine, load_options
@@ -160,21 +161,31 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     if any(p.concurrency is None for p in spec.points):
         raise DynspecError("--engine trtllm supports closed-loop --concurrency only")
     warm = {m: keep_warm_label(m, cfg.trtllm_version) for m in spec.modes}
+    trials: dict[tuple, list] = {}                        # (point, mode) -> RunMetrics of each trial
+    n = len(spec.modes)
+    for t in range(spec.trials):
+        # rotate the mode order per trial, as benchmarks/sweep.py does: trial 1 of (a, b, c) runs b, c, a
+        for m in spec.modes[t % n:] + spec.modes[:t % n]:
+            opts = mode_options(base, m, schedules[m], static_k, cfg.trtllm_version)
+            log(f"trtllm: starting LLM for mode {m}" + (f" (trial {t + 1}/{spec.trials})" if spec.trials > 1 else ""))
+            with TrtllmEngine.start({"model": cfg.target_dir, **opts}, cfg) as engine:
+                for p in spec.points:
+                    reqs = take(spec.requests, spec.count.at(p))
+                    engine.new_iteration_stats(timeout=1)            # drain stats of earlier runs
+                    t0 = time.perf_counter()
+                    timings = asyncio.run(_closed_loop_async(engine, reqs, p.concurrency))
+                    t1 = time.perf_counter()
+                    steps = tuple(StepRecord.of(r) for r in engine.new_iteration_stats(timeout=5))
+                    met = summarize([RunRecord(tuple(timings), steps, t0, t1)])
+                    trials.setdefault((p, m), []).append(met)
+                    log(f"trtllm {m} C={p.concurrency}: {met.output_tok_per_s:.1f} tok/s, mean K {met.mean_k:.2f}")
     rows = []
-    for m in spec.modes:
-        opts = mode_options(base, m, schedules[m], static_k, cfg.trtllm_version)
-        log(f"trtllm: starting LLM for mode {m}")
-        with TrtllmEngine.start({"model": cfg.target_dir, **opts}, cfg) as engine:
-            for p in spec.points:
-                reqs = take(spec.requests, spec.count.at(p))
-                engine.new_iteration_stats(timeout=1)            # drain stats of earlier runs
-                t0 = time.perf_counter()
-                timings = asyncio.run(_closed_loop_async(engine, reqs, p.concurrency))
-                t1 = time.perf_counter()
-                steps = tuple(StepRecord.of(r) for r in engine.new_iteration_stats(timeout=5))
-                met = summarize([RunRecord(tuple(timings), steps, t0, t1)])
-                rows.append(make_row(p, m, spec, schedules[m], warm[m], met, 1))
-                log(f"trtllm {m} C={p.concurrency}: {met.output_tok_per_s:.1f} tok/s, mean K {met.mean_k:.2f}")
+    for p in spec.points:                                   # the median trial + spread, as sweep's rows
+        for m in spec.modes:
+            mets = trials[(p, m)]
+            row = make_row(p, m, spec, schedules[m], warm[m], median_trial(mets), 1)
+            row.update(trial_fields(mets))
+            rows.append(row)
     doc = {"env": {"name": Path(args.out).name, "device": "cuda (TensorRT-LLM)", "engine": "trtllm",
                    "engine_source": choice.source, "tp": base.get("tensor_parallel_size", cfg.tp),
                    "world_size": int(os.environ.get("tllm_mpi_size", "1")), "replicas": 1,

@@ -383,3 +383,25 @@ def test_sweep_driver_runs_on_trtllm_engine(fake_trtllm, engine_dir, tmp_path, m
     for c in (1, 2):
         ks = {(b, k) for b, k, _ in rows[("dynamic", c)]["k_by_batch"]}
         assert ks and all(k == sched[min(b, 3)] for b, k in ks), ks
+
+
+def test_trtllm_sweep_runs_every_trial_in_rotated_order(fake_trtllm, engine_dir, tmp_path):
+    """--trials 2: each mode starts twice, trial 2 begins with the second mode; a row is the
+    median trial with both trials' tok/s around it, as the reference sweep writes rows."""
+    from dynspec.benchmarks import sweep
+
+    out = tmp_path / "run"
+    rc = sweep.main(["--engine", "trtllm", "--engine-dir", str(engine_dir), "--concurrency", "2",
+                     "--num-requests", "2", "--input-len", "4", "--output-len", "6", "--trials", "2",
+                     "--warmup-requests", "0", "--static-k", "3", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    order = ["baseline" if i.spec is None else "static" if i.spec.get("draft_len_schedule") is None else "dynamic"
+             for i in FakeLLM.instances]
+    assert order == ["baseline", "static", "dynamic", "static", "dynamic", "baseline"]
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["baseline", "static", "dynamic"]
+    for r in rows:
+        assert r["trials"] == 2 and len(r["trial_tok_per_s"]) == 2 and len(r["trial_p99_ttft_s"]) == 2
+        assert r["tok_per_s_min"] == min(r["trial_tok_per_s"]) and r["tok_per_s_max"] == max(r["trial_tok_per_s"])
+        assert r["output_tok_per_s"] == min(r["trial_tok_per_s"])          # lower middle of two
+        assert r["prefill_tokens"] == 2 * 4 and r["output_tokens"] == 2 * 6

@@ -83,3 +83,18 @@ def log(msg: str, *, all_ranks: bool = False) -> None:
         who = f"rank {w.rank}/{w.size}" if w.size > 1 else time.strftime("%H:%M:%S")
         sys.stderr.write(f"[dynspec {who}] {msg}\n")
     sys.stderr.flush()
+
+
+def split_leaders(w: World, tp: int) -> World | None:
+    """Under `--tp tp` the replicas' leaders (world ranks 0, tp, 2*tp, ...) as a world of their
+    own, so that barriers and gathers involve only the ranks that time and report:
+        -n 4 --tp 2:  ranks 0, 2 -> World(0, 2), World(1, 2) over one communicator;  ranks 1, 3 -> None
+    tp == 1 returns w. Collective (MPI Comm.Split): every rank of w calls it."""
+    if tp == 1 or w.comm is None:
+        return w
+    leader = w.rank % tp == 0
+    sub = w.comm.Split(0 if leader else 1, w.rank)
+    if not leader:
+        sub.Free()
+        return None
+    return World(sub.Get_rank(), sub.Get_size(), w.local_rank, sub)

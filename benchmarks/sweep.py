@@ -20,6 +20,10 @@ NAME.md and NAME.png. Without mpirun the world is one rank.
 TensorRT-LLM (`--engine trtllm`) runs as one TP instance of the LLM API:
     mpirun -n 8 trtllm-llmapi-launch python -m dynspec.benchmarks.sweep --engine trtllm --engine-dir DIR ...
 (see benchmarks/trtllm_driver.py).
+
+Tensor parallelism (`--tp N`, reference engine): `mpirun -n R*N` gives R replicas of N ranks.
+Every rank holds its shard; only the R leaders drive load, time and report, gathered over a
+communicator of the leaders alone (benchmarks/mpi.py split_leaders; docs/tensor_parallel.md).
 """
 from __future__ import annotations
 
@@ -148,6 +152,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--engine", choices=("reference", "trtllm"), default="reference")
     add_engine_args(p)
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="reference engine: tensor parallel ranks per replica (mpirun -n R*N -> R replicas)")
     g = p.add_argument_group("load")
     g.add_argument("--concurrency", default="1,2,4,8", help="closed-loop concurrencies per replica, e.g. 1,2,4,8")
     g.add_argument("--request-rate", default="", help="open-loop Poisson rates per replica (req/s), e.g. 0.5,1,2")
@@ -217,6 +223,9 @@ def check_flags(args: argparse.Namespace) -> None:
     from dynspec.runtime.acceptance import parse_acceptance
 
     parse_modes(args.modes)
+    if args.tp != 1 and args.engine == "trtllm":
+        raise DynspecError(f"--tp {args.tp} is the reference engine's; TensorRT-LLM takes its TP from the engine dir "
+                           f"(mpirun -n N trtllm-llmapi-launch ...)")
     if args.concurrency.strip():
         int_list(args.concurrency, "--concurrency")
     if args.request_rate.strip():
@@ -326,33 +335,49 @@ def command_line(argv: Sequence[str], world_size: int) -> str:
     return f"mpirun -n {world_size} {base}" if world_size > 1 else base
 
 
-def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None,
-                  on_rows=None) -> list[dict]:
-    """Every rank: run every (load point, mode); rank 0 returns the rows (others return []).
-    on_rows(rows so far) runs on rank 0 after each load point (a killed sweep keeps what finished)."""
-    import torch
-
-    from dynspec.benchmarks.engines import device_for_rank, open_reference, set_cpu_threads
-    from dynspec.benchmarks.loadgen import closed_loop, open_loop
-    from dynspec.benchmarks.metrics import summarize
-    from dynspec.benchmarks.workload import take
+def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
+    """The reference engine sized for spec (tp: this rank's TpContext, for its shard), with the
+    union of every mode's reachable CUDA graphs captured once (every mode's executor shares it).
+    Under TP every rank of a replica captures the same keys in the same order."""
+    from dynspec.benchmarks.engines import open_reference
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.session import open_reference_engine
 
-    dev = device_for_rank(device, w.local_rank)
-    set_cpu_threads(threads, dev)
-    if dev.startswith("cuda"):
-        torch.cuda.set_device(torch.device(dev))
-    schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
-    engine = open_reference(cfg, device=dev, max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
-                            max_draft_len=spec.max_draft_len)
-    if dev.startswith("cuda") and cfg.reference.cuda_graphs:
-        # the union over modes, captured once; every mode's executor shares the engine
+    sizes = dict(max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len, max_draft_len=spec.max_draft_len)
+    if tp is None:
+        engine = open_reference(cfg, device=device, **sizes)
+    else:           # as open_reference: the engine dir's own schedule does not enlarge the engine
+        engine = open_reference_engine(replace(cfg, schedule=DraftSchedule()), tp=tp, **sizes)
+    if str(engine.device).startswith("cuda") and cfg.reference.cuda_graphs:
+        schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
         keys = set()
         for m in spec.modes:
             keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m], engine.max_num_tokens))
         n = engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
         log(f"captured {n} CUDA graphs per replica")
+    return engine
+
+
+def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None,
+                  on_rows=None, engine=None) -> list[dict]:
+    """Every rank of w: run every (load point, mode); w's rank 0 returns the rows (others return []).
+    on_rows(rows so far) runs on rank 0 after each load point (a killed sweep keeps what finished).
+    engine: already open (a TP leader's LeaderEngine; w then holds the leaders only)."""
+    import torch
+
+    from dynspec.benchmarks.engines import device_for_rank, set_cpu_threads
+    from dynspec.benchmarks.loadgen import closed_loop, open_loop
+    from dynspec.benchmarks.metrics import summarize
+    from dynspec.benchmarks.workload import take
+    from dynspec.runtime.executor import Executor
+
+    schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
+    if engine is None:
+        dev = device_for_rank(device, w.local_rank)
+        set_cpu_threads(threads, dev)
+        if dev.startswith("cuda"):
+            torch.cuda.set_device(torch.device(dev))
+        engine = open_engine(spec, cfg, dev)
 
     def executor(mode: str) -> Executor:
         return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=spec.acceptance, allow_lossy=True)
@@ -461,7 +486,8 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
     return row
 
 
-def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, argv: Sequence[str]) -> dict:
+def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, argv: Sequence[str],
+              tp: int = 1) -> dict:
     from dynspec.benchmarks.engines import device_name, versions
 
     dev = device_name(device if not device == "cuda" else "cuda:0")
@@ -471,7 +497,8 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "engine": spec.engine,
         "engine_source": source,
         "world_size": w.size,
-        "replicas": w.size if spec.engine == "reference" else 1,
+        "replicas": w.size // tp if spec.engine == "reference" else 1,
+        "tp": tp if spec.engine == "reference" else None,
         "versions": versions(),
         "command": command_line(argv, w.size),
         "acceptance_model": str(spec.acceptance),
@@ -511,21 +538,36 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         from dynspec.benchmarks.trtllm_driver import run_trtllm_sweep
 
         return run_trtllm_sweep(args, argv)
+    from dynspec.benchmarks.engines import set_cpu_threads
+    from dynspec.benchmarks.mpi import split_leaders
+    from dynspec.runtime.distributed import layout, run_replica
+
     w = world()
+    tp = args.tp
+    replicas = layout(w.rank, w.size, tp).replicas         # refuses -n that is not a multiple of --tp
     choice = engine_choice(args)
     cfg = choice.config
-    spec = resolve(args, w, cfg)
-    log(f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {w.size} replica(s), "
-        f"acceptance {spec.acceptance}, {choice.source}")
+    leaders = split_leaders(w, tp)                           # None on a TP worker
+    spec = resolve(args, leaders or World(w.rank, replicas, w.local_rank), cfg)   # the same spec on every rank
+    log(f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {replicas} replica(s)"
+        + (f" of TP={tp}" if tp > 1 else "") + f", acceptance {spec.acceptance}, {choice.source}")
     t0 = time.perf_counter()
-    env = env_block(args, spec, cfg, choice.source, args.device, w, argv) if w.is_root else None
+    env = env_block(args, spec, cfg, choice.source, args.device, w, argv, tp) if w.is_root else None
 
     def partial(rows: list[dict]) -> None:
         write_all({"env": dict(env, wall_s=time.perf_counter() - t0, complete=False), "rows": rows}, args.out,
                   plot_png=False)
 
-    rows = run_reference(spec, cfg, args.device, w, progress=not args.no_progress, threads=args.threads,
-                         on_rows=partial)
+    progress = not args.no_progress
+    if tp == 1:
+        rows = run_reference(spec, cfg, args.device, w, progress=progress, threads=args.threads, on_rows=partial)
+    else:
+        set_cpu_threads(args.threads, args.device)
+        _, _, rows = run_replica(
+            tp, lambda ctx: open_engine(spec, cfg, str(ctx.device), tp=ctx),
+            lambda engine, ctx: run_reference(spec, cfg, args.device, leaders, progress=progress, on_rows=partial,
+                                              engine=engine),
+            device=args.device)
     if w.is_root:
         doc = {"env": dict(env, wall_s=time.perf_counter() - t0, complete=True), "rows": rows}
         paths = write_all(doc, args.out)

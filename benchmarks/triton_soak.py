@@ -170,18 +170,14 @@ def rss_kb(pid: int) -> int:
 
 
 def stub_pids(server_pid: int) -> list[int]:
+    from dynspec.triton_repo.server import parent_pids
+
     pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) != server_pid:
-                continue
+    for pid, parent in parent_pids().items():
+        if parent == server_pid:
             with contextlib.suppress(OSError):
-                if b"triton_python_backend_stub" in (d / "cmdline").read_bytes():
-                    pids.append(int(d.name))
+                if b"triton_python_backend_stub" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(pid)
     return pids
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from dynspec.config import EngineConfig
-from dynspec.triton_repo.server import error_lines, free_ports, owns_listener
+from dynspec.triton_repo.server import error_lines, free_ports, owns_listener, parent_pids
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +88,8 @@ def start(repo, ports):
 
 
 def children(pid):
-    """pid -> every descendant pid, from /proc/*/stat (field 4 is the parent)."""
-    parent = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    """pid -> every descendant pid."""
+    parent = parent_pids()
     found, todo = set(), [pid]
     while todo:
         p = todo.pop()

@@ -127,6 +127,19 @@ def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports
     ]
 
 
+def parent_pids() -> dict[int, int]:
+    """pid -> parent pid of every live process, from /proc/PID/stat (the field after the name)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parent
+
+
 def listening_inodes(port: int) -> set[int]:
     """Socket inodes in LISTEN state on `port` (any address), from /proc/net/tcp and tcp6.
     A line there: `sl local_address rem_address st ... inode`, e.g. `0: 0100007F:1F40 00000000:0000 0A ... 41234`

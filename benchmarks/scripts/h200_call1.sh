@@ -15,20 +15,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 DEADLINE=${DEADLINE:-530}
 LOG=$RES/h200_call1.log
 mkdir -p "$OUT" "$RES"
-left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
-pack() { tar -czf "$OUT/h200_call1.tar.gz" -C "$RES" . 2>/dev/null; }
-stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadline), log, re-pack
-  local name=$1 limit=$2; shift 2
-  (( limit > $(left) )) && limit=$(left)
-  echo "== $name (limit ${limit}s, t=${SECONDS}s)" | tee -a "$LOG"
-  timeout "$limit" "$@" >>"$LOG" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc (t=${SECONDS}s)" | tee -a "$LOG"
-  (( rc == 0 )) || failed+=("$name")
-  pack
-}
-failed=()
-git -C "$here" rev-parse HEAD >>"$LOG" 2>&1
+PACK=h200_call1.tar.gz
+. "$here/h200_lib.sh"
+provenance "$here" >>"$LOG"
 stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
 # GPU_TESTS=0 moves the GPU tests to call 2 (GPU_TESTS=1 there) when regime A needs the time
 [ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-60}" "${PYTHON:-python3}" -m pytest -q -m gpu \

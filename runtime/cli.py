@@ -90,10 +90,10 @@ def _check_flags(args) -> None:
         check_writable(path, flag)
     if len(outs) == 2 and Path(args.out).resolve() == Path(args.stats).resolve():
         raise DynspecError(f"--out and --stats are both {args.out}; give two files")
-    _check_device(args.device)
     if args.dtype == "float64" and args.device != "cpu":
         raise DynspecError(f"--dtype float64 is for CPU exactness tests; --device {args.device} takes "
                            f"float32, bfloat16 or float16")
+    _check_device(args.device)
 
 
 def _check_device(device: str) -> None:

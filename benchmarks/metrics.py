@@ -63,8 +63,8 @@ class StepRecord:
     accepted: int
     seconds: float
     host_seconds: float
-    decode_rows: int = 0          # rows that decoded this iteration (K+1 tokens each)
-    prefill_tokens: int = 0       # prompt tokens that rode in the same forward
+    decode_rows: int | None = 0     # rows that decoded this iteration (K+1 tokens each); None: not reported
+    prefill_tokens: int | None = 0  # prompt tokens that rode in the same forward; None: not reported
 
     @classmethod
     def of(cls, st) -> "StepRecord":
@@ -114,9 +114,9 @@ class RunMetrics:
     mean_accepted_len: float
     mean_step_ms: float
     host_overhead_fraction: float   # (policy + planning) / engine step time
-    mean_decode_rows: float
-    prefill_tokens: int             # prompt tokens carried by the iterations, summed
-    mixed_iterations: int           # iterations with decode_rows > 0 and prefill_tokens > 0
+    mean_decode_rows: float | None
+    prefill_tokens: int | None      # prompt tokens carried by the iterations, summed (None: not reported)
+    mixed_iterations: int | None    # iterations with decode_rows > 0 and prefill_tokens > 0
     per_replica_tok_per_s: tuple[float, ...]
     k_by_batch: tuple[tuple[int, int, int], ...]   # (batch size, K, iterations), sorted
 
@@ -155,10 +155,20 @@ def step_summary(steps: Sequence[StepRecord]) -> dict:
         "mean_accepted_len": (accepted + rows) / rows if rows else 1.0,
         "mean_step_ms": 1e3 * secs / len(steps) if steps else 0.0,
         "host_overhead_fraction": sum(s.host_seconds for s in steps) / secs if secs > 0 else 0.0,
+        **_iteration_mix(steps),
+        "k_by_batch": tuple(sorted((b, k, n) for (b, k), n in Counter((s.batch_size, s.k) for s in decode).items())),
+    }
+
+
+def _iteration_mix(steps) -> dict:
+    """Decode rows / prompt tokens per iteration; None where an engine did not report them
+    (TRT-LLM iteration stats without inflightBatchingStats) rather than a made-up 0."""
+    if any(s.decode_rows is None or s.prefill_tokens is None for s in steps):
+        return {"mean_decode_rows": None, "prefill_tokens": None, "mixed_iterations": None}
+    return {
         "mean_decode_rows": sum(s.decode_rows for s in steps) / len(steps) if steps else 0.0,
         "prefill_tokens": sum(s.prefill_tokens for s in steps),
         "mixed_iterations": sum(1 for s in steps if s.decode_rows > 0 and s.prefill_tokens > 0),
-        "k_by_batch": tuple(sorted((b, k, n) for (b, k), n in Counter((s.batch_size, s.k) for s in decode).items())),
     }
 
 

@@ -223,3 +223,14 @@ def test_refills_ride_in_the_decode_iterations():
     assert max(s.decode_rows for s in rec.steps) == 3
     mixed = [s for s in rec.steps if s.decode_rows > 0 and s.prefill_tokens > 0]
     assert mixed and step_summary(rec.steps)["mixed_iterations"] == len(mixed)
+
+
+def test_unreported_iteration_mix_is_none_not_zero():
+    """TRT-LLM entries without inflightBatchingStats give decode_rows/prefill_tokens None:
+    the run's mix is unknown, not 0 (metrics used to raise TypeError on them)."""
+    from dynspec.benchmarks.metrics import StepRecord, _iteration_mix
+
+    known = [StepRecord(4, 2, 8, 5, 0.01, 0.0, 4, 0), StepRecord(4, 2, 8, 5, 0.01, 0.0, 3, 16)]
+    assert _iteration_mix(known) == {"mean_decode_rows": 3.5, "prefill_tokens": 16, "mixed_iterations": 1}
+    unknown = known + [StepRecord(4, 2, 8, 5, 0.01, 0.0, None, None)]
+    assert _iteration_mix(unknown) == {"mean_decode_rows": None, "prefill_tokens": None, "mixed_iterations": None}

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.engines.reference.draft import default_capture_layers
+from dynspec.checkpoint.eagle3 import default_capture_layers
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 from tests.helpers_models import LLAMA3_ROPE, make_tiny_draft, make_tiny_target
 

@@ -5,7 +5,6 @@ length K of each iteration follows the real concurrency. Engine dir and device c
 parameters in config.pbtxt; the logic that does not need Triton lives in
 dynspec.triton_repo.serving.
 """
-import collections
 import importlib.util
 import json
 import os
@@ -119,12 +118,9 @@ class TritonPythonModel:
         self.serving, self.request_errors = serving, (DynspecError,)
         cfg = EngineConfig.load(params["engine_dir"])
         self.info = serving.load_model_info(cfg.target_dir)
-        self.executor = open_executor(cfg, device=params.get("device") or "cpu")
-        # The executor keeps up to 1e6 IterationStats for benchmarks that read a whole run: about
-        # 2 KB per served request, a steady RSS creep in a server (benchmarks/results/triton_soak.json).
-        # The monitor reads only iterations newer than its cursor, so a short log is enough.
-        # open_executor has no stats_limit argument yet: bound the log before the loop starts.
-        self.executor._stats = collections.deque(maxlen=serving.STATS_KEPT)
+        # The monitor reads only iterations newer than its cursor, so a short stats log is enough
+        # (an unbounded one was the stub's RSS creep in benchmarks/results/triton_soak.json).
+        self.executor = open_executor(cfg, device=params.get("device") or "cpu", stats_limit=serving.STATS_KEPT)
         self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
         self.cursor = serving.StatsCursor()
         self.live = {}

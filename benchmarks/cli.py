@@ -25,7 +25,7 @@ def _command(word: str, args: argparse.Namespace) -> str:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable, write_json
     from dynspec.benchmarks.engines import apply_bench_env, engine_choice, set_cpu_threads, versions
-    from dynspec.benchmarks.mpi import log
+    from dynspec.benchmarks.mpi import log, world
     from dynspec.benchmarks.profile import run_profile
     from dynspec.benchmarks.sweep import int_list, make_workload
     from dynspec.errors import DynspecError
@@ -54,7 +54,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                                     args.num_requests, args.seed)
         reqs = reqs[: args.num_requests]
     bar = None
-    if not args.no_progress:
+    if not args.no_progress and world().is_root:
         from tqdm import tqdm
 
         n_shapes = len(bs) * (len(set(ks) | {0}) + 1)
@@ -67,10 +67,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "command": _command("profile", args),
               "acceptance_source": (None if reqs is None else
                                     f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
-        progress=bar.update if bar else None, max_seq_len=args.max_seq_len, floor=args.floor,
+        progress=bar.update if bar else None, max_seq_len=args.max_seq_len, floor=args.floor, tp=args.tp,
     )
     if bar:
         bar.close()
+    if prof is None:              # a TP worker, or a leader other than world rank 0
+        return 0
     write_json(args.out, prof.to_json())
     log(f"wrote {args.out}")
     print(f"{'b':>5} " + " ".join(f"{f'K={k} ms':>10}" for k in sorted(prof.iteration_ms[bs[0]])))
@@ -185,6 +187,8 @@ def register(sub) -> None:
     p.add_argument("--floor", action="store_true",
                    help="also time the target's GEMMs alone (CUDA graph on a GPU) and plain decode at b=1;"
                         " the profile records gemm_floor_ms")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel ranks (mpirun -n N): the leader times, every rank runs each step")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True, help="profile.json")
     p.set_defaults(func=_cmd_profile)

@@ -352,13 +352,16 @@ def weight_bytes(module) -> int:
 def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
                 meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None,
-                floor: bool = False) -> Profile:
+                floor: bool = False, tp: int = 1) -> Profile | None:
     """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K).
 
     max_seq_len: the cache length (default: just enough). Give the sweep's when comparing with
     it: captured graphs attend over the whole cache, so it, not context_len, sets their cost.
-    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context) on the same engine."""
-    from dynspec.benchmarks.engines import device_name, open_reference
+    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context) on the same engine;
+    under TP its GEMMs are one rank's shard, without the collectives.
+    tp: under `mpirun -n R*tp`, every rank loads its shard and the R leaders time (each step
+    broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
+    replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
 
     batch_sizes = sorted(set(batch_sizes))
@@ -376,13 +379,58 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
         if max_seq_len < seq:
             raise DynspecError(f"--max-seq-len {max_seq_len} is below the {seq} positions this profile needs")
         seq = max_seq_len
-    engine = open_reference(cfg, device=device, max_batch_size=max_b, max_seq_len=seq, max_draft_len=max(kmax, 1))
     keep_warm = cfg.reference.keep_warm
-    if device.startswith("cuda") and cfg.reference.cuda_graphs:
-        policies = [(lambda b, k=k: k) for k in draft_lens]
-        keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
-                | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
-        engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
+
+    def load(ctx=None):
+        engine = open_sized(cfg, device=device, tp=ctx, max_batch_size=max_b, max_seq_len=seq,
+                            max_draft_len=max(kmax, 1))
+        if device.startswith("cuda") and cfg.reference.cuda_graphs:
+            policies = [(lambda b, k=k: k) for k in draft_lens]
+            keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
+                    | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
+            engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
+        return engine
+
+    if tp == 1:
+        return _measure(load(), cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup,
+                        repeats, acceptance_requests, acceptance_concurrency, meta, progress, floor)
+    from dynspec.benchmarks.mpi import split_leaders, world
+    from dynspec.runtime.distributed import run_replica
+
+    leaders = split_leaders(world(), tp)                     # collective: every rank, before the groups
+    meta = dict(meta or {}, tp=tp)
+    _, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
+        engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
+        acceptance_requests, acceptance_concurrency, meta, progress, floor), device=device)
+    if leaders is None:
+        return None
+    every = leaders.gather(prof.decode_ms)
+    if not leaders.is_root:
+        return None
+    return Profile(prof.device, prof.iteration_ms, prof.per_position, prof.context_len, prof.decode_ms,
+                   dict(prof.meta, replicas=leaders.size, replica_decode_ms=every))
+
+
+def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_draft_len: int, tp=None):
+    """benchmarks.engines.open_reference's engine, or (tp: this rank's TpContext) its shard on tp.device."""
+    from dataclasses import replace
+
+    from dynspec.benchmarks.engines import open_reference
+    from dynspec.runtime.policy import DraftSchedule
+    from dynspec.runtime.session import open_reference_engine
+
+    sizes = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, max_draft_len=max_draft_len)
+    if tp is None:
+        return open_reference(cfg, device=device, **sizes)
+    return open_reference_engine(replace(cfg, schedule=DraftSchedule()), tp=tp, **sizes)
+
+
+def _measure(engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
+             acceptance_requests, acceptance_concurrency, meta, progress, floor) -> Profile:
+    """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP)."""
+    from dynspec.benchmarks.engines import device_name
+
+    kmax = max(draft_lens)
     table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, context_len, keep_warm=keep_warm,
                                          warmup=warmup, repeats=repeats, progress=progress)
     pp = None

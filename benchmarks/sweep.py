@@ -339,15 +339,11 @@ def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
     """The reference engine sized for spec (tp: this rank's TpContext, for its shard), with the
     union of every mode's reachable CUDA graphs captured once (every mode's executor shares it).
     Under TP every rank of a replica captures the same keys in the same order."""
-    from dynspec.benchmarks.engines import open_reference
+    from dynspec.benchmarks.profile import open_sized
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.session import open_reference_engine
 
-    sizes = dict(max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len, max_draft_len=spec.max_draft_len)
-    if tp is None:
-        engine = open_reference(cfg, device=device, **sizes)
-    else:           # as open_reference: the engine dir's own schedule does not enlarge the engine
-        engine = open_reference_engine(replace(cfg, schedule=DraftSchedule()), tp=tp, **sizes)
+    engine = open_sized(cfg, device=device, tp=tp, max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
+                        max_draft_len=spec.max_draft_len)
     if str(engine.device).startswith("cuda") and cfg.reference.cuda_graphs:
         schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
         keys = set()

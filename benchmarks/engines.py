@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
@@ -29,8 +30,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", metavar="SPEC", help="the engine's schedule when no --engine-dir is given"
                    " (default '4:4,8:2')")
     g.add_argument("--device", default="cpu", help="cpu | cuda (rank r of mpirun uses cuda:<local rank>) | cuda:N")
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="reference engine dtype (default: the engine dir's)")
+    g.add_argument("--dtype", choices=DTYPES,
+                   help="reference engine dtype (default: the engine dir's; float64 on CPU only)")
     g.add_argument("--no-cuda-graphs", action="store_true", help="reference engine: run eagerly on CUDA")
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dynspec.config import DTYPES
+
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable
@@ -70,7 +72,7 @@ def register(sub) -> None:
     p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
     p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
     ref = p.add_argument_group("reference engine settings (engine.json 'reference')")
-    ref.add_argument("--reference-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ref.add_argument("--reference-dtype", default="float32", choices=DTYPES)
     ref.add_argument("--reference-max-batch-size", type=int, help="default: min(64, --max-batch-size)")
     ref.add_argument("--reference-max-seq-len", type=int, help="default: min(1024, the max seq len)")
     p.set_defaults(func=_cmd_build)

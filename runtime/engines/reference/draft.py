@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dynspec.checkpoint.eagle3 import default_capture_layers, resolve_capture_layers  # noqa: F401 (re-export)
+from dynspec.checkpoint.eagle3 import resolve_capture_layers
 from dynspec.errors import DynspecError
 
 from .attention import RaggedBatch, sdpa_attention, write_kv

@@ -228,7 +228,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if mine:
             run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
         for mode in modes:
-            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm)
+            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None)  # whole run
             with tqdm(total=len(mine), desc=f"{mode:>8}", file=sys.stderr, leave=False,
                       disable=ctx.layout.rank != 0) as bar:
                 results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)

@@ -37,6 +37,7 @@ class Engine(Protocol):
     max_seq_len: int
     max_draft_len: int          # largest K the engine was set up for
     max_num_tokens: int         # tokens per iteration: decode rows x (K+1) + prompt chunks
+    max_reservation: int        # the most tokens one request's cache can ever hold (pool and table)
     vocab_size: int             # prompt ids must lie in 0..vocab_size-1
     buckets: tuple[int, ...]
 
@@ -188,6 +189,12 @@ class Executor:
                 f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{self.engine.max_draft_len + 1}"
                 f" verify slack) = {need} exceeds the cache length max_seq_len={self.engine.max_seq_len}"
             )
+        if need > self.engine.max_reservation:       # it would wait for blocks forever, and block the queue
+            raise DynspecError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{self.engine.max_draft_len + 1}"
+                f" verify slack) = {need} exceeds the {self.engine.max_reservation} tokens the KV cache pool can"
+                f" hold for one request"
+            )
         req = _Request(next(self._ids), prompt, max_new_tokens, frozenset(int(s) for s in stop_ids), self._clock())
         with self._lock:
             if self._stop:
@@ -236,30 +243,32 @@ class Executor:
         t0 = self._clock()
         rows = list(self._rows)
         b = len(rows)
-        k = 0
-        if b:
-            k = int(self.policy(b))
-            if not 0 <= k <= self.engine.max_draft_len:
-                raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{self.engine.max_draft_len}")
-            k = cap_k(k, b, self.engine.max_num_tokens)
-        chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
-        if not rows and not chunks:
-            return None
-        plan = make_plan(
-            k,
-            positions=[r.length for r in rows],
-            pending=[r.out[-1] for r in rows],
-            stale=[not r.draft_warm for r in rows],
-            keep_warm=self.keep_warm,
-            buckets=self.engine.buckets,
-            slots=[r.slot for r in rows],
-            chunks=chunks,
-        )
-        t1 = self._clock()
-        try:
+        chunked: list[_Request] | None = None
+        try:                            # a failure anywhere below ends this iteration's requests
+            k = 0
+            if b:
+                k = int(self.policy(b))
+                if not 0 <= k <= self.engine.max_draft_len:
+                    raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports "
+                                       f"0..{self.engine.max_draft_len}")
+                k = cap_k(k, b, self.engine.max_num_tokens)
+            chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
+            if not rows and not chunks:
+                return None
+            plan = make_plan(
+                k,
+                positions=[r.length for r in rows],
+                pending=[r.out[-1] for r in rows],
+                stale=[not r.draft_warm for r in rows],
+                keep_warm=self.keep_warm,
+                buckets=self.engine.buckets,
+                slots=[r.slot for r in rows],
+                chunks=chunks,
+            )
+            t1 = self._clock()
             result = self.engine.step(plan, self.acceptance)
         except BaseException:
-            self._fail(rows + chunked)
+            self._fail(rows + (list(self._prefilling) if chunked is None else chunked))   # None: admission failed
             raise
         t2 = self._clock()
         emitted = 0

@@ -415,3 +415,39 @@ def test_graph_keys_name_one_thing_per_field():
     assert GraphKey("decode", 8, 0, keep_warm=True) in keys
     assert GraphKey("spec", 8, 4) in keys and GraphKey("refresh", 8) in keys
     assert all(g.k == 0 for g in keys if g.kind != "spec")
+
+
+def test_a_request_larger_than_the_cache_pool_is_refused_at_submit(pair):
+    """A reservation the pool can never grant used to wait forever and block the queue behind it."""
+    target, draft = pair
+    eng = load_reference_engine(target, draft, dtype="float64", max_batch_size=4, max_seq_len=96, max_draft_len=4,
+                                block_size=16, num_blocks=3)            # 2 usable blocks: 32 tokens
+    assert eng.max_reservation == 32
+    ex = Executor(eng, DraftSchedule.static(4, 4))
+    with pytest.raises(DynspecError, match="45 exceeds the 32 tokens the KV cache pool"):
+        ex.submit(list(range(1, 11)), 30)                               # 10 + 30 + 5 = 45
+    small = ex.submit([1, 2, 3], 8)                                     # 3 + 8 + 5 = 16 fits
+    ex.run_until_idle()
+    assert small.done and small.result().finish_reason == "length" and eng.free_blocks == 2
+
+
+def test_a_failing_policy_ends_its_requests_and_the_loop_serves_on(pair):
+    """A policy that raises (here: K above the engine's) used to leave its rows unfinished while
+    the loop retried forever; now the iteration's requests end as "error"."""
+    target, draft = pair
+    eng = load_reference_engine(target, draft, dtype="float64", max_batch_size=4, max_seq_len=96, max_draft_len=4)
+    calls = []
+
+    def policy(b):
+        calls.append(b)
+        return 7 if b == 2 else 4                                       # 7 > max_draft_len
+    ex = Executor(eng, policy)
+    h1, h2 = ex.submit([1, 2, 3], 8), ex.submit([4, 5, 6], 8)
+    with pytest.raises(DynspecError, match="policy gave K=7 for batch 2"):
+        ex.run_until_idle()
+    assert h1.result().finish_reason == h2.result().finish_reason == "error"
+    ex.step()                                                           # releases their blocks
+    assert ex.active == 0 and eng.free_blocks == eng.blocks.num_blocks - 1
+    h3 = ex.submit([7, 8], 4)                                           # b=1: K=4 works
+    ex.run_until_idle()
+    assert h3.result().finish_reason == "length"

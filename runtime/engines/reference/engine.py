@@ -130,6 +130,10 @@ class ReferenceEngine:
     def free_blocks(self) -> int:
         return self.blocks.free_blocks
 
+    @property
+    def max_reservation(self) -> int:
+        return self.blocks.max_tokens
+
     def can_reserve(self, tokens: int) -> bool:
         return self.blocks.can_reserve(tokens)
 

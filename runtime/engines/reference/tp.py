@@ -1,4 +1,5 @@
-"""Tensor parallelism of the reference models, applied after loading (gpt-fast style).
+"""Tensor parallelism of the reference models: each rank loads only its shard (shard_part,
+load.py's `part`), or a loaded model is sharded in place (apply_tp, gpt-fast style).
 
 The rules (Megatron-style, as convert/shapes.py states them and TRT-LLM runs them):
     wqkv  [q | k | v] rows   column-parallel: rank r keeps its q heads and its KV heads
@@ -131,6 +132,30 @@ def shard_vocab(w: Tensor, rank: int, parts: int) -> Tensor:
     return column(w, rank, parts)
 
 
+def shard_part(rule: str, shape: tuple[int, ...], s: TpShape, rank: int) -> tuple[tuple[slice, ...], int]:
+    """The same rules on one HF tensor before fusing, as load.py reads it: (the index of this
+    rank's part in the full tensor, zero rows to append). rule: "q" (q_proj), "kv" (k_proj,
+    v_proj: convert's KV heads of the rank), "column" (gate_proj, up_proj), "row" (o_proj,
+    down_proj), "vocab" (embedding, lm_head). Stacking q|k|v and gate|up parts gives exactly
+    shard_qkv / shard_gate_up of the fused weight. E.g. vocab 161, N=2, rank 1: rows 81..160,
+    then 1 zero row (V_pad/N = 81)."""
+    if rule in ("q", "column"):
+        n = shape[0] // s.tp
+        return (slice(rank * n, (rank + 1) * n),), 0
+    if rule == "kv":
+        kv0, kvn = s.kv_head0(rank) * s.head_dim, s.local_kv_heads * s.head_dim
+        return (slice(kv0, kv0 + kvn),), 0
+    if rule == "row":
+        m = shape[1] // s.tp
+        return (slice(None), slice(rank * m, (rank + 1) * m)), 0
+    if rule == "vocab":
+        n = padded_vocab(shape[0], s.tp) // s.tp
+        lo = min(rank * n, shape[0])
+        hi = min(lo + n, shape[0])
+        return (slice(lo, hi),), n - (hi - lo)
+    raise ValueError(f"unknown sharding rule {rule!r}")
+
+
 # How each named weight of the reference models splits: the last name component -> rule.
 RULES = {
     "wqkv": "qkv", "w13": "gate_up", "wo": "row", "w2": "row",
@@ -217,12 +242,13 @@ class TpCollectives:
 class VocabParallelEmbedding(nn.Module):
     """Embedding rows rank*V_pad/N.. of the vocabulary. Each rank looks up the ids it holds,
     zeros elsewhere; the all-reduce adds exactly one nonzero row per id, so the result is the
-    unsharded lookup bit for bit. `weight` is the shard, so a tied lm_head is vocab-parallel too."""
+    unsharded lookup bit for bit. `weight` is the shard [V_pad/N, h] (shard_vocab's), so a tied
+    lm_head is vocab-parallel too."""
 
-    def __init__(self, full: Tensor, ctx: TpContext):
+    def __init__(self, shard: Tensor, ctx: TpContext):
         super().__init__()
-        self.ctx, self.vocab = ctx, full.shape[0]
-        self.weight = nn.Parameter(shard_vocab(full, ctx.tp_rank, ctx.tp).contiguous(), requires_grad=False)
+        self.ctx = ctx
+        self.weight = nn.Parameter(shard.contiguous(), requires_grad=False)
 
     def forward(self, ids: Tensor) -> Tensor:
         n = self.weight.shape[0]
@@ -252,27 +278,31 @@ def _local_config(config, s: TpShape):
                    intermediate_size=s.local_intermediate)
 
 
-def apply_tp(target, draft, ctx: TpContext) -> tuple[TpShape, TpShape]:
+def apply_tp(target, draft, ctx: TpContext, *, loaded: bool = False) -> tuple[TpShape, TpShape]:
     """Shard a loaded target + EAGLE-3 draft in place for this rank, before their caches are
     set up: per-instance head counts (q_size/kv_size, local configs), sharded weights, and the
-    collectives at the model's reduction points. Refuses an impossible split first (check_tp)."""
+    collectives at the model's reduction points. Refuses an impossible split first (check_tp).
+    loaded: the weights already are this rank's shards (load.py with shard_part)."""
     ts, ds = check_tp(target.config, draft.config, ctx.tp)
     if ctx.tp == 1:
         return ts, ds
     rank = ctx.tp_rank
+    shard = (lambda module, names, s: None) if loaded else (lambda module, names, s: _shard_module(
+        module, names, s, rank))
+    vocab = (lambda w: w) if loaded else (lambda w: shard_vocab(w, rank, ctx.tp))
     shared = draft.embed_tokens is target.tok_embeddings
-    target.tok_embeddings = VocabParallelEmbedding(target.tok_embeddings.weight.detach(), ctx)
+    target.tok_embeddings = VocabParallelEmbedding(vocab(target.tok_embeddings.weight.detach()), ctx)
     draft.embed_tokens = target.tok_embeddings if shared else VocabParallelEmbedding(
-        draft.embed_tokens.weight.detach(), ctx)
+        vocab(draft.embed_tokens.weight.detach()), ctx)
     for blk in target.layers:
-        _shard_module(blk, ("wqkv", "w13", "wo", "w2"), ts, rank)
+        shard(blk, ("wqkv", "w13", "wo", "w2"), ts)
         blk.c = _local_config(blk.c, ts)
         blk.q_size, blk.kv_size = ts.local_heads * ts.head_dim, ts.local_kv_heads * ts.head_dim
     if target.output is not None:
-        _shard_module(target, ("output",), ts, rank)
+        shard(target, ("output",), ts)
     target.config = _local_config(target.config, ts)
     target.collectives = TpCollectives(ctx, ts.vocab)
-    _shard_module(draft, ("wqkv", "w13", "wo", "w2", "lm_head"), ds, rank)
+    shard(draft, ("wqkv", "w13", "wo", "w2", "lm_head"), ds)
     draft.config = _local_config(draft.config, ds)
     draft.q_size, draft.kv_size = ds.local_heads * ds.head_dim, ds.local_kv_heads * ds.head_dim
     draft.collectives = TpCollectives(ctx, ds.vocab)
@@ -282,18 +312,40 @@ def apply_tp(target, draft, ctx: TpContext) -> tuple[TpShape, TpShape]:
 def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: str | torch.dtype = "float32",
                    fused_kernels: bool | None = None, **engine_args):
     """This rank's ReferenceEngine over its shard of the pair: configs checked against N first
-    (no weight is read for an impossible split), then load, shard, and build the engine (which
-    sizes its caches by the local KV heads). engine_args: ReferenceEngine's keywords.
-    Peak host memory: the unsharded pair in `dtype` plus one layer's shard (docs/tensor_parallel.md)."""
+    (no weight is read for an impossible split), then each model loads only this rank's shards
+    (shard_part), and the engine is built (it sizes its caches by the local KV heads).
+    engine_args: load_reference_engine's keywords. Peak host memory: this rank's shard of the
+    pair in `dtype` plus one tensor (.bin checkpoints: plus the largest .bin file, which is
+    loaded whole; docs/tensor_parallel.md)."""
+    from functools import partial
     from pathlib import Path
 
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
     from dynspec.runtime.engines.reference.engine import load_reference_engine
-    from dynspec.runtime.engines.reference.model import TargetConfig
+    from dynspec.runtime.engines.reference.load import load_draft, load_target
+    from dynspec.runtime.engines.reference.model import Kernels, TargetConfig
 
     twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")
     tc = TargetConfig.from_hf(read_config(target_dir, "target"), twhere)
-    check_tp(tc, Eagle3Config.from_hf(read_config(draft_dir, "draft"), dwhere, tc), ctx.tp, twhere, dwhere)
-    return load_reference_engine(target_dir, draft_dir, device=str(ctx.device), dtype=dtype,
-                                 fused_kernels=fused_kernels, prepare=lambda t, d: apply_tp(t, d, ctx), **engine_args)
+    ts, ds = check_tp(tc, Eagle3Config.from_hf(read_config(draft_dir, "draft"), dwhere, tc), ctx.tp, twhere, dwhere)
+    if ctx.tp == 1:
+        return load_reference_engine(target_dir, draft_dir, device=str(ctx.device), dtype=dtype,
+                                     fused_kernels=fused_kernels, **engine_args)
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    device, rank = str(ctx.device), ctx.tp_rank
+    target = load_target(target_dir, device=device, dtype=dt, part=partial(shard_part, s=ts, rank=rank))
+    draft = load_draft(draft_dir, target, device=device, dtype=dt, part=partial(shard_part, s=ds, rank=rank))
+    if fused_kernels if fused_kernels is not None else device.startswith("cuda"):
+        target.kernels = Kernels(compiled=True)
+    apply_tp(target, draft, ctx, loaded=True)
+    return _engine(target, draft, **engine_args)
+
+
+def _engine(target, draft, *, max_batch_size: int = 64, max_seq_len: int = 1024, max_draft_len: int = 8,
+            max_num_tokens: int = 8192, **cache):
+    """ReferenceEngine with load_reference_engine's defaults (which loads whole models itself)."""
+    from dynspec.runtime.engines.reference.engine import ReferenceEngine
+
+    return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                           max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)

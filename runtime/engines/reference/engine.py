@@ -396,20 +396,23 @@ def load_reference_engine(
     max_num_tokens: int = 8192,
     fused_kernels: bool | None = None,
     prepare=None,
+    target_part=None,
+    draft_part=None,
     **cache,
 ) -> ReferenceEngine:
     """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only).
-    prepare(target, draft): runs on the loaded models before the caches are sized (tp.apply_tp
-    shards them there). cache: block_size, num_blocks, attention ("flex" | "sdpa"), passed to
-    ReferenceEngine."""
+    target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
+    tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
+    before the caches are sized (tp.apply_tp sets the local heads and collectives there).
+    cache: block_size, num_blocks, attention ("flex" | "sdpa"), passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    target = load_target(target_dir, device=device, dtype=dt)
+    target = load_target(target_dir, device=device, dtype=dt, part=target_part)
     if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
         target.kernels = Kernels(compiled=True)          # this engine only
-    draft = load_draft(draft_dir, target, device=device, dtype=dt)
+    draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
     if prepare is not None:
         prepare(target, draft)
     return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,

@@ -323,8 +323,7 @@ def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: st
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
     from dynspec.runtime.engines.reference.engine import load_reference_engine
-    from dynspec.runtime.engines.reference.load import load_draft, load_target
-    from dynspec.runtime.engines.reference.model import Kernels, TargetConfig
+    from dynspec.runtime.engines.reference.model import TargetConfig
 
     twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")
     tc = TargetConfig.from_hf(read_config(target_dir, "target"), twhere)
@@ -332,20 +331,8 @@ def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: st
     if ctx.tp == 1:
         return load_reference_engine(target_dir, draft_dir, device=str(ctx.device), dtype=dtype,
                                      fused_kernels=fused_kernels, **engine_args)
-    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    device, rank = str(ctx.device), ctx.tp_rank
-    target = load_target(target_dir, device=device, dtype=dt, part=partial(shard_part, s=ts, rank=rank))
-    draft = load_draft(draft_dir, target, device=device, dtype=dt, part=partial(shard_part, s=ds, rank=rank))
-    if fused_kernels if fused_kernels is not None else device.startswith("cuda"):
-        target.kernels = Kernels(compiled=True)
-    apply_tp(target, draft, ctx, loaded=True)
-    return _engine(target, draft, **engine_args)
-
-
-def _engine(target, draft, *, max_batch_size: int = 64, max_seq_len: int = 1024, max_draft_len: int = 8,
-            max_num_tokens: int = 8192, **cache):
-    """ReferenceEngine with load_reference_engine's defaults (which loads whole models itself)."""
-    from dynspec.runtime.engines.reference.engine import ReferenceEngine
-
-    return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                           max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)
+    return load_reference_engine(
+        target_dir, draft_dir, device=str(ctx.device), dtype=dtype, fused_kernels=fused_kernels,
+        target_part=partial(shard_part, s=ts, rank=ctx.tp_rank),
+        draft_part=partial(shard_part, s=ds, rank=ctx.tp_rank),
+        prepare=lambda target, draft: apply_tp(target, draft, ctx, loaded=True), **engine_args)

@@ -270,7 +270,8 @@ def summarize(stats, results) -> dict:
     """K per batch size as it happened, mean accepted length, tokens per second."""
     k_by_b: dict[int, set] = {}
     for s in stats:
-        k_by_b.setdefault(s.batch_size, set()).add(s.k)
+        if s.batch_size:                       # prompt-only iterations (b=0) decide no K
+            k_by_b.setdefault(s.batch_size, set()).add(s.k)
     spec = [s for s in stats if s.k > 0]
     tokens = sum(len(r.output_ids) for r in results)
     wall = max(r.finish_s for r in results) - min(r.submit_s for r in results)

@@ -60,3 +60,14 @@ def test_default_stats_log_stays_small():
     assert ex._stats.maxlen is not None
     assert ex._stats.maxlen * per_entry < 32 << 20
     assert ex._stats.maxlen >= 4096                      # the served monitor's window (serving.STATS_KEPT)
+
+
+def test_generate_report_leaves_prompt_only_iterations_out_of_k_per_batch():
+    """An iteration that only carried prompt chunks (b=0) chose no K; the report must not show b=0."""
+    from dynspec.runtime.cli import summarize
+    from dynspec.runtime.executor import IterationStats, RequestResult
+
+    stats = [IterationStats(0, 0, 0, 0, 0, 0, 0.01, 0.0, decode_rows=0, prefill_tokens=9),
+             IterationStats(1, 2, 4, 8, 5, 7, 0.01, 0.0, decode_rows=2, prefill_tokens=0)]
+    results = [RequestResult(0, 5, (1, 2, 3), "length", 0.0, 0.1, 0.5)]
+    assert summarize(stats, results)["k_by_batch_size"] == {2: [4]}

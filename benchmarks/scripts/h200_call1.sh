@@ -8,21 +8,10 @@
 # the 3 modes: 119 s per trial): at WAVES=1 (C requests at C) ~75 s per trial, 3 trials ~225 s;
 # sweep start (load, graph capture) ~55 s with no untimed warm-up (WARMUP_REQUESTS=0: the median of
 # 3 trials absorbs first-use costs); prepare ~120 s, GPU tests <= 60 s, profile ~55 s: ~515 s.
-set -uo pipefail
-export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results1}
-here=$(cd "$(dirname "$0")" && pwd)
-DEADLINE=${DEADLINE:-530}
-LOG=$RES/h200_call1.log
-mkdir -p "$OUT" "$RES"
-PACK=h200_call1.tar.gz
-. "$here/h200_lib.sh"
-provenance "$here" >>"$LOG"
-stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
+CALL=1
+. "$(dirname "$0")/h200_lib.sh"
 # GPU_TESTS=0 moves the GPU tests to call 2 (GPU_TESTS=1 there) when regime A needs the time
-[ "${GPU_TESTS:-1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-60}" "${PYTHON:-python3}" -m pytest -q -m gpu \
-  ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
+start 1 60
 WARMUP_REQUESTS=${WARMUP_REQUESTS:-0} REPEATS=${REPEATS:-6} stage regime-A "$(( $(left) - 8 ))" \
   bash "$here/h200_regime_a.sh"
-tail -n 40 "$LOG"
-[ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }
+finish

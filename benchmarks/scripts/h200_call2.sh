@@ -9,22 +9,12 @@
 # 50 s per trial): WAVES=2 (refills, so staggered finishes and admissions happen) x 3 trials
 # ~150 s, Poisson at C=64 ~27 s, profile ~90 s, fixed baseline ~25 s + ~50 s start, B sweep start
 # ~75 s: ~420 s on a warm machine; a cold one adds ~120 s of prepare and may cut the fixed baseline.
-set -uo pipefail
-export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results2} WAVES=${WAVES:-2}
-here=$(cd "$(dirname "$0")" && pwd)
+CALL=2
+export WAVES=${WAVES:-2}
 A_RESULTS=${A_RESULTS:-benchmarks/results}
-DEADLINE=${DEADLINE:-530}
-LOG=$RES/h200_call2.log
-mkdir -p "$OUT" "$RES"
-PACK=h200_call2.tar.gz
-. "$here/h200_lib.sh"
-provenance "$here" >>"$LOG"
-stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
-[ "${GPU_TESTS:-0}" = 1 ] && stage gpu-tests "${TIME_TESTS:-90}" "${PYTHON:-python3}" -m pytest -q -m gpu \
-  ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
+. "$(dirname "$0")/h200_lib.sh"
+start 0 90
 POISSON_AT=${POISSON_AT:-64} stage regime-B "$(( $(left) - 80 ))" bash "$here/h200_regime_b.sh"
 stage fixed-baseline "$(( $(left) - 15 ))" bash "$here/h200_fixed_baseline.sh"
 RES_A=$A_RESULTS RES_B=$RES stage summary 30 bash "$here/h200_summary.sh"
-tail -n 40 "$LOG"
-[ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }
+finish

@@ -1,7 +1,15 @@
-# Sourced by h200_call1.sh / h200_call2.sh: stages under one deadline, re-packing $OUT after each.
-# Needs DEADLINE, LOG, RES, OUT and PACK (the tarball's name under $OUT).
+# Sourced by h200_call1.sh / h200_call2.sh after setting CALL (1 or 2): one environment, stages
+# under one deadline, $OUT/h200_call$CALL.tar.gz re-packed after each stage.
+set -uo pipefail
+export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results$CALL}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEADLINE=${DEADLINE:-530}
+LOG=$RES/h200_call$CALL.log
+mkdir -p "$OUT" "$RES"
+failed=()
 left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
-pack() { tar -czf "$OUT/$PACK" -C "$RES" . 2>/dev/null; }
+pack() { tar -czf "$OUT/h200_call$CALL.tar.gz" -C "$RES" . 2>/dev/null; }
 stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadline), log, re-pack
   local name=$1 limit=$2; shift 2
   (( limit > $(left) )) && limit=$(left)
@@ -12,7 +20,15 @@ stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadli
   (( rc == 0 )) || failed+=("$name")
   pack
 }
-provenance() {  # the commit and how far the copied tree is from it (a device copy's .git can be stale)
-  echo "HEAD $(git -C "$1" rev-parse HEAD 2>/dev/null) + $(git -C "$1" status --porcelain 2>/dev/null | wc -l) changed paths"
+start() {   # start GPU_TESTS_DEFAULT TESTS_LIMIT_S: provenance, prepare, and the GPU tests when GPU_TESTS=1
+  # the commit and how far the copied tree is from it (a device copy's .git can be stale)
+  echo "HEAD $(git -C "$here" rev-parse HEAD 2>/dev/null) + $(git -C "$here" status --porcelain 2>/dev/null | wc -l) changed paths" >>"$LOG"
+  stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
+  [ "${GPU_TESTS:-$1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-$2}" "${PYTHON:-python3}" -m pytest -q -m gpu \
+    ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
+  return 0
 }
-failed=()
+finish() {  # the log's tail; exit 1 naming the failed stages
+  tail -n 40 "$LOG"
+  [ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }
+}

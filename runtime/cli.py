@@ -115,36 +115,6 @@ def _check_device(device: str) -> None:
         raise DynspecError(f"--device {device!r}: the reference engine runs on cpu or cuda")
 
 
-def check_prompt_lines(path) -> list[str]:
-    """Refuse what the prompt reader would let through, naming FILE:LINE and the value; return
-    the FILE:LINE of each prompt, in order. A line holds exactly one of:
-        {"id": "a", "input_ids": [1, 2, 3]}     ints only: true, 2.0 and 1e23 are not token ids
-        {"id": "b", "prompt": "def f():"}       UTF-8 text: no lone surrogate such as "\\ud800"
-    """
-    from dynspec.artifacts import iter_jsonl
-
-    wheres = []
-    for _, where, obj in iter_jsonl(path, "prompts file"):
-        if isinstance(obj, dict):
-            if "input_ids" in obj and "prompt" in obj:
-                raise DynspecError(f"{where}: has both 'input_ids' and 'prompt'; give one")
-            ids = obj.get("input_ids")
-            if isinstance(ids, list):
-                for i, t in enumerate(ids):
-                    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                        raise DynspecError(
-                            f"{where}: input_ids[{i}] = {json.dumps(t)} is not a token id (an integer >= 0)")
-            text = obj.get("prompt")
-            if isinstance(text, str):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise DynspecError(f"{where}: field 'prompt' holds a lone surrogate "
-                                       f"{text[e.start]!r} at character {e.start}") from None
-        wheres.append(where)
-    return wheres
-
-
 def check_prompt_bounds(ids, wheres, *, vocab: int, max_seq_len: int, max_draft_len: int, max_new_tokens: int) -> None:
     """Every prompt fits the engine with the user's --max-new-tokens; the error names FILE:LINE.
     Room needed: prompt + max_new_tokens + one verify window (max K + 1) <= max_seq_len."""
@@ -182,7 +152,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dynspec.pairs.corpus import default_prompts
-    from dynspec.runtime.driver import read_prompts, run_closed_loop
+    from dynspec.runtime.driver import read_prompt_lines, run_closed_loop, tokenized
     from dynspec.runtime.distributed import run_replica
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
@@ -194,11 +164,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise DynspecError(f"--modes {args.modes!r}: unknown mode(s) {bad}; choose from {MODES}")
     _check_flags(args)
     cfg = _engine_config(args)
-    wheres = check_prompt_lines(args.prompts) if args.prompts else None
+    lines = read_prompt_lines(args.prompts) if args.prompts else None      # the whole file, before any work
     tok = _tokenizer(cfg.target_dir)
-    if args.prompts:
-        prompts = read_prompts(args.prompts, (lambda s: tok(s)["input_ids"]) if tok else None)
-        ids, names = [p.input_ids for p in prompts], [p.id for p in prompts]
+    if lines is not None:
+        prompts = tokenized(lines, (lambda s: tok(s)["input_ids"]) if tok else None)
+        ids, names, wheres = [p.input_ids for p in prompts], [p.id for p in prompts], [ln.where for ln in lines]
     else:
         ids = default_prompts(tok, n=args.num_prompts)
         names = [str(i) for i in range(len(ids))]

@@ -19,33 +19,70 @@ class Prompt:
     input_ids: tuple[int, ...]
 
 
-def read_prompts(path: str | Path, tokenize: Callable[[str], list[int]] | None) -> list[Prompt]:
-    """JSONL lines {"id": ..., "input_ids": [...]} or {"id": ..., "prompt": "..."}."""
-    out: list[Prompt] = []
+@dataclass(frozen=True)
+class PromptLine:
+    """One checked line of a prompts file, not yet tokenized: exactly one of input_ids / text."""
+    where: str                              # FILE:LINE
+    id: str
+    input_ids: tuple[int, ...] | None
+    text: str | None
+
+
+def read_prompt_lines(path: str | Path) -> list[PromptLine]:
+    """The prompts JSONL format, every line checked (naming FILE:LINE) before anything runs.
+    A line holds exactly one of:
+        {"id": "a", "input_ids": [1, 2, 3]}     ints >= 0 only: true, 2.0 and 1e23 are not token ids
+        {"id": "b", "prompt": "def f():"}       UTF-8 text: no lone surrogate such as "\\ud800"
+    """
+    out: list[PromptLine] = []
     for _, where, obj in iter_jsonl(path, "prompts file"):
         if not isinstance(obj, dict):
             raise DynspecError(f"{where}: expected a JSON object")
         pid = str(obj.get("id", obj.get("task_id", len(out))))
+        if "input_ids" in obj and "prompt" in obj:
+            raise DynspecError(f"{where}: has both 'input_ids' and 'prompt'; give one")
         if "input_ids" in obj:
             ids = obj["input_ids"]
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            if not isinstance(ids, list) or not ids:
                 raise DynspecError(f"{where}: field 'input_ids' must be a non-empty list of token ids")
-            flag = next((i for i, t in enumerate(ids) if isinstance(t, bool)), None)   # json true is an int
-            if flag is not None:
-                raise DynspecError(f"{where}: field 'input_ids' holds {json.dumps(ids[flag])} at index {flag}; "
-                                   "token ids are integers, not booleans")
+            for i, t in enumerate(ids):
+                if isinstance(t, bool):                     # json true is an int to Python
+                    raise DynspecError(f"{where}: field 'input_ids' holds {json.dumps(t)} at index {i}; "
+                                       "token ids are integers, not booleans")
+                if not isinstance(t, int) or t < 0:
+                    raise DynspecError(
+                        f"{where}: input_ids[{i}] = {json.dumps(t)} is not a token id (an integer >= 0)")
+            out.append(PromptLine(where, pid, tuple(ids), None))
         elif "prompt" in obj:
-            if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            text = obj["prompt"]
+            if not isinstance(text, str) or not text:
                 raise DynspecError(f"{where}: field 'prompt' must be a non-empty string")
-            if tokenize is None:
-                raise DynspecError(f"{where}: field 'prompt' needs a tokenizer in the target folder; give input_ids")
-            ids = tokenize(obj["prompt"])
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise DynspecError(f"{where}: field 'prompt' holds a lone surrogate "
+                                   f"{text[e.start]!r} at character {e.start}") from None
+            out.append(PromptLine(where, pid, None, text))
         else:
             raise DynspecError(f"{where}: needs field 'input_ids' or 'prompt'")
-        out.append(Prompt(pid, tuple(ids)))
     if not out:
         raise DynspecError(f"prompts file {path} holds no prompts")
     return out
+
+
+def tokenized(lines: Sequence[PromptLine], tokenize: Callable[[str], list[int]] | None) -> list[Prompt]:
+    """Prompts with token ids: input_ids as given, text through `tokenize`."""
+    out = []
+    for line in lines:
+        if line.input_ids is None and tokenize is None:
+            raise DynspecError(f"{line.where}: field 'prompt' needs a tokenizer in the target folder; give input_ids")
+        out.append(Prompt(line.id, line.input_ids if line.input_ids is not None else tuple(tokenize(line.text))))
+    return out
+
+
+def read_prompts(path: str | Path, tokenize: Callable[[str], list[int]] | None) -> list[Prompt]:
+    """JSONL lines {"id": ..., "input_ids": [...]} or {"id": ..., "prompt": "..."} -> Prompts."""
+    return tokenized(read_prompt_lines(path), tokenize)
 
 
 def closed_loop(executor, jobs: Sequence[tuple[Sequence[int], int]], concurrency: int,

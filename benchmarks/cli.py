@@ -101,7 +101,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             check_apart(path, {"--profile": args.profile}, out_flag=flag)
             check_writable(path, flag)
     raw = read_json(args.profile, "profile")
-    _check_decode_ms(raw, args.profile)
     prof = Profile.from_json(raw, where=str(args.profile))
     budget = args.max_num_tokens if args.max_num_tokens is not None else raw.get("max_num_tokens")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
@@ -129,22 +128,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         write_json(args.report, res.to_json() | {"profile": str(args.profile), "device": prof.device,
                                                  "context_len": prof.context_len, "command": command})
     return 0
-
-
-def _check_decode_ms(raw: dict, where) -> None:
-    """decode_ms {"<b>": ms}: each value a positive finite number (Profile.from_json casts blindly)."""
-    import math
-
-    from dynspec.errors import DynspecError
-
-    dec = raw.get("decode_ms")
-    if dec is None:
-        return
-    if not isinstance(dec, dict):
-        raise DynspecError(f"{where}: field 'decode_ms' must be an object {{\"<b>\": ms}}")
-    for b, ms in dec.items():
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
-            raise DynspecError(f"{where}: decode_ms[{b!r}] = {ms!r} is not a positive number of ms")
 
 
 # ---- sweep / summary aliases ---------------------------------------------------------------

@@ -93,8 +93,15 @@ class Profile:
                 if not isinstance(a, (int, float)) or isinstance(a, bool) or not 0.0 <= a <= 1.0:
                     raise DynspecError(f"{where}: acceptance.per_position[{i}] = {a!r} is not a rate in [0, 1]")
             pp = tuple(float(a) for a in raw)
-        dec = d.get("decode_ms")
-        decode = {_int_key(b, f"{where}: decode_ms key"): float(v) for b, v in dec.items()} if isinstance(dec, Mapping) else None
+        dec, decode = d.get("decode_ms"), None
+        if dec is not None:
+            if not isinstance(dec, Mapping):
+                raise DynspecError(f"{where}: field 'decode_ms' must be an object {{\"<b>\": ms}}")
+            decode = {}
+            for bs, ms in dec.items():
+                if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+                    raise DynspecError(f"{where}: decode_ms[{bs!r}] = {ms!r} is not a positive number of ms")
+                decode[_int_key(bs, f"{where}: decode_ms key")] = float(ms)
         known = {"format", "device", "context_len", "iteration_ms", "acceptance", "decode_ms"}
         return cls(str(d.get("device", "unknown")), it, pp, d.get("context_len"), decode,
                    {k: v for k, v in d.items() if k not in known})

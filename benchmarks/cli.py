@@ -68,6 +68,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "acceptance_source": (None if reqs is None else
                                     f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
         progress=bar.update if bar else None, max_seq_len=args.max_seq_len, floor=args.floor, tp=args.tp,
+        allreduce=args.allreduce,
     )
     if bar:
         bar.close()
@@ -172,6 +173,8 @@ def register(sub) -> None:
                         " the profile records gemm_floor_ms")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor parallel ranks (mpirun -n N): the leader times, every rank runs each step")
+    p.add_argument("--allreduce", choices=("auto", "nccl", "one-shot"), default="auto",
+                   help="tensor parallel all-reduce (docs/tensor_parallel.md): auto = the one-shot NVLink kernel on CUDA, NCCL if it cannot be set up; gloo on CPU")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", required=True, help="profile.json")
     p.set_defaults(func=_cmd_profile)

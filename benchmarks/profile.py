@@ -287,10 +287,13 @@ def target_gemm_weights(target) -> list:
     return ws + [target.lm_head]
 
 
-def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, graph: bool = True) -> tuple[float, str]:
+def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, graph: bool = True,
+                  reduce=None) -> tuple[float, str]:
     """(median ms, method) of x_i @ W_i^T for every W_i [out, in] with x_i [1, in]: the GEMMs of a
     b=1 decode step alone. On CUDA (graph=True) all of them are captured in one CUDA graph and the
-    graph is replayed `repeats` times; elsewhere they run eagerly (labelled so)."""
+    graph is replayed `repeats` times; elsewhere they run eagerly (labelled so).
+    reduce: (fn, positions): y_i = fn(y_i) after GEMM i when i % 4 is in positions, the lm_head
+    excepted; (allreduce, (1, 3)) adds a TP step's all-reduces after o and down (tp_decode.py)."""
     import torch
 
     if not weights:
@@ -300,9 +303,14 @@ def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, grap
         xs = [torch.randn(1, w.shape[1], device=dev, dtype=w.dtype) for w in weights]     # [1, in]
         ys = [torch.empty(1, w.shape[0], device=dev, dtype=w.dtype) for w in weights]     # [1, out]
 
+        fn, at = reduce if reduce is not None else (None, ())
+        last = len(weights) - 1
+
         def gemms() -> None:
-            for x, w, y in zip(xs, weights, ys):
+            for i, (x, w, y) in enumerate(zip(xs, weights, ys)):
                 torch.mm(x, w.t(), out=y)
+                if i % 4 in at and i < last:
+                    fn(y)
 
         cuda = dev.type == "cuda"
         run = gemms
@@ -326,8 +334,12 @@ def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, grap
             run()
             _sync(dev)
             times.append(time.perf_counter() - t0)
-    where = (f"cuda graph of the {len(weights)} GEMMs" if cuda and graph else
-             f"{dev.type} eager (no CUDA graph), {len(weights)} GEMMs")
+    if fn is not None:
+        where_ar = f" with an all-reduce after GEMMs i % 4 in {at}"
+    else:
+        where_ar = ""
+    where = (f"cuda graph of the {len(weights)} GEMMs{where_ar}" if cuda and graph else
+             f"{dev.type} eager (no CUDA graph), {len(weights)} GEMMs{where_ar}")
     return 1e3 * statistics.median(times), f"{where}, {repeats} runs, median"
 
 
@@ -359,7 +371,7 @@ def weight_bytes(module) -> int:
 def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
                 meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None,
-                floor: bool = False, tp: int = 1) -> Profile | None:
+                floor: bool = False, tp: int = 1, allreduce: str = "auto") -> Profile | None:
     """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K).
 
     max_seq_len: the cache length (default: just enough). Give the sweep's when comparing with
@@ -405,10 +417,10 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     from dynspec.runtime.distributed import run_replica
 
     leaders = split_leaders(world(), tp)                     # collective: every rank, before the groups
-    meta = dict(meta or {}, tp=tp)
+    meta = dict(meta or {}, tp=tp, allreduce=allreduce)
     _, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
         engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
-        acceptance_requests, acceptance_concurrency, meta, progress, floor), device=device)
+        acceptance_requests, acceptance_concurrency, meta, progress, floor), device=device, allreduce=allreduce)
     if leaders is None:
         return None
     every = leaders.gather(prof.decode_ms)

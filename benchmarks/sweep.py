@@ -154,6 +154,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     add_engine_args(p)
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="reference engine: tensor parallel ranks per replica (mpirun -n R*N -> R replicas)")
+    p.add_argument("--allreduce", choices=("auto", "nccl", "one-shot"), default="auto",
+                   help="tensor parallel all-reduce (docs/tensor_parallel.md): auto = the one-shot NVLink kernel on CUDA, NCCL if it cannot be set up; gloo on CPU")
     g = p.add_argument_group("load")
     g.add_argument("--concurrency", default="1,2,4,8", help="closed-loop concurrencies per replica, e.g. 1,2,4,8")
     g.add_argument("--request-rate", default="", help="open-loop Poisson rates per replica (req/s), e.g. 0.5,1,2")
@@ -495,6 +497,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "world_size": w.size,
         "replicas": w.size // tp if spec.engine == "reference" else 1,
         "tp": tp if spec.engine == "reference" else None,
+        "allreduce": getattr(args, "allreduce", None) if spec.engine == "reference" and tp > 1 else None,
         "versions": versions(),
         "command": command_line(argv, w.size),
         "acceptance_model": str(spec.acceptance),
@@ -563,7 +566,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             tp, lambda ctx: open_engine(spec, cfg, str(ctx.device), tp=ctx),
             lambda engine, ctx: run_reference(spec, cfg, args.device, leaders, progress=progress, on_rows=partial,
                                               engine=engine),
-            device=args.device)
+            device=args.device, allreduce=args.allreduce)
     if w.is_root:
         doc = {"env": dict(env, wall_s=time.perf_counter() - t0, complete=True), "rows": rows}
         paths = write_all(doc, args.out)

@@ -36,6 +36,8 @@ def register(sub) -> None:
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor parallel ranks per replica: mpirun -n R*N gives R replicas of N ranks "
                         "(docs/tensor_parallel.md)")
+    p.add_argument("--allreduce", choices=("auto", "nccl", "one-shot"), default="auto",
+                   help="tensor parallel all-reduce (docs/tensor_parallel.md): auto = the one-shot NVLink kernel on CUDA, NCCL if it cannot be set up; gloo on CPU")
     p.add_argument("--max-seq-len", type=int, help="cache length per request (default: engine.json or 1024)")
     p.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="tokens per iteration: decode rows x (K+1) + prompt chunks (default: engine.json or 8192)")
@@ -206,7 +208,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return out
 
     stop = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
-    ctx, _, mine = run_replica(args.tp, load, lead, device=args.device)
+    ctx, _, mine = run_replica(args.tp, load, lead, device=args.device, allreduce=args.allreduce)
     shares = ctx.comm.gather(mine if ctx.layout.is_leader else None, root=0) if ctx.comm is not None else [mine]
     if ctx.layout.rank != 0:
         return 0

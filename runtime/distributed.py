@@ -135,6 +135,7 @@ class TpContext:
     group: Any = None       # compute group of this replica (NCCL on CUDA, gloo on CPU)
     control: Any = None     # gloo group of this replica for the leader's messages
     comm: Any = None        # mpi4py COMM_WORLD (None in a world of one)
+    reducer: Any = None     # runtime.allreduce.Reducer over `group` (tp > 1)
 
     @property
     def tp(self) -> int:
@@ -145,10 +146,12 @@ class TpContext:
         return self.layout.tp_rank
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over the replica's ranks, in place; returns x."""
-        if self.tp > 1:
-            _collective(lambda: torch.distributed.all_reduce(x, group=self.group), self, "all_reduce")
-        return x
+        """Sum over the replica's ranks (runtime/allreduce.py): x itself (NCCL, gloo) or a new tensor (one-shot)."""
+        if self.tp == 1:
+            return x
+        out = []
+        _collective(lambda: out.append(self.reducer(x)), self, "all_reduce")
+        return out[0]
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's x along `dim`, in TP-rank order: [.., n] -> [.., tp*n]."""
@@ -191,11 +194,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | None = None) -> TpContext:
+def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | None = None,
+            allreduce: str = "auto") -> TpContext:
     """Set up torch.distributed from mpi4py's rank and size and split WORLD into replicas.
 
     tp == 1 (a world of one, or `mpirun -n R` replicas of one rank) initialises nothing.
+    allreduce: runtime/allreduce.py's MODES; 'auto' is the one-shot kernel on CUDA, gloo on CPU.
     """
+    from dynspec.runtime.allreduce import MODES, Reducer
+
+    if allreduce not in MODES:
+        raise DynspecError(f"--allreduce {allreduce!r} is not one of {', '.join(MODES)}")
     timeout_s = timeout_from_env() if timeout_s is None else timeout_s
     comm, rank, size = _mpi_world()
     lay = layout(rank, size, tp)
@@ -219,7 +228,10 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
         c = dist.new_group(ranks, timeout=td, backend="gloo")
         if r == lay.replica:
             group, control = g, c
-    return TpContext(lay, dev, timeout_s, group, control, comm)
+    reducer = Reducer("nccl" if dev.type != "cuda" and allreduce == "auto" else allreduce, group, dev)
+    if reducer.fallback:
+        log(f"all-reduce: NCCL (the one-shot kernel could not be set up: {reducer.fallback})")
+    return TpContext(lay, dev, timeout_s, group, control, comm, reducer)
 
 
 def _mpi_world() -> tuple[Any, int, int]:
@@ -408,7 +420,8 @@ def serve_worker(engine, channel: PlanChannel) -> int:
 
 
 def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, TpContext], Any], *,
-                device: str | torch.device = "cpu", timeout_s: float | None = None) -> tuple[TpContext, Any, Any]:
+                device: str | torch.device = "cpu", timeout_s: float | None = None,
+                allreduce: str = "auto") -> tuple[TpContext, Any, Any]:
     """The whole life of one rank under `mpirun -n R*tp ... --tp tp`:
         every rank   ctx = init_tp(tp); engine = load(ctx)    (its shard; wrap it here to record steps)
         leaders      result = lead(LeaderEngine(engine), ctx); then STOP to the workers
@@ -416,7 +429,7 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         every rank   shutdown(ctx): the process groups are gone; ctx.comm (MPI) still works
     Returns (ctx, engine, result). Any exception on any rank aborts the job (abort_on_error).
     tp == 1: every rank is a replica of its own and lead runs on the plain engine."""
-    ctx = init_tp(tp, device=device, timeout_s=timeout_s)
+    ctx = init_tp(tp, device=device, timeout_s=timeout_s, allreduce=allreduce)
     with abort_on_error(ctx):
         engine = load(ctx)
         if ctx.tp == 1:

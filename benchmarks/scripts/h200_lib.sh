@@ -1,15 +1,18 @@
-# Sourced by h200_call1.sh / h200_call2.sh after setting CALL (1 or 2): one environment, stages
-# under one deadline, $OUT/h200_call$CALL.tar.gz re-packed after each stage.
+# Sourced by h200_call1.sh / h200_call2.sh after setting CALL (1 or 2), and by h200x2_call*.sh
+# after setting CALL and TAG: one environment, stages under one deadline, $OUT/$TAG.tar.gz
+# re-packed after each stage. NVLink multicast stays off (the machines' rule: KINDS.md).
 set -uo pipefail
 export OUT=${OUT:-/tmp/dynspec_out} WORK=${WORK:-/tmp/dynspec_h200} NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+TAG=${TAG:-h200_call$CALL}
 export ENGINE_DIR=${ENGINE_DIR:-$WORK/engine} RES=${RES:-$WORK/results$CALL}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEADLINE=${DEADLINE:-530}
-LOG=$RES/h200_call$CALL.log
+LOG=$RES/$TAG.log
 mkdir -p "$OUT" "$RES"
 failed=()
 left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
-pack() { tar -czf "$OUT/h200_call$CALL.tar.gz" -C "$RES" . 2>/dev/null; }
+pack() { tar -czf "$OUT/$TAG.tar.gz" -C "$RES" . 2>/dev/null; }
 stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadline), log, re-pack
   local name=$1 limit=$2; shift 2
   (( limit > $(left) )) && limit=$(left)

@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--schedule", required=True)
     ap.add_argument("--concurrency", type=int, required=True)
     ap.add_argument("--dtype", default="float64")
+    ap.add_argument("--device", default="cpu", help="cuda: one GPU per rank (tests/test_gpu_tp.py)")
+    ap.add_argument("--graphs", action="store_true", help="capture every reachable decode graph first (CUDA)")
+    ap.add_argument("--allreduce", default="auto")
     ap.add_argument("--no-keep-warm", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang", "raise"))
@@ -64,16 +67,23 @@ def main() -> None:
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
                                 max_seq_len=max(len(j.ids) + j.max_new for j in jobs) + sched.max_draft_len + 2,
                                 max_draft_len=max(sched.max_draft_len, 1))
+        if a.graphs:                                  # every rank captures the same keys in the same order
+            from dynspec.runtime.engines.reference.engine import reachable_graphs
+
+            engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm, engine.max_num_tokens))
         rec = StepRecorder(engine)
         return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
 
-    ctx, engine, result = run_replica(a.tp, load, lambda leader, ctx: lead(leader, sched, jobs, a))
+    ctx, engine, result = run_replica(a.tp, load, lambda leader, ctx: lead(leader, sched, jobs, a),
+                                      device=a.device, allreduce=a.allreduce)
     rec = engine._engine if isinstance(engine, FaultAt) else engine
     steps = [[s.iteration, s.batch_size, s.k, [list(g) for g in s.graphs]] for s in rec.steps]
     everyone = ctx.comm.gather(steps, root=0) if ctx.comm is not None else [steps]
     if ctx.layout.rank == 0 and a.out:
         with open(a.out, "w") as f:
-            json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)}}, f)
+            json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)},
+                       "allreduce": ctx.reducer.mode if ctx.reducer is not None else None,
+                       "eager_fallbacks": rec.eager_fallbacks}, f)
 
 
 @dataclass(frozen=True)

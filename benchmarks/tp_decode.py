@@ -1,0 +1,119 @@
+"""Plain decode at b=1 with 1024 tokens of context under tensor parallelism, beside its floors,
+per all-reduce mode, in one run (issue 12's TP=2 vs TP=1 figures; docs/tensor_parallel.md).
+
+    python -m dynspec.benchmarks.tp_decode --engine-dir E --device cuda --out tp1.json            # TP=1
+    mpirun -n 2 python -m dynspec.benchmarks.tp_decode --engine-dir E --device cuda --tp 2 --out tp2.json
+
+Every rank loads its shard and runs the same steps itself (SPMD: no leader channel, so the
+step is the engine's alone, as at TP=1). For each mode in --modes the b=1 decode graph is
+captured again with that all-reduce, then timed (profile.time_shapes, median); the modes
+rotate over --trials passes so drift hits all of them. Modes: nccl, one-shot
+(runtime/allreduce.py), skip (no communication: wrong sums; the step without its
+collectives, so comm_fraction = 1 - skip / mode).
+
+Floors, from the same engine in the same run (profile.gemm_floor_ms, one CUDA graph each):
+    gemm_floor_ms                 this rank's GEMMs alone (TP=2: half of every matrix)
+    gemm_floor_allreduce_ms[mode] the same GEMMs with the 2 all-reduces per layer after o and
+                                  down (a [1, hidden] row each), captured in the same graph
+The JSON (world rank 0):
+    {"tp": 2, "context_len": 1024, "decode_ms": {"nccl": 3.9, ...}, "trials_ms": {mode: [...]},
+     "gemm_floor_ms": 2.47, "gemm_floor_allreduce_ms": {"nccl": 3.0, ...},
+     "comm_fraction": {"nccl": 0.2, ...}, "decode_vs_floor": {mode: decode / gemm_floor}, ...}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from dynspec.benchmarks.engines import add_engine_args, apply_bench_env, engine_choice
+from dynspec.errors import DynspecError
+
+CONTEXT = 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_decode", description=__doc__.splitlines()[0])
+    add_engine_args(p)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--modes", default="nccl,one-shot,skip", help="all-reduce modes to time (TP > 1)")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=60)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except DynspecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    import torch
+
+    from dynspec.benchmarks.profile import (Shape, _sync, gemm_floor_ms, open_sized, target_gemm_weights,
+                                            time_shapes)
+    from dynspec.runtime.distributed import abort_on_error, init_tp, log, shutdown
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+
+    apply_bench_env()
+    modes = [m for m in args.modes.split(",") if m] if args.tp > 1 else ["none"]
+    ctx = init_tp(args.tp, device=args.device, allreduce="auto" if "one-shot" in modes else "nccl")
+    fallback = None
+    if ctx.reducer is not None and ctx.reducer.mode != "one-shot" and "one-shot" in modes:
+        fallback = ctx.reducer.fallback or f"not on {ctx.device.type}"     # time the other modes
+        modes = [m for m in modes if m != "one-shot"]
+    with abort_on_error(ctx):
+        cfg = engine_choice(args).config
+        engine = open_sized(cfg, device=args.device, tp=ctx if args.tp > 1 else None, max_batch_size=1,
+                            max_seq_len=CONTEXT + 2, max_draft_len=1)
+        keys = reachable_graphs([lambda b: 0], 1, False, engine.max_num_tokens)
+        bare = Shape(1, 0, False)
+        reducer = ctx.reducer
+
+        def use(mode: str) -> None:
+            if reducer is not None:
+                reducer.use(mode)
+
+        trials: dict[str, list[float]] = {m: [] for m in modes}
+        for t in range(args.trials):
+            order = modes[t % len(modes):] + modes[: t % len(modes)]
+            for mode in order:
+                use(mode)
+                engine._graphs.clear()
+                engine.capture_graphs(keys)
+                trials[mode].append(time_shapes(engine, [bare], CONTEXT, warmup=5, repeats=args.repeats)[bare])
+                log(f"tp={args.tp} {mode}: {trials[mode][-1]:.3f} ms")
+        ws = target_gemm_weights(engine.target)
+        floor, method = gemm_floor_ms(ws, repeats=args.repeats)
+        floor_ar = {}
+        if args.tp > 1:
+            for mode in (m for m in modes if m != "skip"):
+                use(mode)
+                floor_ar[mode] = gemm_floor_ms(ws, repeats=args.repeats, reduce=(reducer, (1, 3)))[0]
+        _sync(engine.device)
+        decode = {m: statistics.median(v) for m, v in trials.items()}
+        doc = {
+            "tp": args.tp, "context_len": CONTEXT, "batch_size": 1, "device": torch.cuda.get_device_name()
+            if torch.cuda.is_available() else "cpu", "dtype": cfg.reference.dtype,
+            "decode_ms": decode, "trials_ms": trials,
+            "spread_ms": {m: [min(v), max(v)] for m, v in trials.items()},
+            "gemm_floor_ms": floor, "gemm_floor_method": method, "gemm_floor_allreduce_ms": floor_ar,
+            "decode_vs_floor": {m: d / floor for m, d in decode.items()},
+            "comm_fraction": ({m: 1 - decode["skip"] / d for m, d in decode.items() if m != "skip"}
+                              if "skip" in decode else {}),
+            "one_shot_unavailable": fallback,
+            "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
+            "command": " ".join(["python -m dynspec.benchmarks.tp_decode", *sys.argv[1:]]),
+        }
+        if ctx.layout.rank == 0:
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+            log(f"wrote {args.out}: {json.dumps(decode)}")
+        shutdown(ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""TP=2 on two GPUs under a real mpirun (`pytest -m gpu`, nvidia-h200-x2); skipped with fewer GPUs.
+
+tests/mpi/tp_run.py serves test_tp.py's jobs (schedule 5:15, concurrency 10: K flips between
+15 and 0 both ways, prompts arrive while others decode) on the tiny 4-head / 2-KV-head pair:
+    - CUDA graphs (with their NCCL or one-shot all-reduces captured) give the eager engine's tokens;
+    - the one-shot all-reduce (runtime/allreduce.py) gives NCCL's tokens: at N=2 both compute
+      a + b, one IEEE result, so the bits agree;
+    - every rank ran the same (iteration, b, K, graph keys) sequence, and no decode iteration
+      fell back to eager.
+float32 and bfloat16 both: in bf16 graph and eager attention kernels differ (FlexAttention vs
+gathered SDPA), so a near-tied argmax could flip; the tiny pair's margins are wide enough."""
+import shutil
+
+import pytest
+import torch
+
+from tests.test_tp import jobs, run_tp  # noqa: F401  (jobs: the workload run_tp writes)
+from tests.helpers_models import make_tiny_draft, make_tiny_target
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
+              pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")]
+
+SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@pytest.fixture(scope="module")
+def gpu_pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp_gpu_pair")
+    target = make_tiny_target(d / "target", heads=4, kv_heads=2, vocab=161, layers=4)
+    draft = make_tiny_draft(d / "draft", target, kv_heads=2, embed=True)
+    return str(target), str(draft)
+
+
+def _run(tmp_path, pair, dtype: str, graphs: bool, allreduce: str) -> dict:
+    import json
+
+    sub = tmp_path / f"{dtype}_{graphs}_{allreduce}"
+    sub.mkdir()
+    extra = ["--device", "cuda", "--dtype", dtype, "--allreduce", allreduce] + (["--graphs"] if graphs else [])
+    proc, secs, out = run_tp(sub, pair, 2, None, *extra, env=SAFE, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    steps = list(doc["steps"].values())
+    assert steps[0] == steps[1], "the two ranks ran different step sequences"
+    assert {s[2] for s in steps[0]} >= {0, 15}
+    assert doc["allreduce"] == allreduce
+    if graphs:
+        assert doc["eager_fallbacks"] == 0
+    return doc
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tp2_graphs_equal_eager_and_one_shot_equals_nccl(tmp_path, gpu_pair, dtype):
+    eager = _run(tmp_path, gpu_pair, dtype, False, "nccl")
+    graphs_nccl = _run(tmp_path, gpu_pair, dtype, True, "nccl")
+    graphs_one_shot = _run(tmp_path, gpu_pair, dtype, True, "one-shot")
+    assert graphs_nccl["outputs"] == eager["outputs"]
+    assert graphs_one_shot["outputs"] == graphs_nccl["outputs"]
+    assert all(r == "length" for r in eager["finish"])

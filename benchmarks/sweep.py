@@ -579,10 +579,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
     try:
-        return run(args, argv)
+        code = run(args, argv)
     except DynspecError as e:
         log(f"error: {e}", all_ranks=True)
-        return 2
+        code = 2
+    from dynspec.runtime.distributed import exit_status
+
+    return exit_status(code)
 
 
 if __name__ == "__main__":

@@ -40,13 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="nccl,one-shot,skip", help="all-reduce modes to time (TP > 1)")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--repeats", type=int, default=60)
+    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                   help="also list the GPU kernels of STEPS decode steps (torch.profiler), per step")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    from dynspec.runtime.distributed import exit_status
+
     try:
-        return run(args)
+        return exit_status(run(args))
     except DynspecError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_status(2)
 
 
 def run(args) -> int:
@@ -92,6 +96,12 @@ def run(args) -> int:
             for mode in (m for m in modes if m != "skip"):
                 use(mode)
                 floor_ar[mode] = gemm_floor_ms(ws, repeats=args.repeats, reduce=(reducer, (1, 3)))[0]
+        kernels = None
+        if args.kernels and engine.device.type == "cuda":
+            use(modes[0] if modes[0] != "skip" else modes[-1])
+            engine._graphs.clear()
+            engine.capture_graphs(keys)
+            kernels = kernel_table(engine, args.kernels)
         _sync(engine.device)
         decode = {m: statistics.median(v) for m, v in trials.items()}
         doc = {
@@ -104,6 +114,7 @@ def run(args) -> int:
             "comm_fraction": ({m: 1 - decode["skip"] / d for m, d in decode.items() if m != "skip"}
                               if "skip" in decode else {}),
             "one_shot_unavailable": fallback,
+            "kernels": kernels,
             "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
             "command": " ".join(["python -m dynspec.benchmarks.tp_decode", *sys.argv[1:]]),
         }
@@ -113,6 +124,42 @@ def run(args) -> int:
             log(f"wrote {args.out}: {json.dumps(decode)}")
         shutdown(ctx)
     return 0
+
+
+def kernel_table(engine, steps: int, top: int = 30) -> dict:
+    """The GPU kernels of `steps` b=1 decode steps (graph replays) under torch.profiler, per step:
+    {"steps": 20, "kernels_per_step": 420, "kernel_us_per_step": 5100.0, "top": [{"name", "calls",
+    "us"}, ...] by time}. Gaps between kernels are step time - kernel time."""
+    import time
+    from collections import defaultdict
+
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dynspec.benchmarks.profile import Shape, reserved_rows, synthetic_plan
+    from dynspec.runtime.acceptance import Greedy
+
+    bare = Shape(1, 0, False)
+    with reserved_rows(engine, 1, CONTEXT + 2) as slots:
+        plan = synthetic_plan(engine, bare, CONTEXT, slots)
+        for _ in range(3):
+            engine.step(plan, Greedy())
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                engine.step(plan, Greedy())
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+    us, calls = defaultdict(float), defaultdict(int)
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            us[e.name[:160]] += e.time_range.elapsed_us()
+            calls[e.name[:160]] += 1
+    rows = sorted(({"name": n, "calls": calls[n] / steps, "us": us[n] / steps} for n in us), key=lambda r: -r["us"])
+    return {"steps": steps, "wall_us_per_step": 1e6 * wall / steps, "kernels_per_step": sum(calls.values()) / steps,
+            "kernel_us_per_step": sum(us.values()) / steps, "top": rows[:top]}
 
 
 if __name__ == "__main__":

@@ -80,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except DynspecError as e:
         print(f"dynspec {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    dist = sys.modules.get("dynspec.runtime.distributed")      # loaded: a TP run may exit hard (shutdown)
+    return dist.exit_status(code) if dist is not None else code
 
 
 if __name__ == "__main__":

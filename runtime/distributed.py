@@ -447,9 +447,63 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         return ctx, engine, result
 
 
+TEARDOWN_S = 5.0
+
+
 def shutdown(ctx: TpContext) -> None:
     """Tear down the process groups (every rank, after its last collective). Left to interpreter
     exit, a gloo worker thread can drop its last tensor after Python is gone and abort the
-    process ("terminate called without an active exception")."""
-    if ctx.tp > 1 and torch.distributed.is_initialized():
+    process ("terminate called without an active exception").
+
+    On CUDA the teardown gets TEARDOWN_S, and the rank leaves at interpreter exit through
+    hard_exit (MPI_Finalize, then os._exit), before C++ destructors run: on 2 H200s a TP=2 rank
+    whose NCCL communicator had been captured into CUDA graphs (and whose symmetric-memory
+    buffer its peer had mapped) never exited after writing its results."""
+    if not (ctx.tp > 1 and torch.distributed.is_initialized()):
+        return
+    if ctx.device.type != "cuda":
         torch.distributed.destroy_process_group()
+        return
+    torch.cuda.synchronize()
+    done = threading.Event()
+
+    def teardown() -> None:
+        torch.distributed.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=teardown, daemon=True, name="dynspec-teardown").start()
+    if not done.wait(TEARDOWN_S):
+        log(f"process group teardown did not finish in {TEARDOWN_S:g} s; this rank exits without it",
+            rank=ctx.layout.rank, all_ranks=True)
+    hard_exit()
+
+
+_HARD_EXIT = []
+
+
+def hard_exit() -> None:
+    """At interpreter exit, flush and os._exit with the status Python would have used (0, or the
+    SystemExit code seen by `exit_status`), skipping C++ destructors that would hang."""
+    if not _HARD_EXIT:
+        import atexit
+
+        _HARD_EXIT.append(True)
+        atexit.register(_exit_now)       # registered last, so it runs before torch's own handlers
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")          # mpirun counts a rank that skips MPI_Finalize as failed
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(_EXIT_STATUS[0])
+
+
+_EXIT_STATUS = [0]
+
+
+def exit_status(code: int | None) -> int | None:
+    """Remember the status a CLI's main returns (hard_exit uses it); returns it unchanged."""
+    _EXIT_STATUS[0] = int(code or 0) if isinstance(code, (int, type(None))) else 1
+    return code

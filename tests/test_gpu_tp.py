@@ -7,8 +7,8 @@ tests/mpi/tp_run.py serves test_tp.py's jobs (schedule 5:15, concurrency 10: K f
       a + b, one IEEE result, so the bits agree;
     - every rank ran the same (iteration, b, K, graph keys) sequence, and no decode iteration
       fell back to eager.
-float32 and bfloat16 both: in bf16 graph and eager attention kernels differ (FlexAttention vs
-gathered SDPA), so a near-tied argmax could flip; the tiny pair's margins are wide enough."""
+bf16, as served: graph and eager attention kernels differ (FlexAttention vs gathered SDPA), so
+a near-tied argmax could flip; the tiny pair's margins are wide enough for it not to."""
 import shutil
 
 import pytest
@@ -49,7 +49,7 @@ def _run(tmp_path, pair, dtype: str, graphs: bool, allreduce: str) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["bfloat16"])
 def test_tp2_graphs_equal_eager_and_one_shot_equals_nccl(tmp_path, gpu_pair, dtype):
     eager = _run(tmp_path, gpu_pair, dtype, False, "nccl")
     graphs_nccl = _run(tmp_path, gpu_pair, dtype, True, "nccl")

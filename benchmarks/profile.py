@@ -407,7 +407,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
             policies = [(lambda b, k=k: k) for k in draft_lens]
             keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
                     | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
-            engine.capture_graphs(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k)))
+            engine.capture_graphs(keys)
         return engine
 
     if tp == 1:

@@ -474,3 +474,20 @@ def test_mpirun_refuses_an_impossible_split_before_reading_weights(tmp_path):
     assert "DynspecError: TP=2 is infeasible for " in proc.stderr
     assert "num_attention_heads=3 is not divisible by tp=2 (3 % 2 = 1)" in proc.stderr
     assert "cannot read" not in proc.stderr and "corrupt" not in proc.stderr
+
+
+def test_every_rank_captures_graphs_in_the_same_order():
+    """Ranks are separate processes with their own string-hash seeds. Graph warm-up and capture
+    run collectives, so each rank must walk the keys in one order: the sweep's set of keys from
+    a keep_warm mode and a plain one holds decode (b, keep_warm) beside decode (b) at every
+    bucket, and ordering by (kind, bucket, k) alone left those in hash order (2 H200s: NCCL
+    watchdog timeout in warm-up, the ranks one collective apart)."""
+    code = ("from dynspec.runtime.engines.reference.engine import capture_order, reachable_graphs\n"
+            "from dynspec.runtime.policy import DraftSchedule\n"
+            "keys = set(reachable_graphs([DraftSchedule.parse('4:3')], 64, True))"
+            " | set(reachable_graphs([lambda b: 0], 64, False))\n"
+            "print([tuple(vars(k).values()) for k in capture_order(keys)])")
+    orders = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
+    assert len(orders) == 1
+    assert "('decode', 8, 0, False), ('decode', 8, 0, True)" in orders.pop()

@@ -70,7 +70,15 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
                 keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
             else:
                 keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
-    return tuple(sorted(keys, key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm)))
+    return capture_order(keys)
+
+
+def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
+    """The keys once each, in one total order (kind, bucket, k, keep_warm). Under TP every rank
+    warms up and captures in this order, so their collectives pair up: ordering a set by (kind,
+    bucket, k) alone left decode (4, keep_warm) and decode (4) in hash order, which differs per
+    process, and two H200 ranks ran different collectives until NCCL's watchdog fired."""
+    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm)))
 
 
 class ReferenceEngine:
@@ -360,7 +368,7 @@ class ReferenceEngine:
         stay eager."""
         if self.device.type != "cuda":
             return 0
-        keys = list(keys)
+        keys = capture_order(keys)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         self.x.zero_()

@@ -192,7 +192,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     for name, doc in (tunes or {}).items():
         commands.append({"what": f"tune {name}", "command": doc.get("command"), "schedule": doc.get("schedule")})
     for name, doc in regimes.items():
-        commands.append({"what": f"sweep {name}", "command": doc["env"].get("command")})
+        commands += [{"what": f"sweep {name}", "command": c} for c in _commands(doc)]
     for name, doc in (fixed or {}).items():
         commands.append({"what": f"fixed-length baseline {name}", "command": doc["env"].get("command")})
     floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in profiles.items()) if f is not None}
@@ -203,10 +203,10 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     for name in fixed or {}:
         if name not in regimes:
             raise DynspecError(f"--fixed-baseline {name}: no --regime {name} to compare it with")
-    sweep_cmds = [doc["env"].get("command") for doc in regimes.values()]
+    sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
     figure_commands = {
         "decode_vs_gemm_floor": [profiles[floor["profile"]].get("command")] if floor else [],
-        "varied_vs_fixed_baseline": [regimes[n]["env"].get("command") for n in fixed or {}]
+        "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(regimes[n])]
                                     + [d["env"].get("command") for d in (fixed or {}).values()],
         "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,
         "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
@@ -243,19 +243,48 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     }
 
 
-def _named(items: Sequence[str], flag: str) -> dict[str, str]:
-    out = {}
+def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str | list[str]]:
+    """['A=x.json'] -> {'A': 'x.json'}; many: ['A=x', 'A=y'] -> {'A': ['x', 'y']} (a name once otherwise)."""
+    out: dict = {}
     for it in items or ():
         name, sep, path = it.partition("=")
         if not sep or not name or not path:
             raise DynspecError(f"{flag} {it!r} is not NAME=PATH (e.g. A=results/h200_A.json)")
-        out[name] = path
+        if many:
+            out.setdefault(name, []).append(path)
+        elif name in out:
+            raise DynspecError(f"{flag} {name} is given twice ({out[name]} and {path})")
+        else:
+            out[name] = path
     return out
+
+
+def merge_sweeps(docs: Sequence[Mapping], where: Sequence[str]) -> dict:
+    """Several sweeps of one regime (e.g. C=1..64 in one call, C=128 in another) -> one: the rows
+    together, the first env with every command under "commands". A (mode, load) in two files is
+    refused, naming both: [{rows: [baseline C=1]}, {rows: [baseline C=128]}] -> rows of both."""
+    seen: dict = {}
+    rows = []
+    for doc, path in zip(docs, where):
+        for r in doc["rows"]:
+            key = (r.get("mode"), r.get("concurrency"), r.get("request_rate"))
+            if key in seen:
+                raise DynspecError(f"sweep results {seen[key]} and {path} both have mode {key[0]} at "
+                                   f"C={key[1]}" + (f" rate {key[2]}" if key[2] is not None else ""))
+            seen[key] = path
+            rows.append(r)
+    env = dict(docs[0]["env"], commands=[d["env"].get("command") for d in docs])
+    return {"env": env, "rows": rows}
+
+
+def _commands(doc: Mapping) -> list:
+    return list(doc["env"].get("commands") or [doc["env"].get("command")])
 
 
 def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = p or argparse.ArgumentParser(prog="python -m dynspec.benchmarks.summary", description=__doc__.splitlines()[0])
-    p.add_argument("--regime", action="append", required=True, metavar="NAME=SWEEP.json")
+    p.add_argument("--regime", action="append", required=True, metavar="NAME=SWEEP.json",
+                   help="a regime's sweep; repeat a NAME to join sweeps of other loads (e.g. C=128 from another call)")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE.json")
     p.add_argument("--tune", action="append", metavar="NAME=TUNE.json", help="`dynspec tune --report` output")
     p.add_argument("--fixed-baseline", action="append", metavar="NAME=SWEEP.json",
@@ -269,7 +298,13 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
 def run(args: argparse.Namespace) -> int:
     from dynspec.artifacts import read_json, write_json
 
-    regimes = {n: read_json(p, f"sweep result {n}") for n, p in _named(args.regime, "--regime").items()}
+    regimes = {}
+    for n, paths in _named(args.regime, "--regime", many=True).items():
+        docs = [read_json(p, f"sweep result {n}") for p in paths]
+        for doc, path in zip(docs, paths):
+            if "rows" not in doc or "env" not in doc:
+                raise DynspecError(f"sweep result {n} ({path}): missing 'env' or 'rows'")
+        regimes[n] = docs[0] if len(docs) == 1 else merge_sweeps(docs, paths)
     profiles = {n: read_json(p, f"profile {n}") for n, p in _named(args.profile, "--profile").items()}
     tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
     fixed = {n: read_json(p, f"fixed-length sweep {n}") for n, p in _named(args.fixed_baseline, "--fixed-baseline").items()}

@@ -125,6 +125,20 @@ def test_summary_version_2_figures():
     json.dumps(s)
 
 
+def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
+    low = regime_doc("sweep C=64", [row("baseline", 64, 100, 98, 103), row("dynamic", 64, 110, 108, 112)])
+    high = regime_doc("sweep C=128", [row("baseline", 128, 150, 140, 155), row("dynamic", 128, 180, 170, 185)])
+    joined = summary.merge_sweeps([low, high], ["a.json", "b.json"])
+    s = summary.summarize({"A": joined})
+    assert set(s["dynamic_ratio_by_concurrency"]["A"]) == {"64", "128"}
+    assert s["dynamic_ratio_by_concurrency"]["A"]["128"] == pytest.approx(180 / 150)
+    assert s["figure_commands"]["trial_spread"] == ["sweep C=64", "sweep C=128"]
+    with pytest.raises(DynspecError, match="sweep results a.json and b.json both have mode baseline at C=64"):
+        summary.merge_sweeps([low, low], ["a.json", "b.json"])
+    with pytest.raises(DynspecError, match=r"--profile A is given twice \(x.json and y.json\)"):
+        summary._named(["A=x.json", "A=y.json"], "--profile")
+
+
 # ---- GEMM floor ---------------------------------------------------------------------------------
 def test_gemm_floor_on_cpu_times_every_decode_gemm(tmp_path):
     import torch

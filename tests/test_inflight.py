@@ -181,6 +181,35 @@ def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
         assert (got - want).abs().max() < 1e-10
 
 
+def test_one_block_mask_per_step_serves_every_layer(pair, monkeypatch):
+    """The engine's attention for one step builds the block mask once per (batch, pool) and
+    reuses it in every layer, with the per-layer mask's results; a new batch gets its own."""
+    from dynspec.runtime.engines.reference import attention as att
+
+    eng = engine(pair, budget=32, max_batch=3, max_seq=64, kmax=3)
+    ex = Executor(eng, DraftSchedule.static(3, 3))
+    hs = [ex.submit(p, n) for p, n in zip(prompts(3, seed=41, lo=5, hi=30), (12, 6, 9))]
+    for _ in range(4):
+        ex.step()
+    slots = torch.tensor([h._req.slot for h in hs if h._req.slot is not None])
+    q_pos = torch.tensor([eng.block_size + 3] * len(slots))[:, None] + torch.arange(2)
+    batch = att.uniform_batch(eng.block_tables, slots, q_pos, eng.max_blocks_per_seq, eng.block_size)
+    other = att.uniform_batch(eng.block_tables, slots[:1], q_pos[:1], eng.max_blocks_per_seq, eng.block_size)
+    built = []
+    real = att.paged_block_mask
+    monkeypatch.setattr(att, "paged_block_mask", lambda *a: built.append(a[0]) or real(*a))
+    step = att.PerStepMasks(eng.block_owner, eng.block_logical, eng.block_size)
+    kvh, _, hd = eng.target.k_cache[0].shape
+    q = torch.randn(q_pos.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(1))
+    for layer in range(eng.target.config.num_layers):
+        k, v = eng.target.k_cache[layer], eng.target.v_cache[layer]
+        got = step(q, k, v, batch)
+        assert (got - att.sdpa_attention(q, k, v, batch)).abs().max() < 1e-10
+    assert built == [batch]
+    step(q[:2], eng.target.k_cache[0], eng.target.v_cache[0], other)
+    assert built == [batch, other]
+
+
 def test_the_paged_ragged_forward_equals_transformers_logits(pair, hf_target):
     """One target forward over two prompt chunks of different rows and a decode row: every
     token's logits equal transformers' over that sequence alone."""

@@ -156,32 +156,60 @@ def _flex():
     return _compiled_flex or flex_attention
 
 
-def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, owner: Tensor,
-                         logical: Tensor, block_size: int) -> Tensor:
-    """FlexAttention over the whole pool. owner [blocks] is the slot holding each physical
-    block (-1 if free), logical [blocks] its index in that slot's table. The block mask lists,
-    for row r, the physical blocks of its table it reads; mask_mod applies s <= p inside them.
-    Same inputs and result as `sdpa_attention`."""
+def paged_block_mask(batch: RaggedBatch, owner: Tensor, logical: Tensor, block_size: int, pool_len: int):
+    """The FlexAttention BlockMask of `batch` over a pool of pool_len positions. owner [blocks] is
+    the slot holding each physical block (-1 if free), logical [blocks] its index in that slot's
+    table. The mask lists, for row r, the physical blocks of its table it reads; mask_mod applies
+    s <= p inside them. It depends on the batch alone, so one step builds it once and every layer
+    reuses it (`PerStepMasks`). Built in every layer, its max / clamp / fill / index kernels were a
+    visible share of a b=1 decode step (H200 kernel table: benchmarks/results/h200x2_tp1_kernels.json)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    N, nh, hd = q.shape
-    kvh, P, _ = k_pool.shape
     R, Tq = batch.q_index.shape
-    blocks = P // block_size
+    blocks = pool_len // block_size
     nb = batch.tables.shape[1]
     slots, q_pos = batch.slots, batch.q_pos
     qb = 128 * -(-Tq // 128)          # one query block per row; a multiple of the kernels' BLOCK_M
     used = torch.clamp(q_pos.max(dim=1).values // block_size + 1, max=nb)            # [R] blocks up to the row's end
     num = used.to(torch.int32).view(R, 1, 1)
-    idx = torch.zeros(R, 1, 1, blocks, dtype=torch.int32, device=q.device)
+    idx = torch.zeros(R, 1, 1, blocks, dtype=torch.int32, device=batch.tables.device)
     idx[:, 0, 0, :nb] = batch.tables.to(torch.int32)
 
     def mask_mod(b, h, qi, ki):
         blk = ki // block_size
         return (owner[blk] == slots[b]) & (logical[blk] * block_size + ki % block_size <= q_pos[b, qi])
 
-    mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(qb, block_size), mask_mod=mask_mod,
-                                    seq_lengths=(Tq, P), compute_q_blocks=False)   # forward only
+    return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(qb, block_size), mask_mod=mask_mod,
+                                    seq_lengths=(Tq, pool_len), compute_q_blocks=False)   # forward only
+
+
+class PerStepMasks:
+    """attention(q, k_pool, v_pool, batch) for one step: FlexAttention whose block mask is built
+    the first time a (batch, pool length) is seen and reused by every later layer of the step
+    (the target's 32 layers share one batch; the draft's batch is another object)."""
+
+    def __init__(self, owner: Tensor, logical: Tensor, block_size: int):
+        self.owner, self.logical, self.block_size = owner, logical, block_size
+        self._masks: list = []          # [(batch, pool_len, mask)]: a few per step, compared by identity
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+        P = k_pool.shape[1]
+        for b, p, mask in self._masks:
+            if b is batch and p == P:
+                break
+        else:
+            mask = paged_block_mask(batch, self.owner, self.logical, self.block_size, P)
+            self._masks.append((batch, P, mask))
+        return flex_attention_paged(q, k_pool, v_pool, batch, self.owner, self.logical, self.block_size, mask)
+
+
+def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, owner: Tensor,
+                         logical: Tensor, block_size: int, mask=None) -> Tensor:
+    """FlexAttention over the whole pool with `paged_block_mask` (built here unless given).
+    Same inputs and result as `sdpa_attention`."""
+    if mask is None:
+        mask = paged_block_mask(batch, owner, logical, block_size, k_pool.shape[1])
     qr = _rows(q, batch).transpose(1, 2)                                               # [R, nh, Tq, hd]
     o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)      # [R, nh, Tq, hd]
+    R, nh, Tq, hd = o.shape
     return o.transpose(1, 2).reshape(R * Tq, nh * hd)[batch.out_index]

@@ -36,7 +36,7 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_prefix
-from dynspec.runtime.engines.reference.attention import (RaggedBatch, flex_attention_paged, ragged_batch,
+from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, ragged_batch,
                                                          sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for, cap_k
@@ -235,8 +235,7 @@ class ReferenceEngine:
         (read is None: the CUDA-graph path, one compile per shape), else gathered SDPA."""
         if self.attention == "sdpa" or read is not None:
             return sdpa_attention
-        owner, logical, bs = self.block_owner, self.block_logical, self.block_size
-        return lambda q, k, v, batch: flex_attention_paged(q, k, v, batch, owner, logical, bs)
+        return PerStepMasks(self.block_owner, self.block_logical, self.block_size)
 
     def _draft_next(self, tokens, hidden, batch, attention=None):
         """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""

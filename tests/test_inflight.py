@@ -160,7 +160,8 @@ def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
     """FlexAttention over the pool (the GPU graph path) == gathered SDPA on a cache that
     serving left behind: rows of different lengths, stale entries past them, freed blocks.
     (CPU runs flex's reference math.)"""
-    from dynspec.runtime.engines.reference.attention import flex_attention_paged, sdpa_attention, uniform_batch
+    from dynspec.runtime.engines.reference.attention import (flex_attention_paged, ragged_batch, sdpa_attention,
+                                                             uniform_batch)
 
     eng = engine(pair, budget=32, max_batch=3, max_seq=64, kmax=3)
     ex = Executor(eng, DraftSchedule.static(3, 3))
@@ -174,11 +175,16 @@ def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
     batch = uniform_batch(eng.block_tables, slots, q_pos, eng.max_blocks_per_seq, eng.block_size)
     kvh, _, hd = eng.target.k_cache[0].shape
     q = torch.randn(q_pos.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(0))
+    assert batch.uniform                                   # flex takes q as [R, Tq, ...] without gathers
+    ragged = ragged_batch(eng.block_tables, [r.slot for r in live], [r.length - 2 for r in live],
+                          [3, 1, 2][: len(live)], eng.block_size)                   # rows of 3, 1 (, 2) tokens
+    qr = torch.randn(ragged.positions.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(2))
     for layer in (0, eng.target.config.num_layers - 1):
         k, v = eng.target.k_cache[layer], eng.target.v_cache[layer]
-        want = sdpa_attention(q, k, v, batch)
-        got = flex_attention_paged(q, k, v, batch, eng.block_owner, eng.block_logical, eng.block_size)
-        assert (got - want).abs().max() < 1e-10
+        for b, qq in ((batch, q), (ragged, qr)):
+            want = sdpa_attention(qq, k, v, b)
+            got = flex_attention_paged(qq, k, v, b, eng.block_owner, eng.block_logical, eng.block_size)
+            assert (got - want).abs().max() < 1e-10
 
 
 def test_one_block_mask_per_step_serves_every_layer(pair, monkeypatch):

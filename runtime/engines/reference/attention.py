@@ -43,6 +43,7 @@ class RaggedBatch:
     out_index: Tensor      # [N] packed token -> r * Tq + t
     slots: Tensor          # [R] each row's slot
     tables: Tensor         # [R, S // block_size] each row's block table (the part read)
+    uniform: bool = False  # every row has Tq tokens, packed row-major: q_index and out_index are aranges
 
 
 def _kv_index(tables: Tensor, block_size: int) -> Tensor:
@@ -71,6 +72,7 @@ def uniform_batch(block_tables: Tensor, slots: Tensor, q_pos: Tensor, read_block
         out_index=torch.arange(n, device=dev),
         slots=slots,
         tables=tables[:, :read_blocks],
+        uniform=True,
     )
 
 
@@ -209,7 +211,11 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     Same inputs and result as `sdpa_attention`."""
     if mask is None:
         mask = paged_block_mask(batch, owner, logical, block_size, k_pool.shape[1])
-    qr = _rows(q, batch).transpose(1, 2)                                               # [R, nh, Tq, hd]
+    if batch.uniform:             # decode rows / verify windows: [R*Tq, nh, hd] is already [R, Tq, nh, hd]
+        qr = q.view(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)                  # [R, nh, Tq, hd]
+    else:
+        qr = _rows(q, batch).transpose(1, 2)                                           # [R, nh, Tq, hd]
     o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)      # [R, nh, Tq, hd]
     R, nh, Tq, hd = o.shape
-    return o.transpose(1, 2).reshape(R * Tq, nh * hd)[batch.out_index]
+    o = o.transpose(1, 2).reshape(R * Tq, nh * hd)
+    return o if batch.uniform else o[batch.out_index]

@@ -212,7 +212,7 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     if mask is None:
         mask = paged_block_mask(batch, owner, logical, block_size, k_pool.shape[1])
     if batch.uniform:             # decode rows / verify windows: [R*Tq, nh, hd] is already [R, Tq, nh, hd]
-        qr = q.view(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)                  # [R, nh, Tq, hd]
+        qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)               # [R, nh, Tq, hd]
     else:
         qr = _rows(q, batch).transpose(1, 2)                                           # [R, nh, Tq, hd]
     o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)      # [R, nh, Tq, hd]

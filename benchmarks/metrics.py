@@ -14,6 +14,11 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
     decode_rows / prefill_tokens: per iteration, the rows that decoded and the prompt tokens
                        that rode along (inflight batching); mixed_iterations counts those with both;
                        mean_k / mean_batch_size / k_by_batch skip prompt-only iterations (b = 0)
+    steady_tok_per_s   closed loop at C: tokens the decode rows emitted (b + accepted) / seconds,
+                       over the iterations with at least STEADY_FILL x C decode rows, summed over
+                       replicas: the server while full, without the ramp and the drain tail that a
+                       finite closed loop of varied lengths ends with; steady_fraction: the share
+                       of iterations counted
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -119,6 +124,8 @@ class RunMetrics:
     mixed_iterations: int | None    # iterations with decode_rows > 0 and prefill_tokens > 0
     per_replica_tok_per_s: tuple[float, ...]
     k_by_batch: tuple[tuple[int, int, int], ...]   # (batch size, K, iterations), sorted
+    steady_tok_per_s: float | None = None   # None: open loop, or no iteration was that full
+    steady_fraction: float | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -172,8 +179,24 @@ def _iteration_mix(steps) -> dict:
     }
 
 
-def summarize(records: Iterable[RunRecord]) -> RunMetrics:
-    """Merge the replicas' records of one run into one row of metrics."""
+STEADY_FILL = 0.9
+
+
+def steady_state(steps: Sequence[StepRecord], concurrency: int, fill: float = STEADY_FILL) -> tuple[float, float] | None:
+    """(tok/s, share of iterations) over one replica's iterations with b >= ceil(fill x C) decode
+    rows; None when none was that full. C=4, fill 0.9 -> b >= 4: steps (b=4, acc 2, 10 ms),
+    (b=2, acc 0, 5 ms) -> ((4 + 2) / 0.010, 0.5)."""
+    need = -(-int(fill * concurrency * 1000) // 1000)       # ceil without float noise: 0.9 x 10 -> 9
+    full = [s for s in steps if s.batch_size >= max(1, need)]
+    secs = sum(s.seconds for s in full)
+    if not full or secs <= 0:
+        return None
+    return sum(s.batch_size + s.accepted for s in full) / secs, len(full) / len(steps)
+
+
+def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> RunMetrics:
+    """Merge the replicas' records of one run into one row of metrics. concurrency: the closed
+    loop's C per replica (steady_tok_per_s); None for open-loop runs."""
     records = list(records)
     if not records:
         raise ValueError("no run records to summarize")
@@ -187,6 +210,11 @@ def summarize(records: Iterable[RunRecord]) -> RunMetrics:
     ttft = [r.ttft_s for r in reqs if r.ttft_s is not None]
     tpot = [r.tpot_s for r in reqs if r.tpot_s is not None]
     ss = step_summary(steps)
+    steady = [steady_state(rec.steps, concurrency) for rec in records] if concurrency else [None]
+    if any(x is None for x in steady):
+        ss.update(steady_tok_per_s=None, steady_fraction=None)
+    else:
+        ss.update(steady_tok_per_s=sum(x[0] for x in steady), steady_fraction=min(x[1] for x in steady))
     return RunMetrics(
         replicas=len(records),
         num_requests=len(reqs),

@@ -20,6 +20,8 @@ Version 2 adds (ratios use the medians of the trials; a spread is min..max over 
     decode_vs_gemm_floor         plain decode at b=1, 1024 context / the GEMMs alone (profile --floor)
     varied_vs_fixed_baseline     {"64": r, "256": r}: baseline tok/s with varied lengths (the regime's
                                  sweep) / with fixed lengths of the same mean (--fixed-baseline)
+    varied_vs_fixed_baseline_steady  the same ratio of steady_tok_per_s (iterations with >= 0.9 C
+                                 decode rows: the server while full, without the closed loop's tail)
     figure_commands              {figure: [the commands whose outputs it is computed from]}
 """
 from __future__ import annotations
@@ -150,11 +152,16 @@ def open_loop(rows: Sequence[Mapping]) -> dict:
     return out
 
 
-def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping]) -> dict[str, float | None]:
+def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping],
+                    field: str = "output_tok_per_s") -> dict[str, float | None]:
     """{"<C>": baseline tok/s with varied lengths / with fixed lengths} at every C of the fixed-length
-    sweep (h200_fixed_baseline.sh: 64 and 256); None where the varied sweep lacks that C."""
-    v, f = _tps(varied_rows, "baseline"), _tps(fixed_rows, "baseline")
-    return {str(c): (v[c] / f[c] if c in v and f[c] > 0 else None) for c in sorted(f)}
+    sweep (h200_fixed_baseline.sh: 64 and 256); None where the varied sweep lacks that C (or, for
+    field="steady_tok_per_s", where a sweep predates that field)."""
+    def tps(rows):
+        return {int(r["concurrency"]): r.get(field) for r in rows
+                if r["mode"] == "baseline" and r.get("concurrency") is not None}
+    v, f = tps(varied_rows), tps(fixed_rows)
+    return {str(c): (v[c] / f[c] if v.get(c) is not None and f[c] else None) for c in sorted(f)}
 
 
 def decode_vs_gemm_floor(profile: Mapping) -> dict | None:
@@ -212,10 +219,11 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
         "decode_bandwidth_fraction": [profiles[bw["profile"]].get("command")] if bw else [],
     }
-    vf = None
+    vf = vfs = None
     if fixed:
         name = next(iter(fixed))
         vf = varied_vs_fixed(regimes[name]["rows"], fixed[name]["rows"])
+        vfs = varied_vs_fixed(regimes[name]["rows"], fixed[name]["rows"], "steady_tok_per_s")
     return {
         "version": 2,
         "decode_bandwidth_fraction": None if bw is None else bw["fraction"],
@@ -238,6 +246,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "decode_vs_gemm_floor": None if floor is None else floor["ratio"],
         "gemm_floor": floor,
         "varied_vs_fixed_baseline": vf,
+        "varied_vs_fixed_baseline_steady": vfs,
         "varied_vs_fixed_regime": None if not fixed else next(iter(fixed)),
         "figure_commands": figure_commands,
     }

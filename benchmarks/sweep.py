@@ -428,7 +428,8 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
             return []
         trials: dict[tuple, list] = {}
         for i, (p, m, t, _) in enumerate(records):
-            trials.setdefault((p, m), []).append(summarize(rank_records[i][3] for rank_records in gathered))
+            trials.setdefault((p, m), []).append(summarize((rank_records[i][3] for rank_records in gathered),
+                                                           p.concurrency))
         rows = []
         for p in dict.fromkeys(p for p, _ in trials):
             for m in spec.modes:
@@ -461,7 +462,8 @@ def trial_fields(mets: Sequence) -> dict:
     Trials at 90, 100, 95 tok/s -> output_tok_per_s 95 (median run), tok_per_s_min 90, tok_per_s_max 100."""
     tps = [x.output_tok_per_s for x in mets]
     return {"trials": len(mets), "trial_tok_per_s": tps, "tok_per_s_min": min(tps), "tok_per_s_max": max(tps),
-            "trial_p99_ttft_s": [x.p99_ttft_s for x in mets]}
+            "trial_p99_ttft_s": [x.p99_ttft_s for x in mets],
+            "trial_steady_tok_per_s": [x.steady_tok_per_s for x in mets]}
 
 
 def median_trial(mets: Sequence):

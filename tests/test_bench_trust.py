@@ -26,6 +26,30 @@ def test_step_record_carries_decode_rows_and_prefill_tokens():
     assert s["k_by_batch"] == ((2, 0, 1), (3, 2, 1))
 
 
+def test_steady_state_counts_only_full_iterations_per_replica():
+    from dynspec.benchmarks.metrics import RequestTiming, RunRecord, steady_state, summarize
+
+    # C=10 -> full means b >= 9: the ramp (b=3) and the drain (b=5, b=1) are left out
+    steps = (StepRecord(3, 0, 0, 0, 0.010, 0.0, 3, 500), StepRecord(10, 2, 20, 12, 0.020, 0.0, 10, 0),
+             StepRecord(9, 0, 0, 0, 0.010, 0.0, 9, 64), StepRecord(5, 0, 0, 0, 0.010, 0.0, 5, 0),
+             StepRecord(1, 0, 0, 0, 0.008, 0.0, 1, 0))
+    tps, share = steady_state(steps, 10)
+    assert tps == pytest.approx((10 + 12 + 9) / 0.030) and share == pytest.approx(2 / 5)
+    assert steady_state(steps[3:], 10) is None
+    rec = RunRecord((RequestTiming(4, 30, 0.0, 0.01, 0.06),), steps, 0.0, 0.058)
+    two = summarize([rec, rec], concurrency=10)
+    assert two.steady_tok_per_s == pytest.approx(2 * tps)                  # replicas run side by side
+    assert summarize([rec]).steady_tok_per_s is None                       # open loop: no C
+    assert summarize([rec], concurrency=64).steady_fraction is None        # never that full
+
+
+def test_varied_vs_fixed_steady_ratio_and_older_sweeps_without_it():
+    varied = [row("baseline", 64, 50, 49, 51, steady_tok_per_s=90.0)]
+    fixed = [row("baseline", 64, 100, 99, 101, steady_tok_per_s=100.0), row("baseline", 256, 1, 1, 1)]
+    assert summary.varied_vs_fixed(varied, fixed) == {"64": 0.5, "256": None}
+    assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s") == {"64": pytest.approx(0.9), "256": None}
+
+
 # ---- trials, spreads, ties ----------------------------------------------------------------------
 def row(mode, c, med, lo, hi, **kw):
     r = {"mode": mode, "concurrency": c, "request_rate": None, "matched_concurrency": None,
@@ -45,10 +69,11 @@ def test_verdict_is_a_tie_when_spreads_overlap():
 
 
 def test_trial_fields_report_median_run_and_spread():
-    mets = [NS(output_tok_per_s=v, p99_ttft_s=0.1 * i) for i, v in enumerate((90.0, 100.0, 95.0))]
+    mets = [NS(output_tok_per_s=v, p99_ttft_s=0.1 * i, steady_tok_per_s=v + 5) for i, v in enumerate((90.0, 100.0, 95.0))]
     f = trial_fields(mets)
     assert f == {"trials": 3, "trial_tok_per_s": [90.0, 100.0, 95.0], "tok_per_s_min": 90.0,
-                 "tok_per_s_max": 100.0, "trial_p99_ttft_s": [0.0, 0.1, 0.2]}
+                 "tok_per_s_max": 100.0, "trial_p99_ttft_s": [0.0, 0.1, 0.2],
+                 "trial_steady_tok_per_s": [95.0, 105.0, 100.0]}
 
 
 def test_matched_rate_is_the_median_trials_requests_per_second_per_replica():

@@ -14,21 +14,12 @@ import shutil
 import pytest
 import torch
 
-from tests.test_tp import jobs, run_tp  # noqa: F401  (jobs: the workload run_tp writes)
-from tests.helpers_models import make_tiny_draft, make_tiny_target
+from tests.test_tp import pair, run_tp  # noqa: F401  (pair: test_tp's 4-head / 2-KV-head fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
               pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")]
 
 SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-@pytest.fixture(scope="module")
-def gpu_pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tp_gpu_pair")
-    target = make_tiny_target(d / "target", heads=4, kv_heads=2, vocab=161, layers=4)
-    draft = make_tiny_draft(d / "draft", target, kv_heads=2, embed=True)
-    return str(target), str(draft)
 
 
 def _run(tmp_path, pair, dtype: str, graphs: bool, allreduce: str) -> dict:
@@ -50,10 +41,10 @@ def _run(tmp_path, pair, dtype: str, graphs: bool, allreduce: str) -> dict:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16"])
-def test_tp2_graphs_equal_eager_and_one_shot_equals_nccl(tmp_path, gpu_pair, dtype):
-    eager = _run(tmp_path, gpu_pair, dtype, False, "nccl")
-    graphs_nccl = _run(tmp_path, gpu_pair, dtype, True, "nccl")
-    graphs_one_shot = _run(tmp_path, gpu_pair, dtype, True, "one-shot")
+def test_tp2_graphs_equal_eager_and_one_shot_equals_nccl(tmp_path, pair, dtype):
+    eager = _run(tmp_path, pair, dtype, False, "nccl")
+    graphs_nccl = _run(tmp_path, pair, dtype, True, "nccl")
+    graphs_one_shot = _run(tmp_path, pair, dtype, True, "one-shot")
     assert graphs_nccl["outputs"] == eager["outputs"]
     assert graphs_one_shot["outputs"] == graphs_nccl["outputs"]
     assert all(r == "length" for r in eager["finish"])

@@ -10,6 +10,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEADLINE=${DEADLINE:-530}
 LOG=$RES/$TAG.log
 mkdir -p "$OUT" "$RES"
+PY=${PYTHON:-python3}
+# two ranks on one host (the x2 calls), the machines' multicast switches passed on to every rank
+MPI=(mpirun -n 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST
+     -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED)
 failed=()
 left() { echo $(( DEADLINE - SECONDS > 5 ? DEADLINE - SECONDS : 5 )); }
 pack() { tar -czf "$OUT/$TAG.tar.gz" -C "$RES" . 2>/dev/null; }

@@ -7,9 +7,6 @@
 set -uo pipefail
 CALL=x2_1 TAG=h200x2_call1
 . "$(dirname "$0")/h200_lib.sh"
-MPI=(mpirun -n 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST
-     -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED)
-PY=${PYTHON:-python3}
 nvidia-smi topo -m >>"$LOG" 2>&1
 start 0 0
 stage tp1-decode 100 env CUDA_VISIBLE_DEVICES=0 "$PY" -m dynspec.benchmarks.tp_decode --engine-dir "$ENGINE_DIR" \

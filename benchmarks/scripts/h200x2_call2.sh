@@ -8,9 +8,6 @@
 set -uo pipefail
 CALL=x2_2 TAG=h200x2_call2 DEADLINE=${DEADLINE:-560}
 . "$(dirname "$0")/h200_lib.sh"
-MPI=(mpirun -n 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST
-     -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED)
-PY=${PYTHON:-python3}
 start 0 0
 TP=2 TP_LIMIT=150 . "$here/h200x2_regime_a_tp.sh"
 stage gpu-tests-tp 130 "$PY" -m pytest -q -m gpu tests/test_gpu_tp.py -p no:cacheprovider -x

@@ -7,9 +7,6 @@
 set -uo pipefail
 CALL=x2_3 TAG=h200x2_call3 DEADLINE=${DEADLINE:-450}
 . "$(dirname "$0")/h200_lib.sh"
-MPI=(mpirun -n 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST
-     -x NVSHMEM_DISABLE_NVLS -x PYTHONUNBUFFERED)
-PY=${PYTHON:-python3}
 start 0 0
 TP=2 TP_LIMIT=150 PROFILE_EXTRA="--allreduce nccl" . "$here/h200x2_regime_a_tp.sh"
 common=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16

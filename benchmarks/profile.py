@@ -417,8 +417,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     from dynspec.runtime.distributed import run_replica
 
     leaders = split_leaders(world(), tp)                     # collective: every rank, before the groups
-    meta = dict(meta or {}, tp=tp, allreduce=allreduce)
-    _, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
+    meta = dict(meta or {}, tp=tp)
+    ctx, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
         engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
         acceptance_requests, acceptance_concurrency, meta, progress, floor), device=device, allreduce=allreduce)
     if leaders is None:
@@ -426,8 +426,10 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     every = leaders.gather(prof.decode_ms)
     if not leaders.is_root:
         return None
+    used = {"allreduce": ctx.reducer.mode, "allreduce_requested": allreduce,   # auto may have fallen back
+            "allreduce_fallback": ctx.reducer.fallback or None}
     return Profile(prof.device, prof.iteration_ms, prof.per_position, prof.context_len, prof.decode_ms,
-                   dict(prof.meta, replicas=leaders.size, replica_decode_ms=every))
+                   dict(prof.meta, replicas=leaders.size, replica_decode_ms=every, **used))
 
 
 def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_draft_len: int, tp=None):

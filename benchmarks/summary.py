@@ -268,21 +268,46 @@ def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str
     return out
 
 
+# what two sweeps of one regime must share to be joined (the request count and the load points may differ)
+SAME_ENV = ("acceptance_model", "device", "dtype", "engine", "engine_source", "keep_warm", "max_seq_len", "seed",
+            "trials", "replicas", "cuda_graphs", "versions")
+
+
+def _lengths(env: Mapping) -> str:
+    """'synthetic: input_len 64:192, ...; max(2, ceil(2 x C)) requests ...' -> the part before ';'."""
+    return str(env.get("workload", "")).split(";")[0]
+
+
 def merge_sweeps(docs: Sequence[Mapping], where: Sequence[str]) -> dict:
     """Several sweeps of one regime (e.g. C=1..64 in one call, C=128 in another) -> one: the rows
-    together, the first env with every command under "commands". A (mode, load) in two files is
-    refused, naming both: [{rows: [baseline C=1]}, {rows: [baseline C=128]}] -> rows of both."""
+    together, each tagged with its "source" file, and the first env with every file's command and
+    workload under "sources". Refused, naming both files: a (mode, load) in two files, or envs
+    that differ in SAME_ENV, the lengths or the dynamic schedule (so a ratio never mixes regimes).
+    [{rows: [baseline C=1]}, {rows: [baseline C=128]}] -> rows of both."""
     seen: dict = {}
     rows = []
+    first = docs[0]["env"]
     for doc, path in zip(docs, where):
+        env = doc["env"]
+        for key in SAME_ENV:
+            if env.get(key) != first.get(key):
+                raise DynspecError(f"sweep results {where[0]} and {path} differ in env {key}: "
+                                   f"{first.get(key)!r} vs {env.get(key)!r}")
+        if _lengths(env) != _lengths(first):
+            raise DynspecError(f"sweep results {where[0]} and {path} have other workloads: "
+                               f"{_lengths(first)!r} vs {_lengths(env)!r}")
+        if (env.get("schedules") or {}).get("dynamic") != (first.get("schedules") or {}).get("dynamic"):
+            raise DynspecError(f"sweep results {where[0]} and {path} have other dynamic schedules")
         for r in doc["rows"]:
             key = (r.get("mode"), r.get("concurrency"), r.get("request_rate"))
             if key in seen:
                 raise DynspecError(f"sweep results {seen[key]} and {path} both have mode {key[0]} at "
                                    f"C={key[1]}" + (f" rate {key[2]}" if key[2] is not None else ""))
             seen[key] = path
-            rows.append(r)
-    env = dict(docs[0]["env"], commands=[d["env"].get("command") for d in docs])
+            rows.append(dict(r, source=path))
+    env = dict(first, commands=[d["env"].get("command") for d in docs],
+               sources=[{"file": p, "command": d["env"].get("command"), "workload": d["env"].get("workload"),
+                         "max_batch_size": d["env"].get("max_batch_size")} for d, p in zip(docs, where)])
     return {"env": env, "rows": rows}
 
 

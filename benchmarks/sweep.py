@@ -499,7 +499,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "world_size": w.size,
         "replicas": w.size // tp if spec.engine == "reference" else 1,
         "tp": tp if spec.engine == "reference" else None,
-        "allreduce": getattr(args, "allreduce", None) if spec.engine == "reference" and tp > 1 else None,
+        "allreduce": getattr(args, "allreduce", None) if spec.engine == "reference" and tp > 1 else None,   # requested
         "versions": versions(),
         "command": command_line(argv, w.size),
         "acceptance_model": str(spec.acceptance),
@@ -564,11 +564,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         rows = run_reference(spec, cfg, args.device, w, progress=progress, threads=args.threads, on_rows=partial)
     else:
         set_cpu_threads(args.threads, args.device)
-        _, _, rows = run_replica(
+        ctx, _, rows = run_replica(
             tp, lambda ctx: open_engine(spec, cfg, str(ctx.device), tp=ctx),
             lambda engine, ctx: run_reference(spec, cfg, args.device, leaders, progress=progress, on_rows=partial,
                                               engine=engine),
             device=args.device, allreduce=args.allreduce)
+        if env is not None:                  # the mode that ran ('auto' may have fallen back to NCCL)
+            env.update(allreduce=ctx.reducer.mode, allreduce_fallback=ctx.reducer.fallback or None)
     if w.is_root:
         doc = {"env": dict(env, wall_s=time.perf_counter() - t0, complete=True), "rows": rows}
         paths = write_all(doc, args.out)

@@ -15,10 +15,12 @@
                             batch (see crossover_note) or where no tune report was given
     replica_scaling         {mode: tok/s of `mpirun -n 2` TP=1 replicas / (2 x one GPU's)}, medians of
                             the trials; replica_scaling_spread gives min..max over trial pairs
-    replica_step_scaling    {mode: one GPU's mean step ms / the replicas' mean step ms}: 1.0 when a
-                            second replica slows no step. Each replica serves its own shard of the
-                            seeded workload and a trial lasts as long as its slower replica, so with
-                            few requests tok/s scaling falls below step scaling (closed-loop tails)
+    replica_step_scaling    {mode: one GPU's mean step ms / the replicas' mean step ms}. Not a
+                            controlled figure: the runs' mean batch sizes differ (each replica
+                            serves its own shard of a seeded draw, the one-GPU run another draw),
+                            and smaller batches step faster. A trial lasts as long as its slower
+                            replica, so with few requests tok/s scaling also carries the shards'
+                            different tails
 """
 from __future__ import annotations
 
@@ -72,11 +74,14 @@ def replica_scaling(one: Mapping, two: Mapping) -> tuple[dict, dict, dict]:
     if two["env"].get("replicas") != 2:
         raise DynspecError(f"--scaling-two: expected 2 replicas, got {two['env'].get('replicas')}")
     eff, spread, step = {}, {}, {}
-    base = {(r["mode"], r.get("concurrency")): r for r in one["rows"]}
+    base = {(r["mode"], r.get("concurrency"), r.get("request_rate")): r for r in one["rows"]}
     for r in two["rows"]:
-        o = base.get((r["mode"], r.get("concurrency")))
+        o = base.get((r["mode"], r.get("concurrency"), r.get("request_rate")))
         if o is None:
             continue
+        if r["mode"] in eff:
+            raise DynspecError(f"--scaling-two has mode {r['mode']} at more than one load; replica_scaling "
+                               f"is one figure per mode: give sweeps of one load point")
         eff[r["mode"]] = r["output_tok_per_s"] / (2 * o["output_tok_per_s"])
         lo, hi = min(r["trial_tok_per_s"]) / (2 * max(o["trial_tok_per_s"])), \
             max(r["trial_tok_per_s"]) / (2 * min(o["trial_tok_per_s"]))
@@ -94,6 +99,8 @@ def _named(items, flag: str) -> dict[str, str]:
         name, sep, path = it.partition("=")
         if not sep or name not in ("tp1", "tp2") or not path:
             raise DynspecError(f"{flag} {it!r} is not tp1=PATH or tp2=PATH")
+        if name in out:
+            raise DynspecError(f"{flag} {name} is given twice ({out[name]} and {path})")
         out[name] = path
     return out
 

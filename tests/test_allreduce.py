@@ -33,3 +33,16 @@ def test_use_switches_only_to_modes_that_were_set_up():
     assert r.mode == "skip"
     with pytest.raises(DynspecError, match=r"all-reduce mode 'one-shot' is not available here \(set up as 'skip'\)"):
         r.use("one-shot")
+
+
+def test_one_shot_takes_only_what_its_kernel_can_sum():
+    """bf16 / fp32 within the buffer and 16-byte aligned; fp16, fp64, larger or offset tensors
+    go to NCCL (torch's one-shot kernel has no fp16 and wants the slot's alignment)."""
+    r = Reducer("nccl", None, torch.device("cpu"))
+    r.buffer = torch.empty(1024, dtype=torch.uint8)             # what _symmetric_buffer sets up on CUDA
+    row = torch.zeros(1, 256, dtype=torch.bfloat16)               # 512 bytes
+    assert r.one_shot_fits(row) and r.one_shot_fits(row.float())
+    assert not r.one_shot_fits(row.half()) and not r.one_shot_fits(row.double())
+    assert not r.one_shot_fits(torch.zeros(2, 512, dtype=torch.bfloat16))            # 2 KiB > 1 KiB
+    assert not r.one_shot_fits(torch.zeros(64, dtype=torch.bfloat16)[3:])           # 6-byte offset
+    assert r.one_shot_fits(torch.zeros(64, dtype=torch.bfloat16)[8:])               # 16-byte offset

@@ -158,8 +158,15 @@ def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
     assert set(s["dynamic_ratio_by_concurrency"]["A"]) == {"64", "128"}
     assert s["dynamic_ratio_by_concurrency"]["A"]["128"] == pytest.approx(180 / 150)
     assert s["figure_commands"]["trial_spread"] == ["sweep C=64", "sweep C=128"]
+    assert [r["source"] for r in joined["rows"]] == ["a.json", "a.json", "b.json", "b.json"]
     with pytest.raises(DynspecError, match="sweep results a.json and b.json both have mode baseline at C=64"):
         summary.merge_sweeps([low, low], ["a.json", "b.json"])
+    other = dict(high, env=dict(high["env"], acceptance_model="bernoulli:0.7"))
+    with pytest.raises(DynspecError, match="differ in env acceptance_model: 'bernoulli:0.5' vs 'bernoulli:0.7'"):
+        summary.merge_sweeps([low, other], ["a.json", "b.json"])
+    longer = dict(high, env=dict(high["env"], workload="synthetic: output_len 9:99; 2 x C requests"))
+    with pytest.raises(DynspecError, match="have other workloads"):
+        summary.merge_sweeps([low, longer], ["a.json", "b.json"])
     with pytest.raises(DynspecError, match=r"--profile A is given twice \(x.json and y.json\)"):
         summary._named(["A=x.json", "A=y.json"], "--profile")
 

@@ -7,8 +7,9 @@ tests/mpi/tp_run.py serves test_tp.py's jobs (schedule 5:15, concurrency 10: K f
       a + b, one IEEE result, so the bits agree;
     - every rank ran the same (iteration, b, K, graph keys) sequence, and no decode iteration
       fell back to eager.
-bf16, as served: graph and eager attention kernels differ (FlexAttention vs gathered SDPA), so
-a near-tied argmax could flip; the tiny pair's margins are wide enough for it not to."""
+float32 (exact: graph and eager kernels cannot flip an argmax) and bf16, as served: there graph
+and eager attention kernels differ (FlexAttention vs gathered SDPA), so a near-tied argmax could
+flip; the tiny pair's margins are wide enough for it not to (2 H200s, tree af9f9be: bf16 passed)."""
 import shutil
 
 import pytest
@@ -36,11 +37,11 @@ def _run(tmp_path, pair, dtype: str, graphs: bool, allreduce: str) -> dict:
     assert {s[2] for s in steps[0]} >= {0, 15}
     assert doc["allreduce"] == allreduce
     if graphs:
-        assert doc["eager_fallbacks"] == 0
+        assert doc["graphs"] > 0 and doc["eager_fallbacks"] == 0
     return doc
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tp2_graphs_equal_eager_and_one_shot_equals_nccl(tmp_path, pair, dtype):
     eager = _run(tmp_path, pair, dtype, False, "nccl")
     graphs_nccl = _run(tmp_path, pair, dtype, True, "nccl")

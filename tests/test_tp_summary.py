@@ -58,3 +58,12 @@ def test_cli_writes_the_summary_and_names_missing_tp2_tune(tmp_path):
     assert s["crossover_note"]["tp2"] == "not measured (no tune report)"
     assert s["tp2_vs_tp1_decode"] == pytest.approx(5 / 6) and s["replica_scaling"] is None
     assert tp_summary.main(["--decode", f"tp3={tmp_path}/d1.json", "--out", str(out)]) == 2
+
+
+def test_scaling_refuses_several_loads_per_mode_and_duplicate_names():
+    rows = [{"mode": "dynamic", "concurrency": c, "output_tok_per_s": 10, "trial_tok_per_s": [10]} for c in (4, 16)]
+    one, two = {"env": {"replicas": 1}, "rows": rows}, {"env": {"replicas": 2}, "rows": rows}
+    with pytest.raises(DynspecError, match="mode dynamic at more than one load"):
+        tp_summary.replica_scaling(one, two)
+    with pytest.raises(DynspecError, match=r"--decode tp1 is given twice \(a and b\)"):
+        tp_summary._named(["tp1=a", "tp1=b"], "--decode")

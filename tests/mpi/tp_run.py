@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from dynspec.runtime.distributed import LeaderEngine, TpFault, log, run_replica
+from dynspec.runtime.distributed import LeaderEngine, TpFault, exit_status, log, run_replica
 from dynspec.runtime.engines.reference.tp import load_tp_engine
 from dynspec.runtime.engines.reference.tp_stats import StepRecorder
 from dynspec.runtime.executor import Executor
@@ -83,7 +83,7 @@ def main() -> None:
         with open(a.out, "w") as f:
             json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)},
                        "allreduce": ctx.reducer.mode if ctx.reducer is not None else None,
-                       "eager_fallbacks": rec.eager_fallbacks}, f)
+                       "eager_fallbacks": rec.eager_fallbacks, "graphs": len(getattr(rec, "_graphs", {}))}, f)
 
 
 @dataclass(frozen=True)
@@ -125,4 +125,4 @@ def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main()))

@@ -187,8 +187,9 @@ def paged_block_mask(batch: RaggedBatch, owner: Tensor, logical: Tensor, block_s
 
 class PerStepMasks:
     """attention(q, k_pool, v_pool, batch) for one step: FlexAttention whose block mask is built
-    the first time a (batch, pool length) is seen and reused by every later layer of the step
-    (the target's 32 layers share one batch; the draft's batch is another object)."""
+    the first time a (batch, pool length) is seen and reused by every later layer of the step:
+    the target's 32 layers, and the draft's catch-up over the same verify batch (target and draft
+    pools share the block tables, owner and logical maps). Another batch gets its own mask."""
 
     def __init__(self, owner: Tensor, logical: Tensor, block_size: int):
         self.owner, self.logical, self.block_size = owner, logical, block_size

@@ -272,10 +272,10 @@ class ReferenceEngine:
         vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
         batch = self._rows(B, vpos, read)
         tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
-        g, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=self._attention(read),
-                               greedy=True)
+        attention = self._attention(read)            # one block mask for the verify and the draft's catch-up
+        g, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=attention, greedy=True)
         n, E = self._accept(D, g.view(B, K + 1))
-        self._catch_up(E, H.view(B, K + 1, -1), batch, n, self._attention(read))
+        self._catch_up(E, H.view(B, K + 1, -1), batch, n, attention)
         self.out_tokens[:B, : K + 1] = E
         self.out_n[:B] = n
 

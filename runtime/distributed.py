@@ -6,7 +6,9 @@
     -n 4 --tp 2:  replica 0 = ranks {0, 1} (leader 0), replica 1 = ranks {2, 3} (leader 2)
 
 mpi4py gives rank and size; rank 0 picks MASTER_ADDR/MASTER_PORT and broadcasts them over
-MPI, so no launcher has to export them. Two process groups per replica:
+MPI, so no launcher has to export them. (A rank that is no MPI rank, the Triton launch's TP rank 0
+in the python-backend stub, joins through an endpoint instead: init_tp_endpoint.)
+Two process groups per replica:
     compute  NCCL on CUDA, gloo on CPU: the model's all-reduces and all-gathers
     control  always gloo (CPU): the leader's messages to its workers (header + pickled body)
 
@@ -201,19 +203,14 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
     tp == 1 (a world of one, or `mpirun -n R` replicas of one rank) initialises nothing.
     allreduce: runtime/allreduce.py's MODES; 'auto' is the one-shot kernel on CUDA, gloo on CPU.
     """
-    from dynspec.runtime.allreduce import MODES, Reducer
+    from dynspec.runtime.allreduce import MODES
 
     if allreduce not in MODES:
         raise DynspecError(f"--allreduce {allreduce!r} is not one of {', '.join(MODES)}")
     timeout_s = timeout_from_env() if timeout_s is None else timeout_s
     comm, rank, size = _mpi_world()
     lay = layout(rank, size, tp)
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if dev.index is None:          # "cuda": one GPU per rank of the host; "cuda:N" as given
-            local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
-            dev = torch.device("cuda", local % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
+    dev = _place(device, local_rank())
     if tp == 1:                        # replicas of one rank: nothing to reduce, no process group
         return TpContext(lay, dev, timeout_s, comm=comm)
     import torch.distributed as dist
@@ -221,9 +218,34 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
     addr, port = _rendezvous(comm)
     td = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size, timeout=td)
+    group, control, reducer = _replica_groups(lay, dev, td, allreduce)
+    return TpContext(lay, dev, timeout_s, group, control, comm, reducer)
+
+
+def local_rank() -> int:
+    """This rank's index among the ranks of its host (Open MPI, MPICH); 0 without mpirun."""
+    return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
+
+
+def _place(device: str | torch.device, local_rank: int) -> torch.device:
+    """'cuda' -> one GPU per rank of the host (cuda:local_rank, modulo the GPUs); 'cuda:N' and 'cpu' as given."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _replica_groups(lay: Layout, dev: torch.device, td: datetime.timedelta, allreduce: str) -> tuple[Any, Any, Any]:
+    """(compute group, control group, Reducer) of this rank's replica, after init_process_group."""
+    import torch.distributed as dist
+
+    from dynspec.runtime.allreduce import Reducer
+
     group = control = None
     for r in range(lay.replicas):      # every rank creates every group, in the same order
-        ranks = list(range(r * tp, (r + 1) * tp))
+        ranks = list(range(r * lay.tp, (r + 1) * lay.tp))
         g = dist.new_group(ranks, timeout=td, backend="nccl" if dev.type == "cuda" else "gloo")
         c = dist.new_group(ranks, timeout=td, backend="gloo")
         if r == lay.replica:
@@ -231,7 +253,7 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
     reducer = Reducer("nccl" if dev.type != "cuda" and allreduce == "auto" else allreduce, group, dev)
     if reducer.fallback:
         log(f"all-reduce: NCCL (the one-shot kernel could not be set up: {reducer.fallback})")
-    return TpContext(lay, dev, timeout_s, group, control, comm, reducer)
+    return group, control, reducer
 
 
 def _mpi_world() -> tuple[Any, int, int]:
@@ -259,6 +281,117 @@ def _rendezvous(comm) -> tuple[str, int]:
     else:
         choice = None
     return comm.bcast(choice, root=0)
+
+
+def mpi_world() -> tuple[Any, int, int]:
+    """(COMM_WORLD, rank, size) under mpirun; (None, 0, 1) without it."""
+    return _mpi_world()
+
+
+# ----------------------------------------------------------------------------- joining through an endpoint
+#
+# The Triton launch (triton_repo/launch.py) has a TP rank that is not an MPI rank: TP rank 0 is the
+# executor inside Triton's python-backend stub, a process tritonserver spawns. So the ranks meet at
+# a rendezvous store instead of through MPI:
+#     launcher (MPI rank 0)    hosts a TCPStore on a port the OS picks, sends "addr:port" to every MPI rank
+#     stub (TP rank 0)         init_tp_endpoint("addr:port", 0, N)      (the address reaches it in its env)
+#     MPI ranks 1..N-1         init_tp_endpoint("addr:port", r, N, comm=COMM_WORLD)
+# One replica of N ranks; every other path (init_tp, run_replica) is untouched by this.
+
+DEFAULT_JOIN_TIMEOUT_S = 300.0
+
+
+def host_rendezvous(comm, timeout_s: float = DEFAULT_JOIN_TIMEOUT_S) -> tuple[Any, str]:
+    """Collective over `comm`: world rank 0 hosts the rendezvous store, every rank gets its
+    endpoint "addr:port" -> (the store on rank 0, else None; endpoint). The address follows
+    _rendezvous (127.0.0.1 when all ranks share rank 0's host, else its host name; exported
+    MASTER_ADDR / MASTER_PORT win); the port is bound by the store itself (port 0 unless
+    MASTER_PORT), so no other process can take it between the choice and the bind. Rank 0 must
+    keep the store alive until every rank has joined."""
+    from mpi4py import MPI
+
+    host = MPI.Get_processor_name()
+    hosts = comm.allgather(host)
+    store = None
+    if comm.Get_rank() == 0:
+        addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else host)
+        store = torch.distributed.TCPStore("0.0.0.0", int(os.environ.get("MASTER_PORT") or 0), None, True,
+                                           timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        endpoint = f"{addr}:{store.port}"
+    else:
+        endpoint = None
+    return store, comm.bcast(endpoint, root=0)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """'127.0.0.1:29500' -> ('127.0.0.1', 29500); '[::1]:29500' -> ('::1', 29500)."""
+    host, sep, port = str(endpoint).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DynspecError(f"TP endpoint {endpoint!r} is not HOST:PORT (e.g. 127.0.0.1:29500)")
+    return host.strip("[]"), int(port)
+
+
+def init_tp_endpoint(endpoint: str, tp_rank: int, tp: int, *, device: str | torch.device = "cpu",
+                     local_rank: int = 0, timeout_s: float | None = None,
+                     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, allreduce: str = "auto",
+                     comm: Any = None) -> TpContext:
+    """Join one replica of `tp` ranks as TP rank `tp_rank` at the store `endpoint` ("addr:port",
+    host_rendezvous's), without MPI. The TpContext is init_tp's for a world of exactly `tp` ranks:
+    the same compute and control groups, the same Reducer.
+
+    join_timeout_s bounds the wait for every rank to arrive (the stub comes up with tritonserver,
+    seconds after the MPI workers); timeout_s (default: DYNSPEC_TP_TIMEOUT_S, else 60) bounds
+    every collective after that, as in init_tp. local_rank places device 'cuda' (cuda:local_rank).
+    comm: the MPI communicator for ctx.abort (the workers); None in the stub, which is no MPI rank."""
+    from dynspec.runtime.allreduce import MODES
+
+    if allreduce not in MODES:
+        raise DynspecError(f"--allreduce {allreduce!r} is not one of {', '.join(MODES)}")
+    timeout_s = timeout_from_env() if timeout_s is None else timeout_s
+    lay = layout(tp_rank, tp, tp)
+    dev = _place(device, local_rank)
+    if tp == 1:
+        return TpContext(lay, dev, timeout_s, comm=comm)
+    import torch.distributed as dist
+
+    host, port = parse_endpoint(endpoint)
+    join = datetime.timedelta(seconds=join_timeout_s)
+    try:
+        store = dist.TCPStore(host, port, None, False, timeout=join)
+        # WORLD waits up to the join timeout for every rank; the groups used afterwards get timeout_s
+        dist.init_process_group("gloo", store=store, rank=tp_rank, world_size=tp, timeout=join)
+    except RuntimeError as e:
+        raise TpFault(f"TP rank {tp_rank} could not join the {tp} ranks at {endpoint} within "
+                      f"{join_timeout_s:g} s: {_reason(e)}") from e
+    group, control, reducer = _replica_groups(lay, dev, datetime.timedelta(seconds=timeout_s), allreduce)
+    return TpContext(lay, dev, timeout_s, group, control, comm, reducer)
+
+
+def wait_for_peers(ctx: TpContext, timeout_s: float) -> None:
+    """Every rank of the replica has loaded its shard (a barrier over the control group with its
+    own bound: loading times differ, and the channel's timeouts start after it). TpFault names
+    the rank that did not arrive."""
+    if ctx.tp == 1:
+        return
+    _collective(lambda: torch.distributed.monitored_barrier(
+        group=ctx.control, timeout=datetime.timedelta(seconds=timeout_s)), ctx,
+        f"waiting up to {timeout_s:g} s for every rank to load its shard")
+
+
+def release_groups(ctx: TpContext, wait_s: float = 5.0) -> bool:
+    """Destroy the process groups, giving up after wait_s (a hung peer can hold the teardown);
+    no MPI, no hard exit: for a process that must go on (the Triton stub returns to tritonserver).
+    True when the teardown finished."""
+    if not (ctx.tp > 1 and torch.distributed.is_initialized()):
+        return True
+    done = threading.Event()
+
+    def teardown() -> None:
+        torch.distributed.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=teardown, daemon=True, name="dynspec-teardown").start()
+    return done.wait(wait_s)
 
 
 @contextlib.contextmanager
@@ -301,6 +434,7 @@ class PlanChannel:
         self.lock = threading.RLock()
         self._last = time.monotonic()
         self._closed = False
+        self.beat_fault: TpFault | None = None     # why the heartbeat stopped (a fault seen while idle)
         self._beat: threading.Thread | None = None
         if ctx.layout.is_leader and ctx.tp > 1 and heartbeat:
             self._beat = threading.Thread(target=self._heartbeat, name="dynspec-tp-heartbeat", daemon=True)
@@ -363,6 +497,7 @@ class PlanChannel:
                     try:
                         self._send(HEARTBEAT)
                     except TpFault as e:     # the next send on the serving thread reports it too
+                        self.beat_fault = e
                         log(f"heartbeat: {e}", rank=self.ctx.layout.rank, all_ranks=True)
                         return
 

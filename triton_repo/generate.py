@@ -210,5 +210,6 @@ def generate_repo(engine_dir: str | os.PathLike, out: str | os.PathLike, variant
             "schedule": engine.config.schedule.to_spec(),
             "trtllm_version": engine.config.trtllm_version,
             "tp": engine.config.tp,
+            "device": device,           # the reference variant's; the TP launcher places its workers by it
         })
     return out

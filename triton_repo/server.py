@@ -33,7 +33,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from dynspec.errors import DynspecError
 
@@ -349,11 +349,12 @@ def _child_setup(die_with_parent: bool):
 
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
-           extra_args: tuple[str, ...] = (), env: Mapping[str, str] | None = None,
+           extra_args: tuple[str, ...] = (), env: Mapping[str, str | None] | None = None,
            die_with_parent: bool = False) -> TritonServer:
     """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
     The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout).
-    env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS).
+    env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS);
+    a None value removes the variable (the TP launcher drops its MPI rank's OMPI_* / PMIX_*).
     die_with_parent: the server gets SIGTERM when the calling thread dies (the CLI sets it; a
     library caller that launches from a short-lived thread must not)."""
     repo = Path(repo)
@@ -371,7 +372,8 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     try:
         with _signals_blocked():
             with open(log_path, "ab") as log:
-                proc = subprocess.Popen(cmd, env={**server_env(install), **(env or {})}, stdout=log,
+                full = {k: v for k, v in {**server_env(install), **(env or {})}.items() if v is not None}
+                proc = subprocess.Popen(cmd, env=full, stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_child_setup(die_with_parent))
             tee = _Tee(log_path) if to_stdout else None
@@ -390,38 +392,57 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     return server
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.triton_repo.server", description=__doc__.splitlines()[0])
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The launcher's own flags (this CLI's and the TP launcher's, triton_repo/launch.py)."""
     p.add_argument("repo", help="model repository written by `dynspec triton`")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--ready-timeout", type=float, default=300.0)
-    args = p.parse_args(argv)
+
+
+WATCH_S = 0.5
+
+
+def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = None,
+          watch: Callable[[], str | None] | None = None, note: str = "") -> int:
+    """Launch on add_server_args' flags, print the ready line (+ note), wait until a stop signal
+    (exit status 0), the server's own exit (1) or a message from `watch` (polled every WATCH_S:
+    the TP launcher's fault report; 1), and stop the server. A server that does not start: 2."""
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    _Stop.seen = False
+    _Stop.seen = _Stop.stopping = False
     previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
     try:
         try:
             server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
-                            die_with_parent=True)
+                            env=env, die_with_parent=True)
         except DynspecError as e:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
             return 2
         except _Stop:
             return 0
-        print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}",
-              flush=True)
+        print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
+              f"{note}", flush=True)
+        failure, signalled = None, False
         try:
-            while server.proc.poll() is None:
-                time.sleep(0.5)
+            while server.proc.poll() is None and failure is None:
+                failure = watch() if watch is not None else None
+                if failure is None:
+                    time.sleep(WATCH_S)
         except _Stop:
-            pass
+            signalled = True
         finally:
+            _Stop.stopping = True               # a signal from here on must not cut the stop short
+            if failure is not None:
+                print(f"error: {failure}; stopping tritonserver", file=sys.stderr, flush=True)
             server.stop()
-        if server.proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL) and not _Stop.seen:
-            print(f"error: tritonserver exited with code {server.proc.returncode}", file=sys.stderr)
+        if failure is not None:
+            return 1
+        code = server.proc.returncode
+        if code != 0 and not signalled:         # it ended by itself: killed (OOM, kill -9) or failed
+            why = f"signal {-code}" if code < 0 else f"code {code}"
+            print(f"error: tritonserver exited with {why}", file=sys.stderr)
             return 1
         return 0
     finally:
@@ -429,13 +450,21 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, handler)
 
 
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dynspec.triton_repo.server", description=__doc__.splitlines()[0])
+    add_server_args(p)
+    return serve(p.parse_args(argv))
+
+
 class _Stop(BaseException):
     """Raised in the main thread by SIGTERM / SIGINT / SIGHUP: stop the server, then exit 0."""
     seen = False
+    stopping = False                    # serve() is stopping the server already
 
 
 def _raise_stop(signum, frame):
-    if _Stop.seen:                      # a second signal while stopping: stopping goes on
+    if _Stop.seen or _Stop.stopping:    # a second signal, or one while stopping: stopping goes on
+        _Stop.seen = True
         return
     _Stop.seen = True
     raise _Stop(signal.Signals(signum).name)

@@ -4,6 +4,11 @@ One executor serves every request: concurrent requests become one dynamic batch,
 length K of each iteration follows the real concurrency. Engine dir and device come from the
 parameters in config.pbtxt; the logic that does not need Triton lives in
 dynspec.triton_repo.serving.
+
+Under `mpirun -n N python -m dynspec.triton_repo.launch REPO --tp N` the launcher puts
+DYNSPEC_TP_* in this process's environment: the executor is then TP rank 0 of N
+(dynspec.triton_repo.launch.TpLeader), the MPI ranks 1..N-1 run the other shards, and a fault of
+the group fails every open and new request with its message.
 """
 import importlib.util
 import json
@@ -113,14 +118,18 @@ class TritonPythonModel:
         from dynspec.config import EngineConfig
         from dynspec.errors import DynspecError
         from dynspec.runtime.session import open_executor
-        from dynspec.triton_repo import serving
+        from dynspec.triton_repo import launch, serving
 
         self.serving, self.request_errors = serving, (DynspecError,)
         cfg = EngineConfig.load(params["engine_dir"])
         self.info = serving.load_model_info(cfg.target_dir)
+        device = params.get("device") or "cpu"
         # The monitor reads only iterations newer than its cursor, so a short stats log is enough
         # (an unbounded one was the stub's RSS creep in benchmarks/results/triton_soak.json).
-        self.executor = open_executor(cfg, device=params.get("device") or "cpu", stats_limit=serving.STATS_KEPT)
+        tp = launch.TpLaunch.from_env(os.environ)
+        self.tp = None if tp is None else launch.TpLeader(tp, cfg, params["engine_dir"], device, serving.STATS_KEPT)
+        self.executor = self.tp.executor if self.tp is not None else \
+            open_executor(cfg, device=device, stats_limit=serving.STATS_KEPT)
         self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
         self.cursor = serving.StatsCursor()
         self.live = {}
@@ -128,7 +137,8 @@ class TritonPythonModel:
         self.stopping = threading.Event()
         self.interval = float(params.get("monitor_interval_ms") or 50) / 1000.0
         pb_utils.Logger.log_info(
-            f"dynspec: engine {params['engine_dir']} on {params.get('device') or 'cpu'}, schedule {cfg.schedule}"
+            f"dynspec: engine {params['engine_dir']} on {device}, schedule {cfg.schedule}"
+            + (f", TP rank 0 of {tp.tp} (rendezvous {tp.endpoint})" if tp is not None else "")
         )
         self.executor.start()
         self.monitor = threading.Thread(target=self._monitor, name="dynspec-monitor", daemon=True)
@@ -139,8 +149,18 @@ class TritonPythonModel:
             self._accept(request)
         return None
 
+    def _fault(self):
+        """Why the TP group is gone (every request fails with it), or None."""
+        return None if self.tp is None else self.tp.fault()
+
     def _accept(self, request):
         sender = request.get_response_sender()
+        fault = self._fault()
+        if fault is not None:
+            with self.lock:
+                sender.send(_error(f"tensor-parallel group failed: {fault}", pb_utils.TritonError.UNAVAILABLE),
+                            flags=FINAL)
+            return
         try:
             self.serving.check_parameters(json.loads(request.parameters() or "{}"))
             inputs = {}
@@ -194,7 +214,12 @@ class TritonPythonModel:
             if end is not None:
                 handle.cancel()             # a stop word or a refusal ends it before the executor would
             reason = "stop" if end == "stop" else "refused" if end else handle.result().finish_reason
-            if reason == "refused":
+            fault = self._fault() if reason in ("error", "cancelled") else None
+            if fault is not None:
+                reason = "tp_fault"
+                self._send(live, _error(f"tensor-parallel group failed: {fault}", pb_utils.TritonError.UNAVAILABLE),
+                           final=True)
+            elif reason == "refused":
                 self._send(live, _error(end, pb_utils.TritonError.INVALID_ARG), final=True)
             elif reason == "cancelled":
                 self._send(live, _error("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
@@ -217,8 +242,17 @@ class TritonPythonModel:
                 pass
 
     def _monitor(self):
+        reported = None
         while not self.stopping.wait(self.interval):
             try:
+                if self.tp is not None and reported is None:
+                    reported = self.tp.report()         # the launcher stops the server on it
+                    if reported is not None:
+                        with self.lock:
+                            pb_utils.Logger.log_error(f"dynspec: tensor-parallel group failed: {reported}")
+                            waiting = [live.handle for live in self.live.values() if not live.handle.done]
+                        for handle in waiting:          # those still queued would wait on a dead group
+                            handle.cancel()
                 with self.lock:
                     gone = [live.handle for live in self.live.values()
                             if not live.closed and not live.handle.done and live.sender.is_cancelled()]
@@ -240,6 +274,12 @@ class TritonPythonModel:
         deadline = time.monotonic() + 5.0
         while any(not h.done for h in handles) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.executor.stop()
-        self.stopping.set()
-        self.monitor.join(timeout=5.0)
+        try:
+            self.executor.stop()
+        finally:
+            self.stopping.set()
+            self.monitor.join(timeout=5.0)
+            if self.tp is not None:                     # STOP to the workers: they leave, mpirun exits 0
+                problem = self.tp.close()
+                if problem is not None:
+                    pb_utils.Logger.log_warn(f"dynspec: tensor-parallel shutdown: {problem}")

@@ -202,15 +202,15 @@ def dynspec_metrics(url: str) -> dict[str, float]:
 # ----------------------------------------------------------------------------- tests
 
 def test_tp_launch_travels_through_the_environment_and_bad_values_are_named():
-    launch_ = TpLaunch("127.0.0.1:29500", 2, "/e", "cpu", 0, 3.0, 90.0, "/tmp/f")
+    launch_ = TpLaunch("127.0.0.1:29500", 2, "/e", "cpu", 0, 3.0, 90.0)
     assert TpLaunch.from_env(launch_.env()) == launch_
     assert TpLaunch.from_env({}) is None                        # a plain server.py launch
     with pytest.raises(DynspecError, match="DYNSPEC_TP_SIZE='two' must be a number >= 1"):
         TpLaunch.from_env({**launch_.env(), "DYNSPEC_TP_SIZE": "two"})
     with pytest.raises(DynspecError, match=r"TP endpoint '127.0.0.1' is not HOST:PORT"):
         TpLaunch.from_env({**launch_.env(), "DYNSPEC_TP_ENDPOINT": "127.0.0.1"})
-    with pytest.raises(DynspecError, match="DYNSPEC_TP_FAULT_FILE is not"):
-        TpLaunch.from_env({k: v for k, v in launch_.env().items() if k != "DYNSPEC_TP_FAULT_FILE"})
+    with pytest.raises(DynspecError, match="DYNSPEC_TP_JOIN_TIMEOUT_S is not"):
+        TpLaunch.from_env({k: v for k, v in launch_.env().items() if k != "DYNSPEC_TP_JOIN_TIMEOUT_S"})
     with pytest.raises(DynspecError, match=r"config.pbtxt parameter device='cuda', but the launcher's workers "
                                            r"load device='cpu'"):
         launch_.check_model("/e", "cuda")

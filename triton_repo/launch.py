@@ -20,7 +20,7 @@ Ending, each bounded in time:
     finalize sends STOP, the workers leave, mpirun exits 0.
   - A worker dies: the leader's next collective fails (at once; a hung worker: after
     DYNSPEC_TP_TIMEOUT_S), open requests end with that error, new ones are refused with it; the
-    stub reports the fault to the launcher (a file, DYNSPEC_TP_FAULT_FILE), which stops the server
+    stub reports the fault to the launcher (FAULT_KEY in its rendezvous store), which stops the server
     and aborts the MPI job (exit 1). mpirun also ends the job by itself when a rank dies.
   - The server or the stub dies: the launcher sees tritonserver exit, removes what is left of it
     and aborts the job; a worker that loses its leader (connection closed, or no heartbeat for
@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -48,7 +46,6 @@ ENV_JOIN = "DYNSPEC_TP_JOIN_TIMEOUT_S"          # how long the ranks wait for ea
 ENV_LOCAL_RANK = "DYNSPEC_TP_LOCAL_RANK"        # launcher's local rank on its host: places device 'cuda'
 ENV_ENGINE_DIR = "DYNSPEC_TP_ENGINE_DIR"        # what the workers load; the stub's config.pbtxt must agree
 ENV_DEVICE = "DYNSPEC_TP_DEVICE"
-ENV_FAULT_FILE = "DYNSPEC_TP_FAULT_FILE"        # the stub writes a TP fault here; the launcher polls it
 MPI_ENV_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "PRTE_")   # rank 0's MPI identity, kept from the server
 
 
@@ -64,14 +61,13 @@ class TpLaunch:
     local_rank: int
     timeout_s: float
     join_timeout_s: float
-    fault_file: str
 
     def env(self) -> dict[str, str]:
         from dynspec.runtime.distributed import TIMEOUT_ENV
 
         return {ENV_ENDPOINT: self.endpoint, ENV_SIZE: str(self.tp), ENV_ENGINE_DIR: self.engine_dir,
                 ENV_DEVICE: self.device, ENV_LOCAL_RANK: str(self.local_rank), TIMEOUT_ENV: repr(self.timeout_s),
-                ENV_JOIN: repr(self.join_timeout_s), ENV_FAULT_FILE: self.fault_file}
+                ENV_JOIN: repr(self.join_timeout_s)}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "TpLaunch | None":
@@ -80,8 +76,8 @@ class TpLaunch:
 
         if ENV_ENDPOINT not in env:
             return None
-        missing = [k for k in (ENV_SIZE, ENV_ENGINE_DIR, ENV_DEVICE, ENV_LOCAL_RANK, TIMEOUT_ENV, ENV_JOIN,
-                               ENV_FAULT_FILE) if k not in env]
+        missing = [k for k in (ENV_SIZE, ENV_ENGINE_DIR, ENV_DEVICE, ENV_LOCAL_RANK, TIMEOUT_ENV, ENV_JOIN)
+                   if k not in env]
         if missing:
             raise DynspecError(f"{ENV_ENDPOINT} is set but {', '.join(missing)} is not: start the server "
                                "through `python -m dynspec.triton_repo.launch`")
@@ -97,8 +93,7 @@ class TpLaunch:
             return v
 
         return cls(env[ENV_ENDPOINT], number(ENV_SIZE, int, 1), env[ENV_ENGINE_DIR], env[ENV_DEVICE],
-                   number(ENV_LOCAL_RANK, int, 0), number(TIMEOUT_ENV, float, 1e-3), number(ENV_JOIN, float, 1e-3),
-                   env[ENV_FAULT_FILE])
+                   number(ENV_LOCAL_RANK, int, 0), number(TIMEOUT_ENV, float, 1e-3), number(ENV_JOIN, float, 1e-3))
 
     def check_model(self, engine_dir: str, device: str) -> None:
         """The stub's config.pbtxt parameters must name what the workers load."""
@@ -191,11 +186,15 @@ class TpLeader:
     """
 
     def __init__(self, launch: TpLaunch, cfg, engine_dir: str, device: str, stats_limit: int | None = None):
-        from dynspec.runtime.distributed import LeaderEngine, PlanChannel, init_tp_endpoint, wait_for_peers
+        import datetime
+
+        import torch.distributed as dist
+
+        from dynspec.runtime.distributed import (LeaderEngine, PlanChannel, init_tp_endpoint, parse_endpoint,
+                                                 wait_for_peers)
         from dynspec.runtime.executor import Executor
 
         launch.check_model(engine_dir, device)
-        self.launch = launch
         self.ctx = init_tp_endpoint(launch.endpoint, 0, launch.tp, device=device, local_rank=launch.local_rank,
                                     timeout_s=launch.timeout_s, join_timeout_s=launch.join_timeout_s)
         engine = open_rank(cfg, self.ctx)
@@ -204,6 +203,9 @@ class TpLeader:
         self.engine = LeaderEngine(engine, self.channel)
         limit = {} if stats_limit is None else {"stats_limit": stats_limit}
         self.executor = Executor(self.engine, cfg.schedule, keep_warm=cfg.reference.keep_warm, **limit)
+        # the launcher's store: where report() leaves a fault (it lives and dies with the launcher)
+        self._store = dist.TCPStore(*parse_endpoint(launch.endpoint), None, False,
+                                    timeout=datetime.timedelta(seconds=launch.timeout_s))
         self._reported = False
 
     def fault(self) -> str | None:
@@ -212,13 +214,11 @@ class TpLeader:
         return None if f is None else str(f)
 
     def report(self) -> str | None:
-        """fault(); the first time there is one, written to the launcher's fault file."""
+        """fault(); the first time there is one, left in the launcher's store (FAULT_KEY)."""
         f = self.fault()
         if f is not None and not self._reported:
             self._reported = True
-            from dynspec.artifacts import write_text
-
-            write_text(self.launch.fault_file, f)
+            self._store.set(FAULT_KEY, f)
         return f
 
     def close(self, teardown_s: float = 5.0) -> str | None:
@@ -235,12 +235,14 @@ class TpLeader:
         return problem
 
 
-def read_fault(path: str | os.PathLike) -> str | None:
-    """The fault the stub reported, as the launcher prints it; None while there is none."""
-    try:
-        text = Path(path).read_text().strip()
-    except FileNotFoundError:
+FAULT_KEY = "dynspec/tp_fault"
+
+
+def read_fault(store) -> str | None:
+    """The fault TP rank 0 left in the rendezvous store, as the launcher prints it; None while none."""
+    if not store.check([FAULT_KEY]):
         return None
+    text = store.get(FAULT_KEY).decode(errors="replace").strip()
     return f"TP rank 0 (the python stub) reported a fault: {text or '(no message)'}"
 
 
@@ -308,23 +310,16 @@ def main(argv: list[str] | None = None) -> int:
     store, endpoint = host_rendezvous(comm, join_s)     # rank 0 holds the store until main returns
     if rank != 0:
         return run_worker(checked, endpoint, rank, comm, timeout_s, join_s)
-    # created only by a fault (a killed launcher leaves nothing behind otherwise)
-    fault_file = Path(tempfile.gettempdir()) / f"dynspec_tp_fault_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    try:
-        launch = TpLaunch(endpoint, tp, checked.engine_dir, checked.device, local_rank(), timeout_s, join_s,
-                          str(fault_file))
-        env = {**launch.env(), **{k: None for k in os.environ if k.startswith(MPI_ENV_PREFIXES)}}
-        workers = "MPI rank 1 as worker" if tp == 2 else f"MPI ranks 1-{tp - 1} as workers"
-        note = (f"  (tp {tp}: TP rank 0 in the python backend, {workers}, rendezvous {endpoint}; "
-                f"stop: kill -TERM {os.getpid()})")
-        code = server.serve(args, env=env, watch=lambda: read_fault(fault_file), note=note)
-    finally:
-        fault_file.unlink(missing_ok=True)
+    launch = TpLaunch(endpoint, tp, checked.engine_dir, checked.device, local_rank(), timeout_s, join_s)
+    env = {**launch.env(), **{k: None for k in os.environ if k.startswith(MPI_ENV_PREFIXES)}}
+    workers = "MPI rank 1 as worker" if tp == 2 else f"MPI ranks 1-{tp - 1} as workers"
+    note = (f"  (tp {tp}: TP rank 0 in the python backend, {workers}, rendezvous {endpoint}; "
+            f"stop: kill -TERM {os.getpid()})")
+    code = server.serve(args, env=env, watch=lambda: read_fault(store), note=note)
     if code != 0:                       # the workers may be waiting to join or serving a dead leader
         print(f"error: tritonserver is stopped; aborting the {size} MPI ranks (exit status {code})",
               file=sys.stderr, flush=True)
         comm.Abort(code)
-    del store                           # every rank has joined long ago; the workers have left
     return 0
 
 

@@ -251,8 +251,16 @@ def _replica_groups(lay: Layout, dev: torch.device, td: datetime.timedelta, allr
         if r == lay.replica:
             group, control = g, c
     reducer = Reducer("nccl" if dev.type != "cuda" and allreduce == "auto" else allreduce, group, dev)
+    if dev.type == "cuda" and allreduce == "auto":
+        # every rank must take the same route: one-shot only where all of the replica set it up
+        ok = torch.tensor([int(reducer.mode == "one-shot")])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=control)
+        if reducer.mode == "one-shot" and not int(ok):
+            reducer.use("nccl")
+            reducer.fallback = "another rank of the replica could not set it up"
     if reducer.fallback:
-        log(f"all-reduce: NCCL (the one-shot kernel could not be set up: {reducer.fallback})")
+        log(f"all-reduce: NCCL (the one-shot kernel could not be set up: {reducer.fallback})",
+            rank=lay.rank, all_ranks=True)
     return group, control, reducer
 
 
@@ -564,7 +572,11 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         every rank   shutdown(ctx): the process groups are gone; ctx.comm (MPI) still works
     Returns (ctx, engine, result). Any exception on any rank aborts the job (abort_on_error).
     tp == 1: every rank is a replica of its own and lead runs on the plain engine."""
-    ctx = init_tp(tp, device=device, timeout_s=timeout_s, allreduce=allreduce)
+    try:
+        ctx = init_tp(tp, device=device, timeout_s=timeout_s, allreduce=allreduce)
+    except BaseException as e:            # no ctx yet: still end every rank, not only this one
+        _abort_world(e)
+        raise
     with abort_on_error(ctx):
         engine = load(ctx)
         if ctx.tp == 1:
@@ -582,7 +594,15 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         return ctx, engine, result
 
 
-TEARDOWN_S = 5.0
+def _abort_world(e: BaseException) -> None:
+    """init_tp failed on this rank before a TpContext existed: one line, then MPI Abort of the
+    whole job (its peers may be waiting for this rank in a rendezvous or a barrier)."""
+    if isinstance(e, SystemExit) and e.code in (0, None):
+        return
+    comm, rank, size = _mpi_world()
+    if comm is not None and size > 1:
+        log(f"{type(e).__name__}: {e}; aborting all {size} ranks", rank=rank, all_ranks=True)
+        comm.Abort(2 if isinstance(e, DynspecError) else 1)
 
 
 def shutdown(ctx: TpContext) -> None:
@@ -590,35 +610,28 @@ def shutdown(ctx: TpContext) -> None:
     exit, a gloo worker thread can drop its last tensor after Python is gone and abort the
     process ("terminate called without an active exception").
 
-    On CUDA the teardown gets TEARDOWN_S, and the rank leaves at interpreter exit through
-    hard_exit (MPI_Finalize, then os._exit), before C++ destructors run: on 2 H200s a TP=2 rank
-    whose NCCL communicator had been captured into CUDA graphs (and whose symmetric-memory
-    buffer its peer had mapped) never exited after writing its results."""
+    On CUDA there is no teardown: on 2 H200s a TP=2 rank whose NCCL communicator had been
+    captured into CUDA graphs (and whose symmetric-memory buffer its peer had mapped) never
+    exited after writing its results. The rank synchronizes and leaves at interpreter exit
+    through hard_exit, before any C++ destructor runs."""
     if not (ctx.tp > 1 and torch.distributed.is_initialized()):
         return
     if ctx.device.type != "cuda":
         torch.distributed.destroy_process_group()
         return
     torch.cuda.synchronize()
-    done = threading.Event()
-
-    def teardown() -> None:
-        torch.distributed.destroy_process_group()
-        done.set()
-
-    threading.Thread(target=teardown, daemon=True, name="dynspec-teardown").start()
-    if not done.wait(TEARDOWN_S):
-        log(f"process group teardown did not finish in {TEARDOWN_S:g} s; this rank exits without it",
-            rank=ctx.layout.rank, all_ranks=True)
     hard_exit()
 
 
 _HARD_EXIT = []
+_EXIT_STATUS = [1]       # until exit_status() hears the CLI's own status, leaving is a failure
 
 
 def hard_exit() -> None:
-    """At interpreter exit, flush and os._exit with the status Python would have used (0, or the
-    SystemExit code seen by `exit_status`), skipping C++ destructors that would hang."""
+    """At interpreter exit: flush, then os._exit with the status the CLI gave `exit_status` (after
+    MPI_Finalize), or, if the CLI never got there (an exception after the last collective), status
+    1 after MPI Abort, which also releases peers waiting in an MPI barrier. C++ destructors that
+    would hang are skipped."""
     if not _HARD_EXIT:
         import atexit
 
@@ -629,16 +642,17 @@ def hard_exit() -> None:
 def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+    status = _EXIT_STATUS[0]
     mpi = sys.modules.get("mpi4py.MPI")          # mpirun counts a rank that skips MPI_Finalize as failed
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        if status != 0 and mpi.COMM_WORLD.Get_size() > 1:
+            mpi.COMM_WORLD.Abort(status)
         mpi.Finalize()
-    os._exit(_EXIT_STATUS[0])
-
-
-_EXIT_STATUS = [0]
+    os._exit(status)
 
 
 def exit_status(code: int | None) -> int | None:
-    """Remember the status a CLI's main returns (hard_exit uses it); returns it unchanged."""
+    """Remember the status a CLI's main returns (hard_exit uses it); returns it unchanged.
+    None and 0 -> 0; an int -> itself; anything else (a message) -> 1."""
     _EXIT_STATUS[0] = int(code or 0) if isinstance(code, (int, type(None))) else 1
     return code

@@ -491,3 +491,14 @@ def test_every_rank_captures_graphs_in_the_same_order():
                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
     assert len(orders) == 1
     assert "('decode', 8, 0, False), ('decode', 8, 0, True)" in orders.pop()
+
+
+@pytest.mark.parametrize("tail,status", [("exit_status(0)", 0), ("exit_status(3)", 3),
+                                         ("raise OSError('disk full')", 1), ("raise SystemExit(2)", 1)])
+def test_hard_exit_keeps_the_clis_status_and_fails_without_it(tail, status):
+    """After shutdown on CUDA a rank leaves through hard_exit. Its status is the one the CLI handed
+    to exit_status; an exception after the last collective (before exit_status) exits 1, not 0,
+    and so does a SystemExit that bypassed exit_status (atexit cannot see its code)."""
+    code = f"from dynspec.runtime.distributed import exit_status, hard_exit\nhard_exit()\n{tail}\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == status, proc.stderr

@@ -300,8 +300,12 @@ class Executor:
             while (left > sum(len(r.prompt) - r.prefilled for r in self._prefilling) and self._waiting
                    and len(self._rows) + len(self._prefilling) < limit):
                 req = self._waiting[0]
-                slot = eng.reserve(len(req.prompt) + req.max_new + eng.max_draft_len + 1)
-                if slot is None:
+                try:
+                    slot = eng.reserve(len(req.prompt) + req.max_new + eng.max_draft_len + 1)
+                except BaseException:             # a failed reserve (e.g. a TP peer gone) ends this request
+                    self._waiting.popleft()       # too, or every later step would retry it and fail again
+                    self._finish(req, "error", self._clock())
+                    raise
                     break                         # blocks are short: wait for a retirement
                 self._waiting.popleft()
                 req.slot = slot

@@ -451,3 +451,26 @@ def test_a_failing_policy_ends_its_requests_and_the_loop_serves_on(pair):
     h3 = ex.submit([7, 8], 4)                                           # b=1: K=4 works
     ex.run_until_idle()
     assert h3.result().finish_reason == "length"
+
+
+def test_a_failing_reserve_ends_that_request_instead_of_retrying_it_forever(pair):
+    """reserve() raising (a TP leader whose worker is gone) used to leave the request at the head
+    of the queue, so every later step retried it and raised again; now it ends as "error" and the
+    next request is served."""
+    target, draft = pair
+    eng = load_reference_engine(target, draft, dtype="float64", max_batch_size=4, max_seq_len=96, max_draft_len=4)
+    real, calls = eng.reserve, []
+
+    def reserve(tokens):
+        calls.append(tokens)
+        if len(calls) == 1:
+            raise RuntimeError("TP rank 1: broadcast failed")
+        return real(tokens)
+    eng.reserve = reserve
+    ex = Executor(eng, DraftSchedule.static(4, 4))
+    h1, h2 = ex.submit([1, 2, 3], 6), ex.submit([4, 5], 6)
+    with pytest.raises(RuntimeError, match="broadcast failed"):
+        ex.step()
+    assert h1.result().finish_reason == "error" and not h2.done
+    ex.run_until_idle()
+    assert h2.result().finish_reason == "length" and len(calls) == 2

@@ -306,6 +306,7 @@ class Executor:
                     self._waiting.popleft()       # too, or every later step would retry it and fail again
                     self._finish(req, "error", self._clock())
                     raise
+                if slot is None:
                     break                         # blocks are short: wait for a retirement
                 self._waiting.popleft()
                 req.slot = slot

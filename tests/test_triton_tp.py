@@ -25,10 +25,11 @@ import pytest
 
 from dynspec.errors import DynspecError
 from dynspec.triton_repo.launch import TpLaunch
-from dynspec.triton_repo.server import free_ports, parent_pids
+from dynspec.triton_repo.server import free_ports
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.helpers_mpi import ONE_THREAD, mpirun
 from tests.test_triton_launcher import alive, port_free
+from tests.test_triton_launcher import children as descendants
 from tests.test_triton_server import call, request
 
 SCHEDULE = "2:4"                   # K=4 up to batch 2, plain decode above
@@ -132,17 +133,6 @@ def ready(job: Job, timeout: float = 90.0) -> int:
         assert job.proc.poll() is None, f"mpirun exited with {job.proc.returncode}:\n{job.stderr()[-3000:]}"
         time.sleep(0.2)
     pytest.fail(f"no ready line after {timeout:.0f} s:\n{job.stdout()[-3000:]}\n{job.stderr()[-3000:]}")
-
-
-def descendants(pid: int) -> set[int]:
-    parent = parent_pids()
-    found, todo = set(), [pid]
-    while todo:
-        pid = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == pid]
-        found.update(kids)
-        todo += kids
-    return found
 
 
 def environ(pid: int) -> dict[str, str]:

@@ -616,13 +616,15 @@ def shutdown(ctx: TpContext) -> None:
     through hard_exit, before any C++ destructor runs."""
     if not (ctx.tp > 1 and torch.distributed.is_initialized()):
         return
-    if ctx.device.type != "cuda":
+    if ctx.device.type != "cuda" and os.environ.get(HARD_EXIT_ENV) != "1":
         torch.distributed.destroy_process_group()
         return
-    torch.cuda.synchronize()
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize()
     hard_exit()
 
 
+HARD_EXIT_ENV = "DYNSPEC_TP_HARD_EXIT"     # "1": CPU ranks leave the CUDA way too (tests of that exit path)
 _HARD_EXIT = []
 _EXIT_STATUS = [1]       # until exit_status() hears the CLI's own status, leaving is a failure
 

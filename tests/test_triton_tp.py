@@ -111,11 +111,14 @@ class Job:
         return self.err.read_text(errors="replace")
 
 
-def launch(repo, tmp_path, n: int, tp: int, *, timeout_s: float = 30.0) -> Job:
+def launch(repo, tmp_path, n: int, tp: int, *, timeout_s: float = 30.0, hard_exit: bool = False) -> Job:
+    """hard_exit: the workers leave as CUDA ranks do (distributed.shutdown's hard_exit, which
+    needs the launcher to hand its status to exit_status, or the clean stop ends in MPI Abort)."""
     ports = free_ports()
     out, err = tmp_path / f"mpirun{n}.out", tmp_path / f"mpirun{n}.err"
     cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(n), *ONE_THREAD,
-           "-x", f"DYNSPEC_TP_TIMEOUT_S={timeout_s:g}", sys.executable, "-m", "dynspec.triton_repo.launch",
+           "-x", f"DYNSPEC_TP_TIMEOUT_S={timeout_s:g}", "-x", f"DYNSPEC_TP_HARD_EXIT={int(hard_exit)}",
+           sys.executable, "-m", "dynspec.triton_repo.launch",
            str(repo), "--tp", str(tp), "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
            "--metrics-port", str(ports.metrics), "--ready-timeout", "90"]
     with open(out, "wb") as o, open(err, "wb") as e:
@@ -209,7 +212,7 @@ def test_tp_launch_travels_through_the_environment_and_bad_values_are_named():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tp2_server_gives_the_tp1_tokens_and_stops_cleanly(chain, expected, tmp_path):
-    job = launch(chain.repo, tmp_path, 2, 2)
+    job = launch(chain.repo, tmp_path, 2, 2, hard_exit=True)
     try:
         launcher = ready(job)
         tree = descendants(job.proc.pid)

@@ -217,8 +217,8 @@ class TpLeader:
         """fault(); the first time there is one, left in the launcher's store (FAULT_KEY)."""
         f = self.fault()
         if f is not None and not self._reported:
-            self._reported = True
             self._store.set(FAULT_KEY, f)
+            self._reported = True          # only once the launcher can see it: a failed set is retried
         return f
 
     def close(self, teardown_s: float = 5.0) -> str | None:
@@ -230,6 +230,13 @@ class TpLeader:
             self.channel.close()
         except TpFault as e:
             problem = f"STOP did not reach the workers: {e}"
+        if self.ctx.device.type == "cuda":
+            # no destroy_process_group on CUDA: with NCCL captured into graphs it never returned
+            # on 2 H200s (distributed.shutdown); the stub's process ends with tritonserver's
+            import torch
+
+            torch.cuda.synchronize()
+            return problem
         if not release_groups(self.ctx, teardown_s):
             problem = (problem + "; " if problem else "") + f"process group teardown gave up after {teardown_s:g} s"
         return problem
@@ -324,4 +331,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dynspec.runtime.distributed import exit_status
+
+    sys.exit(exit_status(main()))      # a CUDA worker leaves through hard_exit, which needs this status

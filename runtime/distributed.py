@@ -307,28 +307,40 @@ def mpi_world() -> tuple[Any, int, int]:
 # One replica of N ranks; every other path (init_tp, run_replica) is untouched by this.
 
 DEFAULT_JOIN_TIMEOUT_S = 300.0
+ADDR_ENV, PORT_ENV = "DYNSPEC_TP_ADDR", "DYNSPEC_TP_PORT"   # not MASTER_*: clusters export those for other jobs
 
 
 def host_rendezvous(comm, timeout_s: float = DEFAULT_JOIN_TIMEOUT_S) -> tuple[Any, str]:
     """Collective over `comm`: world rank 0 hosts the rendezvous store, every rank gets its
-    endpoint "addr:port" -> (the store on rank 0, else None; endpoint). The address follows
-    _rendezvous (127.0.0.1 when all ranks share rank 0's host, else its host name; exported
-    MASTER_ADDR / MASTER_PORT win); the port is bound by the store itself (port 0 unless
-    MASTER_PORT), so no other process can take it between the choice and the bind. Rank 0 must
-    keep the store alive until every rank has joined."""
+    endpoint "addr:port" -> (the store on rank 0, else None; endpoint). The address is 127.0.0.1
+    when all ranks share rank 0's host, else its host name; the port is bound by the store itself
+    (port 0), so no other process can take it between the choice and the bind. DYNSPEC_TP_ADDR /
+    DYNSPEC_TP_PORT override them (MASTER_ADDR / MASTER_PORT are left alone: cluster launchers
+    export them for their own jobs). Rank 0 must keep the store alive until every rank has joined."""
     from mpi4py import MPI
 
     host = MPI.Get_processor_name()
     hosts = comm.allgather(host)
-    store = None
+    store = endpoint = error = None
     if comm.Get_rank() == 0:
-        addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else host)
-        store = torch.distributed.TCPStore("0.0.0.0", int(os.environ.get("MASTER_PORT") or 0), None, True,
-                                           timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
-        endpoint = f"{addr}:{store.port}"
-    else:
-        endpoint = None
-    return store, comm.bcast(endpoint, root=0)
+        addr = os.environ.get(ADDR_ENV) or ("127.0.0.1" if len(set(hosts)) == 1 else host)
+        raw = os.environ.get(PORT_ENV) or "0"
+        try:
+            if not raw.isdigit() or int(raw) > 65535:
+                raise DynspecError(f"environment variable {PORT_ENV}={raw!r} is not a port number")
+            try:
+                store = torch.distributed.TCPStore("0.0.0.0", int(raw), None, True,
+                                                   timeout=datetime.timedelta(seconds=timeout_s),
+                                                   wait_for_workers=False)
+            except RuntimeError as e:
+                raise DynspecError(f"cannot host the TP rendezvous on port {raw} ({PORT_ENV}): {_reason(e)}") from e
+            endpoint = f"{addr}:{store.port}"
+        except DynspecError as e:
+            error = str(e)
+    endpoint, error = comm.bcast((endpoint, error), root=0)   # every rank learns of a failure, none waits
+    if error is not None:
+        raise DynspecError(error)
+    return store, endpoint
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:

@@ -314,3 +314,21 @@ def test_a_killed_process_ends_the_job_and_leaves_no_server(chain, tmp_path, vic
             assert "error: tritonserver exited with signal 9" in job.stderr()
     finally:
         end(job)
+
+
+@pytest.mark.timeout(60)
+def test_a_rendezvous_port_that_cannot_be_bound_is_refused_on_every_rank(chain, tmp_path):
+    """DYNSPEC_TP_PORT names the store's port; a taken one ends the launch with exit status 2 and
+    one message naming it, on every rank (none waits for the endpoint). MASTER_PORT is ignored."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", *ONE_THREAD,
+               "-x", f"DYNSPEC_TP_PORT={port}", "-x", "MASTER_PORT=1", sys.executable, "-m",
+               "dynspec.triton_repo.launch", str(chain.repo), "--tp", "2"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count(f"error: cannot host the TP rendezvous on port {port} (DYNSPEC_TP_PORT)") == 1

@@ -314,7 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     if tp == 1:
         return server.serve(args)
     join_s = args.ready_timeout
-    store, endpoint = host_rendezvous(comm, join_s)     # rank 0 holds the store until main returns
+    try:
+        store, endpoint = host_rendezvous(comm, join_s)     # rank 0 holds the store until main returns
+    except DynspecError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     if rank != 0:
         return run_worker(checked, endpoint, rank, comm, timeout_s, join_s)
     launch = TpLaunch(endpoint, tp, checked.engine_dir, checked.device, local_rank(), timeout_s, join_s)

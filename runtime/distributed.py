@@ -151,9 +151,7 @@ class TpContext:
         """Sum over the replica's ranks (runtime/allreduce.py): x itself (NCCL, gloo) or a new tensor (one-shot)."""
         if self.tp == 1:
             return x
-        out = []
-        _collective(lambda: out.append(self.reducer(x)), self, "all_reduce")
-        return out[0]
+        return _collective(lambda: self.reducer(x), self, "all_reduce")
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's x along `dim`, in TP-rank order: [.., n] -> [.., tp*n]."""
@@ -174,9 +172,10 @@ class TpContext:
         os._exit(code)
 
 
-def _collective(fn: Callable[[], Any], ctx: TpContext, what: str) -> None:
+def _collective(fn: Callable[[], Any], ctx: TpContext, what: str) -> Any:
+    """fn()'s result; a RuntimeError (a peer gone, a timeout) becomes a TpFault naming the collective."""
     try:
-        fn()
+        return fn()
     except RuntimeError as e:
         raise TpFault(f"TP rank {ctx.tp_rank} (world rank {ctx.layout.rank}): {what} over ranks "
                       f"{list(ctx.layout.tp_ranks)} failed (timeout {ctx.timeout_s:g} s): {_reason(e)}") from e

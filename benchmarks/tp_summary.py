@@ -94,14 +94,13 @@ def replica_scaling(one: Mapping, two: Mapping) -> tuple[dict, dict, dict]:
 
 
 def _named(items, flag: str) -> dict[str, str]:
-    out = {}
-    for it in items or ():
-        name, sep, path = it.partition("=")
-        if not sep or name not in ("tp1", "tp2") or not path:
-            raise DynspecError(f"{flag} {it!r} is not tp1=PATH or tp2=PATH")
-        if name in out:
-            raise DynspecError(f"{flag} {name} is given twice ({out[name]} and {path})")
-        out[name] = path
+    """summary's NAME=PATH reader, with the names tp1 and tp2 only."""
+    from dynspec.benchmarks.summary import _named as named
+
+    out = named(items, flag)
+    for name, path in out.items():
+        if name not in ("tp1", "tp2"):
+            raise DynspecError(f"{flag} {name}={path} is not tp1=PATH or tp2=PATH")
     return out
 
 

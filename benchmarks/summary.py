@@ -34,9 +34,10 @@ from typing import Mapping, Sequence
 from dynspec.errors import DynspecError
 
 
-def _tps(rows: Sequence[Mapping], mode: str) -> dict[int, float]:
-    return {int(r["concurrency"]): float(r["output_tok_per_s"]) for r in rows
-            if r["mode"] == mode and r.get("concurrency") is not None}
+def _tps(rows: Sequence[Mapping], mode: str, field: str = "output_tok_per_s") -> dict[int, float]:
+    """{C: rows' `field`} of one mode's closed-loop rows; rows without the field are left out."""
+    return {int(r["concurrency"]): float(r[field]) for r in rows
+            if r["mode"] == mode and r.get("concurrency") is not None and r.get(field) is not None}
 
 
 def crossover_concurrency(rows: Sequence[Mapping]) -> int | None:
@@ -157,11 +158,8 @@ def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping
     """{"<C>": baseline tok/s with varied lengths / with fixed lengths} at every C of the fixed-length
     sweep (h200_fixed_baseline.sh: 64 and 256); None where the varied sweep lacks that C (or, for
     field="steady_tok_per_s", where a sweep predates that field)."""
-    def tps(rows):
-        return {int(r["concurrency"]): r.get(field) for r in rows
-                if r["mode"] == "baseline" and r.get("concurrency") is not None}
-    v, f = tps(varied_rows), tps(fixed_rows)
-    return {str(c): (v[c] / f[c] if v.get(c) is not None and f[c] else None) for c in sorted(f)}
+    v, f = _tps(varied_rows, "baseline", field), _tps(fixed_rows, "baseline", field)
+    return {str(c): (v[c] / f[c] if c in v and f.get(c) else None) for c in sorted(_tps(fixed_rows, "baseline"))}
 
 
 def decode_vs_gemm_floor(profile: Mapping) -> dict | None:

@@ -28,9 +28,8 @@ import statistics
 import sys
 
 from dynspec.benchmarks.engines import add_engine_args, apply_bench_env, engine_choice
+from dynspec.benchmarks.profile import FLOOR_CONTEXT as CONTEXT      # profile --floor's context, 1024
 from dynspec.errors import DynspecError
-
-CONTEXT = 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,13 +79,17 @@ def run(args) -> int:
             if reducer is not None:
                 reducer.use(mode)
 
+        def serve_with(mode: str) -> None:
+            """The all-reduce mode, and the decode graph captured again with it (graphs bake it in)."""
+            use(mode)
+            engine.drop_graphs()
+            engine.capture_graphs(keys)
+
         trials: dict[str, list[float]] = {m: [] for m in modes}
         for t in range(args.trials):
             order = modes[t % len(modes):] + modes[: t % len(modes)]
             for mode in order:
-                use(mode)
-                engine._graphs.clear()
-                engine.capture_graphs(keys)
+                serve_with(mode)
                 trials[mode].append(time_shapes(engine, [bare], CONTEXT, warmup=5, repeats=args.repeats)[bare])
                 log(f"tp={args.tp} {mode}: {trials[mode][-1]:.3f} ms")
         ws = target_gemm_weights(engine.target)
@@ -98,9 +101,7 @@ def run(args) -> int:
                 floor_ar[mode] = gemm_floor_ms(ws, repeats=args.repeats, reduce=(reducer, (1, 3)))[0]
         kernels = None
         if args.kernels and engine.device.type == "cuda":
-            use(modes[0] if modes[0] != "skip" else modes[-1])
-            engine._graphs.clear()
-            engine.capture_graphs(keys)
+            serve_with(modes[0] if modes[0] != "skip" else modes[-1])
             kernels = kernel_table(engine, args.kernels)
         _sync(engine.device)
         decode = {m: statistics.median(v) for m, v in trials.items()}

@@ -63,6 +63,8 @@ def main() -> None:
     sched = DraftSchedule.parse(a.schedule)
     jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
 
+    captured = [0]            # graphs this rank captured (capture_graphs' count)
+
     def load(ctx):
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
                                 max_seq_len=max(len(j.ids) + j.max_new for j in jobs) + sched.max_draft_len + 2,
@@ -70,7 +72,8 @@ def main() -> None:
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.engine import reachable_graphs
 
-            engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm, engine.max_num_tokens))
+            captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
+                                                                 engine.max_num_tokens))
         rec = StepRecorder(engine)
         return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
 
@@ -83,7 +86,7 @@ def main() -> None:
         with open(a.out, "w") as f:
             json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)},
                        "allreduce": ctx.reducer.mode if ctx.reducer is not None else None,
-                       "eager_fallbacks": rec.eager_fallbacks, "graphs": len(getattr(rec, "_graphs", {}))}, f)
+                       "eager_fallbacks": rec.eager_fallbacks, "graphs": captured[0]}, f)
 
 
 @dataclass(frozen=True)

@@ -361,6 +361,10 @@ class ReferenceEngine:
         return firsts
 
     # ---- CUDA graphs ------------------------------------------------------------------------
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (a graph bakes in what it captured, e.g. the all-reduce mode)."""
+        self._graphs.clear()
+
     def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
         """Capture one graph per pure-decode key (call once at start, on CUDA). Returns how many.
         Graphs read every row's whole block table (max_seq_len); iterations with prompt chunks

@@ -25,6 +25,7 @@ Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
@@ -186,7 +187,7 @@ def steady_state(steps: Sequence[StepRecord], concurrency: int, fill: float = ST
     """(tok/s, share of iterations) over one replica's iterations with b >= ceil(fill x C) decode
     rows; None when none was that full. C=4, fill 0.9 -> b >= 4: steps (b=4, acc 2, 10 ms),
     (b=2, acc 0, 5 ms) -> ((4 + 2) / 0.010, 0.5)."""
-    need = -(-int(fill * concurrency * 1000) // 1000)       # ceil without float noise: 0.9 x 10 -> 9
+    need = math.ceil(round(fill * concurrency, 9))           # round first: 0.9 x 10 is 9.000000000000002
     full = [s for s in steps if s.batch_size >= max(1, need)]
     secs = sum(s.seconds for s in full)
     if not full or secs <= 0:

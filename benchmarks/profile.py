@@ -334,10 +334,7 @@ def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, grap
             run()
             _sync(dev)
             times.append(time.perf_counter() - t0)
-    if fn is not None:
-        where_ar = f" with an all-reduce after GEMMs i % 4 in {at}"
-    else:
-        where_ar = ""
+    where_ar = f" with an all-reduce after GEMMs i % 4 in {at}" if fn is not None else ""
     where = (f"cuda graph of the {len(weights)} GEMMs{where_ar}" if cuda and graph else
              f"{dev.type} eager (no CUDA graph), {len(weights)} GEMMs{where_ar}")
     return 1e3 * statistics.median(times), f"{where}, {repeats} runs, median"

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from dynspec.errors import DynspecError
 
-from .attention import RaggedBatch, sdpa_attention, uniform_batch, write_kv
+from .attention import RaggedBatch, sdpa_attention, uniform_batch
 
 _REQUIRED = object()
 
@@ -210,8 +210,17 @@ def _empty(*shape: int, device=None, dtype=None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
 
-def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, write_index: Tensor,
+               n_heads: int, n_kv_heads: int) -> Tensor:
+    """qkv [N, (nh + 2 kvh) * hd] -> q [N, nh, hd] with RoPE; k (with RoPE) and v are written into
+    the pools [kvh, P, hd] at write_index [N]. Compiled, this is one kernel that stores straight
+    into the pool (inductor re-inplaces the index_put on the mutated input: no pool copy), where
+    eager runs two RoPE kernels and two index copies per layer."""
+    N, hd = qkv.shape[0], k_pool.shape[-1]
+    q, k, v = qkv.view(N, n_heads + 2 * n_kv_heads, hd).split((n_heads, n_kv_heads, n_kv_heads), dim=1)
+    k_pool[:, write_index] = apply_rope(k, cos, sin).transpose(0, 1)
+    v_pool[:, write_index] = v.transpose(0, 1)
+    return apply_rope(q, cos, sin)
 
 
 def add_rms_norm(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -229,13 +238,15 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 class Kernels:
     """The elementwise glue of a decoder layer, held per model (never process-wide).
     `Kernels()` is eager; `Kernels(compiled=True)` fuses each piece into one kernel with
-    torch.compile (CUDA only): a 32-layer decode step otherwise launches ~45 small kernels
-    per layer, and at batch 1 their launch gaps cost more than the weights."""
+    torch.compile (CUDA only). A layer is then 4 glue kernels around its 4 GEMMs and the
+    attention: add_rms_norm (the previous layer's residual add joined to this norm), rope_write,
+    add_rms_norm, silu_mul. At batch 1 the glue's launches and gaps, not its bytes, are what cost
+    (H200 kernel table before this fusion: ~30 kernels a layer, benchmarks/results/h200x2_tp1_kernels.json)."""
 
     def __init__(self, compiled: bool = False):
         self.compiled = compiled
         c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
-        self.rms_norm, self.rope_qk = c(rms_norm), c(rope_qk)
+        self.rms_norm, self.rope_write = c(rms_norm), c(rope_write)
         self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
 
 
@@ -306,18 +317,21 @@ class Block(nn.Module):
     def n_local_kv_heads(self) -> int:
         return self.kv_size // self.c.head_dim
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
-                f: Kernels, attention, comm: "Collectives") -> Tensor:
-        """x [N, h] packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd] -> [N, h]."""
-        hd = self.c.head_dim
-        N = x.shape[0]
-        qkv = F.linear(f.rms_norm(x, self.attention_norm, self.c.rms_norm_eps), self.wqkv)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q, k = f.rope_qk(q.view(N, self.n_local_heads, hd), k.view(N, self.n_local_kv_heads, hd), cos, sin)
-        write_kv(k_pool, v_pool, k, v.view(N, self.n_local_kv_heads, hd), batch)
+    def forward(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
+                batch: RaggedBatch, f: Kernels, attention, comm: "Collectives") -> tuple[Tensor, Tensor]:
+        """The residual stream entering this layer is x + r (x alone when r is None), x, r [N, h]
+        packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd] -> (x', r'): the stream after the
+        layer is x' + r', left unsummed so that the next layer's norm does the add in its kernel."""
+        eps = self.c.rms_norm_eps
+        if r is None:
+            h = f.rms_norm(x, self.attention_norm, eps)
+        else:
+            x, h = f.add_rms_norm(x, r, self.attention_norm, eps)
+        q = f.rope_write(F.linear(h, self.wqkv), cos, sin, k_pool, v_pool, batch.write_index,
+                         self.n_local_heads, self.n_local_kv_heads)                   # [N, nh, hd]
         attn = comm.all_reduce(F.linear(attention(q, k_pool, v_pool, batch), self.wo))    # [N, h]
-        x, h = f.add_rms_norm(x, attn, self.ffn_norm, self.c.rms_norm_eps)
-        return x + comm.all_reduce(F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2))
+        x, h = f.add_rms_norm(x, attn, self.ffn_norm, eps)
+        return x, comm.all_reduce(F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2))
 
 
 class Collectives:
@@ -392,15 +406,16 @@ class Target(nn.Module):
         cos = self.rope_cos[batch.positions].unsqueeze(1)                 # [N, 1, hd/2]
         sin = self.rope_sin[batch.positions].unsqueeze(1)
         caps: dict[int, Tensor] = {}
+        r = None                                                          # stream = x + r
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, self.k_cache[i], self.v_cache[i], batch, self.kernels, attention,
-                      self.collectives)
+            x, r = layer(x, r, cos, sin, self.k_cache[i], self.v_cache[i], batch, self.kernels, attention,
+                         self.collectives)
             if i in capture:
-                caps[i] = x
+                caps[i] = x + r
         hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [N, n*h]
         if logit_index is not None:
-            x = x[logit_index]
-        out = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)   # [M, V | V_pad/N]
+            x, r = x[logit_index], r[logit_index]
+        out = F.linear(self.kernels.add_rms_norm(x, r, self.norm, c.rms_norm_eps)[1], self.lm_head)   # [M, V | V_pad/N]
         if greedy:
             return self.collectives.argmax(out), hidden                   # [M]
         out = self.collectives.gather_vocab(out)

@@ -19,7 +19,8 @@ Version 2 adds (ratios use the medians of the trials; a spread is min..max over 
     open_loop                    {regime: {mode: {C: {rate, tok_per_s, p99_latency_s}}}} beside the closed loop
     decode_vs_gemm_floor         plain decode at b=1, 1024 context / the GEMMs alone (profile --floor)
     varied_vs_fixed_baseline     {"64": r, "256": r}: baseline tok/s with varied lengths (the regime's
-                                 sweep) / with fixed lengths of the same mean (--fixed-baseline)
+                                 sweep, or --varied-baseline: the same loads as the fixed one) / with
+                                 fixed lengths of the same mean (--fixed-baseline)
     varied_vs_fixed_baseline_steady  the same ratio of steady_tok_per_s (iterations with >= 0.9 C
                                  decode rows: the server while full, without the closed loop's tail)
     figure_commands              {figure: [the commands whose outputs it is computed from]}
@@ -173,8 +174,12 @@ def decode_vs_gemm_floor(profile: Mapping) -> dict | None:
 
 def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | None = None,
               peak_bytes_per_s: float | None = None, bandwidth_profile: str | None = None,
-              tunes: Mapping[str, Mapping] | None = None, fixed: Mapping[str, Mapping] | None = None) -> dict:
+              tunes: Mapping[str, Mapping] | None = None, fixed: Mapping[str, Mapping] | None = None,
+              varied: Mapping[str, Mapping] | None = None, floor_profile: Mapping | None = None) -> dict:
     """regimes: {"A": sweep NAME.json doc}; profiles: {"A": profile.json doc}; tunes: {"A": tune.json doc}.
+    fixed / varied: {"B": baseline sweep} with fixed / varied lengths (varied defaults to the regime's
+    own sweep); floor_profile: the profile --floor JSON that decode_vs_gemm_floor comes from (default:
+    the first profile that has a floor).
     The bandwidth figure comes from profiles[bandwidth_profile] (default: the first regime's, else the first)."""
     if not regimes:
         raise DynspecError("no regimes to summarize")
@@ -200,7 +205,15 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         commands += [{"what": f"sweep {name}", "command": c} for c in _commands(doc)]
     for name, doc in (fixed or {}).items():
         commands.append({"what": f"fixed-length baseline {name}", "command": doc["env"].get("command")})
-    floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in profiles.items()) if f is not None}
+    for name, doc in (varied or {}).items():
+        commands.append({"what": f"varied-length baseline {name}", "command": doc["env"].get("command")})
+    floor_sources = profiles
+    if floor_profile is not None:
+        if decode_vs_gemm_floor(floor_profile) is None:
+            raise DynspecError("--floor-profile has no 'floor' with gemm_floor_ms and decode_ms (run profile --floor)")
+        floor_sources = {"floor": floor_profile}
+        commands.append({"what": "profile --floor", "command": floor_profile.get("command")})
+    floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in floor_sources.items()) if f is not None}
     floor = None
     if floors:
         fname = next(iter(floors))
@@ -208,10 +221,14 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     for name in fixed or {}:
         if name not in regimes:
             raise DynspecError(f"--fixed-baseline {name}: no --regime {name} to compare it with")
+    for name in varied or {}:
+        if name not in (fixed or {}):
+            raise DynspecError(f"--varied-baseline {name}: no --fixed-baseline {name} to compare it with")
+    varied_docs = {n: (varied or {}).get(n, regimes[n]) for n in fixed or {}}
     sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
     figure_commands = {
-        "decode_vs_gemm_floor": [profiles[floor["profile"]].get("command")] if floor else [],
-        "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(regimes[n])]
+        "decode_vs_gemm_floor": [floor_sources[floor["profile"]].get("command")] if floor else [],
+        "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(varied_docs[n])]
                                     + [d["env"].get("command") for d in (fixed or {}).values()],
         "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,
         "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
@@ -220,8 +237,8 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     vf = vfs = None
     if fixed:
         name = next(iter(fixed))
-        vf = varied_vs_fixed(regimes[name]["rows"], fixed[name]["rows"])
-        vfs = varied_vs_fixed(regimes[name]["rows"], fixed[name]["rows"], "steady_tok_per_s")
+        vf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"])
+        vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s")
     return {
         "version": 2,
         "decode_bandwidth_fraction": None if bw is None else bw["fraction"],
@@ -321,6 +338,11 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     p.add_argument("--tune", action="append", metavar="NAME=TUNE.json", help="`dynspec tune --report` output")
     p.add_argument("--fixed-baseline", action="append", metavar="NAME=SWEEP.json",
                    help="a baseline sweep with fixed lengths of regime NAME's means (varied_vs_fixed_baseline)")
+    p.add_argument("--varied-baseline", action="append", metavar="NAME=SWEEP.json",
+                   help="the baseline sweep with regime NAME's varied lengths at the fixed one's loads "
+                        "(default: the regime's own sweep)")
+    p.add_argument("--floor-profile", metavar="PROFILE.json",
+                   help="the profile --floor JSON for decode_vs_gemm_floor (default: the first --profile with one)")
     p.add_argument("--bandwidth-profile", metavar="NAME", help="which --profile gives decode_bandwidth_fraction")
     p.add_argument("--peak-bandwidth-tbps", type=float, help="device memory bandwidth, e.g. 4.8 for an H200")
     p.add_argument("--out", required=True, help="summary JSON path")
@@ -340,11 +362,13 @@ def run(args: argparse.Namespace) -> int:
     profiles = {n: read_json(p, f"profile {n}") for n, p in _named(args.profile, "--profile").items()}
     tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
     fixed = {n: read_json(p, f"fixed-length sweep {n}") for n, p in _named(args.fixed_baseline, "--fixed-baseline").items()}
-    for n, doc in list(regimes.items()) + list(fixed.items()):
+    varied = {n: read_json(p, f"varied-length sweep {n}") for n, p in _named(args.varied_baseline, "--varied-baseline").items()}
+    floor = read_json(args.floor_profile, "floor profile") if args.floor_profile else None
+    for n, doc in list(regimes.items()) + list(fixed.items()) + list(varied.items()):
         if "rows" not in doc or "env" not in doc:
             raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")
     peak = args.peak_bandwidth_tbps * 1e12 if args.peak_bandwidth_tbps else None
-    doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes, fixed)
+    doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes, fixed, varied, floor)
     cmd = getattr(args, "command_line", None) or "python -m dynspec.benchmarks.summary " + shlex.join(sys.argv[1:])
     doc["commands"].append({"what": "summary", "command": cmd})
     write_json(args.out, doc)

@@ -21,6 +21,9 @@
                             and smaller batches step faster. A trial lasts as long as its slower
                             replica, so with few requests tok/s scaling also carries the shards'
                             different tails
+    replica_scaling_steady  {mode: the replicas' summed steady_tok_per_s / (2 x one GPU's)}: tokens
+                            per second over the iterations with >= 0.9 C decode rows, so neither the
+                            shards' tails nor their ramp-up enter; the controlled figure
 """
 from __future__ import annotations
 
@@ -68,12 +71,13 @@ def crossover(tune: Mapping) -> tuple[int | None, str]:
                   f"{last['gain']:.2f}x there (schedule {tune.get('schedule')})")
 
 
-def replica_scaling(one: Mapping, two: Mapping) -> tuple[dict, dict, dict]:
-    """({mode: two / (2 x one)}, {mode: [min, max]}, {mode: one's mean step ms / two's}) over the
-    modes and loads both sweeps ran."""
+def replica_scaling(one: Mapping, two: Mapping) -> tuple[dict, dict, dict, dict]:
+    """({mode: two / (2 x one)}, {mode: [min, max]}, {mode: one's mean step ms / two's},
+    {mode: two's steady_tok_per_s / (2 x one's)}) over the modes and loads both sweeps ran; the
+    last leaves out modes whose rows lack steady_tok_per_s."""
     if two["env"].get("replicas") != 2:
         raise DynspecError(f"--scaling-two: expected 2 replicas, got {two['env'].get('replicas')}")
-    eff, spread, step = {}, {}, {}
+    eff, spread, step, steady = {}, {}, {}, {}
     base = {(r["mode"], r.get("concurrency"), r.get("request_rate")): r for r in one["rows"]}
     for r in two["rows"]:
         o = base.get((r["mode"], r.get("concurrency"), r.get("request_rate")))
@@ -88,9 +92,11 @@ def replica_scaling(one: Mapping, two: Mapping) -> tuple[dict, dict, dict]:
         spread[r["mode"]] = [lo, hi]
         if r.get("mean_step_ms") and o.get("mean_step_ms"):
             step[r["mode"]] = o["mean_step_ms"] / r["mean_step_ms"]
+        if r.get("steady_tok_per_s") and o.get("steady_tok_per_s"):
+            steady[r["mode"]] = r["steady_tok_per_s"] / (2 * o["steady_tok_per_s"])
     if not eff:
         raise DynspecError("--scaling-one / --scaling-two share no (mode, concurrency)")
-    return eff, spread, step
+    return eff, spread, step, steady
 
 
 def _named(items, flag: str) -> dict[str, str]:
@@ -125,7 +131,8 @@ def run(args) -> int:
     commands += [{"what": f"tune {n}", "command": t.get("command")} for n, t in tunes.items()]
     if args.scaling_one and args.scaling_two:
         one, two = read_json(args.scaling_one, "one-GPU sweep"), read_json(args.scaling_two, "two-replica sweep")
-        doc["replica_scaling"], doc["replica_scaling_spread"], doc["replica_step_scaling"] = replica_scaling(one, two)
+        (doc["replica_scaling"], doc["replica_scaling_spread"], doc["replica_step_scaling"],
+         doc["replica_scaling_steady"]) = replica_scaling(one, two)
         commands += [{"what": "scaling, one GPU", "command": one["env"].get("command")},
                      {"what": "scaling, mpirun -n 2 replicas", "command": two["env"].get("command")}]
     else:

@@ -148,6 +148,20 @@ def test_summary_version_2_figures():
     with pytest.raises(DynspecError, match="--fixed-baseline A: no --regime A"):
         summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"A": fixed})
     json.dumps(s)
+    # a baseline sweep of varied lengths at the fixed sweep's loads, and the floor from another profile
+    varied = regime_doc("sweep varied", [row("baseline", 64, 100, 99, 101), row("baseline", 256, 225, 220, 230)])
+    late = {"command": "profile --floor again", "floor": {"gemm_floor_ms": 4.0, "decode_ms": 4.6}}
+    s2 = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12, fixed={"B": fixed},
+                           varied={"B": varied}, floor_profile=late)
+    assert s2["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.9})
+    assert s2["figure_commands"]["varied_vs_fixed_baseline"] == ["sweep varied", "sweep fixed"]
+    assert s2["decode_vs_gemm_floor"] == pytest.approx(1.15)
+    assert s2["figure_commands"]["decode_vs_gemm_floor"] == ["profile --floor again"]
+    assert s2["decode_bandwidth"]["context_len"] == 1024               # bandwidth still from --profile B
+    with pytest.raises(DynspecError, match="--varied-baseline A: no --fixed-baseline A"):
+        summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"B": fixed}, varied={"A": varied})
+    with pytest.raises(DynspecError, match="--floor-profile has no 'floor'"):
+        summary.summarize({"B": regime_doc("sweep B", b_rows)}, floor_profile={"command": "x"})
 
 
 def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():

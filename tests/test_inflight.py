@@ -75,10 +75,29 @@ def test_a_budget_so_small_that_one_prompt_takes_ten_iterations(pair, hf_target)
     check_budget(ex, budget)
 
 
-def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target):
-    """Decode rows and prompt chunks in the same forward: iterations with both are seen."""
+@pytest.fixture
+def split_calls(monkeypatch):
+    """How often a mixed forward's attention went through SplitRows, by decode-row attention kind."""
+    from dynspec.runtime.engines.reference import attention as att
+
+    seen = {"flex": 0, "sdpa": 0}
+    real = att.SplitRows.__call__
+
+    def spy(self, q, k_pool, v_pool, batch):
+        seen["flex" if isinstance(self.decode, att.PerStepMasks) else "sdpa"] += 1
+        return real(self, q, k_pool, v_pool, batch)
+
+    monkeypatch.setattr(att.SplitRows, "__call__", spy)
+    return seen
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target, attention, split_calls):
+    """Decode rows and prompt chunks in the same forward: iterations with both are seen. The
+    decode rows attend through `attention` (flex: FlexAttention over the pool, as on CUDA) and
+    the chunks through SDPA over their own rows (SplitRows)."""
     budget = 24
-    eng = engine(pair, budget=budget)
+    eng = engine(pair, budget=budget, attention=attention)
     ex = Executor(eng, DraftSchedule.static(3, 8))
     ps = prompts(10, seed=33, lo=10, hi=40)
     lens = [6 + 3 * (i % 5) for i in range(10)]
@@ -94,12 +113,15 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
     both = [s for s in ex.stats if s.decode_rows > 0 and s.prefill_tokens > 0]
     assert both and any(s.k > 0 for s in both)
     check_budget(ex, budget)
+    layers = eng.target.config.num_layers
+    assert split_calls[attention] >= len(both) * layers and sum(split_calls.values()) == split_calls[attention]
 
 
-def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target):
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention):
     """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
     budget = 20
-    eng = engine(pair, budget=budget, max_batch=6)
+    eng = engine(pair, budget=budget, max_batch=6, attention=attention)
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
     ex = Executor(eng, policy)
     rng = random.Random(34)

@@ -36,10 +36,11 @@ def test_replica_scaling_takes_medians_and_step_times():
     def sweep(replicas, tps, trials, step):
         return {"env": {"replicas": replicas, "command": f"sweep x{replicas}"},
                 "rows": [{"mode": "dynamic", "concurrency": 16, "output_tok_per_s": tps, "trial_tok_per_s": trials,
-                          "mean_step_ms": step}]}
-    eff, spread, step = tp_summary.replica_scaling(sweep(1, 100, [90, 100, 110], 10.0),
-                                                   sweep(2, 180, [170, 180, 200], 10.0))
+                          "mean_step_ms": step, "steady_tok_per_s": 1.2 * tps}]}
+    eff, spread, step, steady = tp_summary.replica_scaling(sweep(1, 100, [90, 100, 110], 10.0),
+                                                           sweep(2, 180, [170, 180, 200], 10.0))
     assert eff == {"dynamic": pytest.approx(0.9)} and step == {"dynamic": pytest.approx(1.0)}
+    assert steady == {"dynamic": pytest.approx(216 / 240)}
     assert spread["dynamic"] == pytest.approx([170 / 220, 200 / 180])
     with pytest.raises(DynspecError, match="expected 2 replicas, got 1"):
         tp_summary.replica_scaling(sweep(1, 1, [1], 1), sweep(1, 1, [1], 1))

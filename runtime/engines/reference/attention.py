@@ -17,7 +17,8 @@ Worked example, block_size 4, two rows:
 Reads past a row's length land in the row's own blocks or in the scratch block 0, and the
 s <= p rule hides them, so rollback is by length: nothing is cleared.
 
-Two implementations of the same rule:
+Two implementations of the same rule, and `SplitRows`, which gives a mixed iteration's decode
+rows and prompt chunks each their own:
 - `sdpa_attention`: gathers each row's blocks and runs SDPA with a boolean mask (any device;
   the CPU path and the GPU's mixed iterations).
 - `flex_attention_paged`: FlexAttention straight over the pool, with a block mask listing each
@@ -220,3 +221,24 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     R, nh, Tq, hd = o.shape
     o = o.transpose(1, 2).reshape(R * Tq, nh * hd)
     return o if batch.uniform else o[batch.out_index]
+
+
+class SplitRows:
+    """attention(q, k_pool, v_pool, batch) of a mixed iteration's forward, whose first nd packed
+    tokens are b uniform decode rows (T = K+1 tokens each) and the rest prompt chunks:
+        decode rows   `decode` over `decode_batch` (FlexAttention over the pool on CUDA)
+        prompt chunks gathered SDPA over `chunk_batch`: only the chunks' own rows are gathered
+    One gathered SDPA over every row would copy each decode row's whole context in every layer
+    (b=64 rows of 1000 tokens, 8 KV heads of 128, bf16: 262 MB a layer). Called for `whole` only:
+    the target's layers and the draft's catch-up over the same packed tokens."""
+
+    def __init__(self, whole: RaggedBatch, nd: int, decode, decode_batch: RaggedBatch, chunk_batch: RaggedBatch):
+        self.whole, self.nd, self.decode = whole, nd, decode
+        self.decode_batch, self.chunk_batch = decode_batch, chunk_batch
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+        if batch is not self.whole:
+            raise ValueError("SplitRows attends the batch it was built for only")
+        nd = self.nd
+        return torch.cat([self.decode(q[:nd], k_pool, v_pool, self.decode_batch),
+                          sdpa_attention(q[nd:], k_pool, v_pool, self.chunk_batch)])       # [N, nh*hd]

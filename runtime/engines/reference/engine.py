@@ -36,7 +36,7 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_prefix
-from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, ragged_batch,
+from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, SplitRows, ragged_batch,
                                                          sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for, cap_k
@@ -309,9 +309,10 @@ class ReferenceEngine:
         b, K, dev = plan.batch_size, plan.k, self.device
         chunks = plan.chunks
         T = K + 1
+        dec_read = None if self.attention == "flex" else read                 # flex skips unread blocks itself
         if b and K and any(plan.stale):
-            self._refresh(b, read)
-        D = self._chain(b, K, read) if b and K else None                     # [b, K]
+            self._refresh(b, dec_read)
+        D = self._chain(b, K, dec_read) if b and K else None                 # [b, K]
         dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
         lens = [T] * b + [len(c.tokens) for c in chunks]
         starts = list(plan.positions) + [c.start for c in chunks]
@@ -326,8 +327,14 @@ class ReferenceEngine:
         last_rows = [j for j, c in enumerate(chunks) if c.last]
         last_idx = torch.tensor([ends[j] for j in last_rows], dtype=torch.long).to(dev)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
+        c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
+        attention = None
+        if b:
+            vpos = self.pos[:b, None] + torch.arange(T, device=dev)                  # [b, T]
+            dec_batch = self._rows(b, vpos, dec_read)
+            attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch)
         greedy, H = self.target.run(torch.cat([dec_tokens, prompt]), batch, capture=self.capture,
-                                    logit_index=logit_index, greedy=True)    # [nd + n_last]
+                                    logit_index=logit_index, attention=attention, greedy=True)    # [nd + n_last]
         firsts = greedy[nd:]
         # draft entries of the chunks: (x_{p+1}, h_p), x_e = the next prompt token or g0
         nxt = torch.tensor([t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)], dtype=torch.long).to(dev)
@@ -336,7 +343,7 @@ class ReferenceEngine:
             n, E = self._accept(D, greedy[:nd].view(b, T))
             self.out_tokens[:b, :T] = E
             self.out_n[:b] = n
-            d, h = self._draft_next(torch.cat([E.reshape(-1), nxt]), H, batch)   # catch-up rows + chunk rows
+            d, h = self._draft_next(torch.cat([E.reshape(-1), nxt]), H, batch, attention)   # catch-up + chunk rows
             rows, slot = torch.arange(b, device=dev), self.slot[:b]
             self.next_draft[slot] = d[:nd].view(b, T)[rows, n]
             self.draft_hidden[slot] = h[:nd].view(b, T, -1)[rows, n]
@@ -350,8 +357,7 @@ class ReferenceEngine:
                 self.last_capture[self.slot[:b]] = H[:nd]
                 self.out_tokens[:b, 0] = g
                 self.out_n[:b] = 0
-            d_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
-            d, h = self._draft_next(nxt, H[nd:], d_batch)
+            d, h = self._draft_next(nxt, H[nd:], c_batch)
             offset = nd
         if last_rows:
             slot = torch.tensor([chunks[j].slot for j in last_rows], dtype=torch.long).to(dev)

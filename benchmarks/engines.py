@@ -33,6 +33,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES,
                    help="reference engine dtype (default: the engine dir's; float64 on CPU only)")
     g.add_argument("--no-cuda-graphs", action="store_true", help="reference engine: run eagerly on CUDA")
+    g.add_argument("--no-mixed-graphs", action="store_true",
+                   help="reference engine: iterations with prompt chunks run eagerly (decode graphs stay)")
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
 
 
@@ -68,6 +70,8 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         ref = replace(ref, dtype=args.dtype)
     if args.no_cuda_graphs:
         ref = replace(ref, cuda_graphs=False)
+    if getattr(args, "no_mixed_graphs", False):
+        ref = replace(ref, mixed_graphs=False)
     return EngineChoice(replace(cfg, reference=ref), src, edir)
 
 

@@ -404,7 +404,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
             policies = [(lambda b, k=k: k) for k in draft_lens]
             keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
                     | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
-            engine.capture_graphs(keys)
+            engine.capture_graphs(keys, mixed=False)          # timed steps are pure decode
         return engine
 
     if tp == 1:

@@ -351,7 +351,7 @@ def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
         keys = set()
         for m in spec.modes:
             keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m], engine.max_num_tokens))
-        n = engine.capture_graphs(keys)
+        n = engine.capture_graphs(keys, mixed=cfg.reference.mixed_graphs)
         log(f"captured {n} CUDA graphs per replica")
     return engine
 

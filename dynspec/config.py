@@ -13,7 +13,7 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "cuda_graphs": true, "max_num_tokens": 8192},
+                "keep_warm": true, "cuda_graphs": true, "mixed_graphs": true, "max_num_tokens": 8192},
   "llm_api_options": "llm_api_options.yaml",
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
@@ -53,6 +53,7 @@ class ReferenceSettings:
     max_seq_len: int = 1024
     keep_warm: bool = True
     cuda_graphs: bool = True
+    mixed_graphs: bool = True        # with cuda_graphs: iterations with prompt chunks replay graphs cut at attention
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
 
     def __post_init__(self) -> None:
@@ -62,7 +63,7 @@ class ReferenceSettings:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
-        for name in ("keep_warm", "cuda_graphs"):
+        for name in ("keep_warm", "cuda_graphs", "mixed_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise DynspecError(f"reference.{name}={getattr(self, name)!r} must be true or false")
 

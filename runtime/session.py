@@ -59,6 +59,7 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
     engine = open_reference_engine(cfg, device=device, **overrides)
     if device.startswith("cuda") and cfg.reference.cuda_graphs:
-        engine.capture_graphs(reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens))
+        engine.capture_graphs(reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens),
+                              mixed=cfg.reference.mixed_graphs)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
     return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy, **limit)

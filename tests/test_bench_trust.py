@@ -294,3 +294,21 @@ def test_unreported_iteration_mix_is_none_not_zero():
     assert _iteration_mix(known) == {"mean_decode_rows": 3.5, "prefill_tokens": 16, "mixed_iterations": 1}
     unknown = known + [StepRecord(4, 2, 8, 5, 0.01, 0.0, None, None)]
     assert _iteration_mix(unknown) == {"mean_decode_rows": None, "prefill_tokens": None, "mixed_iterations": None}
+
+
+def test_mixed_step_times_each_point_and_refuses_bad_points(tmp_path, capsys):
+    """benchmarks/mixed_step.py on the tiny pair (CPU: eager only, piecewise_ms null)."""
+    from dynspec.benchmarks import mixed_step
+
+    out = tmp_path / "m.json"
+    assert mixed_step.main(["--points", "1:0:8,3:2:5", "--context-len", "12", "--trials", "2", "--repeats", "2",
+                            "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["point"], r["tokens"]) for r in doc["points"]] == [("1:0:8", 9), ("3:2:5", 14)]
+    for r in doc["points"]:
+        assert r["eager_ms"] > 0 and r["decode_ms"] > 0 and r["piecewise_ms"] is None
+        assert len(r["trials_ms"]["eager"]) == 2
+    assert mixed_step.main(["--points", "4:1", "--out", str(out)]) == 2
+    assert "is not b:K:chunk" in capsys.readouterr().err
+    assert mixed_step.main(["--points", "2:0:9000", "--out", str(out)]) == 2
+    assert "max_num_tokens is" in capsys.readouterr().err

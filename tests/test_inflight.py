@@ -91,13 +91,22 @@ def split_calls(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "flex"])
-def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target, attention, split_calls):
+@pytest.mark.parametrize("attention,mixed_graphs", [("sdpa", False), ("flex", False), ("flex", True)])
+def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target, attention, mixed_graphs,
+                                                                   split_calls, monkeypatch):
     """Decode rows and prompt chunks in the same forward: iterations with both are seen. The
     decode rows attend through `attention` (flex: FlexAttention over the pool, as on CUDA) and
-    the chunks through SDPA over their own rows (SplitRows)."""
+    the chunks through SDPA over their own rows (SplitRows). mixed_graphs: the target forward of
+    those iterations runs as piecewise.py's pieces, padded to token buckets (on CUDA each piece
+    is a graph), and still gives transformers' tokens."""
+    from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
+
+    runs = []
+    real = PiecewiseTarget.run
+    monkeypatch.setattr(PiecewiseTarget, "run", lambda self, tokens, *a: runs.append(len(tokens)) or real(
+        self, tokens, *a))
     budget = 24
-    eng = engine(pair, budget=budget, attention=attention)
+    eng = engine(pair, budget=budget, attention=attention, mixed_graphs=mixed_graphs)
     ex = Executor(eng, DraftSchedule.static(3, 8))
     ps = prompts(10, seed=33, lo=10, hi=40)
     lens = [6 + 3 * (i % 5) for i in range(10)]
@@ -115,13 +124,25 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
     check_budget(ex, budget)
     layers = eng.target.config.num_layers
     assert split_calls[attention] >= len(both) * layers and sum(split_calls.values()) == split_calls[attention]
+    mixed = [s for s in ex.stats if s.prefill_tokens]
+    assert len(runs) == (len(mixed) if mixed_graphs else 0)
+    if mixed_graphs:
+        assert eng.piecewise.buckets == (16, 24) and any(n < 16 for n in runs) and any(n > 16 for n in runs)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "flex"])
-def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention):
+def test_mixed_buckets_end_at_the_budget_or_1024():
+    from dynspec.runtime.engines.reference.piecewise import BUCKETS, mixed_buckets
+
+    assert mixed_buckets(72) == (16, 32, 64, 72)
+    assert mixed_buckets(64) == (16, 32, 64)
+    assert mixed_buckets(8192) == BUCKETS and BUCKETS[-1] == 1024
+
+
+@pytest.mark.parametrize("attention,mixed_graphs", [("sdpa", False), ("flex", True)])
+def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention, mixed_graphs):
     """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
     budget = 20
-    eng = engine(pair, budget=budget, max_batch=6, attention=attention)
+    eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=mixed_graphs)
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
     ex = Executor(eng, policy)
     rng = random.Random(34)

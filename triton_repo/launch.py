@@ -170,7 +170,7 @@ def open_rank(cfg, ctx):
     engine = open_reference_engine(cfg, tp=ctx)
     if ctx.device.type == "cuda" and cfg.reference.cuda_graphs:
         engine.capture_graphs(reachable_graphs([cfg.schedule], engine.max_batch_size, cfg.reference.keep_warm,
-                                               engine.max_num_tokens))
+                                               engine.max_num_tokens), mixed=cfg.reference.mixed_graphs)
     return engine
 
 

@@ -25,7 +25,7 @@ token g0; the last chunk also sets the carried state from position P-1.
 
 Cache: paged (kv_cache.py); target and draft share one block table per slot. Pure-decode
 iterations replay a CUDA graph per (bucket, K) when captured; iterations with prompt chunks
-run eager (their shapes vary with the chunks).
+replay per-token-bucket graphs cut at attention (piecewise.py), attention eager between them.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_pref
 from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, SplitRows, ragged_batch,
                                                          sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
+from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
 from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
 
@@ -86,7 +87,7 @@ class ReferenceEngine:
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
-                 attention: str | None = None):
+                 attention: str | None = None, mixed_graphs: bool | None = None):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -132,6 +133,11 @@ class ReferenceEngine:
         self._acceptance: AcceptanceModel | None = None   # what p_accept/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, "torch.cuda.CUDAGraph"] = {}
         self.eager_fallbacks = 0
+        # mixed iterations' target forward cut at attention, graphed per token bucket (piecewise.py):
+        # on CUDA once capture_graphs has run; on CPU (tests) the same pieces run eagerly when asked
+        self.piecewise = (PiecewiseTarget(target, mixed_buckets(max_num_tokens), self.capture)
+                          if (on_cuda if mixed_graphs is None else mixed_graphs) else None)
+        self.mixed_graphs = self.piecewise is not None     # benchmarks switch it off to time eager
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -333,8 +339,14 @@ class ReferenceEngine:
             vpos = self.pos[:b, None] + torch.arange(T, device=dev)                  # [b, T]
             dec_batch = self._rows(b, vpos, dec_read)
             attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch)
-        greedy, H = self.target.run(torch.cat([dec_tokens, prompt]), batch, capture=self.capture,
-                                    logit_index=logit_index, attention=attention, greedy=True)    # [nd + n_last]
+        tokens = torch.cat([dec_tokens, prompt])
+        pw = self.piecewise
+        if (self.mixed_graphs and pw is not None and pw.fits(len(tokens))
+                and (pw.graphs or self.device.type != "cuda")):
+            greedy, H = pw.run(tokens, batch, attention or self.target.attention, logit_index)
+        else:
+            greedy, H = self.target.run(tokens, batch, capture=self.capture, logit_index=logit_index,
+                                        attention=attention, greedy=True)    # [nd + n_last]
         firsts = greedy[nd:]
         # draft entries of the chunks: (x_{p+1}, h_p), x_e = the next prompt token or g0
         nxt = torch.tensor([t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)], dtype=torch.long).to(dev)
@@ -370,11 +382,13 @@ class ReferenceEngine:
     def drop_graphs(self) -> None:
         """Forget every captured graph (a graph bakes in what it captured, e.g. the all-reduce mode)."""
         self._graphs.clear()
+        if self.piecewise is not None:
+            self.piecewise.drop()
 
-    def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
-        """Capture one graph per pure-decode key (call once at start, on CUDA). Returns how many.
-        Graphs read every row's whole block table (max_seq_len); iterations with prompt chunks
-        stay eager."""
+    def capture_graphs(self, keys: Iterable[GraphKey], mixed: bool = True) -> int:
+        """Capture one graph per pure-decode key (call once at start, on CUDA), then, with mixed,
+        the mixed iterations' pieces (piecewise.py). Returns how many graphs.
+        Decode graphs read every row's whole block table (max_seq_len)."""
         if self.device.type != "cuda":
             return 0
         keys = capture_order(keys)
@@ -398,7 +412,7 @@ class ReferenceEngine:
                     self._device_fn(key, None)
                 self._graphs[key] = g
         torch.cuda.synchronize()
-        return len(keys)
+        return len(keys) + (self.piecewise.capture() if mixed and self.piecewise is not None else 0)
 
 
 def load_reference_engine(

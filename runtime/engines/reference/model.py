@@ -322,15 +322,23 @@ class Block(nn.Module):
         """The residual stream entering this layer is x + r (x alone when r is None), x, r [N, h]
         packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd] -> (x', r'): the stream after the
         layer is x' + r', left unsummed so that the next layer's norm does the add in its kernel."""
+        x, q = self.attn_in(x, r, cos, sin, k_pool, v_pool, batch.write_index, f)
+        return self.attn_out(x, attention(q, k_pool, v_pool, batch), f, comm)
+
+    def attn_in(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
+                write_index: Tensor, f: Kernels) -> tuple[Tensor, Tensor]:
+        """Up to attention: (the stream x + r [N, h], q [N, nh, hd]); this token's K/V written."""
         eps = self.c.rms_norm_eps
         if r is None:
             h = f.rms_norm(x, self.attention_norm, eps)
         else:
             x, h = f.add_rms_norm(x, r, self.attention_norm, eps)
-        q = f.rope_write(F.linear(h, self.wqkv), cos, sin, k_pool, v_pool, batch.write_index,
-                         self.n_local_heads, self.n_local_kv_heads)                   # [N, nh, hd]
-        attn = comm.all_reduce(F.linear(attention(q, k_pool, v_pool, batch), self.wo))    # [N, h]
-        x, h = f.add_rms_norm(x, attn, self.ffn_norm, eps)
+        return x, f.rope_write(F.linear(h, self.wqkv), cos, sin, k_pool, v_pool, write_index,
+                               self.n_local_heads, self.n_local_kv_heads)
+
+    def attn_out(self, x: Tensor, o: Tensor, f: Kernels, comm: "Collectives") -> tuple[Tensor, Tensor]:
+        """From attention's output o [N, nh*hd] on: (x', r') with the stream after the layer x' + r'."""
+        x, h = f.add_rms_norm(x, comm.all_reduce(F.linear(o, self.wo)), self.ffn_norm, self.c.rms_norm_eps)
         return x, comm.all_reduce(F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2))
 
 
@@ -402,9 +410,7 @@ class Target(nn.Module):
             if not 0 <= i < c.num_layers or capture.count(i) > 1:
                 raise ValueError(f"capture {capture} must name distinct layers in 0..{c.num_layers - 1}")
         attention = attention or self.attention
-        x = self.tok_embeddings(tokens)                                   # [N, h]
-        cos = self.rope_cos[batch.positions].unsqueeze(1)                 # [N, 1, hd/2]
-        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        x, cos, sin = self.embed(tokens, batch.positions)
         caps: dict[int, Tensor] = {}
         r = None                                                          # stream = x + r
         for i, layer in enumerate(self.layers):
@@ -415,13 +421,20 @@ class Target(nn.Module):
         hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [N, n*h]
         if logit_index is not None:
             x, r = x[logit_index], r[logit_index]
-        out = F.linear(self.kernels.add_rms_norm(x, r, self.norm, c.rms_norm_eps)[1], self.lm_head)   # [M, V | V_pad/N]
+        return self.head(self.kernels.add_rms_norm(x, r, self.norm, c.rms_norm_eps)[1], greedy), hidden
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens, positions [N] -> (x [N, h], cos, sin [N, 1, hd/2])."""
+        return (self.tok_embeddings(tokens), self.rope_cos[positions].unsqueeze(1),
+                self.rope_sin[positions].unsqueeze(1))
+
+    def head(self, h: Tensor, greedy: bool) -> Tensor:
+        """The final-normed stream h [M, h] -> logits [M, V] (float32 on CPU), or greedy ids [M]."""
+        out = F.linear(h, self.lm_head)                                   # [M, V | V_pad/N]
         if greedy:
-            return self.collectives.argmax(out), hidden                   # [M]
+            return self.collectives.argmax(out)
         out = self.collectives.gather_vocab(out)
-        if out.device.type == "cpu":
-            out = out.float()
-        return out, hidden                                                # [M, V]
+        return out.float() if out.device.type == "cpu" else out
 
     def forward(self, tokens: Tensor, positions: Tensor, *, row0: int = 0, kv_len: int | None = None,
                 capture: tuple[int, ...] = (), logits: str = "all") -> tuple[Tensor, Tensor | None]:

@@ -1,0 +1,120 @@
+"""Mixed iterations timed two ways in one run: the target forward eager, and as piecewise CUDA
+graphs cut at attention (runtime/engines/reference/piecewise.py). Issue 11 asks to measure the
+two and choose; beside them, the same (b, K) as a pure decode step (its whole-step graph).
+
+    python -m dynspec.benchmarks.mixed_step --engine-dir E --device cuda --out mixed.json
+
+A point b:K:L is b decode rows at K with `--context-len` tokens of context, plus one prompt
+chunk of L tokens (the last of its prompt) riding in the same iteration, b x (K+1) + L tokens
+in all. Modes alternate over --trials passes (order rotated); each trial is the median of
+--repeats steps. The JSON:
+    {"context_len": 512, "points": [{"point": "64:0:128", "tokens": 192, "eager_ms": 9.1,
+      "piecewise_ms": 5.2, "decode_ms": 4.4, "eager_vs_piecewise": 1.75, "trials_ms": {...}}, ...]}
+On CPU there are no graphs: piecewise_ms is null.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from dynspec.benchmarks.engines import add_engine_args, apply_bench_env, engine_choice
+from dynspec.errors import DynspecError
+
+
+def parse_points(text: str) -> tuple[tuple[int, int, int], ...]:
+    """'64:0:128,16:2:64' -> ((64, 0, 128), (16, 2, 64)); b >= 1, K >= 0, L >= 1."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        try:
+            b, k, chunk = (int(x) for x in parts)
+        except ValueError:
+            raise DynspecError(f"--points item {item!r} is not b:K:chunk (e.g. 64:0:128)") from None
+        if b < 1 or k < 0 or chunk < 1:
+            raise DynspecError(f"--points item {item!r}: need b >= 1, K >= 0 and chunk >= 1")
+        out.append((b, k, chunk))
+    return tuple(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.mixed_step", description=__doc__.splitlines()[0])
+    add_engine_args(p)
+    p.add_argument("--points", default="1:0:128,16:0:128,64:0:128,64:2:64,128:0:256", help="b:K:chunk,...")
+    p.add_argument("--context-len", type=int, default=512)
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    try:
+        doc = run(args)
+    except DynspecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(json.dumps([{k: r[k] for k in ("point", "eager_ms", "piecewise_ms", "decode_ms")} for r in doc["points"]]))
+    return 0
+
+
+def run(args) -> dict:
+    import random
+
+    from dynspec.benchmarks.profile import _time_plans, open_sized, reserved_rows
+    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.plan import PromptChunk, make_plan
+
+    apply_bench_env()
+    points = parse_points(args.points)
+    cfg = engine_choice(args).config
+    ctx = args.context_len
+    max_b, kmax, longest = max(b for b, _, _ in points), max(k for _, k, _ in points), max(c for _, _, c in points)
+    engine = open_sized(cfg, device=args.device, max_batch_size=max_b + 1, max_seq_len=max(ctx + kmax + 1, longest) + 1,
+                        max_draft_len=max(kmax, 1))
+    need = max(b * (k + 1) + c for b, k, c in points)
+    if need > engine.max_num_tokens:
+        raise DynspecError(f"--points need {need} tokens in one iteration; max_num_tokens is {engine.max_num_tokens}")
+    graphs = engine.device.type == "cuda" and cfg.reference.cuda_graphs
+    if graphs:
+        keys = set()
+        for b, k, _ in points:
+            keys |= set(reachable_graphs([lambda n, k=k: k], b, True, engine.max_num_tokens))
+        engine.capture_graphs(keys, mixed=True)
+    modes = ["eager", "piecewise"] if graphs and engine.piecewise is not None else ["eager"]
+    rng = random.Random(0)
+    rows = []
+    with reserved_rows(engine, max_b + 1, max(ctx + kmax + 1, longest)) as slots:
+        for b, k, chunk in points:
+            pending = [rng.randrange(2, 16) for _ in range(b)]
+            toks = tuple(rng.randrange(2, 16) for _ in range(chunk))
+            common = dict(positions=[ctx] * b, pending=pending, stale=[False] * b, keep_warm=k == 0,
+                          buckets=engine.buckets, slots=slots[:b])
+            mixed = make_plan(k, chunks=[PromptChunk(slots[b], 0, toks, None)], **common)
+            decode = make_plan(k, **common)
+            trials: dict[str, list[float]] = {m: [] for m in modes}
+            for t in range(args.trials):
+                for mode in modes[t % len(modes):] + modes[: t % len(modes)]:
+                    engine.mixed_graphs = mode == "piecewise"
+                    trials[mode].append(_time_plans(engine, {mode: mixed}, Greedy(), warmup=2, repeats=args.repeats,
+                                                    passes=1, progress=None)[mode])
+            engine.mixed_graphs = True
+            dec = _time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
+                              progress=None)["decode"]
+            med = {m: statistics.median(v) for m, v in trials.items()}
+            pw = med.get("piecewise")
+            rows.append({"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk,
+                         "tokens": b * (k + 1) + chunk, "eager_ms": med["eager"], "piecewise_ms": pw,
+                         "decode_ms": dec, "eager_vs_piecewise": med["eager"] / pw if pw else None,
+                         "trials_ms": trials})
+    import torch
+
+    return {"context_len": ctx, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
+            "dtype": cfg.reference.dtype, "mixed_graph_buckets": list(engine.piecewise.buckets) if engine.piecewise else None,
+            "points": rows, "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
+            "command": " ".join(["python -m dynspec.benchmarks.mixed_step", *sys.argv[1:]])}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,11 +1,12 @@
 """CUDA-graph engine == eager engine. Runs on the H200 (`pytest -m gpu`); skipped without CUDA.
 
 Every pure-decode (bucket, K) graph the schedule can reach is captured before the first
-request; iterations that carry prompt chunks run eager (their shapes vary with the chunks).
-The run must never fall back to eager for a decode iteration, and its tokens must equal the
-eager engine's and transformers' greedy output (float32, so graph vs eager kernels cannot
-flip an argmax). Graphs use FlexAttention over the paged pool by default, eager iterations
-gathered SDPA, so the comparison also checks one against the other."""
+request, and the pieces of the mixed iterations' forward per token bucket (piecewise.py:
+graphs cut at attention, which runs eagerly between them). The run must never fall back to
+eager for a decode iteration, and its tokens must equal the eager engine's and transformers'
+greedy output (float32, so graph vs eager kernels cannot flip an argmax). Graphs use
+FlexAttention over the paged pool by default, eager iterations gathered SDPA, so the comparison
+also checks one against the other."""
 import random
 import time
 
@@ -52,6 +53,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention):
     graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens, attention)
     eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens, attention)
     assert eng.eager_fallbacks == 0
+    assert eng.piecewise.buckets == (16, 32, 64) and eng.piecewise.graphs == 3 * (6 + 1)   # 6 layers
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out

@@ -105,7 +105,7 @@ def test_decode_b1_1024_context_timing():
         eng.step(make_plan(0, [], [], [], False, eng.buckets, slots=[], chunks=[PromptChunk(slot, 0, prompt, None)]),
                  Greedy())
         t0 = time.perf_counter()
-        eng.capture_graphs([GraphKey("decode", 1, keep_warm=False)])
+        eng.capture_graphs([GraphKey("decode", 1, keep_warm=False)], mixed=False)
         capture_s = time.perf_counter() - t0
         plan = make_plan(0, [ctx], [5], [True], False, eng.buckets, slots=[slot])
         for _ in range(5):

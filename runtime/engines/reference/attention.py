@@ -148,14 +148,26 @@ def sdpa_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
 _compiled_flex = None
 
 
+FLEX_RECOMPILE_LIMIT = 64
+
+
 def _flex():
     """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). Default dynamic:
-    a second shape recompiles once with symbolic sizes instead of once per graph key."""
+    a second shape recompiles once with symbolic sizes instead of once per graph key. Still, the
+    versions add up (b=1 and T=1 specialised, the target's and the draft's pool layouts, mixed
+    iterations' unbucketed b): the decode warm-up of a small schedule already left 7, and past
+    dynamo's limit of 8 flex would silently run eagerly, materialising scores over the whole pool.
+    So the limit is raised, and fullgraph=True makes any fallback an error instead."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
     if _compiled_flex is None and torch.cuda.is_available():
-        _compiled_flex = torch.compile(flex_attention)
+        from torch import _dynamo
+
+        cfg = _dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(getattr(cfg, name), FLEX_RECOMPILE_LIMIT))
+        _compiled_flex = torch.compile(flex_attention, fullgraph=True)
     return _compiled_flex or flex_attention
 
 

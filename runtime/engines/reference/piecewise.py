@@ -15,6 +15,11 @@ graph pool (the next piece was captured reading it; nothing else runs in between
 tokens (N..Np-1) are token 0 at position 0, writing K/V into the scratch block, which no row reads.
 The lm_head then runs eagerly on the M rows whose logits are wanted.
 
+Memory: all pieces share one graph pool. A run replays one bucket's pieces in order, and every
+tensor a piece reads was written earlier in the same run (piece 0 rewrites x, cos and sin), so a
+later capture may reuse an earlier bucket's freed intermediates as scratch. Buckets never
+interleave; `out` (the last piece's h and H) stays allocated and is read before the next run.
+
 Worked sizes, Llama-3.1-8B at Np=256: 33 graphs; static buffers q and o 2 MiB each. On CPU
 (tests) the same pieces run without capture, so the padding and buffers are checked there.
 """
@@ -49,17 +54,20 @@ class PiecewiseTarget:
         c, dev = target.config, target.tok_embeddings.weight.device
         layer = target.layers[0]
         top = self.buckets[-1]
-        self.tokens = torch.zeros(top, dtype=torch.long, device=dev)                 # [Np] static inputs
-        self.positions = torch.zeros(top, dtype=torch.long, device=dev)
-        self.write_index = torch.full((top,), SCRATCH_BLOCK * target.block_size, dtype=torch.long, device=dev)
+        self.scratch = SCRATCH_BLOCK * target.block_size                              # flat pool index
         like = target.tok_embeddings.weight
-        self.q = like.new_zeros(top, layer.n_local_heads, c.head_dim)                 # [Np, nh, hd]
-        self.o = like.new_zeros(top, layer.n_local_heads * c.head_dim)                # [Np, nh*hd]
+        with torch.inference_mode():       # as the engine's own tensors: no extra compiled versions
+            self.tokens = torch.zeros(top, dtype=torch.long, device=dev)             # [Np] static inputs
+            self.positions = torch.zeros(top, dtype=torch.long, device=dev)
+            self.write_index = torch.full((top,), self.scratch, dtype=torch.long, device=dev)
+            self.q = like.new_zeros(top, layer.n_local_heads, c.head_dim)             # [Np, nh, hd]
+            self.o = like.new_zeros(top, layer.n_local_heads * c.head_dim)            # [Np, nh*hd]
         self.out: dict[int, dict[str, Tensor]] = {}        # bucket -> the last piece's h, H
         self.drop()
 
     def drop(self) -> None:
         """Back to eager pieces (graphs bake in what they captured, e.g. the all-reduce mode)."""
+        self.out.clear()
         self._pieces: dict[int, list[Callable[[], None]]] = {n: self._make_pieces(n) for n in self.buckets}
         self.graphs = 0
 
@@ -102,6 +110,8 @@ class PiecewiseTarget:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         with torch.inference_mode():
+            self._pad(0, self.buckets[-1])     # the warm-up writes K/V: into the scratch block only
+            self.o.zero_()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for n in reversed(self.buckets):
@@ -113,13 +123,26 @@ class PiecewiseTarget:
                 replays = []
                 for piece in self._pieces[n]:
                     g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=pool):
-                        piece()
+                    with torch.cuda.stream(stream):   # torch.cuda.graph() would gc + empty_cache ~400 times
+                        g.capture_begin(pool=pool)
+                        try:
+                            piece()
+                        finally:
+                            g.capture_end()
                     replays.append(g.replay)
                 self._pieces[n] = replays
                 self.graphs += len(replays)
+            torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         return self.graphs
+
+    def _pad(self, N: int, n: int) -> None:
+        """Tokens N..n-1 of the buffers: token 0 at position 0, K/V into the scratch block, and
+        attention output 0 (stale but finite otherwise; zero keeps it so)."""
+        self.tokens[N:n].zero_()
+        self.positions[N:n].zero_()
+        self.write_index[N:n].fill_(self.scratch)
+        self.o[N:n].zero_()
 
     def run(self, tokens: Tensor, batch: RaggedBatch, attention, logit_index: Tensor) -> tuple[Tensor, Tensor | None]:
         """tokens [N] packed -> (greedy ids [M] at logit_index, captured layers [N, n*h]). The
@@ -129,9 +152,7 @@ class PiecewiseTarget:
         self.tokens[:N].copy_(tokens)
         self.positions[:N].copy_(batch.positions)
         self.write_index[:N].copy_(batch.write_index)
-        self.tokens[N:n].zero_()
-        self.positions[N:n].zero_()
-        self.write_index[N:n].fill_(SCRATCH_BLOCK * self.target.block_size)
+        self._pad(N, n)
         t = self.target
         pieces = self._pieces[n]
         pieces[0]()

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                   help="CUDA: also profile STEPS piecewise steps per point (kernel time against wall time)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> dict:
     import random
 
-    from dynspec.benchmarks.profile import _time_plans, open_sized, reserved_rows
+    from dynspec.benchmarks.profile import _time_plans, open_sized, reserved_rows, step_kernels
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.plan import PromptChunk, make_plan
@@ -102,12 +104,15 @@ def run(args) -> dict:
             engine.mixed_graphs = True
             dec = _time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
                               progress=None)["decode"]
+            kernels = None
+            if args.kernels and "piecewise" in modes:
+                kernels = step_kernels(engine, mixed, args.kernels, top=12)
             med = {m: statistics.median(v) for m, v in trials.items()}
             pw = med.get("piecewise")
             rows.append({"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk,
                          "tokens": b * (k + 1) + chunk, "eager_ms": med["eager"], "piecewise_ms": pw,
                          "decode_ms": dec, "eager_vs_piecewise": med["eager"] / pw if pw else None,
-                         "trials_ms": trials})
+                         "trials_ms": trials, "piecewise_kernels": kernels})
     import torch
 
     return {"context_len": ctx, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",

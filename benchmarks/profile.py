@@ -212,6 +212,38 @@ def _time_plans(engine, plans: dict, acc, *, warmup: int, repeats: int, passes: 
     return {s: 1e3 * statistics.median(t) for s, t in times.items()}
 
 
+def step_kernels(engine, plan, steps: int, top: int = 30) -> dict:
+    """The GPU kernels of `steps` runs of engine.step(plan) under torch.profiler, per step:
+    {"steps": 20, "wall_us_per_step": 5300.0, "kernels_per_step": 518, "kernel_us_per_step": 4600.0,
+     "top": [{"name", "calls", "us"}, ...] by time}. Wall minus kernel time is what the GPU spent
+    waiting: launch gaps, or the host when a step is host-bound. CUDA only."""
+    from collections import defaultdict
+
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dynspec.runtime.acceptance import Greedy
+
+    for _ in range(3):
+        engine.step(plan, Greedy())
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step(plan, Greedy())
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    us, calls = defaultdict(float), defaultdict(int)
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            us[e.name[:160]] += e.time_range.elapsed_us()
+            calls[e.name[:160]] += 1
+    rows = sorted(({"name": n, "calls": calls[n] / steps, "us": us[n] / steps} for n in us), key=lambda r: -r["us"])
+    return {"steps": steps, "wall_us_per_step": 1e6 * wall / steps, "kernels_per_step": sum(calls.values()) / steps,
+            "kernel_us_per_step": sum(us.values()) / steps, "top": rows[:top]}
+
+
 def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
                          keep_warm: bool = True, warmup: int = 3, repeats: int = 10,
                          progress=None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:

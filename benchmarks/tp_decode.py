@@ -128,39 +128,11 @@ def run(args) -> int:
 
 
 def kernel_table(engine, steps: int, top: int = 30) -> dict:
-    """The GPU kernels of `steps` b=1 decode steps (graph replays) under torch.profiler, per step:
-    {"steps": 20, "kernels_per_step": 420, "kernel_us_per_step": 5100.0, "top": [{"name", "calls",
-    "us"}, ...] by time}. Gaps between kernels are step time - kernel time."""
-    import time
-    from collections import defaultdict
+    """profile.step_kernels of `steps` b=1 decode steps (graph replays) with 1024 tokens of context."""
+    from dynspec.benchmarks.profile import Shape, reserved_rows, step_kernels, synthetic_plan
 
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    from dynspec.benchmarks.profile import Shape, reserved_rows, synthetic_plan
-    from dynspec.runtime.acceptance import Greedy
-
-    bare = Shape(1, 0, False)
     with reserved_rows(engine, 1, CONTEXT + 2) as slots:
-        plan = synthetic_plan(engine, bare, CONTEXT, slots)
-        for _ in range(3):
-            engine.step(plan, Greedy())
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                engine.step(plan, Greedy())
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-    us, calls = defaultdict(float), defaultdict(int)
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            us[e.name[:160]] += e.time_range.elapsed_us()
-            calls[e.name[:160]] += 1
-    rows = sorted(({"name": n, "calls": calls[n] / steps, "us": us[n] / steps} for n in us), key=lambda r: -r["us"])
-    return {"steps": steps, "wall_us_per_step": 1e6 * wall / steps, "kernels_per_step": sum(calls.values()) / steps,
-            "kernel_us_per_step": sum(us.values()) / steps, "top": rows[:top]}
+        return step_kernels(engine, synthetic_plan(engine, Shape(1, 0, False), CONTEXT, slots), steps, top)
 
 
 if __name__ == "__main__":

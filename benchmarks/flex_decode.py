@@ -1,0 +1,134 @@
+"""Paged decode attention alone, per batch size: why does the decode step grow so fast with b?
+
+    python -m dynspec.benchmarks.flex_decode --device cuda --out flex_decode.json
+
+Llama-3.1-8B's attention shape (32 q heads, 8 KV heads of 128, bf16), 128-token blocks, each
+of b rows at --context tokens, one query each (plain decode). Timed inside a CUDA graph
+(median of --repeats replays), per variant:
+    flex        attention.flex_attention_paged over a pool as the engine sizes it
+                (--pool-rows rows of --max-seq-len: every block of the pool in the mask's range)
+    flex_small  the same over a pool of exactly the b rows' blocks (does the pool's length cost?)
+    flex_main   as `flex`, with kernel_options FORCE_USE_FLEX_ATTENTION (the non-decoding kernel)
+    sdpa        attention.sdpa_attention (gather the rows' blocks, then SDPA)
+beside the bytes floor (the rows' K and V read once at --peak-tbps). Every variant's output is
+checked against sdpa's (max abs difference in the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.flex_decode", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch-sizes", default="1,16,64,128")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--pool-rows", type=int, default=257)
+    p.add_argument("--max-seq-len", type=int, default=1480)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--peak-tbps", type=float, default=4.8)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    rows = [run_point(b, args) for b in (int(x) for x in args.batch_sizes.split(","))]
+    doc = {"context": args.context, "pool_rows": args.pool_rows, "max_seq_len": args.max_seq_len, "rows": rows,
+           "statistic": f"median of {args.repeats} CUDA-graph replays (us)",
+           "command": " ".join(["python -m dynspec.benchmarks.flex_decode", *sys.argv[1:]])}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(json.dumps([{k: r[k] for k in r if k != "max_abs_diff"} for r in rows]))
+    return 0
+
+
+def _pool(rows: int, per_seq: int, b: int, ctx: int, bs: int, dev):
+    """(k, v pools [8, blocks*bs, 128], owner, logical, tables [b, per_seq], q_pos [b, 1]) with rows
+    0..b-1 holding blocks spread over the pool the way an allocator hands them out."""
+    import torch
+
+    from dynspec.runtime.engines.reference.attention import uniform_batch
+
+    blocks = 1 + rows * per_seq
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k = torch.randn(8, blocks * bs, 128, generator=g).to(dev, torch.bfloat16)
+    v = torch.randn(8, blocks * bs, 128, generator=g).to(dev, torch.bfloat16)
+    order = 1 + torch.randperm(blocks - 1, generator=g)[: b * per_seq]
+    tables = order.view(b, per_seq).to(dev)
+    owner = torch.full((blocks,), -1, dtype=torch.long, device=dev)
+    logical = torch.zeros(blocks, dtype=torch.long, device=dev)
+    owner[tables] = torch.arange(b, device=dev)[:, None].expand(b, per_seq)
+    logical[tables] = torch.arange(per_seq, device=dev)[None].expand(b, per_seq)
+    slots = torch.arange(b, device=dev)
+    q_pos = torch.full((b, 1), ctx, dtype=torch.long, device=dev)
+    batch = uniform_batch(tables, slots, q_pos, per_seq, bs)
+    return k, v, owner, logical, batch
+
+
+def _graph_us(fn, repeats: int) -> tuple[float, object]:
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        z.record()
+        z.synchronize()
+        times.append(1e3 * a.elapsed_time(z))
+    return statistics.median(times), out
+
+
+def run_point(b: int, args) -> dict:
+    import torch
+
+    from dynspec.runtime.engines.reference import attention as att
+
+    bs, dev = 128, args.device
+    per_seq = -(-args.max_seq_len // bs)
+    q = torch.randn(b, 32, 128, device=dev, dtype=torch.bfloat16)
+    out, diff = {}, {}
+    ref = None
+    with torch.inference_mode():
+        for name, rows in (("sdpa", args.pool_rows), ("flex", args.pool_rows), ("flex_small", b),
+                           ("flex_main", args.pool_rows)):
+            k, v, owner, logical, batch = _pool(rows, per_seq, b, args.context, bs, dev)
+            if name == "sdpa":
+                read = -(-(args.context + 1) // bs)
+                small = att.uniform_batch(batch.tables, batch.slots, batch.q_pos, read, bs)
+                fn = lambda: att.sdpa_attention(q, k, v, small)           # noqa: E731
+            else:
+                mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
+                opts = {"FORCE_USE_FLEX_ATTENTION": True} if name == "flex_main" else None
+                fn = (lambda m=mask, o=opts: _flex_paged(q, k, v, batch, m, o))
+            out[name], o = _graph_us(fn, args.repeats)
+            o = o.float()
+            ref = o if ref is None else ref
+            diff[name] = float((o - ref).abs().max())
+    kv_bytes = b * (args.context + 1) * 8 * 128 * 2 * 2
+    return {"batch_size": b, **{f"{n}_us": t for n, t in out.items()},
+            "floor_us": kv_bytes / (args.peak_tbps * 1e12) * 1e6, "max_abs_diff": diff}
+
+
+def _flex_paged(q, k, v, batch, mask, kernel_options):
+    """flex_attention_paged's uniform path, with kernel_options passed to the compiled kernel."""
+    from dynspec.runtime.engines.reference import attention as att
+
+    qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)
+    extra = {"kernel_options": kernel_options} if kernel_options else {}
+    o = att._flex()(qr, k[None], v[None], block_mask=mask, enable_gqa=True, **extra)
+    R, nh, Tq, hd = o.shape
+    return o.transpose(1, 2).reshape(R * Tq, nh * hd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,9 @@ of b rows at --context tokens, one query each (plain decode). Timed inside a CUD
                 (--pool-rows rows of --max-seq-len: every block of the pool in the mask's range)
     flex_small  the same over a pool of exactly the b rows' blocks (does the pool's length cost?)
     flex_main   as `flex`, with kernel_options FORCE_USE_FLEX_ATTENTION (the non-decoding kernel)
+    flex_static as `flex`, compiled with dynamic=False: inductor lowers to its split-KV decoding
+                kernel only when the batch and head sizes are static; the engine's compile
+                (automatic dynamic) makes the batch symbolic from the second shape on
     sdpa        attention.sdpa_attention (gather the rows' blocks, then SDPA)
 beside the bytes floor (the rows' K and V read once at --peak-tbps). Every variant's output is
 checked against sdpa's (max abs difference in the JSON).
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=1480)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--peak-tbps", type=float, default=4.8)
+    p.add_argument("--variants", default="sdpa,flex,flex_small,flex_main,flex_static")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     rows = [run_point(b, args) for b in (int(x) for x in args.batch_sizes.split(","))]
@@ -99,8 +103,8 @@ def run_point(b: int, args) -> dict:
     out, diff = {}, {}
     ref = None
     with torch.inference_mode():
-        for name, rows in (("sdpa", args.pool_rows), ("flex", args.pool_rows), ("flex_small", b),
-                           ("flex_main", args.pool_rows)):
+        for name in args.variants.split(","):
+            rows = b if name == "flex_small" else args.pool_rows
             k, v, owner, logical, batch = _pool(rows, per_seq, b, args.context, bs, dev)
             if name == "sdpa":
                 read = -(-(args.context + 1) // bs)
@@ -109,7 +113,7 @@ def run_point(b: int, args) -> dict:
             else:
                 mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
                 opts = {"FORCE_USE_FLEX_ATTENTION": True} if name == "flex_main" else None
-                fn = (lambda m=mask, o=opts: _flex_paged(q, k, v, batch, m, o))
+                fn = (lambda m=mask, o=opts, s=name == "flex_static": _flex_paged(q, k, v, batch, m, o, s))
             out[name], o = _graph_us(fn, args.repeats)
             o = o.float()
             ref = o if ref is None else ref
@@ -119,13 +123,24 @@ def run_point(b: int, args) -> dict:
             "floor_us": kv_bytes / (args.peak_tbps * 1e12) * 1e6, "max_abs_diff": diff}
 
 
-def _flex_paged(q, k, v, batch, mask, kernel_options):
-    """flex_attention_paged's uniform path, with kernel_options passed to the compiled kernel."""
+_static = None
+
+
+def _flex_paged(q, k, v, batch, mask, kernel_options, static=False):
+    """flex_attention_paged's uniform path, with kernel_options passed to the compiled kernel;
+    static: through a second compile with dynamic=False."""
+    global _static
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
     from dynspec.runtime.engines.reference import attention as att
 
     qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)
     extra = {"kernel_options": kernel_options} if kernel_options else {}
-    o = att._flex()(qr, k[None], v[None], block_mask=mask, enable_gqa=True, **extra)
+    if static and _static is None:
+        _static = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    fn = _static if static else att._flex()
+    o = fn(qr, k[None], v[None], block_mask=mask, enable_gqa=True, **extra)
     R, nh, Tq, hd = o.shape
     return o.transpose(1, 2).reshape(R * Tq, nh * hd)
 

@@ -23,8 +23,8 @@ if [ -f "$RES_B/h200_B.json" ]; then
   [ -f "$RES_B/h200_B_fixed.json" ] && args+=(--fixed-baseline "B=$RES_B/h200_B_fixed.json")
   [ -f "$RES_B/h200_B_varied.json" ] && args+=(--varied-baseline "B=$RES_B/h200_B_varied.json")   # h200x2_call5.sh
 fi
-# decode_vs_gemm_floor from the newest profile --floor (h200x2_call6.sh's TP=1 regime-A profile) when there is one
-FLOOR=${FLOOR_PROFILE:-$RES_A/h200x2_A_tp1_profile.json}
+# decode_vs_gemm_floor from the newest profile --floor (h200_call5.sh's regime-A profile) when there is one
+FLOOR=${FLOOR_PROFILE:-$RES_A/h200_A_floor_profile.json}
 grep -q '"gemm_floor_ms"' "$FLOOR" 2>/dev/null && args+=(--floor-profile "$FLOOR")
 "${PYTHON:-python3}" -m dynspec.benchmarks.summary "${args[@]}" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
   --out "$RES_B/h200_summary.json"

@@ -38,6 +38,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
 
 
+def add_step_timing_args(p: argparse.ArgumentParser, repeats: int, kernels_help: str) -> None:
+    """--trials (modes rotated over them), --repeats (steps per trial), --kernels STEPS, --out:
+    the flags of the benchmarks that time single steps (tp_decode, mixed_step)."""
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--kernels", type=int, default=0, metavar="STEPS", help=kernels_help)
+    p.add_argument("--out", required=True)
+
+
 @dataclass(frozen=True)
 class EngineChoice:
     config: "object"          # dynspec.config.EngineConfig

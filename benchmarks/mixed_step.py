@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 
-from dynspec.benchmarks.engines import add_engine_args, apply_bench_env, engine_choice
+from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
 from dynspec.errors import DynspecError
 
 
@@ -43,11 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(p)
     p.add_argument("--points", default="1:0:128,16:0:128,64:0:128,64:2:64,128:0:256", help="b:K:chunk,...")
     p.add_argument("--context-len", type=int, default=512)
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
-                   help="CUDA: also profile STEPS piecewise steps per point (kernel time against wall time)")
-    p.add_argument("--out", required=True)
+    add_step_timing_args(p, 20, "CUDA: also profile STEPS piecewise steps per point (kernel time against wall time)")
     args = p.parse_args(argv)
     try:
         doc = run(args)

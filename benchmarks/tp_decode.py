@@ -27,7 +27,7 @@ import json
 import statistics
 import sys
 
-from dynspec.benchmarks.engines import add_engine_args, apply_bench_env, engine_choice
+from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
 from dynspec.benchmarks.profile import FLOOR_CONTEXT as CONTEXT      # profile --floor's context, 1024
 from dynspec.errors import DynspecError
 
@@ -37,11 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(p)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--modes", default="nccl,one-shot,skip", help="all-reduce modes to time (TP > 1)")
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=60)
-    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
-                   help="also list the GPU kernels of STEPS decode steps (torch.profiler), per step")
-    p.add_argument("--out", required=True)
+    add_step_timing_args(p, 60, "also list the GPU kernels of STEPS decode steps (torch.profiler), per step")
     args = p.parse_args(argv)
     from dynspec.runtime.distributed import exit_status
 

@@ -14,14 +14,14 @@ if [ -f "$RES_A/h200_A.json" ] && ! grep -q '"gemm_floor_ms"' "$RES_A/h200_A_pro
 elif [ -f "$RES_A/h200_A.json" ]; then
   args+=(--regime "A=$RES_A/h200_A.json" --profile "A=$RES_A/h200_A_profile.json" --tune "A=$RES_A/h200_A_tune.json")
   [ -f "$RES_A/h200_A128.json" ] && args+=(--regime "A=$RES_A/h200_A128.json")     # C=128 (h200x2_call3.sh)
-  [ -f "$RES_A/h200_A256.json" ] && args+=(--regime "A=$RES_A/h200_A256.json")     # C=256 (h200x2_call5.sh)
+  [ -f "$RES_A/h200_A256.json" ] && args+=(--regime "A=$RES_A/h200_A256.json")     # C=256 (h200_call6.sh)
 fi
 if [ -f "$RES_B/h200_B.json" ]; then
   args+=(--regime "B=$RES_B/h200_B.json" --profile "B=$RES_B/h200_B_profile.json" --tune "B=$RES_B/h200_B_tune.json")
   [ -f "$RES_B/h200_B128.json" ] && args+=(--regime "B=$RES_B/h200_B128.json")     # C=128 (h200x2_call3.sh)
-  [ -f "$RES_B/h200_B256.json" ] && args+=(--regime "B=$RES_B/h200_B256.json")     # C=256 (h200x2_call5.sh)
+  [ -f "$RES_B/h200_B256.json" ] && args+=(--regime "B=$RES_B/h200_B256.json")     # C=256 (h200_call4.sh)
   [ -f "$RES_B/h200_B_fixed.json" ] && args+=(--fixed-baseline "B=$RES_B/h200_B_fixed.json")
-  [ -f "$RES_B/h200_B_varied.json" ] && args+=(--varied-baseline "B=$RES_B/h200_B_varied.json")   # h200x2_call5.sh
+  [ -f "$RES_B/h200_B_varied.json" ] && args+=(--varied-baseline "B=$RES_B/h200_B_varied.json")   # h200_call5.sh
 fi
 # decode_vs_gemm_floor from the newest profile --floor (h200_call5.sh's regime-A profile) when there is one
 FLOOR=${FLOOR_PROFILE:-$RES_A/h200_A_floor_profile.json}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# nvidia-h200-x2 call 6 (<= 9 minutes): replica scaling (one GPU against `mpirun -n 2` TP=1
-# replicas, regime-B lengths at C=64 per replica, 2 waves so that rows are refilled: the summary's
-# replica_scaling_steady compares iterations at >= 0.9 C), the regime-A profile + tune at TP=1
-# with --floor (decode_vs_gemm_floor), and at TP=2 (the crossover of each, in one lease).
+# nvidia-h200-x2 call 6 (<= 9 minutes; not yet run: the two-GPU kind was not lent in the session
+# that wrote it): replica scaling (one GPU against `mpirun -n 2` TP=1 replicas, regime-B lengths
+# at C=64 per replica, 2 waves so that rows are refilled: the summary's replica_scaling_steady
+# compares iterations at >= 0.9 C), then the regime-A profile + tune at TP=1 and at TP=2 (the
+# crossover of each, in one lease; decode_vs_gemm_floor came from h200_call5.sh).
 #   -> $OUT/h200x2_call6.tar.gz: h200x2_scaling_{1gpu,2rep}.*, h200x2_A_tp{1,2}_*, h200x2_call6.log
 set -uo pipefail
 CALL=x2_6 TAG=h200x2_call6 DEADLINE=${DEADLINE:-550}
@@ -15,6 +16,6 @@ SWEEP=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR"
        --warmup-requests 0 --no-progress)
 stage scaling-1gpu 100 env CUDA_VISIBLE_DEVICES=0 "$PY" "${SWEEP[@]}" --out "$RES/h200x2_scaling_1gpu"
 stage scaling-2rep 110 "${MPI[@]}" "$PY" "${SWEEP[@]}" --out "$RES/h200x2_scaling_2rep"
-TP=1 TP_LIMIT=110 PROFILE_EXTRA="--floor" . "$here/h200x2_regime_a_tp.sh"
+TP=1 TP_LIMIT=110 . "$here/h200x2_regime_a_tp.sh"
 TP=2 TP_LIMIT=$(( $(left) - 35 )) . "$here/h200x2_regime_a_tp.sh"
 finish

@@ -10,7 +10,8 @@ in all. Modes alternate over --trials passes (order rotated); each trial is the 
 --repeats steps. The JSON:
     {"context_len": 512, "points": [{"point": "64:0:128", "tokens": 192, "eager_ms": 9.1,
       "piecewise_ms": 5.2, "decode_ms": 4.4, "eager_vs_piecewise": 1.75, "trials_ms": {...}}, ...]}
-On CPU there are no graphs: piecewise_ms is null.
+On CPU, with --no-mixed-graphs, and above the largest token bucket (1024) there are no
+piecewise graphs: piecewise_ms is null.
 """
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def run(args) -> dict:
         keys = set()
         for b, k, _ in points:
             keys |= set(reachable_graphs([lambda n, k=k: k], b, True, engine.max_num_tokens))
-        engine.capture_graphs(keys, mixed=True)
-    modes = ["eager", "piecewise"] if graphs and engine.piecewise is not None else ["eager"]
+        engine.capture_graphs(keys, mixed=cfg.reference.mixed_graphs)
+    graphed = graphs and cfg.reference.mixed_graphs and engine.piecewise is not None
     rng = random.Random(0)
     rows = []
     with reserved_rows(engine, max_b + 1, max(ctx + kmax + 1, longest)) as slots:
@@ -91,6 +92,8 @@ def run(args) -> dict:
                           buckets=engine.buckets, slots=slots[:b])
             mixed = make_plan(k, chunks=[PromptChunk(slots[b], 0, toks, None)], **common)
             decode = make_plan(k, **common)
+            # above the largest token bucket the engine runs a mixed step eagerly: nothing to compare
+            modes = ["eager", "piecewise"] if graphed and engine.piecewise.fits(b * (k + 1) + chunk) else ["eager"]
             trials: dict[str, list[float]] = {m: [] for m in modes}
             for t in range(args.trials):
                 for mode in modes[t % len(modes):] + modes[: t % len(modes)]:

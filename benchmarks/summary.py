@@ -221,9 +221,14 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     for name in fixed or {}:
         if name not in regimes:
             raise DynspecError(f"--fixed-baseline {name}: no --regime {name} to compare it with")
-    for name in varied or {}:
+    for name, doc in (varied or {}).items():
         if name not in (fixed or {}):
             raise DynspecError(f"--varied-baseline {name}: no --fixed-baseline {name} to compare it with")
+        for key in SAME_ENV:
+            a, b = doc["env"].get(key), fixed[name]["env"].get(key)
+            if a != b:
+                raise DynspecError(f"--varied-baseline {name} and --fixed-baseline {name} differ in env {key}: "
+                                   f"{a!r} vs {b!r}")
     varied_docs = {n: (varied or {}).get(n, regimes[n]) for n in fixed or {}}
     sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
     figure_commands = {
@@ -286,6 +291,7 @@ def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str
 # what two sweeps of one regime must share to be joined (the request count and the load points may differ)
 SAME_ENV = ("acceptance_model", "device", "dtype", "engine", "engine_source", "keep_warm", "max_seq_len", "seed",
             "trials", "replicas", "cuda_graphs", "versions")
+SAME_ENV_IF_RECORDED = ("mixed_graphs",)      # sweeps before it was recorded are not refused for it
 
 
 def _lengths(env: Mapping) -> str:
@@ -304,7 +310,7 @@ def merge_sweeps(docs: Sequence[Mapping], where: Sequence[str]) -> dict:
     first = docs[0]["env"]
     for doc, path in zip(docs, where):
         env = doc["env"]
-        for key in SAME_ENV:
+        for key in SAME_ENV + tuple(k for k in SAME_ENV_IF_RECORDED if k in env and k in first):
             if env.get(key) != first.get(key):
                 raise DynspecError(f"sweep results {where[0]} and {path} differ in env {key}: "
                                    f"{first.get(key)!r} vs {env.get(key)!r}")
@@ -364,6 +370,9 @@ def run(args: argparse.Namespace) -> int:
     fixed = {n: read_json(p, f"fixed-length sweep {n}") for n, p in _named(args.fixed_baseline, "--fixed-baseline").items()}
     varied = {n: read_json(p, f"varied-length sweep {n}") for n, p in _named(args.varied_baseline, "--varied-baseline").items()}
     floor = read_json(args.floor_profile, "floor profile") if args.floor_profile else None
+    if floor is not None and decode_vs_gemm_floor(floor) is None:
+        raise DynspecError(f"--floor-profile {args.floor_profile}: no 'floor' with gemm_floor_ms and decode_ms "
+                           f"(run profile --floor)")
     for n, doc in list(regimes.items()) + list(fixed.items()) + list(varied.items()):
         if "rows" not in doc or "env" not in doc:
             raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")

@@ -514,6 +514,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
                              " (median of its trials; the first mode's without a baseline)",
         "dtype": cfg.reference.dtype,
         "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
+        "mixed_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs and cfg.reference.mixed_graphs),
         "max_batch_size": spec.max_batch_size,
         "max_seq_len": spec.max_seq_len,
         "hostname": socket.gethostname(),

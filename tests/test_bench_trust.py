@@ -162,6 +162,9 @@ def test_summary_version_2_figures():
         summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"B": fixed}, varied={"A": varied})
     with pytest.raises(DynspecError, match="--floor-profile has no 'floor'"):
         summary.summarize({"B": regime_doc("sweep B", b_rows)}, floor_profile={"command": "x"})
+    other = dict(varied, env=dict(varied["env"], acceptance_model="bernoulli:0.7"))
+    with pytest.raises(DynspecError, match="--varied-baseline B and --fixed-baseline B differ in env acceptance_model"):
+        summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"B": fixed}, varied={"B": other})
 
 
 def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
@@ -181,6 +184,11 @@ def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
     longer = dict(high, env=dict(high["env"], workload="synthetic: output_len 9:99; 2 x C requests"))
     with pytest.raises(DynspecError, match="have other workloads"):
         summary.merge_sweeps([low, longer], ["a.json", "b.json"])
+    graphed = dict(high, env=dict(high["env"], mixed_graphs=True))       # a sweep from before the field joins
+    assert len(summary.merge_sweeps([low, graphed], ["a.json", "b.json"])["rows"]) == 4
+    eager = dict(low, env=dict(low["env"], mixed_graphs=False))
+    with pytest.raises(DynspecError, match="differ in env mixed_graphs: False vs True"):
+        summary.merge_sweeps([eager, graphed], ["a.json", "b.json"])
     with pytest.raises(DynspecError, match=r"--profile A is given twice \(x.json and y.json\)"):
         summary._named(["A=x.json", "A=y.json"], "--profile")
 

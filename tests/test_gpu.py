@@ -43,15 +43,23 @@ def _run(pair, policy, keep_warm, graphs, prompts, lens, attention="flex"):
 
 
 @pytest.mark.parametrize("keep_warm,attention", [(True, "flex"), (False, "flex"), (True, "sdpa")])
-def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention):
+def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     from transformers import LlamaForCausalLM
 
+    from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
+
+    replays = []
+    real = PiecewiseTarget.run
+    monkeypatch.setattr(PiecewiseTarget, "run", lambda self, *a: replays.append(self.graphs) or real(self, *a))
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
     policy = DraftSchedule.parse("2:5,4:3,8:1")
     graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens, attention)
+    n_mixed = len(replays)
     eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens, attention)
+    assert len(replays) == n_mixed                  # the eager engine never ran pieces
+    assert n_mixed == sum(1 for s in ex.stats if s.prefill_tokens) and all(replays)   # graphed, every one
     assert eng.eager_fallbacks == 0
     assert eng.piecewise.buckets == (16, 32, 64) and eng.piecewise.graphs == 3 * (6 + 1)   # 6 layers
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}

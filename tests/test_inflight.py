@@ -289,3 +289,24 @@ def test_reachable_graphs_follow_the_budget_cap():
     keys = reachable_graphs([DraftSchedule.static(4, 8)], 4, True, max_num_tokens=12)
     assert {g.k for g in keys if g.kind == "spec"} == {4, 3, 2}       # b=1,2 -> 4; b=3 -> 3; b=4 -> 2
     assert GraphKey("spec", 4, 2) in keys and GraphKey("spec", 4, 4) not in keys
+
+
+def test_piecewise_forward_equals_the_whole_forward(pair):
+    """PiecewiseTarget.run (pieces cut at attention, padded to a token bucket) gives the greedy ids
+    AND the captured layers of target.run: a wrong H would not change the output tokens (the
+    draft's guesses are verified), only acceptance, so it is checked here directly."""
+    from dynspec.runtime.engines.reference.attention import ragged_batch, sdpa_attention
+
+    eng = engine(pair, budget=24, mixed_graphs=True)
+    slots = [eng.reserve(40), eng.reserve(40)]
+    batch = ragged_batch(eng.block_tables, slots, [20, 0], [2, 13], eng.block_size)   # 15 tokens -> bucket 16
+    tokens = torch.randint(2, eng.vocab_size, (15,), generator=torch.Generator().manual_seed(5))
+    logit_index = torch.tensor([0, 1, 14])
+    with torch.inference_mode():
+        want, want_h = eng.target.run(tokens, batch, capture=eng.capture, logit_index=logit_index,
+                                      attention=sdpa_attention, greedy=True)
+        got, got_h = eng.piecewise.run(tokens, batch, sdpa_attention, logit_index)
+    assert got.tolist() == want.tolist()
+    assert got_h.shape == want_h.shape == (15, len(eng.capture) * eng.target.config.hidden_size)
+    torch.testing.assert_close(got_h, want_h, rtol=1e-12, atol=1e-12)
+    assert eng.piecewise.write_index[15:16].tolist() == [0]                   # the pad wrote the scratch block

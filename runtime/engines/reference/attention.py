@@ -235,6 +235,7 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     return o if batch.uniform else o[batch.out_index]
 
 
+@dataclass(frozen=True)
 class SplitRows:
     """attention(q, k_pool, v_pool, batch) of a mixed iteration's forward, whose first nd packed
     tokens are b uniform decode rows (T = K+1 tokens each) and the rest prompt chunks:
@@ -243,10 +244,11 @@ class SplitRows:
     One gathered SDPA over every row would copy each decode row's whole context in every layer
     (b=64 rows of 1000 tokens, 8 KV heads of 128, bf16: 262 MB a layer). Called for `whole` only:
     the target's layers and the draft's catch-up over the same packed tokens."""
-
-    def __init__(self, whole: RaggedBatch, nd: int, decode, decode_batch: RaggedBatch, chunk_batch: RaggedBatch):
-        self.whole, self.nd, self.decode = whole, nd, decode
-        self.decode_batch, self.chunk_batch = decode_batch, chunk_batch
+    whole: RaggedBatch
+    nd: int                       # packed tokens of the decode rows (b x T)
+    decode: object                # attention(q, k_pool, v_pool, batch) for the decode rows
+    decode_batch: RaggedBatch
+    chunk_batch: RaggedBatch
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if batch is not self.whole:

@@ -435,7 +435,7 @@ def load_reference_engine(
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
     tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).
-    cache: block_size, num_blocks, attention ("flex" | "sdpa"), passed to ReferenceEngine."""
+    cache: block_size, num_blocks, attention ("flex" | "sdpa"), mixed_graphs, passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 

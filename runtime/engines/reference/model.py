@@ -213,9 +213,9 @@ def _empty(*shape: int, device=None, dtype=None) -> nn.Parameter:
 def rope_write(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, write_index: Tensor,
                n_heads: int, n_kv_heads: int) -> Tensor:
     """qkv [N, (nh + 2 kvh) * hd] -> q [N, nh, hd] with RoPE; k (with RoPE) and v are written into
-    the pools [kvh, P, hd] at write_index [N]. Compiled, this is one kernel that stores straight
-    into the pool (inductor re-inplaces the index_put on the mutated input: no pool copy), where
-    eager runs two RoPE kernels and two index copies per layer."""
+    the pools [kvh, P, hd] at write_index [N]. Compiled, it stores straight into the pool
+    (inductor re-inplaces the index_put on the mutated input: no pool copy) in 3 kernels on the
+    H200, where eager runs two RoPE kernels, two index copies and their transposes."""
     N, hd = qkv.shape[0], k_pool.shape[-1]
     q, k, v = qkv.view(N, n_heads + 2 * n_kv_heads, hd).split((n_heads, n_kv_heads, n_kv_heads), dim=1)
     k_pool[:, write_index] = apply_rope(k, cos, sin).transpose(0, 1)
@@ -238,10 +238,11 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 class Kernels:
     """The elementwise glue of a decoder layer, held per model (never process-wide).
     `Kernels()` is eager; `Kernels(compiled=True)` fuses each piece into one kernel with
-    torch.compile (CUDA only). A layer is then 4 glue kernels around its 4 GEMMs and the
-    attention: add_rms_norm (the previous layer's residual add joined to this norm), rope_write,
-    add_rms_norm, silu_mul. At batch 1 the glue's launches and gaps, not its bytes, are what cost
-    (H200 kernel table before this fusion: ~30 kernels a layer, benchmarks/results/h200x2_tp1_kernels.json)."""
+    torch.compile (CUDA only): add_rms_norm (the previous layer's residual add joined to this
+    norm), rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1
+    the glue's launches and gaps, not its bytes, are what cost. H200 kernel tables: ~30 kernels a
+    layer before (benchmarks/results/h200x2_tp1_kernels.json), 16 after, of which 6 glue: inductor
+    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json)."""
 
     def __init__(self, compiled: bool = False):
         self.compiled = compiled

@@ -20,8 +20,10 @@ tensor a piece reads was written earlier in the same run (piece 0 rewrites x, co
 later capture may reuse an earlier bucket's freed intermediates as scratch. Buckets never
 interleave; `out` (the last piece's h and H) stays allocated and is read before the next run.
 
-Worked sizes, Llama-3.1-8B at Np=256: 33 graphs; static buffers q and o 2 MiB each. On CPU
-(tests) the same pieces run without capture, so the padding and buffers are checked there.
+Worked sizes, Llama-3.1-8B: 33 graphs a bucket, 396 for the 12 buckets; q and o are sized for
+the top bucket, 8 MiB each at 1024 tokens; each bucket keeps its last piece's outputs (h, H)
+and the pool its largest temporaries, about 0.3 GB in all. On CPU (tests) the same pieces run
+without capture, so the padding and buffers are checked there.
 """
 from __future__ import annotations
 

@@ -112,8 +112,9 @@ def run_point(b: int, args) -> dict:
                 fn = lambda: att.sdpa_attention(q, k, v, small)           # noqa: E731
             else:
                 mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
-                opts = {"FORCE_USE_FLEX_ATTENTION": True} if name == "flex_main" else None
-                fn = (lambda m=mask, o=opts, s=name == "flex_static": _flex_paged(q, k, v, batch, m, o, s))
+                kw = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if name == "flex_main" else {}
+                flex = _static_flex() if name == "flex_static" else None
+                fn = lambda: att.flex_attention_paged(q, k, v, batch, owner, logical, bs, mask, flex, **kw)  # noqa: E731
             try:
                 out[name], o = _graph_us(fn, args.repeats)
             except Exception as e:          # a variant that does not compile is a finding, not a stop
@@ -128,23 +129,15 @@ def run_point(b: int, args) -> dict:
 _static = None
 
 
-def _flex_paged(q, k, v, batch, mask, kernel_options, static=False):
-    """flex_attention_paged's uniform path, with kernel_options passed to the compiled kernel;
-    static: through a second compile with dynamic=False."""
+def _static_flex():
+    """flex_attention compiled a second time, with dynamic=False (the batch stays static)."""
     global _static
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    from dynspec.runtime.engines.reference import attention as att
-
-    qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)
-    extra = {"kernel_options": kernel_options} if kernel_options else {}
-    if static and _static is None:
+    if _static is None:
         _static = torch.compile(flex_attention, dynamic=False, fullgraph=True)
-    fn = _static if static else att._flex()
-    o = fn(qr, k[None], v[None], block_mask=mask, enable_gqa=True, **extra)
-    R, nh, Tq, hd = o.shape
-    return o.transpose(1, 2).reshape(R * Tq, nh * hd)
+    return _static
 
 
 if __name__ == "__main__":

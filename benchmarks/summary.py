@@ -224,11 +224,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     for name, doc in (varied or {}).items():
         if name not in (fixed or {}):
             raise DynspecError(f"--varied-baseline {name}: no --fixed-baseline {name} to compare it with")
-        for key in SAME_ENV:
-            a, b = doc["env"].get(key), fixed[name]["env"].get(key)
-            if a != b:
-                raise DynspecError(f"--varied-baseline {name} and --fixed-baseline {name} differ in env {key}: "
-                                   f"{a!r} vs {b!r}")
+        same_env(doc["env"], fixed[name]["env"], f"--varied-baseline {name} and --fixed-baseline {name}")
     varied_docs = {n: (varied or {}).get(n, regimes[n]) for n in fixed or {}}
     sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
     figure_commands = {
@@ -294,6 +290,14 @@ SAME_ENV = ("acceptance_model", "device", "dtype", "engine", "engine_source", "k
 SAME_ENV_IF_RECORDED = ("mixed_graphs",)      # sweeps before it was recorded are not refused for it
 
 
+def same_env(a: Mapping, b: Mapping, what: str) -> None:
+    """Refuse two sweep envs that differ in SAME_ENV (or in SAME_ENV_IF_RECORDED where both record
+    it), naming `what` and the first key: "... differ in env acceptance_model: 'x' vs 'y'"."""
+    for key in SAME_ENV + tuple(k for k in SAME_ENV_IF_RECORDED if k in a and k in b):
+        if a.get(key) != b.get(key):
+            raise DynspecError(f"{what} differ in env {key}: {a.get(key)!r} vs {b.get(key)!r}")
+
+
 def _lengths(env: Mapping) -> str:
     """'synthetic: input_len 64:192, ...; max(2, ceil(2 x C)) requests ...' -> the part before ';'."""
     return str(env.get("workload", "")).split(";")[0]
@@ -310,10 +314,7 @@ def merge_sweeps(docs: Sequence[Mapping], where: Sequence[str]) -> dict:
     first = docs[0]["env"]
     for doc, path in zip(docs, where):
         env = doc["env"]
-        for key in SAME_ENV + tuple(k for k in SAME_ENV_IF_RECORDED if k in env and k in first):
-            if env.get(key) != first.get(key):
-                raise DynspecError(f"sweep results {where[0]} and {path} differ in env {key}: "
-                                   f"{first.get(key)!r} vs {env.get(key)!r}")
+        same_env(first, env, f"sweep results {where[0]} and {path}")
         if _lengths(env) != _lengths(first):
             raise DynspecError(f"sweep results {where[0]} and {path} have other workloads: "
                                f"{_lengths(first)!r} vs {_lengths(env)!r}")

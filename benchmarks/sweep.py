@@ -491,6 +491,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
     from dynspec.benchmarks.engines import device_name, versions
 
     dev = device_name(device if not device == "cuda" else "cuda:0")
+    graphs = bool(device.startswith("cuda") and cfg.reference.cuda_graphs)
     return {
         "name": Path(args.out).name,
         "device": dev,
@@ -513,8 +514,8 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "poisson_rate_rule": "open loop at the baseline's closed-loop requests/s per replica at that C"
                              " (median of its trials; the first mode's without a baseline)",
         "dtype": cfg.reference.dtype,
-        "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
-        "mixed_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs and cfg.reference.mixed_graphs),
+        "cuda_graphs": graphs,
+        "mixed_graphs": graphs and cfg.reference.mixed_graphs,
         "max_batch_size": spec.max_batch_size,
         "max_seq_len": spec.max_seq_len,
         "hostname": socket.gethostname(),

@@ -220,16 +220,18 @@ class PerStepMasks:
 
 
 def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, owner: Tensor,
-                         logical: Tensor, block_size: int, mask=None) -> Tensor:
+                         logical: Tensor, block_size: int, mask=None, flex=None, **flex_kwargs) -> Tensor:
     """FlexAttention over the whole pool with `paged_block_mask` (built here unless given).
-    Same inputs and result as `sdpa_attention`."""
+    Same inputs and result as `sdpa_attention`. flex / flex_kwargs: another compile of
+    flex_attention, and e.g. kernel_options (benchmarks/flex_decode.py compares them)."""
     if mask is None:
         mask = paged_block_mask(batch, owner, logical, block_size, k_pool.shape[1])
     if batch.uniform:             # decode rows / verify windows: [R*Tq, nh, hd] is already [R, Tq, nh, hd]
         qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)               # [R, nh, Tq, hd]
     else:
         qr = _rows(q, batch).transpose(1, 2)                                           # [R, nh, Tq, hd]
-    o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)      # [R, nh, Tq, hd]
+    o = (flex or _flex())(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True,
+                          **flex_kwargs)                                                  # [R, nh, Tq, hd]
     R, nh, Tq, hd = o.shape
     o = o.transpose(1, 2).reshape(R * Tq, nh * hd)
     return o if batch.uniform else o[batch.out_index]

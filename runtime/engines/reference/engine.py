@@ -333,7 +333,7 @@ class ReferenceEngine:
         last_rows = [j for j, c in enumerate(chunks) if c.last]
         last_idx = torch.tensor([ends[j] for j in last_rows], dtype=torch.long).to(dev)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
-        c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
+        c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size) if b else batch
         attention = None
         if b:
             vpos = self.pos[:b, None] + torch.arange(T, device=dev)                  # [b, T]

@@ -6,12 +6,14 @@ Llama-3.1-8B's attention shape (32 q heads, 8 KV heads of 128, bf16), 128-token 
 of b rows at --context tokens, one query each (plain decode). Timed inside a CUDA graph
 (median of --repeats replays), per variant:
     flex        attention.flex_attention_paged over a pool as the engine sizes it
-                (--pool-rows rows of --max-seq-len: every block of the pool in the mask's range)
+                (--pool-rows rows of --max-seq-len: every block of the pool in the mask's range),
+                through the engine's compile, which marks the batch static (one version per b)
     flex_small  the same over a pool of exactly the b rows' blocks (does the pool's length cost?)
     flex_main   as `flex`, with kernel_options FORCE_USE_FLEX_ATTENTION (the non-decoding kernel)
-    flex_static as `flex`, compiled with dynamic=False: inductor lowers to its split-KV decoding
-                kernel only when the batch and head sizes are static; the engine's compile
-                (automatic dynamic) makes the batch symbolic from the second shape on
+    flex_static as `flex`, compiled apart with dynamic=False
+    flex_dynamic as `flex`, compiled apart without marking the batch static (the engine up to
+                `9f5c21e`): automatic dynamic makes the batch symbolic from the second
+                b on, and inductor then uses its main kernel, not the split-KV decoding one
     sdpa        attention.sdpa_attention (gather the rows' blocks, then SDPA)
 beside the bytes floor (the rows' K and V read once at --peak-tbps). Every variant's output is
 checked against eager gathered SDPA on its own pool (max abs difference in the JSON).
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=1480)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--peak-tbps", type=float, default=4.8)
-    p.add_argument("--variants", default="sdpa,flex,flex_small,flex_main,flex_static")
+    p.add_argument("--variants", default="sdpa,flex,flex_dynamic,flex_static")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     rows = [run_point(b, args) for b in (int(x) for x in args.batch_sizes.split(","))]
@@ -113,8 +115,9 @@ def run_point(b: int, args) -> dict:
             else:
                 mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
                 kw = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if name == "flex_main" else {}
-                flex = _static_flex() if name == "flex_static" else None
-                fn = lambda: att.flex_attention_paged(q, k, v, batch, owner, logical, bs, mask, flex, **kw)  # noqa: E731
+                flex = _own_flex(name) if name in ("flex_static", "flex_dynamic") else None
+                fn = lambda: att.flex_attention_paged(q, k, v, batch, owner, logical, bs, mask, flex,  # noqa: E731
+                                                      static_batch=name != "flex_dynamic", **kw)
             try:
                 out[name], o = _graph_us(fn, args.repeats)
             except Exception as e:          # a variant that does not compile is a finding, not a stop
@@ -126,18 +129,18 @@ def run_point(b: int, args) -> dict:
             "floor_us": kv_bytes / (args.peak_tbps * 1e12) * 1e6, "max_abs_diff": diff}
 
 
-_static = None
+_own: dict = {}
 
 
-def _static_flex():
-    """flex_attention compiled a second time, with dynamic=False (the batch stays static)."""
-    global _static
+def _own_flex(name: str):
+    """flex_attention compiled apart from the engine's: dynamic=False (flex_static) or default
+    dynamic (flex_dynamic). Each compile keeps its own versions (dynamo guards on the backend)."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    if _static is None:
-        _static = torch.compile(flex_attention, dynamic=False, fullgraph=True)
-    return _static
+    if name not in _own:
+        _own[name] = torch.compile(flex_attention, fullgraph=True, dynamic=False if name == "flex_static" else None)
+    return _own[name]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import load_reference_engine
 from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
 from dynspec.runtime.executor import Executor
-from dynspec.runtime.plan import cap_k, chunk_sizes
+from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
 
@@ -91,14 +91,26 @@ def split_calls(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("attention,mixed_graphs", [("sdpa", False), ("flex", False), ("flex", True)])
+def pad_rows_to_buckets(eng):
+    """The CUDA row buckets on CPU (where every b is its own shape): decode rows b..B-1 pad to the
+    bucket B in pure-decode and mixed iterations alike, as on the GPU."""
+    eng.buckets = batch_buckets(eng.max_batch_size)
+
+
+def padded_mixed(ex, eng):
+    return [s for s in ex.stats if s.prefill_tokens and s.decode_rows
+            and bucket_for(s.decode_rows, eng.buckets) > s.decode_rows]
+
+
+@pytest.mark.parametrize("attention,mixed_graphs,padded", [("sdpa", False, False), ("flex", False, False),
+                                                           ("flex", True, False), ("flex", True, True)])
 def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target, attention, mixed_graphs,
-                                                                   split_calls, monkeypatch):
+                                                                   padded, split_calls, monkeypatch):
     """Decode rows and prompt chunks in the same forward: iterations with both are seen. The
     decode rows attend through `attention` (flex: FlexAttention over the pool, as on CUDA) and
     the chunks through SDPA over their own rows (SplitRows). mixed_graphs: the target forward of
     those iterations runs as piecewise.py's pieces, padded to token buckets (on CUDA each piece
-    is a graph), and still gives transformers' tokens."""
+    is a graph), and still gives transformers' tokens. padded: decode rows padded to row buckets."""
     from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
 
     runs = []
@@ -107,6 +119,8 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
         self, tokens, *a))
     budget = 24
     eng = engine(pair, budget=budget, attention=attention, mixed_graphs=mixed_graphs)
+    if padded:
+        pad_rows_to_buckets(eng)
     ex = Executor(eng, DraftSchedule.static(3, 8))
     ps = prompts(10, seed=33, lo=10, hi=40)
     lens = [6 + 3 * (i % 5) for i in range(10)]
@@ -128,6 +142,7 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
     assert len(runs) == (len(mixed) if mixed_graphs else 0)
     if mixed_graphs:
         assert eng.piecewise.buckets == (16, 24) and any(n < 16 for n in runs) and any(n > 16 for n in runs)
+    assert bool(padded_mixed(ex, eng)) == padded
 
 
 def test_mixed_buckets_end_at_the_budget_or_1024():
@@ -138,11 +153,13 @@ def test_mixed_buckets_end_at_the_budget_or_1024():
     assert mixed_buckets(8192) == BUCKETS and BUCKETS[-1] == 1024
 
 
-@pytest.mark.parametrize("attention,mixed_graphs", [("sdpa", False), ("flex", True)])
-def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention, mixed_graphs):
+@pytest.mark.parametrize("attention,mixed_graphs,padded", [("sdpa", False, False), ("flex", True, True)])
+def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention, mixed_graphs, padded):
     """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
     budget = 20
     eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=mixed_graphs)
+    if padded:
+        pad_rows_to_buckets(eng)
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
     ex = Executor(eng, policy)
     rng = random.Random(34)
@@ -162,6 +179,7 @@ def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, at
     assert sum(a != b for a, b in zip(ks, ks[1:])) >= 5
     assert any(s.k == 0 and s.prefill_tokens for s in ex.stats if s.decode_rows)
     check_budget(ex, budget)
+    assert bool(padded_mixed(ex, eng)) == padded
 
 
 def test_the_fields_failure_case_under_a_budget(pair, hf_target):

@@ -148,16 +148,20 @@ def sdpa_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
 _compiled_flex = None
 
 
-FLEX_RECOMPILE_LIMIT = 64
+FLEX_RECOMPILE_LIMIT = 128
 
 
 def _flex():
-    """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). Default dynamic:
-    a second shape recompiles once with symbolic sizes instead of once per graph key. Still, the
-    versions add up (b=1 and T=1 specialised, the target's and the draft's pool layouts, mixed
-    iterations' unbucketed b): the decode warm-up of a small schedule already left 7, and past
-    dynamo's limit of 8 flex would silently run eagerly, materialising scores over the whole pool.
-    So the limit is raised, and fullgraph=True makes any fallback an error instead."""
+    """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). Default dynamic, but
+    `flex_attention_paged` marks the batch (row) dimension static: inductor lowers to its split-KV
+    decoding kernel only when batch and heads are static (`_use_flex_decoding`); with a symbolic
+    batch it pads each row's few queries to a 128-row tile instead. H200, one layer, 512 context
+    (benchmarks/results/h200_flex_decode_static.json): b=16 153 -> 26 us, b=64 555 -> 67 us.
+    So there is one version per row bucket (every caller pads its rows to one: decode graphs and
+    mixed iterations alike), times T=1 and a symbolic T for verify windows, times pool layouts:
+    about 2 x 10 buckets for the default max batch. Past dynamo's recompile limit (default 8) flex
+    would silently run eagerly, materialising scores over the whole pool, so the limit is raised
+    and fullgraph=True makes any fallback an error instead."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -220,16 +224,20 @@ class PerStepMasks:
 
 
 def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, owner: Tensor,
-                         logical: Tensor, block_size: int, mask=None, flex=None, **flex_kwargs) -> Tensor:
+                         logical: Tensor, block_size: int, mask=None, flex=None, static_batch: bool = True,
+                         **flex_kwargs) -> Tensor:
     """FlexAttention over the whole pool with `paged_block_mask` (built here unless given).
     Same inputs and result as `sdpa_attention`. flex / flex_kwargs: another compile of
-    flex_attention, and e.g. kernel_options (benchmarks/flex_decode.py compares them)."""
+    flex_attention, and e.g. kernel_options; static_batch=False leaves the row count to automatic
+    dynamic shapes (benchmarks/flex_decode.py compares them; see `_flex`)."""
     if mask is None:
         mask = paged_block_mask(batch, owner, logical, block_size, k_pool.shape[1])
     if batch.uniform:             # decode rows / verify windows: [R*Tq, nh, hd] is already [R, Tq, nh, hd]
         qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)               # [R, nh, Tq, hd]
     else:
         qr = _rows(q, batch).transpose(1, 2)                                           # [R, nh, Tq, hd]
+    if static_batch:
+        torch._dynamo.mark_static(qr, 0)           # R: one compile per row bucket (see _flex)
     o = (flex or _flex())(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True,
                           **flex_kwargs)                                                  # [R, nh, Tq, hd]
     R, nh, Tq, hd = o.shape
@@ -245,16 +253,20 @@ class SplitRows:
         prompt chunks gathered SDPA over `chunk_batch`: only the chunks' own rows are gathered
     One gathered SDPA over every row would copy each decode row's whole context in every layer
     (b=64 rows of 1000 tokens, 8 KV heads of 128, bf16: 262 MB a layer). Called for `whole` only:
-    the target's layers and the draft's catch-up over the same packed tokens."""
+    the target's layers and the draft's catch-up over the same packed tokens.
+    decode_batch may hold B >= b rows: rows b..B-1 pad to the row bucket (the engine's padding
+    slot, reading only the scratch block), so that FlexAttention sees a batch it has compiled for.
+    Example b=3, T=2, B=4: q[:6] and two zero queries go in, the first 6 outputs come back."""
     whole: RaggedBatch
     nd: int                       # packed tokens of the decode rows (b x T)
     decode: object                # attention(q, k_pool, v_pool, batch) for the decode rows
-    decode_batch: RaggedBatch
+    decode_batch: RaggedBatch     # B uniform rows of T tokens, the first b of them real
     chunk_batch: RaggedBatch
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if batch is not self.whole:
             raise ValueError("SplitRows attends the batch it was built for only")
-        nd = self.nd
-        return torch.cat([self.decode(q[:nd], k_pool, v_pool, self.decode_batch),
+        nd, pad = self.nd, self.decode_batch.q_pos.numel() - self.nd
+        qd = torch.cat([q[:nd], q.new_zeros(pad, *q.shape[1:])]) if pad else q[:nd]      # [B*T, nh, hd]
+        return torch.cat([self.decode(qd, k_pool, v_pool, self.decode_batch)[:nd],
                           sdpa_attention(q[nd:], k_pool, v_pool, self.chunk_batch)])       # [N, nh*hd]

@@ -312,13 +312,15 @@ class ReferenceEngine:
     # ---- mixed iterations: decode rows + prompt chunks in one target forward (eager) ---------
     def _mixed(self, plan: StepPlan, read: int | None) -> torch.Tensor:
         """Returns the first generated token of each last chunk [n_last]."""
-        b, K, dev = plan.batch_size, plan.k, self.device
+        b, B, K, dev = plan.batch_size, plan.bucket, plan.k, self.device
         chunks = plan.chunks
         T = K + 1
         dec_read = None if self.attention == "flex" else read                 # flex skips unread blocks itself
+        # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
+        # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
         if b and K and any(plan.stale):
-            self._refresh(b, dec_read)
-        D = self._chain(b, K, dec_read) if b and K else None                 # [b, K]
+            self._refresh(B, dec_read)
+        D = self._chain(B, K, dec_read)[:b] if b and K else None             # [b, K]
         dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
         lens = [T] * b + [len(c.tokens) for c in chunks]
         starts = list(plan.positions) + [c.start for c in chunks]
@@ -336,8 +338,8 @@ class ReferenceEngine:
         c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size) if b else batch
         attention = None
         if b:
-            vpos = self.pos[:b, None] + torch.arange(T, device=dev)                  # [b, T]
-            dec_batch = self._rows(b, vpos, dec_read)
+            vpos = self.pos[:B, None] + torch.arange(T, device=dev)                  # [B, T]
+            dec_batch = self._rows(B, vpos, dec_read)
             attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch)
         tokens = torch.cat([dec_tokens, prompt])
         pw = self.piecewise

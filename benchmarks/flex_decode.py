@@ -38,7 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="sdpa,flex,flex_dynamic,flex_static")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    rows = [run_point(b, args) for b in (int(x) for x in args.batch_sizes.split(","))]
+    import torch
+
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    rows = [{"batch_size": b, "max_abs_diff": {}} for b in sizes]
+    for name in args.variants.split(","):
+        # variant by variant, every b in turn, as the engine meets them; dynamo's cache is per
+        # code object (one variant could serve another's shapes), so each variant starts empty
+        torch._dynamo.reset()
+        for row in rows:
+            row[f"{name}_us"], row["max_abs_diff"][name] = run_point(row["batch_size"], name, args)
+    for row in rows:
+        b = row["batch_size"]
+        row["floor_us"] = b * (args.context + 1) * 8 * 128 * 2 * 2 / (args.peak_tbps * 1e12) * 1e6
     doc = {"context": args.context, "pool_rows": args.pool_rows, "max_seq_len": args.max_seq_len, "rows": rows,
            "statistic": f"median of {args.repeats} CUDA-graph replays (us)",
            "command": " ".join(["python -m dynspec.benchmarks.flex_decode", *sys.argv[1:]])}
@@ -94,7 +106,8 @@ def _graph_us(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def run_point(b: int, args) -> dict:
+def run_point(b: int, name: str, args) -> tuple[float | None, float | str]:
+    """(median us, max abs difference from gathered SDPA on the variant's own pool, or the error)."""
     import torch
 
     from dynspec.runtime.engines.reference import attention as att
@@ -102,31 +115,25 @@ def run_point(b: int, args) -> dict:
     bs, dev = 128, args.device
     per_seq = -(-args.max_seq_len // bs)
     q = torch.randn(b, 32, 128, device=dev, dtype=torch.bfloat16)
-    out, diff = {}, {}
     with torch.inference_mode():
-        for name in args.variants.split(","):
-            rows = b if name == "flex_small" else args.pool_rows
-            k, v, owner, logical, batch = _pool(rows, per_seq, b, args.context, bs, dev)
-            read = -(-(args.context + 1) // bs)
-            small = att.uniform_batch(batch.tables, batch.slots, batch.q_pos, read, bs)
-            ref = att.sdpa_attention(q, k, v, small).float()              # this variant's pool
-            if name == "sdpa":
-                fn = lambda: att.sdpa_attention(q, k, v, small)           # noqa: E731
-            else:
-                mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
-                kw = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if name == "flex_main" else {}
-                flex = _own_flex(name) if name in ("flex_static", "flex_dynamic") else None
-                fn = lambda: att.flex_attention_paged(q, k, v, batch, owner, logical, bs, mask, flex,  # noqa: E731
-                                                      static_batch=name != "flex_dynamic", **kw)
-            try:
-                out[name], o = _graph_us(fn, args.repeats)
-            except Exception as e:          # a variant that does not compile is a finding, not a stop
-                out[name], diff[name] = None, f"{type(e).__name__}: {str(e)[:300]}"
-                continue
-            diff[name] = float((o.float() - ref).abs().max())
-    kv_bytes = b * (args.context + 1) * 8 * 128 * 2 * 2
-    return {"batch_size": b, **{f"{n}_us": t for n, t in out.items()},
-            "floor_us": kv_bytes / (args.peak_tbps * 1e12) * 1e6, "max_abs_diff": diff}
+        rows = b if name == "flex_small" else args.pool_rows
+        k, v, owner, logical, batch = _pool(rows, per_seq, b, args.context, bs, dev)
+        read = -(-(args.context + 1) // bs)
+        small = att.uniform_batch(batch.tables, batch.slots, batch.q_pos, read, bs)
+        ref = att.sdpa_attention(q, k, v, small).float()              # this variant's pool
+        if name == "sdpa":
+            fn = lambda: att.sdpa_attention(q, k, v, small)           # noqa: E731
+        else:
+            mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
+            kw = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if name == "flex_main" else {}
+            flex = _own_flex(name) if name in ("flex_static", "flex_dynamic") else None
+            fn = lambda: att.flex_attention_paged(q, k, v, batch, owner, logical, bs, mask, flex,  # noqa: E731
+                                                  static_batch=name != "flex_dynamic", **kw)
+        try:
+            us, o = _graph_us(fn, args.repeats)
+        except Exception as e:          # a variant that does not compile is a finding, not a stop
+            return None, f"{type(e).__name__}: {str(e)[:300]}"
+        return us, float((o.float() - ref).abs().max())
 
 
 _own: dict = {}
@@ -134,7 +141,8 @@ _own: dict = {}
 
 def _own_flex(name: str):
     """flex_attention compiled apart from the engine's: dynamic=False (flex_static) or default
-    dynamic (flex_dynamic). Each compile keeps its own versions (dynamo guards on the backend)."""
+    dynamic (flex_dynamic). main() resets dynamo before each variant: versions compiled for one
+    compile of flex_attention's code could otherwise serve another's shapes (seen in call 9)."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 

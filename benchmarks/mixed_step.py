@@ -1,6 +1,7 @@
-"""Mixed iterations timed two ways in one run: the target forward eager, and as piecewise CUDA
-graphs cut at attention (runtime/engines/reference/piecewise.py). Issue 11 asks to measure the
-two and choose; beside them, the same (b, K) as a pure decode step (its whole-step graph).
+"""Mixed iterations timed in one run: the target forward eager, as piecewise CUDA graphs cut at
+attention (runtime/engines/reference/piecewise.py), and piecewise with the prompt chunks' attention
+as gathered SDPA instead of PackedChunks (piecewise_sdpa; CUDA flex only). Issue 11 asks to measure
+eager and piecewise and choose; beside them, the same (b, K) as a pure decode step (its graph).
 
     python -m dynspec.benchmarks.mixed_step --engine-dir E --device cuda --out mixed.json
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(json.dumps([{k: r[k] for k in ("point", "eager_ms", "piecewise_ms", "decode_ms")} for r in doc["points"]]))
+    print(json.dumps([{k: r[k] for k in ("point", "eager_ms", "piecewise_ms", "piecewise_sdpa_ms", "decode_ms")}
+                      for r in doc["points"]]))
     return 0
 
 
@@ -82,6 +84,7 @@ def run(args) -> dict:
             keys |= set(reachable_graphs([lambda n, k=k: k], b, True, engine.max_num_tokens))
         engine.capture_graphs(keys, mixed=cfg.reference.mixed_graphs)
     graphed = graphs and cfg.reference.mixed_graphs and engine.piecewise is not None
+    packed = engine.packed_chunks
     rng = random.Random(0)
     rows = []
     with reserved_rows(engine, max_b + 1, max(ctx + kmax + 1, longest)) as slots:
@@ -94,13 +97,16 @@ def run(args) -> dict:
             decode = make_plan(k, **common)
             # above the largest token bucket the engine runs a mixed step eagerly: nothing to compare
             modes = ["eager", "piecewise"] if graphed and engine.piecewise.fits(b * (k + 1) + chunk) else ["eager"]
+            if "piecewise" in modes and packed:
+                modes.append("piecewise_sdpa")
             trials: dict[str, list[float]] = {m: [] for m in modes}
             for t in range(args.trials):
                 for mode in modes[t % len(modes):] + modes[: t % len(modes)]:
-                    engine.mixed_graphs = mode == "piecewise"
+                    engine.mixed_graphs = mode != "eager"
+                    engine.packed_chunks = packed and mode != "piecewise_sdpa"
                     trials[mode].append(_time_plans(engine, {mode: mixed}, Greedy(), warmup=2, repeats=args.repeats,
                                                     passes=1, progress=None)[mode])
-            engine.mixed_graphs = True
+            engine.mixed_graphs, engine.packed_chunks = True, packed
             dec = _time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
                               progress=None)["decode"]
             kernels = None
@@ -110,6 +116,7 @@ def run(args) -> dict:
             pw = med.get("piecewise")
             rows.append({"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk,
                          "tokens": b * (k + 1) + chunk, "eager_ms": med["eager"], "piecewise_ms": pw,
+                         "piecewise_sdpa_ms": med.get("piecewise_sdpa"),
                          "decode_ms": dec, "eager_vs_piecewise": med["eager"] / pw if pw else None,
                          "trials_ms": trials, "piecewise_kernels": kernels})
     import torch

@@ -248,6 +248,52 @@ def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
             assert (got - want).abs().max() < 1e-10
 
 
+def test_packed_kv_blocks_lists_each_q_blocks_rows_up_to_their_last_token():
+    from dynspec.runtime.engines.reference.attention import packed_kv_blocks
+
+    assert packed_kv_blocks((((7, 3), 0, 6), ((1,), 0, 2)), 4, 4) == [[7], [7, 3, 1]]
+    assert packed_kv_blocks((((7, 3, 5), 5, 3),), 4, 2) == [[7, 3], [7, 3]]       # positions 5 6 | 7
+    assert packed_kv_blocks((((2, 4, 6, 8), 3, 9), ((9,), 1, 2)), 4, 8) == [[2, 4, 6], [2, 4, 6, 9]]
+
+
+@pytest.mark.parametrize("q_block", [128, 8])
+def test_packed_chunks_equal_gathered_sdpa(pair, q_block):
+    """Prompt chunks through FlexAttention as one packed query sequence (PackedChunks, the GPU's
+    chunk path) == gathered SDPA, on a cache that serving left behind; q_block 8 puts rows across
+    q blocks and several rows in one."""
+    from dynspec.runtime.engines.reference.attention import PackedChunks, ragged_batch, sdpa_attention
+
+    eng = engine(pair, budget=32, max_batch=4, max_seq=64, kmax=3)
+    ex = Executor(eng, DraftSchedule.static(3, 4))
+    hs = [ex.submit(p, n) for p, n in zip(prompts(3, seed=43, lo=20, hi=40), (20, 9, 14))]
+    for _ in range(6):
+        ex.step()
+    live = [h._req for h in hs if h._req.slot is not None]
+    assert len(live) >= 2
+    rows = [(r.slot, max(0, r.length - n), n) for r, n in zip(live, (11, 3, 7))]      # chunks re-reading a prefix
+    batch = ragged_batch(eng.block_tables, [s for s, _, _ in rows], [p for _, p, _ in rows],
+                         [n for _, _, n in rows], eng.block_size)
+    token_slot = torch.tensor([s for s, _, n in rows for _ in range(n)])
+    packed = type("Small", (PackedChunks,), {"Q_BLOCK": q_block})(
+        batch, [(eng.blocks.tables[s], p, n) for s, p, n in rows], token_slot, eng.block_owner, eng.block_logical,
+        eng.block_size)
+    kvh, _, hd = eng.target.k_cache[0].shape
+    q = torch.randn(batch.positions.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(5))
+    for layer in (0, eng.target.config.num_layers - 1):
+        k, v = eng.target.k_cache[layer], eng.target.v_cache[layer]
+        assert (packed(q, k, v, batch) - sdpa_attention(q, k, v, batch)).abs().max() < 1e-10
+    assert len(packed._masks) == 1                        # one mask for every layer of the pool
+    # CPU flex runs its dense reference math, which ignores the block lists; so check them here:
+    # every block a token must see is listed for its q block
+    listed = packed.mask(k.shape[1]).to_dense()[0, 0].bool()                           # [q blocks, blocks]
+    N, bs = token_slot.numel(), eng.block_size
+    need = ((eng.block_owner[None] == token_slot[:, None])
+            & (eng.block_logical[None] * bs <= batch.positions[:, None]))             # [N, blocks]
+    assert need.any(1).all() and (need <= listed[torch.arange(N) // q_block]).all()
+    with pytest.raises(ValueError, match="built for only"):
+        packed(q, k, v, ragged_batch(eng.block_tables, [rows[0][0]], [0], [1], eng.block_size))
+
+
 def test_one_block_mask_per_step_serves_every_layer(pair, monkeypatch):
     """The engine's attention for one step builds the block mask once per (batch, pool) and
     reuses it in every layer, with the per-layer mask's results; a new batch gets its own."""

@@ -17,12 +17,14 @@ Worked example, block_size 4, two rows:
 Reads past a row's length land in the row's own blocks or in the scratch block 0, and the
 s <= p rule hides them, so rollback is by length: nothing is cleared.
 
-Two implementations of the same rule, and `SplitRows`, which gives a mixed iteration's decode
+Three implementations of the same rule, and `SplitRows`, which gives a mixed iteration's decode
 rows and prompt chunks each their own:
 - `sdpa_attention`: gathers each row's blocks and runs SDPA with a boolean mask (any device;
   the CPU path and the GPU's mixed iterations).
 - `flex_attention_paged`: FlexAttention straight over the pool, with a block mask listing each
   row's physical blocks, so blocks past a row's length are never read (the GPU decode path).
+- `PackedChunks`: FlexAttention with prompt chunks' packed tokens as one query sequence, each
+  block of 128 queries visiting its rows' blocks only (the GPU's prompt chunks).
 """
 from __future__ import annotations
 
@@ -245,12 +247,84 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     return o if batch.uniform else o[batch.out_index]
 
 
+def packed_kv_blocks(rows, block_size: int, q_block: int = 128) -> list[list[int]]:
+    """Pure. rows: (block table, first position, token count) of each prompt chunk, in packed
+    order -> for each q block of q_block packed tokens, the physical blocks its tokens read
+    (each row's table up to the block of its last token in that q block).
+    Example, block_size 4, q_block 4: rows ((7, 3), 0, 6), ((1,), 0, 2), tokens a0..a5 b0 b1:
+        q block 0  a0..a3          reads [7]
+        q block 1  a4 a5 b0 b1     reads [7, 3, 1]"""
+    out: list[list[int]] = [[] for _ in range(-(-sum(n for _, _, n in rows) // q_block))]
+    i = 0
+    for table, p0, n in rows:                 # rows own distinct blocks: no block is listed twice
+        t = 0
+        while t < n:
+            m = (i + t) // q_block
+            end = min(n, (m + 1) * q_block - i)       # this row's tokens t..end-1 fall in q block m
+            out[m].extend(table[: (p0 + end - 1) // block_size + 1])
+            t = end
+        i += n
+    return out
+
+
+class PackedChunks:
+    """attention(q, k_pool, v_pool, batch) of prompt chunks on CUDA: FlexAttention over the pool
+    with the chunks' packed tokens as one query sequence ([1, nh, N, hd]); q block m (128 packed
+    tokens) visits only the blocks `packed_kv_blocks` lists for it, and mask_mod applies the token's
+    own slot and s <= p inside them. One launch a layer, where gathered SDPA is about a dozen plus a
+    copy of every row's blocks: a mixed iteration's attention runs eagerly between its graphed
+    pieces, so launches are what it costs (docs/design.md, "Graphs for mixed iterations").
+    The mask is built on the host, once per step and pool length, and serves every layer and the
+    draft's pass over the same chunks."""
+
+    Q_BLOCK = 128                 # a multiple of the kernels' BLOCK_M
+
+    def __init__(self, batch: RaggedBatch, rows, token_slot: Tensor, owner: Tensor, logical: Tensor,
+                 block_size: int):
+        """rows as `packed_kv_blocks`; token_slot [N] the slot of each packed token (device)."""
+        self.batch, self.token_slot, self.owner, self.logical = batch, token_slot, owner, logical
+        self.block_size, self.lists = block_size, packed_kv_blocks(rows, block_size, self.Q_BLOCK)
+        self._masks: dict[int, object] = {}
+
+    def mask(self, pool_len: int):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        if pool_len not in self._masks:
+            nqb, blocks, bs = len(self.lists), pool_len // self.block_size, self.block_size
+            num = torch.tensor([len(x) for x in self.lists], dtype=torch.int32)
+            idx = torch.zeros(nqb, blocks, dtype=torch.int32)
+            for m, x in enumerate(self.lists):
+                idx[m, : len(x)] = torch.tensor(x, dtype=torch.int32)
+            dev = self.token_slot.device
+            owner, logical, slot, pos = self.owner, self.logical, self.token_slot, self.batch.positions
+
+            def mask_mod(b, h, qi, ki):
+                blk = ki // bs
+                return (owner[blk] == slot[qi]) & (logical[blk] * bs + ki % bs <= pos[qi])
+
+            N = self.batch.positions.shape[0]
+            self._masks[pool_len] = BlockMask.from_kv_blocks(
+                num.view(1, 1, nqb).to(dev), idx.view(1, 1, nqb, blocks).to(dev), BLOCK_SIZE=(self.Q_BLOCK, bs),
+                mask_mod=mask_mod, seq_lengths=(N, pool_len), compute_q_blocks=False)
+        return self._masks[pool_len]
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+        if batch is not self.batch:
+            raise ValueError("PackedChunks attends the batch it was built for only")
+        N, nh, hd = q.shape
+        qr = q.transpose(0, 1)[None]                                                    # [1, nh, N, hd]
+        torch._dynamo.mark_static(qr, 0)
+        o = _flex()(qr, k_pool[None], v_pool[None], block_mask=self.mask(k_pool.shape[1]), enable_gqa=True)
+        return o[0].transpose(0, 1).reshape(N, nh * hd)
+
+
 @dataclass(frozen=True)
 class SplitRows:
     """attention(q, k_pool, v_pool, batch) of a mixed iteration's forward, whose first nd packed
     tokens are b uniform decode rows (T = K+1 tokens each) and the rest prompt chunks:
         decode rows   `decode` over `decode_batch` (FlexAttention over the pool on CUDA)
-        prompt chunks gathered SDPA over `chunk_batch`: only the chunks' own rows are gathered
+        prompt chunks `chunk` over `chunk_batch`: PackedChunks on CUDA, else gathered SDPA over
+                      the chunks' own rows only
     One gathered SDPA over every row would copy each decode row's whole context in every layer
     (b=64 rows of 1000 tokens, 8 KV heads of 128, bf16: 262 MB a layer). Called for `whole` only:
     the target's layers and the draft's catch-up over the same packed tokens.
@@ -262,6 +336,7 @@ class SplitRows:
     decode: object                # attention(q, k_pool, v_pool, batch) for the decode rows
     decode_batch: RaggedBatch     # B uniform rows of T tokens, the first b of them real
     chunk_batch: RaggedBatch
+    chunk: object = sdpa_attention   # attention(q, k_pool, v_pool, chunk_batch) for the prompt chunks
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if batch is not self.whole:
@@ -269,4 +344,4 @@ class SplitRows:
         nd, pad = self.nd, self.decode_batch.q_pos.numel() - self.nd
         qd = torch.cat([q[:nd], q.new_zeros(pad, *q.shape[1:])]) if pad else q[:nd]      # [B*T, nh, hd]
         return torch.cat([self.decode(qd, k_pool, v_pool, self.decode_batch)[:nd],
-                          sdpa_attention(q[nd:], k_pool, v_pool, self.chunk_batch)])       # [N, nh*hd]
+                          self.chunk(q[nd:], k_pool, v_pool, self.chunk_batch)])           # [N, nh*hd]

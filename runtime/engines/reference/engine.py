@@ -36,8 +36,8 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_prefix
-from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, SplitRows, ragged_batch,
-                                                         sdpa_attention, uniform_batch)
+from dynspec.runtime.engines.reference.attention import (PackedChunks, PerStepMasks, RaggedBatch, SplitRows,
+                                                         ragged_batch, sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
 from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for, cap_k
@@ -138,6 +138,7 @@ class ReferenceEngine:
         self.piecewise = (PiecewiseTarget(target, mixed_buckets(max_num_tokens), self.capture)
                           if (on_cuda if mixed_graphs is None else mixed_graphs) else None)
         self.mixed_graphs = self.piecewise is not None     # benchmarks switch it off to time eager
+        self.packed_chunks = self.attention == "flex"       # prompt chunks through PackedChunks (else SDPA)
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -325,33 +326,42 @@ class ReferenceEngine:
         lens = [T] * b + [len(c.tokens) for c in chunks]
         starts = list(plan.positions) + [c.start for c in chunks]
         slots = list(plan.slots) + [c.slot for c in chunks]
-        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size)
-        prompt = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.long).to(dev)
         nd = b * T
         ends, i = [], nd                                                     # packed index of each chunk's last token
         for c in chunks:
             i += len(c.tokens)
             ends.append(i - 1)
         last_rows = [j for j, c in enumerate(chunks) if c.last]
-        last_idx = torch.tensor([ends[j] for j in last_rows], dtype=torch.long).to(dev)
+        # every host -> device copy before the first kernel: a copy from pageable memory waits for
+        # the stream, so one issued after the forward would stall the host until the forward ends
+        host = [[t for c in chunks for t in c.tokens],                                # prompt tokens
+                [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],    # their draft inputs
+                [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
+                [c.slot for c in chunks for _ in c.tokens]]                          # each chunk token's slot
+        prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
+            [x for part in host for x in part], dtype=torch.long).to(dev).split([len(x) for x in host])
+        nxt = nxt.clone()
+        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
         c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size) if b else batch
-        attention = None
+        chunk_attention = (PackedChunks(c_batch, [(self.blocks.tables[c.slot], c.start, len(c.tokens)) for c in chunks],
+                                        token_slot, self.block_owner, self.block_logical, self.block_size)
+                           if self.packed_chunks else sdpa_attention)
+        attention = chunk_attention
         if b:
             vpos = self.pos[:B, None] + torch.arange(T, device=dev)                  # [B, T]
             dec_batch = self._rows(B, vpos, dec_read)
-            attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch)
+            attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch, chunk_attention)
         tokens = torch.cat([dec_tokens, prompt])
         pw = self.piecewise
         if (self.mixed_graphs and pw is not None and pw.fits(len(tokens))
                 and (pw.graphs or self.device.type != "cuda")):
-            greedy, H = pw.run(tokens, batch, attention or self.target.attention, logit_index)
+            greedy, H = pw.run(tokens, batch, attention, logit_index)
         else:
             greedy, H = self.target.run(tokens, batch, capture=self.capture, logit_index=logit_index,
                                         attention=attention, greedy=True)    # [nd + n_last]
         firsts = greedy[nd:]
         # draft entries of the chunks: (x_{p+1}, h_p), x_e = the next prompt token or g0
-        nxt = torch.tensor([t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)], dtype=torch.long).to(dev)
         nxt[last_idx - nd] = firsts
         if b and K:
             n, E = self._accept(D, greedy[:nd].view(b, T))
@@ -371,13 +381,12 @@ class ReferenceEngine:
                 self.last_capture[self.slot[:b]] = H[:nd]
                 self.out_tokens[:b, 0] = g
                 self.out_n[:b] = 0
-            d, h = self._draft_next(nxt, H[nd:], c_batch)
+            d, h = self._draft_next(nxt, H[nd:], c_batch, chunk_attention)
             offset = nd
         if last_rows:
-            slot = torch.tensor([chunks[j].slot for j in last_rows], dtype=torch.long).to(dev)
-            self.next_draft[slot] = d[last_idx - offset]
-            self.draft_hidden[slot] = h[last_idx - offset]
-            self.last_capture[slot] = H[last_idx]
+            self.next_draft[last_slot] = d[last_idx - offset]
+            self.draft_hidden[last_slot] = h[last_idx - offset]
+            self.last_capture[last_slot] = H[last_idx]
         return firsts
 
     # ---- CUDA graphs ------------------------------------------------------------------------

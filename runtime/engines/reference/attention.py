@@ -312,7 +312,9 @@ class PackedChunks:
         if batch is not self.batch:
             raise ValueError("PackedChunks attends the batch it was built for only")
         N, nh, hd = q.shape
-        qr = q.transpose(0, 1)[None]                                                    # [1, nh, N, hd]
+        # contiguous: the target's q ([N, nh, hd] rows), the draft's (head-major) and slices of either
+        # then share one compiled version (strides are guarded); the copy is N x nh x hd, one launch
+        qr = q.transpose(0, 1).contiguous()[None]                                       # [1, nh, N, hd]
         torch._dynamo.mark_static(qr, 0)
         o = _flex()(qr, k_pool[None], v_pool[None], block_mask=self.mask(k_pool.shape[1]), enable_gqa=True)
         return o[0].transpose(0, 1).reshape(N, nh * hd)

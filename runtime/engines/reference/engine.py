@@ -35,12 +35,12 @@ from typing import Iterable
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, accepted_prefix
+from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix
 from dynspec.runtime.engines.reference.attention import (PackedChunks, PerStepMasks, RaggedBatch, SplitRows,
                                                          ragged_batch, sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
-from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for, cap_k
+from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,7 @@ class ReferenceEngine:
         batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
         c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size) if b else batch
-        chunk_attention = (PackedChunks(c_batch, [(self.blocks.tables[c.slot], c.start, len(c.tokens)) for c in chunks],
+        chunk_attention = (PackedChunks(c_batch, [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks],
                                         token_slot, self.block_owner, self.block_logical, self.block_size)
                            if self.packed_chunks else sdpa_attention)
         attention = chunk_attention
@@ -389,6 +389,22 @@ class ReferenceEngine:
             self.last_capture[last_slot] = H[last_idx]
         return firsts
 
+    def _table(self, slot: int) -> tuple[int, ...]:
+        """The slot's block table on the host; the padding slot's is all scratch block."""
+        return self.blocks.tables.get(slot) or (SCRATCH_BLOCK,) * self.max_blocks_per_seq
+
+    def warm_chunks(self) -> None:
+        """Compile the prompt chunks' FlexAttention (PackedChunks) before serving, for the target's
+        and the draft's layouts: a first chunk length is compiled specialised, the second with a
+        symbolic length that serves every later one. Chunk-only steps on the padding slot (its
+        K/V go to the scratch block). Without this the first mixed iterations of a run would
+        compile for seconds inside the measurement."""
+        top = min(300, self.max_num_tokens, self.max_seq_len - 1)
+        for n in sorted({1, min(5, top), top}):
+            plan = StepPlan(k=0, batch_size=0, bucket=0, positions=(), pending=(), stale=(), keep_warm=False,
+                            slots=(), chunks=(PromptChunk(self.pad_slot, 0, (0,) * n, None),))
+            self.step(plan, Greedy())
+
     # ---- CUDA graphs ------------------------------------------------------------------------
     def drop_graphs(self) -> None:
         """Forget every captured graph (a graph bakes in what it captured, e.g. the all-reduce mode)."""
@@ -423,7 +439,10 @@ class ReferenceEngine:
                     self._device_fn(key, None)
                 self._graphs[key] = g
         torch.cuda.synchronize()
-        return len(keys) + (self.piecewise.capture() if mixed and self.piecewise is not None else 0)
+        n = len(keys) + (self.piecewise.capture() if mixed and self.piecewise is not None else 0)
+        if self.packed_chunks:
+            self.warm_chunks()
+        return n
 
 
 def load_reference_engine(

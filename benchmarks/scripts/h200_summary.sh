@@ -2,7 +2,9 @@
 # benchmarks/results/h200_summary.json (version 2) from the regime sweeps, regime A's profile
 # (with --floor: decode_vs_gemm_floor), the tune reports, the fixed-length baseline and the C=128
 # and C=256 sweeps of other calls (h200_{A,B}{128,256}.json) joined to their regimes, the varied- and
-# fixed-length baselines, and the newest profile --floor. CPU is fine.
+# fixed-length baselines, and the newest profile --floor. CPU is fine. Run by h200_call2.sh. Over
+# the committed files of the older trees it wrote h200_summary_d21045a.json; the committed
+# h200_summary.json of the static-batch engine comes from h200_summary_static_batch.sh.
 # RES_A / RES_B: where regime A's / B's files are (default benchmarks/results); a regime whose
 # sweep is missing, or whose profile predates --floor (an old call 1), is left out, saying so.
 # -> $RES_B/h200_summary.json

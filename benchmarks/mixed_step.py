@@ -1,7 +1,8 @@
 """Mixed iterations timed in one run: the target forward eager, as piecewise CUDA graphs cut at
-attention (runtime/engines/reference/piecewise.py), and piecewise with the prompt chunks' attention
-as gathered SDPA instead of PackedChunks (piecewise_sdpa; CUDA flex only). Issue 11 asks to measure
-eager and piecewise and choose; beside them, the same (b, K) as a pure decode step (its graph).
+attention (runtime/engines/reference/piecewise.py), piecewise with the prompt chunks' attention as
+gathered SDPA instead of PackedChunks (piecewise_sdpa; CUDA flex only), and as one whole-forward
+graph with attention inside (whole: mixed_graphs.py). Issue 11 asks to measure eager and piecewise
+and choose; beside them, the same (b, K) as a pure decode step (its graph).
 
     python -m dynspec.benchmarks.mixed_step --engine-dir E --device cuda --out mixed.json
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(json.dumps([{k: r[k] for k in ("point", "eager_ms", "piecewise_ms", "piecewise_sdpa_ms", "decode_ms")}
+    print(json.dumps([{k: r[k] for k in ("point", "eager_ms", "piecewise_ms", "piecewise_sdpa_ms", "whole_ms", "decode_ms")}
                       for r in doc["points"]]))
     return 0
 
@@ -65,7 +66,7 @@ def run(args) -> dict:
     from dynspec.benchmarks.profile import _time_plans, open_sized, reserved_rows, step_kernels
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.plan import PromptChunk, make_plan
+    from dynspec.runtime.plan import PromptChunk, bucket_for, make_plan
 
     apply_bench_env()
     points = parse_points(args.points)
@@ -85,6 +86,11 @@ def run(args) -> dict:
         engine.capture_graphs(keys, mixed=cfg.reference.mixed_graphs)
     graphed = graphs and cfg.reference.mixed_graphs and engine.piecewise is not None
     packed = engine.packed_chunks
+    whole = set()
+    if graphed:                   # mixed_graphs.py: one whole-forward graph per point's (Np, B, T)
+        engine.capture_whole()
+        whole = {k for k in (engine.whole.key(bucket_for(b, engine.buckets), k + 1, c) for b, k, c in points) if k}
+        engine.capture_whole(exact=whole)
     rng = random.Random(0)
     rows = []
     with reserved_rows(engine, max_b + 1, max(ctx + kmax + 1, longest)) as slots:
@@ -99,14 +105,17 @@ def run(args) -> dict:
             modes = ["eager", "piecewise"] if graphed and engine.piecewise.fits(b * (k + 1) + chunk) else ["eager"]
             if "piecewise" in modes and packed:
                 modes.append("piecewise_sdpa")
+            if engine.whole is not None and engine.whole.key(bucket_for(b, engine.buckets), k + 1, chunk) in whole:
+                modes.append("whole")
             trials: dict[str, list[float]] = {m: [] for m in modes}
             for t in range(args.trials):
                 for mode in modes[t % len(modes):] + modes[: t % len(modes)]:
                     engine.mixed_graphs = mode != "eager"
                     engine.packed_chunks = packed and mode != "piecewise_sdpa"
+                    engine.whole_mixed = mode == "whole"
                     trials[mode].append(_time_plans(engine, {mode: mixed}, Greedy(), warmup=2, repeats=args.repeats,
                                                     passes=1, progress=None)[mode])
-            engine.mixed_graphs, engine.packed_chunks = True, packed
+            engine.mixed_graphs, engine.packed_chunks, engine.whole_mixed = True, packed, False
             dec = _time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
                               progress=None)["decode"]
             kernels = None
@@ -116,7 +125,7 @@ def run(args) -> dict:
             pw = med.get("piecewise")
             rows.append({"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk,
                          "tokens": b * (k + 1) + chunk, "eager_ms": med["eager"], "piecewise_ms": pw,
-                         "piecewise_sdpa_ms": med.get("piecewise_sdpa"),
+                         "piecewise_sdpa_ms": med.get("piecewise_sdpa"), "whole_ms": med.get("whole"),
                          "decode_ms": dec, "eager_vs_piecewise": med["eager"] / pw if pw else None,
                          "trials_ms": trials, "piecewise_kernels": kernels})
     import torch

@@ -29,13 +29,18 @@ def pair(tmp_path_factory):
     return str(target), str(draft)
 
 
-def _run(pair, policy, keep_warm, graphs, prompts, lens, attention="flex"):
+def _run(pair, policy, keep_warm, graphs, prompts, lens, attention="flex", whole=False):
     """All requests at once, of different lengths, under a 64-token budget: prompts arrive in
-    chunks beside decode rows, then the batch drains 16 -> 1 and K climbs."""
+    chunks beside decode rows, then the batch drains 16 -> 1 and K climbs. whole: mixed
+    iterations through mixed_graphs.py's whole-forward graphs."""
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=policy.max_draft_len or 1, max_num_tokens=64, attention=attention)
     if graphs:
-        assert eng.capture_graphs(reachable_graphs([policy], 16, keep_warm)) > 0
+        keys = reachable_graphs([policy], 16, keep_warm)
+        assert eng.capture_graphs(keys) > 0
+        if whole:
+            assert eng.capture_whole(keys) > 0
+            eng.whole_mixed = True
     ex = Executor(eng, policy, keep_warm=keep_warm)
     handles = [ex.submit(p, n) for p, n in zip(prompts, lens)]
     ex.run_until_idle()
@@ -72,6 +77,32 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                           do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
         assert list(out) == ref
+
+
+def test_whole_mixed_graphs_equal_transformers(pair):
+    """Mixed iterations as whole-forward graphs (attention captured too) give transformers'
+    tokens, in float32, and every one that fits a captured key replays its graph."""
+    from transformers import LlamaForCausalLM
+
+    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+
+    keys = []
+    real = WholeMixed.run
+    WholeMixed.run = lambda self, key, *a: keys.append(key in self.graphs) or real(self, key, *a)
+    try:
+        rng = random.Random(1)
+        prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
+        lens = [4 + 4 * i for i in range(16)]
+        out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens, whole=True)
+    finally:
+        WholeMixed.run = real
+    assert keys and all(keys) and len(eng.whole.graphs) > 0
+    hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float32).cuda().eval()
+    for p, n, o in list(zip(prompts, lens, out))[-6:]:
+        ids = torch.tensor([list(p)], device="cuda")
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
+        assert list(o) == ref
 
 
 def _llama8b_shaped_pair():

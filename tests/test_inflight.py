@@ -379,3 +379,67 @@ def test_piecewise_forward_equals_the_whole_forward(pair):
     assert got_h.shape == want_h.shape == (15, len(eng.capture) * eng.target.config.hidden_size)
     torch.testing.assert_close(got_h, want_h, rtol=1e-12, atol=1e-12)
     assert eng.piecewise.write_index[15:16].tolist() == [0]                   # the pad wrote the scratch block
+
+
+@pytest.mark.parametrize("attention", ["flex", "sdpa"])
+def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, monkeypatch):
+    """Mixed iterations through mixed_graphs.py (the whole target forward with attention on
+    static buffers; on CUDA one graph per (token bucket, row bucket, T), here the same functions
+    eagerly): row buckets padded, K flipping through 0, arrivals while others decode, and
+    transformers' tokens. CPU flex ignores block lists, so each run's buffered lists are checked
+    to cover every block its chunk tokens must see."""
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+
+    runs = []
+    real = WholeMixed.run
+
+    def spy(self, key, b, drafts, prompt, positions, write_index, token_slot, lists):
+        out = real(self, key, b, drafts, prompt, positions, write_index, token_slot, lists)
+        Np, B, T = key
+        e, nc = self.e, prompt.shape[0]
+        listed = torch.zeros(self.kv_idx.shape[0], self.kv_idx.shape[1], dtype=torch.bool)
+        for m in range(self.kv_idx.shape[0]):
+            listed[m, self.kv_idx[m, : int(self.kv_num[m])].long()] = True                    # [q blocks, blocks]
+        need = ((e.block_owner[None] == token_slot[:, None])
+                & (e.block_logical[None] * e.block_size <= positions[:, None]))              # [Nc, blocks]
+        assert need.any(1).all() and (need <= listed[torch.arange(nc) // 128]).all()
+        assert int(self.kv_num[len(lists):].sum()) == 0 and (self.tok_slot[nc: Np - B * T] == e.pad_slot).all()
+        runs.append((key, b))
+        return out
+
+    monkeypatch.setattr(WholeMixed, "run", spy)
+    budget = 20
+    eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=True)
+    pad_rows_to_buckets(eng)
+    policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
+    assert eng.capture_whole(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
+    eng.whole_mixed = True
+    ex = Executor(eng, policy)
+    rng = random.Random(35)
+    ps = prompts(14, seed=35, lo=4, hi=30)
+    lens = [rng.randint(2, 14) for _ in ps]
+    handles, i = [], 0
+    while i < len(ps) or ex.active or ex.waiting:
+        for _ in range(rng.randint(0, 2)):
+            if i < len(ps):
+                handles.append(ex.submit(ps[i], lens[i]))
+                i += 1
+        ex.step()
+    refs = greedy_many(hf_target, ps, 14)
+    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+    top = eng.piecewise.buckets[-1]                        # padded rows can push an iteration past it: piecewise
+    fits = [s for s in ex.stats if s.prefill_tokens
+            and (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens <= top]
+    assert len(runs) == len(fits) > 0                      # every mixed iteration that fits went through it
+    assert any(B > b > 0 for (_, B, _), b in runs)          # padded decode rows beside chunks
+    assert any(T > 1 for (_, _, T), b in runs if b) and any(T == 1 for (_, _, T), b in runs if b)
+    assert any(b == 0 for _, b in runs)                    # chunk-only iterations
+    check_budget(ex, budget)
+
+
+def test_whole_keys_cover_each_row_shape_and_chunk_only_iterations():
+    from dynspec.runtime.engines.reference.mixed_graphs import whole_keys
+
+    assert whole_keys([(1, 2)], (16, 32)) == ((16, 0, 1), (16, 1, 2), (32, 0, 1), (32, 1, 2))
+    assert whole_keys([(8, 3)], (16, 32)) == ((16, 0, 1), (32, 0, 1), (32, 8, 3))      # 24 decode tokens fill 16

@@ -287,37 +287,59 @@ class PackedChunks:
         self._masks: dict[int, object] = {}
 
     def mask(self, pool_len: int):
-        from torch.nn.attention.flex_attention import BlockMask
-
         if pool_len not in self._masks:
-            nqb, blocks, bs = len(self.lists), pool_len // self.block_size, self.block_size
-            num = torch.tensor([len(x) for x in self.lists], dtype=torch.int32)
-            idx = torch.zeros(nqb, blocks, dtype=torch.int32)
-            for m, x in enumerate(self.lists):
-                idx[m, : len(x)] = torch.tensor(x, dtype=torch.int32)
-            dev = self.token_slot.device
-            owner, logical, slot, pos = self.owner, self.logical, self.token_slot, self.batch.positions
-
-            def mask_mod(b, h, qi, ki):
-                blk = ki // bs
-                return (owner[blk] == slot[qi]) & (logical[blk] * bs + ki % bs <= pos[qi])
-
-            N = self.batch.positions.shape[0]
-            self._masks[pool_len] = BlockMask.from_kv_blocks(
-                num.view(1, 1, nqb).to(dev), idx.view(1, 1, nqb, blocks).to(dev), BLOCK_SIZE=(self.Q_BLOCK, bs),
-                mask_mod=mask_mod, seq_lengths=(N, pool_len), compute_q_blocks=False)
+            self._masks[pool_len] = packed_block_mask(*kv_block_tensors(self.lists, pool_len // self.block_size,
+                                                                        self.token_slot.device),
+                                                      self.token_slot, self.batch.positions, self.owner,
+                                                      self.logical, self.block_size, pool_len, self.Q_BLOCK)
         return self._masks[pool_len]
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if batch is not self.batch:
             raise ValueError("PackedChunks attends the batch it was built for only")
-        N, nh, hd = q.shape
-        # contiguous: the target's q ([N, nh, hd] rows), the draft's (head-major) and slices of either
-        # then share one compiled version (strides are guarded); the copy is N x nh x hd, one launch
-        qr = q.transpose(0, 1).contiguous()[None]                                       # [1, nh, N, hd]
-        torch._dynamo.mark_static(qr, 0)
-        o = _flex()(qr, k_pool[None], v_pool[None], block_mask=self.mask(k_pool.shape[1]), enable_gqa=True)
-        return o[0].transpose(0, 1).reshape(N, nh * hd)
+        return packed_attention(q, k_pool, v_pool, self.mask(k_pool.shape[1]))
+
+
+def kv_block_tensors(lists: list[list[int]], blocks: int, device) -> tuple[Tensor, Tensor]:
+    """`packed_kv_blocks`' lists -> (num [nqb] int32, idx [nqb, blocks] int32) on device, in one copy."""
+    nqb = len(lists)
+    host = torch.zeros(nqb, 1 + blocks, dtype=torch.int32)
+    for m, x in enumerate(lists):
+        host[m, 0] = len(x)
+        host[m, 1: 1 + len(x)] = torch.tensor(x, dtype=torch.int32)
+    dev = host.to(device)
+    return dev[:, 0], dev[:, 1:]
+
+
+def packed_block_mask(num: Tensor, idx: Tensor, token_slot: Tensor, positions: Tensor, owner: Tensor,
+                      logical: Tensor, block_size: int, pool_len: int, q_block: int = PackedChunks.Q_BLOCK):
+    """The BlockMask of packed query tokens over the pool: q block m (q_block tokens) visits the
+    num[m] blocks idx[m, :num[m]]; inside them token i sees pool position s of block blk iff
+    owner[blk] == token_slot[i] and its logical position <= positions[i]. A token of a slot
+    that owns no block (the padding slot) sees nothing; FlexAttention gives it zeros.
+    num [nqb], idx [nqb, pool_len // block_size]; token_slot, positions [L], L <= nqb * q_block."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    bs, nqb = block_size, num.shape[0]
+
+    def mask_mod(b, h, qi, ki):
+        blk = ki // bs
+        return (owner[blk] == token_slot[qi]) & (logical[blk] * bs + ki % bs <= positions[qi])
+
+    return BlockMask.from_kv_blocks(num.view(1, 1, nqb), idx.view(1, 1, nqb, -1), BLOCK_SIZE=(q_block, bs),
+                                    mask_mod=mask_mod, seq_lengths=(positions.shape[0], pool_len),
+                                    compute_q_blocks=False)
+
+
+def packed_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, mask) -> Tensor:
+    """q [L, nh, hd] packed tokens as one query sequence, `packed_block_mask` -> [L, nh*hd]."""
+    L, nh, hd = q.shape
+    # contiguous: the target's q ([L, nh, hd] rows), the draft's and slices of either then share one
+    # compiled version (strides are guarded); the copy is L x nh x hd, one launch
+    qr = q.transpose(0, 1).contiguous()[None]                                           # [1, nh, L, hd]
+    torch._dynamo.mark_static(qr, 0)
+    o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)
+    return o[0].transpose(0, 1).reshape(L, nh * hd)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,10 @@ import torch
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix
 from dynspec.runtime.engines.reference.attention import (PackedChunks, PerStepMasks, RaggedBatch, SplitRows,
-                                                         ragged_batch, sdpa_attention, uniform_batch)
+                                                         packed_kv_blocks, ragged_batch, sdpa_attention,
+                                                         uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
+from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
 from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
@@ -139,6 +141,8 @@ class ReferenceEngine:
                           if (on_cuda if mixed_graphs is None else mixed_graphs) else None)
         self.mixed_graphs = self.piecewise is not None     # benchmarks switch it off to time eager
         self.packed_chunks = self.attention == "flex"       # prompt chunks through PackedChunks (else SDPA)
+        self.whole: WholeMixed | None = None                # capture_whole; used while whole_mixed
+        self.whole_mixed = False
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -354,7 +358,16 @@ class ReferenceEngine:
             attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch, chunk_attention)
         tokens = torch.cat([dec_tokens, prompt])
         pw = self.piecewise
-        if (self.mixed_graphs and pw is not None and pw.fits(len(tokens))
+        key = self._whole_key(B, T, prompt.shape[0])
+        if key is not None:
+            lists = (chunk_attention.lists if isinstance(chunk_attention, PackedChunks) else
+                     packed_kv_blocks([(self._table(c.slot), c.start, len(c.tokens)) for c in chunks], self.block_size))
+            h, Hw = self.whole.run(key, b, D, prompt, c_batch.positions, c_batch.write_index, token_slot, lists)
+            shift = (B - b) * T                  # chunk token j: nd + j in the plan's packing, B*T + j there
+            ar = torch.arange(nd + prompt.shape[0], device=dev)
+            greedy = self.target.head(h[torch.cat([ar[:nd], last_idx + shift])], greedy=True)
+            H = Hw[torch.where(ar < nd, ar, ar + shift)]
+        elif (self.mixed_graphs and pw is not None and pw.fits(len(tokens))
                 and (pw.graphs or self.device.type != "cuda")):
             greedy, H = pw.run(tokens, batch, attention, logit_index)
         else:
@@ -388,6 +401,32 @@ class ReferenceEngine:
             self.draft_hidden[last_slot] = h[last_idx - offset]
             self.last_capture[last_slot] = H[last_idx]
         return firsts
+
+    def _whole_key(self, B: int, T: int, n_chunk: int):
+        """The whole-forward graph key of this mixed iteration, or None (piecewise or eager)."""
+        if not self.whole_mixed or self.whole is None:
+            return None
+        key = self.whole.key(B, T, n_chunk)
+        return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
+
+    def capture_whole(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple[int, int, int]] = ()) -> int:
+        """Mixed iterations' whole target forward, attention included, as one graph per (token
+        bucket, row bucket, T) (mixed_graphs.py): for the row shapes of `keys` (pure-decode graph
+        keys) with every token bucket, plus chunk-only iterations, plus the `exact` (Np, B, T).
+        CPU: the same functions, eager. Needs the piecewise buffers. Returns how many graphs.
+        `whole_mixed` switches their use (default off: not yet measured on a GPU;
+        benchmarks/mixed_step.py's mode `whole` times it)."""
+        if self.piecewise is None:
+            raise DynspecError("whole mixed graphs need the piecewise buffers (mixed_graphs on)")
+        if self.whole is None:
+            self.whole = WholeMixed(self)
+        rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1) for g in keys if g.kind != "refresh"}
+        if self.device.type != "cuda":
+            return 0
+        self.x.zero_()
+        self.pos.fill_(1)
+        self.slot.fill_(self.pad_slot)
+        return self.whole.capture(set(whole_keys(rows, self.piecewise.buckets) if rows else ()) | set(exact))
 
     def _table(self, slot: int) -> tuple[int, ...]:
         """The slot's block table on the host; the padding slot's is all scratch block."""

@@ -76,11 +76,12 @@ class PiecewiseTarget:
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]
 
-    def _make_pieces(self, n: int) -> list[Callable[[], None]]:
+    def _make_pieces(self, n: int, out: dict | None = None) -> list[Callable[[], None]]:
+        """Bucket n's pieces, eager; out receives the last piece's h and H (default: self.out[n])."""
         t = self.target
         f, comm, L = t.kernels, t.collectives, len(t.layers)
         st: dict[str, Tensor] = {}
-        out = self.out.setdefault(n, {})
+        out = self.out.setdefault(n, {}) if out is None else out
         tokens, positions, widx = self.tokens[:n], self.positions[:n], self.write_index[:n]
         q, o = self.q[:n], self.o[:n]
 

@@ -47,10 +47,20 @@ def _run(pair, policy, keep_warm, graphs, prompts, lens, attention="flex", whole
     return [h.result().output_ids for h in handles], eng, ex
 
 
-@pytest.mark.parametrize("keep_warm,attention", [(True, "flex"), (False, "flex"), (True, "sdpa")])
-def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
+def assert_transformers_greedy(pair, prompts, lens, outputs) -> None:
+    """Each output equals transformers' greedy generation of the target in float32 on the GPU."""
     from transformers import LlamaForCausalLM
 
+    hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float32).cuda().eval()
+    for p, n, out in zip(prompts, lens, outputs):
+        ids = torch.tensor([list(p)], device="cuda")
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
+        assert list(out) == ref
+
+
+@pytest.mark.parametrize("keep_warm,attention", [(True, "flex"), (False, "flex"), (True, "sdpa")])
+def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
 
     replays = []
@@ -61,7 +71,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     lens = [4 + 4 * i for i in range(16)]
     policy = DraftSchedule.parse("2:5,4:3,8:1")
     graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens, attention)
-    warm = 3 if eng.packed_chunks else 0            # capture_graphs' warm_chunks: 3 chunk-only steps
+    warm = eng.warm_chunk_steps                     # capture_graphs' warm_chunks: chunk-only steps
     n_mixed = len(replays) - warm
     eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens, attention)
     assert len(replays) == n_mixed + warm           # the eager engine never ran pieces
@@ -71,19 +81,12 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
-    hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float32).cuda().eval()
-    for p, n, out in list(zip(prompts, lens, graph_out))[-6:]:
-        ids = torch.tensor([list(p)], device="cuda")
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
-        assert list(out) == ref
+    assert_transformers_greedy(pair, prompts[-6:], lens[-6:], graph_out[-6:])
 
 
 def test_whole_mixed_graphs_equal_transformers(pair):
     """Mixed iterations as whole-forward graphs (attention captured too) give transformers'
     tokens, in float32, and every one that fits a captured key replays its graph."""
-    from transformers import LlamaForCausalLM
-
     from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 
     keys = []
@@ -97,12 +100,29 @@ def test_whole_mixed_graphs_equal_transformers(pair):
     finally:
         WholeMixed.run = real
     assert keys and all(keys) and len(eng.whole.graphs) > 0
-    hf = LlamaForCausalLM.from_pretrained(pair[0], dtype=torch.float32).cuda().eval()
-    for p, n, o in list(zip(prompts, lens, out))[-6:]:
-        ids = torch.tensor([list(p)], device="cuda")
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(p):].tolist()
-        assert list(o) == ref
+    assert_transformers_greedy(pair, prompts[-6:], lens[-6:], out[-6:])
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_chunks_over_several_query_blocks_equal_transformers(pair, whole):
+    """Prompts of 150..300 tokens under a 512-token budget: the packed chunks span several blocks
+    of 128 queries, so the compiled PackedChunks reads its block lists (CPU flex ignores them).
+    Piecewise graphs, or whole-forward graphs; float32; transformers' tokens."""
+    policy = DraftSchedule.parse("2:3,4:1")
+    eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=4, max_seq_len=384,
+                                max_draft_len=3, max_num_tokens=512)
+    keys = reachable_graphs([policy], 4, True, 512)
+    eng.capture_graphs(keys)
+    if whole:
+        eng.capture_whole(keys)
+        eng.whole_mixed = True
+    rng = random.Random(2)
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(150, 300))) for _ in range(4)]
+    ex = Executor(eng, policy, keep_warm=True)
+    handles = [ex.submit(p, 12) for p in prompts]
+    ex.run_until_idle()
+    assert max(s.prefill_tokens for s in ex.stats) > 256
+    assert_transformers_greedy(pair, prompts, [12] * len(prompts), [h.result().output_ids for h in handles])
 
 
 def _llama8b_shaped_pair():

@@ -80,11 +80,13 @@ def split_calls(monkeypatch):
     """How often a mixed forward's attention went through SplitRows, by decode-row attention kind."""
     from dynspec.runtime.engines.reference import attention as att
 
-    seen = {"flex": 0, "sdpa": 0}
+    seen = {"flex": 0, "sdpa": 0, "padded": 0}
     real = att.SplitRows.__call__
 
     def spy(self, q, k_pool, v_pool, batch):
         seen["flex" if isinstance(self.decode, att.PerStepMasks) else "sdpa"] += 1
+        rows, T = self.decode_batch.q_pos.shape
+        seen["padded"] += rows * T > self.nd                     # decode rows past the real b
         return real(self, q, k_pool, v_pool, batch)
 
     monkeypatch.setattr(att.SplitRows, "__call__", spy)
@@ -108,9 +110,10 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
                                                                    padded, split_calls, monkeypatch):
     """Decode rows and prompt chunks in the same forward: iterations with both are seen. The
     decode rows attend through `attention` (flex: FlexAttention over the pool, as on CUDA) and
-    the chunks through SDPA over their own rows (SplitRows). mixed_graphs: the target forward of
+    the chunks through PackedChunks (flex) or SDPA over their own rows (SplitRows). mixed_graphs: the target forward of
     those iterations runs as piecewise.py's pieces, padded to token buckets (on CUDA each piece
-    is a graph), and still gives transformers' tokens. padded: decode rows padded to row buckets."""
+    is a graph), and still gives transformers' tokens. padded: decode rows padded to row buckets,
+    which SplitRows' decode batches must then hold."""
     from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
 
     runs = []
@@ -122,9 +125,8 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
     if padded:
         pad_rows_to_buckets(eng)
     if attention == "flex":
-        free = eng.free_blocks
-        eng.warm_chunks()                  # as capture_graphs on CUDA: chunk-only steps on the padding slot
-        assert eng.free_blocks == free and not split_calls["flex"] and len(runs) == (3 if mixed_graphs else 0)
+        steps = eng.warm_chunks()          # as capture_graphs on CUDA: chunk-only steps on the padding slot
+        assert not split_calls["flex"] and len(runs) == (steps if mixed_graphs else 0)
         runs.clear()
     ex = Executor(eng, DraftSchedule.static(3, 8))
     ps = prompts(10, seed=33, lo=10, hi=40)
@@ -142,7 +144,9 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
     assert both and any(s.k > 0 for s in both)
     check_budget(ex, budget)
     layers = eng.target.config.num_layers
-    assert split_calls[attention] >= len(both) * layers and sum(split_calls.values()) == split_calls[attention]
+    assert split_calls[attention] >= len(both) * layers
+    assert split_calls["flex" if attention == "sdpa" else "sdpa"] == 0
+    assert bool(split_calls["padded"]) == padded
     mixed = [s for s in ex.stats if s.prefill_tokens]
     assert len(runs) == (len(mixed) if mixed_graphs else 0)
     if mixed_graphs:
@@ -158,17 +162,11 @@ def test_mixed_buckets_end_at_the_budget_or_1024():
     assert mixed_buckets(8192) == BUCKETS and BUCKETS[-1] == 1024
 
 
-@pytest.mark.parametrize("attention,mixed_graphs,padded", [("sdpa", False, False), ("flex", True, True)])
-def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention, mixed_graphs, padded):
-    """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
-    budget = 20
-    eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=mixed_graphs)
-    if padded:
-        pad_rows_to_buckets(eng)
-    policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
-    ex = Executor(eng, policy)
-    rng = random.Random(34)
-    ps = prompts(14, seed=34, lo=4, hi=30)
+def serve_arrivals_and_check(ex, hf_target, seed: int) -> None:
+    """14 prompts of 4..30 tokens arriving 0..2 an iteration while others decode, outputs of
+    2..14 tokens; every output equals transformers greedy."""
+    rng = random.Random(seed)
+    ps = prompts(14, seed=seed, lo=4, hi=30)
     lens = [rng.randint(2, 14) for _ in ps]
     handles, i = [], 0
     while i < len(ps) or ex.active or ex.waiting:
@@ -179,6 +177,18 @@ def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, at
         ex.step()
     refs = greedy_many(hf_target, ps, 14)
     assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+
+
+@pytest.mark.parametrize("attention,mixed_graphs,padded", [("sdpa", False, False), ("flex", True, True)])
+def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention, mixed_graphs, padded):
+    """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
+    budget = 20
+    eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=mixed_graphs)
+    if padded:
+        pad_rows_to_buckets(eng)
+    policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
+    ex = Executor(eng, policy)
+    serve_arrivals_and_check(ex, hf_target, seed=34)
     ks = [s.k for s in ex.stats if s.decode_rows]
     assert {0, 1, 2, 3, 5} <= set(ks)
     assert sum(a != b for a, b in zip(ks, ks[1:])) >= 5
@@ -254,7 +264,7 @@ def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
 
 
 def test_packed_kv_blocks_lists_each_q_blocks_rows_up_to_their_last_token():
-    from dynspec.runtime.engines.reference.attention import packed_kv_blocks
+    from dynspec.runtime.engines.reference.packed import packed_kv_blocks
 
     assert packed_kv_blocks((((7, 3), 0, 6), ((1,), 0, 2)), 4, 4) == [[7], [7, 3, 1]]
     assert packed_kv_blocks((((7, 3, 5), 5, 3),), 4, 2) == [[7, 3], [7, 3]]       # positions 5 6 | 7
@@ -266,7 +276,8 @@ def test_packed_chunks_equal_gathered_sdpa(pair, q_block):
     """Prompt chunks through FlexAttention as one packed query sequence (PackedChunks, the GPU's
     chunk path) == gathered SDPA, on a cache that serving left behind; q_block 8 puts rows across
     q blocks and several rows in one."""
-    from dynspec.runtime.engines.reference.attention import PackedChunks, ragged_batch, sdpa_attention
+    from dynspec.runtime.engines.reference.attention import ragged_batch, sdpa_attention
+    from dynspec.runtime.engines.reference.packed import PackedChunks
 
     eng = engine(pair, budget=32, max_batch=4, max_seq=64, kmax=3)
     ex = Executor(eng, DraftSchedule.static(3, 4))
@@ -394,8 +405,8 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, mon
     runs = []
     real = WholeMixed.run
 
-    def spy(self, key, b, drafts, prompt, positions, write_index, token_slot, lists):
-        out = real(self, key, b, drafts, prompt, positions, write_index, token_slot, lists)
+    def spy(self, key, b, drafts, prompt, positions, write_index, token_slot, num, idx):
+        out = real(self, key, b, drafts, prompt, positions, write_index, token_slot, num, idx)
         Np, B, T = key
         e, nc = self.e, prompt.shape[0]
         listed = torch.zeros(self.kv_idx.shape[0], self.kv_idx.shape[1], dtype=torch.bool)
@@ -404,7 +415,7 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, mon
         need = ((e.block_owner[None] == token_slot[:, None])
                 & (e.block_logical[None] * e.block_size <= positions[:, None]))              # [Nc, blocks]
         assert need.any(1).all() and (need <= listed[torch.arange(nc) // 128]).all()
-        assert int(self.kv_num[len(lists):].sum()) == 0 and (self.tok_slot[nc: Np - B * T] == e.pad_slot).all()
+        assert int(self.kv_num[num.shape[0]:].sum()) == 0 and (self.tok_slot[nc: Np - B * T] == e.pad_slot).all()
         runs.append((key, b))
         return out
 
@@ -416,18 +427,7 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, mon
     assert eng.capture_whole(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
     eng.whole_mixed = True
     ex = Executor(eng, policy)
-    rng = random.Random(35)
-    ps = prompts(14, seed=35, lo=4, hi=30)
-    lens = [rng.randint(2, 14) for _ in ps]
-    handles, i = [], 0
-    while i < len(ps) or ex.active or ex.waiting:
-        for _ in range(rng.randint(0, 2)):
-            if i < len(ps):
-                handles.append(ex.submit(ps[i], lens[i]))
-                i += 1
-        ex.step()
-    refs = greedy_many(hf_target, ps, 14)
-    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+    serve_arrivals_and_check(ex, hf_target, seed=35)
     top = eng.piecewise.buckets[-1]                        # padded rows can push an iteration past it: piecewise
     fits = [s for s in ex.stats if s.prefill_tokens
             and (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens <= top]

@@ -11,7 +11,7 @@ set -uo pipefail
 CALL=13 TAG=h200_call13 DEADLINE=${DEADLINE:-565}
 . "$(dirname "$0")/h200_lib.sh"
 start 0 0
-stage gpu-tests 100 "$PY" -m pytest -q -m gpu tests/test_gpu.py -k "whole_mixed or (graphs_equal and flex)" -p no:cacheprovider
+stage gpu-tests 100 "$PY" -m pytest -q -m gpu tests/test_gpu.py -k "whole_mixed or several_query_blocks or (graphs_equal and flex)" -p no:cacheprovider
 stage mixed-step 170 "$PY" -m dynspec.benchmarks.mixed_step --engine-dir "$ENGINE_DIR" --device cuda \
   --out "$RES/h200_mixed_step.json"
 stage flex-decode 100 "$PY" -m dynspec.benchmarks.flex_decode --batch-sizes 1,16,64,256 \

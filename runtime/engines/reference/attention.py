@@ -23,8 +23,8 @@ rows and prompt chunks each their own:
   the CPU path and the GPU's mixed iterations).
 - `flex_attention_paged`: FlexAttention straight over the pool, with a block mask listing each
   row's physical blocks, so blocks past a row's length are never read (the GPU decode path).
-- `PackedChunks`: FlexAttention with prompt chunks' packed tokens as one query sequence, each
-  block of 128 queries visiting its rows' blocks only (the GPU's prompt chunks).
+- `packed.PackedChunks`: FlexAttention with prompt chunks' packed tokens as one query sequence,
+  each block of 128 queries visiting its rows' blocks only (prompt chunks under attention "flex").
 """
 from __future__ import annotations
 
@@ -177,6 +177,14 @@ def _flex():
     return _compiled_flex or flex_attention
 
 
+def sees(owner: Tensor, logical: Tensor, block_size: int, slot, pos, ki):
+    """The one visibility rule of every FlexAttention mask here: pool position ki (block ki //
+    block_size) is visible to a query of `slot` at position `pos` iff its block belongs to that
+    slot and its logical position is <= pos. A slot that owns no block (padding) sees nothing."""
+    blk = ki // block_size
+    return (owner[blk] == slot) & (logical[blk] * block_size + ki % block_size <= pos)
+
+
 def paged_block_mask(batch: RaggedBatch, owner: Tensor, logical: Tensor, block_size: int, pool_len: int):
     """The FlexAttention BlockMask of `batch` over a pool of pool_len positions. owner [blocks] is
     the slot holding each physical block (-1 if free), logical [blocks] its index in that slot's
@@ -197,8 +205,7 @@ def paged_block_mask(batch: RaggedBatch, owner: Tensor, logical: Tensor, block_s
     idx[:, 0, 0, :nb] = batch.tables.to(torch.int32)
 
     def mask_mod(b, h, qi, ki):
-        blk = ki // block_size
-        return (owner[blk] == slots[b]) & (logical[blk] * block_size + ki % block_size <= q_pos[b, qi])
+        return sees(owner, logical, block_size, slots[b], q_pos[b, qi], ki)
 
     return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(qb, block_size), mask_mod=mask_mod,
                                     seq_lengths=(Tq, pool_len), compute_q_blocks=False)   # forward only
@@ -240,6 +247,7 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
         qr = _rows(q, batch).transpose(1, 2)                                           # [R, nh, Tq, hd]
     if static_batch:
         torch._dynamo.mark_static(qr, 0)           # R: one compile per row bucket (see _flex)
+        torch._dynamo.mark_static(qr, 1)           # heads: the decoding kernel needs them static too
     o = (flex or _flex())(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True,
                           **flex_kwargs)                                                  # [R, nh, Tq, hd]
     R, nh, Tq, hd = o.shape
@@ -247,108 +255,13 @@ def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Ragge
     return o if batch.uniform else o[batch.out_index]
 
 
-def packed_kv_blocks(rows, block_size: int, q_block: int = 128) -> list[list[int]]:
-    """Pure. rows: (block table, first position, token count) of each prompt chunk, in packed
-    order -> for each q block of q_block packed tokens, the physical blocks its tokens read
-    (each row's table up to the block of its last token in that q block).
-    Example, block_size 4, q_block 4: rows ((7, 3), 0, 6), ((1,), 0, 2), tokens a0..a5 b0 b1:
-        q block 0  a0..a3          reads [7]
-        q block 1  a4 a5 b0 b1     reads [7, 3, 1]"""
-    out: list[list[int]] = [[] for _ in range(-(-sum(n for _, _, n in rows) // q_block))]
-    i = 0
-    for table, p0, n in rows:                 # rows own distinct blocks: no block is listed twice
-        t = 0
-        while t < n:
-            m = (i + t) // q_block
-            end = min(n, (m + 1) * q_block - i)       # this row's tokens t..end-1 fall in q block m
-            out[m].extend(table[: (p0 + end - 1) // block_size + 1])
-            t = end
-        i += n
-    return out
-
-
-class PackedChunks:
-    """attention(q, k_pool, v_pool, batch) of prompt chunks on CUDA: FlexAttention over the pool
-    with the chunks' packed tokens as one query sequence ([1, nh, N, hd]); q block m (128 packed
-    tokens) visits only the blocks `packed_kv_blocks` lists for it, and mask_mod applies the token's
-    own slot and s <= p inside them. One launch a layer, where gathered SDPA is about a dozen plus a
-    copy of every row's blocks: a mixed iteration's attention runs eagerly between its graphed
-    pieces, so launches are what it costs (docs/design.md, "Graphs for mixed iterations").
-    The mask is built on the host, once per step and pool length, and serves every layer and the
-    draft's pass over the same chunks."""
-
-    Q_BLOCK = 128                 # a multiple of the kernels' BLOCK_M
-
-    def __init__(self, batch: RaggedBatch, rows, token_slot: Tensor, owner: Tensor, logical: Tensor,
-                 block_size: int):
-        """rows as `packed_kv_blocks`; token_slot [N] the slot of each packed token (device)."""
-        self.batch, self.token_slot, self.owner, self.logical = batch, token_slot, owner, logical
-        self.block_size, self.lists = block_size, packed_kv_blocks(rows, block_size, self.Q_BLOCK)
-        self._masks: dict[int, object] = {}
-
-    def mask(self, pool_len: int):
-        if pool_len not in self._masks:
-            self._masks[pool_len] = packed_block_mask(*kv_block_tensors(self.lists, pool_len // self.block_size,
-                                                                        self.token_slot.device),
-                                                      self.token_slot, self.batch.positions, self.owner,
-                                                      self.logical, self.block_size, pool_len, self.Q_BLOCK)
-        return self._masks[pool_len]
-
-    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
-        if batch is not self.batch:
-            raise ValueError("PackedChunks attends the batch it was built for only")
-        return packed_attention(q, k_pool, v_pool, self.mask(k_pool.shape[1]))
-
-
-def kv_block_tensors(lists: list[list[int]], blocks: int, device) -> tuple[Tensor, Tensor]:
-    """`packed_kv_blocks`' lists -> (num [nqb] int32, idx [nqb, blocks] int32) on device, in one copy."""
-    nqb = len(lists)
-    host = torch.zeros(nqb, 1 + blocks, dtype=torch.int32)
-    for m, x in enumerate(lists):
-        host[m, 0] = len(x)
-        host[m, 1: 1 + len(x)] = torch.tensor(x, dtype=torch.int32)
-    dev = host.to(device)
-    return dev[:, 0], dev[:, 1:]
-
-
-def packed_block_mask(num: Tensor, idx: Tensor, token_slot: Tensor, positions: Tensor, owner: Tensor,
-                      logical: Tensor, block_size: int, pool_len: int, q_block: int = PackedChunks.Q_BLOCK):
-    """The BlockMask of packed query tokens over the pool: q block m (q_block tokens) visits the
-    num[m] blocks idx[m, :num[m]]; inside them token i sees pool position s of block blk iff
-    owner[blk] == token_slot[i] and its logical position <= positions[i]. A token of a slot
-    that owns no block (the padding slot) sees nothing; FlexAttention gives it zeros.
-    num [nqb], idx [nqb, pool_len // block_size]; token_slot, positions [L], L <= nqb * q_block."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    bs, nqb = block_size, num.shape[0]
-
-    def mask_mod(b, h, qi, ki):
-        blk = ki // bs
-        return (owner[blk] == token_slot[qi]) & (logical[blk] * bs + ki % bs <= positions[qi])
-
-    return BlockMask.from_kv_blocks(num.view(1, 1, nqb), idx.view(1, 1, nqb, -1), BLOCK_SIZE=(q_block, bs),
-                                    mask_mod=mask_mod, seq_lengths=(positions.shape[0], pool_len),
-                                    compute_q_blocks=False)
-
-
-def packed_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, mask) -> Tensor:
-    """q [L, nh, hd] packed tokens as one query sequence, `packed_block_mask` -> [L, nh*hd]."""
-    L, nh, hd = q.shape
-    # contiguous: the target's q ([L, nh, hd] rows), the draft's and slices of either then share one
-    # compiled version (strides are guarded); the copy is L x nh x hd, one launch
-    qr = q.transpose(0, 1).contiguous()[None]                                           # [1, nh, L, hd]
-    torch._dynamo.mark_static(qr, 0)
-    o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)
-    return o[0].transpose(0, 1).reshape(L, nh * hd)
-
-
 @dataclass(frozen=True)
 class SplitRows:
     """attention(q, k_pool, v_pool, batch) of a mixed iteration's forward, whose first nd packed
     tokens are b uniform decode rows (T = K+1 tokens each) and the rest prompt chunks:
         decode rows   `decode` over `decode_batch` (FlexAttention over the pool on CUDA)
-        prompt chunks `chunk` over `chunk_batch`: PackedChunks on CUDA, else gathered SDPA over
-                      the chunks' own rows only
+        prompt chunks `chunk` over `chunk_batch`: packed.PackedChunks when the engine's attention
+                      is "flex" (CUDA's default), else gathered SDPA over the chunks' own rows
     One gathered SDPA over every row would copy each decode row's whole context in every layer
     (b=64 rows of 1000 tokens, 8 KV heads of 128, bf16: 262 MB a layer). Called for `whole` only:
     the target's layers and the draft's catch-up over the same packed tokens.

@@ -36,11 +36,11 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix
-from dynspec.runtime.engines.reference.attention import (PackedChunks, PerStepMasks, RaggedBatch, SplitRows,
-                                                         packed_kv_blocks, ragged_batch, sdpa_attention,
-                                                         uniform_batch)
+from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, SplitRows, ragged_batch,
+                                                         sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
+from dynspec.runtime.engines.reference.packed import PackedChunks, kv_block_tensors, packed_kv_blocks
 from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
@@ -143,6 +143,7 @@ class ReferenceEngine:
         self.packed_chunks = self.attention == "flex"       # prompt chunks through PackedChunks (else SDPA)
         self.whole: WholeMixed | None = None                # capture_whole; used while whole_mixed
         self.whole_mixed = False
+        self.warm_chunk_steps = 0                           # chunk-only steps capture_graphs ran (warm_chunks)
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -321,12 +322,6 @@ class ReferenceEngine:
         chunks = plan.chunks
         T = K + 1
         dec_read = None if self.attention == "flex" else read                 # flex skips unread blocks itself
-        # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
-        # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
-        if b and K and any(plan.stale):
-            self._refresh(B, dec_read)
-        D = self._chain(B, K, dec_read)[:b] if b and K else None             # [b, K]
-        dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
         lens = [T] * b + [len(c.tokens) for c in chunks]
         starts = list(plan.positions) + [c.start for c in chunks]
         slots = list(plan.slots) + [c.slot for c in chunks]
@@ -336,21 +331,36 @@ class ReferenceEngine:
             i += len(c.tokens)
             ends.append(i - 1)
         last_rows = [j for j, c in enumerate(chunks) if c.last]
-        # every host -> device copy before the first kernel: a copy from pageable memory waits for
-        # the stream, so one issued after the forward would stall the host until the forward ends
-        host = [[t for c in chunks for t in c.tokens],                                # prompt tokens
-                [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],    # their draft inputs
+        # every host -> device copy before the first kernel (the draft's included): a copy from
+        # pageable memory waits for the stream, so one issued later would stall the host until
+        # the work queued before it ends. One tensor, split:
+        #   [prompt tokens Nc | their draft inputs Nc | last chunks' packed index | their slot | token slots Nc]
+        host = [[t for c in chunks for t in c.tokens],
+                [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
                 [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
-                [c.slot for c in chunks for _ in c.tokens]]                          # each chunk token's slot
+                [c.slot for c in chunks for _ in c.tokens]]
         prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
             [x for part in host for x in part], dtype=torch.long).to(dev).split([len(x) for x in host])
         nxt = nxt.clone()
         batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size)
-        logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
         c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size) if b else batch
-        chunk_attention = (PackedChunks(c_batch, [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks],
-                                        token_slot, self.block_owner, self.block_logical, self.block_size)
-                           if self.packed_chunks else sdpa_attention)
+        rows = [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks]
+        chunk_attention = sdpa_attention
+        if self.packed_chunks:
+            chunk_attention = PackedChunks(c_batch, rows, token_slot, self.block_owner, self.block_logical,
+                                           self.block_size)
+            chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
+        key = self._whole_key(B, T, prompt.shape[0])
+        if key is not None:
+            lists = chunk_attention.lists if self.packed_chunks else packed_kv_blocks(rows, self.block_size)
+            kv_blocks = kv_block_tensors(lists, self.whole.kv_idx.shape[1], dev)
+        # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
+        # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
+        if b and K and any(plan.stale):
+            self._refresh(B, dec_read)
+        D = self._chain(B, K, dec_read)[:b] if b and K else None             # [b, K]
+        dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
+        logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
         attention = chunk_attention
         if b:
             vpos = self.pos[:B, None] + torch.arange(T, device=dev)                  # [B, T]
@@ -358,11 +368,8 @@ class ReferenceEngine:
             attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch, chunk_attention)
         tokens = torch.cat([dec_tokens, prompt])
         pw = self.piecewise
-        key = self._whole_key(B, T, prompt.shape[0])
         if key is not None:
-            lists = (chunk_attention.lists if isinstance(chunk_attention, PackedChunks) else
-                     packed_kv_blocks([(self._table(c.slot), c.start, len(c.tokens)) for c in chunks], self.block_size))
-            h, Hw = self.whole.run(key, b, D, prompt, c_batch.positions, c_batch.write_index, token_slot, lists)
+            h, Hw = self.whole.run(key, b, D, prompt, c_batch.positions, c_batch.write_index, token_slot, *kv_blocks)
             shift = (B - b) * T                  # chunk token j: nd + j in the plan's packing, B*T + j there
             ar = torch.arange(nd + prompt.shape[0], device=dev)
             greedy = self.target.head(h[torch.cat([ar[:nd], last_idx + shift])], greedy=True)
@@ -429,20 +436,25 @@ class ReferenceEngine:
         return self.whole.capture(set(whole_keys(rows, self.piecewise.buckets) if rows else ()) | set(exact))
 
     def _table(self, slot: int) -> tuple[int, ...]:
-        """The slot's block table on the host; the padding slot's is all scratch block."""
-        return self.blocks.tables.get(slot) or (SCRATCH_BLOCK,) * self.max_blocks_per_seq
+        """The slot's block table on the host; the padding slot's is the scratch block (which it
+        owns no more than any other slot: its tokens see nothing)."""
+        return self.blocks.tables.get(slot) or (SCRATCH_BLOCK,)
 
-    def warm_chunks(self) -> None:
+    def warm_chunks(self) -> int:
         """Compile the prompt chunks' FlexAttention (PackedChunks) before serving, for the target's
-        and the draft's layouts: a first chunk length is compiled specialised, the second with a
-        symbolic length that serves every later one. Chunk-only steps on the padding slot (its
-        K/V go to the scratch block). Without this the first mixed iterations of a run would
-        compile for seconds inside the measurement."""
-        top = min(300, self.max_num_tokens, self.max_seq_len - 1)
-        for n in sorted({1, min(5, top), top}):
+        and the draft's layouts: 1 packed token (compiled specialised), 5 (the symbolic length,
+        one q block) and min(300, max_num_tokens) (several q blocks, so the block lists' q-block
+        dimension is symbolic too), in chunk-only steps on the padding slot (its K/V go to the
+        scratch block; rows of at most max_seq_len - 1 tokens). Without it the first mixed
+        iterations of a run would compile inside the measurement. Returns the steps run."""
+        per_row = max(1, self.max_seq_len - 1)
+        sizes = sorted({1, min(5, self.max_num_tokens), min(300, self.max_num_tokens)})
+        for n in sizes:
+            rows = [min(per_row, n - i) for i in range(0, n, per_row)]
             plan = StepPlan(k=0, batch_size=0, bucket=0, positions=(), pending=(), stale=(), keep_warm=False,
-                            slots=(), chunks=(PromptChunk(self.pad_slot, 0, (0,) * n, None),))
+                            slots=(), chunks=tuple(PromptChunk(self.pad_slot, 0, (0,) * r, None) for r in rows))
             self.step(plan, Greedy())
+        return len(sizes)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     def drop_graphs(self) -> None:
@@ -479,8 +491,8 @@ class ReferenceEngine:
                 self._graphs[key] = g
         torch.cuda.synchronize()
         n = len(keys) + (self.piecewise.capture() if mixed and self.piecewise is not None else 0)
-        if self.packed_chunks:
-            self.warm_chunks()
+        if mixed and self.packed_chunks:
+            self.warm_chunk_steps = self.warm_chunks()
         return n
 
 

@@ -27,8 +27,8 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from .attention import (PackedChunks, flex_attention_paged, kv_block_tensors, packed_attention, packed_block_mask,
-                        paged_block_mask, uniform_batch)
+from .attention import flex_attention_paged, paged_block_mask, uniform_batch
+from .packed import PackedChunks, packed_attention, packed_block_mask
 
 Key = tuple[int, int, int]       # (Np, B, T)
 
@@ -141,11 +141,12 @@ class WholeMixed:
         self.kv_num.zero_()
 
     def run(self, key: Key, b: int, drafts: Tensor | None, prompt: Tensor, positions: Tensor, write_index: Tensor,
-            token_slot: Tensor, lists: list[list[int]]) -> tuple[Tensor, Tensor]:
+            token_slot: Tensor, num: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
         """One mixed iteration: b real decode rows (drafts [b, K] or None at K=0; pending tokens,
         positions and slots already in the engine's x / pos / slot, rows b..B-1 padding), the
         chunks' prompt tokens, positions, write indices and slots [Nc], and their block lists
-        (packed_kv_blocks). -> (h [Np, h], H [Np, n*h]), buffers valid until the next run."""
+        (packed.kv_block_tensors: num [m], idx [m, blocks] on the device).
+        -> (h [Np, h], H [Np, n*h]), buffers valid until the next run."""
         Np, B, T = key
         n, Nc = B * T, prompt.shape[0]
         self.dec_tokens[:B, 0].copy_(self.e.x[:B])
@@ -159,7 +160,6 @@ class WholeMixed:
         pw._pad(n + Nc, Np)
         self.tok_slot[:Nc].copy_(token_slot)
         self.tok_slot[Nc:Np - n].fill_(self.e.pad_slot)
-        num, idx = kv_block_tensors(lists, self.kv_idx.shape[1], self.e.device)
         m = num.shape[0]
         self.kv_num[:m].copy_(num)
         self.kv_num[m:].zero_()

@@ -101,6 +101,8 @@ class WholeMixed:
             self.h[:Np].copy_(out["h"])
             if out["H"] is not None:
                 self.H[:Np].copy_(out["H"])
+            out["state"].clear()           # only h and H outlive a graph: its pool serves the next capture
+            del out["h"], out["H"]
 
         return run
 

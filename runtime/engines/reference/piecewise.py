@@ -82,6 +82,7 @@ class PiecewiseTarget:
         f, comm, L = t.kernels, t.collectives, len(t.layers)
         st: dict[str, Tensor] = {}
         out = self.out.setdefault(n, {}) if out is None else out
+        out["state"] = st                  # what passes from piece to piece (a caller may drop it after the last)
         tokens, positions, widx = self.tokens[:n], self.positions[:n], self.write_index[:n]
         q, o = self.q[:n], self.o[:n]
 

@@ -189,6 +189,10 @@ def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
     eager = dict(low, env=dict(low["env"], mixed_graphs=False))
     with pytest.raises(DynspecError, match="differ in env mixed_graphs: False vs True"):
         summary.merge_sweeps([eager, graphed], ["a.json", "b.json"])
+    whole = dict(high, env=dict(graphed["env"], whole_mixed_graphs=True))
+    piecewise = dict(low, env=dict(low["env"], mixed_graphs=True, whole_mixed_graphs=False))
+    with pytest.raises(DynspecError, match="differ in env whole_mixed_graphs: False vs True"):
+        summary.merge_sweeps([piecewise, whole], ["a.json", "b.json"])
     with pytest.raises(DynspecError, match=r"--profile A is given twice \(x.json and y.json\)"):
         summary._named(["A=x.json", "A=y.json"], "--profile")
 

@@ -84,30 +84,37 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     assert_transformers_greedy(pair, prompts[-6:], lens[-6:], graph_out[-6:])
 
 
-def test_whole_mixed_graphs_equal_transformers(pair):
-    """Mixed iterations as whole-forward graphs (attention captured too) give transformers'
-    tokens, in float32, and every one that fits a captured key replays its graph."""
+def _spy_whole(monkeypatch) -> list:
+    """(key, b, replayed) of every WholeMixed.run."""
     from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 
-    keys = []
+    runs = []
     real = WholeMixed.run
-    WholeMixed.run = lambda self, key, *a: keys.append(key in self.graphs) or real(self, key, *a)
-    try:
-        rng = random.Random(1)
-        prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
-        lens = [4 + 4 * i for i in range(16)]
-        out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens, whole=True)
-    finally:
-        WholeMixed.run = real
-    assert keys and all(keys) and len(eng.whole.graphs) > 0
-    assert_transformers_greedy(pair, prompts[-6:], lens[-6:], out[-6:])
+    monkeypatch.setattr(WholeMixed, "run", lambda self, key, b, *a: runs.append((key, b, key in self.graphs))
+                        or real(self, key, b, *a))
+    return runs
+
+
+def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
+    """Mixed iterations as whole-forward graphs (attention captured too) give transformers'
+    tokens in float32: chunk-only iterations, decode rows at K=0 and K>0, padded row buckets."""
+    runs = _spy_whole(monkeypatch)
+    rng = random.Random(1)
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
+    lens = [4 + 4 * i for i in range(16)]
+    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens, whole=True)
+    assert runs and all(replayed for _, _, replayed in runs) and len(eng.whole.graphs) > 0
+    assert any(b == 0 for _, b, _ in runs) and any(B > b > 0 for (_, B, _), b, _ in runs)
+    assert any(T > 1 for (_, _, T), b, _ in runs if b) and any(T == 1 for (_, _, T), b, _ in runs if b)
+    assert_transformers_greedy(pair, prompts, lens, out)
 
 
 @pytest.mark.parametrize("whole", [False, True])
-def test_chunks_over_several_query_blocks_equal_transformers(pair, whole):
+def test_chunks_over_several_query_blocks_equal_transformers(pair, whole, monkeypatch):
     """Prompts of 150..300 tokens under a 512-token budget: the packed chunks span several blocks
     of 128 queries, so the compiled PackedChunks reads its block lists (CPU flex ignores them).
     Piecewise graphs, or whole-forward graphs; float32; transformers' tokens."""
+    runs = _spy_whole(monkeypatch)
     policy = DraftSchedule.parse("2:3,4:1")
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=4, max_seq_len=384,
                                 max_draft_len=3, max_num_tokens=512)
@@ -122,6 +129,8 @@ def test_chunks_over_several_query_blocks_equal_transformers(pair, whole):
     handles = [ex.submit(p, 12) for p in prompts]
     ex.run_until_idle()
     assert max(s.prefill_tokens for s in ex.stats) > 256
+    assert bool(runs) == whole and all(replayed for _, _, replayed in runs)
+    assert not whole or any(key[0] - key[1] * key[2] > 128 for key, _, _ in runs)   # a whole graph over > 1 q block
     assert_transformers_greedy(pair, prompts, [12] * len(prompts), [h.result().output_ids for h in handles])
 
 

@@ -462,6 +462,8 @@ class ReferenceEngine:
         self._graphs.clear()
         if self.piecewise is not None:
             self.piecewise.drop()
+        if self.whole is not None:
+            self.whole.drop()
 
     def capture_graphs(self, keys: Iterable[GraphKey], mixed: bool = True) -> int:
         """Capture one graph per pure-decode key (call once at start, on CUDA), then, with mixed,

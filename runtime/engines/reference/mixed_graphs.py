@@ -55,12 +55,19 @@ class WholeMixed:
         with torch.inference_mode():
             self.dec_tokens = torch.zeros(e.max_batch_size + 1, e.max_draft_len + 1, dtype=torch.long, device=dev)
             self.tok_slot = torch.full((top,), e.pad_slot, dtype=torch.long, device=dev)          # [L]
-            self.kv_num = torch.zeros(-(-top // q_block), dtype=torch.int32, device=dev)         # [q blocks]
-            self.kv_idx = torch.zeros(-(-top // q_block), blocks, dtype=torch.int32, device=dev)
+            # [q blocks, 1 + blocks]: count, then block ids; one tensor, laid out as packed.kv_block_tensors'
+            # (FlexAttention's compiled versions are guarded on strides: the same layout reuses them)
+            kv = torch.zeros(-(-top // q_block), 1 + blocks, dtype=torch.int32, device=dev)
+            self.kv_num, self.kv_idx = kv[:, 0], kv[:, 1:]
             self.h = like.new_zeros(top, t.config.hidden_size)                                   # [Np, h]
             self.H = like.new_zeros(top, len(pw.capture_layers) * t.config.hidden_size)          # [Np, n*h]
         self._fns: dict[Key, Callable[[], None]] = {}
         self.graphs: dict[Key, "torch.cuda.CUDAGraph"] = {}
+
+    def drop(self) -> None:
+        """Forget the graphs (they bake in what they captured, e.g. the all-reduce mode)."""
+        self.graphs.clear()
+        self._fns.clear()
 
     def key(self, B: int, T: int, n_chunk: int) -> Key | None:
         need = B * T + n_chunk

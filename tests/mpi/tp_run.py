@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--no-keep-warm", action="store_true")
     ap.add_argument("--mixed-graphs", action="store_true",
                     help="mixed iterations through piecewise.py's pieces (on CPU they run uncaptured)")
+    ap.add_argument("--whole-mixed", action="store_true",
+                    help="with --mixed-graphs: mixed iterations through mixed_graphs.py (uncaptured on CPU)")
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang", "raise"))
     ap.add_argument("--fault-at", type=int, default=3)
@@ -72,6 +74,12 @@ def main() -> None:
 
         real = PiecewiseTarget.run
         PiecewiseTarget.run = lambda self, *args: pieces.__setitem__(0, pieces[0] + 1) or real(self, *args)
+    wholes = [0]              # mixed forwards this rank ran through mixed_graphs.py
+    if a.whole_mixed:
+        from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+
+        real_whole = WholeMixed.run
+        WholeMixed.run = lambda self, *args: wholes.__setitem__(0, wholes[0] + 1) or real_whole(self, *args)
 
     def load(ctx):
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
@@ -83,6 +91,9 @@ def main() -> None:
 
             captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
                                                                  engine.max_num_tokens))
+        if a.whole_mixed:
+            engine.capture_whole()
+            engine.whole_mixed = True
         rec = StepRecorder(engine)
         return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
 
@@ -92,12 +103,13 @@ def main() -> None:
     steps = [[s.iteration, s.batch_size, s.k, [list(g) for g in s.graphs]] for s in rec.steps]
     everyone = ctx.comm.gather(steps, root=0) if ctx.comm is not None else [steps]
     all_pieces = ctx.comm.gather(pieces[0], root=0) if ctx.comm is not None else [pieces[0]]
+    all_wholes = ctx.comm.gather(wholes[0], root=0) if ctx.comm is not None else [wholes[0]]
     if ctx.layout.rank == 0 and a.out:
         with open(a.out, "w") as f:
             json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)},
                        "allreduce": ctx.reducer.mode if ctx.reducer is not None else None,
                        "eager_fallbacks": rec.eager_fallbacks, "graphs": captured[0],
-                       "piecewise_runs": all_pieces}, f)
+                       "piecewise_runs": all_pieces, "whole_runs": all_wholes}, f)
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,20 @@ def test_budget_smaller_than_a_verify_window_is_refused(pair):
         engine(pair, budget=4)
 
 
+def served(pair, *, max_batch: int, seed: int, lo: int, hi: int, lens) -> tuple:
+    """An engine after 6 iterations of serving 3 prompts (static K=3, budget 32): a cache with
+    rows of different lengths, stale entries past them and freed blocks -> (engine, the requests
+    still holding a slot, at least 2)."""
+    eng = engine(pair, budget=32, max_batch=max_batch, max_seq=64, kmax=3)
+    ex = Executor(eng, DraftSchedule.static(3, max_batch))
+    hs = [ex.submit(p, n) for p, n in zip(prompts(3, seed=seed, lo=lo, hi=hi), lens)]
+    for _ in range(6):
+        ex.step()
+    live = [h._req for h in hs if h._req.slot is not None]
+    assert len(live) >= 2
+    return eng, live
+
+
 def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
     """FlexAttention over the pool (the GPU graph path) == gathered SDPA on a cache that
     serving left behind: rows of different lengths, stale entries past them, freed blocks.
@@ -239,13 +253,7 @@ def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
     from dynspec.runtime.engines.reference.attention import (flex_attention_paged, ragged_batch, sdpa_attention,
                                                              uniform_batch)
 
-    eng = engine(pair, budget=32, max_batch=3, max_seq=64, kmax=3)
-    ex = Executor(eng, DraftSchedule.static(3, 3))
-    hs = [ex.submit(p, n) for p, n in zip(prompts(3, seed=37, lo=5, hi=30), (20, 6, 12))]
-    for _ in range(6):
-        ex.step()
-    live = [h._req for h in hs if h._req.slot is not None]
-    assert len(live) >= 2
+    eng, live = served(pair, max_batch=3, seed=37, lo=5, hi=30, lens=(20, 6, 12))
     slots = torch.tensor([r.slot for r in live])
     q_pos = torch.tensor([r.length for r in live])[:, None] + torch.arange(4)              # [R, 4]
     batch = uniform_batch(eng.block_tables, slots, q_pos, eng.max_blocks_per_seq, eng.block_size)
@@ -279,13 +287,7 @@ def test_packed_chunks_equal_gathered_sdpa(pair, q_block):
     from dynspec.runtime.engines.reference.attention import ragged_batch, sdpa_attention
     from dynspec.runtime.engines.reference.packed import PackedChunks
 
-    eng = engine(pair, budget=32, max_batch=4, max_seq=64, kmax=3)
-    ex = Executor(eng, DraftSchedule.static(3, 4))
-    hs = [ex.submit(p, n) for p, n in zip(prompts(3, seed=43, lo=20, hi=40), (20, 9, 14))]
-    for _ in range(6):
-        ex.step()
-    live = [h._req for h in hs if h._req.slot is not None]
-    assert len(live) >= 2
+    eng, live = served(pair, max_batch=4, seed=43, lo=20, hi=40, lens=(20, 9, 14))
     rows = [(r.slot, max(0, r.length - n), n) for r, n in zip(live, (11, 3, 7))]      # chunks re-reading a prefix
     batch = ragged_batch(eng.block_tables, [s for s, _, _ in rows], [p for _, p, _ in rows],
                          [n for _, _, n in rows], eng.block_size)

@@ -352,8 +352,9 @@ class ReferenceEngine:
             chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
         key = self._whole_key(B, T, prompt.shape[0])
         if key is not None:
-            lists = chunk_attention.lists if self.packed_chunks else packed_kv_blocks(rows, self.block_size)
-            kv_blocks = kv_block_tensors(lists, self.whole.kv_idx.shape[1], dev)
+            blocks = self.whole.kv_idx.shape[1]
+            kv_blocks = (chunk_attention.kv_blocks(blocks) if self.packed_chunks else
+                         kv_block_tensors(packed_kv_blocks(rows, self.block_size), blocks, dev))
         # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
         # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
         if b and K and any(plan.stale):
@@ -430,10 +431,15 @@ class ReferenceEngine:
         rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1) for g in keys if g.kind != "refresh"}
         if self.device.type != "cuda":
             return 0
+        self._pad_rows()
+        return self.whole.capture(set(whole_keys(rows, self.piecewise.buckets) if rows else ()) | set(exact))
+
+    def _pad_rows(self) -> None:
+        """Every step row a padding row (token 0 at position 1 of the padding slot): what graph
+        warm-ups and captures run on, writing only into the scratch block."""
         self.x.zero_()
         self.pos.fill_(1)
         self.slot.fill_(self.pad_slot)
-        return self.whole.capture(set(whole_keys(rows, self.piecewise.buckets) if rows else ()) | set(exact))
 
     def _table(self, slot: int) -> tuple[int, ...]:
         """The slot's block table on the host; the padding slot's is the scratch block (which it
@@ -474,9 +480,7 @@ class ReferenceEngine:
         keys = capture_order(keys)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
-        self.x.zero_()
-        self.pos.fill_(1)
-        self.slot.fill_(self.pad_slot)
+        self._pad_rows()
         with torch.inference_mode():
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):

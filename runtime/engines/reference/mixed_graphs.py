@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .attention import flex_attention_paged, paged_block_mask, uniform_batch
 from .packed import PackedChunks, packed_attention, packed_block_mask
+from .piecewise import capture_graph
 
 Key = tuple[int, int, int]       # (Np, B, T)
 
@@ -70,8 +71,7 @@ class WholeMixed:
         self._fns.clear()
 
     def key(self, B: int, T: int, n_chunk: int) -> Key | None:
-        need = B * T + n_chunk
-        n = next((b for b in self.pw.buckets if b >= need), None)
+        n = self.pw.bucket(B * T + n_chunk)
         return None if n is None else (n, B, T)
 
     def _fn(self, key: Key) -> Callable[[], None]:
@@ -130,14 +130,7 @@ class WholeMixed:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             for key in keys:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.stream(stream):
-                    g.capture_begin(pool=pool)
-                    try:
-                        self._fn(key)()
-                    finally:
-                        g.capture_end()
-                self.graphs[key] = g
+                self.graphs[key] = capture_graph(self._fn(key), pool, stream)
             torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         return len(keys)

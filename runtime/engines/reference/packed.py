@@ -54,14 +54,21 @@ class PackedChunks:
         """rows as `packed_kv_blocks`; token_slot [N] the slot of each packed token (device)."""
         self.batch, self.token_slot, self.owner, self.logical = batch, token_slot, owner, logical
         self.block_size, self.lists = block_size, packed_kv_blocks(rows, block_size, self.Q_BLOCK)
+        self._kv: dict[int, tuple[Tensor, Tensor]] = {}
         self._masks: dict[int, object] = {}
 
+    def kv_blocks(self, blocks: int) -> tuple[Tensor, Tensor]:
+        """`kv_block_tensors` of the lists over a pool of `blocks` blocks, copied once per size
+        (the masks and mixed_graphs.py's buffers share the copy)."""
+        if blocks not in self._kv:
+            self._kv[blocks] = kv_block_tensors(self.lists, blocks, self.token_slot.device)
+        return self._kv[blocks]
+
     def mask(self, pool_len: int):
-        """The block mask over a pool of pool_len positions (built once per length: one host-to-
-        device copy; the engine builds the target's before the step's first kernel)."""
+        """The block mask over a pool of pool_len positions (built once per length; the engine
+        builds the target's before the step's first kernel, so its copy does not wait)."""
         if pool_len not in self._masks:
-            self._masks[pool_len] = packed_block_mask(*kv_block_tensors(self.lists, pool_len // self.block_size,
-                                                                        self.token_slot.device),
+            self._masks[pool_len] = packed_block_mask(*self.kv_blocks(pool_len // self.block_size),
                                                       self.token_slot, self.batch.positions, self.owner,
                                                       self.logical, self.block_size, pool_len, self.Q_BLOCK)
         return self._masks[pool_len]

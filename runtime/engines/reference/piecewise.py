@@ -46,6 +46,19 @@ def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
 
+def capture_graph(fn: Callable[[], None], pool, stream) -> "torch.cuda.CUDAGraph":
+    """fn captured as one CUDA graph on `stream` into `pool`, without torch.cuda.graph()'s gc +
+    empty_cache per capture (hundreds of captures at start-up)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        g.capture_begin(pool=pool)
+        try:
+            fn()
+        finally:
+            g.capture_end()
+    return g
+
+
 class PiecewiseTarget:
     """`run(tokens, batch, attention, logit_index)` == target.run(..., greedy=True) for N <= the
     largest bucket (`fits(N)`); `capture()` records the pieces as CUDA graphs (else they run
@@ -75,6 +88,10 @@ class PiecewiseTarget:
 
     def fits(self, n: int) -> bool:
         return n <= self.buckets[-1]
+
+    def bucket(self, n: int) -> int | None:
+        """The smallest token bucket >= n, or None above the largest."""
+        return next((b for b in self.buckets if b >= n), None)
 
     def _make_pieces(self, n: int, out: dict | None = None) -> list[Callable[[], None]]:
         """Bucket n's pieces, eager; out receives the last piece's h and H (default: self.out[n])."""
@@ -124,16 +141,7 @@ class PiecewiseTarget:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             for n in reversed(self.buckets):
-                replays = []
-                for piece in self._pieces[n]:
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.stream(stream):   # torch.cuda.graph() would gc + empty_cache ~400 times
-                        g.capture_begin(pool=pool)
-                        try:
-                            piece()
-                        finally:
-                            g.capture_end()
-                    replays.append(g.replay)
+                replays = [capture_graph(piece, pool, stream).replay for piece in self._pieces[n]]
                 self._pieces[n] = replays
                 self.graphs += len(replays)
             torch.cuda.current_stream().wait_stream(stream)
@@ -152,7 +160,7 @@ class PiecewiseTarget:
         """tokens [N] packed -> (greedy ids [M] at logit_index, captured layers [N, n*h]). The
         captured layers are a view of the bucket's buffers: valid until the next run."""
         N = tokens.shape[0]
-        n = next(b for b in self.buckets if b >= N)
+        n = self.bucket(N)
         self.tokens[:N].copy_(tokens)
         self.positions[:N].copy_(batch.positions)
         self.write_index[:N].copy_(batch.write_index)

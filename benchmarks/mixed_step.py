@@ -98,7 +98,9 @@ def run(args, on_point=None) -> dict:
         except Exception as e:    # a finding, not a stop: the other modes still run
             whole, whole_error = set(), f"{type(e).__name__}: {str(e)[:500]}"
             engine.whole = None
-            print(f"whole-forward graphs failed: {whole_error}", file=sys.stderr)
+            import traceback
+
+            print(f"whole-forward graphs failed: {whole_error}\n{traceback.format_exc()}", file=sys.stderr)
     import torch
 
     rng = random.Random(0)

@@ -109,6 +109,9 @@ def packed_block_mask(num: Tensor, idx: Tensor, token_slot: Tensor, positions: T
                                     compute_q_blocks=False)
 
 
+FORCE_MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}
+
+
 def packed_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, mask) -> Tensor:
     """q [L, nh, hd] packed tokens as one query sequence, `packed_block_mask` -> [L, nh*hd]."""
     L, nh, hd = q.shape
@@ -117,5 +120,9 @@ def packed_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, mask) -> Tensor:
     qr = q.transpose(0, 1).contiguous()[None]                                           # [1, nh, L, hd]
     torch._dynamo.mark_static(qr, 0)
     torch._dynamo.mark_static(qr, 1)
-    o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True)
+    # the main kernel always: below 128 queries inductor would pick its decoding kernel, whose
+    # BLOCK_M = next_pow2(L x heads per KV head) (L=126, 4 -> 512) must divide the 128-query sparse
+    # block; no config then fits and the lowering fails (NoValidChoicesError: H200, 8B shape, bf16)
+    o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True,
+                kernel_options=FORCE_MAIN_KERNEL)
     return o[0].transpose(0, 1).reshape(L, nh * hd)

@@ -17,6 +17,7 @@ from dynspec.runtime.engines.reference.engine import load_reference_engine, reac
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_draft, make_tiny_target
+from tests.helpers_rope import assert_rope_write_matches
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -205,3 +206,16 @@ def test_decode_b1_1024_context_timing():
           f"{free // (kv_per_token * 128 * -(-(1024 + 128 + 9) // 128))} requests of 1024+128 tokens in 128-token "
           f"blocks (after)", flush=True)
     assert ms["flex"][1] <= 1.1 * ms["sdpa"][1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_rope_write_triton_equals_rope_write(n, dtype):
+    """Kernels(compiled=True)'s rope_write on CUDA, the Triton kernel, == model.rope_write at the
+    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache; triton_rope=False keeps inductor's."""
+    from dynspec.runtime.engines.reference.model import Kernels
+    from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
+
+    assert Kernels(compiled=True).rope_write is rope_write_triton
+    assert Kernels(compiled=True, triton_rope=False).rope_write is not rope_write_triton
+    assert_rope_write_matches(rope_write_triton, "cuda", dtype, n)

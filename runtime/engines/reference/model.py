@@ -235,6 +235,9 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return F.silu(gate) * up
 
 
+TRITON_ROPE = True      # Kernels(compiled=True)'s default on CUDA: rope_write as rope_kernel.py's one kernel
+
+
 class Kernels:
     """The elementwise glue of a decoder layer, held per model (never process-wide).
     `Kernels()` is eager; `Kernels(compiled=True)` fuses each piece into one kernel with
@@ -242,12 +245,20 @@ class Kernels:
     norm), rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1
     the glue's launches and gaps, not its bytes, are what cost. H200 kernel tables: ~30 kernels a
     layer before (benchmarks/results/h200x2_tp1_kernels.json), 16 after, of which 6 glue: inductor
-    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json)."""
+    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json). triton_rope (default
+    TRITON_ROPE; CUDA only) swaps that compiled rope_write for a hand-written Triton kernel,
+    rope_kernel.rope_write_triton: 1 launch instead of 3, so 4 glue kernels a layer (to be
+    measured); triton_rope=False keeps inductor's, for the comparison."""
 
-    def __init__(self, compiled: bool = False):
+    def __init__(self, compiled: bool = False, triton_rope: bool | None = None):
         self.compiled = compiled
         c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
         self.rms_norm, self.rope_write = c(rms_norm), c(rope_write)
+        self.triton_rope = bool(compiled and (TRITON_ROPE if triton_rope is None else triton_rope)
+                                and torch.cuda.is_available())
+        if self.triton_rope:
+            from .rope_kernel import rope_write_triton
+            self.rope_write = rope_write_triton
         self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
 
 

@@ -35,6 +35,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-cuda-graphs", action="store_true", help="reference engine: run eagerly on CUDA")
     g.add_argument("--no-mixed-graphs", action="store_true",
                    help="reference engine: iterations with prompt chunks run eagerly (decode graphs stay)")
+    g.add_argument("--no-triton-kernels", action="store_true",
+                   help="reference engine on CUDA: inductor's rope_write and FlexAttention for decode rows "
+                        "instead of the Triton kernels (rope_kernel.py, paged_decode.py)")
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
 
 
@@ -81,6 +84,8 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         ref = replace(ref, cuda_graphs=False)
     if getattr(args, "no_mixed_graphs", False):
         ref = replace(ref, mixed_graphs=False)
+    if getattr(args, "no_triton_kernels", False):
+        ref = replace(ref, triton_kernels=False)
     return EngineChoice(replace(cfg, reference=ref), src, edir)
 
 

@@ -15,6 +15,7 @@ of b rows at --context tokens, one query each (plain decode). Timed inside a CUD
                 `9f5c21e`): automatic dynamic makes the batch symbolic from the second
                 b on, and inductor then uses its main kernel, not the split-KV decoding one
     sdpa        attention.sdpa_attention (gather the rows' blocks, then SDPA)
+    triton      paged_decode.paged_decode_attention (one Triton launch: splits and their merge)
 beside the bytes floor (the rows' K and V read once at --peak-tbps). Every variant's output is
 checked against eager gathered SDPA on its own pool (max abs difference in the JSON).
 """
@@ -123,6 +124,10 @@ def run_point(b: int, name: str, args) -> tuple[float | None, float | str]:
         ref = att.sdpa_attention(q, k, v, small).float()              # this variant's pool
         if name == "sdpa":
             fn = lambda: att.sdpa_attention(q, k, v, small)           # noqa: E731
+        elif name == "triton":
+            from dynspec.runtime.engines.reference.paged_decode import paged_decode_attention
+
+            fn = lambda: paged_decode_attention(q, k, v, batch, bs)   # noqa: E731
         else:
             mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
             kw = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if name == "flex_main" else {}

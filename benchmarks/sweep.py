@@ -525,6 +525,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "cuda_graphs": graphs,
         "mixed_graphs": graphs and cfg.reference.mixed_graphs,
         "whole_mixed_graphs": graphs and cfg.reference.mixed_graphs and spec.whole_mixed,
+        "triton_kernels": device.startswith("cuda") and cfg.reference.triton_kernels,
         "max_batch_size": spec.max_batch_size,
         "max_seq_len": spec.max_seq_len,
         "hostname": socket.gethostname(),

@@ -219,3 +219,24 @@ def test_rope_write_triton_equals_rope_write(n, dtype):
     assert Kernels(compiled=True).rope_write is rope_write_triton
     assert Kernels(compiled=True, triton_rope=False).rope_write is not rope_write_triton
     assert_rope_write_matches(rope_write_triton, "cuda", dtype, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("R, T", [(1, 1), (3, 4), (64, 1)])
+def test_paged_decode_equals_sdpa(R, T, dtype):
+    """paged_decode.py's kernel == gathered SDPA at the 8B shape (nh 32, kvh 8, hd 128, blocks of
+    128) over a layer of a bigger cache, eagerly and replayed from a CUDA graph twice (the second
+    replay finds the merge counters reset by the first)."""
+    from dynspec.runtime.engines.reference.paged_decode import paged_decode_attention
+    from tests.helpers_paged import assert_paged_matches
+
+    q, k, v, batch, out = assert_paged_matches(paged_decode_attention, "cuda", dtype, R, T, 32, 8, 128, 128, 9)
+    paged_decode_attention(q, k, v, batch, 128)              # warm (compiled) before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = paged_decode_attention(q, k, v, batch, 128)
+    for _ in range(2):
+        o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o, out)

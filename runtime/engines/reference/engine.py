@@ -40,6 +40,7 @@ from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBat
                                                          sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
+from dynspec.runtime.engines.reference.paged_decode import PagedDecode
 from dynspec.runtime.engines.reference.packed import PackedChunks, kv_block_tensors, packed_kv_blocks
 from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
@@ -89,7 +90,7 @@ class ReferenceEngine:
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
-                 attention: str | None = None, mixed_graphs: bool | None = None):
+                 attention: str | None = None, mixed_graphs: bool | None = None, decode_kernel: str = "flex"):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -106,6 +107,9 @@ class ReferenceEngine:
         self.attention = attention or ("flex" if on_cuda else "sdpa")
         if self.attention not in ("flex", "sdpa"):
             raise DynspecError(f"attention {self.attention!r} is not 'flex' or 'sdpa'")
+        if decode_kernel not in ("flex", "triton"):
+            raise DynspecError(f"decode_kernel {decode_kernel!r} is not 'flex' or 'triton'")
+        self.decode_kernel = decode_kernel      # under attention "flex": the decode rows' kernel
         bs = block_size or (128 if on_cuda else 16)
         per_seq = -(-max_seq_len // bs)
         n_blocks = num_blocks or 1 + max_batch_size * per_seq
@@ -247,7 +251,8 @@ class ReferenceEngine:
         (read is None: the CUDA-graph path, one compile per shape), else gathered SDPA."""
         if self.attention == "sdpa" or read is not None:
             return sdpa_attention
-        return PerStepMasks(self.block_owner, self.block_logical, self.block_size)
+        flex = PerStepMasks(self.block_owner, self.block_logical, self.block_size)
+        return PagedDecode(self.block_size, flex) if self.decode_kernel == "triton" else flex
 
     def _draft_next(self, tokens, hidden, batch, attention=None):
         """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
@@ -513,12 +518,15 @@ def load_reference_engine(
     max_draft_len: int = 8,
     max_num_tokens: int = 8192,
     fused_kernels: bool | None = None,
+    triton_kernels: bool = True,
     prepare=None,
     target_part=None,
     draft_part=None,
     **cache,
 ) -> ReferenceEngine:
     """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only).
+    triton_kernels (CUDA): rope_write (rope_kernel.py) and the decode rows' attention
+    (paged_decode.py) as hand-written Triton kernels; False keeps inductor's and FlexAttention.
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
     tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).
@@ -529,9 +537,10 @@ def load_reference_engine(
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     target = load_target(target_dir, device=device, dtype=dt, part=target_part)
     if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
-        target.kernels = Kernels(compiled=True)          # this engine only
+        target.kernels = Kernels(compiled=True, triton_rope=triton_kernels)      # this engine only
     draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
     if prepare is not None:
         prepare(target, draft)
+    cache.setdefault("decode_kernel", "triton" if triton_kernels and str(device).startswith("cuda") else "flex")
     return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                            max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)

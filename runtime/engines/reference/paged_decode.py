@@ -1,0 +1,113 @@
+"""Decode rows' attention over the paged pool as one Triton kernel (CUDA; Triton's interpreter in
+CPU tests). See docs/design.md ("Decode attention kernel").
+
+FlexAttention's split-KV decoding path costs three launches a layer at b=1 (the split kernel and
+two combines: 9.7 us of the 5.1 ms step, H200 kernel table benchmarks/results/h200_tp1_decode.json)
+and sizes its splits from the whole pool. Here one launch does both halves: each program attends
+one (row, KV head) over a share of that row's used tiles, writes its partial (m, l, acc), and the
+last program of the (row, KV head) to finish (an atomic counter it resets) merges the partials.
+
+Grid (R * kvh, S). Program (r*kvh + h, s) holds the M = T*G queries of row r that read KV head h
+(G = nh / kvh query heads, T tokens a row), query m -> token m // G, head h*G + m % G.
+Worked example, 8 KV heads, 132 SMs, a table of 9 blocks of 128 (18 tiles of 64), a row at
+position 1024: S = splits_for(8, 18, 132) = 18 programs for each KV head; the row uses
+1024 // 64 + 1 = 17 tiles, per = ceil(17 / 18) = 1, so splits 0..16 take one tile each and
+split 17 none (it still counts in, with m = -inf, l = 0). Tile j is keys 64j..64j+63, in
+logical block j*64 // 128, read through the row's block table.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .attention import RaggedBatch
+
+TILE = 64                   # keys a tile (divides the CUDA block size, 128)
+MAX_QUERIES = 64            # T * G above this: not a decode row, the caller's fallback runs
+
+
+def _kernel():
+    """The jitted kernel (Triton imported here: CPU installs without it never load it)."""
+    from .paged_decode_kernel import paged_decode
+
+    return paged_decode
+
+
+_counters: dict = {}
+_sm_counts: dict = {}
+
+
+def _sms(device) -> int:
+    if device not in _sm_counts:
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device]
+
+
+def _counter(device, n: int) -> Tensor:
+    """A zeroed int32 counter per (row, KV head), kept per device: the kernel leaves it zeroed, so a
+    captured graph may replay it. Grown (not while capturing) to the largest n seen."""
+    c = _counters.get(device)
+    if c is None or c.numel() < n:
+        c = torch.zeros(max(n, 2048), dtype=torch.int32, device=device)
+        _counters[device] = c
+    return c
+
+
+def splits_for(rows_x_heads: int, tiles: int, sms: int) -> int:
+    """Pure. Programs per (row, KV head): about two waves over the SMs, no more than the tiles
+    a row can hold. splits_for(8, 17, 132) = 17; splits_for(2048, 17, 132) = 1."""
+    return max(1, min(tiles, (2 * sms) // rows_x_heads))
+
+
+def supports(q: Tensor, k_pool: Tensor, batch: RaggedBatch, block_size: int) -> bool:
+    """Uniform rows of few queries per KV head, a head size and block size the kernel tiles."""
+    T = batch.q_pos.shape[1]
+    G = q.shape[1] // k_pool.shape[0]
+    return (batch.uniform and T * G <= MAX_QUERIES and q.shape[-1] in (16, 32, 64, 128, 256)
+            and block_size % min(TILE, block_size) == 0 and min(TILE, block_size) >= 16
+            and k_pool.stride(-1) == 1)
+
+
+class PagedDecode:
+    """attention(q, k_pool, v_pool, batch): the kernel for the rows it `supports`, `fallback`
+    (FlexAttention's PerStepMasks) for the rest."""
+
+    def __init__(self, block_size: int, fallback):
+        self.block_size, self.fallback = block_size, fallback
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+        if supports(q, k_pool, batch, self.block_size):
+            return paged_decode_attention(q, k_pool, v_pool, batch, self.block_size)
+        return self.fallback(q, k_pool, v_pool, batch)
+
+
+def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
+                           sms: int | None = None) -> Tensor:
+    """q [R*T, nh, hd] (RoPE applied), pools [kvh, P, hd], a uniform batch -> [R*T, nh*hd]; the
+    same result as attention.sdpa_attention (each query sees its row's positions <= its own)."""
+    if not supports(q, k_pool, batch, block_size) or v_pool.stride(-1) != 1:
+        raise ValueError("paged_decode_attention takes uniform decode rows (see supports)")
+    N, nh, hd = q.shape
+    kvh = k_pool.shape[0]
+    R, T = batch.q_pos.shape
+    G = nh // kvh
+    tile = min(TILE, block_size)
+    tiles = batch.tables.shape[1] * block_size // tile
+    if sms is None:
+        sms = _sms(q.device) if q.is_cuda else 4
+    S = splits_for(R * kvh, tiles, sms)
+    block_m = max(16, 1 << (T * G - 1).bit_length())
+    q = q.contiguous()
+    o = torch.empty(N, nh, hd, dtype=q.dtype, device=q.device)
+    part = torch.empty(R * kvh * S * block_m, hd, dtype=torch.float32, device=q.device)
+    ml = torch.empty(R * kvh * S * block_m, 2, dtype=torch.float32, device=q.device)
+    qpos = batch.q_pos.to(torch.int32).contiguous()
+    tables = batch.tables.to(torch.int32)
+    _kernel()[(R * kvh, S)](
+        q, k_pool, v_pool, tables, qpos, o, part, ml, _counter(q.device, R * kvh), hd ** -0.5,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        tables.stride(0), o.stride(0), o.stride(1),
+        T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
+        SPLITS_P2=1 << (S - 1).bit_length(),
+        IEEE=q.dtype == torch.float32)
+    return o.view(N, nh * hd)

@@ -1,0 +1,75 @@
+"""paged_decode.py's Triton kernel (imported only where Triton runs: paged_decode._kernel)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
+                 stride_qn, stride_qh, stride_kh, stride_kp, stride_vh, stride_vp, stride_tr,
+                 stride_on, stride_oh,
+                 T: tl.constexpr, G: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BS: tl.constexpr,
+                 TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                 IEEE: tl.constexpr):
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    r = pid // KVH
+    h = (pid % KVH).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HD)
+    offs_n = tl.arange(0, TILE_N)
+    valid = offs_m < T * G
+    t = offs_m // G
+    head = h * G + offs_m % G
+    qpos = tl.load(QPOS + r * T + t, mask=valid, other=0)                        # [M]
+    tiles = tl.max(qpos, axis=0) // TILE_N + 1
+    per = tl.cdiv(tiles, SPLITS)
+    lo = s * per
+    hi = tl.minimum(tiles, lo + per)
+    q = tl.load(Q + (r * T + t)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
+                mask=valid[:, None], other=0.0)                                  # [M, HD]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HD], tl.float32)
+    for j in range(lo, hi):
+        key = j * TILE_N + offs_n                                                 # [N] logical positions
+        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS)
+        slot = (page * BS + (j * TILE_N) % BS + offs_n).to(tl.int64)             # [N] pool positions
+        k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :])    # [N, HD]
+        if IEEE:
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(k))
+        sc = tl.where(key[None, :] <= qpos[:, None], sc * scale, float("-inf"))  # [M, N]
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(sc - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(V + h * stride_vh + slot[:, None] * stride_vp + offs_d[None, :])    # [N, HD]
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    part = (pid * SPLITS + s) * BLOCK_M
+    tl.store(PART + (part + offs_m)[:, None] * HD + offs_d[None, :], acc, mask=valid[:, None])
+    tl.store(ML + (part + offs_m) * 2, m_i, mask=valid)
+    tl.store(ML + (part + offs_m) * 2 + 1, l_i, mask=valid)
+    tl.debug_barrier()                                    # every thread's partial stored ...
+    done = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")   # ... before this release
+    if done == SPLITS - 1:                                # the last program merges, a query at a time,
+        offs_s = tl.arange(0, SPLITS_P2)                  # every split's partial in one load
+        live = offs_s < SPLITS
+        rows = (pid * SPLITS + offs_s) * BLOCK_M                                     # [S2]
+        for mi in tl.static_range(T * G):
+            ms = tl.load(ML + (rows + mi) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")    # [S2]
+            ls = tl.load(ML + (rows + mi) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+            acc_s = tl.load(PART + (rows + mi)[:, None] * HD + offs_d[None, :], mask=live[:, None], other=0.0,
+                            cache_modifier=".cg")                                    # [S2, HD]
+            m_all = tl.max(ms, axis=0)
+            w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all))           # [S2]
+            l_all = tl.sum(w * ls, axis=0)
+            o = tl.sum(w[:, None] * acc_s, axis=0) / tl.where(l_all == 0.0, 1.0, l_all)              # [HD]
+            tl.store(O + (r * T + mi // G) * stride_on + (h * G + mi % G) * stride_oh + offs_d,
+                     o.to(O.dtype.element_ty))
+        tl.atomic_xchg(COUNT + pid, 0)                    # ready for the next launch (and graph replay)

@@ -1,0 +1,47 @@
+"""paged_decode.py's kernel == gathered SDPA, on CPU under Triton's interpreter (float32: the
+interpreter's bf16 dot is wrong), and the pure split rule. test_gpu.py runs it compiled."""
+import importlib.util
+
+import pytest
+import torch
+
+from dynspec.runtime.engines.reference import paged_decode
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+def test_splits_for():
+    assert paged_decode.splits_for(8, 17, 132) == 17          # b=1, 8 KV heads: one tile a program
+    assert paged_decode.splits_for(8, 100, 132) == 33         # two waves over 132 SMs
+    assert paged_decode.splits_for(2048, 17, 132) == 1
+
+
+@needs_triton
+def test_paged_decode_interpreted_equals_sdpa():
+    """tests/helpers_paged.py's cases, in a process of its own: Triton's interpreter must be on
+    before Triton is first imported (the kernel calls Triton's own jitted helpers)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", "from tests.helpers_paged import run_interpreted; run_interpreted()"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout.count("ok") == 4
+
+
+def test_supports_only_uniform_rows_of_few_queries():
+    from dynspec.runtime.engines.reference.attention import ragged_batch, uniform_batch
+
+    tables = torch.zeros(3, 4, dtype=torch.long)
+    pools = torch.zeros(2, 256, 32)
+    u = uniform_batch(tables, torch.arange(2), torch.tensor([[5], [9]]), 4, 64)
+    assert paged_decode.supports(torch.zeros(2, 8, 32), pools, u, 64)
+    assert not paged_decode.supports(torch.zeros(2, 8 * 17, 32), pools, u, 64)      # 68 queries a KV head
+    r = ragged_batch(tables, [0, 1], [0, 0], [3, 1], 64)
+    assert not paged_decode.supports(torch.zeros(4, 8, 32), pools, r, 64)
+    with pytest.raises(ValueError, match="uniform decode rows"):
+        paged_decode.paged_decode_attention(torch.zeros(4, 8, 32), pools, pools, r, 64)

@@ -10,10 +10,11 @@ last program of the (row, KV head) to finish (an atomic counter it resets) merge
 Grid (R * kvh, S). Program (r*kvh + h, s) holds the M = T*G queries of row r that read KV head h
 (G = nh / kvh query heads, T tokens a row), query m -> token m // G, head h*G + m % G.
 Worked example, 8 KV heads, 132 SMs, a table of 9 blocks of 128 (18 tiles of 64), a row at
-position 1024: S = splits_for(8, 18, 132) = 18 programs for each KV head; the row uses
-1024 // 64 + 1 = 17 tiles, per = ceil(17 / 18) = 1, so splits 0..16 take one tile each and
-split 17 none (it still counts in, with m = -inf, l = 0). Tile j is keys 64j..64j+63, in
-logical block j*64 // 128, read through the row's block table.
+position 1024: S = splits_for(8, 18, 132) = 18 programs for each KV head, PER = ceil(18 / 18) = 1
+tile each; the row's keys 0..1024 fill tiles 0..16, so split 17 loads nothing (its m = -inf,
+l = 0 still count in the merge). Tile j is keys 64j..64j+63, in logical block j*64 // 128, read
+through the row's block table. Splits come from the table's width, not the row's length, so a
+program's table, query and position loads go out together.
 """
 from __future__ import annotations
 
@@ -101,13 +102,12 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
     o = torch.empty(N, nh, hd, dtype=q.dtype, device=q.device)
     part = torch.empty(R * kvh * S * block_m, hd, dtype=torch.float32, device=q.device)
     ml = torch.empty(R * kvh * S * block_m, 2, dtype=torch.float32, device=q.device)
-    qpos = batch.q_pos.to(torch.int32).contiguous()
-    tables = batch.tables.to(torch.int32)
+    qpos, tables = batch.q_pos.contiguous(), batch.tables                      # int64, read as they are
     _kernel()[(R * kvh, S)](
         q, k_pool, v_pool, tables, qpos, o, part, ml, _counter(q.device, R * kvh), hd ** -0.5,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         tables.stride(0), o.stride(0), o.stride(1),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
-        SPLITS_P2=1 << (S - 1).bit_length(),
+        SPLITS_P2=1 << (S - 1).bit_length(), PER=-(-tiles // S),
         IEEE=q.dtype == torch.float32)
     return o.view(N, nh * hd)

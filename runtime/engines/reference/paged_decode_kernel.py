@@ -9,6 +9,7 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
                  stride_on, stride_oh,
                  T: tl.constexpr, G: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BS: tl.constexpr,
                  TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                 PER: tl.constexpr,
                  IEEE: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -20,21 +21,22 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
     valid = offs_m < T * G
     t = offs_m // G
     head = h * G + offs_m % G
-    qpos = tl.load(QPOS + r * T + t, mask=valid, other=0)                        # [M]
-    tiles = tl.max(qpos, axis=0) // TILE_N + 1
-    per = tl.cdiv(tiles, SPLITS)
-    lo = s * per
-    hi = tl.minimum(tiles, lo + per)
+    # the split's tiles come from the table width (PER a program), not the row's length, so the
+    # table, q and position loads issue together; tiles past the row's last position load nothing
+    qpos = tl.load(QPOS + r * T + t, mask=valid, other=0).to(tl.int32)           # [M]
     q = tl.load(Q + (r * T + t)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
                 mask=valid[:, None], other=0.0)                                  # [M, HD]
+    last = tl.max(qpos, axis=0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HD], tl.float32)
-    for j in range(lo, hi):
+    for j in range(s * PER, s * PER + PER):
         key = j * TILE_N + offs_n                                                 # [N] logical positions
-        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS)
-        slot = (page * BS + (j * TILE_N) % BS + offs_n).to(tl.int64)             # [N] pool positions
-        k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :])    # [N, HD]
+        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS).to(tl.int64)
+        slot = page * BS + (j * TILE_N) % BS + offs_n                             # [N] pool positions
+        used = (key <= last)[:, None]
+        k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :], mask=used, other=0.0)
+        v = tl.load(V + h * stride_vh + slot[:, None] * stride_vp + offs_d[None, :], mask=used, other=0.0)
         if IEEE:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -45,7 +47,6 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
         p = tl.exp(sc - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(V + h * stride_vh + slot[:, None] * stride_vp + offs_d[None, :])    # [N, HD]
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

@@ -86,6 +86,8 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         ref = replace(ref, mixed_graphs=False)
     if getattr(args, "no_triton_kernels", False):
         ref = replace(ref, triton_kernels=False)
+    if getattr(args, "whole_mixed_graphs", None) is not None:      # sweep's --[no-]whole-mixed-graphs
+        ref = replace(ref, whole_mixed_graphs=args.whole_mixed_graphs)
     return EngineChoice(replace(cfg, reference=ref), src, edir)
 
 

@@ -15,7 +15,9 @@ of b rows at --context tokens, one query each (plain decode). Timed inside a CUD
                 `9f5c21e`): automatic dynamic makes the batch symbolic from the second
                 b on, and inductor then uses its main kernel, not the split-KV decoding one
     sdpa        attention.sdpa_attention (gather the rows' blocks, then SDPA)
-    triton      paged_decode.paged_decode_attention (one Triton launch: splits and their merge)
+    triton      paged_decode.paged_decode_attention (one Triton launch: splits and their merge);
+                `triton-w2-s1-t128` the same with num_warps 2, num_stages 1, tiles of 128 keys
+                (any of the three, in any order: `parse_triton_variant`)
 beside the bytes floor (the rows' K and V read once at --peak-tbps). Every variant's output is
 checked against eager gathered SDPA on its own pool (max abs difference in the JSON).
 """
@@ -124,10 +126,11 @@ def run_point(b: int, name: str, args) -> tuple[float | None, float | str]:
         ref = att.sdpa_attention(q, k, v, small).float()              # this variant's pool
         if name == "sdpa":
             fn = lambda: att.sdpa_attention(q, k, v, small)           # noqa: E731
-        elif name == "triton":
+        elif name.startswith("triton"):
             from dynspec.runtime.engines.reference.paged_decode import paged_decode_attention
 
-            fn = lambda: paged_decode_attention(q, k, v, batch, bs)   # noqa: E731
+            kw = parse_triton_variant(name)
+            fn = lambda: paged_decode_attention(q, k, v, batch, bs, **kw)   # noqa: E731
         else:
             mask = att.paged_block_mask(batch, owner, logical, bs, k.shape[1])
             kw = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if name == "flex_main" else {}
@@ -139,6 +142,17 @@ def run_point(b: int, name: str, args) -> tuple[float | None, float | str]:
         except Exception as e:          # a variant that does not compile is a finding, not a stop
             return None, f"{type(e).__name__}: {str(e)[:300]}"
         return us, float((o.float() - ref).abs().max())
+
+
+def parse_triton_variant(name: str) -> dict:
+    """'triton' -> {}; 'triton-w2-s1-t128' -> {'num_warps': 2, 'num_stages': 1, 'tile': 128}."""
+    keys = {"w": "num_warps", "s": "num_stages", "t": "tile"}
+    out = {}
+    for part in name.split("-")[1:]:
+        if part[:1] not in keys or not part[1:].isdigit():
+            raise ValueError(f"variant {name!r}: {part!r} is not w<N>, s<N> or t<N>")
+        out[keys[part[0]]] = int(part[1:])
+    return out
 
 
 _own: dict = {}

@@ -181,9 +181,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--num-requests", type=int, help="requests per replica per load point (fixed; default: waves)")
     w.add_argument("--waves", type=float, default=2.0, help="requests per replica = max(--min-requests, waves x C)")
     w.add_argument("--min-requests", type=int, default=4)
-    w.add_argument("--whole-mixed-graphs", action="store_true",
+    w.add_argument("--whole-mixed-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="reference engine on CUDA: mixed iterations as whole-forward graphs with attention inside "
-                        "(mixed_graphs.py; off by default until measured)")
+                        "(mixed_graphs.py; default: the engine dir's reference.whole_mixed_graphs, on)")
     w.add_argument("--warmup-requests", type=int, default=2,
                    help="untimed requests per mode at C=1 before the sweep (plus one wave at the largest C; 0: none)")
     w.add_argument("--seed", type=int, default=0)
@@ -220,7 +220,6 @@ class SweepSpec:
     max_batch_size: int
     max_seq_len: int
     max_draft_len: int
-    whole_mixed: bool = False     # mixed iterations through mixed_graphs.py (CUDA graphs with attention inside)
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -305,8 +304,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
-                     reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
-                     whole_mixed=bool(getattr(args, "whole_mixed_graphs", False)))
+                     reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax)
 
 
 def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
@@ -348,6 +346,7 @@ def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
     Under TP every rank of a replica captures the same keys in the same order."""
     from dynspec.benchmarks.profile import open_sized
     from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.session import capture
 
     engine = open_sized(cfg, device=device, tp=tp, max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
                         max_draft_len=spec.max_draft_len)
@@ -356,10 +355,7 @@ def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
         keys = set()
         for m in spec.modes:
             keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m], engine.max_num_tokens))
-        n = engine.capture_graphs(keys, mixed=cfg.reference.mixed_graphs)
-        if spec.whole_mixed and cfg.reference.mixed_graphs:
-            n += engine.capture_whole(keys)
-            engine.whole_mixed = True
+        n = capture(engine, keys, cfg.reference)
         log(f"captured {n} CUDA graphs per replica")
     return engine
 
@@ -524,7 +520,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "dtype": cfg.reference.dtype,
         "cuda_graphs": graphs,
         "mixed_graphs": graphs and cfg.reference.mixed_graphs,
-        "whole_mixed_graphs": graphs and cfg.reference.mixed_graphs and spec.whole_mixed,
+        "whole_mixed_graphs": graphs and cfg.reference.mixed_graphs and cfg.reference.whole_mixed_graphs,
         "triton_kernels": device.startswith("cuda") and cfg.reference.triton_kernels,
         "max_batch_size": spec.max_batch_size,
         "max_seq_len": spec.max_seq_len,

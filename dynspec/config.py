@@ -55,6 +55,7 @@ class ReferenceSettings:
     cuda_graphs: bool = True
     mixed_graphs: bool = True        # with cuda_graphs: iterations with prompt chunks replay graphs cut at attention
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
+    whole_mixed_graphs: bool = True  # with mixed_graphs: a mixed iteration's whole forward, attention included, as one graph
     triton_kernels: bool = True      # CUDA: decode attention and rope_write as hand-written Triton kernels
 
     def __post_init__(self) -> None:
@@ -64,7 +65,7 @@ class ReferenceSettings:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
-        for name in ("keep_warm", "cuda_graphs", "mixed_graphs", "triton_kernels"):
+        for name in ("keep_warm", "cuda_graphs", "mixed_graphs", "whole_mixed_graphs", "triton_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise DynspecError(f"reference.{name}={getattr(self, name)!r} must be true or false")
 

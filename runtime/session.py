@@ -46,6 +46,19 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     return load_reference_engine(cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype, **sizes)
 
 
+def capture(engine, keys, ref) -> int:
+    """Every CUDA graph `ref` (ReferenceSettings) asks for, for the decode keys the policies reach:
+    the decode graphs, with mixed_graphs the pieces of mixed iterations (piecewise.py), and with
+    whole_mixed_graphs too their whole forwards (mixed_graphs.py), switched on. Returns how many.
+    H200, regime B lengths, baseline at C=64 / 256: 5892 / 8966 tok/s whole, 5218 / 8206
+    piecewise (benchmarks/results/h200_c16_B_varied*.json, one lease)."""
+    n = engine.capture_graphs(keys, mixed=ref.mixed_graphs)
+    if ref.mixed_graphs and ref.whole_mixed_graphs:
+        n += engine.capture_whole(keys)
+        engine.whole_mixed = True
+    return n
+
+
 def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[int], int] | None = None,
                   keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
                   allow_lossy: bool = False, stats_limit: int | None = None, **overrides):
@@ -59,7 +72,6 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
     engine = open_reference_engine(cfg, device=device, **overrides)
     if device.startswith("cuda") and cfg.reference.cuda_graphs:
-        engine.capture_graphs(reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens),
-                              mixed=cfg.reference.mixed_graphs)
+        capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
     return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy, **limit)

@@ -45,3 +45,12 @@ def test_supports_only_uniform_rows_of_few_queries():
     assert not paged_decode.supports(torch.zeros(4, 8, 32), pools, r, 64)
     with pytest.raises(ValueError, match="uniform decode rows"):
         paged_decode.paged_decode_attention(torch.zeros(4, 8, 32), pools, pools, r, 64)
+
+
+def test_triton_variant_names():
+    from dynspec.benchmarks.flex_decode import parse_triton_variant
+
+    assert parse_triton_variant("triton") == {}
+    assert parse_triton_variant("triton-w2-s1-t128") == {"num_warps": 2, "num_stages": 1, "tile": 128}
+    with pytest.raises(ValueError, match="'x3' is not"):
+        parse_triton_variant("triton-x3")

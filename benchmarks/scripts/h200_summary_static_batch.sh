@@ -5,7 +5,7 @@
 #   regime B  C=64 and 256 (call 10), the schedule of h200_B_profile.json
 #   varied_vs_fixed_baseline from call 12 (PackedChunks); decode_vs_gemm_floor from call 9's profile
 # The summary of the older trees (C=1..256, before the static batch) is h200_summary_d21045a.json.
-# -> $RES/h200_summary.json
+# -> $RES/h200_summary_static_batch.json (superseded by h200_summary_c19.sh)
 set -euo pipefail
 RES=${RES:-benchmarks/results}
 "${PYTHON:-python3}" -m dynspec.benchmarks.summary \
@@ -14,4 +14,4 @@ RES=${RES:-benchmarks/results}
   --profile "B=$RES/h200_B_profile.json" --tune "B=$RES/h200_B_tune.json" \
   --fixed-baseline "B=$RES/h200_c12_B_fixed.json" --varied-baseline "B=$RES/h200_c12_B_varied.json" \
   --floor-profile "$RES/h200_A_floor_profile.json" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
-  --out "$RES/h200_summary.json"
+  --out "$RES/h200_summary_static_batch.json"

@@ -427,8 +427,8 @@ class ReferenceEngine:
         bucket, row bucket, T) (mixed_graphs.py): for the row shapes of `keys` (pure-decode graph
         keys) with every token bucket, plus chunk-only iterations, plus the `exact` (Np, B, T).
         CPU: the same functions, eager. Needs the piecewise buffers. Returns how many graphs.
-        `whole_mixed` switches their use (default off: not yet measured on a GPU;
-        benchmarks/mixed_step.py's mode `whole` times it)."""
+        `whole_mixed` switches their use (session.capture turns it on with
+        reference.whole_mixed_graphs; benchmarks/mixed_step.py's mode `whole` times it)."""
         if self.piecewise is None:
             raise DynspecError("whole mixed graphs need the piecewise buffers (mixed_graphs on)")
         if self.whole is None:

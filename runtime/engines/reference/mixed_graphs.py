@@ -18,7 +18,8 @@ The plan's packing (ragged_batch) puts chunk token j at b*T + j; here it sits (B
 
 Memory: the graphs share one pool and write h, H into static buffers, so nothing but those
 buffers outlives a replay. On CPU (tests) the same functions run without capture.
-Not yet measured on a GPU: benchmarks/mixed_step.py times it beside piecewise (mode `whole`).
+H200, 8B shape, 512 context, ms a step (benchmarks/results/h200_c15_mixed_step.json): b=1 + a
+128-token chunk 10.1 whole vs 15.8 piecewise (decode alone 5.1); b=128 + 256 tokens 21.7 vs 22.8.
 """
 from __future__ import annotations
 

@@ -83,16 +83,20 @@ class PagedDecode:
 
 
 def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
-                           sms: int | None = None) -> Tensor:
+                           sms: int | None = None, tile: int = TILE, **launch) -> Tensor:
     """q [R*T, nh, hd] (RoPE applied), pools [kvh, P, hd], a uniform batch -> [R*T, nh*hd]; the
-    same result as attention.sdpa_attention (each query sees its row's positions <= its own)."""
+    same result as attention.sdpa_attention (each query sees its row's positions <= its own).
+    tile (keys a tile, dividing block_size) and launch (num_warps, num_stages): the knobs
+    benchmarks/flex_decode.py's `triton-...` variants time."""
     if not supports(q, k_pool, batch, block_size) or v_pool.stride(-1) != 1:
         raise ValueError("paged_decode_attention takes uniform decode rows (see supports)")
     N, nh, hd = q.shape
     kvh = k_pool.shape[0]
     R, T = batch.q_pos.shape
     G = nh // kvh
-    tile = min(TILE, block_size)
+    tile = min(tile, block_size)
+    if block_size % tile or tile < 16:
+        raise ValueError(f"tile {tile} must be >= 16 and divide block_size {block_size}")
     tiles = batch.tables.shape[1] * block_size // tile
     if sms is None:
         sms = _sms(q.device) if q.is_cuda else 4
@@ -109,5 +113,5 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
         tables.stride(0), o.stride(0), o.stride(1),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
         SPLITS_P2=1 << (S - 1).bit_length(), PER=-(-tiles // S),
-        IEEE=q.dtype == torch.float32)
+        IEEE=q.dtype == torch.float32, **launch)
     return o.view(N, nh * hd)

@@ -13,7 +13,8 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "cuda_graphs": true, "mixed_graphs": true, "max_num_tokens": 8192},
+                "keep_warm": true, "cuda_graphs": true, "mixed_graphs": true, "max_num_tokens": 8192,
+                "whole_mixed_graphs": true, "triton_kernels": true},
   "llm_api_options": "llm_api_options.yaml",
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}

@@ -30,7 +30,9 @@ def test_paged_decode_interpreted_equals_sdpa():
     r = subprocess.run([sys.executable, "-c", "from tests.helpers_paged import run_interpreted; run_interpreted()"],
                        cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    assert r.stdout.count("ok") == 4
+    from tests.helpers_paged import INTERPRETED_CASES
+
+    assert r.stdout.count("ok") == len(INTERPRETED_CASES)
 
 
 def test_supports_only_uniform_rows_of_few_queries():
@@ -54,3 +56,27 @@ def test_triton_variant_names():
     assert parse_triton_variant("triton-w2-s1-t128") == {"num_warps": 2, "num_stages": 1, "tile": 128}
     with pytest.raises(ValueError, match="'x3' is not"):
         parse_triton_variant("triton-x3")
+
+
+def test_serving_capture_falls_back_to_piecewise_when_whole_graphs_fail(capsys):
+    """session.capture: strict (benchmarks) raises; strict=False (serving) warns, drops the whole
+    graphs and leaves mixed iterations on the piecewise ones."""
+    from dynspec.config import ReferenceSettings
+    from dynspec.runtime.session import capture
+
+    class Engine:
+        whole, whole_mixed = object(), False
+
+        def capture_graphs(self, keys, mixed):
+            return 3
+
+        def capture_whole(self, keys):
+            raise RuntimeError("NoValidChoicesError")
+
+    ref = ReferenceSettings()
+    with pytest.raises(RuntimeError, match="NoValidChoices"):
+        capture(Engine(), (), ref)
+    e = Engine()
+    assert capture(e, (), ref, strict=False) == 3
+    assert e.whole is None and e.whole_mixed is False
+    assert "whole-forward mixed graphs not captured (RuntimeError: NoValidChoicesError)" in capsys.readouterr().err

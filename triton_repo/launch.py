@@ -165,12 +165,12 @@ def open_rank(cfg, ctx):
     graphs of every (bucket, K) the schedule reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.session import open_reference_engine
+    from dynspec.runtime.session import capture, open_reference_engine
 
     engine = open_reference_engine(cfg, tp=ctx)
     if ctx.device.type == "cuda" and cfg.reference.cuda_graphs:
-        engine.capture_graphs(reachable_graphs([cfg.schedule], engine.max_batch_size, cfg.reference.keep_warm,
-                                               engine.max_num_tokens), mixed=cfg.reference.mixed_graphs)
+        capture(engine, reachable_graphs([cfg.schedule], engine.max_batch_size, cfg.reference.keep_warm,
+                                         engine.max_num_tokens), cfg.reference, strict=False)
     return engine
 
 

@@ -25,6 +25,7 @@ from .attention import RaggedBatch
 
 TILE = 64                   # keys a tile (divides the CUDA block size, 128)
 MAX_QUERIES = 64            # T * G above this: not a decode row, the caller's fallback runs
+MAX_SPLITS = 64             # the merge loads [splits, hd] partials at once: bound its registers
 
 
 def _kernel():
@@ -46,27 +47,33 @@ def _sms(device) -> int:
 
 def _counter(device, n: int) -> Tensor:
     """A zeroed int32 counter per (row, KV head), kept per device: the kernel leaves it zeroed, so a
-    captured graph may replay it. Grown (not while capturing) to the largest n seen."""
-    c = _counters.get(device)
-    if c is None or c.numel() < n:
-        c = torch.zeros(max(n, 2048), dtype=torch.int32, device=device)
-        _counters[device] = c
-    return c
+    captured graph may replay it. Grown only outside a capture (graphs keep the pointer they
+    captured, so outgrown buffers stay alive in the list)."""
+    held = _counters.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"paged_decode: {n} merge counters needed inside a CUDA-graph capture; "
+                               f"run the shape once before capturing it")
+        held.append(torch.zeros(max(n, 2048), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def splits_for(rows_x_heads: int, tiles: int, sms: int) -> int:
     """Pure. Programs per (row, KV head): about two waves over the SMs, no more than the tiles
-    a row can hold. splits_for(8, 17, 132) = 17; splits_for(2048, 17, 132) = 1."""
-    return max(1, min(tiles, (2 * sms) // rows_x_heads))
+    a row can hold, at most MAX_SPLITS. splits_for(8, 17, 132) = 17; splits_for(2048, 17, 132) = 1."""
+    return max(1, min(tiles, (2 * sms) // rows_x_heads, MAX_SPLITS))
 
 
-def supports(q: Tensor, k_pool: Tensor, batch: RaggedBatch, block_size: int) -> bool:
-    """Uniform rows of few queries per KV head, a head size and block size the kernel tiles."""
+def supports(q: Tensor, k_pool: Tensor, batch: RaggedBatch, block_size: int, v_pool: Tensor | None = None) -> bool:
+    """Uniform rows of few queries per KV head, with the head size, tile and layouts the kernel
+    was checked for on the H200 (head sizes 16 and 128; tests/test_gpu.py)."""
     T = batch.q_pos.shape[1]
-    G = q.shape[1] // k_pool.shape[0]
-    return (batch.uniform and T * G <= MAX_QUERIES and q.shape[-1] in (16, 32, 64, 128, 256)
-            and block_size % min(TILE, block_size) == 0 and min(TILE, block_size) >= 16
-            and k_pool.stride(-1) == 1)
+    nh, hd = q.shape[1], q.shape[-1]
+    kvh, tile = k_pool.shape[0], min(TILE, block_size)
+    return (batch.uniform and nh % kvh == 0 and T * (nh // kvh) <= MAX_QUERIES and hd in (16, 32, 64, 128)
+            and tile >= 16 and tile & (tile - 1) == 0 and block_size % tile == 0
+            and k_pool.stride(-1) == 1 and (v_pool is None or v_pool.stride(-1) == 1)
+            and batch.tables.stride(-1) == 1)
 
 
 class PagedDecode:
@@ -77,7 +84,7 @@ class PagedDecode:
         self.block_size, self.fallback = block_size, fallback
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
-        if supports(q, k_pool, batch, self.block_size):
+        if supports(q, k_pool, batch, self.block_size, v_pool):
             return paged_decode_attention(q, k_pool, v_pool, batch, self.block_size)
         return self.fallback(q, k_pool, v_pool, batch)
 
@@ -88,7 +95,7 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
     same result as attention.sdpa_attention (each query sees its row's positions <= its own).
     tile (keys a tile, dividing block_size) and launch (num_warps, num_stages): the knobs
     benchmarks/flex_decode.py's `triton-...` variants time."""
-    if not supports(q, k_pool, batch, block_size) or v_pool.stride(-1) != 1:
+    if not supports(q, k_pool, batch, block_size, v_pool):
         raise ValueError("paged_decode_attention takes uniform decode rows (see supports)")
     N, nh, hd = q.shape
     kvh = k_pool.shape[0]
@@ -100,7 +107,8 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
     tiles = batch.tables.shape[1] * block_size // tile
     if sms is None:
         sms = _sms(q.device) if q.is_cuda else 4
-    S = splits_for(R * kvh, tiles, sms)
+    per = -(-tiles // splits_for(R * kvh, tiles, sms))
+    S = -(-tiles // per)                      # no program without a tile of the table: 18 tiles, 16 -> per 2, S 9
     block_m = max(16, 1 << (T * G - 1).bit_length())
     q = q.contiguous()
     o = torch.empty(N, nh, hd, dtype=q.dtype, device=q.device)
@@ -112,6 +120,6 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         tables.stride(0), o.stride(0), o.stride(1),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
-        SPLITS_P2=1 << (S - 1).bit_length(), PER=-(-tiles // S),
+        SPLITS_P2=1 << (S - 1).bit_length(), PER=per,
         IEEE=q.dtype == torch.float32, **launch)
     return o.view(N, nh * hd)

@@ -32,7 +32,7 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
     acc = tl.zeros([BLOCK_M, HD], tl.float32)
     for j in range(s * PER, s * PER + PER):
         key = j * TILE_N + offs_n                                                 # [N] logical positions
-        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS).to(tl.int64)
+        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS, mask=j * TILE_N <= last, other=0).to(tl.int64)
         slot = page * BS + (j * TILE_N) % BS + offs_n                             # [N] pool positions
         used = (key <= last)[:, None]
         k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :], mask=used, other=0.0)

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(p)
     p.add_argument("--points", default="1:0:128,16:0:128,64:0:128,64:2:64,128:0:256", help="b:K:chunk,...")
     p.add_argument("--context-len", type=int, default=512)
-    add_step_timing_args(p, 20, "CUDA: also profile STEPS piecewise steps per point (kernel time against wall time)")
+    add_step_timing_args(p, 20, "CUDA: also profile STEPS piecewise and STEPS whole-graph steps per point "
+                                "(kernel time against wall time: piecewise_kernels, whole_kernels)")
     args = p.parse_args(argv)
     try:
         doc = run(args, lambda d: _write(args.out, d))
@@ -135,16 +136,20 @@ def run(args, on_point=None) -> dict:
             engine.mixed_graphs, engine.packed_chunks, engine.whole_mixed = True, packed, False
             dec = _time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
                               progress=None)["decode"]
-            kernels = None
+            kernels = whole_kernels = None
             if args.kernels and "piecewise" in modes:
                 kernels = step_kernels(engine, mixed, args.kernels, top=12)
+            if args.kernels and "whole" in modes:        # what a whole-graph mixed step still runs outside it
+                engine.whole_mixed = True
+                whole_kernels = step_kernels(engine, mixed, args.kernels, top=12)
+                engine.whole_mixed = False
             med = {m: statistics.median(v) for m, v in trials.items()}
             pw = med.get("piecewise")
             rows.append({"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk,
                          "tokens": b * (k + 1) + chunk, "eager_ms": med["eager"], "piecewise_ms": pw,
                          "piecewise_sdpa_ms": med.get("piecewise_sdpa"), "whole_ms": med.get("whole"),
                          "decode_ms": dec, "eager_vs_piecewise": med["eager"] / pw if pw else None,
-                         "trials_ms": trials, "piecewise_kernels": kernels})
+                         "trials_ms": trials, "piecewise_kernels": kernels, "whole_kernels": whole_kernels})
             print(json.dumps({m: rows[-1][m] for m in ("point", "eager_ms", "piecewise_ms", "piecewise_sdpa_ms",
                                                         "whole_ms", "decode_ms")}), flush=True)
             if on_point:

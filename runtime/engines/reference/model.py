@@ -247,8 +247,9 @@ class Kernels:
     layer before (benchmarks/results/h200x2_tp1_kernels.json), 16 after, of which 6 glue: inductor
     emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json). triton_rope (default
     TRITON_ROPE; CUDA only) swaps that compiled rope_write for a hand-written Triton kernel,
-    rope_kernel.rope_write_triton: 1 launch instead of 3, so 4 glue kernels a layer (to be
-    measured); triton_rope=False keeps inductor's, for the comparison."""
+    rope_kernel.rope_write_triton: 1 launch instead of 3, so 4 glue kernels a layer; at b=1 1.8 us
+    a layer against 1.9 + 1.5 + 1.1 us (benchmarks/results/h200_c19_tp1_decode.json,
+    h200_c18_tp1_decode_flex.json); triton_rope=False keeps inductor's, for the comparison."""
 
     def __init__(self, compiled: bool = False, triton_rope: bool | None = None):
         self.compiled = compiled

@@ -1,6 +1,7 @@
 """Open an ENGINE_DIR (or a target + draft pair) as a ready reference engine + executor."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -62,8 +63,6 @@ def capture(engine, keys, ref, strict: bool = True) -> int:
         except Exception as e:
             if strict:
                 raise
-            import sys
-
             engine.whole, engine.whole_mixed = None, False
             print(f"warning: whole-forward mixed graphs not captured ({type(e).__name__}: {str(e)[:300]}); "
                   f"mixed iterations run on the piecewise graphs", file=sys.stderr)

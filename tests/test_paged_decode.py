@@ -14,6 +14,8 @@ def test_splits_for():
     assert paged_decode.splits_for(8, 17, 132) == 17          # b=1, 8 KV heads: one tile a program
     assert paged_decode.splits_for(8, 100, 132) == 33         # two waves over 132 SMs
     assert paged_decode.splits_for(2048, 17, 132) == 1
+    assert paged_decode.tile_fits(64, 128) and paged_decode.tile_fits(16, 16)
+    assert not paged_decode.tile_fits(48, 96) and not paged_decode.tile_fits(8, 64) and not paged_decode.tile_fits(128, 64)
 
 
 @needs_triton

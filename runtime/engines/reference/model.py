@@ -235,9 +235,6 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return F.silu(gate) * up
 
 
-TRITON_ROPE = True      # Kernels(compiled=True)'s default on CUDA: rope_write as rope_kernel.py's one kernel
-
-
 class Kernels:
     """The elementwise glue of a decoder layer, held per model (never process-wide).
     `Kernels()` is eager; `Kernels(compiled=True)` fuses each piece into one kernel with
@@ -245,18 +242,17 @@ class Kernels:
     norm), rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1
     the glue's launches and gaps, not its bytes, are what cost. H200 kernel tables: ~30 kernels a
     layer before (benchmarks/results/h200x2_tp1_kernels.json), 16 after, of which 6 glue: inductor
-    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json). triton_rope (default
-    TRITON_ROPE; CUDA only) swaps that compiled rope_write for a hand-written Triton kernel,
+    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json). triton_rope (CUDA
+    only) swaps that compiled rope_write for a hand-written Triton kernel,
     rope_kernel.rope_write_triton: 1 launch instead of 3, so 4 glue kernels a layer; at b=1 1.8 us
     a layer against 1.9 + 1.5 + 1.1 us (benchmarks/results/h200_c19_tp1_decode.json,
     h200_c18_tp1_decode_flex.json); triton_rope=False keeps inductor's, for the comparison."""
 
-    def __init__(self, compiled: bool = False, triton_rope: bool | None = None):
+    def __init__(self, compiled: bool = False, triton_rope: bool = True):
         self.compiled = compiled
         c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
         self.rms_norm, self.rope_write = c(rms_norm), c(rope_write)
-        self.triton_rope = bool(compiled and (TRITON_ROPE if triton_rope is None else triton_rope)
-                                and torch.cuda.is_available())
+        self.triton_rope = compiled and triton_rope and torch.cuda.is_available()
         if self.triton_rope:
             from .rope_kernel import rope_write_triton
             self.rope_write = rope_write_triton

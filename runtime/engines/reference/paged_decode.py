@@ -64,15 +64,20 @@ def splits_for(rows_x_heads: int, tiles: int, sms: int) -> int:
     return max(1, min(tiles, (2 * sms) // rows_x_heads, MAX_SPLITS))
 
 
-def supports(q: Tensor, k_pool: Tensor, batch: RaggedBatch, block_size: int, v_pool: Tensor | None = None) -> bool:
+def tile_fits(tile: int, block_size: int) -> bool:
+    """Pure. A tile of keys the kernel can take: a power of two >= 16 dividing the block size."""
+    return tile >= 16 and tile & (tile - 1) == 0 and block_size % tile == 0
+
+
+def supports(q: Tensor, k_pool: Tensor, batch: RaggedBatch, block_size: int, v_pool: Tensor | None = None,
+             tile: int = TILE) -> bool:
     """Uniform rows of few queries per KV head, with the head size, tile and layouts the kernel
     was checked for on the H200 (head sizes 16 and 128; tests/test_gpu.py)."""
     T = batch.q_pos.shape[1]
     nh, hd = q.shape[1], q.shape[-1]
-    kvh, tile = k_pool.shape[0], min(TILE, block_size)
+    kvh = k_pool.shape[0]
     return (batch.uniform and nh % kvh == 0 and T * (nh // kvh) <= MAX_QUERIES and hd in (16, 32, 64, 128)
-            and tile >= 16 and tile & (tile - 1) == 0 and block_size % tile == 0
-            and k_pool.stride(-1) == 1 and (v_pool is None or v_pool.stride(-1) == 1)
+            and tile_fits(min(tile, block_size), block_size) and k_pool.stride(-1) == 1 and (v_pool is None or v_pool.stride(-1) == 1)
             and batch.tables.stride(-1) == 1)
 
 
@@ -85,7 +90,7 @@ class PagedDecode:
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if supports(q, k_pool, batch, self.block_size, v_pool):
-            return paged_decode_attention(q, k_pool, v_pool, batch, self.block_size)
+            return _launch(q, k_pool, v_pool, batch, self.block_size)
         return self.fallback(q, k_pool, v_pool, batch)
 
 
@@ -95,15 +100,20 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
     same result as attention.sdpa_attention (each query sees its row's positions <= its own).
     tile (keys a tile, dividing block_size) and launch (num_warps, num_stages): the knobs
     benchmarks/flex_decode.py's `triton-...` variants time."""
-    if not supports(q, k_pool, batch, block_size, v_pool):
-        raise ValueError("paged_decode_attention takes uniform decode rows (see supports)")
+    if not supports(q, k_pool, batch, block_size, v_pool, tile):
+        raise ValueError(f"paged_decode_attention takes uniform decode rows and a tile (here {tile}) that "
+                         f"tile_fits block_size {block_size} (see supports)")
+    return _launch(q, k_pool, v_pool, batch, block_size, sms, tile, **launch)
+
+
+def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
+            sms: int | None = None, tile: int = TILE, **launch) -> Tensor:
+    """paged_decode_attention once `supports` holds (PagedDecode checks it before calling)."""
     N, nh, hd = q.shape
     kvh = k_pool.shape[0]
     R, T = batch.q_pos.shape
     G = nh // kvh
     tile = min(tile, block_size)
-    if block_size % tile or tile < 16:
-        raise ValueError(f"tile {tile} must be >= 16 and divide block_size {block_size}")
     tiles = batch.tables.shape[1] * block_size // tile
     if sms is None:
         sms = _sms(q.device) if q.is_cuda else 4

@@ -16,8 +16,8 @@ of b rows at --context tokens, one query each (plain decode). Timed inside a CUD
                 b on, and inductor then uses its main kernel, not the split-KV decoding one
     sdpa        attention.sdpa_attention (gather the rows' blocks, then SDPA)
     triton      paged_decode.paged_decode_attention (one Triton launch: splits and their merge);
-                `triton-w2-s1-t128` the same with num_warps 2, num_stages 1, tiles of 128 keys
-                (any of the three, in any order: `parse_triton_variant`)
+                `triton-w2-s1-t128-p4` the same with num_warps 2, num_stages 1, tiles of 128 keys,
+                4 tiles a program (any of the four, in any order: `parse_triton_variant`)
 beside the bytes floor (the rows' K and V read once at --peak-tbps). Every variant's output is
 checked against eager gathered SDPA on its own pool (max abs difference in the JSON).
 """
@@ -145,12 +145,13 @@ def run_point(b: int, name: str, args) -> tuple[float | None, float | str]:
 
 
 def parse_triton_variant(name: str) -> dict:
-    """'triton' -> {}; 'triton-w2-s1-t128' -> {'num_warps': 2, 'num_stages': 1, 'tile': 128}."""
-    keys = {"w": "num_warps", "s": "num_stages", "t": "tile"}
+    """'triton' -> {}; 'triton-w2-s1-t128-p4' -> {'num_warps': 2, 'num_stages': 1, 'tile': 128, 'per': 4}
+    (p: tiles a program, so fewer splits to merge)."""
+    keys = {"w": "num_warps", "s": "num_stages", "t": "tile", "p": "per"}
     out = {}
     for part in name.split("-")[1:]:
         if part[:1] not in keys or not part[1:].isdigit():
-            raise ValueError(f"variant {name!r}: {part!r} is not w<N>, s<N> or t<N>")
+            raise ValueError(f"variant {name!r}: {part!r} is not w<N>, s<N>, t<N> or p<N>")
         out[keys[part[0]]] = int(part[1:])
     return out
 

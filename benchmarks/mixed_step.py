@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context-len", type=int, default=512)
     add_step_timing_args(p, 20, "CUDA: also profile STEPS piecewise and STEPS whole-graph steps per point "
                                 "(kernel time against wall time: piecewise_kernels, whole_kernels)")
+    p.add_argument("--trace", metavar="DIR", help="CUDA: also write a Chrome trace (CPU + kernels) of 4 whole-graph "
+                   "mixed steps and 4 decode steps per point, DIR/trace_<b>_<K>_<chunk>.json.gz")
     args = p.parse_args(argv)
     try:
         doc = run(args, lambda d: _write(args.out, d))
@@ -67,7 +69,7 @@ def _write(path: str, doc: dict) -> None:
 def run(args, on_point=None) -> dict:
     import random
 
-    from dynspec.benchmarks.profile import _time_plans, open_sized, reserved_rows, step_kernels
+    from dynspec.benchmarks.profile import _time_plans, open_sized, reserved_rows, step_kernels, trace_steps
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.plan import PromptChunk, bucket_for, make_plan
@@ -143,13 +145,23 @@ def run(args, on_point=None) -> dict:
                 engine.whole_mixed = True
                 whole_kernels = step_kernels(engine, mixed, args.kernels, top=12)
                 engine.whole_mixed = False
+            trace = None
+            if getattr(args, "trace", None) and engine.device.type == "cuda":
+                import os
+
+                os.makedirs(args.trace, exist_ok=True)
+                engine.whole_mixed = "whole" in modes
+                trace = trace_steps(engine, {"mixed": mixed, "decode": decode}, 4,
+                                    os.path.join(args.trace, f"trace_{b}_{k}_{chunk}.json"))
+                engine.whole_mixed = False
             med = {m: statistics.median(v) for m, v in trials.items()}
             pw = med.get("piecewise")
             rows.append({"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk,
                          "tokens": b * (k + 1) + chunk, "eager_ms": med["eager"], "piecewise_ms": pw,
                          "piecewise_sdpa_ms": med.get("piecewise_sdpa"), "whole_ms": med.get("whole"),
                          "decode_ms": dec, "eager_vs_piecewise": med["eager"] / pw if pw else None,
-                         "trials_ms": trials, "piecewise_kernels": kernels, "whole_kernels": whole_kernels})
+                         "trials_ms": trials, "piecewise_kernels": kernels, "whole_kernels": whole_kernels,
+                         "trace": trace})
             print(json.dumps({m: rows[-1][m] for m in ("point", "eager_ms", "piecewise_ms", "piecewise_sdpa_ms",
                                                         "whole_ms", "decode_ms")}), flush=True)
             if on_point:

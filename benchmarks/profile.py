@@ -245,6 +245,41 @@ def step_kernels(engine, plan, steps: int, top: int = 30) -> dict:
             "kernel_us_per_step": sum(us.values()) / steps, "top": rows[:top]}
 
 
+def trace_steps(engine, plans: dict, steps: int, path: str) -> str:
+    """A gzipped Chrome trace (CPU ops + CUDA kernels, chrome://tracing or Perfetto) of `steps`
+    runs of engine.step for each named plan, each step under a record_function range named
+    "step:<name>": where the host keeps the GPU waiting shows as gaps between kernels under a
+    range. Returns the path written (path + ".gz" unless it ends so). CUDA only."""
+    import gzip
+    import os
+    import shutil
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from dynspec.runtime.acceptance import Greedy
+
+    for plan in plans.values():
+        for _ in range(2):
+            engine.step(plan, Greedy())
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for name, plan in plans.items():
+            for _ in range(steps):
+                with record_function(f"step:{name}"):
+                    engine.step(plan, Greedy())
+        torch.cuda.synchronize()
+    out = path if path.endswith(".gz") else path + ".gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as f, gzip.open(out + ".part", "wb") as g:
+            shutil.copyfileobj(f, g)
+    os.replace(out + ".part", out)
+    return out
+
+
 def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
                          keep_warm: bool = True, warmup: int = 3, repeats: int = 10,
                          progress=None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:

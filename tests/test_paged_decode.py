@@ -56,6 +56,7 @@ def test_triton_variant_names():
 
     assert parse_triton_variant("triton") == {}
     assert parse_triton_variant("triton-w2-s1-t128") == {"num_warps": 2, "num_stages": 1, "tile": 128}
+    assert parse_triton_variant("triton-p4") == {"per": 4}
     with pytest.raises(ValueError, match="'x3' is not"):
         parse_triton_variant("triton-x3")
 

@@ -98,7 +98,8 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
                            sms: int | None = None, tile: int = TILE, **launch) -> Tensor:
     """q [R*T, nh, hd] (RoPE applied), pools [kvh, P, hd], a uniform batch -> [R*T, nh*hd]; the
     same result as attention.sdpa_attention (each query sees its row's positions <= its own).
-    tile (keys a tile, dividing block_size) and launch (num_warps, num_stages): the knobs
+    tile (keys a tile, dividing block_size) and launch (num_warps, num_stages, per: tiles a program
+    instead of splits_for's share): the knobs
     benchmarks/flex_decode.py's `triton-...` variants time."""
     if not supports(q, k_pool, batch, block_size, v_pool, tile):
         raise ValueError(f"paged_decode_attention takes uniform decode rows and a tile (here {tile}) that "
@@ -117,7 +118,7 @@ def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block
     tiles = batch.tables.shape[1] * block_size // tile
     if sms is None:
         sms = _sms(q.device) if q.is_cuda else 4
-    per = -(-tiles // splits_for(R * kvh, tiles, sms))
+    per = launch.pop("per", None) or -(-tiles // splits_for(R * kvh, tiles, sms))   # tiles a program
     S = -(-tiles // per)                      # no program without a tile of the table: 18 tiles, 16 -> per 2, S 9
     block_m = max(16, 1 << (T * G - 1).bit_length())
     q = q.contiguous()

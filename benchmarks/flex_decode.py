@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -45,25 +46,44 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     rows = [{"batch_size": b, "max_abs_diff": {}} for b in sizes]
+    def doc() -> dict:
+        for row in rows:
+            b = row["batch_size"]
+            row["floor_us"] = b * (args.context + 1) * 8 * 128 * 2 * 2 / (args.peak_tbps * 1e12) * 1e6
+        return {"context": args.context, "pool_rows": args.pool_rows, "max_seq_len": args.max_seq_len, "rows": rows,
+                "statistic": f"median of {args.repeats} CUDA-graph replays (us)",
+                "command": " ".join(["python -m dynspec.benchmarks.flex_decode", *sys.argv[1:]])}
+
     for name in args.variants.split(","):
         # variant by variant, every b in turn, as the engine meets them; dynamo's cache is per
         # code object (one variant could serve another's shapes), so each variant starts empty
         torch._dynamo.reset()
         for row in rows:
             row[f"{name}_us"], row["max_abs_diff"][name] = run_point(row["batch_size"], name, args)
-    for row in rows:
-        b = row["batch_size"]
-        row["floor_us"] = b * (args.context + 1) * 8 * 128 * 2 * 2 / (args.peak_tbps * 1e12) * 1e6
-    doc = {"context": args.context, "pool_rows": args.pool_rows, "max_seq_len": args.max_seq_len, "rows": rows,
-           "statistic": f"median of {args.repeats} CUDA-graph replays (us)",
-           "command": " ".join(["python -m dynspec.benchmarks.flex_decode", *sys.argv[1:]])}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        _write(args.out, doc())          # after each variant: a run cut short keeps what it timed
     print(json.dumps([{k: r[k] for k in r if k != "max_abs_diff"} for r in rows]))
     return 0
 
 
+def _write(path: str, doc: dict) -> None:
+    with open(path + ".part", "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".part", path)
+
+
+_pools: dict = {}
+
+
 def _pool(rows: int, per_seq: int, b: int, ctx: int, bs: int, dev):
+    """_make_pool's result, made once per arguments (random pools of ~600 MB take seconds on the
+    host; every variant at one b reads the same one)."""
+    key = (rows, per_seq, b, ctx, bs, str(dev))
+    if key not in _pools:
+        _pools[key] = _make_pool(rows, per_seq, b, ctx, bs, dev)
+    return _pools[key]
+
+
+def _make_pool(rows: int, per_seq: int, b: int, ctx: int, bs: int, dev):
     """(k, v pools [8, blocks*bs, 128], owner, logical, tables [b, per_seq], q_pos [b, 1]) with rows
     0..b-1 holding blocks spread over the pool the way an allocator hands them out."""
     import torch

@@ -81,35 +81,37 @@ def uniform_batch(block_tables: Tensor, slots: Tensor, q_pos: Tensor, read_block
 
 def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], lens: list[int],
                  block_size: int) -> RaggedBatch:
-    """Rows of different lengths (decode rows and prompt chunks), built on the host.
-    Row r holds lens[r] tokens at positions first_pos[r].., packed in row order."""
+    """Rows of different lengths (decode rows and prompt chunks), laid out on the host with numpy
+    (a fixed number of calls for any row count) and copied to the device in one transfer, with no
+    device-to-host sync. Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
+    Example, rows (slot 2, pos 5, 2 tokens) and (slot 0, pos 0, 3 tokens): row_of = [0 0 1 1 1],
+    t = [0 1 0 1 2], positions = [5 6 0 1 2], out_index = [0 1 3 4 5] (Tq = 3)."""
+    import numpy as np
+
     dev = block_tables.device
-    R, Tq = len(slots), max(lens)
-    n = sum(lens)
-    q_index = torch.full((R, Tq), n, dtype=torch.long)
-    q_pos = torch.zeros(R, Tq, dtype=torch.long)
-    out_index = torch.empty(n, dtype=torch.long)
-    positions = torch.empty(n, dtype=torch.long)
-    i = 0
-    for r, (p0, t) in enumerate(zip(first_pos, lens)):
-        q_index[r, :t] = torch.arange(i, i + t)
-        q_pos[r, :t] = torch.arange(p0, p0 + t)
-        out_index[i:i + t] = torch.arange(r * Tq, r * Tq + t)
-        positions[i:i + t] = q_pos[r, :t]
-        i += t
-    read = -(-(max(p + t for p, t in zip(first_pos, lens))) // block_size)       # blocks to read
-    slots_t = torch.tensor(slots, dtype=torch.long).to(dev)
+    lens_a = np.asarray(lens, dtype=np.int64)
+    R, Tq, n = len(lens), int(lens_a.max()), int(lens_a.sum())
+    row_of = np.repeat(np.arange(R), lens_a)                                         # [N] row of each token
+    t = np.arange(n) - (np.cumsum(lens_a) - lens_a)[row_of]                          # [N] index in its row
+    positions = np.asarray(first_pos, dtype=np.int64)[row_of] + t                    # [N]
+    q_index = np.full((R, Tq), n, dtype=np.int64)
+    q_index[row_of, t] = np.arange(n)
+    q_pos = np.zeros((R, Tq), dtype=np.int64)
+    q_pos[row_of, t] = positions
+    slots_a = np.asarray(slots, dtype=np.int64)
+    parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a]
+    flat = torch.from_numpy(np.concatenate(parts)).to(dev)                           # the one copy
+    q_index_d, q_pos_d, out_index, positions_d, token_slot, slots_t = flat.split([len(x) for x in parts])
+    read = -(-int((np.asarray(first_pos) + lens_a).max()) // block_size)             # blocks to read
     tables = block_tables[slots_t]
-    token_slot = torch.repeat_interleave(slots_t, torch.tensor(lens).to(dev))      # [N]
-    positions = positions.to(dev)
-    blk = block_tables[token_slot, positions // block_size]
+    blk = block_tables[token_slot, positions_d // block_size]
     return RaggedBatch(
-        positions=positions,
-        write_index=blk * block_size + positions % block_size,
-        q_index=q_index.to(dev),
-        q_pos=q_pos.to(dev),
+        positions=positions_d,
+        write_index=blk * block_size + positions_d % block_size,
+        q_index=q_index_d.view(R, Tq),
+        q_pos=q_pos_d.view(R, Tq),
         kv_index=_kv_index(tables[:, :read], block_size),
-        out_index=out_index.to(dev),
+        out_index=out_index,
         slots=slots_t,
         tables=tables[:, :read],
     )

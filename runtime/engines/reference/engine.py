@@ -127,10 +127,14 @@ class ReferenceEngine:
         self.next_draft = torch.zeros(n, dtype=torch.long, device=dev)                             # [S]
         self.draft_hidden = torch.zeros(n, draft.config.hidden_size, dtype=p.dtype, device=dev)   # [S, h_draft]
         self.last_capture = torch.zeros(n, fused, dtype=p.dtype, device=dev)   # [S, n_capture*h_target]
-        # static step inputs / outputs per decode row (also the CUDA-graph I/O)
-        self.x = torch.zeros(n, dtype=torch.long, device=dev)                  # [R] pending tokens
-        self.pos = torch.ones(n, dtype=torch.long, device=dev)                 # [R] their positions
-        self.slot = torch.full((n,), self.pad_slot, dtype=torch.long, device=dev)   # [R] their slots
+        # static step inputs / outputs per decode row (also the CUDA-graph I/O). The inputs are the
+        # rows of one [3, R] tensor, filled from a pinned host twin in one copy a step:
+        #   x [R] pending tokens | pos [R] their positions | slot [R] their slots
+        self.step_in = torch.zeros(3, n, dtype=torch.long, device=dev)
+        self.x, self.pos, self.slot = self.step_in
+        self._host_in = torch.zeros(3, n, dtype=torch.long, pin_memory=on_cuda)
+        self._host_in_free = None                 # CUDA event: the last copy out of _host_in is done
+        self._pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
         self.p_accept = torch.zeros((), dtype=torch.float32, device=dev)       # Bernoulli p
@@ -183,12 +187,7 @@ class ReferenceEngine:
         b, B, K = plan.batch_size, plan.bucket, plan.k
         self._set_acceptance(acceptance)
         if b:
-            self.x[:b] = torch.tensor(plan.pending, dtype=torch.long)
-            self.pos[:b] = torch.tensor(plan.positions, dtype=torch.long)
-            self.slot[:b] = torch.tensor(plan.slots, dtype=torch.long)
-            self.x[b:B] = 0
-            self.pos[b:B] = 1                      # padding rows: the scratch block, harmless writes
-            self.slot[b:B] = self.pad_slot
+            self._load_rows(plan)
         read = -(-(plan.max_position + 1) // self.block_size)     # blocks this step reads (eager)
         if plan.chunks:
             firsts = self._mixed(plan, read)
@@ -210,6 +209,23 @@ class ReferenceEngine:
             draft_warm=K > 0,                      # after K=0 the draft head is rebuilt on resume
             first_tokens=tuple(next(it) if c.last else None for c in plan.chunks),
         )
+
+    def _load_rows(self, plan: StepPlan) -> None:
+        """x / pos / slot of the plan's b rows, every later row padding (token 0 at position 1 of
+        the padding slot: the scratch block, harmless writes), in one host -> device copy. On CUDA
+        the copy is from pinned memory and does not wait for the stream; the host buffer is
+        rewritten only once the previous copy out of it is done."""
+        b = plan.batch_size
+        if self._host_in_free is not None:
+            self._host_in_free.synchronize()
+        h = self._host_in.numpy()                                            # [3, R], shares memory
+        h[0, :b], h[1, :b], h[2, :b] = plan.pending, plan.positions, plan.slots
+        h[0, b:], h[1, b:], h[2, b:] = 0, 1, self.pad_slot
+        self.step_in.copy_(self._host_in, non_blocking=True)
+        if self.device.type == "cuda":
+            if self._host_in_free is None:
+                self._host_in_free = torch.cuda.Event()
+            self._host_in_free.record()
 
     def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
         """Device flags follow the host copy; the generator is reseeded when the model changes."""

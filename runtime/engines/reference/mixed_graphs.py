@@ -5,8 +5,9 @@
 piecewise.py leaves attention eager between its 33 graphed pieces, so a mixed step is
 host-bound (H200: 18.5 ms for b=1 + a 128-token chunk, 5.1 ms for the decode step alone). Here
 attention reads static buffers only, so it is captured with the pieces:
-    decode rows    FlexAttention over the pool, block mask built in the graph from the
-                   engine's pos / slot buffers (as the decode graphs do)
+    decode rows    the decode graphs' kernel: paged_decode.py's Triton kernel on CUDA (its
+                   counters reset themselves, so replay is safe), else FlexAttention over the
+                   pool with a block mask built in the graph from the engine's pos / slot buffers
     prompt chunks  packed_attention with block lists and per-token (slot, position) in buffers
 
 Packed layout of the Np tokens:
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from .attention import flex_attention_paged, paged_block_mask, uniform_batch
 from .packed import PackedChunks, packed_attention, packed_block_mask
+from .paged_decode import PagedDecode
 from .piecewise import capture_graph
 
 Key = tuple[int, int, int]       # (Np, B, T)
@@ -87,23 +89,33 @@ class WholeMixed:
         n, L = B * T, Np - B * T
         nqb = -(-L // PackedChunks.Q_BLOCK)
         owner, logical, bs, P = e.block_owner, e.block_logical, e.block_size, self.pool_len
+        # the decode rows: the decode graphs' kernel. Triton's (it takes the rows it supports) or
+        # FlexAttention, whose block mask is built at its first use in a run and kept for the layers
+        masks: dict = {}
+
+        def flex(q, k, v, dec):
+            if "dec" not in masks:
+                masks["dec"] = paged_block_mask(dec, owner, logical, bs, P)
+            return flex_attention_paged(q, k, v, dec, owner, logical, bs, masks["dec"])
+
+        decode = PagedDecode(bs, flex) if e.decode_kernel == "triton" and e.attention == "flex" else flex
 
         def run() -> None:
-            dec = dmask = None
+            dec = None
+            masks.clear()
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
                 dec = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, bs)
                 pw.tokens[:n].copy_(self.dec_tokens[:B, :T].reshape(-1))
                 pw.positions[:n].copy_(dec.positions)
                 pw.write_index[:n].copy_(dec.write_index)
-                dmask = paged_block_mask(dec, owner, logical, bs, P)
             cmask = packed_block_mask(self.kv_num[:nqb], self.kv_idx[:nqb], self.tok_slot[:L], pw.positions[n:Np],
                                       owner, logical, bs, P)
             pieces[0]()
             for i in range(len(t.layers)):
                 q, k, v = pw.q[:Np], t.k_cache[i], t.v_cache[i]
                 if n:
-                    pw.o[:n].copy_(flex_attention_paged(q[:n], k, v, dec, owner, logical, bs, dmask))
+                    pw.o[:n].copy_(decode(q[:n], k, v, dec))
                 pw.o[n:Np].copy_(packed_attention(q[n:Np], k, v, cmask))
                 pieces[i + 1]()
             self.h[:Np].copy_(out["h"])

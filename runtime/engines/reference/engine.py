@@ -363,15 +363,18 @@ class ReferenceEngine:
         prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
             [x for part in host for x in part], dtype=torch.long).to(dev).split([len(x) for x in host])
         nxt = nxt.clone()
-        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size)
-        c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size) if b else batch
+        key = self._whole_key(B, T, len(host[0]))
+        # the whole batch (decode rows and chunks) serves the piecewise / eager forward and the
+        # draft's catch-up at K > 0; a whole-graph step at K = 0 needs the chunks' rows alone
+        full = key is None or (b and K)
+        c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
+        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if b and full else c_batch
         rows = [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks]
         chunk_attention = sdpa_attention
         if self.packed_chunks:
             chunk_attention = PackedChunks(c_batch, rows, token_slot, self.block_owner, self.block_logical,
                                            self.block_size)
             chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
-        key = self._whole_key(B, T, prompt.shape[0])
         if key is not None:
             blocks = self.whole.kv_idx.shape[1]
             kv_blocks = (chunk_attention.kv_blocks(blocks) if self.packed_chunks else
@@ -384,7 +387,7 @@ class ReferenceEngine:
         dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
         attention = chunk_attention
-        if b:
+        if b and full:
             vpos = self.pos[:B, None] + torch.arange(T, device=dev)                  # [B, T]
             dec_batch = self._rows(B, vpos, dec_read)
             attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch, chunk_attention)

@@ -38,6 +38,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-triton-kernels", action="store_true",
                    help="reference engine on CUDA: inductor's rope_write and FlexAttention for decode rows "
                         "instead of the Triton kernels (rope_kernel.py, paged_decode.py)")
+    g.add_argument("--no-split-graphs", action="store_true",
+                   help="reference engine on CUDA: each pure-decode step as one CUDA graph instead of a chain of three")
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
 
 
@@ -86,6 +88,8 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         ref = replace(ref, mixed_graphs=False)
     if getattr(args, "no_triton_kernels", False):
         ref = replace(ref, triton_kernels=False)
+    if getattr(args, "no_split_graphs", False):
+        ref = replace(ref, split_graphs=False)
     if getattr(args, "whole_mixed_graphs", None) is not None:      # sweep's --[no-]whole-mixed-graphs
         ref = replace(ref, whole_mixed_graphs=args.whole_mixed_graphs)
     return EngineChoice(replace(cfg, reference=ref), src, edir)

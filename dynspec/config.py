@@ -14,7 +14,8 @@ engine.json (written by `dynspec build`):
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
                 "keep_warm": true, "cuda_graphs": true, "mixed_graphs": true, "max_num_tokens": 8192,
-                "whole_mixed_graphs": true, "triton_kernels": true},
+                "whole_mixed_graphs": true, "triton_kernels": true,
+                "split_graphs": true},
   "llm_api_options": "llm_api_options.yaml",
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
@@ -58,6 +59,7 @@ class ReferenceSettings:
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
     whole_mixed_graphs: bool = True  # with mixed_graphs: a mixed iteration's whole forward, attention included, as one graph
     triton_kernels: bool = True      # CUDA: decode attention and rope_write as hand-written Triton kernels
+    split_graphs: bool = True        # CUDA: each pure-decode graph as a chain of three, launched in turn
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -66,7 +68,8 @@ class ReferenceSettings:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
-        for name in ("keep_warm", "cuda_graphs", "mixed_graphs", "whole_mixed_graphs", "triton_kernels"):
+        for name in ("keep_warm", "cuda_graphs", "mixed_graphs", "whole_mixed_graphs", "triton_kernels",
+                     "split_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise DynspecError(f"reference.{name}={getattr(self, name)!r} must be true or false")
 

@@ -78,6 +78,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     assert len(replays) == n_mixed + warm           # the eager engine never ran pieces
     assert n_mixed == sum(1 for s in ex.stats if s.prefill_tokens) and all(replays)   # graphed, every one
     assert eng.eager_fallbacks == 0
+    assert all(len(g.graphs) == (1 if k.kind == "refresh" else 3) for k, g in eng._graphs.items())   # chains
     assert eng.piecewise.buckets == (16, 32, 64) and eng.piecewise.graphs == 3 * (6 + 1)   # 6 layers
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)

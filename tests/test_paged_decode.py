@@ -83,3 +83,20 @@ def test_serving_capture_falls_back_to_piecewise_when_whole_graphs_fail(capsys):
     assert capture(e, (), ref, strict=False) == 3
     assert e.whole is None and e.whole_mixed is False
     assert "whole-forward mixed graphs not captured (RuntimeError: NoValidChoicesError)" in capsys.readouterr().err
+
+
+def test_chain_cuts_start_with_a_one_layer_graph():
+    from dynspec.runtime.engines.reference.engine import GraphChain, chain_cuts
+
+    assert chain_cuts(32) == {0, 8} and chain_cuts(6) == {0, 1} and chain_cuts(2) == {0, 1} and chain_cuts(1) == {0}
+    seen = []
+
+    class G:
+        def __init__(self, n):
+            self.n = n
+
+        def replay(self):
+            seen.append(self.n)
+
+    GraphChain((G(0), G(1), G(2))).replay()
+    assert seen == [0, 1, 2]

@@ -383,6 +383,7 @@ class Target(nn.Module):
         self.kernels = Kernels()                                  # per model; the engine may swap in compiled ones
         self.collectives = Collectives()
         self.attention = sdpa_attention                           # (q, k_pool, v_pool, batch) -> [N, nh*hd]
+        self.layer_hook = None                                    # run() calls it with i after layer i (graph captures)
         self.max_batch = self.max_seq_len = self.block_size = 0
         self.row_tables: Tensor | None = None
         self.register_buffer("k_cache", None, persistent=False)  # [L, kvh, blocks*block_size, hd]
@@ -427,6 +428,8 @@ class Target(nn.Module):
                          self.collectives)
             if i in capture:
                 caps[i] = x + r
+            if self.layer_hook is not None:
+                self.layer_hook(i)                                        # engine._capture_chain's cut points
         hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [N, n*h]
         if logit_index is not None:
             x, r = x[logit_index], r[logit_index]

@@ -151,6 +151,7 @@ class ReferenceEngine:
         self.step_in = torch.zeros(3, n, dtype=torch.long, device=dev)
         self.x, self.pos, self.slot = self.step_in
         self._host_in = torch.zeros(3, n, dtype=torch.long, pin_memory=on_cuda)
+        self._host_np = self._host_in.numpy()         # [3, R], shares its memory
         self._host_in_free = None                 # CUDA event: the last copy out of _host_in is done
         self._pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
@@ -236,7 +237,7 @@ class ReferenceEngine:
         b = plan.batch_size
         if self._host_in_free is not None:
             self._host_in_free.synchronize()
-        h = self._host_in.numpy()                                            # [3, R], shares memory
+        h = self._host_np
         h[0, :b], h[1, :b], h[2, :b] = plan.pending, plan.positions, plan.slots
         h[0, b:], h[1, b:], h[2, b:] = 0, 1, self.pad_slot
         self.step_in.copy_(self._host_in, non_blocking=True)

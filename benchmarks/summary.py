@@ -21,8 +21,12 @@ Version 2 adds (ratios use the medians of the trials; a spread is min..max over 
     varied_vs_fixed_baseline     {"64": r, "256": r}: baseline tok/s with varied lengths (the regime's
                                  sweep, or --varied-baseline: the same loads as the fixed one) / with
                                  fixed lengths of the same mean (--fixed-baseline)
-    varied_vs_fixed_baseline_steady  the same ratio of steady_tok_per_s (iterations with >= 0.9 C
-                                 decode rows: the server while full, without the closed loop's tail)
+    varied_vs_fixed_baseline_steady  the varied run's steady_tok_per_s (iterations with >= 0.9 C
+                                 decode rows: the server while full, without the ramp and the drain
+                                 tail a finite closed loop of varied lengths ends with) / the fixed
+                                 run's output_tok_per_s (lockstep waves have no tail; their own
+                                 steady figure would leave out all their prefill, which runs in
+                                 iterations without decode rows)
     figure_commands              {figure: [the commands whose outputs it is computed from]}
 """
 from __future__ import annotations
@@ -155,11 +159,11 @@ def open_loop(rows: Sequence[Mapping]) -> dict:
 
 
 def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping],
-                    field: str = "output_tok_per_s") -> dict[str, float | None]:
-    """{"<C>": baseline tok/s with varied lengths / with fixed lengths} at every C of the fixed-length
-    sweep (h200_fixed_baseline.sh: 64 and 256); None where the varied sweep lacks that C (or, for
-    field="steady_tok_per_s", where a sweep predates that field)."""
-    v, f = _tps(varied_rows, "baseline", field), _tps(fixed_rows, "baseline", field)
+                    field: str = "output_tok_per_s", fixed_field: str | None = None) -> dict[str, float | None]:
+    """{"<C>": baseline `field` with varied lengths / `fixed_field` (default: the same) with fixed
+    lengths} at every C of the fixed-length sweep (h200_fixed_baseline.sh: 64 and 256); None where
+    the varied sweep lacks that C (or, for field="steady_tok_per_s", where a sweep predates it)."""
+    v, f = _tps(varied_rows, "baseline", field), _tps(fixed_rows, "baseline", fixed_field or field)
     return {str(c): (v[c] / f[c] if c in v and f.get(c) else None) for c in sorted(_tps(fixed_rows, "baseline"))}
 
 
@@ -172,14 +176,27 @@ def decode_vs_gemm_floor(profile: Mapping) -> dict | None:
             "gemm_floor_ms": fl["gemm_floor_ms"], "context_len": fl.get("context_len"), "method": fl.get("method")}
 
 
+def floor_trials(profiles: Sequence[Mapping]) -> dict:
+    """Several profile --floor runs (each its decode and its GEMM floor, timed side by side) -> the
+    median ratio with min..max and every trial: ratios 1.21, 1.20, 1.24 -> ratio 1.21, min 1.20, max 1.24."""
+    import statistics
+
+    trials = [dict(decode_vs_gemm_floor(p), command=p.get("command")) for p in profiles]
+    ratios = [t["ratio"] for t in trials]
+    mid = statistics.median(ratios)
+    near = min(trials, key=lambda t: abs(t["ratio"] - mid))      # the trial at the median (odd counts)
+    return dict(near, ratio=mid, min=min(ratios), max=max(ratios), trials=trials)
+
+
 def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | None = None,
               peak_bytes_per_s: float | None = None, bandwidth_profile: str | None = None,
               tunes: Mapping[str, Mapping] | None = None, fixed: Mapping[str, Mapping] | None = None,
-              varied: Mapping[str, Mapping] | None = None, floor_profile: Mapping | None = None) -> dict:
+              varied: Mapping[str, Mapping] | None = None,
+              floor_profile: Mapping | Sequence[Mapping] | None = None) -> dict:
     """regimes: {"A": sweep NAME.json doc}; profiles: {"A": profile.json doc}; tunes: {"A": tune.json doc}.
     fixed / varied: {"B": baseline sweep} with fixed / varied lengths (varied defaults to the regime's
-    own sweep); floor_profile: the profile --floor JSON that decode_vs_gemm_floor comes from (default:
-    the first profile that has a floor).
+    own sweep); floor_profile: the profile --floor JSON that decode_vs_gemm_floor comes from, or
+    several (their median: floor_trials; default: the first profile that has a floor).
     The bandwidth figure comes from profiles[bandwidth_profile] (default: the first regime's, else the first)."""
     if not regimes:
         raise DynspecError("no regimes to summarize")
@@ -208,14 +225,17 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     for name, doc in (varied or {}).items():
         commands.append({"what": f"varied-length baseline {name}", "command": doc["env"].get("command")})
     floor_sources = profiles
-    if floor_profile is not None:
-        if decode_vs_gemm_floor(floor_profile) is None:
-            raise DynspecError("--floor-profile has no 'floor' with gemm_floor_ms and decode_ms (run profile --floor)")
-        floor_sources = {"floor": floor_profile}
-        commands.append({"what": "profile --floor", "command": floor_profile.get("command")})
-    floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in floor_sources.items()) if f is not None}
     floor = None
-    if floors:
+    if floor_profile is not None:
+        many = [floor_profile] if isinstance(floor_profile, Mapping) else list(floor_profile)
+        if not many or any(decode_vs_gemm_floor(p) is None for p in many):
+            raise DynspecError("--floor-profile has no 'floor' with gemm_floor_ms and decode_ms (run profile --floor)")
+        floor_sources = {f"floor{i + 1}": p for i, p in enumerate(many)}
+        commands += [{"what": "profile --floor", "command": p.get("command")} for p in many]
+        floor = dict(floor_trials(many), profile="floor") if len(many) > 1 else dict(decode_vs_gemm_floor(many[0]),
+                                                                                    profile="floor1")
+    floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in floor_sources.items()) if f is not None}
+    if floor is None and floors:
         fname = next(iter(floors))
         floor = dict(floors[fname], profile=fname)
     for name in fixed or {}:
@@ -228,7 +248,8 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     varied_docs = {n: (varied or {}).get(n, regimes[n]) for n in fixed or {}}
     sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
     figure_commands = {
-        "decode_vs_gemm_floor": [floor_sources[floor["profile"]].get("command")] if floor else [],
+        "decode_vs_gemm_floor": ([t["command"] for t in floor["trials"]] if floor and "trials" in floor else
+                                 [floor_sources[floor["profile"]].get("command")] if floor else []),
         "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(varied_docs[n])]
                                     + [d["env"].get("command") for d in (fixed or {}).values()],
         "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,
@@ -239,7 +260,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     if fixed:
         name = next(iter(fixed))
         vf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"])
-        vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s")
+        vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s", "output_tok_per_s")
     return {
         "version": 2,
         "decode_bandwidth_fraction": None if bw is None else bw["fraction"],
@@ -348,8 +369,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     p.add_argument("--varied-baseline", action="append", metavar="NAME=SWEEP.json",
                    help="the baseline sweep with regime NAME's varied lengths at the fixed one's loads "
                         "(default: the regime's own sweep)")
-    p.add_argument("--floor-profile", metavar="PROFILE.json",
-                   help="the profile --floor JSON for decode_vs_gemm_floor (default: the first --profile with one)")
+    p.add_argument("--floor-profile", metavar="PROFILE.json", action="append",
+                   help="a profile --floor JSON for decode_vs_gemm_floor; repeat for the median of several "
+                        "(default: the first --profile with one)")
     p.add_argument("--bandwidth-profile", metavar="NAME", help="which --profile gives decode_bandwidth_fraction")
     p.add_argument("--peak-bandwidth-tbps", type=float, help="device memory bandwidth, e.g. 4.8 for an H200")
     p.add_argument("--out", required=True, help="summary JSON path")
@@ -370,10 +392,11 @@ def run(args: argparse.Namespace) -> int:
     tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
     fixed = {n: read_json(p, f"fixed-length sweep {n}") for n, p in _named(args.fixed_baseline, "--fixed-baseline").items()}
     varied = {n: read_json(p, f"varied-length sweep {n}") for n, p in _named(args.varied_baseline, "--varied-baseline").items()}
-    floor = read_json(args.floor_profile, "floor profile") if args.floor_profile else None
-    if floor is not None and decode_vs_gemm_floor(floor) is None:
-        raise DynspecError(f"--floor-profile {args.floor_profile}: no 'floor' with gemm_floor_ms and decode_ms "
-                           f"(run profile --floor)")
+    floor = [read_json(p, "floor profile") for p in args.floor_profile] if args.floor_profile else None
+    for path, doc in zip(args.floor_profile or (), floor or ()):
+        if decode_vs_gemm_floor(doc) is None:
+            raise DynspecError(f"--floor-profile {path}: no 'floor' with gemm_floor_ms and decode_ms "
+                               f"(run profile --floor)")
     for n, doc in list(regimes.items()) + list(fixed.items()) + list(varied.items()):
         if "rows" not in doc or "env" not in doc:
             raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")

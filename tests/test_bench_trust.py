@@ -48,6 +48,18 @@ def test_varied_vs_fixed_steady_ratio_and_older_sweeps_without_it():
     fixed = [row("baseline", 64, 100, 99, 101, steady_tok_per_s=100.0), row("baseline", 256, 1, 1, 1)]
     assert summary.varied_vs_fixed(varied, fixed) == {"64": 0.5, "256": None}
     assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s") == {"64": pytest.approx(0.9), "256": None}
+    assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s", "output_tok_per_s") == {
+        "64": pytest.approx(0.9), "256": None}
+    fixed[0]["output_tok_per_s"] = 80.0
+    assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s", "output_tok_per_s")["64"] == pytest.approx(90 / 80)
+
+
+def test_floor_of_several_profiles_is_their_median_with_its_spread():
+    runs = [{"command": f"profile --floor #{i}", "floor": {"gemm_floor_ms": 4.0, "decode_ms": d}}
+            for i, d in enumerate((4.84, 4.80, 4.96))]
+    fl = summary.floor_trials(runs)
+    assert fl["ratio"] == pytest.approx(1.21) and (fl["min"], fl["max"]) == pytest.approx((1.20, 1.24))
+    assert fl["decode_ms"] == 4.84 and [t["command"] for t in fl["trials"]] == [r["command"] for r in runs]
 
 
 # ---- trials, spreads, ties ----------------------------------------------------------------------
@@ -157,6 +169,11 @@ def test_summary_version_2_figures():
     assert s2["figure_commands"]["varied_vs_fixed_baseline"] == ["sweep varied", "sweep fixed"]
     assert s2["decode_vs_gemm_floor"] == pytest.approx(1.15)
     assert s2["figure_commands"]["decode_vs_gemm_floor"] == ["profile --floor again"]
+    s3 = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12,
+                           floor_profile=[late, dict(late, command="third", floor={"gemm_floor_ms": 4.0, "decode_ms": 5.0}),
+                                          prof])
+    assert s3["decode_vs_gemm_floor"] == pytest.approx(1.25) and s3["gemm_floor"]["min"] == pytest.approx(1.15)
+    assert len(s3["figure_commands"]["decode_vs_gemm_floor"]) == 3
     assert s2["decode_bandwidth"]["context_len"] == 1024               # bandwidth still from --profile B
     with pytest.raises(DynspecError, match="--varied-baseline A: no --fixed-baseline A"):
         summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"B": fixed}, varied={"A": varied})

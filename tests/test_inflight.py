@@ -445,3 +445,32 @@ def test_whole_keys_cover_each_row_shape_and_chunk_only_iterations():
 
     assert whole_keys([(1, 2)], (16, 32)) == ((16, 0, 1), (16, 1, 2), (32, 0, 1), (32, 1, 2))
     assert whole_keys([(8, 3)], (16, 32)) == ((16, 0, 1), (32, 0, 1), (32, 8, 3))      # 24 decode tokens fill 16
+
+
+def test_ragged_batch_matches_a_row_by_row_layout():
+    """ragged_batch's numpy layout against the row-by-row one it replaced (the docstring's rule,
+    written out per row): rows of 1..7 tokens at scattered positions, shuffled block tables."""
+    from dynspec.runtime.engines.reference.attention import ragged_batch
+
+    g = torch.Generator().manual_seed(7)
+    bs, per = 4, 6
+    tables = torch.randperm(40, generator=g)[:5 * per].view(5, per)
+    slots, starts, lens = [3, 0, 4, 1], [9, 0, 17, 5], [1, 7, 3, 2]
+    got = ragged_batch(tables, slots, starts, lens, bs)
+    R, Tq, n = len(lens), max(lens), sum(lens)
+    q_index, q_pos = torch.full((R, Tq), n), torch.zeros(R, Tq, dtype=torch.long)
+    out_index, positions, write = [], [], []
+    i = 0
+    for r, (s, p0, t) in enumerate(zip(slots, starts, lens)):
+        for j in range(t):
+            q_index[r, j], q_pos[r, j] = i + j, p0 + j
+            out_index.append(r * Tq + j)
+            positions.append(p0 + j)
+            write.append(int(tables[s, (p0 + j) // bs]) * bs + (p0 + j) % bs)
+        i += t
+    read = -(-max(p + t for p, t in zip(starts, lens)) // bs)
+    assert torch.equal(got.q_index, q_index) and torch.equal(got.q_pos, q_pos)
+    assert got.out_index.tolist() == out_index and got.positions.tolist() == positions
+    assert got.write_index.tolist() == write and got.slots.tolist() == slots
+    assert torch.equal(got.tables, tables[slots][:, :read]) and got.kv_index.shape == (R, read * bs)
+    assert not got.uniform

@@ -14,12 +14,8 @@ stage mixed-step 90 "$PY" -m dynspec.benchmarks.mixed_step --engine-dir "$ENGINE
 stage flex-decode 50 "$PY" -m dynspec.benchmarks.flex_decode --batch-sizes 1,64 --context 1024 \
   --max-seq-len 1032 --variants triton,triton-p2,triton-p4,triton-w2,triton-w8,triton-t128 \
   --out "$RES/h200_c23_flex_decode.json"
-stage floor 40 "$PY" -m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16 \
-  --no-progress --batch-sizes 1 --draft-lens 0 --context-len 1024 --max-seq-len 1032 --warmup 2 --repeats 6 --floor \
-  --out "$RES/h200_c23_floor_profile.json"
-VF=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16
-    --concurrency 64,256 --modes baseline --waves 3 --trials 3 --min-requests 2 --no-progress
-    --acceptance bernoulli:0.5 --max-seq-len 424)
+stage floor 40 "$PY" "${FLOOR[@]}" --out "$RES/h200_c23_floor_profile.json"
+VF=("${BASELINE_SWEEP[@]}" --concurrency 64,256 --waves 3)
 stage varied-B 130 "$PY" "${VF[@]}" --input-len 64:192 --output-len 32:224 --out "$RES/h200_c23_B_varied"
 stage fixed-B "$(( $(left) - 3 ))" "$PY" "${VF[@]}" --input-len 128 --output-len 128 --out "$RES/h200_c23_B_fixed"
 finish

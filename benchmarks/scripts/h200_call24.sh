@@ -9,15 +9,11 @@ set -uo pipefail
 CALL=24 TAG=h200_call24 DEADLINE=${DEADLINE:-560}
 . "$(dirname "$0")/h200_lib.sh"
 GPU_TEST_PATHS="tests/test_gpu.py::test_graphs_equal_eager_and_greedy tests/test_gpu.py::test_whole_mixed_graphs_equal_transformers tests/test_gpu.py::test_paged_decode_equals_sdpa" start 1 80
-FL=(-m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16 --no-progress
-    --batch-sizes 1 --draft-lens 0 --context-len 1024 --max-seq-len 1032 --warmup 2 --repeats 6 --floor)
 for i in 1 2; do
-  stage "floor-chain$i" 35 "$PY" "${FL[@]}" --out "$RES/h200_c24_floor_chain${i}_profile.json"
-  stage "floor-one$i" 35 "$PY" "${FL[@]}" --no-split-graphs --out "$RES/h200_c24_floor_one${i}_profile.json"
+  stage "floor-chain$i" 35 "$PY" "${FLOOR[@]}" --out "$RES/h200_c24_floor_chain${i}_profile.json"
+  stage "floor-one$i" 35 "$PY" "${FLOOR[@]}" --no-split-graphs --out "$RES/h200_c24_floor_one${i}_profile.json"
 done
-VF=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16
-    --concurrency 64,256 --modes baseline --waves 6 --trials 3 --min-requests 2 --no-progress
-    --acceptance bernoulli:0.5 --max-seq-len 424)
+VF=("${BASELINE_SWEEP[@]}" --concurrency 64,256 --waves 6)
 stage varied-B 150 "$PY" "${VF[@]}" --input-len 64:192 --output-len 32:224 --out "$RES/h200_c24_B_varied"
 stage fixed-B "$(( $(left) - 3 ))" "$PY" "${VF[@]}" --input-len 128 --output-len 128 --out "$RES/h200_c24_B_fixed"
 finish

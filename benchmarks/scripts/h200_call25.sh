@@ -8,13 +8,9 @@ set -uo pipefail
 CALL=25 TAG=h200_call25 DEADLINE=${DEADLINE:-330}
 . "$(dirname "$0")/h200_lib.sh"
 start 0 0
-FL=(-m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16 --no-progress
-    --batch-sizes 1 --draft-lens 0 --context-len 1024 --max-seq-len 1032 --warmup 2 --repeats 6 --floor)
-stage floor-chain3 35 "$PY" "${FL[@]}" --out "$RES/h200_c25_floor_chain3_profile.json"
-stage floor-one3 35 "$PY" "${FL[@]}" --no-split-graphs --out "$RES/h200_c25_floor_one3_profile.json"
-VF=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16
-    --concurrency 64 --modes baseline --waves 20 --trials 3 --min-requests 2 --no-progress
-    --acceptance bernoulli:0.5 --max-seq-len 424)
+stage floor-chain3 35 "$PY" "${FLOOR[@]}" --out "$RES/h200_c25_floor_chain3_profile.json"
+stage floor-one3 35 "$PY" "${FLOOR[@]}" --no-split-graphs --out "$RES/h200_c25_floor_one3_profile.json"
+VF=("${BASELINE_SWEEP[@]}" --concurrency 64 --waves 20)
 stage varied-B64 110 "$PY" "${VF[@]}" --input-len 64:192 --output-len 32:224 --out "$RES/h200_c25_B64_varied"
 stage fixed-B64 "$(( $(left) - 3 ))" "$PY" "${VF[@]}" --input-len 128 --output-len 128 --out "$RES/h200_c25_B64_fixed"
 finish

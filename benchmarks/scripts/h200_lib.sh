@@ -39,3 +39,10 @@ finish() {  # the log's tail; exit 1 naming the failed stages
   tail -n 40 "$LOG"
   [ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }
 }
+# the b=1 decode / GEMM floor profile at 1024 context, and the baseline-only sweep of the varied- and
+# fixed-length runs (add --concurrency, --waves, the lengths and --out)
+FLOOR=(-m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16 --no-progress
+       --batch-sizes 1 --draft-lens 0 --context-len 1024 --max-seq-len 1032 --warmup 2 --repeats 6 --floor)
+BASELINE_SWEEP=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda
+                --dtype bfloat16 --modes baseline --trials 3 --min-requests 2 --no-progress
+                --acceptance bernoulli:0.5 --max-seq-len 424)

@@ -24,8 +24,9 @@ with x_e the next prompt token, or for the last chunk (e = P) the target's first
 token g0; the last chunk also sets the carried state from position P-1.
 
 Cache: paged (kv_cache.py); target and draft share one block table per slot. Pure-decode
-iterations replay a CUDA graph per (bucket, K) when captured; iterations with prompt chunks
-replay per-token-bucket graphs cut at attention (piecewise.py), attention eager between them.
+iterations replay a CUDA graph per (bucket, K) when captured, as a chain of three (GraphChain);
+iterations with prompt chunks replay one whole-forward graph (mixed_graphs.py) or per-token-bucket
+graphs cut at attention (piecewise.py). See docs/design.md ("CUDA graphs", "Host work of a step").
 """
 from __future__ import annotations
 

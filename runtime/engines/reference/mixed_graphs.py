@@ -21,6 +21,8 @@ Memory: the graphs share one pool and write h, H into static buffers, so nothing
 buffers outlives a replay. On CPU (tests) the same functions run without capture.
 H200, 8B shape, 512 context, ms a step (benchmarks/results/h200_c15_mixed_step.json): b=1 + a
 128-token chunk 10.1 whole vs 15.8 piecewise (decode alone 5.1); b=128 + 256 tokens 21.7 vs 22.8.
+At 1024 context with the step's host work in one copy (h200_c23_mixed_step.json): b=1 + 128
+9.25 whole (decode alone 4.95), b=64 + 128 11.76 (7.63).
 """
 from __future__ import annotations
 

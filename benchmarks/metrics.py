@@ -19,6 +19,8 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
                        replicas: the server while full, without the ramp and the drain tail that a
                        finite closed loop of varied lengths ends with; steady_fraction: the share
                        of iterations counted
+    sustained_tok_per_s closed loop: tokens emitted before the last request was submitted / the
+                       time until then (`sustained`), summed over replicas
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -71,12 +73,14 @@ class StepRecord:
     host_seconds: float
     decode_rows: int | None = 0     # rows that decoded this iteration (K+1 tokens each); None: not reported
     prefill_tokens: int | None = 0  # prompt tokens that rode in the same forward; None: not reported
+    emitted: int | None = None      # tokens the step appended to requests; None: not reported
+    end_s: float | None = None      # the run's clock at the step's end; None: not reported
 
     @classmethod
     def of(cls, st) -> "StepRecord":
         """From the executor's IterationStats."""
         return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds, st.decode_rows,
-                   st.prefill_tokens)
+                   st.prefill_tokens, getattr(st, "emitted", None), getattr(st, "end_s", None))
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ class RunMetrics:
     k_by_batch: tuple[tuple[int, int, int], ...]   # (batch size, K, iterations), sorted
     steady_tok_per_s: float | None = None   # None: open loop, or no iteration was that full
     steady_fraction: float | None = None
+    sustained_tok_per_s: float | None = None   # None: open loop, one wave, or steps without end_s / emitted
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -195,6 +200,22 @@ def steady_state(steps: Sequence[StepRecord], concurrency: int, fill: float = ST
     return sum(s.batch_size + s.accepted for s in full) / secs, len(full) / len(steps)
 
 
+def sustained(rec: RunRecord) -> float | None:
+    """Closed loop: tokens emitted by the steps that ended before the last request was submitted,
+    over the time from the run's start to that submission: the server while every client still
+    had a request to send, without the drain a finite run of varied lengths ends with (about one
+    longest output). Lockstep waves of fixed lengths give their overall rate (waves 1..N-1).
+    Example: start 0, last submit at 2.0 s, steps ending at 1.0 (emitting 64), 2.0 (64), 3.0 (64)
+    -> 128 / 2.0 = 64 tok/s. None when every request was submitted at the start (one wave) or a
+    step lacks end_s / emitted."""
+    if not rec.requests or any(s.end_s is None or s.emitted is None for s in rec.steps):
+        return None
+    last = max(r.submit_s for r in rec.requests)
+    if last - rec.start_s <= 0:
+        return None
+    return sum(s.emitted for s in rec.steps if s.end_s <= last) / (last - rec.start_s)
+
+
 def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> RunMetrics:
     """Merge the replicas' records of one run into one row of metrics. concurrency: the closed
     loop's C per replica (steady_tok_per_s); None for open-loop runs."""
@@ -216,6 +237,8 @@ def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> R
         ss.update(steady_tok_per_s=None, steady_fraction=None)
     else:
         ss.update(steady_tok_per_s=sum(x[0] for x in steady), steady_fraction=min(x[1] for x in steady))
+    held = [sustained(rec) for rec in records] if concurrency else [None]
+    ss["sustained_tok_per_s"] = None if any(x is None for x in held) else sum(held)
     return RunMetrics(
         replicas=len(records),
         num_requests=len(reqs),

@@ -27,6 +27,9 @@ Version 2 adds (ratios use the medians of the trials; a spread is min..max over 
                                  run's output_tok_per_s (lockstep waves have no tail; their own
                                  steady figure would leave out all their prefill, which runs in
                                  iterations without decode rows)
+    varied_vs_fixed_baseline_sustained  the same ratio of sustained_tok_per_s (tokens emitted before
+                                 the last submission / the time until then, both runs; null for
+                                 sweeps that predate it)
     figure_commands              {figure: [the commands whose outputs it is computed from]}
 """
 from __future__ import annotations
@@ -256,11 +259,12 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
         "decode_bandwidth_fraction": [profiles[bw["profile"]].get("command")] if bw else [],
     }
-    vf = vfs = None
+    vf = vfs = vfh = None
     if fixed:
         name = next(iter(fixed))
         vf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"])
         vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s", "output_tok_per_s")
+        vfh = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "sustained_tok_per_s")
     return {
         "version": 2,
         "decode_bandwidth_fraction": None if bw is None else bw["fraction"],
@@ -284,6 +288,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "gemm_floor": floor,
         "varied_vs_fixed_baseline": vf,
         "varied_vs_fixed_baseline_steady": vfs,
+        "varied_vs_fixed_baseline_sustained": vfh,
         "varied_vs_fixed_regime": None if not fixed else next(iter(fixed)),
         "figure_commands": figure_commands,
     }

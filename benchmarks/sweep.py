@@ -467,7 +467,8 @@ def trial_fields(mets: Sequence) -> dict:
     tps = [x.output_tok_per_s for x in mets]
     return {"trials": len(mets), "trial_tok_per_s": tps, "tok_per_s_min": min(tps), "tok_per_s_max": max(tps),
             "trial_p99_ttft_s": [x.p99_ttft_s for x in mets],
-            "trial_steady_tok_per_s": [x.steady_tok_per_s for x in mets]}
+            "trial_steady_tok_per_s": [x.steady_tok_per_s for x in mets],
+            "trial_sustained_tok_per_s": [x.sustained_tok_per_s for x in mets]}
 
 
 def median_trial(mets: Sequence):

@@ -58,6 +58,7 @@ class IterationStats:
     host_seconds: float     # policy lookup + planning
     decode_rows: int = 0    # = batch_size: rows decoding this iteration
     prefill_tokens: int = 0  # prompt tokens riding in the same forward
+    end_s: float | None = None   # the executor's clock when the step's results were in
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class Executor:
                     req.draft_warm = True
                     emitted += self._append(req, (first,), t2)
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
-                            decode_rows=b, prefill_tokens=plan.prefill_tokens)
+                            decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)

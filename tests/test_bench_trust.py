@@ -43,6 +43,21 @@ def test_steady_state_counts_only_full_iterations_per_replica():
     assert summarize([rec], concurrency=64).steady_fraction is None        # never that full
 
 
+def test_sustained_counts_steps_that_end_before_the_last_submission():
+    from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord, summarize, sustained
+
+    reqs = tuple(RequestTiming(4, 2, s, s + 0.5, s + 1.0) for s in (0.0, 0.0, 2.0))     # last submit at 2.0
+    steps = tuple(StepRecord(2, 0, 0, 0, 1.0, 0.0, 2, 0, emitted=64, end_s=t) for t in (1.0, 2.0, 3.0))
+    rec = RunRecord(reqs, steps, 0.0, 3.0)
+    assert sustained(rec) == pytest.approx(128 / 2.0)                       # the step ending at 3.0 is drain
+    assert summarize([rec, rec], concurrency=2).sustained_tok_per_s == pytest.approx(128.0)   # replicas add
+    assert summarize([rec]).sustained_tok_per_s is None                      # open loop
+    one_wave = RunRecord(reqs[:2], steps, 0.0, 3.0)
+    assert sustained(one_wave) is None                                      # all submitted at the start
+    old = RunRecord(reqs, tuple(StepRecord(2, 0, 0, 0, 1.0, 0.0) for _ in range(3)), 0.0, 3.0)
+    assert sustained(old) is None                                           # steps without end_s / emitted
+
+
 def test_varied_vs_fixed_steady_ratio_and_older_sweeps_without_it():
     varied = [row("baseline", 64, 50, 49, 51, steady_tok_per_s=90.0)]
     fixed = [row("baseline", 64, 100, 99, 101, steady_tok_per_s=100.0), row("baseline", 256, 1, 1, 1)]
@@ -81,11 +96,12 @@ def test_verdict_is_a_tie_when_spreads_overlap():
 
 
 def test_trial_fields_report_median_run_and_spread():
-    mets = [NS(output_tok_per_s=v, p99_ttft_s=0.1 * i, steady_tok_per_s=v + 5) for i, v in enumerate((90.0, 100.0, 95.0))]
+    mets = [NS(output_tok_per_s=v, p99_ttft_s=0.1 * i, steady_tok_per_s=v + 5, sustained_tok_per_s=v - 5)
+            for i, v in enumerate((90.0, 100.0, 95.0))]
     f = trial_fields(mets)
     assert f == {"trials": 3, "trial_tok_per_s": [90.0, 100.0, 95.0], "tok_per_s_min": 90.0,
                  "tok_per_s_max": 100.0, "trial_p99_ttft_s": [0.0, 0.1, 0.2],
-                 "trial_steady_tok_per_s": [95.0, 105.0, 100.0]}
+                 "trial_steady_tok_per_s": [95.0, 105.0, 100.0], "trial_sustained_tok_per_s": [85.0, 95.0, 90.0]}
 
 
 def test_matched_rate_is_the_median_trials_requests_per_second_per_replica():

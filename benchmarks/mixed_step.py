@@ -13,7 +13,9 @@ in all. Modes alternate over --trials passes (order rotated); each trial is the 
     {"context_len": 512, "points": [{"point": "64:0:128", "tokens": 192, "eager_ms": 9.1,
       "piecewise_ms": 5.2, "decode_ms": 4.4, "eager_vs_piecewise": 1.75, "trials_ms": {...}}, ...]}
 On CPU, with --no-mixed-graphs, and above the largest token bucket (1024) there are no
-piecewise graphs: piecewise_ms is null.
+piecewise graphs: piecewise_ms is null. --trace DIR (CUDA) adds a Chrome trace per point of 4
+whole-graph mixed steps and 4 decode steps (profile.trace_steps): gaps between kernels under a
+step are where the GPU waited for the host.
 """
 from __future__ import annotations
 

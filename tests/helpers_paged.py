@@ -55,3 +55,51 @@ def run_interpreted() -> None:
         assert int(paged_decode._counters[q.device][-1].abs().sum()) == 0, "counters not reset"
         assert torch.equal(paged_decode.paged_decode_attention(q, k, v, batch, bs, sms=sms), out)
         print("ok", R, T, nh, kvh, hd, bs, blocks, sms)
+
+
+def run_whole_interpreted() -> None:
+    """Whole-forward mixed iterations (mixed_graphs.py, eager on CPU) with the decode rows through
+    the Triton kernel, under the interpreter: arrivals while others decode, K flipping through 0,
+    a budget that splits prompts; every output equals transformers greedy (float64). Run in a
+    process with TRITON_INTERPRET=1 (tests/test_paged_decode.py)."""
+    import tempfile
+    from pathlib import Path
+
+    from transformers import LlamaForCausalLM
+
+    from dynspec.runtime.engines.reference import paged_decode
+    from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.policy import DraftSchedule
+    from tests.helpers_models import make_tiny_draft, make_tiny_target
+    from tests.test_executor import greedy_many
+
+    launches = []
+    real = paged_decode._launch
+    paged_decode._launch = lambda *a, **k: launches.append(a[3].q_pos.shape) or real(*a, **k)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        target = make_tiny_target(root / "target", vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, seed=1)
+        draft = make_tiny_draft(root / "draft", target, draft_vocab=64, seed=2)
+        eng = load_reference_engine(str(target), str(draft), dtype=torch.float64, max_batch_size=4, max_seq_len=64,
+                                    max_draft_len=3, max_num_tokens=16, attention="flex", mixed_graphs=True,
+                                    decode_kernel="triton")
+        policy = DraftSchedule.parse("1:3,2:2,3:0")
+        eng.capture_whole(reachable_graphs([policy], 4, True, 16))
+        eng.whole_mixed = True
+        ex = Executor(eng, policy)
+        rng = random.Random(5)
+        ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]
+        lens = [rng.randint(3, 8) for _ in ps]
+        handles = [ex.submit(p, n) for p, n in zip(ps[:3], lens[:3])]
+        for p, n in zip(ps[3:], lens[3:]):
+            ex.step()
+            handles.append(ex.submit(p, n))
+        ex.run_until_idle()
+        hf = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float64).eval()
+        refs = greedy_many(hf, ps, 8)
+    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+    mixed = [s for s in ex.stats if s.decode_rows and s.prefill_tokens]
+    assert mixed and any(s.k for s in mixed) and any(not s.k for s in mixed), [(s.k, s.decode_rows) for s in mixed]
+    assert any(shape[1] > 1 for shape in launches) and any(shape[1] == 1 for shape in launches)   # T = K+1 and 1
+    print("ok whole", len(mixed), "mixed iterations,", len(launches), "kernel launches")

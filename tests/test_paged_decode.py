@@ -18,9 +18,8 @@ def test_splits_for():
     assert not paged_decode.tile_fits(48, 96) and not paged_decode.tile_fits(8, 64) and not paged_decode.tile_fits(128, 64)
 
 
-@needs_triton
-def test_paged_decode_interpreted_equals_sdpa():
-    """tests/helpers_paged.py's cases, in a process of its own: Triton's interpreter must be on
+def _interpreted(fn: str) -> str:
+    """tests/helpers_paged.fn() in a process of its own (stdout): Triton's interpreter must be on
     before Triton is first imported (the kernel calls Triton's own jitted helpers)."""
     import os
     import subprocess
@@ -29,12 +28,25 @@ def test_paged_decode_interpreted_equals_sdpa():
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", "from tests.helpers_paged import run_interpreted; run_interpreted()"],
+    r = subprocess.run([sys.executable, "-c", f"from tests.helpers_paged import {fn}; {fn}()"],
                        cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    return r.stdout
+
+
+@needs_triton
+def test_paged_decode_interpreted_equals_sdpa():
+    """tests/helpers_paged.py's cases against gathered SDPA."""
     from tests.helpers_paged import INTERPRETED_CASES
 
-    assert r.stdout.count("ok") == len(INTERPRETED_CASES)
+    assert _interpreted("run_interpreted").count("ok") == len(INTERPRETED_CASES)
+
+
+@needs_triton
+def test_whole_mixed_forward_with_the_triton_decode_kernel_equals_transformers():
+    """The whole-forward mixed iterations take the Triton kernel for their decode rows (as on the
+    GPU): interpreted, float64, token for token against transformers (helpers_paged.run_whole_interpreted)."""
+    assert "ok whole" in _interpreted("run_whole_interpreted")
 
 
 def test_supports_only_uniform_rows_of_few_queries():

@@ -132,5 +132,5 @@ def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block
         tables.stride(0), o.stride(0), o.stride(1),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
         SPLITS_P2=1 << (S - 1).bit_length(), PER=per,
-        IEEE=q.dtype == torch.float32, **launch)
+        IEEE=q.dtype in (torch.float32, torch.float64), **launch)
     return o.view(N, nh * hd)

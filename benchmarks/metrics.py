@@ -206,14 +206,15 @@ def sustained(rec: RunRecord) -> float | None:
     had a request to send, without the drain a finite run of varied lengths ends with (about one
     longest output). Lockstep waves of fixed lengths give their overall rate (waves 1..N-1).
     Example: start 0, last submit at 2.0 s, steps ending at 1.0 (emitting 64), 2.0 (64), 3.0 (64)
-    -> 128 / 2.0 = 64 tok/s. None when every request was submitted at the start (one wave) or a
-    step lacks end_s / emitted."""
+    -> 128 / 2.0 = 64 tok/s. None when no step ended before the last submission (one wave: every
+    request went in at the start) or a step lacks end_s / emitted."""
     if not rec.requests or any(s.end_s is None or s.emitted is None for s in rec.steps):
         return None
     last = max(r.submit_s for r in rec.requests)
-    if last - rec.start_s <= 0:
+    held = [s for s in rec.steps if s.end_s <= last]
+    if not held or last <= rec.start_s:
         return None
-    return sum(s.emitted for s in rec.steps if s.end_s <= last) / (last - rec.start_s)
+    return sum(s.emitted for s in held) / (last - rec.start_s)
 
 
 def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> RunMetrics:

@@ -21,12 +21,12 @@ Version 2 adds (ratios use the medians of the trials; a spread is min..max over 
     varied_vs_fixed_baseline     {"64": r, "256": r}: baseline tok/s with varied lengths (the regime's
                                  sweep, or --varied-baseline: the same loads as the fixed one) / with
                                  fixed lengths of the same mean (--fixed-baseline)
-    varied_vs_fixed_baseline_steady  the varied run's steady_tok_per_s (iterations with >= 0.9 C
-                                 decode rows: the server while full, without the ramp and the drain
-                                 tail a finite closed loop of varied lengths ends with) / the fixed
-                                 run's output_tok_per_s (lockstep waves have no tail; their own
-                                 steady figure would leave out all their prefill, which runs in
-                                 iterations without decode rows)
+    varied_vs_fixed_baseline_steady  the same ratio of steady_tok_per_s (iterations with >= 0.9 C
+                                 decode rows). Lopsided: the fixed run's steady figure leaves out all
+                                 its prefill, which runs in iterations without decode rows
+    varied_steady_vs_fixed_baseline  the varied run's steady_tok_per_s / the fixed run's
+                                 output_tok_per_s (lockstep waves have no drain tail). Leans high:
+                                 the top counts only full iterations, the bottom every wave's prefill
     varied_vs_fixed_baseline_sustained  the same ratio of sustained_tok_per_s (tokens emitted before
                                  the last submission / the time until then, both runs; null for
                                  sweeps that predate it)
@@ -181,14 +181,12 @@ def decode_vs_gemm_floor(profile: Mapping) -> dict | None:
 
 def floor_trials(profiles: Sequence[Mapping]) -> dict:
     """Several profile --floor runs (each its decode and its GEMM floor, timed side by side) -> the
-    median ratio with min..max and every trial: ratios 1.21, 1.20, 1.24 -> ratio 1.21, min 1.20, max 1.24."""
-    import statistics
-
+    median trial (the lower middle one for an even count, so ratio = its decode_ms / gemm_floor_ms)
+    with min..max and every trial: ratios 1.21, 1.20, 1.24 -> ratio 1.21, min 1.20, max 1.24."""
     trials = [dict(decode_vs_gemm_floor(p), command=p.get("command")) for p in profiles]
     ratios = [t["ratio"] for t in trials]
-    mid = statistics.median(ratios)
-    near = min(trials, key=lambda t: abs(t["ratio"] - mid))      # the trial at the median (odd counts)
-    return dict(near, ratio=mid, min=min(ratios), max=max(ratios), trials=trials)
+    mid = sorted(trials, key=lambda t: t["ratio"])[(len(trials) - 1) // 2]
+    return dict(mid, min=min(ratios), max=max(ratios), trials=trials)
 
 
 def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | None = None,
@@ -259,11 +257,12 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
         "decode_bandwidth_fraction": [profiles[bw["profile"]].get("command")] if bw else [],
     }
-    vf = vfs = vfh = None
+    vf = vfs = vsf = vfh = None
     if fixed:
         name = next(iter(fixed))
         vf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"])
-        vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s", "output_tok_per_s")
+        vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s")
+        vsf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s", "output_tok_per_s")
         vfh = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "sustained_tok_per_s")
     return {
         "version": 2,
@@ -288,6 +287,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "gemm_floor": floor,
         "varied_vs_fixed_baseline": vf,
         "varied_vs_fixed_baseline_steady": vfs,
+        "varied_steady_vs_fixed_baseline": vsf,
         "varied_vs_fixed_baseline_sustained": vfh,
         "varied_vs_fixed_regime": None if not fixed else next(iter(fixed)),
         "figure_commands": figure_commands,

@@ -52,8 +52,8 @@ def test_sustained_counts_steps_that_end_before_the_last_submission():
     assert sustained(rec) == pytest.approx(128 / 2.0)                       # the step ending at 3.0 is drain
     assert summarize([rec, rec], concurrency=2).sustained_tok_per_s == pytest.approx(128.0)   # replicas add
     assert summarize([rec]).sustained_tok_per_s is None                      # open loop
-    one_wave = RunRecord(reqs[:2], steps, 0.0, 3.0)
-    assert sustained(one_wave) is None                                      # all submitted at the start
+    one_wave = RunRecord(tuple(RequestTiming(4, 2, 1e-6, 0.5, 1.0) for _ in range(2)), steps, 0.0, 3.0)
+    assert sustained(one_wave) is None                                      # all submitted just after the start
     old = RunRecord(reqs, tuple(StepRecord(2, 0, 0, 0, 1.0, 0.0) for _ in range(3)), 0.0, 3.0)
     assert sustained(old) is None                                           # steps without end_s / emitted
 
@@ -189,6 +189,9 @@ def test_summary_version_2_figures():
                            floor_profile=[late, dict(late, command="third", floor={"gemm_floor_ms": 4.0, "decode_ms": 5.0}),
                                           prof])
     assert s3["decode_vs_gemm_floor"] == pytest.approx(1.25) and s3["gemm_floor"]["min"] == pytest.approx(1.15)
+    s4 = summary.summarize({"B": regime_doc("sweep B", b_rows)}, floor_profile=[late, prof])      # an even count
+    assert s4["decode_vs_gemm_floor"] == pytest.approx(1.15)                     # the lower middle trial
+    assert s4["gemm_floor"]["decode_ms"] / s4["gemm_floor"]["gemm_floor_ms"] == pytest.approx(1.15)
     assert len(s3["figure_commands"]["decode_vs_gemm_floor"]) == 3
     assert s2["decode_bandwidth"]["context_len"] == 1024               # bandwidth still from --profile B
     with pytest.raises(DynspecError, match="--varied-baseline A: no --fixed-baseline A"):

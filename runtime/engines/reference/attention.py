@@ -83,7 +83,7 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
                  block_size: int) -> RaggedBatch:
     """Rows of different lengths (decode rows and prompt chunks), laid out on the host with numpy
     (a fixed number of calls for any row count) and copied to the device in one transfer, with no
-    device-to-host sync. Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
+    device-to-host sync (the pageable copy still waits for work already queued on the stream). Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
     Example, rows (slot 2, pos 5, 2 tokens) and (slot 0, pos 0, 3 tokens): row_of = [0 0 1 1 1],
     t = [0 1 0 1 2], positions = [5 6 0 1 2], out_index = [0 1 3 4 5] (Tq = 3)."""
     import numpy as np

@@ -233,8 +233,8 @@ class ReferenceEngine:
     def _load_rows(self, plan: StepPlan) -> None:
         """x / pos / slot of the plan's b rows, every later row padding (token 0 at position 1 of
         the padding slot: the scratch block, harmless writes), in one host -> device copy. On CUDA
-        the copy is from pinned memory and does not wait for the stream; the host buffer is
-        rewritten only once the previous copy out of it is done."""
+        the copy is from pinned memory: it runs in stream order without blocking the host, and the
+        host buffer is rewritten only once the previous copy out of it is done."""
         b = plan.batch_size
         if self._host_in_free is not None:
             self._host_in_free.synchronize()
@@ -525,15 +525,21 @@ class ReferenceEngine:
         1..8 | layers 9..31 + head, each piece's submit shorter than the piece before it runs."""
         cuts = chain_cuts(len(self.target.layers))
         graphs = [torch.cuda.CUDAGraph()]
+        open_ = [False]                                          # a capture is under way
 
         def begin() -> None:
             if key.kind == "spec":
                 graphs[-1].register_generator_state(self.rng)   # Bernoulli draws advance on replay
             graphs[-1].capture_begin(pool=pool)
+            open_[0] = True
+
+        def end() -> None:
+            open_[0] = False
+            graphs[-1].capture_end()
 
         def cut(i: int) -> None:
             if i in cuts:
-                graphs[-1].capture_end()
+                end()
                 graphs.append(torch.cuda.CUDAGraph())
                 begin()
 
@@ -544,13 +550,15 @@ class ReferenceEngine:
                 self._device_fn(key, None)
             finally:
                 self.target.layer_hook = None
-                graphs[-1].capture_end()
+                if open_[0]:                                     # not after a failed begin: keep its error
+                    end()
         torch.cuda.current_stream().wait_stream(stream)
         return GraphChain(tuple(graphs))
 
     def capture_graphs(self, keys: Iterable[GraphKey], mixed: bool = True) -> int:
-        """Capture one graph per pure-decode key (call once at start, on CUDA), then, with mixed,
-        the mixed iterations' pieces (piecewise.py). Returns how many graphs.
+        """Capture one graph per pure-decode key (call once at start, on CUDA; with split_graphs a
+        chain of three, counted once), then, with mixed, the mixed iterations' pieces (piecewise.py).
+        Returns how many keys and pieces.
         Decode graphs read every row's whole block table (max_seq_len)."""
         if self.device.type != "cuda":
             return 0

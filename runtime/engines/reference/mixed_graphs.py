@@ -124,6 +124,7 @@ class WholeMixed:
             if out["H"] is not None:
                 self.H[:Np].copy_(out["H"])
             out["state"].clear()           # only h and H outlive a graph: its pool serves the next capture
+            masks.clear()                  # (a decode mask is built inside the graph, like the rest)
             del out["h"], out["H"]
 
         return run

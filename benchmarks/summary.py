@@ -225,20 +225,16 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         commands.append({"what": f"fixed-length baseline {name}", "command": doc["env"].get("command")})
     for name, doc in (varied or {}).items():
         commands.append({"what": f"varied-length baseline {name}", "command": doc["env"].get("command")})
-    floor_sources = profiles
     floor = None
     if floor_profile is not None:
         many = [floor_profile] if isinstance(floor_profile, Mapping) else list(floor_profile)
         if not many or any(decode_vs_gemm_floor(p) is None for p in many):
             raise DynspecError("--floor-profile has no 'floor' with gemm_floor_ms and decode_ms (run profile --floor)")
-        floor_sources = {f"floor{i + 1}": p for i, p in enumerate(many)}
         commands += [{"what": "profile --floor", "command": p.get("command")} for p in many]
-        floor = dict(floor_trials(many), profile="floor") if len(many) > 1 else dict(decode_vs_gemm_floor(many[0]),
-                                                                                    profile="floor1")
-    floors = {n: f for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in floor_sources.items()) if f is not None}
-    if floor is None and floors:
-        fname = next(iter(floors))
-        floor = dict(floors[fname], profile=fname)
+        floor = dict(floor_trials(many), profile="floor")
+    else:                      # the first --profile with a floor
+        floor = next((dict(f, profile=n) for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in profiles.items())
+                      if f is not None), None)
     for name in fixed or {}:
         if name not in regimes:
             raise DynspecError(f"--fixed-baseline {name}: no --regime {name} to compare it with")
@@ -250,7 +246,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
     figure_commands = {
         "decode_vs_gemm_floor": ([t["command"] for t in floor["trials"]] if floor and "trials" in floor else
-                                 [floor_sources[floor["profile"]].get("command")] if floor else []),
+                                 [profiles[floor["profile"]].get("command")] if floor else []),
         "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(varied_docs[n])]
                                     + [d["env"].get("command") for d in (fixed or {}).values()],
         "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,

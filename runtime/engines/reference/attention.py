@@ -83,7 +83,8 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
                  block_size: int) -> RaggedBatch:
     """Rows of different lengths (decode rows and prompt chunks), laid out on the host with numpy
     (a fixed number of calls for any row count) and copied to the device in one transfer, with no
-    device-to-host sync (the pageable copy still waits for work already queued on the stream). Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
+    device-to-host sync (the pageable copy still waits for work already queued on the stream).
+    Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
     Example, rows (slot 2, pos 5, 2 tokens) and (slot 0, pos 0, 3 tokens): row_of = [0 0 1 1 1],
     t = [0 1 0 1 2], positions = [5 6 0 1 2], out_index = [0 1 3 4 5] (Tq = 3)."""
     import numpy as np
@@ -102,7 +103,7 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a]
     flat = torch.from_numpy(np.concatenate(parts)).to(dev)                           # the one copy
     q_index_d, q_pos_d, out_index, positions_d, token_slot, slots_t = flat.split([len(x) for x in parts])
-    read = -(-int((np.asarray(first_pos) + lens_a).max()) // block_size)             # blocks to read
+    read = -(-(int(positions.max()) + 1) // block_size)                             # blocks to read
     tables = block_tables[slots_t]
     blk = block_tables[token_slot, positions_d // block_size]
     return RaggedBatch(

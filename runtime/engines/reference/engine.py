@@ -161,7 +161,7 @@ class ReferenceEngine:
         self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
         self.rng = torch.Generator(device=dev)        # this engine's Bernoulli draws; the global RNG is untouched
         self._acceptance: AcceptanceModel | None = None   # what p_accept/bernoulli hold (host copy: no sync)
-        self._graphs: dict[GraphKey, "torch.cuda.CUDAGraph"] = {}
+        self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
         # mixed iterations' target forward cut at attention, graphed per token bucket (piecewise.py):
         # on CUDA once capture_graphs has run; on CPU (tests) the same pieces run eagerly when asked
@@ -517,13 +517,13 @@ class ReferenceEngine:
 
     def _capture_chain(self, key: GraphKey, pool, stream) -> "GraphChain":
         """The key's device function captured as consecutive graphs, cut after the target's
-        layers `chain_cuts` (the pieces share the pool; what passes between them stays in it, and
-        nothing runs between their replays). A graph's kernels start only once its launch has
+        layers `chain_cuts` (one graph without split_graphs). The pieces share the pool; what
+        passes between them stays in it, and nothing runs between their replays. A graph's kernels start only once its launch has
         been submitted, and submitting takes about a microsecond a node (H200: 0.4 ms for the
         413 nodes of a b=1 decode step, under the profiler); after a one-layer first piece the
         GPU runs while the host submits the rest. Example, 32 layers: embed + layer 0 | layers
         1..8 | layers 9..31 + head, each piece's submit shorter than the piece before it runs."""
-        cuts = chain_cuts(len(self.target.layers))
+        cuts = chain_cuts(len(self.target.layers)) if self.split_graphs else frozenset()
         graphs = [torch.cuda.CUDAGraph()]
         open_ = [False]                                          # a capture is under way
 
@@ -574,15 +574,7 @@ class ReferenceEngine:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             for key in keys:
-                if self.split_graphs:
-                    self._graphs[key] = self._capture_chain(key, pool, stream)
-                    continue
-                g = torch.cuda.CUDAGraph()
-                if key.kind == "spec":
-                    g.register_generator_state(self.rng)   # Bernoulli draws advance on replay
-                with torch.cuda.graph(g, pool=pool):
-                    self._device_fn(key, None)
-                self._graphs[key] = g
+                self._graphs[key] = self._capture_chain(key, pool, stream)
         torch.cuda.synchronize()
         n = len(keys) + (self.piecewise.capture() if mixed and self.piecewise is not None else 0)
         if mixed and self.packed_chunks:

@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from .attention import flex_attention_paged, paged_block_mask, uniform_batch
+from .attention import PerStepMasks, uniform_batch
 from .packed import PackedChunks, packed_attention, packed_block_mask
 from .paged_decode import PagedDecode
 from .piecewise import capture_graph
@@ -91,20 +91,14 @@ class WholeMixed:
         n, L = B * T, Np - B * T
         nqb = -(-L // PackedChunks.Q_BLOCK)
         owner, logical, bs, P = e.block_owner, e.block_logical, e.block_size, self.pool_len
-        # the decode rows: the decode graphs' kernel. Triton's (it takes the rows it supports) or
-        # FlexAttention, whose block mask is built at its first use in a run and kept for the layers
-        masks: dict = {}
-
-        def flex(q, k, v, dec):
-            if "dec" not in masks:
-                masks["dec"] = paged_block_mask(dec, owner, logical, bs, P)
-            return flex_attention_paged(q, k, v, dec, owner, logical, bs, masks["dec"])
-
-        decode = PagedDecode(bs, flex) if e.decode_kernel == "triton" and e.attention == "flex" else flex
+        triton = e.decode_kernel == "triton" and e.attention == "flex"
 
         def run() -> None:
+            # the decode rows: the decode graphs' kernel, Triton's for the rows it supports, else
+            # FlexAttention with one block mask a run (built at its first use, shared by the layers)
+            flex = PerStepMasks(owner, logical, bs)
+            decode = PagedDecode(bs, flex) if triton else flex
             dec = None
-            masks.clear()
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
                 dec = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, bs)
@@ -124,7 +118,6 @@ class WholeMixed:
             if out["H"] is not None:
                 self.H[:Np].copy_(out["H"])
             out["state"].clear()           # only h and H outlive a graph: its pool serves the next capture
-            masks.clear()                  # (a decode mask is built inside the graph, like the rest)
             del out["h"], out["H"]
 
         return run

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # benchmarks/results/h200_summary.json (version 2) from the H200 calls up to 25 (h200_runs.md). CPU is fine.
-#   regime A  C=64, 256 (call 11) and C=1, 4, 16 (call 13), the schedule tuned from call 9's profile --floor
-#   regime B  C=64 and 256 (call 10), the schedule of h200_B_profile.json
+#   regimes A and B as h200_summary_regimes.sh lists them
 #   varied_vs_fixed_baseline from call 24 (one lease, this session's engine: host work in one copy,
 #     chained decode graphs), 6 waves of C requests, 3 trials
 #   decode_vs_gemm_floor: the median of call 24's two and call 25's one profile --floor with chained
@@ -9,11 +8,8 @@
 # -> $RES/h200_summary.json
 set -euo pipefail
 RES=${RES:-benchmarks/results}
-"${PYTHON:-python3}" -m dynspec.benchmarks.summary \
-  --regime "A=$RES/h200_c11_A64_256.json" --regime "A=$RES/h200_c13_A.json" \
-  --profile "A=$RES/h200_A_floor_profile.json" --tune "A=$RES/h200_A_floor_tune.json" \
-  --regime "B=$RES/h200_c10_B64.json" --regime "B=$RES/h200_c10_B256.json" \
-  --profile "B=$RES/h200_B_profile.json" --tune "B=$RES/h200_B_tune.json" \
+. "$(dirname "$0")/h200_summary_regimes.sh"
+"${PYTHON:-python3}" -m dynspec.benchmarks.summary "${REGIMES[@]}" \
   --fixed-baseline "B=$RES/h200_c24_B_fixed.json" --varied-baseline "B=$RES/h200_c24_B_varied.json" \
   --floor-profile "$RES/h200_c24_floor_chain1_profile.json" --floor-profile "$RES/h200_c24_floor_chain2_profile.json" \
   --floor-profile "$RES/h200_c25_floor_chain3_profile.json" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \

@@ -213,12 +213,12 @@ def test_decode_b1_1024_context_timing():
 @pytest.mark.parametrize("n", [1, 7, 300])
 def test_rope_write_triton_equals_rope_write(n, dtype):
     """Kernels(compiled=True)'s rope_write on CUDA, the Triton kernel, == model.rope_write at the
-    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache; triton_rope=False keeps inductor's."""
+    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache; triton=False keeps inductor's."""
     from dynspec.runtime.engines.reference.model import Kernels
     from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
 
     assert Kernels(compiled=True).rope_write is rope_write_triton
-    assert Kernels(compiled=True, triton_rope=False).rope_write is not rope_write_triton
+    assert Kernels(compiled=True, triton=False).rope_write is not rope_write_triton
     assert_rope_write_matches(rope_write_triton, "cuda", dtype, n)
 
 
@@ -241,3 +241,31 @@ def test_paged_decode_equals_sdpa(R, T, dtype):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(o, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows, n", [(1, 4096), (300, 4096), (5, 64)])
+def test_norm_triton_equals_eager(rows, n, dtype):
+    """Kernels(compiled=True)'s add_rms_norm / rms_norm on CUDA, norm_kernel's, == model's eager ones:
+    the 8B's row at b=1 and at a prompt chunk's 300 rows, and a tiny model's."""
+    from dynspec.runtime.engines.reference.model import Kernels
+    from dynspec.runtime.engines.reference.norm_kernel import add_rms_norm_triton, rms_norm_triton
+    from tests.helpers_norm import assert_norm_matches
+
+    assert Kernels(compiled=True).add_rms_norm is add_rms_norm_triton
+    assert Kernels(compiled=True, triton=False).add_rms_norm is not add_rms_norm_triton
+    assert_norm_matches(add_rms_norm_triton, rms_norm_triton, "cuda", dtype, rows, n)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 300])
+def test_first_max_equals_argmax_on_cuda(rows):
+    """model.first_max == torch.argmax on CUDA at the 8B's vocabulary, ties included (small integers,
+    and one row whose two maxima sit in different pieces)."""
+    from dynspec.runtime.engines.reference.model import first_max
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randint(0, 6, (rows, 128256), generator=g).to("cuda", torch.bfloat16)
+    x[0] = 0
+    x[0, 128255], x[0, 70000] = 1, 1
+    assert torch.equal(first_max(x)[1], x.argmax(dim=-1))
+    assert first_max(x)[1][0] == 70000

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dynspec.runtime.engines.reference import paged_decode
+from tests.interpreted import interpreted
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
@@ -19,19 +20,7 @@ def test_splits_for():
 
 
 def _interpreted(fn: str) -> str:
-    """tests/helpers_paged.fn() in a process of its own (stdout): Triton's interpreter must be on
-    before Triton is first imported (the kernel calls Triton's own jitted helpers)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", f"from tests.helpers_paged import {fn}; {fn}()"],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    return r.stdout
+    return interpreted("helpers_paged", fn)
 
 
 @needs_triton

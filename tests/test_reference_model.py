@@ -302,3 +302,25 @@ def test_committed_tiny_pair_loads_and_speculates():
     out, accepted = tiny_pair.spec_decode(target, draft, prompt, 32, 4)
     assert out == tiny_pair.plain_greedy(target, prompt, 32)
     assert sum(accepted) / len(accepted) > 1.0
+
+
+@pytest.mark.parametrize("V, chunks", [(10, 3), (1000, 7), (128256, 128), (5, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_max_equals_torch_max_ties_included(V, chunks, dtype):
+    """model.first_max (the greedy head's argmax) == torch.max / argmax over the last axis: few
+    rows of small integers (ties everywhere), and maxima placed alone in the tail, in the last
+    piece, at a piece's edges and twice (the lower index wins)."""
+    from dynspec.runtime.engines.reference.model import first_max
+
+    g = torch.Generator().manual_seed(V)
+    cases = [torch.randint(0, 4, shape + (V,), generator=g).to(dtype) for shape in [(1,), (3,), (2, 2), (200,)]]
+    w = max(1, V // chunks)
+    for at in {a for a in (V - 1, chunks * w - 1, chunks * w - w, w, 0, V // 2) if a < V}:
+        x = torch.zeros(2, V, dtype=dtype)
+        x[0, at] = 1
+        x[1, at], x[1, V - 1 - at] = 1, 1
+        cases.append(x)
+    for x in cases:
+        v, i = first_max(x, chunks)
+        rv, ri = x.max(dim=-1)
+        assert torch.equal(v, rv) and torch.equal(i, ri) and torch.equal(i, x.argmax(dim=-1)), (V, chunks, x.shape)

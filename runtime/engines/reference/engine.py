@@ -613,7 +613,7 @@ def load_reference_engine(
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     target = load_target(target_dir, device=device, dtype=dt, part=target_part)
     if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
-        target.kernels = Kernels(compiled=True, triton_rope=triton_kernels and str(device).startswith("cuda"))
+        target.kernels = Kernels(compiled=True, triton=triton_kernels and str(device).startswith("cuda"))
     draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
     if prepare is not None:
         prepare(target, draft)

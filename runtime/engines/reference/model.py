@@ -229,6 +229,35 @@ def add_rms_norm(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tens
     return y, rms_norm(y, weight, eps)
 
 
+ARGMAX_CHUNKS = 128
+
+
+def first_max(x: Tensor, chunks: int = ARGMAX_CHUNKS) -> tuple[Tensor, Tensor]:
+    """(values, indices) of x [..., V] over its last axis, the index of the first maximum: what
+    torch.max(x, -1) returns, in a form that fills the GPU when rows are few. torch reduces one
+    row on one thread block (1 x 128256 bf16 logits: 37 us on the H200, against 237 us for the
+    lm_head GEMM before it; h200_c23_trace_1_0_128.json.gz), so with fewer rows than `chunks`
+    each row is cut into `chunks` pieces of w = V // chunks, reduced side by side, then the
+    pieces' maxima. Worked example, V = 10, chunks = 3, w = 3: pieces [0:3] [3:6] [6:9], tail [9];
+    the first piece holding the overall max wins (ties go to the lower index, as in torch), and
+    the tail only when strictly greater, its indices being the highest."""
+    V = x.shape[-1]
+    rows = x.numel() // V if V else 0
+    w = V // chunks
+    if rows >= chunks or w < 2:
+        return x.max(dim=-1)
+    lead = x.shape[:-1]
+    x2 = x.reshape(rows, V)
+    vals, idx = x2[:, :chunks * w].view(rows, chunks, w).max(dim=-1)        # [rows, chunks]
+    best, c = vals.max(dim=-1)                                              # [rows]: first piece holding it
+    index = c * w + idx.gather(-1, c[:, None]).squeeze(-1)
+    if chunks * w < V:
+        tv, ti = x2[:, chunks * w:].max(dim=-1)
+        later = tv > best
+        best, index = torch.where(later, tv, best), torch.where(later, ti + chunks * w, index)
+    return best.view(lead), index.view(lead)
+
+
 def silu_mul(gate_up: Tensor) -> Tensor:
     """[.., 2i] = [gate; up] -> silu(gate) * up [.., i]."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -242,21 +271,24 @@ class Kernels:
     norm), rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1
     the glue's launches and gaps, not its bytes, are what cost. H200 kernel tables: ~30 kernels a
     layer before (benchmarks/results/h200x2_tp1_kernels.json), 16 after, of which 6 glue: inductor
-    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json). triton_rope (CUDA
-    only) swaps that compiled rope_write for a hand-written Triton kernel,
-    rope_kernel.rope_write_triton: 1 launch instead of 3, so 4 glue kernels a layer; at b=1 1.8 us
-    a layer against 1.9 + 1.5 + 1.1 us (benchmarks/results/h200_c19_tp1_decode.json,
-    h200_c18_tp1_decode_flex.json); triton_rope=False keeps inductor's, for the comparison."""
+    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json).
+    triton (CUDA only) swaps in hand-written Triton kernels where inductor's cost more:
+    rope_kernel.rope_write_triton, 1 launch instead of 3 (at b=1 1.8 us a layer against 1.9 + 1.5
+    + 1.1 us: benchmarks/results/h200_c19_tp1_decode.json, h200_c18_tp1_decode_flex.json), and
+    norm_kernel's single-pass rms_norm / add_rms_norm (inductor's loops over a 4096-wide row twice:
+    2.9 us a call at b=1, h200_c23_trace_1_0_128.json.gz). triton=False keeps inductor's, for the
+    comparison."""
 
-    def __init__(self, compiled: bool = False, triton_rope: bool = True):
+    def __init__(self, compiled: bool = False, triton: bool = True):
         self.compiled = compiled
         c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
         self.rms_norm, self.rope_write = c(rms_norm), c(rope_write)
-        self.triton_rope = compiled and triton_rope and torch.cuda.is_available()
-        if self.triton_rope:
-            from .rope_kernel import rope_write_triton
-            self.rope_write = rope_write_triton
         self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
+        self.triton = compiled and triton and torch.cuda.is_available()
+        if self.triton:
+            from .norm_kernel import add_rms_norm_triton, rms_norm_triton
+            from .rope_kernel import rope_write_triton
+            self.rope_write, self.rms_norm, self.add_rms_norm = rope_write_triton, rms_norm_triton, add_rms_norm_triton
 
 
 # ----------------------------------------------------------------------------- the target
@@ -365,7 +397,7 @@ class Collectives:
     def argmax(self, logits: Tensor) -> Tensor:
         """Greedy ids [...] of the head's output [..., V] (a TP engine's: its vocab shard,
         reduced over ranks with 2N numbers per row instead of gathering the logits)."""
-        return logits.argmax(dim=-1)
+        return first_max(logits)[1]
 
 
 class Target(nn.Module):

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from dynspec.convert.checks import require_tp
 from dynspec.convert.shapes import ModelShape, kv_heads_per_rank, kv_replication, padded_vocab
 from dynspec.runtime.distributed import TpContext
+from dynspec.runtime.engines.reference.model import first_max
 
 
 # ----------------------------------------------------------------------------- shapes (pure)
@@ -199,8 +200,8 @@ def shard_argmax(local_logits: Tensor, vocab: int, rank: int) -> Tensor:
     if real == 0:
         best = torch.full(local_logits.shape[:-1], float("-inf"), dtype=torch.float64, device=local_logits.device)
         return torch.stack((best, torch.zeros_like(best)), dim=-1)
-    best, idx = local_logits[..., :real].double().max(dim=-1)
-    return torch.stack((best, (idx + lo).double()), dim=-1)
+    best, idx = first_max(local_logits[..., :real])
+    return torch.stack((best.double(), (idx + lo).double()), dim=-1)
 
 
 def pick_argmax(pairs: Tensor) -> Tensor:

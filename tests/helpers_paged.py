@@ -40,6 +40,7 @@ INTERPRETED_CASES = [     # R, T, nh, kvh, hd, bs, blocks, sms
     (3, 3, 8, 2, 32, 16, 5, 2),        # verify windows across blocks, tiles of a whole block
     (2, 2, 4, 4, 16, 128, 2, 64),      # no GQA, more splits than tiles used
     (2, 1, 8, 1, 16, 64, 2, 1),        # one split: no merge across programs
+    (2, 1, 4, 4, 16, 64, 3, 8),        # one query per KV head (MQ = 1)
     (2, 1, 8, 2, 32, 64, 5, 8),        # 5 tiles over 2 splits of 3: the last split's third tile is past the table
 ]
 

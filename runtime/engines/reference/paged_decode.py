@@ -127,10 +127,10 @@ def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block
     ml = torch.empty(R * kvh * S * block_m, 2, dtype=torch.float32, device=q.device)
     qpos, tables = batch.q_pos.contiguous(), batch.tables                      # int64, read as they are
     _kernel()[(R * kvh, S)](
-        q, k_pool, v_pool, tables, qpos, o, part, ml, _counter(q.device, R * kvh), hd ** -0.5,
+        q, k_pool, v_pool, tables, qpos, o, part, ml, _counter(q.device, R * kvh), hd ** -0.5, tiles,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         tables.stride(0), o.stride(0), o.stride(1),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
-        SPLITS_P2=1 << (S - 1).bit_length(), PER=per,
+        SPLITS_P2=1 << (S - 1).bit_length(), PER=per, MQ=1 << (T * G - 1).bit_length(),
         IEEE=q.dtype in (torch.float32, torch.float64), **launch)
     return o.view(N, nh * hd)

@@ -4,12 +4,12 @@ import triton.language as tl
 
 
 @triton.jit
-def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
+def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale, n_tiles,
                  stride_qn, stride_qh, stride_kh, stride_kp, stride_vh, stride_vp, stride_tr,
                  stride_on, stride_oh,
                  T: tl.constexpr, G: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BS: tl.constexpr,
                  TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                 PER: tl.constexpr,
+                 PER: tl.constexpr, MQ: tl.constexpr,
                  IEEE: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -22,7 +22,8 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
     t = offs_m // G
     head = h * G + offs_m % G
     # the split's tiles come from the table width (PER a program), not the row's length, so the
-    # table, q and position loads issue together; tiles past the row's last position load nothing
+    # table, q and position loads issue together (the table's mask needs no loaded value); tiles
+    # past the row's last position load no K/V
     qpos = tl.load(QPOS + r * T + t, mask=valid, other=0).to(tl.int32)           # [M]
     q = tl.load(Q + (r * T + t)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
                 mask=valid[:, None], other=0.0)                                  # [M, HD]
@@ -32,7 +33,7 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
     acc = tl.zeros([BLOCK_M, HD], tl.float32)
     for j in range(s * PER, s * PER + PER):
         key = j * TILE_N + offs_n                                                 # [N] logical positions
-        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS, mask=j * TILE_N <= last, other=0).to(tl.int64)
+        page = tl.load(TABLES + r * stride_tr + (j * TILE_N) // BS, mask=j < n_tiles, other=0).to(tl.int64)
         slot = page * BS + (j * TILE_N) % BS + offs_n                             # [N] pool positions
         used = (key <= last)[:, None]
         k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :], mask=used, other=0.0)
@@ -58,19 +59,25 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale,
     tl.store(ML + (part + offs_m) * 2 + 1, l_i, mask=valid)
     tl.debug_barrier()                                    # every thread's partial stored ...
     done = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")   # ... before this release
-    if done == SPLITS - 1:                                # the last program merges, a query at a time,
-        offs_s = tl.arange(0, SPLITS_P2)                  # every split's partial in one load
+    if done == SPLITS - 1:                                # the last program merges: every split's (m, l) of
+        offs_s = tl.arange(0, SPLITS_P2)                  # all MQ queries in one load, then each query's
+        offs_q = tl.arange(0, MQ)                         # partials, all loads ahead of the one store
         live = offs_s < SPLITS
         rows = (pid * SPLITS + offs_s) * BLOCK_M                                     # [S2]
+        at = (rows[:, None] + offs_q[None, :]) * 2                                   # [S2, MQ]
+        used = live[:, None] & (offs_q < T * G)[None, :]
+        ms = tl.load(ML + at, mask=used, other=float("-inf"), cache_modifier=".cg")
+        ls = tl.load(ML + at + 1, mask=used, other=0.0, cache_modifier=".cg")
+        m_all = tl.max(ms, axis=0)                                                   # [MQ]
+        w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])      # [S2, MQ]
+        l_all = tl.sum(w * ls, axis=0)
+        w = w / tl.where(l_all == 0.0, 1.0, l_all)[None, :]
+        out = tl.zeros([MQ, HD], tl.float32)
         for mi in tl.static_range(T * G):
-            ms = tl.load(ML + (rows + mi) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")    # [S2]
-            ls = tl.load(ML + (rows + mi) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
             acc_s = tl.load(PART + (rows + mi)[:, None] * HD + offs_d[None, :], mask=live[:, None], other=0.0,
                             cache_modifier=".cg")                                    # [S2, HD]
-            m_all = tl.max(ms, axis=0)
-            w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all))           # [S2]
-            l_all = tl.sum(w * ls, axis=0)
-            o = tl.sum(w[:, None] * acc_s, axis=0) / tl.where(l_all == 0.0, 1.0, l_all)              # [HD]
-            tl.store(O + (r * T + mi // G) * stride_on + (h * G + mi % G) * stride_oh + offs_d,
-                     o.to(O.dtype.element_ty))
+            wm = tl.sum(tl.where(offs_q[None, :] == mi, w, 0.0), axis=1)             # [S2]: w[:, mi]
+            out = tl.where(offs_q[:, None] == mi, tl.sum(wm[:, None] * acc_s, axis=0)[None, :], out)
+        tl.store(O + (r * T + offs_q // G)[:, None] * stride_on + (h * G + offs_q % G)[:, None] * stride_oh
+                 + offs_d[None, :], out.to(O.dtype.element_ty), mask=(offs_q < T * G)[:, None])
         tl.atomic_xchg(COUNT + pid, 0)                    # ready for the next launch (and graph replay)

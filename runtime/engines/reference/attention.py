@@ -29,24 +29,11 @@ rows and prompt chunks each their own:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-
-@dataclass(frozen=True)
-class RaggedBatch:
-    """Where one forward's tokens sit in the paged cache (device tensors, built per call)."""
-    positions: Tensor      # [N] absolute position of each packed token
-    write_index: Tensor    # [N] flat pool index (block * block_size + offset) for its K/V
-    q_index: Tensor        # [R, Tq] packed token of row r's t-th query; N marks padding
-    q_pos: Tensor          # [R, Tq] that query's position (0 for padding)
-    kv_index: Tensor       # [R, S] flat pool index of row r's logical positions 0..S-1
-    out_index: Tensor      # [N] packed token -> r * Tq + t
-    slots: Tensor          # [R] each row's slot
-    tables: Tensor         # [R, S // block_size] each row's block table (the part read)
-    uniform: bool = False  # every row has Tq tokens, packed row-major: q_index and out_index are aranges
 
 
 def _kv_index(tables: Tensor, block_size: int) -> Tensor:
@@ -56,26 +43,60 @@ def _kv_index(tables: Tensor, block_size: int) -> Tensor:
     return (tables[:, :, None] * block_size + offs).reshape(R, nb * block_size)
 
 
+@dataclass(frozen=True)
+class RaggedBatch:
+    """Where one forward's tokens sit in the paged cache (device tensors, built per call).
+    q_index, out_index and kv_index are made when first read: a CUDA graph runs every kernel it
+    captured, read or not, and the decode graphs' Triton kernel reads none of them."""
+    positions: Tensor      # [N] absolute position of each packed token
+    write_index: Tensor    # [N] flat pool index (block * block_size + offset) for its K/V
+    q_pos: Tensor          # [R, Tq] each query's position (0 for padding)
+    slots: Tensor          # [R] each row's slot
+    tables: Tensor         # [R, S // block_size] each row's block table (the part read)
+    block_size: int
+    ragged: tuple[Tensor, Tensor] | None = None   # (q_index, out_index) of rows of different lengths;
+                                                  # None: uniform, every row Tq tokens packed row-major
+
+    @property
+    def uniform(self) -> bool:
+        return self.ragged is None
+
+    @cached_property
+    def q_index(self) -> Tensor:
+        """[R, Tq] packed token of row r's t-th query; N marks padding."""
+        if self.ragged is not None:
+            return self.ragged[0]
+        R, T = self.q_pos.shape
+        return torch.arange(R * T, device=self.q_pos.device).view(R, T)
+
+    @cached_property
+    def out_index(self) -> Tensor:
+        """[N] packed token -> r * Tq + t."""
+        return self.ragged[1] if self.ragged is not None else torch.arange(self.positions.shape[0],
+                                                                           device=self.positions.device)
+
+    @cached_property
+    def kv_index(self) -> Tensor:
+        """[R, S] flat pool index of row r's logical positions 0..S-1."""
+        return _kv_index(self.tables, self.block_size)
+
+
 def uniform_batch(block_tables: Tensor, slots: Tensor, q_pos: Tensor, read_blocks: int,
                   block_size: int) -> RaggedBatch:
     """R rows of T tokens each, row r's tokens at positions q_pos[r] ([R, T]), packed row-major.
     Device ops only (no host sync): the CUDA-graph decode path builds it inside the graph.
     block_tables [slots, max_blocks]; slots [R]; read_blocks: how many blocks each row reads."""
     R, T = q_pos.shape
-    dev = slots.device
     tables = block_tables[slots]                                                    # [R, max_blocks]
     blk = torch.gather(tables, 1, q_pos // block_size)                              # [R, T]
     n = R * T
     return RaggedBatch(
         positions=q_pos.reshape(n),
         write_index=(blk * block_size + q_pos % block_size).reshape(n),
-        q_index=torch.arange(n, device=dev).view(R, T),
         q_pos=q_pos,
-        kv_index=_kv_index(tables[:, :read_blocks], block_size),
-        out_index=torch.arange(n, device=dev),
         slots=slots,
         tables=tables[:, :read_blocks],
-        uniform=True,
+        block_size=block_size,
     )
 
 
@@ -109,12 +130,11 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     return RaggedBatch(
         positions=positions_d,
         write_index=blk * block_size + positions_d % block_size,
-        q_index=q_index_d.view(R, Tq),
         q_pos=q_pos_d.view(R, Tq),
-        kv_index=_kv_index(tables[:, :read], block_size),
-        out_index=out_index,
         slots=slots_t,
         tables=tables[:, :read],
+        block_size=block_size,
+        ragged=(q_index_d.view(R, Tq), out_index),
     )
 
 

@@ -221,10 +221,9 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         commands.append({"what": f"tune {name}", "command": doc.get("command"), "schedule": doc.get("schedule")})
     for name, doc in regimes.items():
         commands += [{"what": f"sweep {name}", "command": c} for c in _commands(doc)]
-    for name, doc in (fixed or {}).items():
-        commands.append({"what": f"fixed-length baseline {name}", "command": doc["env"].get("command")})
-    for name, doc in (varied or {}).items():
-        commands.append({"what": f"varied-length baseline {name}", "command": doc["env"].get("command")})
+    for what, docs in (("fixed", fixed), ("varied", varied)):
+        commands += [{"what": f"{what}-length baseline {name}", "command": c}
+                     for name, doc in (docs or {}).items() for c in _commands(doc)]
     floor = None
     if floor_profile is not None:
         many = [floor_profile] if isinstance(floor_profile, Mapping) else list(floor_profile)
@@ -248,7 +247,7 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
         "decode_vs_gemm_floor": ([t["command"] for t in floor["trials"]] if floor and "trials" in floor else
                                  [profiles[floor["profile"]].get("command")] if floor else []),
         "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(varied_docs[n])]
-                                    + [d["env"].get("command") for d in (fixed or {}).values()],
+                                    + [c for d in (fixed or {}).values() for c in _commands(d)],
         "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,
         "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
         "decode_bandwidth_fraction": [profiles[bw["profile"]].get("command")] if bw else [],
@@ -363,13 +362,17 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     p = p or argparse.ArgumentParser(prog="python -m dynspec.benchmarks.summary", description=__doc__.splitlines()[0])
     p.add_argument("--regime", action="append", required=True, metavar="NAME=SWEEP.json",
                    help="a regime's sweep; repeat a NAME to join sweeps of other loads (e.g. C=128 from another call)")
+    p.add_argument("--open-loop", action="append", metavar="NAME=SWEEP.json",
+                   help="join only this sweep's open-loop (--poisson-at) rows to regime NAME (its closed-loop "
+                        "rows stay out: a load point the regime's sweeps already ran)")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE.json")
     p.add_argument("--tune", action="append", metavar="NAME=TUNE.json", help="`dynspec tune --report` output")
     p.add_argument("--fixed-baseline", action="append", metavar="NAME=SWEEP.json",
-                   help="a baseline sweep with fixed lengths of regime NAME's means (varied_vs_fixed_baseline)")
+                   help="a baseline sweep with fixed lengths of regime NAME's means (varied_vs_fixed_baseline); "
+                        "repeat a NAME to join sweeps of other loads")
     p.add_argument("--varied-baseline", action="append", metavar="NAME=SWEEP.json",
                    help="the baseline sweep with regime NAME's varied lengths at the fixed one's loads "
-                        "(default: the regime's own sweep)")
+                        "(default: the regime's own sweep); repeat a NAME to join sweeps of other loads")
     p.add_argument("--floor-profile", metavar="PROFILE.json", action="append",
                    help="a profile --floor JSON for decode_vs_gemm_floor; repeat for the median of several "
                         "(default: the first --profile with one)")
@@ -382,17 +385,35 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
 def run(args: argparse.Namespace) -> int:
     from dynspec.artifacts import read_json, write_json
 
-    regimes = {}
-    for n, paths in _named(args.regime, "--regime", many=True).items():
-        docs = [read_json(p, f"sweep result {n}") for p in paths]
-        for doc, path in zip(docs, paths):
-            if "rows" not in doc or "env" not in doc:
-                raise DynspecError(f"sweep result {n} ({path}): missing 'env' or 'rows'")
-        regimes[n] = docs[0] if len(docs) == 1 else merge_sweeps(docs, paths)
+    def sweeps(items, flag: str, what: str, open_loop=None) -> dict:
+        """{NAME: one sweep}, a NAME's several files joined (merge_sweeps); open_loop {NAME: [files]}
+        adds only those files' open-loop rows."""
+        out = {}
+        extra = _named(open_loop, "--open-loop", many=True)
+        named = _named(items, flag, many=True)
+        for n in extra:
+            if n not in named:
+                raise DynspecError(f"--open-loop {n}: no {flag} {n} to join it to")
+        for n, paths in named.items():
+            docs = [read_json(p, f"{what} {n}") for p in paths]
+            for p in extra.get(n, ()):
+                doc = read_json(p, f"open-loop sweep {n}")
+                rows = [r for r in doc.get("rows", ()) if r.get("request_rate") is not None]
+                if not rows:
+                    raise DynspecError(f"--open-loop {n} ({p}): no open-loop rows (sweep --poisson-at)")
+                docs.append(dict(doc, rows=rows))
+            paths = list(paths) + list(extra.get(n, ()))
+            for doc, path in zip(docs, paths):
+                if "rows" not in doc or "env" not in doc:
+                    raise DynspecError(f"{what} {n} ({path}): missing 'env' or 'rows'")
+            out[n] = docs[0] if len(docs) == 1 else merge_sweeps(docs, paths)
+        return out
+
+    regimes = sweeps(args.regime, "--regime", "sweep result", args.open_loop)
     profiles = {n: read_json(p, f"profile {n}") for n, p in _named(args.profile, "--profile").items()}
     tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
-    fixed = {n: read_json(p, f"fixed-length sweep {n}") for n, p in _named(args.fixed_baseline, "--fixed-baseline").items()}
-    varied = {n: read_json(p, f"varied-length sweep {n}") for n, p in _named(args.varied_baseline, "--varied-baseline").items()}
+    fixed = sweeps(args.fixed_baseline, "--fixed-baseline", "fixed-length sweep")
+    varied = sweeps(args.varied_baseline, "--varied-baseline", "varied-length sweep")
     floor = [read_json(p, "floor profile") for p in args.floor_profile] if args.floor_profile else None
     for path, doc in zip(args.floor_profile or (), floor or ()):
         if decode_vs_gemm_floor(doc) is None:

@@ -233,6 +233,37 @@ def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
         summary._named(["A=x.json", "A=y.json"], "--profile")
 
 
+def test_summary_cli_joins_baselines_of_other_loads_and_open_loop_rows(tmp_path, capsys):
+    """--fixed-baseline / --varied-baseline join a NAME's files of other loads (C=64 and C=256 from
+    two calls); --open-loop joins only a sweep's Poisson rows, its closed-loop re-run left out."""
+    docs = {
+        "b": regime_doc("sweep B", [row("baseline", 64, 100, 98, 103), row("dynamic", 64, 110, 108, 112)]),
+        "pois": regime_doc("sweep B again", [row("baseline", 64, 101, 99, 104),
+                                             row("baseline", None, 90, 88, 92, request_rate=1.5, matched_concurrency=64)]),
+        "f64": regime_doc("fixed 64", [row("baseline", 64, 125, 120, 130)]),
+        "f256": regime_doc("fixed 256", [row("baseline", 256, 250, 240, 260)]),
+        "v64": regime_doc("varied 64", [row("baseline", 64, 100, 99, 101)]),
+        "v256": regime_doc("varied 256", [row("baseline", 256, 225, 220, 230)]),
+    }
+    for k, d in docs.items():
+        (tmp_path / f"{k}.json").write_text(json.dumps(d))
+    f = lambda k: str(tmp_path / f"{k}.json")                                          # noqa: E731
+    base = ["--regime", f"B={f('b')}", "--fixed-baseline", f"B={f('f64')}", "--fixed-baseline", f"B={f('f256')}",
+            "--varied-baseline", f"B={f('v64')}", "--varied-baseline", f"B={f('v256')}", "--out", str(tmp_path / "s.json")]
+    assert summary.main(base + ["--open-loop", f"B={f('pois')}"]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.9})
+    assert s["open_loop"]["B"]["baseline"]["64"]["tok_per_s"] == 90
+    assert s["open_loop"]["B"]["baseline"]["64"]["closed_tok_per_s"] == 100           # sweep B's, not the re-run's
+    assert s["figure_commands"]["varied_vs_fixed_baseline"] == ["varied 64", "varied 256", "fixed 64", "fixed 256"]
+    capsys.readouterr()
+    assert summary.main(base + ["--open-loop", f"B={f('f64')}"]) == 2
+    err = capsys.readouterr().err
+    assert "--open-loop B" in err and "no open-loop rows" in err
+    assert summary.main(base + ["--open-loop", f"A={f('pois')}"]) == 2
+    assert "--open-loop A: no --regime A" in capsys.readouterr().err
+
+
 # ---- GEMM floor ---------------------------------------------------------------------------------
 def test_gemm_floor_on_cpu_times_every_decode_gemm(tmp_path):
     import torch

@@ -5,7 +5,7 @@
 #     chained decode graphs), 6 waves of C requests, 3 trials
 #   decode_vs_gemm_floor: the median of call 24's two and call 25's one profile --floor with chained
 #     decode graphs (the single-graph runs beside them: h200_c24_floor_one*, h200_c25_floor_one3)
-# -> $RES/h200_summary.json
+# -> $RES/h200_summary_c25.json (h200_summary.json until calls 26-29 replaced it)
 set -euo pipefail
 RES=${RES:-benchmarks/results}
 . "$(dirname "$0")/h200_summary_regimes.sh"
@@ -13,4 +13,4 @@ RES=${RES:-benchmarks/results}
   --fixed-baseline "B=$RES/h200_c24_B_fixed.json" --varied-baseline "B=$RES/h200_c24_B_varied.json" \
   --floor-profile "$RES/h200_c24_floor_chain1_profile.json" --floor-profile "$RES/h200_c24_floor_chain2_profile.json" \
   --floor-profile "$RES/h200_c25_floor_chain3_profile.json" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
-  --out "$RES/h200_summary.json"
+  --out "$RES/h200_summary_c25.json"

@@ -63,3 +63,19 @@ def test_h200_calls_cpu_smoke(tmp_path):
             assert s["trial_spread"][regime][mode]["1"]["trials"] == 3
     assert s["figure_commands"]["decode_vs_gemm_floor"][0].startswith("dynspec profile ")
     assert "--floor" in s["figure_commands"]["decode_vs_gemm_floor"][0]
+
+
+def test_published_h200_summary_is_what_its_script_writes(tmp_path):
+    """benchmarks/results/h200_summary.json == what h200_summary_c29.sh writes from the committed
+    sweep, profile and tune files (the README's figures can be re-derived, on CPU)."""
+    import shutil
+
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    (tmp_path / "benchmarks" / "results" / "h200_summary.json").unlink()
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/scripts/h200_summary_c29.sh")], cwd=tmp_path,
+                          env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads((tmp_path / "benchmarks" / "results" / "h200_summary.json").read_text())
+    want = json.loads((ROOT / "benchmarks" / "results" / "h200_summary.json").read_text())
+    assert got == want
+    assert want["version"] == 2 and want["decode_vs_gemm_floor"] == pytest.approx(1.1806, abs=1e-4)

@@ -320,6 +320,7 @@ def test_first_max_equals_torch_max_ties_included(V, chunks, dtype):
         x[0, at] = 1
         x[1, at], x[1, V - 1 - at] = 1, 1
         cases.append(x)
+    cases.append(torch.randint(0, 4, (V, 2), generator=g).to(dtype).t())    # a last axis of stride 2
     for x in cases:
         v, i = first_max(x, chunks)
         rv, ri = x.max(dim=-1)

@@ -419,9 +419,6 @@ def run(args: argparse.Namespace) -> int:
         if decode_vs_gemm_floor(doc) is None:
             raise DynspecError(f"--floor-profile {path}: no 'floor' with gemm_floor_ms and decode_ms "
                                f"(run profile --floor)")
-    for n, doc in list(regimes.items()) + list(fixed.items()) + list(varied.items()):
-        if "rows" not in doc or "env" not in doc:
-            raise DynspecError(f"sweep result {n}: missing 'env' or 'rows'")
     peak = args.peak_bandwidth_tbps * 1e12 if args.peak_bandwidth_tbps else None
     doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes, fixed, varied, floor)
     cmd = getattr(args, "command_line", None) or "python -m dynspec.benchmarks.summary " + shlex.join(sys.argv[1:])

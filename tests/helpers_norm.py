@@ -19,6 +19,7 @@ def assert_norm_matches(add_fn, norm_fn, device: str, dtype: torch.dtype, rows: 
     r = torch.randn(rows, n, generator=g).to(device, dtype)
     w = (1 + torch.randn(n, generator=g) / 4).to(device, dtype)
     eps = 1e-5
+    before = big.clone()
     y_ref, h_ref = add_rms_norm(x, r, w, eps)
     y, h = add_fn(x, r, w, eps)
     assert y.shape == h.shape == (rows, n) and y.dtype == h.dtype == dtype
@@ -30,8 +31,7 @@ def assert_norm_matches(add_fn, norm_fn, device: str, dtype: torch.dtype, rows: 
         assert torch.equal(y, y_ref)                                        # one rounding, as torch's add
     torch.testing.assert_close(h, h_ref, **tol)
     torch.testing.assert_close(norm_fn(x, w, eps), rms_norm(x, w, eps), **tol)
-    assert torch.equal(big[1::2], (4 * torch.randn(2 * rows, n, generator=torch.Generator().manual_seed(
-        rows * 1000 + n))).to(device, dtype)[1::2])                         # rows between x's untouched
+    assert torch.equal(big, before)                                         # x and the rows between untouched
 
 
 CASES = [(1, 4096), (5, 64), (3, 80)]      # rows, n: the 8B's b=1 row, a tiny model's, a width not a power of two

@@ -120,7 +120,8 @@ def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block
         sms = _sms(q.device) if q.is_cuda else 4
     per = launch.pop("per", None) or -(-tiles // splits_for(R * kvh, tiles, sms))   # tiles a program
     S = -(-tiles // per)                      # no program without a tile of the table: 18 tiles, 16 -> per 2, S 9
-    block_m = max(16, 1 << (T * G - 1).bit_length())
+    mq = 1 << (T * G - 1).bit_length()        # the queries a (row, KV head), to a power of two
+    block_m = max(16, mq)                     # tl.dot's smallest M
     q = q.contiguous()
     o = torch.empty(N, nh, hd, dtype=q.dtype, device=q.device)
     part = torch.empty(R * kvh * S * block_m, hd, dtype=torch.float32, device=q.device)
@@ -131,6 +132,6 @@ def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         tables.stride(0), o.stride(0), o.stride(1),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
-        SPLITS_P2=1 << (S - 1).bit_length(), PER=per, MQ=1 << (T * G - 1).bit_length(),
+        SPLITS_P2=1 << (S - 1).bit_length(), PER=per, MQ=mq,
         IEEE=q.dtype in (torch.float32, torch.float64), **launch)
     return o.view(N, nh * hd)

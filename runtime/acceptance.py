@@ -6,6 +6,12 @@ checkpoints, where real acceptance is meaningless: each draft is accepted with p
 in order, until the first rejection. Its output is NOT the target's greedy output, so only the
 benchmarks may use it (the executor refuses it unless told it runs a benchmark).
 
+A Bernoulli draft is accepted iff u(seed, request key, position) < p, where u is a hash of the
+drafted token's position in its request (`draft_uniforms`), not a draw from a stream. So, as
+with a real draft, whether position j is accepted is a property of the request, the same for
+every K, mode and trial (common random numbers): comparing static K=3 with a dynamic K=4 on
+the same requests then measures the K, not the luck of the draws.
+
 Worked example, K=3:
     drafts   [a, b, c]      target greedy [a, b, x, y]
     match    [1, 1, 0]   -> cumprod [1, 1, 0] -> accepted 2; emitted [a, b, x]
@@ -57,6 +63,22 @@ def parse_acceptance(text: str, seed: int = 0) -> AcceptanceModel:
     if not m:
         raise DynspecError(f"acceptance model {text!r} is not 'real' or 'bernoulli:P' (e.g. bernoulli:0.7)")
     return Bernoulli(float(m.group(1)), seed)
+
+
+_M31 = 0x7FFFFFFF
+
+
+def draft_uniforms(seed, key, positions):
+    """u in [0, 1) for drafted tokens: seed (int or 0-d int64 tensor), key [B] each row's request
+    key, positions [B, K] the drafts' positions -> [B, K] float32 (torch, graph-safe: int64 ops
+    only, every product below 2^62). A fixed integer hash, so u depends on nothing else.
+    Example: draft_uniforms(0, tensor([7]), tensor([[12, 13]])) is the same in every run."""
+    x = ((key[:, None] & _M31) * 0x2545F491 & _M31) + ((positions & _M31) * 0x6C8E9CF5 & _M31)
+    x = (x + ((seed & _M31) * 0x1B873593 & _M31)) & _M31
+    for c in (0x2C1B3C6D, 0x297A2D39):        # xorshift-multiply rounds: each a bijection mod 2^31
+        x = (x ^ (x >> 15)) * c & _M31
+    x = x ^ (x >> 16)
+    return (x >> 7).float() * (1.0 / (1 << 24))   # 24 bits: exact in float32, at most 1 - 2^-24
 
 
 def accepted_prefix(match):

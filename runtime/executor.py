@@ -41,7 +41,8 @@ class Engine(Protocol):
     vocab_size: int             # prompt ids must lie in 0..vocab_size-1
     buckets: tuple[int, ...]
 
-    def reserve(self, tokens: int) -> int | None: ...      # a cache slot for positions 0..tokens-1, or None
+    def reserve(self, tokens: int, key: int = 0) -> int | None: ...   # a cache slot for positions 0..tokens-1, or None;
+                                                                      # key: the request's id (Bernoulli draws)
     def release(self, slot: int) -> None: ...
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
 
@@ -302,7 +303,7 @@ class Executor:
                    and len(self._rows) + len(self._prefilling) < limit):
                 req = self._waiting[0]
                 try:
-                    slot = eng.reserve(len(req.prompt) + req.max_new + eng.max_draft_len + 1)
+                    slot = eng.reserve(len(req.prompt) + req.max_new + eng.max_draft_len + 1, key=req.id)
                 except BaseException:             # a failed reserve (e.g. a TP peer gone) ends this request
                     self._waiting.popleft()       # too, or every later step would retry it and fail again
                     self._finish(req, "error", self._clock())

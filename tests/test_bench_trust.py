@@ -326,7 +326,7 @@ def test_reserved_rows_hold_blocks_while_timing_and_free_them():
         def __init__(self, slots):
             self.free, self.log = list(range(slots)), []
 
-        def reserve(self, tokens):
+        def reserve(self, tokens, key=0):
             self.log.append(("reserve", tokens))
             return self.free.pop(0) if self.free else None
 

@@ -368,7 +368,7 @@ def test_a_cancelled_queued_request_ends_at_the_next_iteration(pair):
 
 def test_engines_keep_their_own_kernels_and_random_state(pair):
     """Issue 13.11: one engine's fused kernels are not switched on for every engine, and the
-    Bernoulli model draws from the engine's own generator, not the global torch RNG."""
+    Bernoulli model's draws leave the global torch RNG alone (they are a hash: acceptance.py)."""
     from dynspec.runtime.acceptance import Bernoulli
 
     fused = load_reference_engine(*pair, dtype=DT, max_batch_size=2, max_seq_len=64, max_draft_len=4,
@@ -384,6 +384,52 @@ def test_engines_keep_their_own_kernels_and_random_state(pair):
     a = [s.accepted for s in ex.stats]
     run_closed_loop(again, prompts(3, seed=25), 12, 3)
     assert [s.accepted for s in again.stats] == a       # same seed, same draws
+
+
+def test_draft_uniforms_are_a_fixed_hash_of_key_and_position():
+    """u(seed, key, position): the same on every call, in [0, 1), about p of them below p,
+    with no correlation between neighbouring positions or keys; another seed or key draws anew."""
+    from dynspec.runtime.acceptance import draft_uniforms
+
+    keys, pos = torch.arange(1000), torch.arange(400)[None].expand(1000, 400)
+    u = draft_uniforms(3, keys, pos)
+    assert torch.equal(u, draft_uniforms(torch.tensor(3), keys, pos))
+    assert u.dtype == torch.float32 and 0 <= u.min() and u.max() < 1
+    assert abs((u < 0.7).double().mean().item() - 0.7) < 0.003          # 400k draws: sd 0.0007
+
+    def corr(a, b):
+        a, b = (a < 0.7).double(), (b < 0.7).double()
+        return (((a - a.mean()) * (b - b.mean())).mean() / (a.std() * b.std())).item()
+
+    assert abs(corr(u[:, :-1], u[:, 1:])) < 0.01                         # next position
+    assert abs(corr(u[:-1], u[1:])) < 0.01                               # next key
+    assert abs(corr(u, draft_uniforms(4, keys, pos))) < 0.01             # next seed
+    assert draft_uniforms(3, torch.tensor([5]), torch.tensor([[9]])).item() != u[6, 9].item()
+
+
+def test_bernoulli_acceptance_is_fixed_by_request_and_position(pair):
+    """Common random numbers: the drafts at positions pos+1..pos+K of the request with id r are
+    accepted as far as draft_uniforms(seed, r, position) < p holds, in every step. Three
+    requests one after another reuse slot 0 with ids 0, 1, 2, so the key is the request's id,
+    not its slot, and K differs per run (3, then 5) over the same requests."""
+    from dynspec.runtime.acceptance import Bernoulli, draft_uniforms
+
+    for k in (3, 5):
+        eng = engine(pair)
+        seen, real = [], eng.step
+        eng.step = lambda plan, acc: (lambda res: (seen.append((plan, res)), res)[1])(real(plan, acc))
+        ex = Executor(eng, DraftSchedule.static(k, 16), acceptance=Bernoulli(0.5, seed=3), allow_lossy=True)
+        run_closed_loop(ex, prompts(3, seed=27), 12, 1)
+        rid, checked = -1, 0
+        for plan, res in seen:
+            rid += sum(c.start == 0 for c in plan.chunks)          # a new request's first chunk
+            if plan.k and plan.batch_size:
+                assert plan.slots == (0,)
+                u = draft_uniforms(3, torch.tensor([rid]), torch.tensor([[plan.positions[0] + i + 1
+                                                                          for i in range(plan.k)]]))
+                assert res.accepted[0] == int((u[0] < 0.5).long().cumprod(0).sum()), (rid, plan.positions)
+                checked += 1
+        assert rid == 2 and checked >= 6
 
 
 def test_one_host_read_per_step(pair, monkeypatch):
@@ -461,11 +507,11 @@ def test_a_failing_reserve_ends_that_request_instead_of_retrying_it_forever(pair
     eng = load_reference_engine(target, draft, dtype="float64", max_batch_size=4, max_seq_len=96, max_draft_len=4)
     real, calls = eng.reserve, []
 
-    def reserve(tokens):
+    def reserve(tokens, key=0):
         calls.append(tokens)
         if len(calls) == 1:
             raise RuntimeError("TP rank 1: broadcast failed")
-        return real(tokens)
+        return real(tokens, key)
     eng.reserve = reserve
     ex = Executor(eng, DraftSchedule.static(4, 4))
     h1, h2 = ex.submit([1, 2, 3], 6), ex.submit([4, 5], 6)

@@ -111,6 +111,53 @@ def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
     assert_transformers_greedy(pair, prompts, lens, out)
 
 
+@pytest.mark.parametrize("keep_warm", [True, False])
+def test_whole_k0_graphs_leave_the_piecewise_state(pair, keep_warm, monkeypatch):
+    """K = 0 whole-graph iterations end the step inside the graph (head, captures, keep-warm K/V,
+    the draft's chunk pass): two graphed engines serve the same requests in lockstep, one with
+    whole graphs, one piecewise. Bernoulli acceptance is a hash of (request, position), so both
+    make the same plans and accept the same counts even where a draft differs; after every step
+    the carried draft state agrees (float32; the kernels differ, so within tolerance)."""
+    from dynspec.runtime.acceptance import Bernoulli
+
+    runs = _spy_whole(monkeypatch)
+    policy = DraftSchedule.parse("2:3,4:0")                     # K = 0 from 3 rows up
+    engines, exs = [], []
+    for whole in (True, False):
+        eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=8, max_seq_len=128,
+                                    max_draft_len=3, max_num_tokens=64)
+        keys = reachable_graphs([policy], 8, keep_warm, 64)
+        eng.capture_graphs(keys)
+        if whole:
+            assert eng.capture_whole(keys) > 0
+            eng.whole_mixed = True
+        engines.append(eng)
+        exs.append(Executor(eng, policy, keep_warm=keep_warm, acceptance=Bernoulli(0.5, seed=1), allow_lossy=True))
+    rng = random.Random(3)
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(12)]
+    lens = [rng.randint(4, 24) for _ in prompts]
+    i, same, total = 0, 0, 0
+    while i < len(prompts) or exs[0].active or exs[0].waiting:
+        for _ in range(rng.randint(0, 2)):
+            if i < len(prompts):
+                for ex in exs:
+                    ex.submit(prompts[i], lens[i])
+                i += 1
+        for ex in exs:
+            ex.step()
+        a, b = engines
+        n = a.pad_slot
+        same += int((a.next_draft[:n] == b.next_draft[:n]).sum())
+        total += n
+        torch.testing.assert_close(a.draft_hidden[:n], b.draft_hidden[:n], rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(a.last_capture[:n], b.last_capture[:n], rtol=1e-3, atol=1e-3)
+    assert [(s.batch_size, s.k, s.accepted) for s in exs[0].stats] == [(s.batch_size, s.k, s.accepted)
+                                                                        for s in exs[1].stats]
+    assert same >= 0.98 * total
+    assert sum(1 for (_, _, T), b, replayed in runs if T == 1 and replayed) >= 3 and all(r for _, _, r in runs)
+    assert any(s.k == 0 and s.decode_rows and s.prefill_tokens for s in exs[0].stats)
+
+
 @pytest.mark.parametrize("whole", [False, True])
 def test_chunks_over_several_query_blocks_equal_transformers(pair, whole, monkeypatch):
     """Prompts of 150..300 tokens under a 512-token budget: the packed chunks span several blocks

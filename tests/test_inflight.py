@@ -407,19 +407,22 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, mon
     runs = []
     real = WholeMixed.run
 
-    def spy(self, key, b, drafts, prompt, positions, write_index, token_slot, num, idx):
-        out = real(self, key, b, drafts, prompt, positions, write_index, token_slot, num, idx)
+    def spy(self, key, b, drafts):
         Np, B, T = key
-        e, nc = self.e, prompt.shape[0]
+        e = self.e
+        token_slot = self.in_slot[: Np - B * T].clone()
+        nc = int((token_slot != e.pad_slot).sum())
+        assert (token_slot[nc:] == e.pad_slot).all()                    # chunk tokens, then padding
+        token_slot, positions = token_slot[:nc], self.in_pos[:nc]
         listed = torch.zeros(self.kv_idx.shape[0], self.kv_idx.shape[1], dtype=torch.bool)
         for m in range(self.kv_idx.shape[0]):
             listed[m, self.kv_idx[m, : int(self.kv_num[m])].long()] = True                    # [q blocks, blocks]
         need = ((e.block_owner[None] == token_slot[:, None])
                 & (e.block_logical[None] * e.block_size <= positions[:, None]))              # [Nc, blocks]
         assert need.any(1).all() and (need <= listed[torch.arange(nc) // 128]).all()
-        assert int(self.kv_num[num.shape[0]:].sum()) == 0 and (self.tok_slot[nc: Np - B * T] == e.pad_slot).all()
+        assert int(self.kv_num[-(-nc // 128):].sum()) == 0
         runs.append((key, b))
-        return out
+        return real(self, key, b, drafts)
 
     monkeypatch.setattr(WholeMixed, "run", spy)
     budget = 20
@@ -438,6 +441,58 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, mon
     assert any(T > 1 for (_, _, T), b in runs if b) and any(T == 1 for (_, _, T), b in runs if b)
     assert any(b == 0 for _, b in runs)                    # chunk-only iterations
     check_budget(ex, budget)
+
+
+@pytest.mark.parametrize("keep_warm", [True, False])
+def test_whole_k0_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm):
+    """A K = 0 whole-graph iteration ends the step in the graph (mixed_graphs.WholeMixed._finish):
+    greedy head, the rows' captures, keep-warm K/V, the draft's pass over the chunks with its head
+    at the last tokens only. Two engines serve the same arrivals in lockstep, one through it, one
+    eagerly; after every step their carried state (next draft, draft hidden, last capture) and
+    both caches match outside the scratch block. A wrong draft state would not change the tokens
+    (drafts are verified), so tokens alone could not catch it."""
+    from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
+    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+
+    finished = []
+    real = WholeMixed.run
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(WholeMixed, "run", lambda self, key, b, d: (finished.append(key[2] == 1), real(self, key, b, d))[1])
+    policy = DraftSchedule.parse("1:3,2:2,3:0")          # K = 0 from 3 decode rows up
+    engines = [engine(pair, budget=20, max_batch=6, attention="flex", mixed_graphs=True) for _ in range(2)]
+    for e in engines:
+        pad_rows_to_buckets(e)
+    engines[0].capture_whole()
+    engines[0].whole_mixed = True
+    exs = [Executor(e, policy, keep_warm=keep_warm) for e in engines]
+    rng = random.Random(41)
+    ps = prompts(10, seed=41, lo=4, hi=30)
+    lens = [rng.randint(2, 12) for _ in ps]
+    i, steps = 0, 0
+    bs = engines[0].block_size
+    live = slice(bs * (SCRATCH_BLOCK + 1), None)
+    try:
+        while i < len(ps) or exs[0].active or exs[0].waiting:
+            for _ in range(rng.randint(0, 2)):
+                if i < len(ps):
+                    for ex in exs:
+                        ex.submit(ps[i], lens[i])
+                    i += 1
+            for ex in exs:
+                ex.step()
+            steps += 1
+            a, b = engines
+            n = a.pad_slot
+            assert torch.equal(a.next_draft[:n], b.next_draft[:n]), steps
+            torch.testing.assert_close(a.draft_hidden[:n], b.draft_hidden[:n], rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(a.last_capture[:n], b.last_capture[:n], rtol=1e-9, atol=1e-9)
+            for x, y in ((a.draft.k_cache, b.draft.k_cache), (a.draft.v_cache, b.draft.v_cache),
+                         (a.target.k_cache, b.target.k_cache)):
+                torch.testing.assert_close(x[..., live, :], y[..., live, :], rtol=1e-9, atol=1e-9)
+    finally:
+        monkeypatch.undo()
+    assert sum(finished) >= 3 and [s.batch_size for s in exs[0].stats] == [s.batch_size for s in exs[1].stats]
+    assert any(s.k == 0 and s.decode_rows and s.prefill_tokens for s in exs[0].stats)
 
 
 def test_whole_keys_cover_each_row_shape_and_chunk_only_iterations():

@@ -141,7 +141,7 @@ class FakeEngine:
         self.plans = []
         self.free = list(range(max_batch_size))
 
-    def reserve(self, tokens):
+    def reserve(self, tokens, key=0):
         return self.free.pop(0) if self.free else None
 
     def release(self, slot):

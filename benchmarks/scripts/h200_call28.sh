@@ -9,6 +9,7 @@ set -uo pipefail
 CALL=28 TAG=h200_call28 DEADLINE=${DEADLINE:-585}
 . "$(dirname "$0")/h200_lib.sh"
 start 0 0
+REGIME_A_SWEEP+=(--dynamic-schedule @benchmarks/results/h200_A_floor_schedule.txt)   # call 9's
 sched=$WORK/B_schedule.txt; [ -f "$sched" ] || sched=benchmarks/results/h200_c27_B_schedule.txt
 stage B256 140 "$PY" "${REGIME_B_SWEEP[@]}" --dynamic-schedule "@$sched" --concurrency 256 --out "$RES/h200_c28_B256"
 stage A-small-C 170 "$PY" "${REGIME_A_SWEEP[@]}" --concurrency 1,4,16 --min-requests 4 --out "$RES/h200_c28_A_small"

@@ -46,11 +46,11 @@ FLOOR=(-m dynspec.cli profile --engine-dir "$ENGINE_DIR" --device cuda --dtype b
 BASELINE_SWEEP=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda
                 --dtype bfloat16 --modes baseline --trials 3 --min-requests 2 --no-progress
                 --acceptance bernoulli:0.5 --max-seq-len 424)
-# the regime sweeps (baseline / static / dynamic, varied lengths, 3 trials; add --dynamic-schedule for B,
-# --concurrency and --out): regime B p=0.5, static K=7; regime A p=0.7, static K=3, call 9's schedule
+# the regime sweeps (baseline / static / dynamic, varied lengths, 3 trials; add --dynamic-schedule,
+# --concurrency and --out): regime B p=0.5, static K=7; regime A p=0.7, static K=3
 SWEEP3=(-m dynspec.benchmarks.sweep --engine reference --engine-dir "$ENGINE_DIR" --device cuda --dtype bfloat16
         --modes baseline,static,dynamic --waves 1 --trials 3 --min-requests 2 --warmup-requests 2 --no-progress)
 REGIME_B_SWEEP=("${SWEEP3[@]}" --static-k 7 --acceptance bernoulli:0.5 --input-len 64:192 --output-len 32:224
                 --max-seq-len 424)
-REGIME_A_SWEEP=("${SWEEP3[@]}" --static-k 3 --dynamic-schedule @benchmarks/results/h200_A_floor_schedule.txt
+REGIME_A_SWEEP=("${SWEEP3[@]}" --static-k 3
                 --acceptance bernoulli:0.7 --input-len 512:1024 --output-len 64:448 --max-seq-len 1480)

@@ -202,10 +202,12 @@ class Eagle3Draft(nn.Module):
         return self.collectives.gather_vocab(logits), out
 
     def run(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch, attention=None,
-            greedy: bool = False) -> tuple[Tensor, Tensor]:
+            greedy: bool = False, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens [N] (target ids), hidden [N, n*h_t | h] packed
         -> (draft-vocab logits [N, dv], output hidden [N, h] pre-norm, to feed back);
-        greedy: the draft-vocab argmax ids [N] instead of the logits."""
+        greedy: the draft-vocab argmax ids [N] instead of the logits. rows [M]: every token's
+        K/V is written, but only these tokens' outputs are made ([M, dv], [M, h]): a prompt
+        chunk's draft pass needs its last token's alone."""
         if self.k_cache is None:
             raise RuntimeError("Eagle3Draft.setup_cache or setup_pool must be called before forward")
         N = tokens.shape[0]
@@ -219,8 +221,10 @@ class Eagle3Draft(nn.Module):
         # a mixed iteration's slices of either share versions instead of compiling while serving
         q = q.contiguous()
         write_kv(self.k_cache, self.v_cache, k, v, batch)
-        logits, out = self.finish((attention or self.attention)(q, self.k_cache, self.v_cache, batch), residual,
-                                  greedy)
+        attn = (attention or self.attention)(q, self.k_cache, self.v_cache, batch)      # [N, nh*hd]
+        if rows is not None:
+            attn, residual = attn[rows], residual[rows]
+        logits, out = self.finish(attn, residual, greedy)
         if greedy:
             return logits, out
         if logits.device.type == "cpu":

@@ -36,14 +36,15 @@ from typing import Iterable
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix
+from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix, draft_uniforms
 from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, SplitRows, ragged_batch,
                                                          sdpa_attention, uniform_batch)
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
 from dynspec.runtime.engines.reference.paged_decode import PagedDecode
 from dynspec.runtime.engines.reference.packed import PackedChunks, kv_block_tensors, packed_kv_blocks
-from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget, mixed_buckets
+from dynspec.runtime.engines.reference.piecewise import (GraphChain, PiecewiseTarget, capture_chain, chain_cuts,
+                                                          mixed_buckets)
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
 
@@ -84,22 +85,6 @@ def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
     bucket, k) alone left decode (4, keep_warm) and decode (4) in hash order, which differs per
     process, and two H200 ranks ran different collectives until NCCL's watchdog fired."""
     return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm)))
-
-
-def chain_cuts(layers: int) -> frozenset[int]:
-    """Pure. The target layers after which a pure-decode graph chain starts its next graph:
-    after layer 0 and after layer layers // 4 (32 -> {0, 8}; 6 -> {0, 1}; 1 -> {0})."""
-    return frozenset({0, max(1, layers // 4)} & set(range(layers)))
-
-
-@dataclass(frozen=True)
-class GraphChain:
-    """CUDA graphs replayed in turn as one step (ReferenceEngine._capture_chain)."""
-    graphs: tuple
-
-    def replay(self) -> None:
-        for g in self.graphs:
-            g.replay()
 
 
 class ReferenceEngine:
@@ -159,7 +144,8 @@ class ReferenceEngine:
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
         self.p_accept = torch.zeros((), dtype=torch.float32, device=dev)       # Bernoulli p
         self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
-        self.rng = torch.Generator(device=dev)        # this engine's Bernoulli draws; the global RNG is untouched
+        self.accept_seed = torch.zeros((), dtype=torch.long, device=dev)       # Bernoulli seed
+        self.slot_key = torch.zeros(n, dtype=torch.long, device=dev)           # [S] request key (reserve)
         self._acceptance: AcceptanceModel | None = None   # what p_accept/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
@@ -185,10 +171,12 @@ class ReferenceEngine:
     def can_reserve(self, tokens: int) -> bool:
         return self.blocks.can_reserve(tokens)
 
-    def reserve(self, tokens: int) -> int | None:
-        """A slot whose blocks hold positions 0..tokens-1, or None while blocks or slots are short."""
+    def reserve(self, tokens: int, key: int = 0) -> int | None:
+        """A slot whose blocks hold positions 0..tokens-1, or None while blocks or slots are short.
+        key: the request's key, which with the position fixes its Bernoulli draws (acceptance.py)."""
         slot = self.blocks.reserve(tokens)
         if slot is not None:
+            self.slot_key[slot] = key
             table = torch.tensor(self.blocks.tables[slot], dtype=torch.long)
             self.block_tables[slot, : len(table)] = table.to(self.device)
             self.block_owner[table.to(self.device)] = slot
@@ -248,12 +236,12 @@ class ReferenceEngine:
             self._host_in_free.record()
 
     def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
-        """Device flags follow the host copy; the generator is reseeded when the model changes."""
+        """Device flags and seed follow the host copy, set when the model changes."""
         if acceptance == self._acceptance:
             return
         bern = isinstance(acceptance, Bernoulli)
         if bern:
-            self.rng.manual_seed(acceptance.seed)
+            self.accept_seed.fill_(acceptance.seed)
         self.bernoulli.fill_(bern)
         self.p_accept.fill_(acceptance.p if bern else 0.0)
         self._acceptance = acceptance
@@ -312,11 +300,13 @@ class ReferenceEngine:
         return torch.stack(drafts, dim=1)                                    # [B, K]
 
     def _accept(self, D, g):
-        """drafts D [B, K], target greedy g [B, K+1] -> (accepted n [B], tokens E [B, K+1]):
-        E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1]."""
+        """drafts D [B, K] of rows 0..B-1, target greedy g [B, K+1] -> (accepted n [B], tokens
+        E [B, K+1]): E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1].
+        Bernoulli: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p."""
         B, K = D.shape
         steps = torch.arange(K + 1, device=D.device)
-        rand = torch.rand(B, K, device=D.device, generator=self.rng) < self.p_accept
+        u = draft_uniforms(self.accept_seed, self.slot_key[self.slot[:B]], self.pos[:B, None] + steps[None, 1:])
+        rand = u < self.p_accept
         n = accepted_prefix(torch.where(self.bernoulli, rand, D == g[:, :K]))           # [B]
         return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
 
@@ -362,6 +352,14 @@ class ReferenceEngine:
         b, B, K, dev = plan.batch_size, plan.bucket, plan.k, self.device
         chunks = plan.chunks
         T = K + 1
+        n_last = sum(c.last for c in chunks)
+        key = self._whole_key(B, T, plan.prefill_tokens)
+        if key is not None and T == 1:
+            if self.whole.finishes(key, n_last):          # the whole iteration in the graph (mixed_graphs.py)
+                self.whole.stage(key, chunks, plan.keep_warm)
+                self.whole.run(key, b, None)
+                return self.whole.firsts[:n_last]
+            key = None
         dec_read = None if self.attention == "flex" else read                 # flex skips unread blocks itself
         lens = [T] * b + [len(c.tokens) for c in chunks]
         starts = list(plan.positions) + [c.start for c in chunks]
@@ -380,25 +378,19 @@ class ReferenceEngine:
                 [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
                 [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
                 [c.slot for c in chunks for _ in c.tokens]]
+        if key is not None:                                                  # K > 0 through a graph
+            self.whole.stage(key, chunks, plan.keep_warm)
         prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
             [x for part in host for x in part], dtype=torch.long).to(dev).split([len(x) for x in host])
         nxt = nxt.clone()
-        key = self._whole_key(B, T, len(host[0]))
-        # the whole batch (decode rows and chunks) serves the piecewise / eager forward and the
-        # draft's catch-up at K > 0; a whole-graph step at K = 0 needs the chunks' rows alone
-        full = key is None or (b and K)
         c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
-        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if b and full else c_batch
+        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if b else c_batch
         rows = [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks]
         chunk_attention = sdpa_attention
         if self.packed_chunks:
             chunk_attention = PackedChunks(c_batch, rows, token_slot, self.block_owner, self.block_logical,
                                            self.block_size)
             chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
-        if key is not None:
-            blocks = self.whole.kv_idx.shape[1]
-            kv_blocks = (chunk_attention.kv_blocks(blocks) if self.packed_chunks else
-                         kv_block_tensors(packed_kv_blocks(rows, self.block_size), blocks, dev))
         # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
         # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
         if b and K and any(plan.stale):
@@ -407,14 +399,14 @@ class ReferenceEngine:
         dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
         logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
         attention = chunk_attention
-        if b and full:
+        if b:
             vpos = self.pos[:B, None] + torch.arange(T, device=dev)                  # [B, T]
             dec_batch = self._rows(B, vpos, dec_read)
             attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch, chunk_attention)
         tokens = torch.cat([dec_tokens, prompt])
         pw = self.piecewise
         if key is not None:
-            h, Hw = self.whole.run(key, b, D, prompt, c_batch.positions, c_batch.write_index, token_slot, *kv_blocks)
+            h, Hw = self.whole.run(key, b, D)
             shift = (B - b) * T                  # chunk token j: nd + j in the plan's packing, B*T + j there
             ar = torch.arange(nd + prompt.shape[0], device=dev)
             greedy = self.target.head(h[torch.cat([ar[:nd], last_idx + shift])], greedy=True)
@@ -515,45 +507,18 @@ class ReferenceEngine:
         if self.whole is not None:
             self.whole.drop()
 
-    def _capture_chain(self, key: GraphKey, pool, stream) -> "GraphChain":
-        """The key's device function captured as consecutive graphs, cut after the target's
-        layers `chain_cuts` (one graph without split_graphs). The pieces share the pool; what
-        passes between them stays in it, and nothing runs between their replays. A graph's kernels start only once its launch has
-        been submitted, and submitting takes about a microsecond a node (H200: 0.4 ms for the
-        413 nodes of a b=1 decode step, under the profiler); after a one-layer first piece the
-        GPU runs while the host submits the rest. Example, 32 layers: embed + layer 0 | layers
-        1..8 | layers 9..31 + head, each piece's submit shorter than the piece before it runs."""
-        cuts = chain_cuts(len(self.target.layers)) if self.split_graphs else frozenset()
-        graphs = [torch.cuda.CUDAGraph()]
-        open_ = [False]                                          # a capture is under way
-
-        def begin() -> None:
-            if key.kind == "spec":
-                graphs[-1].register_generator_state(self.rng)   # Bernoulli draws advance on replay
-            graphs[-1].capture_begin(pool=pool)
-            open_[0] = True
-
-        def end() -> None:
-            open_[0] = False
-            graphs[-1].capture_end()
-
-        def cut(i: int) -> None:
-            if i in cuts:
-                end()
-                graphs.append(torch.cuda.CUDAGraph())
-                begin()
-
-        with torch.cuda.stream(stream):
-            begin()
+    def _capture_chain(self, key: GraphKey, pool, stream) -> GraphChain:
+        """The key's device function captured as consecutive graphs (piecewise.capture_chain), cut
+        after the target's layers `chain_cuts` (one graph without split_graphs)."""
+        def fn(cut) -> None:
             self.target.layer_hook = cut
             try:
                 self._device_fn(key, None)
             finally:
                 self.target.layer_hook = None
-                if open_[0]:                                     # not after a failed begin: keep its error
-                    end()
-        torch.cuda.current_stream().wait_stream(stream)
-        return GraphChain(tuple(graphs))
+
+        cuts = chain_cuts(len(self.target.layers)) if self.split_graphs else frozenset()
+        return capture_chain(fn, cuts, pool, stream)
 
     def capture_graphs(self, keys: Iterable[GraphKey], mixed: bool = True) -> int:
         """Capture one graph per pure-decode key (call once at start, on CUDA; with split_graphs a

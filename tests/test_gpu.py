@@ -16,6 +16,7 @@ import torch
 from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
+from tests.helpers_lockstep import serve_in_lockstep
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.helpers_rope import assert_rope_write_matches
 
@@ -136,24 +137,19 @@ def test_whole_k0_graphs_leave_the_piecewise_state(pair, keep_warm, monkeypatch)
     rng = random.Random(3)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(12)]
     lens = [rng.randint(4, 24) for _ in prompts]
-    i, same, total = 0, 0, 0
-    while i < len(prompts) or exs[0].active or exs[0].waiting:
-        for _ in range(rng.randint(0, 2)):
-            if i < len(prompts):
-                for ex in exs:
-                    ex.submit(prompts[i], lens[i])
-                i += 1
-        for ex in exs:
-            ex.step()
+    agree = []
+
+    def check(step: int) -> None:
         a, b = engines
         n = a.pad_slot
-        same += int((a.next_draft[:n] == b.next_draft[:n]).sum())
-        total += n
+        agree.append(((a.next_draft[:n] == b.next_draft[:n]).float().mean().item()))
         torch.testing.assert_close(a.draft_hidden[:n], b.draft_hidden[:n], rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(a.last_capture[:n], b.last_capture[:n], rtol=1e-3, atol=1e-3)
+
+    serve_in_lockstep(exs, prompts, lens, rng, check)
     assert [(s.batch_size, s.k, s.accepted) for s in exs[0].stats] == [(s.batch_size, s.k, s.accepted)
                                                                         for s in exs[1].stats]
-    assert same >= 0.98 * total
+    assert sum(agree) >= 0.98 * len(agree)
     assert sum(1 for (_, _, T), b, replayed in runs if T == 1 and replayed) >= 3 and all(r for _, _, r in runs)
     assert any(s.k == 0 and s.decode_rows and s.prefill_tokens for s in exs[0].stats)
 

@@ -12,6 +12,7 @@ from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
 from dynspec.runtime.policy import DraftSchedule
+from tests.helpers_lockstep import serve_in_lockstep
 from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
 
 
@@ -468,27 +469,20 @@ def test_whole_k0_iterations_leave_the_state_the_eager_path_leaves(pair, keep_wa
     rng = random.Random(41)
     ps = prompts(10, seed=41, lo=4, hi=30)
     lens = [rng.randint(2, 12) for _ in ps]
-    i, steps = 0, 0
-    bs = engines[0].block_size
-    live = slice(bs * (SCRATCH_BLOCK + 1), None)
+    live = slice(engines[0].block_size * (SCRATCH_BLOCK + 1), None)
+
+    def check(step: int) -> None:
+        a, b = engines
+        n = a.pad_slot
+        assert torch.equal(a.next_draft[:n], b.next_draft[:n]), step
+        torch.testing.assert_close(a.draft_hidden[:n], b.draft_hidden[:n], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a.last_capture[:n], b.last_capture[:n], rtol=1e-9, atol=1e-9)
+        for x, y in ((a.draft.k_cache, b.draft.k_cache), (a.draft.v_cache, b.draft.v_cache),
+                     (a.target.k_cache, b.target.k_cache)):
+            torch.testing.assert_close(x[..., live, :], y[..., live, :], rtol=1e-9, atol=1e-9)
+
     try:
-        while i < len(ps) or exs[0].active or exs[0].waiting:
-            for _ in range(rng.randint(0, 2)):
-                if i < len(ps):
-                    for ex in exs:
-                        ex.submit(ps[i], lens[i])
-                    i += 1
-            for ex in exs:
-                ex.step()
-            steps += 1
-            a, b = engines
-            n = a.pad_slot
-            assert torch.equal(a.next_draft[:n], b.next_draft[:n]), steps
-            torch.testing.assert_close(a.draft_hidden[:n], b.draft_hidden[:n], rtol=1e-9, atol=1e-9)
-            torch.testing.assert_close(a.last_capture[:n], b.last_capture[:n], rtol=1e-9, atol=1e-9)
-            for x, y in ((a.draft.k_cache, b.draft.k_cache), (a.draft.v_cache, b.draft.v_cache),
-                         (a.target.k_cache, b.target.k_cache)):
-                torch.testing.assert_close(x[..., live, :], y[..., live, :], rtol=1e-9, atol=1e-9)
+        serve_in_lockstep(exs, ps, lens, rng, check)
     finally:
         monkeypatch.undo()
     assert sum(finished) >= 3 and [s.batch_size for s in exs[0].stats] == [s.batch_size for s in exs[1].stats]

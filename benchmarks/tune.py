@@ -110,6 +110,21 @@ class TuneResult:
                 keep.append(r)
         return tuple(keep)
 
+    def loose_thresholds(self, spread: float = 2.0) -> tuple[tuple[int, int, int, int, int], ...]:
+        """Where K changes at an unprofiled b whose profiled neighbours lo < b < hi are more than
+        `spread` apart: (b, K before, K from b on, lo, hi). Such a threshold rests on straight
+        lines between lo and hi, and step times bend there (the knee). Call 27's grid
+        1, 4, 16, 64, 256 put K 1 -> 0 at b=243 from the lines of 64 and 256; profiled at 128
+        and 192 as well, it moved to 187 (call 35)."""
+        profiled = sorted(r.batch_size for r in self.rows if r.profiled)
+        out = []
+        for prev, r in zip(self.rows, self.rows[1:]):
+            if r.k != prev.k and not r.profiled:
+                i = bisect.bisect_left(profiled, r.batch_size)
+                if 0 < i < len(profiled) and profiled[i] > spread * profiled[i - 1]:
+                    out.append((r.batch_size, prev.k, r.k, profiled[i - 1], profiled[i]))
+        return tuple(out)
+
     def table(self) -> str:
         margin = f"; K > 0 only where gain >= {self.min_gain:g}x" if self.min_gain > 1 else ""
         if self.max_num_tokens is not None:
@@ -122,6 +137,9 @@ class TuneResult:
             note = "" if r.k == r.best_k else f"  (smoothed from K={r.best_k})"
             lines.append(f"{r.batch_size:>6} {r.k:>3} {r.best_k:>7} {r.iteration_ms:>10.3f} {r.gain:>11.3f}x  {src}{note}")
         lines.append(f"schedule: {self.schedule.to_spec() or '(no speculation)'}")
+        for b, k0, k1, lo, hi in self.loose_thresholds():
+            lines.append(f"note: K {k0} -> {k1} at b={b} is interpolated between profiled b={lo} and b={hi}; "
+                         f"profile batch sizes between them to place it")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -132,6 +150,8 @@ class TuneResult:
             "min_gain": self.min_gain,
             "max_num_tokens": self.max_num_tokens,
             "interpolation": self.interpolation,
+            "loose_thresholds": [dict(batch_size=b, k_before=k0, k=k1, profiled_below=lo, profiled_above=hi)
+                                 for b, k0, k1, lo, hi in self.loose_thresholds()],
             "rows": [dict(batch_size=r.batch_size, k=r.k, best_k=r.best_k, iteration_ms=r.iteration_ms,
                           gain=r.gain, profiled=r.profiled) for r in self.table_rows()],
         }

@@ -310,3 +310,25 @@ def test_tune_cli_bad_inputs_are_one_line(tmp_path, capsys, extra, flags, msg):
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1
     assert json.loads(path.read_text())                                        # the profile is intact
+
+
+def test_thresholds_interpolated_across_a_wide_gap_are_named():
+    """The committed H200 profiles of regime B: call 27's grid (1, 4, 16, 64, 256) put K 1 -> 0 at
+    b=243 from straight lines between 64 and 256; call 35 profiled 128 and 192 too and tune moved
+    it to 187. The first is named as loose, the second is not (192 / 128 is within 2x); both
+    name K 3 -> 1 between 16 and 64."""
+    import json
+    from pathlib import Path
+
+    res = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    got = {}
+    for call in ("c27", "c35"):
+        prof = json.loads((res / f"h200_{call}_B_profile.json").read_text())
+        r = tune({int(b): {int(k): v for k, v in row.items()} for b, row in prof["iteration_ms"].items()}, 0.5)
+        got[call] = (r.schedule.to_spec(), r.loose_thresholds(), r.table())
+        assert r.to_json()["loose_thresholds"] == [dict(batch_size=b, k_before=k0, k=k1, profiled_below=lo,
+                                                        profiled_above=hi) for b, k0, k1, lo, hi in got[call][1]]
+    assert got["c27"][:2] == ("27:3,242:1", ((28, 3, 1, 16, 64), (243, 1, 0, 64, 256)))
+    assert got["c35"][:2] == ("28:3,186:1", ((29, 3, 1, 16, 64),))
+    assert "K 1 -> 0 at b=243 is interpolated between profiled b=64 and b=256" in got["c27"][2]
+    assert "K 1 -> 0" not in got["c35"][2]

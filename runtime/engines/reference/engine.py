@@ -42,7 +42,7 @@ from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBat
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
 from dynspec.runtime.engines.reference.paged_decode import PagedDecode
-from dynspec.runtime.engines.reference.packed import PackedChunks, kv_block_tensors, packed_kv_blocks
+from dynspec.runtime.engines.reference.packed import PackedChunks
 from dynspec.runtime.engines.reference.piecewise import (GraphChain, PiecewiseTarget, capture_chain, chain_cuts,
                                                           mixed_buckets)
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k

@@ -214,7 +214,7 @@ class WholeMixed:
         """A K = 0 iteration's end, as the engine's eager path (engine._mixed) does it: greedy ids
         of the n decode rows and of the last chunks' last tokens; the rows' tokens, captures and
         keep-warm K/V; the draft's pass over the chunks, its head at the last tokens only."""
-        e, pw, S = self.e, self.pw, self.LAST
+        e, pw = self.e, self.pw
         last = self.in_last
         g = e.target.head(h[torch.cat([torch.arange(n, device=h.device), n + last])], greedy=True)   # [n + LAST]
         firsts = g[n:]

@@ -378,8 +378,6 @@ class ReferenceEngine:
                 [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
                 [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
                 [c.slot for c in chunks for _ in c.tokens]]
-        if key is not None:                                                  # K > 0 through a graph
-            self.whole.stage(key, chunks, plan.keep_warm)
         prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
             [x for part in host for x in part], dtype=torch.long).to(dev).split([len(x) for x in host])
         nxt = nxt.clone()
@@ -391,6 +389,8 @@ class ReferenceEngine:
             chunk_attention = PackedChunks(c_batch, rows, token_slot, self.block_owner, self.block_logical,
                                            self.block_size)
             chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
+        if key is not None:                  # K > 0 through a graph (pinned copies: they do not wait)
+            self.whole.stage(key, chunks, plan.keep_warm, chunk_attention.lists if self.packed_chunks else None)
         # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
         # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
         if b and K and any(plan.stale):
@@ -509,7 +509,7 @@ class ReferenceEngine:
 
     def _capture_chain(self, key: GraphKey, pool, stream) -> GraphChain:
         """The key's device function captured as consecutive graphs (piecewise.capture_chain), cut
-        after the target's layers `chain_cuts` (one graph without split_graphs)."""
+        at `graph_cuts`."""
         def fn(cut) -> None:
             self.target.layer_hook = cut
             try:
@@ -517,8 +517,13 @@ class ReferenceEngine:
             finally:
                 self.target.layer_hook = None
 
-        cuts = chain_cuts(len(self.target.layers)) if self.split_graphs else frozenset()
-        return capture_chain(fn, cuts, pool, stream)
+        return capture_chain(fn, self.graph_cuts, pool, stream)
+
+    @property
+    def graph_cuts(self) -> frozenset[int]:
+        """Where every captured graph chain (decode keys, whole mixed forwards) starts its next graph:
+        after the target's layers `chain_cuts`, or nowhere (one graph) without split_graphs."""
+        return chain_cuts(len(self.target.layers)) if self.split_graphs else frozenset()
 
     def capture_graphs(self, keys: Iterable[GraphKey], mixed: bool = True) -> int:
         """Capture one graph per pure-decode key (call once at start, on CUDA; with split_graphs a

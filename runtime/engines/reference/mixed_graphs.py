@@ -49,7 +49,7 @@ from .attention import PerStepMasks, RaggedBatch, uniform_batch
 from .kv_cache import SCRATCH_BLOCK
 from .packed import PackedChunks, packed_attention, packed_block_mask, packed_kv_blocks
 from .paged_decode import PagedDecode
-from .piecewise import capture_chain, chain_cuts
+from .piecewise import capture_chain
 
 Key = tuple[int, int, int]       # (Np, B, T)
 
@@ -78,13 +78,13 @@ class WholeMixed:
         # staged inputs, int64: tokens | positions | write index | slot [top each] | draft inputs
         # [top + 1: the last is where padding's scatter lands] | last token (chunk-local) |
         # its place in the draft inputs | its slot [LAST each] | keep-warm flag [1]
-        self._split = (top, top, top, top, top + 1, S, S, S, 1)
-        n_in = sum(self._split)
+        split = (top, top, top, top, top + 1, S, S, S, 1)
+        n_in = sum(split)
         with torch.inference_mode():
             self.dec_tokens = torch.zeros(e.max_batch_size + 1, e.max_draft_len + 1, dtype=torch.long, device=dev)
             self.inp = torch.zeros(n_in, dtype=torch.long, device=dev)
             (self.in_tok, self.in_pos, self.in_write, self.in_slot, self.in_nxt, self.in_last, self.in_at,
-             self.in_last_slot, self.in_warm) = self.inp.split(self._split)
+             self.in_last_slot, self.in_warm) = self.inp.split(split)
             # [q blocks, 1 + blocks]: count, then block ids; one tensor, laid out as packed.kv_block_tensors'
             # (FlexAttention's compiled versions are guarded on strides: the same layout reuses them)
             kv = torch.zeros(-(-top // q_block), 1 + blocks, dtype=torch.int32, device=dev)
@@ -94,7 +94,8 @@ class WholeMixed:
             self.firsts = torch.zeros(S, dtype=torch.long, device=dev)                           # [LAST]
         self._host_inp = torch.zeros(n_in, dtype=torch.long, pin_memory=cuda)
         self._host_kv = torch.zeros(kv.shape, dtype=torch.int32, pin_memory=cuda)
-        self._inp_np, self._kv_np = self._host_inp.numpy(), self._host_kv.numpy()
+        self._kv_np = self._host_kv.numpy()
+        self._inp_np = np.split(self._host_inp.numpy(), np.cumsum(split)[:-1])   # views, laid out as self.inp
         self._free = None                     # CUDA event: the last copies out of the host buffers are done
         self._fns: dict[Key, Callable] = {}
         self.graphs: dict[Key, object] = {}
@@ -109,16 +110,16 @@ class WholeMixed:
         return None if n is None else (n, B, T)
 
     # ---- host side ------------------------------------------------------------------------
-    def stage(self, key: Key, chunks: Sequence, keep_warm: bool) -> None:
+    def stage(self, key: Key, chunks: Sequence, keep_warm: bool, lists: list[list[int]] | None = None) -> None:
         """The chunks' inputs of an iteration of `key`, laid out on the host and copied in two
         transfers. Chunk token j sits at packed index B*T + j; tokens past the chunks are padding
-        (token 0 at position 0 of the padding slot, K/V into the scratch block)."""
+        (token 0 at position 0 of the padding slot, K/V into the scratch block). lists: the chunks'
+        `packed_kv_blocks`, when the caller has them already (PackedChunks.lists)."""
         e, bs, top, S = self.e, self.e.block_size, self.top, self.LAST
         Np, B, T = key
         if self._free is not None:
             self._free.synchronize()
-        parts = np.split(self._inp_np, np.cumsum(self._split)[:-1])
-        tok, pos, write, slot, nxt, last, at, last_slot, warm = parts
+        tok, pos, write, slot, nxt, last, at, last_slot, warm = self._inp_np
         tok[:], pos[:], write[:], slot[:] = 0, 0, SCRATCH_BLOCK * bs, e.pad_slot
         nxt[:], last[:], at[:], last_slot[:] = 0, 0, top, e.pad_slot
         warm[0] = int(keep_warm)
@@ -138,7 +139,8 @@ class WholeMixed:
                 m += 1
             rows.append((table, c.start, n))
             i += n
-        lists = packed_kv_blocks(rows, bs, PackedChunks.Q_BLOCK)
+        if lists is None:
+            lists = packed_kv_blocks(rows, bs, PackedChunks.Q_BLOCK)
         nqb = -(-(Np - B * T) // PackedChunks.Q_BLOCK)
         kv = self._kv_np
         kv[:nqb, 0] = 0
@@ -246,7 +248,7 @@ class WholeMixed:
             return 0
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
-        cuts = chain_cuts(len(self.e.target.layers)) if self.e.split_graphs else frozenset()
+        cuts = self.e.graph_cuts
         with torch.inference_mode():
             self._idle()
             stream.wait_stream(torch.cuda.current_stream())
@@ -266,11 +268,7 @@ class WholeMixed:
         into the scratch block (padding slot, no keep-warm)."""
         self.dec_tokens.zero_()
         self.pw._pad(0, self.pw.buckets[-1])
-        for x, v in ((self.in_tok, 0), (self.in_pos, 0), (self.in_write, SCRATCH_BLOCK * self.e.block_size),
-                     (self.in_slot, self.e.pad_slot), (self.in_nxt, 0), (self.in_last, 0), (self.in_at, self.top),
-                     (self.in_last_slot, self.e.pad_slot), (self.in_warm, 0)):
-            x.fill_(v)
-        self.kv_num.zero_()
+        self.stage((self.top, 0, 1), (), keep_warm=False)       # no chunks: every staged input padding
 
     def run(self, key: Key, b: int, drafts: Tensor | None) -> tuple[Tensor, Tensor]:
         """One mixed iteration of `key` after `stage`: b real decode rows (drafts [b, K] or None at

@@ -116,7 +116,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise DynspecError(f"profile {args.profile} has no 'acceptance.per_position';"
                                " measure it with `dynspec profile --measure-acceptance` or give --acceptance RATE")
         acc = prof.per_position
-    res = tune(prof.iteration_ms, acc, args.max_draft_len, args.min_gain, budget)
+    res = tune(prof.iteration_ms, acc, args.max_draft_len, args.min_gain, budget, args.draft_margin)
     command = _command("tune", args)
     if args.json:
         print(json.dumps(res.to_json() | {"command": command}))
@@ -186,6 +186,9 @@ def register(sub) -> None:
     t.add_argument("--max-draft-len", type=int, metavar="K", help="largest K to consider (default: largest profiled)")
     t.add_argument("--min-gain", type=float, default=1.0, metavar="X",
                    help="speculate only where the predicted gain over K=0 is at least X (margin for profile error)")
+    t.add_argument("--draft-margin", type=float, default=1.01, metavar="X",
+                   help="each further draft position must add a factor X to the predicted gain, e.g. 1.01"
+                        " (margin for acceptance error; K=4 over K=3 then needs 1%% more)")
     t.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="token budget: never pick K with b x (K+1) > N"
                         " (default: the profile's 'max_num_tokens', if any)")

@@ -20,6 +20,13 @@ So the final K's are the non-increasing sequence that maximises sum_b gain(b, K_
 (equal weight per octave of batch size), found by dynamic programming; where the argmax is
 already non-increasing that is exactly the argmax.
 
+Draft margin m >= 1: each draft position must pay for itself by the factor m, so the score
+maximised is gain(b, K) / m^K (K = 0 scores its gain, 1). A larger K's predicted gain rests more
+on the acceptance estimate, and request ends truncate its windows. Call 30's regime-A profile
+(a = 0.7, b=1) predicted K=4 at 2.0096x and K=3 at 2.0015x, 0.4% apart; call 33 served K=4
+0.977x as fast as K=3 (accepted 2.68 tokens a step against 2.77 predicted). With m = 1.01,
+b=1 takes K=3 (2.0015 / 1.01^3 = 1.943 > 2.0096 / 1.01^4 = 1.931).
+
 Token budget (TRT-LLM's max_num_tokens): one iteration feeds the target b * (K+1) tokens, so a
 K with b * (K+1) > max_num_tokens is never chosen (K = 0 always is: admission, not K, limits
 rows past the budget). Budget 16: b=4 may take K <= 3, b=8 K <= 1, b=16 K = 0.
@@ -96,6 +103,7 @@ class TuneResult:
     candidates: tuple[int, ...]        # the K values considered
     interpolation: str = INTERPOLATION
     min_gain: float = 1.0              # margin a K > 0 must clear over plain decode
+    draft_margin: float = 1.0          # factor each further draft position must add
     max_num_tokens: int | None = None  # token budget: b * (K+1) <= it for every chosen K
 
     def row(self, b: int) -> TuneRow:
@@ -127,6 +135,8 @@ class TuneResult:
 
     def table(self) -> str:
         margin = f"; K > 0 only where gain >= {self.min_gain:g}x" if self.min_gain > 1 else ""
+        if self.draft_margin > 1:
+            margin += f"; each draft position must add {self.draft_margin:g}x"
         if self.max_num_tokens is not None:
             margin += f"; b x (K+1) <= max_num_tokens {self.max_num_tokens}"
         lines = [f"acceptance {self.acceptance}; candidates K in {list(self.candidates)}{margin}",
@@ -148,6 +158,7 @@ class TuneResult:
             "acceptance": self.acceptance,
             "candidates": list(self.candidates),
             "min_gain": self.min_gain,
+            "draft_margin": self.draft_margin,
             "max_num_tokens": self.max_num_tokens,
             "interpolation": self.interpolation,
             "loose_thresholds": [dict(batch_size=b, k_before=k0, k=k1, profiled_below=lo, profiled_above=hi)
@@ -179,14 +190,18 @@ def _check_grid(iteration_ms: Mapping[int, Mapping[int, float]]) -> tuple[list[i
 
 
 def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance,
-         max_draft_len: int | None = None, min_gain: float = 1.0, max_num_tokens: int | None = None) -> TuneResult:
+         max_draft_len: int | None = None, min_gain: float = 1.0, max_num_tokens: int | None = None,
+         draft_margin: float = 1.0) -> TuneResult:
     """The goodput-maximising non-increasing schedule for a profile (see the module docstring).
 
     min_gain > 1 is a margin against profile error: a K > 0 is chosen only where its predicted
     gain over plain decode, divided by min_gain, still beats K = 0 (e.g. 1.05: speculate only
-    where the model promises at least 5%)."""
+    where the model promises at least 5%). draft_margin > 1 is a margin between K's: the score
+    is divided by draft_margin^K (see the module docstring)."""
     if not (math.isfinite(min_gain) and min_gain >= 1.0):
         raise DynspecError(f"min_gain {min_gain} must be at least 1")
+    if not (math.isfinite(draft_margin) and draft_margin >= 1.0):
+        raise DynspecError(f"draft_margin {draft_margin} must be at least 1")
     if max_draft_len is not None and max_draft_len < 0:
         raise DynspecError(f"max_draft_len {max_draft_len} must be at least 0")
     if max_num_tokens is not None and (isinstance(max_num_tokens, bool) or not isinstance(max_num_tokens, int)
@@ -205,7 +220,7 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     # gain(b, K) = E(K) * ms(b, 0) / ms(b, K)   (b cancels)
     gain = [[E[k] * row[0] / row[j] for j, k in enumerate(cands)] for row in ms]
     budget = max_num_tokens if max_num_tokens is not None else math.inf
-    score = [[(g / (min_gain if k > 0 else 1.0)) if k == 0 or b * (k + 1) <= budget else -math.inf
+    score = [[(g / (min_gain if k > 0 else 1.0) / draft_margin ** k) if k == 0 or b * (k + 1) <= budget else -math.inf
               for g, k in zip(row, cands)] for b, row in enumerate(gain, 1)]          # what is maximised
     best = [max(range(len(cands)), key=lambda j, g=g: (round(g[j], 12), -j)) for g in score]
 
@@ -237,4 +252,5 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     # one tier per b; DraftSchedule merges equal neighbours and drops the K=0 tail
     schedule = DraftSchedule(tuple((r.batch_size, r.k) for r in rows))
     label = f"{acceptance:g}" if not per_position else "per-position " + str([round(float(a), 4) for a in acceptance])
-    return TuneResult(schedule, rows, label, tuple(cands), min_gain=min_gain, max_num_tokens=max_num_tokens)
+    return TuneResult(schedule, rows, label, tuple(cands), min_gain=min_gain, draft_margin=draft_margin,
+                      max_num_tokens=max_num_tokens)

@@ -152,6 +152,22 @@ def test_min_gain_margin():
         tune(table, 0.7, min_gain=0.9)
 
 
+def test_draft_margin_takes_the_smaller_k_of_a_near_tie():
+    # call 30's regime-A profile at b=1 (ms): K=3 gains 2.533 * 4.989 / 6.314 = 2.0015x,
+    # K=4 2.773 * 4.989 / 6.884 = 2.0096x; 0.4% apart, and call 33 served K=4 slower than K=3
+    table = {1: {0: 4.989, 1: 5.336, 2: 5.905, 3: 6.314, 4: 6.884}}
+    assert tune(table, 0.7).schedule.to_spec() == "1:4"
+    res = tune(table, 0.7, draft_margin=1.01)
+    assert res.schedule.to_spec() == "1:3" and res.row(1).best_k == 3
+    assert res.row(1).gain == pytest.approx(2.533 * 4.989 / 6.314, rel=1e-4)      # the gain, not the score
+    assert "each draft position must add 1.01x" in res.table() and res.to_json()["draft_margin"] == 1.01
+    # a clear win survives the margin: K=4 at 10% over K=3
+    clear = {1: {0: 4.989, 3: 6.314, 4: 6.884 * 2.0096 / 2.0015 / 1.1}}
+    assert tune(clear, 0.7, draft_margin=1.01).schedule.to_spec() == "1:4"
+    with pytest.raises(DynspecError, match="draft_margin 0.99 must be at least 1"):
+        tune(table, 0.7, draft_margin=0.99)
+
+
 def test_bad_profiles_are_named():
     with pytest.raises(DynspecError, match="no K=0"):
         tune({1: {1: 2.0, 2: 3.0}}, 0.7)
@@ -290,6 +306,7 @@ def test_tune_cli_budget_from_profile_or_flag(tmp_path, capsys):
     ({"decode_ms": {"1": "abc"}}, [], "decode_ms['1'] = 'abc' is not a positive number"),
     ({}, ["--max-draft-len=-1"], "max_draft_len -1 must be at least 0"),
     ({}, ["--min-gain", "nan"], "min_gain nan must be at least 1"),
+    ({}, ["--draft-margin", "0.5"], "draft_margin 0.5 must be at least 1"),
     ({}, ["--max-num-tokens", "0"], "--max-num-tokens 0 must be an integer of at least 1"),
     ({"max_num_tokens": "8k"}, [], "field 'max_num_tokens' '8k' must be an integer"),
     ({}, ["--out", "DIR"], "--out DIR is a directory"),

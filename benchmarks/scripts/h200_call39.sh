@@ -8,8 +8,8 @@ set -uo pipefail
 CALL=39 TAG=h200_call39 DEADLINE=${DEADLINE:-420}
 . "$(dirname "$0")/h200_lib.sh"
 start 0 0
-stage B256 230 "$PY" "${REGIME_B_SWEEP[@]}" --dynamic-schedule @benchmarks/results/h200_c35_B_schedule.txt \
+stage B256 230 "$PY" "${REGIME_B_SWEEP[@]}" --dynamic-schedule @benchmarks/results/h200_c35_B_schedule_dm.txt \
   --concurrency 256 --waves 3 --out "$RES/h200_c39_B256"          # the later --waves wins over SWEEP3's
-stage B64-poisson "$(( $(left) - 3 ))" "$PY" "${REGIME_B_SWEEP[@]}" --dynamic-schedule @benchmarks/results/h200_c35_B_schedule.txt \
+stage B64-poisson "$(( $(left) - 3 ))" "$PY" "${REGIME_B_SWEEP[@]}" --dynamic-schedule @benchmarks/results/h200_c35_B_schedule_dm.txt \
   --concurrency 64 --poisson-at 64 --out "$RES/h200_c39_B64_poisson"
 finish

@@ -4,7 +4,7 @@
 #   tuned from a profile of this engine at 896 of context) at C=1, 4, 16 (at least 8 requests a
 #   point: call 28's 4 left C=1 to the draws), then 64 and 256.
 #   -> $OUT/h200_call$CALL.tar.gz
-# CALL=38 runs the same stages as the next lease's call 38 (not yet run), its files named h200_c38_*,
+# CALL=38 ran the same stages in the eighth session's lease, its files named h200_c38_*,
 #   with call 30's profile tuned with --draft-margin 1.01 (h200_c30_A_schedule_dm.txt: K=3, not 4, at b < 9).
 set -uo pipefail
 CALL=${CALL:-33}; TAG=h200_call$CALL DEADLINE=${DEADLINE:-585}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next lease (not yet run). One H200, call 37 (<= 9.8 minutes), after call 36 on the same machine:
+# Eighth session, one lease. One H200, call 37 (<= 9.8 minutes), after call 36 on the same machine:
 #   the varied and fixed baselines at C=256 (regime B lengths, 12 waves, 3 trials);
 #   regime B (baseline / static K=7 / dynamic with call 35's profile (b=128 and 192 too) tuned with --draft-margin 1.01,
 #   3 trials, varied lengths) at C=1, 4, 16 and 64 (C=256 over 3 waves is call 39's).

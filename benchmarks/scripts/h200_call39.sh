@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next lease (not yet run). One H200, call 39 (<= 9.8 minutes), after call 38 on the same machine:
+# Eighth session, one lease. One H200, call 39 (<= 9.8 minutes), after call 38 on the same machine:
 #   regime B at C=256 over 3 waves (call 35: a one-wave trial runs 3.3 s), then its open loop:
 #   Poisson arrivals at the baseline's closed-loop rate at C=64, beside that closed loop (call 35's
 #   schedule).

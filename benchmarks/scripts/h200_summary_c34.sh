@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/results/h200_summary.json (version 2) from one lease: H200 calls 31-34, run back to back on
+# benchmarks/results/h200_summary_c34.json (version 2) from one lease: H200 calls 31-34, run back to back on
 # one machine (h200_runs.md). CPU is fine.
 #   regime A  C=1, 4, 16 (at least 8 requests a point) and 64, 256 (call 33), with the schedule tuned
 #             from call 30's profile of this engine
@@ -9,7 +9,7 @@
 #   decode_vs_gemm_floor: the median of call 31's three profile --floor runs
 # Call 35 (a second lease: regime B re-profiled between b=64 and 256, re-tuned, C=256 over 3 waves)
 # is in h200_runs.md and the README, not here.
-# -> $RES/h200_summary.json
+# -> $RES/h200_summary_c34.json (h200_summary.json until calls 36-40)
 set -euo pipefail
 RES=${RES:-benchmarks/results}
 "${PYTHON:-python3}" -m dynspec.benchmarks.summary \
@@ -21,4 +21,4 @@ RES=${RES:-benchmarks/results}
   --varied-baseline "B=$RES/h200_c31_B64_varied.json" --varied-baseline "B=$RES/h200_c32_B256_varied.json" \
   --floor-profile "$RES/h200_c31_floor1_profile.json" --floor-profile "$RES/h200_c31_floor2_profile.json" \
   --floor-profile "$RES/h200_c31_floor3_profile.json" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
-  --out "$RES/h200_summary.json"
+  --out "$RES/h200_summary_c34.json"

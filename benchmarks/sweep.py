@@ -125,7 +125,8 @@ def load_points(concurrency: Sequence[int], rates: Sequence[float]) -> tuple[Loa
 
 @dataclass(frozen=True)
 class RequestCount:
-    """Requests per replica at a load point: `fixed`, else max(minimum, ceil(waves * C)).
+    """Requests per replica at a load point: `fixed`, else max(minimum, ceil(waves * C)), with
+    waves_at's waves at its C's (((256, 3.0),): C=256 runs 3 waves, the rest `waves`).
 
     Closed loop with equal lengths: one wave of C requests runs at batch C throughout; the
     second wave lets finishing times desynchronise (Bernoulli / real acceptance).
@@ -134,6 +135,7 @@ class RequestCount:
     fixed: int | None = None
     waves: float = 2.0
     minimum: int = 4
+    waves_at: tuple[tuple[int, float], ...] = ()
 
     def at(self, p: LoadPoint) -> int:
         if self.fixed is not None:
@@ -141,10 +143,35 @@ class RequestCount:
         if p.matched_concurrency is not None:          # the closed loop's requests, now arriving
             return self.at(LoadPoint(concurrency=p.matched_concurrency))
         load = p.concurrency if p.concurrency is not None else 10 * p.request_rate
-        return max(self.minimum, math.ceil(self.waves * load))
+        waves = dict(self.waves_at).get(p.concurrency, self.waves) if p.concurrency is not None else self.waves
+        return max(self.minimum, math.ceil(waves * load))
 
     def __str__(self) -> str:
-        return str(self.fixed) if self.fixed is not None else f"max({self.minimum}, ceil({self.waves:g} x C))"
+        if self.fixed is not None:
+            return str(self.fixed)
+        at = "".join(f", {w:g} at C={c}" for c, w in self.waves_at)
+        return f"max({self.minimum}, ceil({self.waves:g} x C){at})"
+
+
+def parse_waves_at(spec: str | None, concurrencies: Sequence[int]) -> tuple[tuple[int, float], ...]:
+    """'256:3' -> ((256, 3.0),); every C must be one of --concurrency, every waves positive."""
+    if not spec:
+        return ()
+    out = {}
+    for item in spec.split(","):
+        c, sep, w = item.strip().partition(":")
+        try:
+            c_i, w_f = int(c), float(w)
+        except ValueError:
+            c_i, w_f = None, None
+        if not sep or c_i is None or not math.isfinite(w_f) or w_f <= 0:
+            raise DynspecError(f"--waves-at {spec!r}: {item.strip()!r} is not C:WAVES with WAVES > 0 (e.g. 256:3)")
+        if c_i not in concurrencies:
+            raise DynspecError(f"--waves-at {spec!r}: C={c_i} is not one of --concurrency {list(concurrencies)}")
+        if c_i in out:
+            raise DynspecError(f"--waves-at {spec!r}: C={c_i} given twice")
+        out[c_i] = w_f
+    return tuple(sorted(out.items()))
 
 
 def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -180,6 +207,8 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--output-len", default="32:224", help="synthetic output length N or LO:HI, uniform (default 32:224)")
     w.add_argument("--num-requests", type=int, help="requests per replica per load point (fixed; default: waves)")
     w.add_argument("--waves", type=float, default=2.0, help="requests per replica = max(--min-requests, waves x C)")
+    w.add_argument("--waves-at", metavar="C:W,...",
+                   help="other waves at some concurrencies, e.g. 256:3 (one process for points of other lengths)")
     w.add_argument("--min-requests", type=int, default=4)
     w.add_argument("--whole-mixed-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="reference engine on CUDA: mixed iterations as whole-forward graphs with attention inside "
@@ -278,7 +307,9 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         raise DynspecError(f"--num-requests {args.num_requests} must be at least 1")
     if args.waves <= 0 or args.min_requests < 1:
         raise DynspecError(f"--waves {args.waves} must be positive and --min-requests {args.min_requests} at least 1")
-    count = RequestCount(args.num_requests, args.waves, args.min_requests)
+    if args.num_requests is not None and args.waves_at:
+        raise DynspecError(f"--waves-at {args.waves_at!r} with --num-requests {args.num_requests}: a fixed count has no waves")
+    count = RequestCount(args.num_requests, args.waves, args.min_requests, parse_waves_at(args.waves_at, conc))
     if args.trials < 1:
         raise DynspecError(f"--trials {args.trials} must be at least 1")
     max_b = max(conc) if conc else cfg.reference.max_batch_size
@@ -286,7 +317,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     schedules = mode_schedules(modes, dynamic, args.static_k, max_b)
     kmax = max([s.max_draft_len for s in schedules.values()] + [1])
     engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
-    # baseline never drafts, so it never pays for a draft; static never reaches K=0
+    # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
+    # chunks: the mixed graphs are shared between modes); static never reaches K=0
     keep_warm = {m: (False if m == "baseline" else engine_warm) for m in modes}
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
 

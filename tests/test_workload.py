@@ -7,7 +7,7 @@ from dynspec.benchmarks import summary
 from dynspec.benchmarks.loadgen import closed_loop, open_loop, poisson_arrivals
 from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord, percentile, step_summary, summarize
 from dynspec.benchmarks.report import markdown, out_paths, write_all
-from dynspec.benchmarks.sweep import (LoadPoint, mode_schedules, parse_modes, read_schedule_arg,
+from dynspec.benchmarks.sweep import (LoadPoint, mode_schedules, parse_modes, parse_waves_at, read_schedule_arg,
                                       RequestCount)
 from dynspec.benchmarks.workload import (BenchRequest, LengthDist, check_fits, load_jsonl, synthetic, take,
                                          write_jsonl)
@@ -216,6 +216,22 @@ def test_mode_schedules():
     assert RequestCount(waves=1.5, minimum=1).at(LoadPoint(concurrency=3)) == 5
     assert RequestCount(fixed=3).at(LoadPoint(concurrency=64)) == 3
     assert RequestCount().at(LoadPoint(request_rate=2.0)) == 40
+
+
+def test_waves_at_some_concurrencies():
+    # one process for regime B: C=1..64 one wave, C=256 three, and the Poisson point at C=64
+    count = RequestCount(waves=1, minimum=2, waves_at=parse_waves_at("256:3", (1, 4, 16, 64, 256)))
+    assert [count.at(LoadPoint(concurrency=c)) for c in (1, 4, 16, 64, 256)] == [2, 4, 16, 64, 768]
+    assert count.at(LoadPoint(concurrency=64, matched_concurrency=64)) == 64
+    assert count.at(LoadPoint(request_rate=2.0)) == 20                # open loop: ~10 s a wave, unchanged
+    assert str(count) == "max(2, ceil(1 x C), 3 at C=256)"
+    assert parse_waves_at("64:2, 16:0.5", (16, 64)) == ((16, 0.5), (64, 2.0))
+    assert parse_waves_at(None, (1,)) == ()
+    for spec, msg in (("256", "'256' is not C:WAVES"), ("256:0", "'256:0' is not C:WAVES"),
+                      ("x:3", "'x:3' is not C:WAVES"), ("128:3", "C=128 is not one of --concurrency"),
+                      ("64:2,64:3", "C=64 given twice")):
+        with pytest.raises(DynspecError, match=msg):
+            parse_waves_at(spec, (16, 64, 256))
 
 
 def test_schedule_file_argument(tmp_path):

@@ -30,6 +30,8 @@ stage() {   # stage NAME LIMIT_S CMD...: run with a limit (never past the deadli
 start() {   # start GPU_TESTS_DEFAULT TESTS_LIMIT_S: provenance, prepare, and the GPU tests when GPU_TESTS=1
   # the commit and how far the copied tree is from it (a device copy's .git can be stale)
   echo "HEAD $(git -C "$here" rev-parse HEAD 2>/dev/null) + $(git -C "$here" status --porcelain 2>/dev/null | wc -l) changed paths" >>"$LOG"
+  # the GPU's clocks, power and temperature at the start: decode's small kernels move with them (calls 31 and 36)
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu     --format=csv >>"$LOG" 2>&1
   stage prepare "${TIME_PREPARE:-200}" bash "$here/h200_prepare.sh"
   [ "${GPU_TESTS:-$1}" = 1 ] && stage gpu-tests "${TIME_TESTS:-$2}" "${PYTHON:-python3}" -m pytest -q -m gpu \
     ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider

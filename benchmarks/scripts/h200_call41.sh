@@ -10,15 +10,7 @@
 set -uo pipefail
 CALL=41 TAG=h200_call41 DEADLINE=${DEADLINE:-585}
 . "$(dirname "$0")/h200_lib.sh"
-GPU_TEST_PATHS="tests/test_gpu.py::test_whole_k0_graphs_leave_the_piecewise_state
-tests/test_gpu.py::test_whole_mixed_graphs_equal_transformers
-tests/test_gpu.py::test_chunks_over_several_query_blocks_equal_transformers
-tests/test_gpu.py::test_graphs_equal_eager_and_greedy" start 1 150
-stage mixed-step 80 "$PY" -m dynspec.benchmarks.mixed_step --engine-dir "$ENGINE_DIR" --device cuda \
-  --points 1:0:128,64:0:128 --context-len 1024 --out "$RES/h200_c41_mixed_step.json"
-for i in 1 2 3; do
-  stage "floor$i" 45 "$PY" "${FLOOR[@]}" --out "$RES/h200_c41_floor${i}_profile.json"
-done
+first_stages
 stage varied-B "$(( $(left) - 3 ))" "$PY" "${BASELINE_SWEEP[@]}" --concurrency 64,256 --waves 12 \
   --input-len 64:192 --output-len 32:224 --out "$RES/h200_c41_B_varied"
 finish

@@ -37,6 +37,19 @@ start() {   # start GPU_TESTS_DEFAULT TESTS_LIMIT_S: provenance, prepare, and th
     ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
   return 0
 }
+first_stages() {   # the first call of a lease (31, 36, 41): prepare, the GPU tests of the whole-forward and
+  # decode graphs, mixed steps b=1 and b=64 + a 128-token chunk at 1024 context, decode_vs_gemm_floor x3
+  GPU_TEST_PATHS="tests/test_gpu.py::test_whole_k0_graphs_leave_the_piecewise_state
+tests/test_gpu.py::test_whole_mixed_graphs_equal_transformers
+tests/test_gpu.py::test_chunks_over_several_query_blocks_equal_transformers
+tests/test_gpu.py::test_graphs_equal_eager_and_greedy" start 1 150
+  stage mixed-step 80 "$PY" -m dynspec.benchmarks.mixed_step --engine-dir "$ENGINE_DIR" --device cuda \
+    --points 1:0:128,64:0:128 --context-len 1024 --out "$RES/h200_c${CALL}_mixed_step.json"
+  local i
+  for i in 1 2 3; do
+    stage "floor$i" 45 "$PY" "${FLOOR[@]}" --out "$RES/h200_c${CALL}_floor${i}_profile.json"
+  done
+}
 finish() {  # the log's tail; exit 1 naming the failed stages
   tail -n 40 "$LOG"
   [ ${#failed[@]} = 0 ] || { echo "failed stages: ${failed[*]}" | tee -a "$LOG"; pack; exit 1; }

@@ -148,6 +148,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from dynspec.benchmarks.engines import add_engine_args
+    from dynspec.benchmarks.tune import DRAFT_MARGIN
 
     p = sub.add_parser("profile", help="measure iteration time per (batch size, K) -> profile.json")
     add_engine_args(p)
@@ -186,8 +187,8 @@ def register(sub) -> None:
     t.add_argument("--max-draft-len", type=int, metavar="K", help="largest K to consider (default: largest profiled)")
     t.add_argument("--min-gain", type=float, default=1.0, metavar="X",
                    help="speculate only where the predicted gain over K=0 is at least X (margin for profile error)")
-    t.add_argument("--draft-margin", type=float, default=1.01, metavar="X",
-                   help="each further draft position must add a factor X to the predicted gain, e.g. 1.01"
+    t.add_argument("--draft-margin", type=float, default=DRAFT_MARGIN, metavar="X",
+                   help="each further draft position must add a factor X to the predicted gain (default %(default)g)"
                         " (margin for acceptance error; K=4 over K=3 then needs 1%% more)")
     t.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="token budget: never pick K with b x (K+1) > N"

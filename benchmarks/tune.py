@@ -46,6 +46,7 @@ from dynspec.runtime.policy import DraftSchedule
 
 Acceptance = float | Sequence[float]
 MAX_BATCH_SIZE = 16384
+DRAFT_MARGIN = 1.01      # `dynspec tune`'s default (see "Draft margin" above); tune() itself defaults to none, 1.0
 INTERPOLATION = "linear in batch size between profiled points; smallest point's times below it; K=0 above the largest"
 
 

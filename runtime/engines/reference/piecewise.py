@@ -78,10 +78,13 @@ def capture_chain(fn: Callable[[Callable[[int], None]], None], cuts: frozenset[i
         graphs[-1].capture_begin(pool=pool)
         open_[0] = True
 
+    def end() -> None:
+        open_[0] = False
+        graphs[-1].capture_end()
+
     def cut(i: int) -> None:
         if i in cuts:
-            open_[0] = False
-            graphs[-1].capture_end()
+            end()
             graphs.append(torch.cuda.CUDAGraph())
             begin()
 
@@ -91,8 +94,7 @@ def capture_chain(fn: Callable[[Callable[[int], None]], None], cuts: frozenset[i
             fn(cut)
         finally:
             if open_[0]:                                     # not after a failed begin: keep its error
-                open_[0] = False
-                graphs[-1].capture_end()
+                end()
     torch.cuda.current_stream().wait_stream(stream)
     return GraphChain(tuple(graphs))
 

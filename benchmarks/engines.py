@@ -38,6 +38,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-triton-kernels", action="store_true",
                    help="reference engine on CUDA: inductor's rope_write and FlexAttention for decode rows "
                         "instead of the Triton kernels (rope_kernel.py, paged_decode.py)")
+    g.add_argument("--no-fused-rope", action="store_true",
+                   help="reference engine on CUDA: decode rows' RoPE and K/V write as their own kernel "
+                        "(rope_kernel.py) instead of inside the attention kernel (paged_decode.py)")
     g.add_argument("--no-split-graphs", action="store_true",
                    help="reference engine on CUDA: each pure-decode step as one CUDA graph instead of a chain of three")
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
@@ -88,6 +91,8 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         ref = replace(ref, mixed_graphs=False)
     if getattr(args, "no_triton_kernels", False):
         ref = replace(ref, triton_kernels=False)
+    if getattr(args, "no_fused_rope", False):
+        ref = replace(ref, fused_rope=False)
     if getattr(args, "no_split_graphs", False):
         ref = replace(ref, split_graphs=False)
     if getattr(args, "whole_mixed_graphs", None) is not None:      # sweep's --[no-]whole-mixed-graphs

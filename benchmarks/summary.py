@@ -308,7 +308,7 @@ def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str
 # what two sweeps of one regime must share to be joined (the request count and the load points may differ)
 SAME_ENV = ("acceptance_model", "device", "dtype", "engine", "engine_source", "keep_warm", "max_seq_len", "seed",
             "trials", "replicas", "cuda_graphs", "versions")
-SAME_ENV_IF_RECORDED = ("mixed_graphs", "whole_mixed_graphs", "triton_kernels")   # sweeps before one was recorded are not refused for it
+SAME_ENV_IF_RECORDED = ("mixed_graphs", "whole_mixed_graphs", "triton_kernels", "fused_rope")   # sweeps before one was recorded are not refused for it
 
 
 def same_env(a: Mapping, b: Mapping, what: str) -> None:

@@ -15,7 +15,7 @@ engine.json (written by `dynspec build`):
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
                 "keep_warm": true, "cuda_graphs": true, "mixed_graphs": true, "max_num_tokens": 8192,
                 "whole_mixed_graphs": true, "triton_kernels": true,
-                "split_graphs": true},
+                "split_graphs": true, "fused_rope": true},
   "llm_api_options": "llm_api_options.yaml",
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
@@ -60,6 +60,7 @@ class ReferenceSettings:
     whole_mixed_graphs: bool = True  # with mixed_graphs: a mixed iteration's whole forward, attention included, as one graph
     triton_kernels: bool = True      # CUDA: decode attention and rope_write as hand-written Triton kernels
     split_graphs: bool = True        # CUDA: each pure-decode graph as a chain of three, launched in turn
+    fused_rope: bool = True          # CUDA, with triton_kernels: decode rows' RoPE and K/V write inside the attention kernel
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -69,7 +70,7 @@ class ReferenceSettings:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
         for name in ("keep_warm", "cuda_graphs", "mixed_graphs", "whole_mixed_graphs", "triton_kernels",
-                     "split_graphs"):
+                     "split_graphs", "fused_rope"):
             if not isinstance(getattr(self, name), bool):
                 raise DynspecError(f"reference.{name}={getattr(self, name)!r} must be true or false")
 

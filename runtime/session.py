@@ -39,7 +39,8 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
                            f"or float16")
     sizes = dict(max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
                  max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
-                 max_num_tokens=ref.max_num_tokens, triton_kernels=ref.triton_kernels, split_graphs=ref.split_graphs)
+                 max_num_tokens=ref.max_num_tokens, triton_kernels=ref.triton_kernels, split_graphs=ref.split_graphs,
+                 fused_rope=ref.fused_rope)
     if tp is not None:
         from dynspec.runtime.engines.reference.tp import load_tp_engine
 

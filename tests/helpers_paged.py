@@ -1,5 +1,6 @@
-"""One check of paged_decode.paged_decode_attention against attention.sdpa_attention (the oracle),
-shared by the CPU interpreter test and the GPU test."""
+"""The checks of paged_decode.paged_decode_attention (and its fused-RoPE form) against
+attention.sdpa_attention (the oracle, after model.rope_write for the fused form), shared by the
+CPU interpreter test and the GPU test."""
 import random
 
 import torch
@@ -35,6 +36,33 @@ def assert_paged_matches(fn, device, dtype, R, T, nh, kvh, hd, bs, max_blocks, *
     return q, k_pool, v_pool, batch, out
 
 
+def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, **kw):
+    """paged_decode_rope_attention on unrotated qkv [N, (nh + 2 kvh) * hd] == model.rope_write (float32,
+    eager) on a copy of the cache, then sdpa_attention: the output, and the whole cache (every row's
+    new K/V written once, nothing else touched; within one ulp of dtype as rope_write's Triton kernel).
+    -> (qkv, cos, sin, k_pool, v_pool, batch, out)"""
+    from dynspec.runtime.engines.reference.model import rope_tables, rope_write
+    from dynspec.runtime.engines.reference.paged_decode import paged_decode_rope_attention
+
+    _, k_pool, v_pool, batch = paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks)
+    g = torch.Generator().manual_seed(R * 100 + T)
+    n = batch.positions.shape[0]
+    qkv = torch.randn(n, (nh + 2 * kvh) * hd, generator=g).to(device, dtype)
+    cos, sin = rope_tables(hd, 500000.0, None, max_blocks * bs, device, dtype)
+    cos, sin = cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)    # [N, 1, hd/2]
+    k_ref, v_ref = k_pool.double(), v_pool.double()
+    q_ref = rope_write(qkv.double(), cos.double(), sin.double(), k_ref, v_ref, batch.write_index, nh, kvh)
+    ref = sdpa_attention(q_ref, k_ref, v_ref, batch)
+    out = paged_decode_rope_attention(qkv, cos, sin, k_pool, v_pool, batch, bs, nh, **kw)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    err = (out.double() - ref).abs().max().item()
+    assert out.shape == ref.shape and out.dtype == dtype and err < tol, f"max abs error {err}"
+    close = dict(rtol=2 ** -7, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_pool.double(), k_ref, **close)
+    assert torch.equal(v_pool.double(), v_ref)
+    return qkv, cos, sin, k_pool, v_pool, batch, out
+
+
 INTERPRETED_CASES = [     # R, T, nh, kvh, hd, bs, blocks, sms
     (1, 1, 8, 2, 32, 64, 3, 4),        # several splits, a tile per program
     (3, 3, 8, 2, 32, 16, 5, 2),        # verify windows across blocks, tiles of a whole block
@@ -56,6 +84,10 @@ def run_interpreted() -> None:
         assert int(paged_decode._counters[q.device][-1].abs().sum()) == 0, "counters not reset"
         assert torch.equal(paged_decode.paged_decode_attention(q, k, v, batch, bs, sms=sms), out)
         print("ok", R, T, nh, kvh, hd, bs, blocks, sms)
+        qkv, cos, sin, k, v, batch, out = assert_rope_paged_matches("cpu", torch.float32, R, T, nh, kvh, hd, bs,
+                                                                     blocks, sms=sms)
+        assert torch.equal(paged_decode.paged_decode_rope_attention(qkv, cos, sin, k, v, batch, bs, nh, sms=sms), out)
+        print("ok rope", R, T, nh, kvh, hd, bs, blocks, sms)
 
 
 def run_whole_interpreted() -> None:
@@ -104,3 +136,46 @@ def run_whole_interpreted() -> None:
     assert mixed and any(s.k for s in mixed) and any(not s.k for s in mixed), [(s.k, s.decode_rows) for s in mixed]
     assert any(shape[1] > 1 for shape in launches) and any(shape[1] == 1 for shape in launches)   # T = K+1 and 1
     print("ok whole", len(mixed), "mixed iterations,", len(launches), "kernel launches")
+
+
+def run_target_interpreted() -> None:
+    """Target.run's decode steps with PagedDecode (its rope_attend: RoPE and the K/V write inside
+    the kernel) == the same steps with rope_write and gathered SDPA, on a tiny target whose rows
+    hold prompts of different lengths: logits, and both layers' caches, after each of 3 steps of
+    1 and of 3 tokens a row. Run with TRITON_INTERPRET=1 (tests/test_paged_decode.py)."""
+    import tempfile
+
+    from dynspec.runtime.engines.reference import paged_decode
+    from dynspec.runtime.engines.reference.load import load_target
+    from dynspec.runtime.engines.reference.model import row_batch
+    from tests.helpers_models import make_tiny_target
+
+    fused = []
+    real = paged_decode._launch
+    paged_decode._launch = lambda *a, **k: fused.append(k.get("rope") is not None) or real(*a, **k)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = load_target(make_tiny_target(f"{tmp}/target", vocab=96, hidden=64, layers=2, heads=4, kv_heads=2, seed=3))
+    t.setup_cache(3, 64)
+    g = torch.Generator().manual_seed(0)
+    lens = [5, 17, 30]                                        # row r's prompt fills positions < lens[r]
+    for r, n in enumerate(lens):
+        t.forward(torch.randint(0, 96, (1, n), generator=g), torch.arange(n)[None], row0=r)
+    kernel = paged_decode.PagedDecode(t.block_size, sdpa_attention)
+    for T in (1, 3):
+        for step in range(3):
+            pos = torch.tensor([[n + t_ for t_ in range(T)] for n in lens])              # [3, T]
+            tokens = torch.randint(0, 96, (3 * T,), generator=g)
+            caches = t.k_cache.clone(), t.v_cache.clone()
+            want, _ = t.run(tokens, row_batch(t, pos, 0, None), attention=sdpa_attention)
+            want_caches = t.k_cache.clone(), t.v_cache.clone()
+            t.k_cache.copy_(caches[0])
+            t.v_cache.copy_(caches[1])
+            n_fused = sum(fused)
+            got, _ = t.run(tokens, row_batch(t, pos, 0, None), attention=kernel)
+            assert sum(fused) == n_fused + 2, "rope_attend did not run in every layer"
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            for have, ref in zip((t.k_cache, t.v_cache), want_caches):    # layer 1's from layer 0's outputs
+                torch.testing.assert_close(have, ref, rtol=1e-5, atol=1e-5)
+            assert torch.equal(t.v_cache[0], want_caches[1][0])           # layer 0's V: the same inputs, copied
+            lens = [n + T for n in lens]
+    print("ok target", len(fused), "launches")

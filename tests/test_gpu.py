@@ -65,9 +65,13 @@ def assert_transformers_greedy(pair, prompts, lens, outputs) -> None:
 def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
 
-    replays = []
+    from dynspec.runtime.engines.reference.paged_decode import PagedDecode
+
+    replays, fused = [], []
     real = PiecewiseTarget.run
     monkeypatch.setattr(PiecewiseTarget, "run", lambda self, *a: replays.append(self.graphs) or real(self, *a))
+    rope_attend = PagedDecode.rope_attend
+    monkeypatch.setattr(PagedDecode, "rope_attend", lambda self, *a: fused.append(1) or rope_attend(self, *a))
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
@@ -84,6 +88,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
+    assert bool(fused) == (attention == "flex")     # decode graphs: RoPE + K/V write inside the Triton kernel
     assert_transformers_greedy(pair, prompts[-6:], lens[-6:], graph_out[-6:])
 
 
@@ -279,6 +284,25 @@ def test_paged_decode_equals_sdpa(R, T, dtype):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o = paged_decode_attention(q, k, v, batch, 128)
+    for _ in range(2):
+        o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("R, T", [(1, 1), (3, 4), (64, 1)])
+def test_paged_decode_rope_equals_rope_write_and_sdpa(R, T, dtype):
+    """The fused form (RoPE and the K/V write inside the kernel) == model.rope_write then gathered
+    SDPA at the 8B shape, eagerly and replayed from a CUDA graph twice."""
+    from dynspec.runtime.engines.reference.paged_decode import paged_decode_rope_attention
+    from tests.helpers_paged import assert_rope_paged_matches
+
+    qkv, cos, sin, k, v, batch, out = assert_rope_paged_matches("cuda", dtype, R, T, 32, 8, 128, 128, 9)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = paged_decode_rope_attention(qkv, cos, sin, k, v, batch, 128, 32)
     for _ in range(2):
         o.zero_()
         graph.replay()

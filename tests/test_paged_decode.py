@@ -28,7 +28,15 @@ def test_paged_decode_interpreted_equals_sdpa():
     """tests/helpers_paged.py's cases against gathered SDPA."""
     from tests.helpers_paged import INTERPRETED_CASES
 
-    assert _interpreted("run_interpreted").count("ok") == len(INTERPRETED_CASES)
+    out = _interpreted("run_interpreted")
+    assert out.count("ok rope") == len(INTERPRETED_CASES) and out.count("ok") == 2 * len(INTERPRETED_CASES), out
+
+
+@needs_triton
+def test_target_decode_with_rope_inside_the_kernel_equals_rope_write_and_sdpa():
+    """Block.forward through PagedDecode.rope_attend (the decode graphs' path on CUDA), interpreted:
+    the same logits and caches as model.rope_write + SDPA (helpers_paged.run_target_interpreted)."""
+    assert "ok target 12 launches" in _interpreted("run_target_interpreted")
 
 
 @needs_triton

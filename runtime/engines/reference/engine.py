@@ -93,7 +93,7 @@ class ReferenceEngine:
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
                  attention: str | None = None, mixed_graphs: bool | None = None, decode_kernel: str = "flex",
-                 split_graphs: bool = True):
+                 split_graphs: bool = True, fused_rope: bool = True):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -114,6 +114,7 @@ class ReferenceEngine:
             raise DynspecError(f"decode_kernel {decode_kernel!r} is not 'flex' or 'triton'")
         self.decode_kernel = decode_kernel      # under attention "flex": the decode rows' kernel
         self.split_graphs = split_graphs        # capture_graphs: a chain of graphs per key (GraphChain)
+        self.fused_rope = fused_rope            # decode_kernel "triton": RoPE + K/V write in its launch
         bs = block_size or (128 if on_cuda else 16)
         per_seq = -(-max_seq_len // bs)
         n_blocks = num_blocks or 1 + max_batch_size * per_seq
@@ -276,7 +277,7 @@ class ReferenceEngine:
         if self.attention == "sdpa" or read is not None:
             return sdpa_attention
         flex = PerStepMasks(self.block_owner, self.block_logical, self.block_size)
-        return PagedDecode(self.block_size, flex) if self.decode_kernel == "triton" else flex
+        return PagedDecode(self.block_size, flex, self.fused_rope) if self.decode_kernel == "triton" else flex
 
     def _draft_next(self, tokens, hidden, batch, attention=None):
         """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
@@ -575,8 +576,8 @@ def load_reference_engine(
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
     tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).
-    cache: block_size, num_blocks, attention ("flex" | "sdpa"), mixed_graphs, split_graphs, passed to
-    ReferenceEngine."""
+    cache: block_size, num_blocks, attention ("flex" | "sdpa"), mixed_graphs, split_graphs, fused_rope,
+    passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 

@@ -363,19 +363,29 @@ class Block(nn.Module):
         """The residual stream entering this layer is x + r (x alone when r is None), x, r [N, h]
         packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd] -> (x', r'): the stream after the
         layer is x' + r', left unsummed so that the next layer's norm does the add in its kernel."""
-        x, q = self.attn_in(x, r, cos, sin, k_pool, v_pool, batch.write_index, f)
-        return self.attn_out(x, attention(q, k_pool, v_pool, batch), f, comm)
+        x, qkv = self.qkv(x, r, f)
+        rope_attend = getattr(attention, "rope_attend", None)          # paged_decode.PagedDecode's fused path
+        o = None if rope_attend is None else rope_attend(qkv, cos, sin, k_pool, v_pool, batch, self.n_local_heads)
+        if o is None:
+            q = f.rope_write(qkv, cos, sin, k_pool, v_pool, batch.write_index, self.n_local_heads,
+                             self.n_local_kv_heads)
+            o = attention(q, k_pool, v_pool, batch)
+        return self.attn_out(x, o, f, comm)
 
-    def attn_in(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
-                write_index: Tensor, f: Kernels) -> tuple[Tensor, Tensor]:
-        """Up to attention: (the stream x + r [N, h], q [N, nh, hd]); this token's K/V written."""
+    def qkv(self, x: Tensor, r: Tensor | None, f: Kernels) -> tuple[Tensor, Tensor]:
+        """(the stream x + r [N, h], qkv [N, (nh + 2 kvh) * hd] before RoPE)."""
         eps = self.c.rms_norm_eps
         if r is None:
             h = f.rms_norm(x, self.attention_norm, eps)
         else:
             x, h = f.add_rms_norm(x, r, self.attention_norm, eps)
-        return x, f.rope_write(F.linear(h, self.wqkv), cos, sin, k_pool, v_pool, write_index,
-                               self.n_local_heads, self.n_local_kv_heads)
+        return x, F.linear(h, self.wqkv)
+
+    def attn_in(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
+                write_index: Tensor, f: Kernels) -> tuple[Tensor, Tensor]:
+        """Up to attention: (the stream x + r [N, h], q [N, nh, hd]); this token's K/V written."""
+        x, qkv = self.qkv(x, r, f)
+        return x, f.rope_write(qkv, cos, sin, k_pool, v_pool, write_index, self.n_local_heads, self.n_local_kv_heads)
 
     def attn_out(self, x: Tensor, o: Tensor, f: Kernels, comm: "Collectives") -> tuple[Tensor, Tensor]:
         """From attention's output o [N, nh*hd] on: (x', r') with the stream after the layer x' + r'."""

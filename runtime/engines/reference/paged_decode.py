@@ -15,6 +15,12 @@ tile each; the row's keys 0..1024 fill tiles 0..16, so split 17 loads nothing (i
 l = 0 still count in the merge). Tile j is keys 64j..64j+63, in logical block j*64 // 128, read
 through the row's block table. Splits come from the table's width, not the row's length, so a
 program's table, query and position loads go out together.
+
+paged_decode_rope_attention (PagedDecode.rope_attend, which model.Block asks first) is model.rope_write
+and this kernel in one launch: from qkv [N, (nh + 2 kvh) * hd] each program rotates its queries, and the
+program whose keys hold a new token's position writes its rotated K and its V at batch.write_index,
+then reads its tiles. Worked example, the one above: the row's new key 1024 is tile 16's, so split 16
+writes it; the other 17 splits only rotate their 4 queries.
 """
 from __future__ import annotations
 
@@ -73,25 +79,62 @@ def supports(q: Tensor, k_pool: Tensor, batch: RaggedBatch, block_size: int, v_p
              tile: int = TILE) -> bool:
     """Uniform rows of few queries per KV head, with the head size, tile and layouts the kernel
     was checked for on the H200 (head sizes 16 and 128; tests/test_gpu.py)."""
+    return _fits(q.shape[1], q.shape[-1], k_pool, v_pool, batch, block_size, tile)
+
+
+def _fits(nh: int, hd: int, k_pool: Tensor, v_pool: Tensor | None, batch: RaggedBatch, block_size: int,
+          tile: int = TILE) -> bool:
     T = batch.q_pos.shape[1]
-    nh, hd = q.shape[1], q.shape[-1]
     kvh = k_pool.shape[0]
     return (batch.uniform and nh % kvh == 0 and T * (nh // kvh) <= MAX_QUERIES and hd in (16, 32, 64, 128)
             and tile_fits(min(tile, block_size), block_size) and k_pool.stride(-1) == 1 and (v_pool is None or v_pool.stride(-1) == 1)
             and batch.tables.stride(-1) == 1)
 
 
+def rope_fits(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
+              block_size: int, n_heads: int) -> bool:
+    """`supports` for paged_decode_rope_attention: also qkv [N, (nh + 2 kvh) * hd] and cos, sin
+    [N, 1, hd/2] of one layout, each with unit last stride."""
+    kvh, hd = k_pool.shape[0], k_pool.shape[-1]
+    return (qkv.dim() == 2 and qkv.shape[1] == (n_heads + 2 * kvh) * hd and qkv.stride(-1) == 1
+            and cos.shape[0] == qkv.shape[0] == batch.positions.shape[0] and cos.shape[-1] == hd // 2
+            and cos.stride(-1) == 1 and sin.stride() == cos.stride() and sin.shape == cos.shape
+            and _fits(n_heads, hd, k_pool, v_pool, batch, block_size))
+
+
 class PagedDecode:
     """attention(q, k_pool, v_pool, batch): the kernel for the rows it `supports`, `fallback`
-    (FlexAttention's PerStepMasks) for the rest."""
+    (FlexAttention's PerStepMasks) for the rest. With rope, model.Block asks `rope_attend` first:
+    RoPE and the K/V write inside the kernel, for the rows `rope_fits`."""
 
-    def __init__(self, block_size: int, fallback):
+    def __init__(self, block_size: int, fallback, rope: bool = True):
         self.block_size, self.fallback = block_size, fallback
+        if not rope:
+            self.rope_attend = None
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if supports(q, k_pool, batch, self.block_size, v_pool):
             return _launch(q, k_pool, v_pool, batch, self.block_size)
         return self.fallback(q, k_pool, v_pool, batch)
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
+                    n_heads: int) -> Tensor | None:
+        """paged_decode_rope_attention where `rope_fits`, else None (the caller runs rope_write and
+        this attention)."""
+        if not rope_fits(qkv, cos, sin, k_pool, v_pool, batch, self.block_size, n_heads):
+            return None
+        return _launch(None, k_pool, v_pool, batch, self.block_size, rope=(qkv, cos, sin, n_heads))
+
+
+def paged_decode_rope_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
+                                batch: RaggedBatch, block_size: int, n_heads: int, sms: int | None = None) -> Tensor:
+    """model.rope_write then paged_decode_attention, in one launch: qkv [N, (nh + 2 kvh) * hd] unrotated,
+    cos, sin [N, 1, hd/2] -> [N, nh*hd]; each token's K (with RoPE) and V are written into the pools at
+    batch.write_index, as rope_write writes them."""
+    if not rope_fits(qkv, cos, sin, k_pool, v_pool, batch, block_size, n_heads):
+        raise ValueError("paged_decode_rope_attention takes qkv [N, (nh + 2 kvh) * hd] and cos, sin [N, 1, hd/2] "
+                         "of uniform decode rows (see rope_fits)")
+    return _launch(None, k_pool, v_pool, batch, block_size, sms, rope=(qkv, cos, sin, n_heads))
 
 
 def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
@@ -107,11 +150,20 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
     return _launch(q, k_pool, v_pool, batch, block_size, sms, tile, **launch)
 
 
-def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
-            sms: int | None = None, tile: int = TILE, **launch) -> Tensor:
-    """paged_decode_attention once `supports` holds (PagedDecode checks it before calling)."""
-    N, nh, hd = q.shape
-    kvh = k_pool.shape[0]
+def _launch(q: Tensor | None, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
+            sms: int | None = None, tile: int = TILE, rope: tuple | None = None, **launch) -> Tensor:
+    """paged_decode_attention once `supports` holds (PagedDecode checks it before calling); with
+    rope = (qkv, cos, sin, n_heads) and q None, paged_decode_rope_attention once `rope_fits` holds."""
+    kvh, hd = k_pool.shape[0], k_pool.shape[-1]
+    if rope is not None:
+        qkv, cos, sin, nh = rope
+        N = qkv.shape[0]
+        widx = batch.write_index
+        q = qkv                                                   # Q unused under ROPE
+    else:
+        N, nh = q.shape[0], q.shape[1]
+        q = q.contiguous()
+        qkv = cos = sin = widx = q                                # unused without ROPE
     R, T = batch.q_pos.shape
     G = nh // kvh
     tile = min(tile, block_size)
@@ -122,16 +174,16 @@ def _launch(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block
     S = -(-tiles // per)                      # no program without a tile of the table: 18 tiles, 16 -> per 2, S 9
     mq = 1 << (T * G - 1).bit_length()        # the queries a (row, KV head), to a power of two
     block_m = max(16, mq)                     # tl.dot's smallest M
-    q = q.contiguous()
-    o = torch.empty(N, nh, hd, dtype=q.dtype, device=q.device)
+    o = torch.empty(N, nh, hd, dtype=k_pool.dtype, device=q.device)
     part = torch.empty(R * kvh * S * block_m, hd, dtype=torch.float32, device=q.device)
     ml = torch.empty(R * kvh * S * block_m, 2, dtype=torch.float32, device=q.device)
     qpos, tables = batch.q_pos.contiguous(), batch.tables                      # int64, read as they are
     _kernel()[(R * kvh, S)](
-        q, k_pool, v_pool, tables, qpos, o, part, ml, _counter(q.device, R * kvh), hd ** -0.5, tiles,
+        q, k_pool, v_pool, tables, qpos, o, part, ml, _counter(q.device, R * kvh), qkv, cos, sin, widx,
+        hd ** -0.5, tiles,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        tables.stride(0), o.stride(0), o.stride(1),
+        tables.stride(0), o.stride(0), o.stride(1), qkv.stride(0), cos.stride(0),
         T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=block_m, SPLITS=S,
-        SPLITS_P2=1 << (S - 1).bit_length(), PER=per, MQ=mq,
-        IEEE=q.dtype in (torch.float32, torch.float64), **launch)
+        SPLITS_P2=1 << (S - 1).bit_length(), PER=per, MQ=mq, ROPE=rope is not None,
+        IEEE=k_pool.dtype in (torch.float32, torch.float64), **launch)
     return o.view(N, nh * hd)

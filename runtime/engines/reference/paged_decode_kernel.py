@@ -1,15 +1,18 @@
-"""paged_decode.py's Triton kernel (imported only where Triton runs: paged_decode._kernel)."""
+"""paged_decode.py's Triton kernel (imported only where Triton runs: paged_decode._kernel).
+With ROPE the queries come unrotated in the rows' qkv ([N, (nh + 2 kvh) * hd], Q unused): each program
+rotates its own queries, and the program whose tiles hold a new token's position writes that token's
+K (rotated) and V into the pool before it reads (model.rope_write's work, one launch fewer a layer)."""
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale, n_tiles,
+def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, QKV, COS, SIN, WIDX, scale, n_tiles,
                  stride_qn, stride_qh, stride_kh, stride_kp, stride_vh, stride_vp, stride_tr,
-                 stride_on, stride_oh,
+                 stride_on, stride_oh, stride_xn, stride_cs,
                  T: tl.constexpr, G: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BS: tl.constexpr,
                  TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                 PER: tl.constexpr, MQ: tl.constexpr,
+                 PER: tl.constexpr, MQ: tl.constexpr, ROPE: tl.constexpr,
                  IEEE: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
@@ -25,8 +28,40 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, scale, n_tiles,
     # table, q and position loads issue together (the table's mask needs no loaded value); tiles
     # past the row's last position load no K/V
     qpos = tl.load(QPOS + r * T + t, mask=valid, other=0).to(tl.int32)           # [M]
-    q = tl.load(Q + (r * T + t)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
-                mask=valid[:, None], other=0.0)                                  # [M, HD]
+    if ROPE:
+        # rotate-half RoPE at float32, as rope_kernel.py: out[d] = x[d] cos[d % H] + sign[d] x[(d + H) % HD]
+        # sin[d % H], sign -1 on the first half (x1 c - x2 s | x2 c + x1 s), cast once to the pool's dtype
+        HALF: tl.constexpr = HD // 2
+        half = offs_d % HALF
+        partner = (offs_d + HALF) % HD
+        sign = tl.where(offs_d < HALF, -1.0, 1.0)
+        tok = r * T + t                                                           # [M] packed token
+        src = QKV + tok[:, None] * stride_xn + head[:, None] * HD                 # q head `head` of token `tok`
+        cs = tok[:, None] * stride_cs + half[None, :]
+        x = tl.load(src + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        xr = tl.load(src + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        c = tl.load(COS + cs, mask=valid[:, None], other=0.0).to(tl.float32)
+        sn = tl.load(SIN + cs, mask=valid[:, None], other=0.0).to(tl.float32)
+        q = (x * c + (sign[None, :] * xr) * sn).to(K.dtype.element_ty)           # [M, HD]
+        lo, hi = s * PER * TILE_N, (s * PER + PER) * TILE_N                       # this program's keys
+        for tt in tl.static_range(T):                                             # row r's new tokens
+            n = r * T + tt
+            p = tl.load(QPOS + n)
+            at = tl.load(WIDX + n)                                                # pool position of p
+            pv = offs_d * 0 + p                                                   # [HD] (a scalar mask fails the interpreter)
+            mine = (pv >= lo) & (pv < hi)                                         # one program writes it
+            ksrc = QKV + n * stride_xn + (KVH * G + h) * HD
+            kx = tl.load(ksrc + offs_d).to(tl.float32)
+            kxr = tl.load(ksrc + partner).to(tl.float32)
+            kc = tl.load(COS + n * stride_cs + half).to(tl.float32)
+            ks = tl.load(SIN + n * stride_cs + half).to(tl.float32)
+            tl.store(K + h * stride_kh + at * stride_kp + offs_d, (kx * kc + (sign * kxr) * ks).to(K.dtype.element_ty),
+                     mask=mine)
+            tl.store(V + h * stride_vh + at * stride_vp + offs_d, tl.load(ksrc + KVH * HD + offs_d), mask=mine)
+        tl.debug_barrier()                                # the stores seen by this program's tile loads
+    else:
+        q = tl.load(Q + (r * T + t)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
+                    mask=valid[:, None], other=0.0)                              # [M, HD]
     last = tl.max(qpos, axis=0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

@@ -37,19 +37,21 @@ start() {   # start GPU_TESTS_DEFAULT TESTS_LIMIT_S: provenance, prepare, and th
     ${GPU_TEST_PATHS:-tests/test_gpu.py} -p no:cacheprovider
   return 0
 }
-first_stages() {   # the first call of a lease (31, 36, 41): prepare, the GPU tests of the whole-forward and
-  # decode graphs (and FIRST_TESTS), mixed steps b=1 and b=64 + a 128-token chunk at 1024 context,
-  # decode_vs_gemm_floor x3; with FLOOR_AB=1 each floor is followed by one with --no-fused-rope
-  GPU_TEST_PATHS="tests/test_gpu.py::test_whole_k0_graphs_leave_the_piecewise_state
+FIRST_TESTS="tests/test_gpu.py::test_whole_k0_graphs_leave_the_piecewise_state
 tests/test_gpu.py::test_whole_mixed_graphs_equal_transformers
 tests/test_gpu.py::test_chunks_over_several_query_blocks_equal_transformers
-tests/test_gpu.py::test_graphs_equal_eager_and_greedy ${FIRST_TESTS:-}" start 1 "${TIME_TESTS:-150}"
-  stage mixed-step 80 "$PY" -m dynspec.benchmarks.mixed_step --engine-dir "$ENGINE_DIR" --device cuda \
-    --points 1:0:128,64:0:128 --context-len 1024 --out "$RES/h200_c${CALL}_mixed_step.json"
+tests/test_gpu.py::test_graphs_equal_eager_and_greedy"
+first_stages() {   # the first call of a lease (31, 36, 41): prepare, the GPU tests FIRST_TESTS (by default
+  # those of the whole-forward and decode graphs), mixed steps b=1 and b=64 + a 128-token chunk at 1024
+  # context (unless MIXED_STEP=0), decode_vs_gemm_floor x3; FLOOR_AB=1: a --no-fused-rope floor after
+  # the first two (fused, unfused, fused, unfused, fused)
+  GPU_TEST_PATHS=$FIRST_TESTS start 1 "${TIME_TESTS:-150}"
+  [ "${MIXED_STEP:-1}" = 1 ] && stage mixed-step 80 "$PY" -m dynspec.benchmarks.mixed_step --engine-dir "$ENGINE_DIR" \
+    --device cuda --points 1:0:128,64:0:128 --context-len 1024 --out "$RES/h200_c${CALL}_mixed_step.json"
   local i
   for i in 1 2 3; do
     stage "floor$i" 45 "$PY" "${FLOOR[@]}" --out "$RES/h200_c${CALL}_floor${i}_profile.json"
-    [ "${FLOOR_AB:-0}" = 1 ] && stage "floor${i}-unfused" 45 "$PY" "${FLOOR[@]}" --no-fused-rope \
+    [ "${FLOOR_AB:-0}" = 1 ] && (( i < 3 )) && stage "floor${i}-unfused" 45 "$PY" "${FLOOR[@]}" --no-fused-rope \
       --out "$RES/h200_c${CALL}_floor${i}_unfused_profile.json"
   done
   return 0

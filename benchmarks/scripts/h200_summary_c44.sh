@@ -3,7 +3,7 @@
 # run back to back on one machine. CPU is fine.
 #   regime A  C=1..256 (call 43); regime B  C=1..256 and its Poisson point at C=64 (call 42, one file);
 #   schedules tuned with --draft-margin 1.01 from call 30's (A) and call 35's (B) profiles
-#   varied_vs_fixed_baseline: C=64 and 256 (calls 44 and 42), 12 waves of C requests, 3 trials
+#   varied_vs_fixed_baseline: C=64 and 256 (calls 44 and 42), 6 waves of C requests, 3 trials
 #   decode_vs_gemm_floor: the median of call 41's three profile --floor runs
 # -> $RES/h200_summary.json
 set -euo pipefail

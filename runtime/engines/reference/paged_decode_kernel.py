@@ -46,18 +46,18 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, QKV, COS, SIN, WIDX,
         lo, hi = s * PER * TILE_N, (s * PER + PER) * TILE_N                       # this program's keys
         for tt in tl.static_range(T):                                             # row r's new tokens
             n = r * T + tt
-            p = tl.load(QPOS + n)
-            at = tl.load(WIDX + n)                                                # pool position of p
-            pv = offs_d * 0 + p                                                   # [HD] (a scalar mask fails the interpreter)
+            newpos = tl.load(QPOS + n)
+            wat = tl.load(WIDX + n)                                               # pool position of newpos
+            pv = offs_d * 0 + newpos                                               # [HD] (a scalar mask fails the interpreter)
             mine = (pv >= lo) & (pv < hi)                                         # one program writes it
             ksrc = QKV + n * stride_xn + (KVH * G + h) * HD
             kx = tl.load(ksrc + offs_d).to(tl.float32)
             kxr = tl.load(ksrc + partner).to(tl.float32)
             kc = tl.load(COS + n * stride_cs + half).to(tl.float32)
             ks = tl.load(SIN + n * stride_cs + half).to(tl.float32)
-            tl.store(K + h * stride_kh + at * stride_kp + offs_d, (kx * kc + (sign * kxr) * ks).to(K.dtype.element_ty),
+            tl.store(K + h * stride_kh + wat * stride_kp + offs_d, (kx * kc + (sign * kxr) * ks).to(K.dtype.element_ty),
                      mask=mine)
-            tl.store(V + h * stride_vh + at * stride_vp + offs_d, tl.load(ksrc + KVH * HD + offs_d), mask=mine)
+            tl.store(V + h * stride_vh + wat * stride_vp + offs_d, tl.load(ksrc + KVH * HD + offs_d), mask=mine)
         tl.debug_barrier()                                # the stores seen by this program's tile loads
     else:
         q = tl.load(Q + (r * T + t)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],

@@ -84,7 +84,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     floor = prof.meta.get("floor")
     if floor:
         print(f"GEMM floor {floor['gemm_floor_ms']:.3f} ms; decode at b=1, context {floor['context_len']}:"
-              f" {floor['decode_ms']:.3f} ms = {floor['decode_vs_gemm_floor']:.2f}x the floor")
+              f" {floor['decode_ms']:.3f} ms = {floor['decode_vs_gemm_floor']:.2f}x the floor"
+              + (f"; its graphs alone {floor['decode_graph_ms']:.3f} ms = {floor['decode_graph_vs_gemm_floor']:.2f}x"
+                 if floor.get("decode_graph_ms") else ""))
     return 0
 
 

@@ -12,11 +12,13 @@ profile.json:
 With --floor (run_profile(floor=True)) it also records, from the same engine in the same run:
      "gemm_floor_ms": 4.11,
      "floor": {"gemm_floor_ms": 4.11, "decode_ms": 6.21, "batch_size": 1, "context_len": 1024,
-               "decode_vs_gemm_floor": 1.51, "method": "cuda graph of the GEMMs, 50 replays, median", ...}
+               "decode_vs_gemm_floor": 1.51, "method": "cuda graph of the GEMMs, 50 replays, median",
+               "decode_graph_ms": 5.9, "decode_graph_vs_gemm_floor": 1.44, ...}
 gemm_floor_ms is the target's weight matrices multiplied alone, in the shapes of a b=1 decode
 step (per layer qkv, o, gate_up, down; then the lm_head), with nothing between them: the time
 weight streaming alone takes. decode_ms is plain decode (K=0, no keep-warm) at b=1 with 1024
-tokens of context, timed like every other shape.
+tokens of context, timed like every other shape; decode_graph_ms is that step's CUDA graphs
+replayed back to back (None without graphs), the step less the host's serial part.
 
 Each (b, K) runs engine.step on synthetic rows: b rows whose pending token sits at position
 context_len (the KV cache contents do not change the cost), the same plan every repeat, so
@@ -408,12 +410,46 @@ def gemm_floor_ms(weights: Sequence, *, warmup: int = 5, repeats: int = 50, grap
     return 1e3 * statistics.median(times), f"{where}, {repeats} runs, median"
 
 
+def graph_replay_ms(engine, shape: Shape, context_len: int, *, repeats: int, passes: int = 3) -> float | None:
+    """Median ms of one plain-decode step of `shape` as its captured graphs alone, replayed `repeats`
+    times back to back after one engine.step has loaded the inputs (CUDA events; the median of
+    `passes` such runs): time_shapes' step without the host's serial part (planning, the input copy,
+    the first graph's launch, the result read), or None where no such graph exists (CPU, eager,
+    TP leaders, K > 0)."""
+    import torch
+
+    from dynspec.runtime.acceptance import Greedy
+
+    get = getattr(engine, "decode_graph", None)
+    if get is None or engine.device.type != "cuda" or shape.k:
+        return None
+    with reserved_rows(engine, shape.batch_size, context_len + 1) as slots:
+        plan = synthetic_plan(engine, shape, context_len, slots)
+        graphs = get(plan.bucket, plan.keep_warm)
+        if graphs is None:
+            return None
+        engine.step(plan, Greedy())
+        times = []
+        for _ in range(passes + 1):                  # the first untimed
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                graphs.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / repeats)
+    return statistics.median(times[1:])
+
+
 FLOOR_CONTEXT = 1024
 
 
 def measure_floor(engine, *, warmup: int = 5, repeats: int = 50, context_len: int = FLOOR_CONTEXT) -> dict:
     """The GEMM floor of engine.target and plain decode at b=1 with `context_len` of context,
-    from the same engine: their ratio is how far the decode step is from weight streaming."""
+    from the same engine: their ratio is how far the decode step is from weight streaming.
+    decode_graph_ms (CUDA graphs only, else None): the same step's graphs replayed back to back, so
+    decode_ms - decode_graph_ms is the host's serial part of a step and decode_graph_ms - gemm_floor_ms
+    the GPU's work besides the GEMMs (attention, norms, glue, launch gaps)."""
     need = context_len + 1
     if engine.max_seq_len < need:
         raise DynspecError(f"--floor times decode at context {context_len}: the engine's max_seq_len "
@@ -422,9 +458,11 @@ def measure_floor(engine, *, warmup: int = 5, repeats: int = 50, context_len: in
     floor, method = gemm_floor_ms(ws, warmup=warmup, repeats=repeats)
     bare = Shape(1, 0, False)
     decode = time_shapes(engine, [bare], context_len, warmup=warmup, repeats=repeats)[bare]
+    graphs = graph_replay_ms(engine, bare, context_len, repeats=repeats)
     wbytes = sum(w.numel() * w.element_size() for w in ws)
     return {"gemm_floor_ms": floor, "decode_ms": decode, "batch_size": 1, "context_len": context_len,
             "decode_vs_gemm_floor": decode / floor, "method": method, "gemm_weight_bytes": wbytes,
+            "decode_graph_ms": graphs, "decode_graph_vs_gemm_floor": None if graphs is None else graphs / floor,
             "gemm_tb_per_s": wbytes / (floor / 1e3) / 1e12, "engine_max_seq_len": engine.max_seq_len,
             "device_kind": engine.device.type}
 

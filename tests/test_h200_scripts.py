@@ -37,6 +37,7 @@ def test_h200_calls_cpu_smoke(tmp_path):
     prof = json.loads(one["h200_A_profile.json"])
     assert prof["gemm_floor_ms"] > 0 and prof["floor"]["context_len"] == 1024
     assert prof["floor"]["method"].startswith("cpu eager (no CUDA graph)")
+    assert prof["floor"]["decode_graph_ms"] is None                  # no graphs on CPU
     a = json.loads(one["h200_A.json"])
     assert a["env"]["complete"] is True and a["env"]["trials"] == 3
     assert {r["concurrency"] for r in a["rows"]} == {1, 2}

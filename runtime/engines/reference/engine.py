@@ -236,6 +236,10 @@ class ReferenceEngine:
                 self._host_in_free = torch.cuda.Event()
             self._host_in_free.record()
 
+    def decode_graph(self, bucket: int, keep_warm: bool):
+        """The captured plain-decode graphs of (bucket, keep_warm), or None (eager, not captured)."""
+        return self._graphs.get(GraphKey("decode", bucket, keep_warm=keep_warm))
+
     def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
         """Device flags and seed follow the host copy, set when the model changes."""
         if acceptance == self._acceptance:

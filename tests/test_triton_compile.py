@@ -1,42 +1,62 @@
-"""paged_decode's kernel lowered to Triton IR for the H200 (sm_90) on CPU: the interpreter runs the
-kernel's Python, not Triton's type rules, so a name reused with another type inside a loop or branch
-passed tests/test_paged_decode.py and failed only on the GPU (calls of 2026-12-01, ninth session)."""
+"""The hand-written Triton kernels lowered to Triton IR for the H200 (sm_90) on CPU. The interpreter
+(tests/test_paged_decode.py, test_rope_kernel.py, test_norm_kernel.py) runs a kernel's Python, not
+Triton's type rules: a name reused with another type inside a loop or branch passed there and failed
+only on the GPU (paged_decode's fused RoPE, calls of 2026-12-01, ninth session, h200_runs.md)."""
 import pytest
 
 pytest.importorskip("triton")
 nvidia = pytest.importorskip("triton.backends.nvidia.compiler")
 
 
-@pytest.mark.parametrize("rope", [True, False])
-@pytest.mark.parametrize("T", [1, 4])
-def test_paged_decode_lowers_for_sm90(rope, T):
+def lower(fn, pointers: dict, scalars: dict, const: dict) -> str:
+    """fn's Triton IR for sm_90: pointers {arg: "*bf16"}, scalars {arg: "i64"}, const {arg: value};
+    every argument of fn named once."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from dynspec.runtime.engines.reference.paged_decode_kernel import paged_decode
-
-    ptr = {"TABLES": "*i64", "QPOS": "*i64", "WIDX": "*i64", "PART": "*fp32", "ML": "*fp32", "COUNT": "*i32"}
-    sig = {}
-    for a in paged_decode.arg_names:
-        if a.isupper() and a not in ("T", "G", "KVH", "HD", "BS", "TILE_N", "BLOCK_M", "SPLITS", "SPLITS_P2", "PER",
-                                     "MQ", "ROPE", "IEEE"):
-            sig[a] = ptr.get(a, "*bf16")
-    sig.update({a: "i64" for a in paged_decode.arg_names if a.startswith("stride") or a == "n_tiles"})
-    sig["scale"] = "fp32"
-    const = dict(T=T, G=4, KVH=8, HD=128, BS=128, TILE_N=64, BLOCK_M=max(16, 4 * T), SPLITS=17, SPLITS_P2=32,
-                 PER=1, MQ=4 * T, ROPE=rope, IEEE=False)           # the 8B's shapes at b=1, 1024 context
-    for c in const:
-        sig.pop(c, None)
-    sig.update({c: "constexpr" for c in const})
-    missing = [a for a in paged_decode.arg_names if a not in sig]
-    assert not missing, missing
+    sig = {**pointers, **scalars, **{c: "constexpr" for c in const}}
+    assert sorted(sig) == sorted(fn.arg_names), sorted(set(fn.arg_names) ^ set(sig))
     target = GPUTarget("cuda", 90, 32)
     backend = nvidia.CUDABackend(target)
     opts = backend.parse_options({})
     ctx = ir.context()
     ir.load_dialects(ctx)
     backend.load_dialects(ctx)
-    mod = ASTSource(fn=paged_decode, signature=sig, constexprs=const).make_ir(
-        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx)
-    assert "tt.func" in str(mod)
+    return str(ASTSource(fn=fn, signature=sig, constexprs=const).make_ir(
+        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx))
+
+
+@pytest.mark.parametrize("rope", [True, False])
+@pytest.mark.parametrize("T", [1, 4])
+def test_paged_decode_lowers_for_sm90(rope, T):
+    from dynspec.runtime.engines.reference.paged_decode_kernel import paged_decode
+
+    pointers = {a: "*bf16" for a in ("Q", "K", "V", "O", "QKV", "COS", "SIN")}
+    pointers.update(TABLES="*i64", QPOS="*i64", WIDX="*i64", PART="*fp32", ML="*fp32", COUNT="*i32")
+    scalars = {a: "i64" for a in paged_decode.arg_names if a.startswith("stride")}
+    scalars.update(n_tiles="i64", scale="fp32")
+    const = dict(T=T, G=4, KVH=8, HD=128, BS=128, TILE_N=64, BLOCK_M=max(16, 4 * T), SPLITS=17, SPLITS_P2=32,
+                 PER=1, MQ=4 * T, ROPE=rope, IEEE=False)           # the 8B's shapes at b=1, 1024 context
+    assert "tt.func" in lower(paged_decode, pointers, scalars, const)
+
+
+def test_rope_write_lowers_for_sm90():
+    from dynspec.runtime.engines.reference.rope_kernel import _rope_write_kernel as fn
+
+    pointers = {a: "*bf16" for a in ("qkv", "cos", "sin", "q", "k_pool", "v_pool")}
+    pointers["write_index"] = "*i64"
+    scalars = {a: "i64" for a in ("qkv_row", "cs_row", "k_head", "k_pos", "v_head", "v_pos")}
+    const = dict(N_HEADS=32, N_KV_HEADS=8, HEAD_DIM=128, BLOCK=64)
+    assert "tt.func" in lower(fn, pointers, scalars, const)
+
+
+@pytest.mark.parametrize("has_r", [True, False])
+def test_norm_lowers_for_sm90(has_r):
+    from dynspec.runtime.engines.reference.norm_kernel import _add_rms_norm_kernel as fn
+
+    pointers = {a: "*bf16" for a in ("X", "R", "W", "Y", "H")}
+    scalars = {a: "i64" for a in ("stride_x", "stride_r", "stride_y", "stride_h", "n")}
+    scalars["eps"] = "fp32"
+    const = dict(HAS_R=has_r, WIDE=False, BLOCK=4096)
+    assert "tt.func" in lower(fn, pointers, scalars, const)

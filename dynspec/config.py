@@ -60,7 +60,7 @@ class ReferenceSettings:
     whole_mixed_graphs: bool = True  # with mixed_graphs: a mixed iteration's whole forward, attention included, as one graph
     triton_kernels: bool = True      # CUDA: decode attention and rope_write as hand-written Triton kernels
     split_graphs: bool = True        # CUDA: each pure-decode graph as a chain of three, launched in turn
-    fused_rope: bool = True          # CUDA, with triton_kernels: decode rows' RoPE and K/V write inside the attention kernel
+    fused_rope: bool = True          # CUDA decode graphs, with triton_kernels: RoPE and K/V write inside the attention kernel
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

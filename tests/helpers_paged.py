@@ -8,9 +8,9 @@ import torch
 from dynspec.runtime.engines.reference.attention import sdpa_attention, uniform_batch
 
 
-def paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, seed=0):
+def paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, seed=0, starts=None):
     """A pool that is layer 1 of a 3-layer cache, rows with shuffled block tables and random
-    lengths (a verify window may cross a block), plus one padding row on the scratch block 0.
+    lengths (or row r's window at starts[r]), plus one padding row on the scratch block 0.
     -> (q [R'*T, nh, hd], k_pool, v_pool, batch)"""
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -19,7 +19,7 @@ def paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, seed=0):
     k_pool, v_pool = cache[1, 0], cache[1, 1]
     tables = (torch.randperm(n_blocks - 1, generator=g) + 1)[: R * max_blocks].view(R, max_blocks)
     block_tables = torch.cat([tables, torch.zeros(1, max_blocks, dtype=torch.long)]).to(device)   # row R: padding
-    starts = [rng.randint(0, max_blocks * bs - T) for _ in range(R)] + [0]
+    starts = list(starts or [rng.randint(0, max_blocks * bs - T) for _ in range(R)]) + [0]
     q_pos = torch.tensor([[p + t for t in range(T)] for p in starts], device=device)
     batch = uniform_batch(block_tables, torch.arange(R + 1, device=device), q_pos, max_blocks, bs)
     q = torch.randn((R + 1) * T, nh, hd, generator=g).to(device, dtype)
@@ -36,15 +36,17 @@ def assert_paged_matches(fn, device, dtype, R, T, nh, kvh, hd, bs, max_blocks, *
     return q, k_pool, v_pool, batch, out
 
 
-def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, **kw):
-    """paged_decode_rope_attention on unrotated qkv [N, (nh + 2 kvh) * hd] == model.rope_write (float32,
-    eager) on a copy of the cache, then sdpa_attention: the output, and the whole cache (every row's
-    new K/V written once, nothing else touched; within one ulp of dtype as rope_write's Triton kernel).
-    -> (qkv, cos, sin, k_pool, v_pool, batch, out)"""
+def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, starts=None, **kw):
+    """paged_decode_rope_attention on unrotated qkv [N, (nh + 2 kvh) * hd] == model.rope_write (in
+    float64) on a copy of the pool, then sdpa_attention: the output (as assert_paged_matches), and the
+    pool: every row's new K/V written, nothing else touched (K to about one bf16 ulp, V exact).
+    starts: row r's window at starts[r] (a window across two programs' keys: the one program that
+    holds each key must write it). -> (qkv, cos, sin, k_pool, v_pool, batch, out, (k, v) before)"""
     from dynspec.runtime.engines.reference.model import rope_tables, rope_write
     from dynspec.runtime.engines.reference.paged_decode import paged_decode_rope_attention
 
-    _, k_pool, v_pool, batch = paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks)
+    _, k_pool, v_pool, batch = paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, starts=starts)
+    before = k_pool.clone(), v_pool.clone()
     g = torch.Generator().manual_seed(R * 100 + T)
     n = batch.positions.shape[0]
     qkv = torch.randn(n, (nh + 2 * kvh) * hd, generator=g).to(device, dtype)
@@ -60,8 +62,12 @@ def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, 
     close = dict(rtol=2 ** -7, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(k_pool.double(), k_ref, **close)
     assert torch.equal(v_pool.double(), v_ref)
-    return qkv, cos, sin, k_pool, v_pool, batch, out
+    return qkv, cos, sin, k_pool, v_pool, batch, out, before
 
+
+ROPE_CROSSING = (2, 4, 8, 2, 32, 16, 6, 6, [46, 14])   # with the padding row 3 x 2 (row, KV head)s: 2 splits
+                                                       # of keys 0..47 | 48..95; row 0's window 46..49 crosses
+                                                       # them, row 1's 14..17 a block
 
 INTERPRETED_CASES = [     # R, T, nh, kvh, hd, bs, blocks, sms
     (1, 1, 8, 2, 32, 64, 3, 4),        # several splits, a tile per program
@@ -84,10 +90,14 @@ def run_interpreted() -> None:
         assert int(paged_decode._counters[q.device][-1].abs().sum()) == 0, "counters not reset"
         assert torch.equal(paged_decode.paged_decode_attention(q, k, v, batch, bs, sms=sms), out)
         print("ok", R, T, nh, kvh, hd, bs, blocks, sms)
-        qkv, cos, sin, k, v, batch, out = assert_rope_paged_matches("cpu", torch.float32, R, T, nh, kvh, hd, bs,
-                                                                     blocks, sms=sms)
+        qkv, cos, sin, k, v, batch, out, _ = assert_rope_paged_matches("cpu", torch.float32, R, T, nh, kvh, hd, bs,
+                                                                        blocks, sms=sms)
         assert torch.equal(paged_decode.paged_decode_rope_attention(qkv, cos, sin, k, v, batch, bs, nh, sms=sms), out)
         print("ok rope", R, T, nh, kvh, hd, bs, blocks, sms)
+    R, T, nh, kvh, hd, bs, blocks, sms, starts = ROPE_CROSSING
+    assert paged_decode.splits_for((R + 1) * kvh, blocks, sms) == 2        # tiles = blocks here (tile = bs)
+    assert_rope_paged_matches("cpu", torch.float32, R, T, nh, kvh, hd, bs, blocks, starts=starts, sms=sms)
+    print("ok crossing")
 
 
 def run_whole_interpreted() -> None:

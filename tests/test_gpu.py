@@ -71,7 +71,13 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     real = PiecewiseTarget.run
     monkeypatch.setattr(PiecewiseTarget, "run", lambda self, *a: replays.append(self.graphs) or real(self, *a))
     rope_attend = PagedDecode.rope_attend
-    monkeypatch.setattr(PagedDecode, "rope_attend", lambda self, *a: fused.append(1) or rope_attend(self, *a))
+
+    def spy(self, *a):
+        o = rope_attend(self, *a)
+        fused.append(o is not None)
+        return o
+
+    monkeypatch.setattr(PagedDecode, "rope_attend", spy)
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
@@ -88,7 +94,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
-    assert bool(fused) == (attention == "flex")     # decode graphs: RoPE + K/V write inside the Triton kernel
+    assert any(fused) == (attention == "flex")      # decode graphs: RoPE + K/V write inside the Triton kernel
     assert_transformers_greedy(pair, prompts[-6:], lens[-6:], graph_out[-6:])
 
 
@@ -292,22 +298,32 @@ def test_paged_decode_equals_sdpa(R, T, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("R, T", [(1, 1), (3, 4), (64, 1)])
-def test_paged_decode_rope_equals_rope_write_and_sdpa(R, T, dtype):
+@pytest.mark.parametrize("R, T, starts", [(1, 1, None), (3, 4, None), (64, 1, None), (3, 4, [190, 383, 700])])
+def test_paged_decode_rope_equals_rope_write_and_sdpa(R, T, starts, dtype):
     """The fused form (RoPE and the K/V write inside the kernel) == model.rope_write then gathered
-    SDPA at the 8B shape, eagerly and replayed from a CUDA graph twice."""
+    SDPA at the 8B shape, eagerly and replayed from a CUDA graph twice, each replay on the pool as it
+    was before the eager call (so a key read before it is written shows). [190, 383, 700]: 3 rows and the
+    padding row x 8 KV heads get 6 programs of 3 tiles each on 132 SMs (keys 0..191 | 192..383 | ...),
+    and windows 190..193 and 383..386 cross two programs' keys."""
+    from dynspec.runtime.engines.reference.paged_decode import splits_for
+
+    assert starts is None or splits_for((R + 1) * 8, 18, 132) == 8         # 18 tiles -> 3 a program, 6 programs
     from dynspec.runtime.engines.reference.paged_decode import paged_decode_rope_attention
     from tests.helpers_paged import assert_rope_paged_matches
 
-    qkv, cos, sin, k, v, batch, out = assert_rope_paged_matches("cuda", dtype, R, T, 32, 8, 128, 128, 9)
+    qkv, cos, sin, k, v, batch, out, (k0, v0) = assert_rope_paged_matches("cuda", dtype, R, T, 32, 8, 128, 128, 9,
+                                                                           starts=starts)
+    k1, v1 = k.clone(), v.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o = paged_decode_rope_attention(qkv, cos, sin, k, v, batch, 128, 32)
     for _ in range(2):
         o.zero_()
+        k.copy_(k0)
+        v.copy_(v0)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(o, out)
+        assert torch.equal(o, out) and torch.equal(k, k1) and torch.equal(v, v1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

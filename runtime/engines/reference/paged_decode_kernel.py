@@ -26,7 +26,8 @@ def paged_decode(Q, K, V, TABLES, QPOS, O, PART, ML, COUNT, QKV, COS, SIN, WIDX,
     head = h * G + offs_m % G
     # the split's tiles come from the table width (PER a program), not the row's length, so the
     # table, q and position loads issue together (the table's mask needs no loaded value); tiles
-    # past the row's last position load no K/V
+    # past the row's last position load no K/V. Under ROPE every program also loads its row's new
+    # tokens and waits at the barrier before its K/V loads (the cost of the launch saved)
     qpos = tl.load(QPOS + r * T + t, mask=valid, other=0).to(tl.int32)           # [M]
     if ROPE:
         # rotate-half RoPE at float32, as rope_kernel.py: out[d] = x[d] cos[d % H] + sign[d] x[(d + H) % HD]

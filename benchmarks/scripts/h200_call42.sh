@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Next lease (not yet run). One H200, call 42 (<= 9.8 minutes), after call 41 on the same machine:
+# One H200, call 42 (<= 9.8 minutes), after call 41 on the same machine (the ninth session ran it in a lease of
+# its own, on a fresh machine: 470 s, of which 158 s capturing graphs):
 #   the fixed baseline at C=64 and 256 (regime B's means, 6 waves, 3 trials) in one process; regime B
 #   (baseline / static K=7 / dynamic with call 35's profile tuned with --draft-margin 1.01, 3 trials,
 #   varied lengths) at C=1, 4, 16, 64 (one wave) and 256 (3 waves: one is a 3.3-s trial), with Poisson

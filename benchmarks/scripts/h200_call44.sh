@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next lease (not yet run). One H200, call 44 (<= 9.8 minutes), after call 43 on the same machine:
+# One H200, call 44 (<= 9.8 minutes), after call 43 on the same machine:
 #   the varied baseline at C=64 and 256 (regime B lengths, 6 waves, 3 trials) in one process, beside
 #   call 42's fixed one.
 #   -> $OUT/h200_call44.tar.gz

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next lease (not yet run): benchmarks/results/h200_summary.json (version 2) from H200 calls 41-43 alone,
+# After calls 41-44 of one lease: benchmarks/results/h200_summary.json (version 2) from them alone,
 # run back to back on one machine. CPU is fine.
 #   regime A  C=1..256 (call 43); regime B  C=1..256 and its Poisson point at C=64 (call 42, one file);
 #   schedules tuned with --draft-margin 1.01 from call 30's (A) and call 35's (B) profiles

@@ -94,7 +94,7 @@ def _fits(nh: int, hd: int, k_pool: Tensor, v_pool: Tensor | None, batch: Ragged
 def rope_fits(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
               block_size: int, n_heads: int) -> bool:
     """`supports` for paged_decode_rope_attention: also qkv [N, (nh + 2 kvh) * hd] and cos, sin
-    [N, 1, hd/2] of one layout, each with unit last stride. Not checked (a device value): that each
+    [N, 1, hd/2] of one layout, each with unit last stride, and a packed write_index. Not checked (a device value): that each
     row's table (batch.tables, the part read) covers its new positions, as the engine's decode
     batches' do (every row's whole table); a key past it would not be written, where rope_write writes
     it."""
@@ -102,7 +102,7 @@ def rope_fits(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Ten
     return (qkv.dim() == 2 and qkv.shape[1] == (n_heads + 2 * kvh) * hd and qkv.stride(-1) == 1
             and cos.shape[0] == qkv.shape[0] == batch.positions.shape[0] and cos.shape[-1] == hd // 2
             and cos.stride(-1) == 1 and sin.stride() == cos.stride() and sin.shape == cos.shape
-            and _fits(n_heads, hd, k_pool, v_pool, batch, block_size))
+            and batch.write_index.is_contiguous() and _fits(n_heads, hd, k_pool, v_pool, batch, block_size))
 
 
 class PagedDecode:

@@ -563,8 +563,7 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_len, keep_war
     info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
             "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
             "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
-            "fused_rope": bool(device.startswith("cuda") and cfg.reference.cuda_graphs and cfg.reference.triton_kernels
-                               and cfg.reference.fused_rope)}      # the fused path runs in the decode graphs only
+            "fused_rope": cfg.reference.fused_rope_runs(device)}
     budget = getattr(cfg.reference, "max_num_tokens", None)
     if budget is not None:
         info["max_num_tokens"] = budget          # the token budget `dynspec tune` must respect

@@ -555,7 +555,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "mixed_graphs": graphs and cfg.reference.mixed_graphs,
         "whole_mixed_graphs": graphs and cfg.reference.mixed_graphs and cfg.reference.whole_mixed_graphs,
         "triton_kernels": device.startswith("cuda") and cfg.reference.triton_kernels,
-        "fused_rope": graphs and cfg.reference.triton_kernels and cfg.reference.fused_rope,   # decode graphs only
+        "fused_rope": cfg.reference.fused_rope_runs(device),
         "max_batch_size": spec.max_batch_size,
         "max_seq_len": spec.max_seq_len,
         "hostname": socket.gethostname(),

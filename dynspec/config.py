@@ -62,6 +62,11 @@ class ReferenceSettings:
     split_graphs: bool = True        # CUDA: each pure-decode graph as a chain of three, launched in turn
     fused_rope: bool = True          # CUDA decode graphs, with triton_kernels: RoPE and K/V write inside the attention kernel
 
+    def fused_rope_runs(self, device: str) -> bool:
+        """Whether decode rows take RoPE and the K/V write inside the attention kernel on `device`:
+        only in CUDA decode graphs with the Triton kernels (eager steps use SDPA)."""
+        return device.startswith("cuda") and self.cuda_graphs and self.triton_kernels and self.fused_rope
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise DynspecError(f"reference.dtype {self.dtype!r} is not one of {DTYPES}")

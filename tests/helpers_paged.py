@@ -26,13 +26,18 @@ def paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, seed=0, starts=
     return q, k_pool, v_pool, batch
 
 
+def assert_attention_close(out, ref, dtype) -> None:
+    """A kernel's attention output against the float64 oracle: shape, dtype, and max abs error."""
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    err = (out.double() - ref).abs().max().item()
+    assert out.shape == ref.shape and out.dtype == dtype and err < tol, f"max abs error {err}"
+
+
 def assert_paged_matches(fn, device, dtype, R, T, nh, kvh, hd, bs, max_blocks, **kw):
     q, k_pool, v_pool, batch = paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks)
     ref = sdpa_attention(q.double(), k_pool.double(), v_pool.double(), batch)
     out = fn(q, k_pool, v_pool, batch, bs, **kw)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    err = (out.double() - ref).abs().max().item()
-    assert out.shape == ref.shape and out.dtype == dtype and err < tol, f"max abs error {err}"
+    assert_attention_close(out, ref, dtype)
     return q, k_pool, v_pool, batch, out
 
 
@@ -56,9 +61,7 @@ def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, 
     q_ref = rope_write(qkv.double(), cos.double(), sin.double(), k_ref, v_ref, batch.write_index, nh, kvh)
     ref = sdpa_attention(q_ref, k_ref, v_ref, batch)
     out = paged_decode_rope_attention(qkv, cos, sin, k_pool, v_pool, batch, bs, nh, **kw)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    err = (out.double() - ref).abs().max().item()
-    assert out.shape == ref.shape and out.dtype == dtype and err < tol, f"max abs error {err}"
+    assert_attention_close(out, ref, dtype)
     close = dict(rtol=2 ** -7, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(k_pool.double(), k_ref, **close)
     assert torch.equal(v_pool.double(), v_ref)

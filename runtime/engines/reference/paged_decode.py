@@ -111,9 +111,7 @@ class PagedDecode:
     RoPE and the K/V write inside the kernel, for the rows `rope_fits`."""
 
     def __init__(self, block_size: int, fallback, rope: bool = True):
-        self.block_size, self.fallback = block_size, fallback
-        if not rope:
-            self.rope_attend = None
+        self.block_size, self.fallback, self.rope = block_size, fallback, rope
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if supports(q, k_pool, batch, self.block_size, v_pool):
@@ -122,9 +120,9 @@ class PagedDecode:
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
                     n_heads: int) -> Tensor | None:
-        """paged_decode_rope_attention where `rope_fits`, else None (the caller runs rope_write and
-        this attention)."""
-        if not rope_fits(qkv, cos, sin, k_pool, v_pool, batch, self.block_size, n_heads):
+        """paged_decode_rope_attention where `rope_fits` (and rope is on), else None (the caller runs
+        rope_write and this attention)."""
+        if not (self.rope and rope_fits(qkv, cos, sin, k_pool, v_pool, batch, self.block_size, n_heads)):
             return None
         return _launch(None, k_pool, v_pool, batch, self.block_size, rope=(qkv, cos, sin, n_heads))
 

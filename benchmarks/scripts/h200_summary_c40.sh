@@ -21,4 +21,4 @@ RES=${RES:-benchmarks/results}
   --varied-baseline "B=$RES/h200_c40_B64_varied.json" --varied-baseline "B=$RES/h200_c37_B256_varied.json" \
   --floor-profile "$RES/h200_c36_floor1_profile.json" --floor-profile "$RES/h200_c36_floor2_profile.json" \
   --floor-profile "$RES/h200_c36_floor3_profile.json" --peak-bandwidth-tbps "${PEAK_TBPS:-4.8}" \
-  --out "$RES/h200_summary.json"
+  --out "$RES/h200_summary_c40.json"

@@ -63,6 +63,26 @@ def _spread(r: Mapping) -> str:
     return f"{r['tok_per_s_min']:.1f}..{r['tok_per_s_max']:.1f}"
 
 
+UNDERFULL_NOTE = 0.1   # list a closed-loop row when more than this share of its iterations ran under-full
+
+
+def underfull_note(rows: Sequence[Mapping]) -> list[str]:
+    """Closed-loop rows whose iterations ran with fewer than 0.9 C decode rows more than 10% of the time
+    (the ramp and the drain of a finite run), with the rate over the full ones (steady_tok_per_s).
+    Example: baseline at C=64, steady_fraction 0.78, steady 8170 tok/s ->
+    "baseline C=64: 22% (8170 tok/s over the full ones)"."""
+    hit = [r for r in sorted(rows, key=lambda r: (_load_key(r), _mode_key(r["mode"])))
+           if r.get("concurrency") is not None and r.get("steady_fraction") is not None
+           and 1 - r["steady_fraction"] > UNDERFULL_NOTE]
+    if not hit:
+        return []
+    items = "; ".join(f"{r['mode']} C={r['concurrency']}: {1 - r['steady_fraction']:.0%}"
+                      + (f" ({r['steady_tok_per_s']:.0f} tok/s over the full ones)" if r.get("steady_tok_per_s") else "")
+                      for r in hit)
+    return ["", "Under-full iterations (fewer than 0.9 C decode rows: the ramp and the drain of a finite closed"
+                f" loop, included in the tok/s above; more requests a point shrink them): {items}."]
+
+
 def markdown(doc: Mapping) -> str:
     env, rows = doc["env"], doc["rows"]
     lines = [f"# {env.get('name', 'sweep')}", "",
@@ -97,6 +117,7 @@ def markdown(doc: Mapping) -> str:
     if any(r.get("matched_concurrency") is not None for r in rows):
         lines += ["", "Poisson rows: open-loop arrivals at the rate the baseline sustained in the closed loop"
                       " at that C (median trial), so both loops carry the same mean load."]
+    lines += underfull_note(rows)
     from dynspec.benchmarks.summary import crossover_concurrency
 
     cross = crossover_concurrency(rows)

@@ -143,6 +143,12 @@ def test_report_labels_ties_and_poisson_rows(tmp_path):
     assert "| dynamic | C=4 | 100.0 | 95.0..104.0 | 1.11x (tie) |" in md
     assert "| dynamic | 0.5 req/s (Poisson, ~C=4) | 99.0 | 98.0..100.0 | 1.24x |" in md
     assert "| 80 | 300 | 10 |" in md                                 # TTFT p50 / p99, TPOT in ms
+    assert "Under-full" not in md                                    # rows without steady stats
+    rows[0].update(steady_fraction=0.78, steady_tok_per_s=8170.4)
+    rows[1].update(steady_fraction=0.95, steady_tok_per_s=120.0)
+    md = markdown(doc)
+    assert "baseline C=4: 22% (8170 tok/s over the full ones)." in md
+    assert "dynamic C=4" not in md.split("Under-full")[1]          # 5% under-full: not listed
     assert write_all(doc, tmp_path / "r")["png"].read_bytes()[:4] == b"\x89PNG"
 
 

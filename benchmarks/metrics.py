@@ -21,6 +21,7 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
                        of iterations counted
     sustained_tok_per_s closed loop: tokens emitted before the last request was submitted / the
                        time until then (`sustained`), summed over replicas
+    engine_idle_fraction share of the wall time outside the engine's step (`engine_idle`)
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -132,6 +133,7 @@ class RunMetrics:
     steady_tok_per_s: float | None = None   # None: open loop, or no iteration was that full
     steady_fraction: float | None = None
     sustained_tok_per_s: float | None = None   # None: open loop, one wave, or steps without end_s / emitted
+    engine_idle_fraction: float | None = None  # see engine_idle; None: no steps or no wall time
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -217,6 +219,17 @@ def sustained(rec: RunRecord) -> float | None:
     return sum(s.emitted for s in held) / (last - rec.start_s)
 
 
+def engine_idle(records: Sequence[RunRecord]) -> float | None:
+    """Share of the replicas' wall time spent outside the engine's step: the policy and planning,
+    the executor's bookkeeping between iterations (appending tokens, retiring rows) and the load
+    generator. The GPU waits through all of it: the loop is serial. Example: steps of 7.0 and
+    8.0 ms in a 16.0-ms run -> 1 - 15 / 16 = 0.0625. None without steps or wall time."""
+    wall = sum(rec.duration_s for rec in records)
+    if wall <= 0 or not any(rec.steps for rec in records):
+        return None
+    return 1.0 - sum(s.seconds for rec in records for s in rec.steps) / wall
+
+
 def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> RunMetrics:
     """Merge the replicas' records of one run into one row of metrics. concurrency: the closed
     loop's C per replica (steady_tok_per_s); None for open-loop runs."""
@@ -240,6 +253,7 @@ def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> R
         ss.update(steady_tok_per_s=sum(x[0] for x in steady), steady_fraction=min(x[1] for x in steady))
     held = [sustained(rec) for rec in records] if concurrency else [None]
     ss["sustained_tok_per_s"] = None if any(x is None for x in held) else sum(held)
+    ss["engine_idle_fraction"] = engine_idle(records)
     return RunMetrics(
         replicas=len(records),
         num_requests=len(reqs),

@@ -91,7 +91,7 @@ class _Request:
     draft_warm: bool = True
     slot: int | None = None          # cache slot while admitted
     prefilled: int = 0               # prompt tokens already in the cache
-    chunks: "queue.Queue" = field(default_factory=queue.Queue)
+    chunks: "queue.SimpleQueue" = field(default_factory=queue.SimpleQueue)   # C-implemented: one put per row per step
 
     @property
     def length(self) -> int:

@@ -58,6 +58,16 @@ def test_sustained_counts_steps_that_end_before_the_last_submission():
     assert sustained(old) is None                                           # steps without end_s / emitted
 
 
+def test_engine_idle_is_the_wall_time_outside_the_steps():
+    from dynspec.benchmarks.metrics import RequestTiming, RunRecord, engine_idle, summarize
+
+    reqs = (RequestTiming(4, 2, 0.0, 0.005, 0.016),)
+    rec = RunRecord(reqs, (StepRecord(2, 0, 0, 0, 0.007, 0.0005), StepRecord(2, 0, 0, 0, 0.008, 0.0)), 0.0, 0.016)
+    assert engine_idle([rec]) == pytest.approx(1 - 0.015 / 0.016)          # planning counts as idle too
+    assert summarize([rec, rec]).engine_idle_fraction == pytest.approx(1 - 0.015 / 0.016)
+    assert engine_idle([RunRecord(reqs, (), 0.0, 0.016)]) is None
+
+
 def test_varied_vs_fixed_steady_ratio_and_older_sweeps_without_it():
     varied = [row("baseline", 64, 50, 49, 51, steady_tok_per_s=90.0)]
     fixed = [row("baseline", 64, 100, 99, 101, steady_tok_per_s=100.0), row("baseline", 256, 1, 1, 1)]

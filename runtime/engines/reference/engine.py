@@ -178,10 +178,10 @@ class ReferenceEngine:
         slot = self.blocks.reserve(tokens)
         if slot is not None:
             self.slot_key[slot] = key
-            table = torch.tensor(self.blocks.tables[slot], dtype=torch.long)
-            self.block_tables[slot, : len(table)] = table.to(self.device)
-            self.block_owner[table.to(self.device)] = slot
-            self.block_logical[table.to(self.device)] = torch.arange(len(table)).to(self.device)
+            table = torch.tensor(self.blocks.tables[slot], dtype=torch.long).to(self.device)   # one copy
+            self.block_tables[slot, : len(table)] = table
+            self.block_owner[table] = slot
+            self.block_logical[table] = torch.arange(len(table), device=self.device)
         return slot
 
     def release(self, slot: int) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from dynspec.artifacts import write_json
+from dynspec.benchmarks.metrics import STEADY_FILL
 
 MODE_ORDER = ("baseline", "static", "dynamic")
 MODE_STYLE = {"baseline": ("tab:gray", "o"), "static": ("tab:orange", "s"), "dynamic": ("tab:blue", "^")}
@@ -33,6 +34,11 @@ def _load_key(row: Mapping) -> tuple:
 
 def _mode_key(mode: str) -> tuple:
     return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+
+
+def _row_key(row: Mapping) -> tuple:
+    """Table order: by load, then baseline, static, dynamic."""
+    return _load_key(row), _mode_key(row["mode"])
 
 
 def _fmt(x, spec: str = ".3g") -> str:
@@ -67,11 +73,12 @@ UNDERFULL_NOTE = 0.1   # list a closed-loop row when more than this share of its
 
 
 def underfull_note(rows: Sequence[Mapping]) -> list[str]:
-    """Closed-loop rows whose iterations ran with fewer than 0.9 C decode rows more than 10% of the time
-    (the ramp and the drain of a finite run), with the rate over the full ones (steady_tok_per_s).
+    """Closed-loop rows whose iterations ran with fewer than STEADY_FILL (0.9) x C decode rows more
+    than UNDERFULL_NOTE (10%) of the time (the ramp and the drain of a finite run), with the rate
+    over the full ones (steady_tok_per_s).
     Example: baseline at C=64, steady_fraction 0.78, steady 8170 tok/s ->
     "baseline C=64: 22% (8170 tok/s over the full ones)"."""
-    hit = [r for r in sorted(rows, key=lambda r: (_load_key(r), _mode_key(r["mode"])))
+    hit = [r for r in sorted(rows, key=_row_key)
            if r.get("concurrency") is not None and r.get("steady_fraction") is not None
            and 1 - r["steady_fraction"] > UNDERFULL_NOTE]
     if not hit:
@@ -79,7 +86,7 @@ def underfull_note(rows: Sequence[Mapping]) -> list[str]:
     items = "; ".join(f"{r['mode']} C={r['concurrency']}: {1 - r['steady_fraction']:.0%}"
                       + (f" ({r['steady_tok_per_s']:.0f} tok/s over the full ones)" if r.get("steady_tok_per_s") else "")
                       for r in hit)
-    return ["", "Under-full iterations (fewer than 0.9 C decode rows: the ramp and the drain of a finite closed"
+    return ["", f"Under-full iterations (fewer than {STEADY_FILL:g} C decode rows: the ramp and the drain of a finite closed"
                 f" loop, included in the tok/s above; more requests a point shrink them): {items}."]
 
 
@@ -96,7 +103,7 @@ def markdown(doc: Mapping) -> str:
                  " | TTFT p99 ms | TPOT ms | mean K | mean accepted len | acceptance |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ms = lambda x: None if x is None else 1e3 * x      # noqa: E731
-    for r in sorted(rows, key=lambda r: (_load_key(r), _mode_key(r["mode"]))):
+    for r in sorted(rows, key=_row_key):
         b = base.get(_load_key(r))
         vs = "-"
         if b and b["output_tok_per_s"] > 0:

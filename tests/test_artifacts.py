@@ -1,6 +1,8 @@
 """atomic_dir / write_text: outputs apart from inputs, stale tmp folders of dead runs removed,
-the user's umask honoured, unwritable paths a one-line DynspecError (issue 14 items 1-3, 12)."""
+the user's umask honoured (also by the random pairs' writer), unwritable paths a one-line
+DynspecError."""
 import os
+import stat
 import subprocess
 import sys
 
@@ -136,3 +138,19 @@ def test_directory_named_as_a_file_output_is_refused(tmp_path):
         write_text(tmp_path, "4:4\n")
     with pytest.raises(DynspecError, match="is a directory"):
         check_writable(tmp_path)
+
+
+def test_random_pair_follows_umask_077(tmp_path):
+    from dynspec.pairs.random_pair import write_random_pair
+
+    old = os.umask(0o077)
+    try:
+        pair = write_random_pair(tmp_path / "pair", preset="tiny", seed=1)
+    finally:
+        os.umask(old)
+    root = pair.target.parent
+    paths = [root, *root.rglob("*")]
+    files = [p for p in paths if p.is_file()]
+    assert files and any(p.suffix == ".safetensors" for p in files)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in paths if p.is_dir()} == {0o700}

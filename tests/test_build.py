@@ -296,7 +296,7 @@ def test_reference_settings_come_from_build_flags(pair, tmp_path):
     (["--max-num-tokens", "0"], "--max-num-tokens 0 must be at least 1"),
 ])
 def test_build_bounds_name_the_value(pair, tmp_path, capsys, flags, msg):
-    """issue 14.10/14.12: each bad value is one line on stderr, exit 2, nothing written."""
+    """Each bad value is one line on stderr, exit 2, nothing written."""
     out = tmp_path / "e"
     assert build(pair, out, "--schedule", "4:4", *flags) == 2
     err = capsys.readouterr().err
@@ -305,7 +305,7 @@ def test_build_bounds_name_the_value(pair, tmp_path, capsys, flags, msg):
 
 
 def test_max_num_tokens_reaches_engine_json_and_trtllm(pair, tmp_path, capsys):
-    """issue 11: --max-num-tokens sets TRT-LLM's max_num_tokens and reference.max_num_tokens;
+    """--max-num-tokens sets TRT-LLM's max_num_tokens and reference.max_num_tokens;
     a budget below the largest decode iteration (64 x (1+4) on 1.2.x) warns that K is capped."""
     out = tmp_path / "e"
     assert build(pair, out, "--schedule", "4:4", "--max-batch-size", "64", "--min-draft-len", "1",
@@ -332,7 +332,7 @@ def test_engine_json_budget_below_a_verify_window_is_refused(pair, tmp_path):
 
 @pytest.mark.parametrize("out_of", ["target", "draft", "target/sub", "."])
 def test_build_out_overlapping_an_input_is_refused(pair, tmp_path, capsys, out_of):
-    """issue 14.1: --out equal to, inside or containing --target/--draft, even with --force."""
+    """--out equal to, inside or containing --target/--draft, even with --force."""
     target, draft = pair
     listing = lambda: [sorted(p.name for p in d.iterdir()) for d in (target, draft)]  # noqa: E731
     before = listing()

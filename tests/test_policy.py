@@ -203,7 +203,7 @@ def test_cli_ranges_cover_every_batch_size_once(capsys, max_bs):
 
 
 def test_cli_huge_max_batch_size_works_in_tiers():
-    """100M batch sizes once took 1.4 GB (a dict entry each); now the output is O(tiers), so the
+    """The output is O(tiers), not a dict entry per batch size (100M of those are 1.4 GB), so the
     peak RSS is that of a 256-size run (imports included in both) within a few MB."""
     def peak_kib(max_bs: int) -> tuple[int, dict]:
         code = ("import resource, sys; from dynspec.cli import main; "

@@ -1,8 +1,8 @@
 """`python -m dynspec.triton_repo.server` as a process: signals stop the whole server, and a port
-that another process already answers on is a failure, not "ready" (issue 14, items 8 and 9).
+that another process already answers on is a failure, not "ready".
 
-The repository comes from the embedded tiny pair through the commands a newcomer runs (issue 13,
-item 4), the ones the README shows:
+The repository comes from the embedded tiny pair through the commands a newcomer runs, the ones
+the README shows:
 
     TINY=$(python -c "import dynspec, pathlib; print(pathlib.Path(dynspec.__file__).parent / 'assets/tiny')")
     dynspec convert target --hf $TINY/target --out tiny/target --tp 1

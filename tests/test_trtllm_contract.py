@@ -147,7 +147,7 @@ def test_schedules_render_valid_for_121(spec, max_bs):
     assert all(trtllm_121_draft_len(sched, b) == s.draft_len(b) for b in range(1, max_bs + 1))
 
 
-# ---- bounds: refused before anything is written (issue 14.10) ------------------------------------
+# ---- bounds: refused before anything is written ------------------------------------------------
 def _options(sched, **spec):
     return {"backend": "pytorch", "max_batch_size": 8, "cuda_graph_config": {"batch_sizes": [1, 2, 4, 8]},
             "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 4, "eagle3_one_model": False,

@@ -408,20 +408,17 @@ def test_tp2_equals_tp1_and_transformers_through_k_flips(tmp_path, pair, tp1_out
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("whole", [False, True])
-def test_tp2_with_piecewise_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs, whole):
-    """Mixed iterations through piecewise.py's pieces on both ranks (uncaptured on CPU), or
-    through mixed_graphs.py's whole forwards (whole): the all-reduces inside the pieces, the
-    padding to token buckets and the head's argmax reduction after them keep the ranks in step
-    and the tokens TP=1's and transformers'."""
-    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--mixed-graphs", *(["--whole-mixed"] if whole else []))
+def test_tp2_with_whole_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs):
+    """Mixed iterations through mixed_graphs.py's whole forwards on both ranks (uncaptured on
+    CPU): the all-reduces inside the pieces, the padding to token buckets and the head's argmax
+    reduction after them keep the ranks in step and the tokens TP=1's and transformers'."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--whole-mixed")
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["outputs"] == tp1_outputs[0]
     steps = check_same_steps(doc, range(2))
     mixed = sum(1 for st in tp1_outputs[1] if st.prefill_tokens)
-    ran = (doc["whole_runs"], doc["piecewise_runs"]) if whole else (doc["piecewise_runs"], doc["whole_runs"])
-    assert ran == ([mixed, mixed], [0, 0]) and mixed > 0 and len(steps) == len(tp1_outputs[1])
+    assert doc["whole_runs"] == [mixed, mixed] and mixed > 0 and len(steps) == len(tp1_outputs[1])
 
 
 @pytest.mark.slow

@@ -454,7 +454,7 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
                            env={"DYNSPEC_TP_TIMEOUT_S": "3"})
     err = proc.stderr
     assert proc.returncode != 0, err[-3000:]
-    assert f"fault: {fault} at step call 4" in err
+    assert f"fault: {fault} at engine step 4" in err
     line = next((x for x in err.splitlines() if "open requests ended after" in x), None)
     assert line is not None, err[-3000:]
     assert line.endswith(str(["error"] * CONCURRENCY)), line
@@ -471,7 +471,7 @@ def test_exception_on_a_worker_aborts_the_job(tmp_path, pair):
     proc, wall, _ = run_tp(tmp_path, pair, 2, None, "--fault", "raise", "--fault-at", "4",
                            env={"DYNSPEC_TP_TIMEOUT_S": "30"})     # the abort, not a timeout, must end it
     assert proc.returncode != 0, proc.stderr[-3000:]
-    assert "[dynspec rank 1] RuntimeError: injected fault at step call 4; aborting all 2 ranks" in proc.stderr
+    assert "[dynspec rank 1] RuntimeError: injected fault at engine step 4; aborting all 2 ranks" in proc.stderr
     assert "MPI_ABORT was invoked on rank 1" in proc.stdout + proc.stderr
     assert wall < 30, f"the job took {wall:.1f} s to end"
 

@@ -6,7 +6,7 @@
 OUT.json (written by world rank 0): {"outputs": [[ids...] per prompt of replica 0],
 "steps": {world rank: [[iteration, b, K, [graph keys]], ...]}, "finish": [reasons]}.
 --fault kill|hang|raise makes TP rank 1 of replica 0 SIGKILL or SIGSTOP itself, or raise, when
-step call --fault-at arrives; the job must end with an error, never hang.
+engine step --fault-at arrives; the job must end with an error, never hang.
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ from dynspec.runtime.policy import DraftSchedule
 
 
 class FaultAt:
-    """Worker-side engine wrapper that kills, stops or raises in this process at step call `at`."""
+    """Worker-side engine wrapper that kills, stops or raises in this process at engine step `at`."""
 
     def __init__(self, engine, kind: str, at: int):
         self._engine, self.kind, self.at, self.n = engine, kind, at, 0
@@ -34,9 +34,9 @@ class FaultAt:
 
     def step(self, *args, **kwargs):
         if self.n == self.at:
-            log(f"fault: {self.kind} at step call {self.n}", all_ranks=True)
+            log(f"fault: {self.kind} at engine step {self.n}", all_ranks=True)
             if self.kind == "raise":
-                raise RuntimeError(f"injected fault at step call {self.n}")
+                raise RuntimeError(f"injected fault at engine step {self.n}")
             os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
         self.n += 1
         return self._engine.step(*args, **kwargs)

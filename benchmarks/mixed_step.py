@@ -83,7 +83,7 @@ def capture(engine, points, cfg) -> tuple[set, str | None]:
     fails (a finding, not a stop: eager still runs)."""
     from dynspec.config import GraphMode
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.plan import bucket_for
+    from dynspec.runtime.plan import PromptChunk, make_plan
 
     if engine.device.type != "cuda":
         return set(), None
@@ -97,7 +97,9 @@ def capture(engine, points, cfg) -> tuple[set, str | None]:
     engine.warm_chunks()
     try:
         engine.capture_whole_graphs()                 # the buffers; the keys follow from their buckets
-        whole = {w for w in (engine.whole.key(bucket_for(b, engine.buckets), k + 1, c, 1) for b, k, c in points) if w}
+        plans = [make_plan(k, [1] * b, [0] * b, [False] * b, False, engine.buckets,
+                           chunks=[PromptChunk(0, 0, (0,) * c, None)]) for b, k, c in points]
+        whole = {w for w in map(engine.whole.key, plans) if w}
         engine.capture_whole_graphs(exact=whole)
         return whole, None
     except Exception as e:
@@ -115,7 +117,7 @@ def run(args, on_point=None) -> dict:
     import torch
 
     from dynspec.benchmarks.profile import open_sized, reserved_rows
-    from dynspec.runtime.plan import PromptChunk, bucket_for, make_plan
+    from dynspec.runtime.plan import PromptChunk, make_plan
 
     apply_bench_env()
     points = parse_points(args.points)
@@ -144,7 +146,7 @@ def run(args, on_point=None) -> dict:
                           buckets=engine.buckets, slots=slots[:b])
             mixed = make_plan(k, chunks=[PromptChunk(slots[b], 0, toks, None)], **common)
             decode = make_plan(k, **common)
-            full = bool(whole) and engine.whole.key(bucket_for(b, engine.buckets), k + 1, chunk, 1) in whole
+            full = bool(whole) and engine.whole.key(mixed) in whole
             rows.append(_time_point(engine, args, (b, k, chunk), mixed, decode, full))
             print(json.dumps({m: rows[-1][m] for m in ("point", "eager_ms", "full_ms", "decode_ms")}), flush=True)
             if on_point:

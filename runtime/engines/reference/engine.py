@@ -345,16 +345,15 @@ class ReferenceEngine:
         """Returns the first generated token of each last chunk [n_last]. Packing (as mixed_graphs.py):
         the B = plan.bucket decode rows' T tokens (rows b..B-1 padding), then the chunks' tokens."""
         B, T, chunks = plan.bucket, plan.k + 1, plan.chunks
-        n_last = sum(c.last for c in chunks)
-        key = self._whole_key(B, T, plan.prefill_tokens, n_last)
+        key = self._whole_key(plan)
         if key is not None and T == 1:                         # the whole iteration in the graph
             self.whole.stage(key, chunks, plan.keep_warm)
             self.whole.run(key, plan.batch_size, None)
-            return self.whole.firsts[:n_last]
+            return self.whole.firsts[:plan.last_chunks]
         m = self._mixed_inputs(plan)
         if key is not None:                  # K > 0 through a graph (pinned copies: they do not wait)
             self.whole.stage(key, chunks, plan.keep_warm, m.chunk_attention.lists if self.triton else None)
-        b, K, nd = plan.batch_size, plan.k, B * T
+        b, K, nd = plan.batch_size, plan.k, m.nd
         if b and K and any(plan.stale):
             self._refresh(B, read)
         D = self._chain(B, K, read) if b and K else None                     # [B, K]
@@ -388,7 +387,8 @@ class ReferenceEngine:
         One tensor, split: [prompt tokens Nc | their draft inputs Nc | last chunks' packed index |
         their slot | token slots Nc]. Packed index of chunk token j: B*T + j."""
         b, B, T, chunks = plan.batch_size, plan.bucket, plan.k + 1, plan.chunks
-        nd, ends, i = B * T, [], B * T
+        nd = i = plan.padded_decode_tokens
+        ends = []
         for c in chunks:
             i += len(c.tokens)
             ends.append(i - 1)                                               # packed index of its last token
@@ -446,12 +446,12 @@ class ReferenceEngine:
             self.draft_hidden[m.last_slot] = h[m.last_idx - offset]
             self.last_capture[m.last_slot] = H[m.last_idx]
 
-    def _whole_key(self, B: int, T: int, n_chunk: int, n_last: int):
+    def _whole_key(self, plan: StepPlan):
         """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
         captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests)."""
         if self.whole is None:
             return None
-        key = self.whole.key(B, T, n_chunk, n_last)
+        key = self.whole.key(plan)
         return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
 
     def _pad_rows(self) -> None:

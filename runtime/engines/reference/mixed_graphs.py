@@ -99,11 +99,14 @@ class WholeMixed:
         self.graphs.clear()
         self._fns.clear()
 
-    def key(self, B: int, T: int, n_chunk: int, n_last: int) -> Key | None:
-        """The key of an iteration of B rows of T tokens and n_chunk chunk tokens, n_last of them
-        ending a prompt; None above the top token bucket, or at T = 1 past LAST last chunks."""
-        n = self.pw.bucket(B * T + n_chunk)
-        return None if n is None or (T == 1 and n_last > self.LAST) else (n, B, T)
+    def key(self, plan) -> Key | None:
+        """The key of a mixed StepPlan: (the token bucket of its padded tokens, its row bucket,
+        K+1); None above the top token bucket, or at K = 0 past LAST last chunks.
+        Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2)."""
+        n = self.pw.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
+        if n is None or (plan.k == 0 and plan.last_chunks > self.LAST):
+            return None
+        return (n, plan.bucket, plan.k + 1)
 
     # ---- host side ------------------------------------------------------------------------
     def stage(self, key: Key, chunks: Sequence, keep_warm: bool, lists: list[list[int]] | None = None) -> None:

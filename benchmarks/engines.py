@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dynspec.config import DTYPES
+from dynspec.config import DTYPES, GraphMode
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
@@ -32,17 +32,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="cpu | cuda (rank r of mpirun uses cuda:<local rank>) | cuda:N")
     g.add_argument("--dtype", choices=DTYPES,
                    help="reference engine dtype (default: the engine dir's; float64 on CPU only)")
-    g.add_argument("--no-cuda-graphs", action="store_true", help="reference engine: run eagerly on CUDA")
-    g.add_argument("--no-mixed-graphs", action="store_true",
-                   help="reference engine: iterations with prompt chunks run eagerly (decode graphs stay)")
-    g.add_argument("--no-triton-kernels", action="store_true",
-                   help="reference engine on CUDA: inductor's rope_write and FlexAttention for decode rows "
-                        "instead of the Triton kernels (rope_kernel.py, paged_decode.py)")
-    g.add_argument("--no-fused-rope", action="store_true",
-                   help="reference engine on CUDA: decode rows' RoPE and K/V write as their own kernel "
-                        "(rope_kernel.py) instead of inside the attention kernel (paged_decode.py)")
-    g.add_argument("--no-split-graphs", action="store_true",
-                   help="reference engine on CUDA: each pure-decode step as one CUDA graph instead of a chain of three")
+    g.add_argument("--graphs", choices=[m.value for m in GraphMode],
+                   help="reference engine on CUDA: full (decode and mixed iterations replay CUDA graphs) or eager"
+                        " (default: the engine dir's reference.graphs)")
     g.add_argument("--threads", type=int, help="CPU: torch threads per rank (default 1)")
 
 
@@ -85,18 +77,8 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
     ref = cfg.reference
     if args.dtype:
         ref = replace(ref, dtype=args.dtype)
-    if args.no_cuda_graphs:
-        ref = replace(ref, cuda_graphs=False)
-    if getattr(args, "no_mixed_graphs", False):
-        ref = replace(ref, mixed_graphs=False)
-    if getattr(args, "no_triton_kernels", False):
-        ref = replace(ref, triton_kernels=False)
-    if getattr(args, "no_fused_rope", False):
-        ref = replace(ref, fused_rope=False)
-    if getattr(args, "no_split_graphs", False):
-        ref = replace(ref, split_graphs=False)
-    if getattr(args, "whole_mixed_graphs", None) is not None:      # sweep's --[no-]whole-mixed-graphs
-        ref = replace(ref, whole_mixed_graphs=args.whole_mixed_graphs)
+    if getattr(args, "graphs", None):
+        ref = replace(ref, graphs=GraphMode(args.graphs))
     return EngineChoice(replace(cfg, reference=ref), src, edir)
 
 
@@ -173,3 +155,8 @@ def device_name(device: str) -> str:
     import platform
 
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def graphs_run(cfg, device: str) -> str:
+    """The GraphMode value a reference run on `device` ran under: cfg's on CUDA, "eager" elsewhere."""
+    return cfg.reference.graphs.value if str(device).startswith("cuda") else GraphMode.EAGER.value

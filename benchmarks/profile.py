@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
 
 PROFILE_FORMAT = "dynspec-profile/1"
@@ -506,11 +507,11 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     def load(ctx=None):
         engine = open_sized(cfg, device=device, tp=ctx, max_batch_size=max_b, max_seq_len=seq,
                             max_draft_len=max(kmax, 1))
-        if device.startswith("cuda") and cfg.reference.cuda_graphs:
+        if device.startswith("cuda") and cfg.reference.graphs is GraphMode.FULL:
             policies = [(lambda b, k=k: k) for k in draft_lens]
             keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
                     | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
-            engine.capture_graphs(keys, mixed=False)          # timed steps are pure decode
+            engine.capture_decode_graphs(keys)          # timed steps are pure decode
         return engine
 
     if tp == 1:
@@ -552,7 +553,7 @@ def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_d
 def _measure(engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
              acceptance_requests, acceptance_concurrency, meta, progress, floor) -> Profile:
     """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP)."""
-    from dynspec.benchmarks.engines import device_name
+    from dynspec.benchmarks.engines import device_name, graphs_run
 
     kmax = max(draft_lens)
     table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, context_len, keep_warm=keep_warm,
@@ -562,8 +563,7 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_len, keep_war
         pp = measure_acceptance(engine, acceptance_requests, kmax, acceptance_concurrency)
     info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
             "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
-            "cuda_graphs": bool(device.startswith("cuda") and cfg.reference.cuda_graphs),
-            "fused_rope": cfg.reference.fused_rope_runs(device)}
+            "graphs": graphs_run(cfg, device), "cuda_graphs": graphs_run(cfg, device) == GraphMode.FULL.value}
     budget = getattr(cfg.reference, "max_num_tokens", None)
     if budget is not None:
         info["max_num_tokens"] = budget          # the token budget `dynspec tune` must respect

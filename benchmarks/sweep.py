@@ -210,9 +210,6 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     w.add_argument("--waves-at", metavar="C:W,...",
                    help="other waves at some concurrencies, e.g. 256:3 (one process for points of other lengths)")
     w.add_argument("--min-requests", type=int, default=4)
-    w.add_argument("--whole-mixed-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="reference engine on CUDA: mixed iterations as whole-forward graphs with attention inside "
-                        "(mixed_graphs.py; default: the engine dir's reference.whole_mixed_graphs, on)")
     w.add_argument("--warmup-requests", type=int, default=2,
                    help="untimed requests per mode at C=1 before the sweep (plus one wave at the largest C; 0: none)")
     w.add_argument("--seed", type=int, default=0)
@@ -382,7 +379,7 @@ def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
 
     engine = open_sized(cfg, device=device, tp=tp, max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
                         max_draft_len=spec.max_draft_len)
-    if str(engine.device).startswith("cuda") and cfg.reference.cuda_graphs:
+    if str(engine.device).startswith("cuda"):
         schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
         keys = set()
         for m in spec.modes:
@@ -525,10 +522,10 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
 
 def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, argv: Sequence[str],
               tp: int = 1) -> dict:
-    from dynspec.benchmarks.engines import device_name, versions
+    from dynspec.benchmarks.engines import device_name, graphs_run, versions
 
     dev = device_name(device if not device == "cuda" else "cuda:0")
-    graphs = bool(device.startswith("cuda") and cfg.reference.cuda_graphs)
+    graphs = graphs_run(cfg, device)
     return {
         "name": Path(args.out).name,
         "device": dev,
@@ -551,11 +548,8 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "poisson_rate_rule": "open loop at the baseline's closed-loop requests/s per replica at that C"
                              " (median of its trials; the first mode's without a baseline)",
         "dtype": cfg.reference.dtype,
-        "cuda_graphs": graphs,
-        "mixed_graphs": graphs and cfg.reference.mixed_graphs,
-        "whole_mixed_graphs": graphs and cfg.reference.mixed_graphs and cfg.reference.whole_mixed_graphs,
-        "triton_kernels": device.startswith("cuda") and cfg.reference.triton_kernels,
-        "fused_rope": cfg.reference.fused_rope_runs(device),
+        "graphs": graphs,                               # GraphMode value as run ("eager" off CUDA)
+        "cuda_graphs": graphs == "full",
         "max_batch_size": spec.max_batch_size,
         "max_seq_len": spec.max_seq_len,
         "hostname": socket.gethostname(),

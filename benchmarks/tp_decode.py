@@ -79,7 +79,7 @@ def run(args) -> int:
             """The all-reduce mode, and the decode graph captured again with it (graphs bake it in)."""
             use(mode)
             engine.drop_graphs()
-            engine.capture_graphs(keys, mixed=False)
+            engine.capture_decode_graphs(keys)
 
         trials: dict[str, list[float]] = {m: [] for m in modes}
         for t in range(args.trials):

@@ -13,9 +13,7 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "cuda_graphs": true, "mixed_graphs": true, "max_num_tokens": 8192,
-                "whole_mixed_graphs": true, "triton_kernels": true,
-                "split_graphs": true, "fused_rope": true},
+                "keep_warm": true, "max_num_tokens": 8192, "graphs": "full"},
   "llm_api_options": "llm_api_options.yaml",
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
@@ -28,11 +26,15 @@ max_num_tokens (TRT-LLM's name): the most tokens one iteration may feed the targ
   - llm_api_options.yaml `max_num_tokens` (copied to build.max_num_tokens): TRT-LLM's; `build
     --max-num-tokens N` sets it to N, else max(8192, the largest decode iteration).
 It must hold one verify window: max_num_tokens >= max K + 1 (e.g. schedule 4:4 -> at least 5).
+
+reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mixed iterations on
+CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -46,6 +48,17 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")   # float64: CPU exactnes
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 
 
+class GraphMode(str, Enum):
+    """How the reference engine runs its steps on CUDA (docs/design.md, "CUDA graphs")."""
+    FULL = "full"        # pure decode and mixed iterations replay captured graphs
+    EAGER = "eager"      # every step eagerly
+
+
+# keys engine.json files of earlier builds carry; one of them means the file needs a rebuild
+RETIRED_REFERENCE_KEYS = ("cuda_graphs", "mixed_graphs", "whole_mixed_graphs", "triton_kernels", "split_graphs",
+                          "fused_rope")
+
+
 @dataclass(frozen=True)
 class ReferenceSettings:
     """How the reference engine runs an ENGINE_DIR (CPU default; bf16 + graphs on a GPU)."""
@@ -54,18 +67,8 @@ class ReferenceSettings:
     max_batch_size: int = 64
     max_seq_len: int = 1024
     keep_warm: bool = True
-    cuda_graphs: bool = True
-    mixed_graphs: bool = True        # with cuda_graphs: iterations with prompt chunks replay graphs cut at attention
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
-    whole_mixed_graphs: bool = True  # with mixed_graphs: a mixed iteration's whole forward, attention included, as one graph
-    triton_kernels: bool = True      # CUDA: decode attention and rope_write as hand-written Triton kernels
-    split_graphs: bool = True        # CUDA: each pure-decode graph as a chain of three, launched in turn
-    fused_rope: bool = True          # CUDA decode graphs, with triton_kernels: RoPE and K/V write inside the attention kernel
-
-    def fused_rope_runs(self, device: str) -> bool:
-        """Whether decode rows take RoPE and the K/V write inside the attention kernel on `device`:
-        only in CUDA decode graphs with the Triton kernels (eager steps use SDPA)."""
-        return device.startswith("cuda") and self.cuda_graphs and self.triton_kernels and self.fused_rope
+    graphs: GraphMode = GraphMode.FULL
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,10 +77,31 @@ class ReferenceSettings:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
-        for name in ("keep_warm", "cuda_graphs", "mixed_graphs", "whole_mixed_graphs", "triton_kernels",
-                     "split_graphs", "fused_rope"):
-            if not isinstance(getattr(self, name), bool):
-                raise DynspecError(f"reference.{name}={getattr(self, name)!r} must be true or false")
+        if not isinstance(self.keep_warm, bool):
+            raise DynspecError(f"reference.keep_warm={self.keep_warm!r} must be true or false")
+        try:
+            object.__setattr__(self, "graphs", GraphMode(self.graphs))
+        except ValueError:
+            raise DynspecError(f"reference.graphs={self.graphs!r} is not one of "
+                               f"{[m.value for m in GraphMode]}") from None
+
+    def to_json(self) -> dict:
+        return dict(asdict(self), graphs=self.graphs.value)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], where: str) -> "ReferenceSettings":
+        if not isinstance(d, Mapping):
+            raise DynspecError(f"{where}: field 'reference' must be an object")
+        retired = [k for k in RETIRED_REFERENCE_KEYS if k in d]
+        if retired:
+            raise DynspecError(f"{where}: field 'reference.{retired[0]}' is retired (the engine has one path "
+                               f"per step, chosen by reference.graphs); rebuild the engine dir with `dynspec build`")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise DynspecError(f"{where}: field 'reference': {e}") from e
+        except DynspecError as e:
+            raise DynspecError(f"{where}: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -111,7 +135,7 @@ class EngineConfig:
                     {str(k): x for k, x in v.to_trtllm(self.trtllm_version).items()} if v.tiers else None
                 )
             elif f.name == "reference":
-                d["reference"] = asdict(v)
+                d["reference"] = v.to_json()
             else:
                 d[f.name] = dict(v) if isinstance(v, Mapping) else v
         return d
@@ -134,11 +158,7 @@ class EngineConfig:
         extra = set(d) - known - {"format", "trtllm_draft_len_schedule"}
         if extra:
             raise DynspecError(f"{where}: unknown field(s) {sorted(extra)}")
-        ref = d.get("reference", {})
-        try:
-            reference = ReferenceSettings(**ref)
-        except TypeError as e:
-            raise DynspecError(f"{where}: field 'reference': {e}") from e
+        reference = ReferenceSettings.from_json(d.get("reference", {}), where)
         kw = {k: d[k] for k in known if k in d and k not in ("schedule", "reference")}
         return cls(schedule=schedule, reference=reference, **kw)
 

@@ -60,6 +60,17 @@ class StepPlan:
         return sum(len(c.tokens) for c in self.chunks)
 
     @property
+    def padded_decode_tokens(self) -> int:
+        """The decode rows' tokens padded to the row bucket, bucket x (K+1): where a mixed
+        iteration's chunk tokens start in the engine's packing (chunk token j at this + j)."""
+        return self.bucket * (self.k + 1)
+
+    @property
+    def last_chunks(self) -> int:
+        """How many chunks end their prompt (each yields a first generated token)."""
+        return sum(c.last for c in self.chunks)
+
+    @property
     def max_position(self) -> int:
         """Highest cache position this step writes (target side)."""
         ends = [p + self.k for p in self.positions] + [c.start + len(c.tokens) - 1 for c in self.chunks]

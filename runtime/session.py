@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.config import EngineConfig, GraphMode, ReferenceSettings
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.policy import DraftSchedule
@@ -39,8 +39,7 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
                            f"or float16")
     sizes = dict(max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
                  max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
-                 max_num_tokens=ref.max_num_tokens, triton_kernels=ref.triton_kernels, split_graphs=ref.split_graphs,
-                 fused_rope=ref.fused_rope)
+                 max_num_tokens=ref.max_num_tokens)
     if tp is not None:
         from dynspec.runtime.engines.reference.tp import load_tp_engine
 
@@ -49,34 +48,33 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
 
 
 def capture(engine, keys, ref, strict: bool = True) -> int:
-    """Every CUDA graph `ref` (ReferenceSettings) asks for, for the decode keys the policies reach:
-    the decode graphs, with mixed_graphs the pieces of mixed iterations (piecewise.py), and with
-    whole_mixed_graphs too their whole forwards (mixed_graphs.py), switched on. Returns how many.
-    H200, regime B lengths, baseline at C=64 / 256: 5892 / 8966 tok/s whole, 5218 / 8206
-    piecewise (benchmarks/results/h200_c16_B_varied*.json, one lease).
-    strict=False (serving): a whole-forward capture that fails is reported on stderr and mixed
-    iterations stay on the piecewise graphs; benchmarks keep strict, so a result never carries
-    a label it did not run with."""
-    n = engine.capture_graphs(keys, mixed=ref.mixed_graphs)
-    if ref.mixed_graphs and ref.whole_mixed_graphs:
-        try:
-            n += engine.capture_whole(keys)
-        except Exception as e:
-            if strict:
-                raise
-            engine.whole, engine.whole_mixed = None, False
-            print(f"warning: whole-forward mixed graphs not captured ({type(e).__name__}: {str(e)[:300]}); "
-                  f"mixed iterations run on the piecewise graphs", file=sys.stderr)
-            return n
-        engine.whole_mixed = True
+    """Prepare a CUDA engine as `ref` (ReferenceSettings) asks: under GraphMode.FULL the decode
+    graphs of `keys` (reachable_graphs) and the whole-forward graphs of mixed iterations; in
+    either mode the prompt chunks' FlexAttention compiled (engine.warm_chunks). Returns how many
+    graphs. strict=False (serving): a whole-forward capture that fails is reported on stderr and
+    mixed iterations run eagerly; benchmarks keep strict, so a result never carries a label it
+    did not run with."""
+    if ref.graphs is not GraphMode.FULL:
+        engine.warm_chunks()
+        return 0
+    n = engine.capture_decode_graphs(keys)
+    engine.warm_chunks()                 # before the whole graphs: its chunk-only steps run eagerly then
+    try:
+        n += engine.capture_whole_graphs(keys)
+    except Exception as e:
+        if strict:
+            raise
+        engine.drop_whole()
+        print(f"warning: whole-forward mixed graphs not captured ({type(e).__name__}: {str(e)[:300]}); "
+              f"mixed iterations run eagerly", file=sys.stderr)
     return n
 
 
 def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[int], int] | None = None,
                   keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
                   allow_lossy: bool = False, stats_limit: int | None = None, **overrides):
-    """Engine + Executor for cfg. On CUDA with reference.cuda_graphs, graphs for every
-    (bucket, K) the policy can reach are captured here, before the first request.
+    """Engine + Executor for cfg. On CUDA (session.capture) with reference.graphs "full", graphs
+    for every (bucket, K) the policy can reach are captured here, before the first request.
     stats_limit: the Executor's bound on its per-iteration stats log (None: its default)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.executor import Executor
@@ -84,7 +82,7 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
     policy = policy or cfg.schedule
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
     engine = open_reference_engine(cfg, device=device, **overrides)
-    if device.startswith("cuda") and cfg.reference.cuda_graphs:
+    if device.startswith("cuda"):
         capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
                 strict=False)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}

@@ -104,15 +104,18 @@ def run_interpreted() -> None:
 
 
 def run_whole_interpreted() -> None:
-    """Whole-forward mixed iterations (mixed_graphs.py, eager on CPU) with the decode rows through
-    the Triton kernel, under the interpreter: arrivals while others decode, K flipping through 0,
-    a budget that splits prompts; every output equals transformers greedy (float64). Run in a
-    process with TRITON_INTERPRET=1 (tests/test_paged_decode.py)."""
+    """The CUDA path's attention under the interpreter (the engine takes it with TRITON_INTERPRET=1):
+    whole-forward mixed iterations (mixed_graphs.py, uncaptured) and the eager decode and mixed
+    steps, decode rows through the Triton kernel and chunks through PackedChunks: arrivals while
+    others decode, K flipping through 0, a budget that splits prompts; every output equals
+    transformers greedy (float64). Run in a process with TRITON_INTERPRET=1
+    (tests/test_paged_decode.py)."""
     import tempfile
     from pathlib import Path
 
     from transformers import LlamaForCausalLM
 
+    from dynspec.runtime.engines.reference import attention as att
     from dynspec.runtime.engines.reference import paged_decode
     from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
     from dynspec.runtime.executor import Executor
@@ -120,35 +123,44 @@ def run_whole_interpreted() -> None:
     from tests.helpers_models import make_tiny_draft, make_tiny_target
     from tests.test_executor import greedy_many
 
-    launches = []
+    launches, split = [], []
     real = paged_decode._launch
     paged_decode._launch = lambda *a, **k: launches.append(a[3].q_pos.shape) or real(*a, **k)
+    real_split = att.SplitRows.__call__
+    att.SplitRows.__call__ = lambda self, *a: split.append(type(self.chunk).__name__) or real_split(self, *a)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         target = make_tiny_target(root / "target", vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, seed=1)
         draft = make_tiny_draft(root / "draft", target, draft_vocab=64, seed=2)
-        eng = load_reference_engine(str(target), str(draft), dtype=torch.float64, max_batch_size=4, max_seq_len=64,
-                                    max_draft_len=3, max_num_tokens=16, attention="flex", mixed_graphs=True,
-                                    decode_kernel="triton")
-        policy = DraftSchedule.parse("1:3,2:2,3:0")
-        eng.capture_whole(reachable_graphs([policy], 4, True, 16))
-        eng.whole_mixed = True
-        ex = Executor(eng, policy)
-        rng = random.Random(5)
-        ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]
-        lens = [rng.randint(3, 8) for _ in ps]
-        handles = [ex.submit(p, n) for p, n in zip(ps[:3], lens[:3])]
-        for p, n in zip(ps[3:], lens[3:]):
-            ex.step()
-            handles.append(ex.submit(p, n))
-        ex.run_until_idle()
         hf = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float64).eval()
-        refs = greedy_many(hf, ps, 8)
-    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
-    mixed = [s for s in ex.stats if s.decode_rows and s.prefill_tokens]
-    assert mixed and any(s.k for s in mixed) and any(not s.k for s in mixed), [(s.k, s.decode_rows) for s in mixed]
-    assert any(shape[1] > 1 for shape in launches) and any(shape[1] == 1 for shape in launches)   # T = K+1 and 1
-    print("ok whole", len(mixed), "mixed iterations,", len(launches), "kernel launches")
+        for whole in (True, False):
+            eng = load_reference_engine(str(target), str(draft), dtype=torch.float64, max_batch_size=4,
+                                        max_seq_len=64, max_draft_len=3, max_num_tokens=16)
+            assert eng.triton
+            policy = DraftSchedule.parse("1:3,2:2,3:0")
+            if whole:
+                eng.capture_graphs(reachable_graphs([policy], 4, True, 16))
+            ex = Executor(eng, policy)
+            rng = random.Random(5)
+            ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]
+            lens = [rng.randint(3, 8) for _ in ps]
+            handles = [ex.submit(p, n) for p, n in zip(ps[:3], lens[:3])]
+            for p, n in zip(ps[3:], lens[3:]):
+                ex.step()
+                handles.append(ex.submit(p, n))
+            ex.run_until_idle()
+            refs = greedy_many(hf, ps, 8)
+            assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+            mixed = [s for s in ex.stats if s.decode_rows and s.prefill_tokens]
+            assert mixed and any(s.k for s in mixed) and any(not s.k for s in mixed), [(s.k, s.decode_rows) for s in mixed]
+            assert any(shape[1] > 1 for shape in launches) and any(shape[1] == 1 for shape in launches)  # T = K+1, 1
+            # eager: every layer of every mixed iteration with decode rows splits its attention,
+            # the chunks through PackedChunks (whole: only the draft's pass after a K > 0 graph)
+            assert set(split) <= {"PackedChunks"} and len(split) >= (0 if whole else 3 * len(mixed)), split
+            print("ok whole" if whole else "ok eager", len(mixed), "mixed iterations,", len(launches),
+                  "kernel launches")
+            launches.clear()
+            split.clear()
 
 
 def run_target_interpreted() -> None:
@@ -173,7 +185,7 @@ def run_target_interpreted() -> None:
     lens = [5, 17, 30]                                        # row r's prompt fills positions < lens[r]
     for r, n in enumerate(lens):
         t.forward(torch.randint(0, 96, (1, n), generator=g), torch.arange(n)[None], row0=r)
-    kernel = paged_decode.PagedDecode(t.block_size, sdpa_attention)
+    kernel = paged_decode.PagedDecode(t.block_size)
     for T in (1, 3):
         for step in range(3):
             pos = torch.tensor([[n + t_ for t_ in range(T)] for n in lens])              # [3, T]

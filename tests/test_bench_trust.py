@@ -392,7 +392,7 @@ def test_unreported_iteration_mix_is_none_not_zero():
 
 
 def test_mixed_step_times_each_point_and_refuses_bad_points(tmp_path, capsys):
-    """benchmarks/mixed_step.py on the tiny pair (CPU: eager only, piecewise_ms null)."""
+    """benchmarks/mixed_step.py on the tiny pair (CPU: eager only, full_ms null)."""
     from dynspec.benchmarks import mixed_step
 
     out = tmp_path / "m.json"
@@ -401,7 +401,7 @@ def test_mixed_step_times_each_point_and_refuses_bad_points(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert [(r["point"], r["tokens"]) for r in doc["points"]] == [("1:0:8", 9), ("3:2:5", 14)]
     for r in doc["points"]:
-        assert r["eager_ms"] > 0 and r["decode_ms"] > 0 and r["piecewise_ms"] is None
+        assert r["eager_ms"] > 0 and r["decode_ms"] > 0 and r["full_ms"] is None
         assert len(r["trials_ms"]["eager"]) == 2
     assert mixed_step.main(["--points", "4:1", "--out", str(out)]) == 2
     assert "is not b:K:chunk" in capsys.readouterr().err

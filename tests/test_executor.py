@@ -520,3 +520,27 @@ def test_a_failing_reserve_ends_that_request_instead_of_retrying_it_forever(pair
     assert h1.result().finish_reason == "error" and not h2.done
     ex.run_until_idle()
     assert h2.result().finish_reason == "length" and len(calls) == 2
+
+
+def test_reference_graphs_setting_round_trips_and_retired_keys_are_refused(tmp_path):
+    """engine.json's reference.graphs is "full" or "eager" (GraphMode); a file that still carries
+    one of the retired execution switches gets one line naming it and asking for a rebuild."""
+    import json
+
+    from dynspec.config import EngineConfig, GraphMode, ReferenceSettings
+    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+
+    cfg = engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("4:4"),
+                            ReferenceSettings(graphs=GraphMode.EAGER))
+    cfg.write(tmp_path)
+    doc = json.loads((tmp_path / "engine.json").read_text())
+    assert doc["reference"]["graphs"] == "eager"
+    assert EngineConfig.load(tmp_path).reference.graphs is GraphMode.EAGER
+    assert ReferenceSettings().graphs is GraphMode.FULL and ReferenceSettings(graphs="full").graphs is GraphMode.FULL
+    for bad, match in (({"cuda_graphs": False}, r"engine.json: field 'reference.cuda_graphs' is retired.*rebuild"),
+                       ({"fused_rope": True}, r"'reference.fused_rope' is retired"),
+                       ({"graphs": "piecewise"}, r"engine.json: reference.graphs='piecewise' is not one of "
+                                                 r"\['full', 'eager'\]")):
+        (tmp_path / "engine.json").write_text(json.dumps(dict(doc, reference=dict(doc["reference"], **bad))))
+        with pytest.raises(DynspecError, match=match):
+            EngineConfig.load(tmp_path)

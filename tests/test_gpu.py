@@ -1,12 +1,11 @@
 """CUDA-graph engine == eager engine. Runs on the H200 (`pytest -m gpu`); skipped without CUDA.
 
 Every pure-decode (bucket, K) graph the schedule can reach is captured before the first
-request, and the pieces of the mixed iterations' forward per token bucket (piecewise.py:
-graphs cut at attention, which runs eagerly between them). The run must never fall back to
-eager for a decode iteration, and its tokens must equal the eager engine's and transformers'
-greedy output (float32, so graph vs eager kernels cannot flip an argmax). Graphs use
-FlexAttention over the paged pool by default, eager iterations gathered SDPA, so the comparison
-also checks one against the other."""
+request, and the whole-forward graphs of the mixed iterations (mixed_graphs.py: one per token
+bucket, row bucket and T). The run must never fall back to eager for a decode iteration, and
+its tokens must equal the eager engine's and transformers' greedy output (float32, so graph vs
+eager kernels cannot flip an argmax). Both take the decode rows through the Triton kernel with
+RoPE inside (paged_decode.py) and the prompt chunks through FlexAttention (packed.py)."""
 import random
 import time
 
@@ -31,18 +30,17 @@ def pair(tmp_path_factory):
     return str(target), str(draft)
 
 
-def _run(pair, policy, keep_warm, graphs, prompts, lens, attention="flex", whole=False):
+def _run(pair, policy, keep_warm, graphs, prompts, lens):
     """All requests at once, of different lengths, under a 64-token budget: prompts arrive in
-    chunks beside decode rows, then the batch drains 16 -> 1 and K climbs. whole: mixed
-    iterations through mixed_graphs.py's whole-forward graphs."""
+    chunks beside decode rows, then the batch drains 16 -> 1 and K climbs. graphs: the decode
+    and whole-forward graphs captured (GraphMode.FULL), else every step eager."""
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
-                                max_draft_len=policy.max_draft_len or 1, max_num_tokens=64, attention=attention)
+                                max_draft_len=policy.max_draft_len or 1, max_num_tokens=64)
     if graphs:
         keys = reachable_graphs([policy], 16, keep_warm)
-        assert eng.capture_graphs(keys) > 0
-        if whole:
-            assert eng.capture_whole(keys) > 0
-            eng.whole_mixed = True
+        assert eng.capture_graphs(keys) > len(keys)
+    else:
+        eng.warm_chunks()
     ex = Executor(eng, policy, keep_warm=keep_warm)
     handles = [ex.submit(p, n) for p, n in zip(prompts, lens)]
     ex.run_until_idle()
@@ -61,15 +59,11 @@ def assert_transformers_greedy(pair, prompts, lens, outputs) -> None:
         assert list(out) == ref
 
 
-@pytest.mark.parametrize("keep_warm,attention", [(True, "flex"), (False, "flex"), (True, "sdpa")])
-def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
-    from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
-
+@pytest.mark.parametrize("keep_warm", [True, False])
+def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
     from dynspec.runtime.engines.reference.paged_decode import PagedDecode
 
-    replays, fused = [], []
-    real = PiecewiseTarget.run
-    monkeypatch.setattr(PiecewiseTarget, "run", lambda self, *a: replays.append(self.graphs) or real(self, *a))
+    runs, fused = _spy_whole(monkeypatch), []
     rope_attend = PagedDecode.rope_attend
 
     def spy(self, *a):
@@ -82,20 +76,31 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, attention, monkeypatch):
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
     policy = DraftSchedule.parse("2:5,4:3,8:1")
-    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens, attention)
-    warm = eng.warm_chunk_steps                     # capture_graphs' warm_chunks: chunk-only steps
-    n_mixed = len(replays) - warm
-    eager_out, _, _ = _run(pair, policy, keep_warm, False, prompts, lens, attention)
-    assert len(replays) == n_mixed + warm           # the eager engine never ran pieces
-    assert n_mixed == sum(1 for s in ex.stats if s.prefill_tokens) and all(replays)   # graphed, every one
+    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens)
+    n_whole = len(runs)
+    assert any(fused)                               # decode graphs: RoPE + K/V write inside the Triton kernel
+    fused.clear()
+    eager_out, eager, _ = _run(pair, policy, keep_warm, False, prompts, lens)
+    assert len(runs) == n_whole and eager.whole is None     # the eager engine never ran a whole graph
+    assert any(fused)                               # eager decode steps: the same kernel
+    assert n_whole > 0 and all(replayed for _, _, replayed in runs)
+    top = eng.whole.buckets[-1]                     # padded rows can push an iteration past it: eager
+    fits = [s for s in ex.stats if s.prefill_tokens and _padded_tokens(eng, s) <= top]
+    assert n_whole == len(fits)                     # every mixed iteration that fits replayed its graph
     assert eng.eager_fallbacks == 0
     assert all(len(g.graphs) == (1 if k.kind == "refresh" else 3) for k, g in eng._graphs.items())   # chains
-    assert eng.piecewise.buckets == (16, 32, 64) and eng.piecewise.graphs == 3 * (6 + 1)   # 6 layers
+    assert eng.whole.buckets == (16, 32, 64)
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
-    assert any(fused) == (attention == "flex")      # decode graphs: RoPE + K/V write inside the Triton kernel
     assert_transformers_greedy(pair, prompts[-6:], lens[-6:], graph_out[-6:])
+
+
+def _padded_tokens(eng, s) -> int:
+    """Tokens of a mixed iteration in the whole graphs' packing: B x (K+1) decode rows + chunks."""
+    from dynspec.runtime.plan import bucket_for
+
+    return (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens
 
 
 def _spy_whole(monkeypatch) -> list:
@@ -116,7 +121,7 @@ def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
     rng = random.Random(1)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
-    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens, whole=True)
+    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens)
     assert runs and all(replayed for _, _, replayed in runs) and len(eng.whole.graphs) > 0
     assert any(b == 0 for _, b, _ in runs) and any(B > b > 0 for (_, B, _), b, _ in runs)
     assert any(T > 1 for (_, _, T), b, _ in runs if b) and any(T == 1 for (_, _, T), b, _ in runs if b)
@@ -124,10 +129,10 @@ def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
 
 
 @pytest.mark.parametrize("keep_warm", [True, False])
-def test_whole_k0_graphs_leave_the_piecewise_state(pair, keep_warm, monkeypatch):
+def test_whole_k0_graphs_leave_the_eager_state(pair, keep_warm, monkeypatch):
     """K = 0 whole-graph iterations end the step inside the graph (head, captures, keep-warm K/V,
-    the draft's chunk pass): two graphed engines serve the same requests in lockstep, one with
-    whole graphs, one piecewise. Bernoulli acceptance is a hash of (request, position), so both
+    the draft's chunk pass): two engines with decode graphs serve the same requests in lockstep,
+    one with whole graphs, one running mixed iterations eagerly. Bernoulli acceptance is a hash of (request, position), so both
     make the same plans and accept the same counts even where a draft differs; after every step
     the carried draft state agrees (float32; the kernels differ, so within tolerance)."""
     from dynspec.runtime.acceptance import Bernoulli
@@ -139,10 +144,11 @@ def test_whole_k0_graphs_leave_the_piecewise_state(pair, keep_warm, monkeypatch)
         eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=8, max_seq_len=128,
                                     max_draft_len=3, max_num_tokens=64)
         keys = reachable_graphs([policy], 8, keep_warm, 64)
-        eng.capture_graphs(keys)
         if whole:
-            assert eng.capture_whole(keys) > 0
-            eng.whole_mixed = True
+            assert eng.capture_graphs(keys) > len(keys)
+        else:
+            eng.capture_decode_graphs(keys)
+            eng.warm_chunks()
         engines.append(eng)
         exs.append(Executor(eng, policy, keep_warm=keep_warm, acceptance=Bernoulli(0.5, seed=1), allow_lossy=True))
     rng = random.Random(3)
@@ -169,16 +175,17 @@ def test_whole_k0_graphs_leave_the_piecewise_state(pair, keep_warm, monkeypatch)
 def test_chunks_over_several_query_blocks_equal_transformers(pair, whole, monkeypatch):
     """Prompts of 150..300 tokens under a 512-token budget: the packed chunks span several blocks
     of 128 queries, so the compiled PackedChunks reads its block lists (CPU flex ignores them).
-    Piecewise graphs, or whole-forward graphs; float32; transformers' tokens."""
+    Eager mixed iterations (beside decode graphs), or whole-forward graphs; float32; transformers' tokens."""
     runs = _spy_whole(monkeypatch)
     policy = DraftSchedule.parse("2:3,4:1")
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=4, max_seq_len=384,
                                 max_draft_len=3, max_num_tokens=512)
     keys = reachable_graphs([policy], 4, True, 512)
-    eng.capture_graphs(keys)
     if whole:
-        eng.capture_whole(keys)
-        eng.whole_mixed = True
+        eng.capture_graphs(keys)
+    else:
+        eng.capture_decode_graphs(keys)
+        eng.warm_chunks()
     rng = random.Random(2)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(150, 300))) for _ in range(4)]
     ex = Executor(eng, policy, keep_warm=True)
@@ -213,66 +220,56 @@ def _llama8b_shaped_pair():
 
 
 def test_decode_b1_1024_context_timing():
-    """b=1 plain decode with 1024 tokens of context in a 4096-token cache, graphs, bf16:
-    FlexAttention over the pool (skips blocks past the row) against gathered SDPA over the
-    whole table (the old path's cost). Prints the figures; asserts only that flex is no slower."""
+    """b=1 plain decode with 1024 tokens of context in a 4096-token cache, bf16, at the 8B shape:
+    eager steps, then the decode graph chain. Prints the figures; asserts only that a graphed
+    step is no slower than an eager one."""
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.reference.engine import GraphKey, ReferenceEngine
     from dynspec.runtime.plan import PromptChunk, make_plan
 
     target, draft = _llama8b_shaped_pair()
     ctx, ms = 1024, {}
-    for attention in ("sdpa", "flex"):
-        eng = ReferenceEngine(target, draft, max_batch_size=1, max_seq_len=4096, max_draft_len=1,
-                              max_num_tokens=2048, attention=attention)
-        slot = eng.reserve(ctx + 64)
-        prompt = tuple(random.Random(0).randrange(128000) for _ in range(ctx))
-        eng.step(make_plan(0, [], [], [], False, eng.buckets, slots=[], chunks=[PromptChunk(slot, 0, prompt, None)]),
-                 Greedy())
-        t0 = time.perf_counter()
-        eng.capture_graphs([GraphKey("decode", 1, keep_warm=False)], mixed=False)
-        capture_s = time.perf_counter() - t0
-        plan = make_plan(0, [ctx], [5], [True], False, eng.buckets, slots=[slot])
+    eng = ReferenceEngine(target, draft, max_batch_size=1, max_seq_len=4096, max_draft_len=1, max_num_tokens=2048)
+    slot = eng.reserve(ctx + 64)
+    prompt = tuple(random.Random(0).randrange(128000) for _ in range(ctx))
+    eng.step(make_plan(0, [], [], [], False, eng.buckets, slots=[], chunks=[PromptChunk(slot, 0, prompt, None)]),
+             Greedy())
+    plan = make_plan(0, [ctx], [5], [True], False, eng.buckets, slots=[slot])
+
+    def step_ms(n: int = 100) -> float:
         for _ in range(5):
             eng.step(plan, Greedy())
         torch.cuda.synchronize()
-        n = 100
         t0 = time.perf_counter()
         for _ in range(n):
             eng.step(plan, Greedy())
         torch.cuda.synchronize()
-        step_ms = 1e3 * (time.perf_counter() - t0) / n
-        g = eng._graphs[GraphKey("decode", 1, keep_warm=False)]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        ms[attention] = (step_ms, start.elapsed_time(end) / n)
-        print(f"\n[decode b=1 ctx={ctx} cache=4096 bf16 {attention}] step {step_ms:.3f} ms, graph replay "
-              f"{ms[attention][1]:.3f} ms, capture+compile {capture_s:.1f} s", flush=True)
-        del eng, g
-        torch.cuda.empty_cache()
+        return 1e3 * (time.perf_counter() - t0) / n
+
+    ms["eager"] = step_ms()
+    t0 = time.perf_counter()
+    eng.capture_decode_graphs([GraphKey("decode", 1, keep_warm=False)])
+    capture_s = time.perf_counter() - t0
+    ms["full"] = step_ms()
+    print(f"\n[decode b=1 ctx={ctx} cache=4096 bf16] eager step {ms['eager']:.3f} ms, graphed step "
+          f"{ms['full']:.3f} ms, capture+compile {capture_s:.1f} s", flush=True)
     kv_per_token = 2 * 32 * 8 * 128 * 2                     # K and V, 32 layers, 8 KV heads, hd 128, bf16
     free = torch.cuda.mem_get_info()[0]
     print(f"[capacity] KV bytes/token {kv_per_token}; free after weights {free / 2**30:.1f} GiB: "
-          f"{free // (kv_per_token * 4096)} rows of max_seq_len 4096 (before), "
           f"{free // (kv_per_token * 128 * -(-(1024 + 128 + 9) // 128))} requests of 1024+128 tokens in 128-token "
-          f"blocks (after)", flush=True)
-    assert ms["flex"][1] <= 1.1 * ms["sdpa"][1]
+          f"blocks", flush=True)
+    assert ms["full"] <= 1.1 * ms["eager"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n", [1, 7, 300])
 def test_rope_write_triton_equals_rope_write(n, dtype):
     """Kernels(compiled=True)'s rope_write on CUDA, the Triton kernel, == model.rope_write at the
-    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache; triton=False keeps inductor's."""
+    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache."""
     from dynspec.runtime.engines.reference.model import Kernels
     from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
 
     assert Kernels(compiled=True).rope_write is rope_write_triton
-    assert Kernels(compiled=True, triton=False).rope_write is not rope_write_triton
     assert_rope_write_matches(rope_write_triton, "cuda", dtype, n)
 
 
@@ -336,7 +333,6 @@ def test_norm_triton_equals_eager(rows, n, dtype):
     from tests.helpers_norm import assert_norm_matches
 
     assert Kernels(compiled=True).add_rms_norm is add_rms_norm_triton
-    assert Kernels(compiled=True, triton=False).add_rms_norm is not add_rms_norm_triton
     assert_norm_matches(add_rms_norm_triton, rms_norm_triton, "cuda", dtype, rows, n)
 
 

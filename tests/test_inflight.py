@@ -77,20 +77,19 @@ def test_a_budget_so_small_that_one_prompt_takes_ten_iterations(pair, hf_target)
 
 
 @pytest.fixture
-def split_calls(monkeypatch):
-    """How often a mixed forward's attention went through SplitRows, by decode-row attention kind."""
-    from dynspec.runtime.engines.reference import attention as att
+def packings(monkeypatch):
+    """(B x T decode tokens ahead of the chunks, b x T real ones) of every eager mixed iteration."""
+    from dynspec.runtime.engines.reference.engine import ReferenceEngine
 
-    seen = {"flex": 0, "sdpa": 0, "padded": 0}
-    real = att.SplitRows.__call__
+    seen = []
+    real = ReferenceEngine._mixed_inputs
 
-    def spy(self, q, k_pool, v_pool, batch):
-        seen["flex" if isinstance(self.decode, att.PerStepMasks) else "sdpa"] += 1
-        rows, T = self.decode_batch.q_pos.shape
-        seen["padded"] += rows * T > self.nd                     # decode rows past the real b
-        return real(self, q, k_pool, v_pool, batch)
+    def spy(self, plan):
+        m = real(self, plan)
+        seen.append((m.nd, plan.decode_tokens))
+        return m
 
-    monkeypatch.setattr(att.SplitRows, "__call__", spy)
+    monkeypatch.setattr(ReferenceEngine, "_mixed_inputs", spy)
     return seen
 
 
@@ -105,30 +104,16 @@ def padded_mixed(ex, eng):
             and bucket_for(s.decode_rows, eng.buckets) > s.decode_rows]
 
 
-@pytest.mark.parametrize("attention,mixed_graphs,padded", [("sdpa", False, False), ("flex", False, False),
-                                                           ("flex", True, False), ("flex", True, True)])
-def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target, attention, mixed_graphs,
-                                                                   padded, split_calls, monkeypatch):
-    """Decode rows and prompt chunks in the same forward: iterations with both are seen. The
-    decode rows attend through `attention` (flex: FlexAttention over the pool, as on CUDA) and
-    the chunks through PackedChunks (flex) or SDPA over their own rows (SplitRows). mixed_graphs: the target forward of
-    those iterations runs as piecewise.py's pieces, padded to token buckets (on CUDA each piece
-    is a graph), and still gives transformers' tokens. padded: decode rows padded to row buckets,
-    which SplitRows' decode batches must then hold."""
-    from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
-
-    runs = []
-    real = PiecewiseTarget.run
-    monkeypatch.setattr(PiecewiseTarget, "run", lambda self, tokens, *a: runs.append(len(tokens)) or real(
-        self, tokens, *a))
+@pytest.mark.parametrize("padded", [False, True])
+def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_target, padded, packings):
+    """Decode rows and prompt chunks in the same eager forward (SDPA over every row, the CPU
+    path): iterations with both are seen, and every output is transformers'. padded: decode rows
+    padded to the CUDA row buckets, so the chunks sit at B*T + j behind padding rows (the whole
+    graphs' packing)."""
     budget = 24
-    eng = engine(pair, budget=budget, attention=attention, mixed_graphs=mixed_graphs)
+    eng = engine(pair, budget=budget)
     if padded:
         pad_rows_to_buckets(eng)
-    if attention == "flex":
-        steps = eng.warm_chunks()          # as capture_graphs on CUDA: chunk-only steps on the padding slot
-        assert not split_calls["flex"] and len(runs) == (steps if mixed_graphs else 0)
-        runs.clear()
     ex = Executor(eng, DraftSchedule.static(3, 8))
     ps = prompts(10, seed=33, lo=10, hi=40)
     lens = [6 + 3 * (i % 5) for i in range(10)]
@@ -144,19 +129,13 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
     both = [s for s in ex.stats if s.decode_rows > 0 and s.prefill_tokens > 0]
     assert both and any(s.k > 0 for s in both)
     check_budget(ex, budget)
-    layers = eng.target.config.num_layers
-    assert split_calls[attention] >= len(both) * layers
-    assert split_calls["flex" if attention == "sdpa" else "sdpa"] == 0
-    assert bool(split_calls["padded"]) == padded
-    mixed = [s for s in ex.stats if s.prefill_tokens]
-    assert len(runs) == (len(mixed) if mixed_graphs else 0)
-    if mixed_graphs:
-        assert eng.piecewise.buckets == (16, 24) and any(n < 16 for n in runs) and any(n > 16 for n in runs)
+    assert len(packings) == len([s for s in ex.stats if s.prefill_tokens])
+    assert any(nd > real for nd, real in packings) == padded
     assert bool(padded_mixed(ex, eng)) == padded
 
 
 def test_mixed_buckets_end_at_the_budget_or_1024():
-    from dynspec.runtime.engines.reference.piecewise import BUCKETS, mixed_buckets
+    from dynspec.runtime.engines.reference.target_pieces import BUCKETS, mixed_buckets
 
     assert mixed_buckets(72) == (16, 32, 64, 72)
     assert mixed_buckets(64) == (16, 32, 64)
@@ -180,11 +159,11 @@ def serve_arrivals_and_check(ex, hf_target, seed: int) -> None:
     assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
 
 
-@pytest.mark.parametrize("attention,mixed_graphs,padded", [("sdpa", False, False), ("flex", True, True)])
-def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, attention, mixed_graphs, padded):
+@pytest.mark.parametrize("padded", [False, True])
+def test_k_flipping_between_iterations_with_chunks_in_flight(pair, hf_target, padded):
     """Tiers flip K with every change of b, including 0 (keep-warm) while chunks ride along."""
     budget = 20
-    eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=mixed_graphs)
+    eng = engine(pair, budget=budget, max_batch=6)
     if padded:
         pad_rows_to_buckets(eng)
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
@@ -247,31 +226,6 @@ def served(pair, *, max_batch: int, seed: int, lo: int, hi: int, lens) -> tuple:
     return eng, live
 
 
-def test_flex_attention_matches_sdpa_on_the_paged_cache(pair):
-    """FlexAttention over the pool (the GPU graph path) == gathered SDPA on a cache that
-    serving left behind: rows of different lengths, stale entries past them, freed blocks.
-    (CPU runs flex's reference math.)"""
-    from dynspec.runtime.engines.reference.attention import (flex_attention_paged, ragged_batch, sdpa_attention,
-                                                             uniform_batch)
-
-    eng, live = served(pair, max_batch=3, seed=37, lo=5, hi=30, lens=(20, 6, 12))
-    slots = torch.tensor([r.slot for r in live])
-    q_pos = torch.tensor([r.length for r in live])[:, None] + torch.arange(4)              # [R, 4]
-    batch = uniform_batch(eng.block_tables, slots, q_pos, eng.max_blocks_per_seq, eng.block_size)
-    kvh, _, hd = eng.target.k_cache[0].shape
-    q = torch.randn(q_pos.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(0))
-    assert batch.uniform                                   # flex takes q as [R, Tq, ...] without gathers
-    ragged = ragged_batch(eng.block_tables, [r.slot for r in live], [r.length - 2 for r in live],
-                          [3, 1, 2][: len(live)], eng.block_size)                   # rows of 3, 1 (, 2) tokens
-    qr = torch.randn(ragged.positions.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(2))
-    for layer in (0, eng.target.config.num_layers - 1):
-        k, v = eng.target.k_cache[layer], eng.target.v_cache[layer]
-        for b, qq in ((batch, q), (ragged, qr)):
-            want = sdpa_attention(qq, k, v, b)
-            got = flex_attention_paged(qq, k, v, b, eng.block_owner, eng.block_logical, eng.block_size)
-            assert (got - want).abs().max() < 1e-10
-
-
 def test_packed_kv_blocks_lists_each_q_blocks_rows_up_to_their_last_token():
     from dynspec.runtime.engines.reference.packed import packed_kv_blocks
 
@@ -313,35 +267,6 @@ def test_packed_chunks_equal_gathered_sdpa(pair, q_block):
         packed(q, k, v, ragged_batch(eng.block_tables, [rows[0][0]], [0], [1], eng.block_size))
 
 
-def test_one_block_mask_per_step_serves_every_layer(pair, monkeypatch):
-    """The engine's attention for one step builds the block mask once per (batch, pool) and
-    reuses it in every layer, with the per-layer mask's results; a new batch gets its own."""
-    from dynspec.runtime.engines.reference import attention as att
-
-    eng = engine(pair, budget=32, max_batch=3, max_seq=64, kmax=3)
-    ex = Executor(eng, DraftSchedule.static(3, 3))
-    hs = [ex.submit(p, n) for p, n in zip(prompts(3, seed=41, lo=5, hi=30), (12, 6, 9))]
-    for _ in range(4):
-        ex.step()
-    slots = torch.tensor([h._req.slot for h in hs if h._req.slot is not None])
-    q_pos = torch.tensor([eng.block_size + 3] * len(slots))[:, None] + torch.arange(2)
-    batch = att.uniform_batch(eng.block_tables, slots, q_pos, eng.max_blocks_per_seq, eng.block_size)
-    other = att.uniform_batch(eng.block_tables, slots[:1], q_pos[:1], eng.max_blocks_per_seq, eng.block_size)
-    built = []
-    real = att.paged_block_mask
-    monkeypatch.setattr(att, "paged_block_mask", lambda *a: built.append(a[0]) or real(*a))
-    step = att.PerStepMasks(eng.block_owner, eng.block_logical, eng.block_size)
-    kvh, _, hd = eng.target.k_cache[0].shape
-    q = torch.randn(q_pos.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(1))
-    for layer in range(eng.target.config.num_layers):
-        k, v = eng.target.k_cache[layer], eng.target.v_cache[layer]
-        got = step(q, k, v, batch)
-        assert (got - att.sdpa_attention(q, k, v, batch)).abs().max() < 1e-10
-    assert built == [batch]
-    step(q[:2], eng.target.k_cache[0], eng.target.v_cache[0], other)
-    assert built == [batch, other]
-
-
 def test_the_paged_ragged_forward_equals_transformers_logits(pair, hf_target):
     """One target forward over two prompt chunks of different rows and a decode row: every
     token's logits equal transformers' over that sequence alone."""
@@ -374,29 +299,41 @@ def test_reachable_graphs_follow_the_budget_cap():
     assert GraphKey("spec", 4, 2) in keys and GraphKey("spec", 4, 4) not in keys
 
 
-def test_piecewise_forward_equals_the_whole_forward(pair):
-    """PiecewiseTarget.run (pieces cut at attention, padded to a token bucket) gives the greedy ids
-    AND the captured layers of target.run: a wrong H would not change the output tokens (the
-    draft's guesses are verified), only acceptance, so it is checked here directly."""
+def test_target_pieces_equal_the_whole_forward(pair):
+    """TargetPieces (the forward cut at attention over static buffers padded to a token bucket:
+    the whole graphs' body) with SDPA between the pieces gives the greedy ids AND the captured
+    layers of target.run: a wrong H would not change the output tokens (the draft's guesses are
+    verified), only acceptance, so it is checked here directly."""
     from dynspec.runtime.engines.reference.attention import ragged_batch, sdpa_attention
+    from dynspec.runtime.engines.reference.target_pieces import TargetPieces
 
-    eng = engine(pair, budget=24, mixed_graphs=True)
+    eng = engine(pair, budget=24)
     slots = [eng.reserve(40), eng.reserve(40)]
     batch = ragged_batch(eng.block_tables, slots, [20, 0], [2, 13], eng.block_size)   # 15 tokens -> bucket 16
     tokens = torch.randint(2, eng.vocab_size, (15,), generator=torch.Generator().manual_seed(5))
     logit_index = torch.tensor([0, 1, 14])
+    t = eng.target
     with torch.inference_mode():
-        want, want_h = eng.target.run(tokens, batch, capture=eng.capture, logit_index=logit_index,
-                                      attention=sdpa_attention, greedy=True)
-        got, got_h = eng.piecewise.run(tokens, batch, sdpa_attention, logit_index)
+        want, want_h = t.run(tokens, batch, capture=eng.capture, logit_index=logit_index,
+                             attention=sdpa_attention, greedy=True)
+        tp = TargetPieces(t, (16, 24), eng.capture)
+        assert tp.bucket(15) == 16 and tp.bucket(25) is None
+        tp.pad()
+        tp.tokens[:15], tp.positions[:15], tp.write_index[:15] = tokens, batch.positions, batch.write_index
+        out: dict = {}
+        pieces = tp.make(16, out)
+        pieces[0]()
+        for i in range(len(t.layers)):
+            tp.o[:15] = sdpa_attention(tp.q[:15], t.k_cache[i], t.v_cache[i], batch)
+            pieces[i + 1]()
+        got, got_h = t.head(out["h"][logit_index], greedy=True), out["H"][:15]
     assert got.tolist() == want.tolist()
-    assert got_h.shape == want_h.shape == (15, len(eng.capture) * eng.target.config.hidden_size)
+    assert got_h.shape == want_h.shape == (15, len(eng.capture) * t.config.hidden_size)
     torch.testing.assert_close(got_h, want_h, rtol=1e-12, atol=1e-12)
-    assert eng.piecewise.write_index[15:16].tolist() == [0]                   # the pad wrote the scratch block
+    assert tp.write_index[15:16].tolist() == [0]                               # the pad wrote the scratch block
 
 
-@pytest.mark.parametrize("attention", ["flex", "sdpa"])
-def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, monkeypatch):
+def test_whole_mixed_forward_equals_transformers(pair, hf_target, monkeypatch):
     """Mixed iterations through mixed_graphs.py (the whole target forward with attention on
     static buffers; on CUDA one graph per (token bucket, row bucket, T), here the same functions
     eagerly): row buckets padded, K flipping through 0, arrivals while others decode, and
@@ -427,14 +364,13 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, attention, mon
 
     monkeypatch.setattr(WholeMixed, "run", spy)
     budget = 20
-    eng = engine(pair, budget=budget, max_batch=6, attention=attention, mixed_graphs=True)
+    eng = engine(pair, budget=budget, max_batch=6)
     pad_rows_to_buckets(eng)
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
-    assert eng.capture_whole(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
-    eng.whole_mixed = True
+    assert eng.capture_graphs(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
     ex = Executor(eng, policy)
     serve_arrivals_and_check(ex, hf_target, seed=35)
-    top = eng.piecewise.buckets[-1]                        # padded rows can push an iteration past it: piecewise
+    top = eng.whole.buckets[-1]                            # padded rows can push an iteration past it: eager
     fits = [s for s in ex.stats if s.prefill_tokens
             and (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens <= top]
     assert len(runs) == len(fits) > 0                      # every mixed iteration that fits went through it
@@ -460,11 +396,10 @@ def test_whole_k0_iterations_leave_the_state_the_eager_path_leaves(pair, keep_wa
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(WholeMixed, "run", lambda self, key, b, d: (finished.append(key[2] == 1), real(self, key, b, d))[1])
     policy = DraftSchedule.parse("1:3,2:2,3:0")          # K = 0 from 3 decode rows up
-    engines = [engine(pair, budget=20, max_batch=6, attention="flex", mixed_graphs=True) for _ in range(2)]
+    engines = [engine(pair, budget=20, max_batch=6) for _ in range(2)]
     for e in engines:
         pad_rows_to_buckets(e)
-    engines[0].capture_whole()
-    engines[0].whole_mixed = True
+    engines[0].capture_whole_graphs()
     exs = [Executor(e, policy, keep_warm=keep_warm) for e in engines]
     rng = random.Random(41)
     ps = prompts(10, seed=41, lo=4, hi=30)

@@ -41,10 +41,12 @@ def test_target_decode_with_rope_inside_the_kernel_equals_rope_write_and_sdpa():
 
 
 @needs_triton
-def test_whole_mixed_forward_with_the_triton_decode_kernel_equals_transformers():
-    """The whole-forward mixed iterations take the Triton kernel for their decode rows (as on the
-    GPU): interpreted, float64, token for token against transformers (helpers_paged.run_whole_interpreted)."""
-    assert "ok whole" in _interpreted("run_whole_interpreted")
+def test_whole_and_eager_mixed_iterations_with_the_triton_kernel_equal_transformers():
+    """The CUDA path's attention (decode rows through the Triton kernel, chunks through
+    PackedChunks), whole-forward mixed iterations and eager ones: interpreted, float64, token for
+    token against transformers (helpers_paged.run_whole_interpreted)."""
+    out = _interpreted("run_whole_interpreted")
+    assert "ok whole" in out and "ok eager" in out, out
 
 
 def test_supports_only_uniform_rows_of_few_queries():
@@ -61,42 +63,44 @@ def test_supports_only_uniform_rows_of_few_queries():
         paged_decode.paged_decode_attention(torch.zeros(4, 8, 32), pools, pools, r, 64)
 
 
-def test_triton_variant_names():
-    from dynspec.benchmarks.flex_decode import parse_triton_variant
-
-    assert parse_triton_variant("triton") == {}
-    assert parse_triton_variant("triton-w2-s1-t128") == {"num_warps": 2, "num_stages": 1, "tile": 128}
-    assert parse_triton_variant("triton-p4") == {"per": 4}
-    with pytest.raises(ValueError, match="'x3' is not"):
-        parse_triton_variant("triton-x3")
-
-
-def test_serving_capture_falls_back_to_piecewise_when_whole_graphs_fail(capsys):
-    """session.capture: strict (benchmarks) raises; strict=False (serving) warns, drops the whole
-    graphs and leaves mixed iterations on the piecewise ones."""
-    from dynspec.config import ReferenceSettings
+def test_serving_capture_runs_mixed_iterations_eagerly_when_whole_graphs_fail(capsys):
+    """session.capture under graphs "full": decode graphs, the chunks' attention warmed, then
+    the whole graphs; strict (benchmarks) raises when those fail, strict=False (serving) warns
+    and drops them (mixed iterations run eagerly). Under "eager" only the warm-up runs."""
+    from dynspec.config import GraphMode, ReferenceSettings
     from dynspec.runtime.session import capture
 
     class Engine:
-        whole, whole_mixed = object(), False
+        def __init__(self):
+            self.calls = []
 
-        def capture_graphs(self, keys, mixed):
+        def capture_decode_graphs(self, keys):
+            self.calls.append("decode")
             return 3
 
-        def capture_whole(self, keys):
+        def warm_chunks(self):
+            self.calls.append("warm")
+
+        def capture_whole_graphs(self, keys):
+            self.calls.append("whole")
             raise RuntimeError("NoValidChoicesError")
+
+        def drop_whole(self):
+            self.calls.append("drop")
 
     ref = ReferenceSettings()
     with pytest.raises(RuntimeError, match="NoValidChoices"):
         capture(Engine(), (), ref)
     e = Engine()
     assert capture(e, (), ref, strict=False) == 3
-    assert e.whole is None and e.whole_mixed is False
+    assert e.calls == ["decode", "warm", "whole", "drop"]
     assert "whole-forward mixed graphs not captured (RuntimeError: NoValidChoicesError)" in capsys.readouterr().err
+    e = Engine()
+    assert capture(e, (), ReferenceSettings(graphs=GraphMode.EAGER)) == 0 and e.calls == ["warm"]
 
 
 def test_chain_cuts_start_with_a_one_layer_graph():
-    from dynspec.runtime.engines.reference.engine import GraphChain, chain_cuts
+    from dynspec.runtime.engines.reference.graphs import GraphChain, chain_cuts
 
     assert chain_cuts(32) == {0, 8} and chain_cuts(6) == {0, 1} and chain_cuts(2) == {0, 1} and chain_cuts(1) == {0}
     seen = []

@@ -408,20 +408,17 @@ def test_tp2_equals_tp1_and_transformers_through_k_flips(tmp_path, pair, tp1_out
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("whole", [False, True])
-def test_tp2_with_piecewise_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs, whole):
-    """Mixed iterations through piecewise.py's pieces on both ranks (uncaptured on CPU), or
-    through mixed_graphs.py's whole forwards (whole): the all-reduces inside the pieces, the
-    padding to token buckets and the head's argmax reduction after them keep the ranks in step
-    and the tokens TP=1's and transformers'."""
-    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--mixed-graphs", *(["--whole-mixed"] if whole else []))
+def test_tp2_with_whole_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs):
+    """Mixed iterations through mixed_graphs.py's whole forwards on both ranks (uncaptured on
+    CPU): the all-reduces inside the pieces, the padding to token buckets and the head's argmax
+    reduction after them keep the ranks in step and the tokens TP=1's and transformers'."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--whole-mixed")
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["outputs"] == tp1_outputs[0]
     steps = check_same_steps(doc, range(2))
     mixed = sum(1 for st in tp1_outputs[1] if st.prefill_tokens)
-    ran = (doc["whole_runs"], doc["piecewise_runs"]) if whole else (doc["piecewise_runs"], doc["whole_runs"])
-    assert ran == ([mixed, mixed], [0, 0]) and mixed > 0 and len(steps) == len(tp1_outputs[1])
+    assert doc["whole_runs"] == [mixed, mixed] and mixed > 0 and len(steps) == len(tp1_outputs[1])
 
 
 @pytest.mark.slow
@@ -457,7 +454,7 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
                            env={"DYNSPEC_TP_TIMEOUT_S": "3"})
     err = proc.stderr
     assert proc.returncode != 0, err[-3000:]
-    assert f"fault: {fault} at step call 4" in err
+    assert f"fault: {fault} at engine step 4" in err
     line = next((x for x in err.splitlines() if "open requests ended after" in x), None)
     assert line is not None, err[-3000:]
     assert line.endswith(str(["error"] * CONCURRENCY)), line
@@ -474,7 +471,7 @@ def test_exception_on_a_worker_aborts_the_job(tmp_path, pair):
     proc, wall, _ = run_tp(tmp_path, pair, 2, None, "--fault", "raise", "--fault-at", "4",
                            env={"DYNSPEC_TP_TIMEOUT_S": "30"})     # the abort, not a timeout, must end it
     assert proc.returncode != 0, proc.stderr[-3000:]
-    assert "[dynspec rank 1] RuntimeError: injected fault at step call 4; aborting all 2 ranks" in proc.stderr
+    assert "[dynspec rank 1] RuntimeError: injected fault at engine step 4; aborting all 2 ranks" in proc.stderr
     assert "MPI_ABORT was invoked on rank 1" in proc.stdout + proc.stderr
     assert wall < 30, f"the job took {wall:.1f} s to end"
 

@@ -1,7 +1,7 @@
 """The hand-written Triton kernels lowered to Triton IR for the H200 (sm_90) on CPU. The interpreter
 (tests/test_paged_decode.py, test_rope_kernel.py, test_norm_kernel.py) runs a kernel's Python, not
 Triton's type rules: a name reused with another type inside a loop or branch passed there and failed
-only on the GPU (paged_decode's fused RoPE, calls of 2026-12-01, ninth session, h200_runs.md)."""
+only on the GPU (paged_decode's fused RoPE did)."""
 import pytest
 
 pytest.importorskip("triton")

@@ -161,14 +161,14 @@ def check_split(target_dir: str, draft_dir: str, tp: int) -> None:
 # ----------------------------------------------------------------------------- every TP rank
 
 def open_rank(cfg, ctx):
-    """This rank's shard of cfg's pair as a ready engine; on CUDA with reference.cuda_graphs, the
+    """This rank's shard of cfg's pair as a ready engine; on CUDA (under reference.graphs "full") the
     graphs of every (bucket, K) the schedule reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.session import capture, open_reference_engine
 
     engine = open_reference_engine(cfg, tp=ctx)
-    if ctx.device.type == "cuda" and cfg.reference.cuda_graphs:
+    if ctx.device.type == "cuda":
         capture(engine, reachable_graphs([cfg.schedule], engine.max_batch_size, cfg.reference.keep_warm,
                                          engine.max_num_tokens), cfg.reference, strict=False)
     return engine

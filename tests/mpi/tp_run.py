@@ -6,7 +6,7 @@
 OUT.json (written by world rank 0): {"outputs": [[ids...] per prompt of replica 0],
 "steps": {world rank: [[iteration, b, K, [graph keys]], ...]}, "finish": [reasons]}.
 --fault kill|hang|raise makes TP rank 1 of replica 0 SIGKILL or SIGSTOP itself, or raise, when
-step call --fault-at arrives; the job must end with an error, never hang.
+engine step --fault-at arrives; the job must end with an error, never hang.
 """
 import argparse
 import json
@@ -24,7 +24,7 @@ from dynspec.runtime.policy import DraftSchedule
 
 
 class FaultAt:
-    """Worker-side engine wrapper that kills, stops or raises in this process at step call `at`."""
+    """Worker-side engine wrapper that kills, stops or raises in this process at engine step `at`."""
 
     def __init__(self, engine, kind: str, at: int):
         self._engine, self.kind, self.at, self.n = engine, kind, at, 0
@@ -34,9 +34,9 @@ class FaultAt:
 
     def step(self, *args, **kwargs):
         if self.n == self.at:
-            log(f"fault: {self.kind} at step call {self.n}", all_ranks=True)
+            log(f"fault: {self.kind} at engine step {self.n}", all_ranks=True)
             if self.kind == "raise":
-                raise RuntimeError(f"injected fault at step call {self.n}")
+                raise RuntimeError(f"injected fault at engine step {self.n}")
             os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
         self.n += 1
         return self._engine.step(*args, **kwargs)
@@ -52,13 +52,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, required=True)
     ap.add_argument("--dtype", default="float64")
     ap.add_argument("--device", default="cpu", help="cuda: one GPU per rank (tests/test_gpu_tp.py)")
-    ap.add_argument("--graphs", action="store_true", help="capture every reachable decode graph first (CUDA)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="capture every reachable decode graph and the whole-forward mixed graphs first (CUDA)")
     ap.add_argument("--allreduce", default="auto")
     ap.add_argument("--no-keep-warm", action="store_true")
-    ap.add_argument("--mixed-graphs", action="store_true",
-                    help="mixed iterations through piecewise.py's pieces (on CPU they run uncaptured)")
     ap.add_argument("--whole-mixed", action="store_true",
-                    help="with --mixed-graphs: mixed iterations through mixed_graphs.py (uncaptured on CPU)")
+                    help="mixed iterations through mixed_graphs.py's functions (uncaptured on CPU)")
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang", "raise"))
     ap.add_argument("--fault-at", type=int, default=3)
@@ -68,32 +67,23 @@ def main() -> None:
     jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
 
     captured = [0]            # graphs this rank captured (capture_graphs' count)
-    pieces = [0]              # mixed forwards this rank ran as piecewise.py's pieces
-    if a.mixed_graphs:
-        from dynspec.runtime.engines.reference.piecewise import PiecewiseTarget
-
-        real = PiecewiseTarget.run
-        PiecewiseTarget.run = lambda self, *args: pieces.__setitem__(0, pieces[0] + 1) or real(self, *args)
     wholes = [0]              # mixed forwards this rank ran through mixed_graphs.py
-    if a.whole_mixed:
-        from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 
-        real_whole = WholeMixed.run
-        WholeMixed.run = lambda self, *args: wholes.__setitem__(0, wholes[0] + 1) or real_whole(self, *args)
+    real_whole = WholeMixed.run
+    WholeMixed.run = lambda self, *args: wholes.__setitem__(0, wholes[0] + 1) or real_whole(self, *args)
 
     def load(ctx):
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
                                 max_seq_len=max(len(j.ids) + j.max_new for j in jobs) + sched.max_draft_len + 2,
-                                max_draft_len=max(sched.max_draft_len, 1),
-                                **({"mixed_graphs": True} if a.mixed_graphs else {}))
+                                max_draft_len=max(sched.max_draft_len, 1))
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.engine import reachable_graphs
 
             captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
                                                                  engine.max_num_tokens))
         if a.whole_mixed:
-            engine.capture_whole()
-            engine.whole_mixed = True
+            engine.capture_whole_graphs()
         rec = StepRecorder(engine)
         return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
 
@@ -102,14 +92,13 @@ def main() -> None:
     rec = engine._engine if isinstance(engine, FaultAt) else engine
     steps = [[s.iteration, s.batch_size, s.k, [list(g) for g in s.graphs]] for s in rec.steps]
     everyone = ctx.comm.gather(steps, root=0) if ctx.comm is not None else [steps]
-    all_pieces = ctx.comm.gather(pieces[0], root=0) if ctx.comm is not None else [pieces[0]]
     all_wholes = ctx.comm.gather(wholes[0], root=0) if ctx.comm is not None else [wholes[0]]
     if ctx.layout.rank == 0 and a.out:
         with open(a.out, "w") as f:
             json.dump({**result, "steps": {str(r): s for r, s in enumerate(everyone)},
                        "allreduce": ctx.reducer.mode if ctx.reducer is not None else None,
                        "eager_fallbacks": rec.eager_fallbacks, "graphs": captured[0],
-                       "piecewise_runs": all_pieces, "whole_runs": all_wholes}, f)
+                       "whole_runs": all_wholes}, f)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,10 @@ s <= p rule hides them, so rollback is by length: nothing is cleared.
 Three implementations of the same rule, and `SplitRows`, which gives a mixed iteration's decode
 rows and prompt chunks each their own:
 - `sdpa_attention`: gathers each row's blocks and runs SDPA with a boolean mask (any device;
-  the CPU path and the GPU's mixed iterations).
-- `flex_attention_paged`: FlexAttention straight over the pool, with a block mask listing each
-  row's physical blocks, so blocks past a row's length are never read (the GPU decode path).
+  every step on CPU, the oracle of the other two).
+- `paged_decode.PagedDecode`: decode rows through a Triton kernel over the pool (CUDA).
 - `packed.PackedChunks`: FlexAttention with prompt chunks' packed tokens as one query sequence,
-  each block of 128 queries visiting its rows' blocks only (prompt chunks under attention "flex").
+  each block of 128 queries visiting its rows' blocks only (CUDA).
 """
 from __future__ import annotations
 
@@ -177,16 +176,11 @@ FLEX_RECOMPILE_LIMIT = 128
 
 
 def _flex():
-    """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). Default dynamic, but
-    `flex_attention_paged` marks the batch (row) dimension static: inductor lowers to its split-KV
-    decoding kernel only when batch and heads are static (`_use_flex_decoding`); with a symbolic
-    batch it pads each row's few queries to a 128-row tile instead. H200, one layer, 512 context
-    (benchmarks/results/h200_flex_decode_static.json): b=16 153 -> 26 us, b=64 555 -> 67 us.
-    So there is one version per row bucket (every caller pads its rows to one: decode graphs and
-    mixed iterations alike), times T=1 and a symbolic T for verify windows, times pool layouts:
-    about 2 x 10 buckets for the default max batch. Past dynamo's recompile limit (default 8) flex
-    would silently run eagerly, materialising scores over the whole pool, so the limit is raised
-    and fullgraph=True makes any fallback an error instead."""
+    """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). packed_attention
+    marks batch and heads static, so there is one compiled version per pool layout and query
+    length class. Past dynamo's recompile limit (default 8) flex would silently run eagerly,
+    materialising scores over the whole pool, so the limit is raised and fullgraph=True makes
+    any fallback an error instead."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -208,100 +202,25 @@ def sees(owner: Tensor, logical: Tensor, block_size: int, slot, pos, ki):
     return (owner[blk] == slot) & (logical[blk] * block_size + ki % block_size <= pos)
 
 
-def paged_block_mask(batch: RaggedBatch, owner: Tensor, logical: Tensor, block_size: int, pool_len: int):
-    """The FlexAttention BlockMask of `batch` over a pool of pool_len positions. owner [blocks] is
-    the slot holding each physical block (-1 if free), logical [blocks] its index in that slot's
-    table. The mask lists, for row r, the physical blocks of its table it reads; mask_mod applies
-    s <= p inside them. It depends on the batch alone, so one step builds it once and every layer
-    reuses it (`PerStepMasks`). Built in every layer, its max / clamp / fill / index kernels were a
-    visible share of a b=1 decode step (H200 kernel table: benchmarks/results/h200x2_tp1_kernels.json)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    R, Tq = batch.q_index.shape
-    blocks = pool_len // block_size
-    nb = batch.tables.shape[1]
-    slots, q_pos = batch.slots, batch.q_pos
-    qb = 128 * -(-Tq // 128)          # one query block per row; a multiple of the kernels' BLOCK_M
-    used = torch.clamp(q_pos.max(dim=1).values // block_size + 1, max=nb)            # [R] blocks up to the row's end
-    num = used.to(torch.int32).view(R, 1, 1)
-    idx = torch.zeros(R, 1, 1, blocks, dtype=torch.int32, device=batch.tables.device)
-    idx[:, 0, 0, :nb] = batch.tables.to(torch.int32)
-
-    def mask_mod(b, h, qi, ki):
-        return sees(owner, logical, block_size, slots[b], q_pos[b, qi], ki)
-
-    return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(qb, block_size), mask_mod=mask_mod,
-                                    seq_lengths=(Tq, pool_len), compute_q_blocks=False)   # forward only
-
-
-class PerStepMasks:
-    """attention(q, k_pool, v_pool, batch) for one step: FlexAttention whose block mask is built
-    the first time a (batch, pool length) is seen and reused by every later layer of the step:
-    the target's 32 layers, and the draft's catch-up over the same verify batch (target and draft
-    pools share the block tables, owner and logical maps). Another batch gets its own mask."""
-
-    def __init__(self, owner: Tensor, logical: Tensor, block_size: int):
-        self.owner, self.logical, self.block_size = owner, logical, block_size
-        self._masks: list = []          # [(batch, pool_len, mask)]: a few per step, compared by identity
-
-    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
-        P = k_pool.shape[1]
-        for b, p, mask in self._masks:
-            if b is batch and p == P:
-                break
-        else:
-            mask = paged_block_mask(batch, self.owner, self.logical, self.block_size, P)
-            self._masks.append((batch, P, mask))
-        return flex_attention_paged(q, k_pool, v_pool, batch, self.owner, self.logical, self.block_size, mask)
-
-
-def flex_attention_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, owner: Tensor,
-                         logical: Tensor, block_size: int, mask=None, flex=None, static_batch: bool = True,
-                         **flex_kwargs) -> Tensor:
-    """FlexAttention over the whole pool with `paged_block_mask` (built here unless given).
-    Same inputs and result as `sdpa_attention`. flex / flex_kwargs: another compile of
-    flex_attention, and e.g. kernel_options; static_batch=False leaves the row count to automatic
-    dynamic shapes (benchmarks/flex_decode.py compares them; see `_flex`)."""
-    if mask is None:
-        mask = paged_block_mask(batch, owner, logical, block_size, k_pool.shape[1])
-    if batch.uniform:             # decode rows / verify windows: [R*Tq, nh, hd] is already [R, Tq, nh, hd]
-        qr = q.reshape(*batch.q_pos.shape, *q.shape[1:]).transpose(1, 2)               # [R, nh, Tq, hd]
-    else:
-        qr = _rows(q, batch).transpose(1, 2)                                           # [R, nh, Tq, hd]
-    if static_batch:
-        torch._dynamo.mark_static(qr, 0)           # R: one compile per row bucket (see _flex)
-        torch._dynamo.mark_static(qr, 1)           # heads: the decoding kernel needs them static too
-    o = (flex or _flex())(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True,
-                          **flex_kwargs)                                                  # [R, nh, Tq, hd]
-    R, nh, Tq, hd = o.shape
-    o = o.transpose(1, 2).reshape(R * Tq, nh * hd)
-    return o if batch.uniform else o[batch.out_index]
-
-
 @dataclass(frozen=True)
 class SplitRows:
-    """attention(q, k_pool, v_pool, batch) of a mixed iteration's forward, whose first nd packed
-    tokens are b uniform decode rows (T = K+1 tokens each) and the rest prompt chunks:
-        decode rows   `decode` over `decode_batch` (FlexAttention over the pool on CUDA)
-        prompt chunks `chunk` over `chunk_batch`: packed.PackedChunks when the engine's attention
-                      is "flex" (CUDA's default), else gathered SDPA over the chunks' own rows
-    One gathered SDPA over every row would copy each decode row's whole context in every layer
-    (b=64 rows of 1000 tokens, 8 KV heads of 128, bf16: 262 MB a layer). Called for `whole` only:
-    the target's layers and the draft's catch-up over the same packed tokens.
-    decode_batch may hold B >= b rows: rows b..B-1 pad to the row bucket (the engine's padding
-    slot, reading only the scratch block), so that FlexAttention sees a batch it has compiled for.
-    Example b=3, T=2, B=4: q[:6] and two zero queries go in, the first 6 outputs come back."""
+    """attention(q, k_pool, v_pool, batch) of a mixed iteration's eager forward on CUDA, whose
+    first nd packed tokens are B uniform decode rows (T = K+1 tokens each; rows b..B-1 padding)
+    and the rest prompt chunks:
+        decode rows   `decode` (paged_decode.PagedDecode) over `decode_batch`
+        prompt chunks `chunk` (packed.PackedChunks) over `chunk_batch`
+    Called for `whole` only: the target's layers and the draft's pass over the same packed tokens.
+    Example B=4, T=2: q[:8] go to the decode rows, q[8:] to the chunks."""
     whole: RaggedBatch
-    nd: int                       # packed tokens of the decode rows (b x T)
+    nd: int                       # packed tokens of the decode rows (B x T)
     decode: object                # attention(q, k_pool, v_pool, batch) for the decode rows
-    decode_batch: RaggedBatch     # B uniform rows of T tokens, the first b of them real
+    decode_batch: RaggedBatch     # B uniform rows of T tokens
     chunk_batch: RaggedBatch
-    chunk: object = sdpa_attention   # attention(q, k_pool, v_pool, chunk_batch) for the prompt chunks
+    chunk: object                 # attention(q, k_pool, v_pool, chunk_batch) for the prompt chunks
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if batch is not self.whole:
             raise ValueError("SplitRows attends the batch it was built for only")
-        nd, pad = self.nd, self.decode_batch.q_pos.numel() - self.nd
-        qd = torch.cat([q[:nd], q.new_zeros(pad, *q.shape[1:])]) if pad else q[:nd]      # [B*T, nh, hd]
-        return torch.cat([self.decode(qd, k_pool, v_pool, self.decode_batch)[:nd],
+        nd = self.nd
+        return torch.cat([self.decode(q[:nd], k_pool, v_pool, self.decode_batch),
                           self.chunk(q[nd:], k_pool, v_pool, self.chunk_batch)])           # [N, nh*hd]

@@ -23,13 +23,20 @@ rows. Its draft entries are the prompt's own: draft positions s..e-1 take (x_{p+
 with x_e the next prompt token, or for the last chunk (e = P) the target's first generated
 token g0; the last chunk also sets the carried state from position P-1.
 
-Cache: paged (kv_cache.py); target and draft share one block table per slot. Pure-decode
-iterations replay a CUDA graph per (bucket, K) when captured, as a chain of three (GraphChain);
-iterations with prompt chunks replay one whole-forward graph (mixed_graphs.py) or per-token-bucket
-graphs cut at attention (piecewise.py). See docs/design.md ("CUDA graphs", "Host work of a step").
+Cache: paged (kv_cache.py); target and draft share one block table per slot.
+
+One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step"):
+    pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
+    mixed         the whole-forward graph of (Np, B, T) (mixed_graphs.py; at K > 0 the graph's
+                  target forward, then an eager finish), else eager; eager is also what runs
+                  above the top token bucket or past WholeMixed.LAST last chunks at K = 0
+    attention     CUDA: decode rows through paged_decode.PagedDecode, prompt chunks through
+                  packed.PackedChunks (attention.SplitRows gives each its own); CPU: SDPA
+Triton's interpreter (TRITON_INTERPRET=1, tests) takes the CUDA attention on CPU.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -37,14 +44,13 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix, draft_uniforms
-from dynspec.runtime.engines.reference.attention import (PerStepMasks, RaggedBatch, SplitRows, ragged_batch,
-                                                         sdpa_attention, uniform_batch)
+from dynspec.runtime.engines.reference.attention import (RaggedBatch, SplitRows, ragged_batch, sdpa_attention,
+                                                         uniform_batch)
+from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
-from dynspec.runtime.engines.reference.paged_decode import PagedDecode
 from dynspec.runtime.engines.reference.packed import PackedChunks
-from dynspec.runtime.engines.reference.piecewise import (GraphChain, PiecewiseTarget, capture_chain, chain_cuts,
-                                                          mixed_buckets)
+from dynspec.runtime.engines.reference.paged_decode import PagedDecode
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
 
 
@@ -81,9 +87,9 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
 
 def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
     """The keys once each, in one total order (kind, bucket, k, keep_warm). Under TP every rank
-    warms up and captures in this order, so their collectives pair up: ordering a set by (kind,
-    bucket, k) alone left decode (4, keep_warm) and decode (4) in hash order, which differs per
-    process, and two H200 ranks ran different collectives until NCCL's watchdog fired."""
+    warms up and captures in this order, so their collectives pair up: a set ordered by (kind,
+    bucket, k) alone leaves decode (4, keep_warm) and decode (4) in hash order, which differs per
+    process, and the ranks would run different collectives until NCCL's watchdog fires."""
     return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm)))
 
 
@@ -91,9 +97,7 @@ class ReferenceEngine:
     """Executor-facing engine: reserve(tokens) / release(slot) a sequence's cache, step(plan)."""
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
-                 max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
-                 attention: str | None = None, mixed_graphs: bool | None = None, decode_kernel: str = "flex",
-                 split_graphs: bool = True, fused_rope: bool = True):
+                 max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -107,14 +111,8 @@ class ReferenceEngine:
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))
         self.capture = tuple(draft.capture_layers)
         self.vocab_size = target.config.vocab_size
-        self.attention = attention or ("flex" if on_cuda else "sdpa")
-        if self.attention not in ("flex", "sdpa"):
-            raise DynspecError(f"attention {self.attention!r} is not 'flex' or 'sdpa'")
-        if decode_kernel not in ("flex", "triton"):
-            raise DynspecError(f"decode_kernel {decode_kernel!r} is not 'flex' or 'triton'")
-        self.decode_kernel = decode_kernel      # under attention "flex": the decode rows' kernel
-        self.split_graphs = split_graphs        # capture_graphs: a chain of graphs per key (GraphChain)
-        self.fused_rope = fused_rope            # decode_kernel "triton": RoPE + K/V write in its launch
+        # the Triton attention (PagedDecode, PackedChunks) where Triton runs, else SDPA
+        self.triton = on_cuda or os.environ.get("TRITON_INTERPRET") == "1"
         bs = block_size or (128 if on_cuda else 16)
         per_seq = -(-max_seq_len // bs)
         n_blocks = num_blocks or 1 + max_batch_size * per_seq
@@ -150,15 +148,8 @@ class ReferenceEngine:
         self._acceptance: AcceptanceModel | None = None   # what p_accept/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
-        # mixed iterations' target forward cut at attention, graphed per token bucket (piecewise.py):
-        # on CUDA once capture_graphs has run; on CPU (tests) the same pieces run eagerly when asked
-        self.piecewise = (PiecewiseTarget(target, mixed_buckets(max_num_tokens), self.capture)
-                          if (on_cuda if mixed_graphs is None else mixed_graphs) else None)
-        self.mixed_graphs = self.piecewise is not None     # benchmarks switch it off to time eager
-        self.packed_chunks = self.attention == "flex"       # prompt chunks through PackedChunks (else SDPA)
-        self.whole: WholeMixed | None = None                # capture_whole; used while whole_mixed
-        self.whole_mixed = False
-        self.warm_chunk_steps = 0                           # chunk-only steps capture_graphs ran (warm_chunks)
+        self.whole: WholeMixed | None = None      # mixed iterations' whole-forward graphs (capture_whole_graphs)
+        self.warm_chunk_steps = 0                 # chunk-only steps warm_chunks ran
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -275,13 +266,11 @@ class ReferenceEngine:
         return uniform_batch(self.block_tables, self.slot[:B], q_pos, read or self.max_blocks_per_seq,
                              self.block_size)
 
-    def _attention(self, read: int | None):
-        """The decode rows' attention: FlexAttention over the pool when the shapes are static
-        (read is None: the CUDA-graph path, one compile per shape), else gathered SDPA."""
-        if self.attention == "sdpa" or read is not None:
-            return sdpa_attention
-        flex = PerStepMasks(self.block_owner, self.block_logical, self.block_size)
-        return PagedDecode(self.block_size, flex, self.fused_rope) if self.decode_kernel == "triton" else flex
+    def decode_attention(self):
+        """The decode rows' attention, graphed or eager: PagedDecode (RoPE and the K/V write
+        inside its launch) where Triton runs, else gathered SDPA."""
+        return PagedDecode(self.block_size) if self.triton else sdpa_attention
+
 
     def _draft_next(self, tokens, hidden, batch, attention=None):
         """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
@@ -292,7 +281,7 @@ class ReferenceEngine:
         """Rebuild entry L of stale rows: (x_L, h_{L-1}) at draft position L-1."""
         slot = self.slot[:B]
         batch = self._rows(B, (self.pos[:B] - 1)[:, None], read)
-        d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self._attention(read))
+        d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self.decode_attention())
         self.next_draft[slot], self.draft_hidden[slot] = d, h
 
     def _chain(self, B: int, K: int, read) -> torch.Tensor:
@@ -300,7 +289,7 @@ class ReferenceEngine:
         slot, pos = self.slot[:B], self.pos[:B]
         drafts, h = [self.next_draft[slot]], self.draft_hidden[slot]
         for i in range(1, K):                                                # entries L+1..L+K-1
-            d, h = self._draft_next(drafts[-1], h, self._rows(B, (pos + i - 1)[:, None], read), self._attention(read))
+            d, h = self._draft_next(drafts[-1], h, self._rows(B, (pos + i - 1)[:, None], read), self.decode_attention())
             drafts.append(d)
         return torch.stack(drafts, dim=1)                                    # [B, K]
 
@@ -320,7 +309,7 @@ class ReferenceEngine:
         vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
         batch = self._rows(B, vpos, read)
         tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
-        attention = self._attention(read)            # one block mask for the verify and the draft's catch-up
+        attention = self.decode_attention()          # the verify's and the draft's catch-up
         g, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=attention, greedy=True)
         n, E = self._accept(D, g.view(B, K + 1))
         self._catch_up(E, H.view(B, K + 1, -1), batch, n, attention)
@@ -332,7 +321,7 @@ class ReferenceEngine:
         attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
         `_refresh` when speculation resumes, so every later draft step sees a complete cache."""
         batch = self._rows(B, self.pos[:B, None], read)
-        g, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self._attention(read),
+        g, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self.decode_attention(),
                                greedy=True)                                  # [B]
         if keep_warm:
             self.draft.extend_kv(g, H, batch)                                # entry L+1 @ draft pos L
@@ -351,129 +340,119 @@ class ReferenceEngine:
         self.draft_hidden[slot] = h.view(B, T, -1)[rows, n]
         self.last_capture[slot] = H[rows, n]
 
-    # ---- mixed iterations: decode rows + prompt chunks in one target forward (eager) ---------
-    def _mixed(self, plan: StepPlan, read: int | None) -> torch.Tensor:
-        """Returns the first generated token of each last chunk [n_last]."""
-        b, B, K, dev = plan.batch_size, plan.bucket, plan.k, self.device
-        chunks = plan.chunks
-        T = K + 1
-        n_last = sum(c.last for c in chunks)
-        key = self._whole_key(B, T, plan.prefill_tokens)
-        if key is not None and T == 1:
-            if self.whole.finishes(key, n_last):          # the whole iteration in the graph (mixed_graphs.py)
-                self.whole.stage(key, chunks, plan.keep_warm)
-                self.whole.run(key, b, None)
-                return self.whole.firsts[:n_last]
-            key = None
-        dec_read = None if self.attention == "flex" else read                 # flex skips unread blocks itself
-        lens = [T] * b + [len(c.tokens) for c in chunks]
-        starts = list(plan.positions) + [c.start for c in chunks]
-        slots = list(plan.slots) + [c.slot for c in chunks]
-        nd = b * T
-        ends, i = [], nd                                                     # packed index of each chunk's last token
+    # ---- mixed iterations: decode rows + prompt chunks in one target forward ---------------
+    def _mixed(self, plan: StepPlan, read: int) -> torch.Tensor:
+        """Returns the first generated token of each last chunk [n_last]. Packing (as mixed_graphs.py):
+        the B = plan.bucket decode rows' T tokens (rows b..B-1 padding), then the chunks' tokens."""
+        B, T, chunks = plan.bucket, plan.k + 1, plan.chunks
+        key = self._whole_key(plan)
+        if key is not None and T == 1:                         # the whole iteration in the graph
+            self.whole.stage(key, chunks, plan.keep_warm)
+            self.whole.run(key, plan.batch_size, None)
+            return self.whole.firsts[:plan.last_chunks]
+        m = self._mixed_inputs(plan)
+        if key is not None:                  # K > 0 through a graph (pinned copies: they do not wait)
+            self.whole.stage(key, chunks, plan.keep_warm, m.chunk_attention.lists if self.triton else None)
+        b, K, nd = plan.batch_size, plan.k, m.nd
+        if b and K and any(plan.stale):
+            self._refresh(B, read)
+        D = self._chain(B, K, read) if b and K else None                     # [B, K]
+        tokens = torch.cat([self.x[:B, None], D], 1).reshape(-1) if D is not None else self.x[:B]
+        attention = m.chunk_attention
+        if b:
+            attention = sdpa_attention                                       # CPU: one SDPA over every row
+            if self.triton:
+                dec_batch = self._rows(B, self.pos[:B, None] + torch.arange(T, device=self.device), read)
+                attention = SplitRows(m.batch, nd, self.decode_attention(), dec_batch, m.c_batch, m.chunk_attention)
+        logit_index = torch.cat([torch.arange(nd, device=self.device), m.last_idx])
+        if key is not None:
+            h, H = self.whole.run(key, b, D[:b])
+            greedy, H = self.target.head(h[logit_index], greedy=True), H[: nd + m.prompt.shape[0]]
+        else:
+            greedy, H = self.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
+                                        capture=self.capture, logit_index=logit_index, attention=attention,
+                                        greedy=True)                         # [nd + n_last]
+        firsts = greedy[nd:]
+        m.nxt[m.last_idx - nd] = firsts          # draft entries (x_{p+1}, h_p): a last chunk's x_e is g0
+        if b and K:
+            self._mixed_catch_up(plan, D, greedy[:nd], H, m, attention)
+        else:
+            self._mixed_decode_end(plan, greedy[:nd], H, m, read)
+        return firsts
+
+    def _mixed_inputs(self, plan: StepPlan) -> "MixedInputs":
+        """The chunks' side of an eager mixed iteration, every host -> device copy issued before
+        the first kernel (the draft's included): a copy from pageable memory waits for the
+        stream, so one issued later would stall the host until the work queued before it ends.
+        One tensor, split: [prompt tokens Nc | their draft inputs Nc | last chunks' packed index |
+        their slot | token slots Nc]. Packed index of chunk token j: B*T + j."""
+        b, B, T, chunks = plan.batch_size, plan.bucket, plan.k + 1, plan.chunks
+        nd = i = plan.padded_decode_tokens
+        ends = []
         for c in chunks:
             i += len(c.tokens)
-            ends.append(i - 1)
+            ends.append(i - 1)                                               # packed index of its last token
         last_rows = [j for j, c in enumerate(chunks) if c.last]
-        # every host -> device copy before the first kernel (the draft's included): a copy from
-        # pageable memory waits for the stream, so one issued later would stall the host until
-        # the work queued before it ends. One tensor, split:
-        #   [prompt tokens Nc | their draft inputs Nc | last chunks' packed index | their slot | token slots Nc]
         host = [[t for c in chunks for t in c.tokens],
                 [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
                 [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
                 [c.slot for c in chunks for _ in c.tokens]]
         prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
-            [x for part in host for x in part], dtype=torch.long).to(dev).split([len(x) for x in host])
-        nxt = nxt.clone()
-        c_batch = ragged_batch(self.block_tables, slots[b:], starts[b:], lens[b:], self.block_size)
-        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if b else c_batch
-        rows = [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks]
+            [x for part in host for x in part], dtype=torch.long).to(self.device).split([len(x) for x in host])
+        pad = B - b                                                          # padding rows: slot pad_slot at 1
+        slots = list(plan.slots) + [self.pad_slot] * pad + [c.slot for c in chunks]
+        starts = list(plan.positions) + [1] * pad + [c.start for c in chunks]
+        lens = [T] * B + [len(c.tokens) for c in chunks]
+        c_batch = ragged_batch(self.block_tables, slots[B:], starts[B:], lens[B:], self.block_size)
+        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if B else c_batch
         chunk_attention = sdpa_attention
-        if self.packed_chunks:
+        if self.triton:
+            rows = [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks]
             chunk_attention = PackedChunks(c_batch, rows, token_slot, self.block_owner, self.block_logical,
                                            self.block_size)
             chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
-        if key is not None:                  # K > 0 through a graph (pinned copies: they do not wait)
-            self.whole.stage(key, chunks, plan.keep_warm, chunk_attention.lists if self.packed_chunks else None)
-        # the decode rows' draft steps and attention run over the bucket's B rows (step() set rows
-        # b..B-1 to padding), so FlexAttention meets the row counts the decode graphs compiled
-        if b and K and any(plan.stale):
-            self._refresh(B, dec_read)
-        D = self._chain(B, K, dec_read)[:b] if b and K else None             # [b, K]
-        dec_tokens = (torch.cat([self.x[:b, None], D], 1) if D is not None else self.x[:b, None]).reshape(-1)
-        logit_index = torch.cat([torch.arange(nd, device=dev), last_idx])
-        attention = chunk_attention
+        return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, batch, c_batch, chunk_attention, nd)
+
+    def _mixed_catch_up(self, plan: StepPlan, D, g, H, m: "MixedInputs", attention) -> None:
+        """K > 0: accept over the B rows (g [B*T]), then one draft pass over the rows' catch-up
+        entries and the chunks' entries; the b real rows and the last chunks keep their heads."""
+        b, B, T, dev = plan.batch_size, plan.bucket, plan.k + 1, self.device
+        n, E = self._accept(D, g.view(B, T))
+        self.out_tokens[:b, :T] = E[:b]
+        self.out_n[:b] = n[:b]
+        d, h = self._draft_next(torch.cat([E.reshape(-1), m.nxt]), H, m.batch, attention)
+        rows, slot = torch.arange(b, device=dev), self.slot[:b]
+        self.next_draft[slot] = d[: m.nd].view(B, T)[rows, n[:b]]
+        self.draft_hidden[slot] = h[: m.nd].view(B, T, -1)[rows, n[:b]]
+        self.last_capture[slot] = H[: m.nd].view(B, T, -1)[rows, n[:b]]
+        self._last_heads(m, d, h, H, 0)
+
+    def _mixed_decode_end(self, plan: StepPlan, g, H, m: "MixedInputs", read: int) -> None:
+        """K = 0: the b rows' outputs and keep-warm K/V, then the draft's pass over the chunks."""
+        b = plan.batch_size
         if b:
-            vpos = self.pos[:B, None] + torch.arange(T, device=dev)                  # [B, T]
-            dec_batch = self._rows(B, vpos, dec_read)
-            attention = SplitRows(batch, nd, self._attention(dec_read), dec_batch, c_batch, chunk_attention)
-        tokens = torch.cat([dec_tokens, prompt])
-        pw = self.piecewise
-        if key is not None:
-            h, Hw = self.whole.run(key, b, D)
-            shift = (B - b) * T                  # chunk token j: nd + j in the plan's packing, B*T + j there
-            ar = torch.arange(nd + prompt.shape[0], device=dev)
-            greedy = self.target.head(h[torch.cat([ar[:nd], last_idx + shift])], greedy=True)
-            H = Hw[torch.where(ar < nd, ar, ar + shift)]
-        elif (self.mixed_graphs and pw is not None and pw.fits(len(tokens))
-                and (pw.graphs or self.device.type != "cuda")):
-            greedy, H = pw.run(tokens, batch, attention, logit_index)
-        else:
-            greedy, H = self.target.run(tokens, batch, capture=self.capture, logit_index=logit_index,
-                                        attention=attention, greedy=True)    # [nd + n_last]
-        firsts = greedy[nd:]
-        # draft entries of the chunks: (x_{p+1}, h_p), x_e = the next prompt token or g0
-        nxt[last_idx - nd] = firsts
-        if b and K:
-            n, E = self._accept(D, greedy[:nd].view(b, T))
-            self.out_tokens[:b, :T] = E
-            self.out_n[:b] = n
-            d, h = self._draft_next(torch.cat([E.reshape(-1), nxt]), H, batch, attention)   # catch-up + chunk rows
-            rows, slot = torch.arange(b, device=dev), self.slot[:b]
-            self.next_draft[slot] = d[:nd].view(b, T)[rows, n]
-            self.draft_hidden[slot] = h[:nd].view(b, T, -1)[rows, n]
-            self.last_capture[slot] = H[:nd].view(b, T, -1)[rows, n]
-            offset = 0
-        else:
-            if b:
-                g = greedy[:nd]
-                if plan.keep_warm:
-                    self.draft.extend_kv(g, H[:nd], self._rows(b, self.pos[:b, None], read))
-                self.last_capture[self.slot[:b]] = H[:nd]
-                self.out_tokens[:b, 0] = g
-                self.out_n[:b] = 0
-            d, h = self._draft_next(nxt, H[nd:], c_batch, chunk_attention)
-            offset = nd
-        if last_rows:
-            self.next_draft[last_slot] = d[last_idx - offset]
-            self.draft_hidden[last_slot] = h[last_idx - offset]
-            self.last_capture[last_slot] = H[last_idx]
-        return firsts
+            if plan.keep_warm:
+                self.draft.extend_kv(g[:b], H[:b], self._rows(b, self.pos[:b, None], read))
+            self.last_capture[self.slot[:b]] = H[:b]
+            self.out_tokens[:b, 0] = g[:b]
+            self.out_n[:b] = 0
+        d, h = self._draft_next(m.nxt, H[m.nd:], m.c_batch, m.chunk_attention)
+        self._last_heads(m, d, h, H, m.nd)
 
-    def _whole_key(self, B: int, T: int, n_chunk: int):
-        """The whole-forward graph key of this mixed iteration, or None (piecewise or eager)."""
-        if not self.whole_mixed or self.whole is None:
-            return None
-        key = self.whole.key(B, T, n_chunk)
-        return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
+    def _last_heads(self, m: "MixedInputs", d, h, H, offset: int) -> None:
+        """The carried state of each last chunk's slot, from its last token (d, h indexed from offset)."""
+        if m.last_idx.numel():
+            self.next_draft[m.last_slot] = d[m.last_idx - offset]
+            self.draft_hidden[m.last_slot] = h[m.last_idx - offset]
+            self.last_capture[m.last_slot] = H[m.last_idx]
 
-    def capture_whole(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple[int, int, int]] = ()) -> int:
-        """Mixed iterations' whole target forward, attention included, as one graph per (token
-        bucket, row bucket, T) (mixed_graphs.py): for the row shapes of `keys` (pure-decode graph
-        keys) with every token bucket, plus chunk-only iterations, plus the `exact` (Np, B, T).
-        CPU: the same functions, eager. Needs the piecewise buffers. Returns how many graphs.
-        `whole_mixed` switches their use (session.capture turns it on with
-        reference.whole_mixed_graphs; benchmarks/mixed_step.py's mode `whole` times it)."""
-        if self.piecewise is None:
-            raise DynspecError("whole mixed graphs need the piecewise buffers (mixed_graphs on)")
+    def _whole_key(self, plan: StepPlan):
+        """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
+        captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests)."""
         if self.whole is None:
-            self.whole = WholeMixed(self)
-        rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1) for g in keys if g.kind != "refresh"}
-        if self.device.type != "cuda":
-            return 0
-        self._pad_rows()
-        return self.whole.capture(set(whole_keys(rows, self.piecewise.buckets) if rows else ()) | set(exact))
+            return None
+        key = self.whole.key(plan)
+        return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
 
     def _pad_rows(self) -> None:
         """Every step row a padding row (token 0 at position 1 of the padding slot): what graph
@@ -501,40 +480,24 @@ class ReferenceEngine:
             plan = StepPlan(k=0, batch_size=0, bucket=0, positions=(), pending=(), stale=(), keep_warm=False,
                             slots=(), chunks=tuple(PromptChunk(self.pad_slot, 0, (0,) * r, None) for r in rows))
             self.step(plan, Greedy())
+        self.warm_chunk_steps += len(sizes)
         return len(sizes)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
-    def drop_graphs(self) -> None:
-        """Forget every captured graph (a graph bakes in what it captured, e.g. the all-reduce mode)."""
-        self._graphs.clear()
-        if self.piecewise is not None:
-            self.piecewise.drop()
-        if self.whole is not None:
-            self.whole.drop()
+    def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
+        """Every graph of GraphMode.FULL for the pure-decode `keys` (reachable_graphs): their
+        decode graphs, then (CUDA) the eager path's chunk attention compiled (warm_chunks: its
+        chunk-only steps run before a whole graph could take them), then the whole-forward graphs
+        of their row shapes (capture_whole_graphs). Returns how many graphs."""
+        keys = tuple(keys)
+        n = self.capture_decode_graphs(keys)
+        if self.device.type == "cuda":
+            self.warm_chunks()
+        return n + self.capture_whole_graphs(keys)
 
-    def _capture_chain(self, key: GraphKey, pool, stream) -> GraphChain:
-        """The key's device function captured as consecutive graphs (piecewise.capture_chain), cut
-        at `graph_cuts`."""
-        def fn(cut) -> None:
-            self.target.layer_hook = cut
-            try:
-                self._device_fn(key, None)
-            finally:
-                self.target.layer_hook = None
-
-        return capture_chain(fn, self.graph_cuts, pool, stream)
-
-    @property
-    def graph_cuts(self) -> frozenset[int]:
-        """Where every captured graph chain (decode keys, whole mixed forwards) starts its next graph:
-        after the target's layers `chain_cuts`, or nowhere (one graph) without split_graphs."""
-        return chain_cuts(len(self.target.layers)) if self.split_graphs else frozenset()
-
-    def capture_graphs(self, keys: Iterable[GraphKey], mixed: bool = True) -> int:
-        """Capture one graph per pure-decode key (call once at start, on CUDA; with split_graphs a
-        chain of three, counted once), then, with mixed, the mixed iterations' pieces (piecewise.py).
-        Returns how many keys and pieces.
-        Decode graphs read every row's whole block table (max_seq_len)."""
+    def capture_decode_graphs(self, keys: Iterable[GraphKey]) -> int:
+        """One graph chain per pure-decode key (CUDA; 0 on CPU), warmed up and captured in
+        capture_order. Decode graphs read every row's whole block table (max_seq_len)."""
         if self.device.type != "cuda":
             return 0
         keys = capture_order(keys)
@@ -551,10 +514,54 @@ class ReferenceEngine:
             for key in keys:
                 self._graphs[key] = self._capture_chain(key, pool, stream)
         torch.cuda.synchronize()
-        n = len(keys) + (self.piecewise.capture() if mixed and self.piecewise is not None else 0)
-        if mixed and self.packed_chunks:
-            self.warm_chunk_steps = self.warm_chunks()
-        return n
+        return len(keys)
+
+    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple[int, int, int]] = ()) -> int:
+        """Mixed iterations' whole target forward, attention included, as one graph chain per
+        (token bucket, row bucket, T) (mixed_graphs.py): for the row shapes of `keys` with every
+        token bucket, plus chunk-only iterations, plus the `exact` (Np, B, T). Returns how many.
+        CPU: WholeMixed is set up and its functions run uncaptured (tests check them there)."""
+        if self.whole is None:
+            self.whole = WholeMixed(self)
+        if self.device.type != "cuda":
+            return 0
+        rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1) for g in keys if g.kind != "refresh"}
+        self._pad_rows()
+        return self.whole.capture(set(whole_keys(rows, self.whole.buckets) if rows else ()) | set(exact))
+
+    def drop_whole(self) -> None:
+        """Mixed iterations back to the eager path (e.g. after a failed whole-graph capture)."""
+        self.whole = None
+
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (a graph bakes in what it captured, e.g. the all-reduce mode)."""
+        self._graphs.clear()
+        if self.whole is not None:
+            self.whole.drop()
+
+    def _capture_chain(self, key: GraphKey, pool, stream) -> GraphChain:
+        """The key's device function captured as a graph chain (graphs.capture_chain)."""
+        def fn(cut) -> None:
+            self.target.layer_hook = cut
+            try:
+                self._device_fn(key, None)
+            finally:
+                self.target.layer_hook = None
+
+        return capture_chain(fn, chain_cuts(len(self.target.layers)), pool, stream)
+
+
+@dataclass(frozen=True)
+class MixedInputs:
+    """An eager mixed iteration's device inputs (ReferenceEngine._mixed_inputs)."""
+    prompt: torch.Tensor          # [Nc] the chunks' tokens
+    nxt: torch.Tensor             # [Nc] their draft inputs x_{p+1} (a last chunk's last: set to g0)
+    last_idx: torch.Tensor        # [n_last] packed index of each last chunk's last token
+    last_slot: torch.Tensor       # [n_last] its slot
+    batch: RaggedBatch            # every row: B decode rows then the chunks
+    c_batch: RaggedBatch          # the chunks alone (their own packing from 0)
+    chunk_attention: object       # PackedChunks (Triton) or sdpa_attention
+    nd: int                       # B x T decode tokens ahead of the chunks
 
 
 def load_reference_engine(
@@ -568,30 +575,26 @@ def load_reference_engine(
     max_draft_len: int = 8,
     max_num_tokens: int = 8192,
     fused_kernels: bool | None = None,
-    triton_kernels: bool = True,
     prepare=None,
     target_part=None,
     draft_part=None,
     **cache,
 ) -> ReferenceEngine:
-    """fused_kernels: torch.compile the per-layer elementwise glue (default: on CUDA only).
-    triton_kernels (CUDA): rope_write (rope_kernel.py) and the decode rows' attention
-    (paged_decode.py) as hand-written Triton kernels; False keeps inductor's and FlexAttention.
+    """fused_kernels: the per-layer elementwise glue compiled, with Triton's rope_write and norms
+    on CUDA (model.Kernels; default: on CUDA only).
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
     tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).
-    cache: block_size, num_blocks, attention ("flex" | "sdpa"), mixed_graphs, split_graphs, fused_rope,
-    passed to ReferenceEngine."""
+    cache: block_size, num_blocks, passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     target = load_target(target_dir, device=device, dtype=dt, part=target_part)
     if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
-        target.kernels = Kernels(compiled=True, triton=triton_kernels and str(device).startswith("cuda"))
+        target.kernels = Kernels(compiled=True)
     draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
     if prepare is not None:
         prepare(target, draft)
-    cache.setdefault("decode_kernel", "triton" if triton_kernels and str(device).startswith("cuda") else "flex")
     return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                            max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)

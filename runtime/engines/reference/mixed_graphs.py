@@ -2,40 +2,32 @@
 per key (Np, B, T): token bucket Np, row bucket B, T = K+1 tokens a decode row. See
 docs/design.md ("Graphs for mixed iterations").
 
-piecewise.py leaves attention eager between its 33 graphed pieces, so a mixed step is
-host-bound (H200: 18.5 ms for b=1 + a 128-token chunk, 5.1 ms for the decode step alone). Here
-attention reads static buffers only, so it is captured with the pieces:
-    decode rows    the decode graphs' kernel: paged_decode.py's Triton kernel on CUDA (its
-                   counters reset themselves, so replay is safe), else FlexAttention over the
-                   pool with a block mask built in the graph from the engine's pos / slot buffers
+The forward is target_pieces.py's pieces with attention between them; attention reads static
+buffers only, so it is captured with the pieces:
+    decode rows    the decode graphs' attention (engine.decode_attention: paged_decode.py's
+                   Triton kernel on CUDA; its counters reset themselves, so replay is safe)
     prompt chunks  packed_attention with block lists and per-token (slot, position) in buffers
 
-Packed layout of the Np tokens:
+Packed layout of the Np tokens (the engine's eager mixed path packs the same way):
     [0, B*T)            decode rows, row r's T tokens (pending + K drafts); rows b..B-1 pad
-    [B*T, B*T + L)      the chunks' L tokens, packed as in the plan
+    [B*T, B*T + L)      the chunks' L tokens, in plan order
     [B*T + L, Np)       pad: token 0 at position 0 of the padding slot (K/V into the scratch block)
 Example b=3, B=4, T=2, chunks of 5 and 3 tokens, Np=16: decode 0..7 (6 and 7 pad), chunks 8..15.
-The plan's packing (ragged_batch) puts chunk token j at b*T + j; here it sits (B-b)*T later.
 
 Inputs: the chunks' tokens, positions, K/V write indices, slots, draft inputs, last-token
 indices and block lists are laid out on the host (`stage`, numpy) in two pinned buffers and
 reach the device in two copies; the graph copies them on into the pieces' buffers. The decode
 rows' come from the engine's step_in copy. So nothing runs on the device before the launch but
-those copies (call 23's trace: 1.4 ms of small host-issued ops and copies, then 0.68 ms to
-submit one 700-node graph, before its first kernel at b=64 + a 128-token chunk).
+those copies.
 
 K = 0 keys (T = 1) run the whole iteration in the graph, not the target alone: the greedy head
-of the decode rows and of each last chunk's last token (at most LAST of them; more go
-piecewise), the decode rows' outputs and keep-warm K/V (written to the scratch block when the
-plan does not keep warm: one graph serves both), and the draft's pass over the chunks with its
+of the decode rows and of each last chunk's last token (at most LAST of them; `key` refuses
+more), the decode rows' outputs and keep-warm K/V (written to the scratch block when the plan
+does not keep warm: one graph serves both), and the draft's pass over the chunks with its
 outputs at the last tokens only. K > 0 keys return (h, H) and the engine finishes eagerly.
 
 Memory: the graphs share one pool and write their outputs into static buffers, so nothing but
 those buffers outlives a replay. On CPU (tests) the same functions run without capture.
-H200, 8B shape, 512 context, ms a step (benchmarks/results/h200_c15_mixed_step.json): b=1 + a
-128-token chunk 10.1 whole vs 15.8 piecewise (decode alone 5.1); b=128 + 256 tokens 21.7 vs 22.8.
-At 1024 context with the step's host work in one copy (h200_c23_mixed_step.json): b=1 + 128
-9.25 whole (decode alone 4.95), b=64 + 128 11.76 (7.63).
 """
 from __future__ import annotations
 
@@ -45,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attention import PerStepMasks, RaggedBatch, uniform_batch
+from .attention import RaggedBatch, uniform_batch
+from .graphs import capture_chain, chain_cuts, no_cut
 from .kv_cache import SCRATCH_BLOCK
 from .packed import PackedChunks, packed_attention, packed_block_mask, packed_kv_blocks
-from .paged_decode import PagedDecode
-from .piecewise import capture_chain
+from .target_pieces import TargetPieces, mixed_buckets
 
 Key = tuple[int, int, int]       # (Np, B, T)
 
@@ -68,8 +60,10 @@ class WholeMixed:
     LAST = 64                 # last chunks a K = 0 graph finishes (1024 tokens of 16-token prompts)
 
     def __init__(self, engine):
-        e, pw, t = engine, engine.piecewise, engine.target
-        self.e, self.pw = e, pw
+        e, t = engine, engine.target
+        self.e = e
+        self.pw = pw = TargetPieces(t, mixed_buckets(e.max_num_tokens), e.capture)
+        self.buckets = pw.buckets
         self.top = top = pw.buckets[-1]
         self.pool_len = t.k_cache.shape[2]
         blocks = self.pool_len // e.block_size
@@ -105,9 +99,14 @@ class WholeMixed:
         self.graphs.clear()
         self._fns.clear()
 
-    def key(self, B: int, T: int, n_chunk: int) -> Key | None:
-        n = self.pw.bucket(B * T + n_chunk)
-        return None if n is None else (n, B, T)
+    def key(self, plan) -> Key | None:
+        """The key of a mixed StepPlan: (the token bucket of its padded tokens, its row bucket,
+        K+1); None above the top token bucket, or at K = 0 past LAST last chunks.
+        Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2)."""
+        n = self.pw.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
+        if n is None or (plan.k == 0 and plan.last_chunks > self.LAST):
+            return None
+        return (n, plan.bucket, plan.k + 1)
 
     # ---- host side ------------------------------------------------------------------------
     def stage(self, key: Key, chunks: Sequence, keep_warm: bool, lists: list[list[int]] | None = None) -> None:
@@ -154,10 +153,6 @@ class WholeMixed:
                 self._free = torch.cuda.Event()
             self._free.record()
 
-    def finishes(self, key: Key, n_last: int) -> bool:
-        """Whether the key's graph ends the iteration itself (K = 0, at most LAST last chunks)."""
-        return key[2] == 1 and n_last <= self.LAST
-
     # ---- the device function --------------------------------------------------------------
     def _fn(self, key: Key) -> Callable:
         if key not in self._fns:
@@ -167,18 +162,14 @@ class WholeMixed:
     def _make(self, Np: int, B: int, T: int) -> Callable:
         e, pw, t = self.e, self.pw, self.e.target
         out: dict = {}
-        pieces = pw._make_pieces(Np, out)
+        pieces = pw.make(Np, out)
         n, L = B * T, Np - B * T
         nqb = -(-L // PackedChunks.Q_BLOCK)
         owner, logical, bs, P = e.block_owner, e.block_logical, e.block_size, self.pool_len
-        triton = e.decode_kernel == "triton" and e.attention == "flex"
         scratch = SCRATCH_BLOCK * bs
 
         def run(cut: Callable[[int], None]) -> None:
-            # the decode rows: the decode graphs' kernel, Triton's for the rows it supports, else
-            # FlexAttention with one block mask a run (built at its first use, shared by the layers)
-            flex = PerStepMasks(owner, logical, bs)
-            decode = PagedDecode(bs, flex) if triton else flex
+            decode = e.decode_attention()
             dec = None
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
@@ -248,13 +239,13 @@ class WholeMixed:
             return 0
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
-        cuts = self.e.graph_cuts
+        cuts = chain_cuts(len(self.e.target.layers))
         with torch.inference_mode():
             self._idle()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for key in keys:
-                    self._fn(key)(_no_cut)
+                    self._fn(key)(no_cut)
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             for key in keys:
@@ -267,14 +258,14 @@ class WholeMixed:
         """Buffers that make a warm-up or capture harmless: every token a pad token, every write
         into the scratch block (padding slot, no keep-warm)."""
         self.dec_tokens.zero_()
-        self.pw._pad(0, self.pw.buckets[-1])
+        self.pw.pad()
         self.stage((self.top, 0, 1), (), keep_warm=False)       # no chunks: every staged input padding
 
     def run(self, key: Key, b: int, drafts: Tensor | None) -> tuple[Tensor, Tensor]:
         """One mixed iteration of `key` after `stage`: b real decode rows (drafts [b, K] or None at
         K=0; pending tokens, positions and slots already in the engine's x / pos / slot, rows
         b..B-1 padding). K > 0: -> (h [Np, h], H [Np, n*h]), valid until the next run. K = 0
-        (`finishes`): the iteration is done; its first tokens are self.firsts."""
+        (`key` admits it): the iteration is done; its first tokens are self.firsts."""
         Np, B, T = key
         if T > 1:
             self.dec_tokens[:b, 1:T].copy_(drafts)
@@ -283,9 +274,6 @@ class WholeMixed:
         if graph is not None:
             graph.replay()
         else:
-            self._fn(key)(_no_cut)
+            self._fn(key)(no_cut)
         return self.h[:Np], self.H[:Np]
 
-
-def _no_cut(i: int) -> None:
-    """The eager run's cut points (capture_chain's are real)."""

@@ -235,8 +235,8 @@ ARGMAX_CHUNKS = 128
 def first_max(x: Tensor, chunks: int = ARGMAX_CHUNKS) -> tuple[Tensor, Tensor]:
     """(values, indices) of x [..., V] over its last axis, the index of the first maximum: what
     torch.max(x, -1) returns, in a form that fills the GPU when rows are few. torch reduces one
-    row on one thread block (1 x 128256 bf16 logits: 37 us on the H200, against 237 us for the
-    lm_head GEMM before it; h200_c23_trace_1_0_128.json.gz), so with fewer rows than `chunks`
+    row on one thread block (1 x 128256 bf16 logits: about a sixth of the lm_head GEMM before it
+    on the H200), so with fewer rows than `chunks`
     each row is cut into `chunks` pieces of w = V // chunks, reduced side by side, then the
     pieces' maxima. Worked example, V = 10, chunks = 3, w = 3: pieces [0:3] [3:6] [6:9], tail [9];
     the first piece holding the overall max wins (ties go to the lower index, as in torch), and
@@ -267,24 +267,19 @@ def silu_mul(gate_up: Tensor) -> Tensor:
 class Kernels:
     """The elementwise glue of a decoder layer, held per model (never process-wide).
     `Kernels()` is eager; `Kernels(compiled=True)` fuses each piece into one kernel with
-    torch.compile (CUDA only): add_rms_norm (the previous layer's residual add joined to this
-    norm), rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1
-    the glue's launches and gaps, not its bytes, are what cost. H200 kernel tables: ~30 kernels a
-    layer before (benchmarks/results/h200x2_tp1_kernels.json), 16 after, of which 6 glue: inductor
-    emits rope_write as 3 (benchmarks/results/h200_tp1_decode.json).
-    triton (CUDA only) swaps in hand-written Triton kernels where inductor's cost more:
-    rope_kernel.rope_write_triton, 1 launch instead of 3 (at b=1 1.8 us a layer against 1.9 + 1.5
-    + 1.1 us: benchmarks/results/h200_c19_tp1_decode.json, h200_c18_tp1_decode_flex.json), and
-    norm_kernel's single-pass rms_norm / add_rms_norm (inductor's loops over a 4096-wide row twice:
-    2.9 us a call at b=1, h200_c23_trace_1_0_128.json.gz). triton=False keeps inductor's, for the
-    comparison."""
+    torch.compile: add_rms_norm (the previous layer's residual add joined to this norm),
+    rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1 the
+    glue's launches and gaps, not its bytes, are what cost. On CUDA, compiled also swaps in
+    hand-written Triton kernels where inductor's cost more: rope_kernel.rope_write_triton (one
+    launch where inductor emits three) and norm_kernel's single-pass rms_norm / add_rms_norm
+    (inductor's loops over a 4096-wide row twice)."""
 
-    def __init__(self, compiled: bool = False, triton: bool = True):
+    def __init__(self, compiled: bool = False):
         self.compiled = compiled
         c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
         self.rms_norm, self.rope_write = c(rms_norm), c(rope_write)
         self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
-        self.triton = compiled and triton and torch.cuda.is_available()
+        self.triton = compiled and torch.cuda.is_available()
         if self.triton:
             from .norm_kernel import add_rms_norm_triton, rms_norm_triton
             from .rope_kernel import rope_write_triton

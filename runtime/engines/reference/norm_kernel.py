@@ -1,6 +1,6 @@
 """`model.rms_norm` and `model.add_rms_norm` as one single-pass Triton kernel, for
 `Kernels(compiled=True)` on CUDA. Inductor's kernel for them (`triton_red_fused_..._rsqrt`) took
-2.9 us a call at b=1 on the H200, 64 calls a step (h200_c23_trace_1_0_128.json.gz): at a hidden
+about 3 us a launch at b=1 on the H200, 64 launches a step: at a hidden
 size of 4096 it loops over the row twice, loading x and r once for the sum of squares and again
 for the output. Here one program holds its whole row in registers, so each byte is read once.
 `model.add_rms_norm` stays the CPU path and the oracle (tests/test_norm_kernel.py runs this kernel

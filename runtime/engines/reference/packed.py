@@ -42,9 +42,7 @@ class PackedChunks:
     with the chunks' packed tokens as one query sequence ([1, nh, N, hd]); q block m (128 packed
     tokens) visits only the blocks `packed_kv_blocks` lists for it, and mask_mod applies the token's
     own slot and s <= p inside them. One launch a layer, where gathered SDPA is about a dozen plus a
-    copy of every row's blocks: a mixed iteration's attention runs eagerly between its graphed
-    pieces, so launches are what it costs (docs/design.md, "Graphs for mixed iterations").
-    The mask is built on the host, once per step and pool length, and serves every layer and the
+    copy of every row's blocks. The mask is built on the host, once per step and pool length, and serves every layer and the
     draft's pass over the same chunks."""
 
     Q_BLOCK = 128                 # a multiple of the kernels' BLOCK_M

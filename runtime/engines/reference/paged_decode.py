@@ -1,11 +1,9 @@
 """Decode rows' attention over the paged pool as one Triton kernel (CUDA; Triton's interpreter in
 CPU tests). See docs/design.md ("Decode attention kernel").
 
-FlexAttention's split-KV decoding path costs three launches a layer at b=1 (the split kernel and
-two combines: 9.7 us of the 5.1 ms step, H200 kernel table benchmarks/results/h200_tp1_decode.json)
-and sizes its splits from the whole pool. Here one launch does both halves: each program attends
-one (row, KV head) over a share of that row's used tiles, writes its partial (m, l, acc), and the
-last program of the (row, KV head) to finish (an atomic counter it resets) merges the partials.
+One launch does a split-KV decode's both halves: each program attends one (row, KV head) over a
+share of that row's used tiles, writes its partial (m, l, acc), and the last program of the
+(row, KV head) to finish (an atomic counter it resets) merges the partials.
 
 Grid (R * kvh, S). Program (r*kvh + h, s) holds the M = T*G queries of row r that read KV head h
 (G = nh / kvh query heads, T tokens a row), query m -> token m // G, head h*G + m % G.
@@ -27,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .attention import RaggedBatch
+from .attention import RaggedBatch, sdpa_attention
 
 TILE = 64                   # keys a tile (divides the CUDA block size, 128)
 MAX_QUERIES = 64            # T * G above this: not a decode row, the caller's fallback runs
@@ -106,23 +104,24 @@ def rope_fits(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Ten
 
 
 class PagedDecode:
-    """attention(q, k_pool, v_pool, batch): the kernel for the rows it `supports`, `fallback`
-    (FlexAttention's PerStepMasks) for the rest. With rope, model.Block asks `rope_attend` first:
-    RoPE and the K/V write inside the kernel, for the rows `rope_fits`."""
+    """attention(q, k_pool, v_pool, batch) of decode rows: the kernel for the rows it `supports`;
+    rows it refuses (more than MAX_QUERIES queries a KV head, another head size or layout) go
+    through gathered SDPA (attention.sdpa_attention). model.Block asks `rope_attend` first: RoPE
+    and the K/V write inside the kernel, for the rows `rope_fits`."""
 
-    def __init__(self, block_size: int, fallback, rope: bool = True):
-        self.block_size, self.fallback, self.rope = block_size, fallback, rope
+    def __init__(self, block_size: int):
+        self.block_size = block_size
 
     def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
         if supports(q, k_pool, batch, self.block_size, v_pool):
             return _launch(q, k_pool, v_pool, batch, self.block_size)
-        return self.fallback(q, k_pool, v_pool, batch)
+        return sdpa_attention(q, k_pool, v_pool, batch)
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch,
                     n_heads: int) -> Tensor | None:
-        """paged_decode_rope_attention where `rope_fits` (and rope is on), else None (the caller runs
-        rope_write and this attention)."""
-        if not (self.rope and rope_fits(qkv, cos, sin, k_pool, v_pool, batch, self.block_size, n_heads)):
+        """paged_decode_rope_attention where `rope_fits`, else None (the caller runs rope_write
+        and this attention)."""
+        if not rope_fits(qkv, cos, sin, k_pool, v_pool, batch, self.block_size, n_heads):
             return None
         return _launch(None, k_pool, v_pool, batch, self.block_size, rope=(qkv, cos, sin, n_heads))
 
@@ -143,8 +142,7 @@ def paged_decode_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: Rag
     """q [R*T, nh, hd] (RoPE applied), pools [kvh, P, hd], a uniform batch -> [R*T, nh*hd]; the
     same result as attention.sdpa_attention (each query sees its row's positions <= its own).
     tile (keys a tile, dividing block_size) and launch (num_warps, num_stages, per: tiles a program
-    instead of splits_for's share): the knobs
-    benchmarks/flex_decode.py's `triton-...` variants time."""
+    instead of splits_for's share): the kernel's launch parameters, for tests."""
     if not supports(q, k_pool, batch, block_size, v_pool, tile):
         raise ValueError(f"paged_decode_attention takes uniform decode rows and a tile (here {tile}) that "
                          f"tile_fits block_size {block_size} (see supports)")

@@ -1,0 +1,66 @@
+"""CUDA graphs replayed as a chain: one step's device work captured as consecutive graphs. See
+docs/design.md ("CUDA graphs").
+
+A graph's kernels start only once its launch has been submitted, about a microsecond a node, so
+one graph of a whole step keeps the GPU idle while the host submits it. Cut after a one-layer
+first graph, the GPU runs while the host submits the rest. Example, 32 layers (chain_cuts(32) =
+{0, 8}): embed + layer 0 | layers 1..8 | layers 9..31 + head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+def chain_cuts(layers: int) -> frozenset[int]:
+    """Pure. The target layers after which a graph chain starts its next graph: after layer 0
+    and after layer layers // 4 (32 -> {0, 8}; 6 -> {0, 1}; 1 -> {0})."""
+    return frozenset({0, max(1, layers // 4)} & set(range(layers)))
+
+
+@dataclass(frozen=True)
+class GraphChain:
+    """CUDA graphs replayed in turn as one step (capture_chain)."""
+    graphs: tuple
+
+    def replay(self) -> None:
+        for g in self.graphs:
+            g.replay()
+
+
+def capture_chain(fn: Callable[[Callable[[int], None]], None], cuts: frozenset[int], pool, stream) -> GraphChain:
+    """fn(cut) captured as consecutive graphs on `stream` into `pool`; fn calls cut(i) after
+    target layer i, and a new graph starts after each layer in `cuts`. What passes between the
+    graphs stays in the pool, and nothing runs between their replays."""
+    graphs = [torch.cuda.CUDAGraph()]
+    open_ = [False]                                          # a capture is under way
+
+    def begin() -> None:
+        graphs[-1].capture_begin(pool=pool)
+        open_[0] = True
+
+    def end() -> None:
+        open_[0] = False
+        graphs[-1].capture_end()
+
+    def cut(i: int) -> None:
+        if i in cuts:
+            end()
+            graphs.append(torch.cuda.CUDAGraph())
+            begin()
+
+    with torch.cuda.stream(stream):
+        begin()
+        try:
+            fn(cut)
+        finally:
+            if open_[0]:                                     # not after a failed begin: keep its error
+                end()
+    torch.cuda.current_stream().wait_stream(stream)
+    return GraphChain(tuple(graphs))
+
+
+def no_cut(i: int) -> None:
+    """The cut points of an uncaptured run (capture_chain's are real)."""

@@ -289,6 +289,218 @@ def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | 
     }
 
 
+# ---- suite figures (benchmarks/suite.py): one config's stage outputs -> figures ------------------
+def spread(xs: Sequence[float]) -> dict:
+    """[1.02, 0.98, 1.05] -> {"median": 1.02, "min": 0.98, "max": 1.05, "n": 3}."""
+    import statistics
+
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _trials(row: Mapping) -> list[float]:
+    return list(row.get("trial_tok_per_s") or [row["output_tok_per_s"]])
+
+
+def paired_ratio(top: Mapping, bottoms: Sequence[Mapping]) -> dict:
+    """top's tok/s over the best of `bottoms`, trial by trial (trial t of every mode ran in one
+    rotation at one load point), with the ratio of the medians beside it:
+    dynamic [110, 100, 120], baseline [100, 100, 100], static [90, 105, 95] ->
+    per trial 1.10, 0.952, 1.20 -> median 1.10, min 0.952, max 1.20; of_medians 110 / 100 = 1.10."""
+    best = max(b["output_tok_per_s"] for b in bottoms)
+    out = {"of_medians": top["output_tok_per_s"] / best if best > 0 else None}
+    t, bs = _trials(top), [_trials(b) for b in bottoms]
+    if all(len(b) == len(t) for b in bs) and all(min(b) > 0 for b in bs):
+        out.update(spread([x / max(col) for x, col in zip(t, zip(*bs))]))
+    return out
+
+
+def sweep_figures(doc: Mapping) -> dict:
+    """Per closed-loop C: tok/s per mode (median, min, max over trials), static / baseline and
+    dynamic / baseline, dynamic / max(baseline, static) with its verdict, acceptance per mode."""
+    from dynspec.benchmarks.report import verdict
+
+    modes = {m: _closed(doc["rows"], m) for m in ("baseline", "static", "dynamic")}
+    by_c: dict = {}
+    for c in sorted({c for rows in modes.values() for c in rows}):
+        here = {m: rows[c] for m, rows in modes.items() if c in rows}
+        e: dict = {"tok_per_s": {m: dict(spread(_trials(r)), median=r["output_tok_per_s"]) for m, r in here.items()},
+                   "acceptance": {m: {k: r.get(k) for k in ("acceptance_rate", "mean_accepted_len", "mean_k")}
+                                  for m, r in here.items()}}
+        for m in ("static", "dynamic"):
+            if m in here and "baseline" in here:
+                e[f"{m}_vs_baseline"] = paired_ratio(here[m], [here["baseline"]])
+        rivals = [here[m] for m in ("baseline", "static") if m in here]
+        if "dynamic" in here and rivals:
+            e["dynamic_vs_best"] = paired_ratio(here["dynamic"], rivals)
+            e["dynamic_verdict"] = verdict(here["dynamic"], max(rivals, key=lambda r: r["output_tok_per_s"]))
+        by_c[str(c)] = e
+    return {"by_concurrency": by_c, "crossover_concurrency": crossover_concurrency(doc["rows"]),
+            "schedules": doc["env"].get("schedules"), "acceptance_model": doc["env"].get("acceptance_model"),
+            "workload": doc["env"].get("workload"), "commands": _commands(doc)}
+
+
+def _fmt_ratio(r: Mapping | None) -> str:
+    if not r:
+        return "-"
+    if "median" not in r:
+        return f"{r['of_medians']:.3f}"
+    return f"{r['median']:.3f} [{r['min']:.3f}..{r['max']:.3f}]"
+
+
+def sweep_table(fig: Mapping) -> dict:
+    modes = [m for m in ("baseline", "static", "dynamic")
+             if any(m in e["tok_per_s"] for e in fig["by_concurrency"].values())]
+    rows = []
+    for c, e in fig["by_concurrency"].items():
+        tps = [f"{e['tok_per_s'][m]['median']:.1f}" if m in e["tok_per_s"] else "-" for m in modes]
+        acc = e["acceptance"].get("dynamic") or e["acceptance"].get("static") or {}
+        rows.append([c, *tps, _fmt_ratio(e.get("static_vs_baseline")), _fmt_ratio(e.get("dynamic_vs_baseline")),
+                     _fmt_ratio(e.get("dynamic_vs_best")), e.get("dynamic_verdict", "-"),
+                     "-" if acc.get("acceptance_rate") is None else f"{acc['acceptance_rate']:.2f}"])
+    return {"header": ["C", *[f"{m} tok/s" for m in modes], "static / baseline", "dynamic / baseline",
+                       "dynamic / max(baseline, static)", "verdict", "acceptance (dynamic)"], "rows": rows}
+
+
+def sweep_plot(fig: Mapping) -> dict:
+    series: dict = {}
+    for c, e in fig["by_concurrency"].items():
+        for m, s in e["tok_per_s"].items():
+            series.setdefault(m, []).append([int(c), s["median"], s["min"], s["max"]])
+    return {"title": "output tok/s per mode (median, min..max of trials)", "x": "concurrency C per replica",
+            "y": "output tokens / s", "xlog": True, "series": series}
+
+
+def floor_figures(profiles: Sequence[Mapping]) -> dict:
+    """Several profile --floor runs -> decode_ms, floor_ms and decode / floor, each median, min, max."""
+    trials = [decode_vs_gemm_floor(p) for p in profiles]
+    if any(t is None for t in trials):
+        raise DynspecError("a floor profile has no 'floor' with gemm_floor_ms and decode_ms (profile --floor)")
+    fig = {k: spread([t[src] for t in trials]) for k, src in
+           (("decode_ms", "decode_ms"), ("floor_ms", "gemm_floor_ms"), ("ratio", "ratio"))}
+    fig.update(context_len=trials[0]["context_len"], method=trials[0]["method"],
+               median_trial=floor_trials(profiles)["ratio"], commands=[p.get("command") for p in profiles])
+    return fig
+
+
+def floor_table(fig: Mapping) -> dict:
+    rows = [[k, f"{fig[k]['median']:.4g}", f"{fig[k]['min']:.4g}", f"{fig[k]['max']:.4g}", fig[k]["n"]]
+            for k in ("decode_ms", "floor_ms", "ratio")]
+    return {"header": ["figure", "median", "min", "max", "trials"], "rows": rows}
+
+
+def floor_plot(fig: Mapping) -> dict:
+    return {"title": f"b=1 decode at context {fig['context_len']} vs the GEMM floor", "x": "", "y": "ms",
+            "bars": {k: [fig[k]["median"], fig[k]["min"], fig[k]["max"]] for k in ("decode_ms", "floor_ms")}}
+
+
+def mixed_figures(doc: Mapping) -> dict:
+    """{"b:K:chunk": {"<mode>": ms}} from every numeric `<mode>_ms` field of each point."""
+    pts = {}
+    for p in doc["points"]:
+        pts[p["point"]] = {k[:-3]: v for k, v in p.items() if k.endswith("_ms") and isinstance(v, (int, float))}
+    return {"points": pts, "context_len": doc.get("context_len"), "device": doc.get("device"),
+            "statistic": doc.get("statistic"), "command": doc.get("command")}
+
+
+def mixed_table(fig: Mapping) -> dict:
+    modes = sorted({m for v in fig["points"].values() for m in v})
+    return {"header": ["point b:K:chunk", *[f"{m} ms" for m in modes]],
+            "rows": [[p, *[f"{v[m]:.3f}" if m in v else "-" for m in modes]] for p, v in fig["points"].items()]}
+
+
+def mixed_plot(fig: Mapping) -> dict:
+    return {"title": f"ms per step at context {fig['context_len']}", "x": "", "y": "ms",
+            "groups": fig["points"]}
+
+
+def varied_fixed_figures(varied: Mapping, fixed: Mapping) -> dict:
+    """Per C: baseline tok/s with varied / with fixed lengths (ratio of medians), bounded by the
+    trials' spreads (varied min / fixed max .. varied max / fixed min; the two runs' trials are not paired)."""
+    v, f = _closed(varied["rows"], "baseline"), _closed(fixed["rows"], "baseline")
+    out = {}
+    for c in sorted(set(v) & set(f)):
+        vt, ft = _trials(v[c]), _trials(f[c])
+        out[str(c)] = {"ratio": v[c]["output_tok_per_s"] / f[c]["output_tok_per_s"], "low": min(vt) / max(ft),
+                       "high": max(vt) / min(ft), "varied_tok_per_s": v[c]["output_tok_per_s"],
+                       "fixed_tok_per_s": f[c]["output_tok_per_s"],
+                       "sustained_ratio": (v[c]["sustained_tok_per_s"] / f[c]["sustained_tok_per_s"]
+                                           if v[c].get("sustained_tok_per_s") and f[c].get("sustained_tok_per_s")
+                                           else None)}
+    return {"by_concurrency": out, "varied_workload": varied["env"].get("workload"),
+            "fixed_workload": fixed["env"].get("workload"), "commands": _commands(varied) + _commands(fixed)}
+
+
+def varied_fixed_table(fig: Mapping) -> dict:
+    return {"header": ["C", "varied tok/s", "fixed tok/s", "varied / fixed", "bounds", "sustained ratio"],
+            "rows": [[c, f"{e['varied_tok_per_s']:.1f}", f"{e['fixed_tok_per_s']:.1f}", f"{e['ratio']:.3f}",
+                      f"{e['low']:.3f}..{e['high']:.3f}",
+                      "-" if e["sustained_ratio"] is None else f"{e['sustained_ratio']:.3f}"]
+                     for c, e in fig["by_concurrency"].items()]}
+
+
+def varied_fixed_plot(fig: Mapping) -> dict:
+    return {"title": "baseline tok/s: varied / fixed lengths", "x": "concurrency C", "y": "ratio", "xlog": True,
+            "series": {"varied / fixed": [[int(c), e["ratio"], e["low"], e["high"]]
+                                          for c, e in fig["by_concurrency"].items()]}}
+
+
+def tp_figures(tp1: Mapping, tp2: Mapping) -> dict:
+    """The same profile at TP=1 and TP=2: iteration ms per (b, K), TP=1 / TP=2 per shape, and the
+    b=1 decode / GEMM floor of each (profile --floor)."""
+    def it(p):
+        return {f"{b}:{k}": ms for b, row in p["iteration_ms"].items() for k, ms in row.items()}
+
+    one, two = it(tp1), it(tp2)
+    return {"iteration_ms": {"tp1": one, "tp2": two},
+            "tp1_over_tp2": {s: one[s] / two[s] for s in one if s in two and two[s] > 0},
+            "floor": {"tp1": decode_vs_gemm_floor(tp1), "tp2": decode_vs_gemm_floor(tp2)},
+            "commands": [tp1.get("command"), tp2.get("command")]}
+
+
+def tp_table(fig: Mapping) -> dict:
+    one, two = fig["iteration_ms"]["tp1"], fig["iteration_ms"]["tp2"]
+    return {"header": ["b:K", "TP=1 ms", "TP=2 ms", "TP=1 / TP=2"],
+            "rows": [[s, f"{one[s]:.3f}", f"{two[s]:.3f}", f"{r:.3f}"] for s, r in fig["tp1_over_tp2"].items()]}
+
+
+def tp_plot(fig: Mapping) -> dict:
+    return {"title": "iteration ms, TP=1 vs TP=2", "x": "", "y": "ms",
+            "groups": {s: {"tp1": fig["iteration_ms"]["tp1"][s], "tp2": fig["iteration_ms"]["tp2"][s]}
+                       for s in fig["tp1_over_tp2"]}}
+
+
+def _read(path) -> dict:
+    from dynspec.artifacts import read_json
+
+    return read_json(path, "stage output")
+
+
+def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
+    """A config's figures from its stage outputs in `results` (benchmarks/suite.py writes them):
+    {"values": ..., "table": {"header", "rows"}, "plot": {...}} (report.write_suite_report)."""
+    from pathlib import Path
+
+    d = Path(results)
+    if kind == "sweep":
+        fig = sweep_figures(_read(d / "sweep.json"))
+        return {"values": fig, "table": sweep_table(fig), "plot": sweep_plot(fig)}
+    if kind == "decode_floor":
+        n = repeats.get("floor", 1)
+        names = ["floor"] if n == 1 else [f"floor{i}" for i in range(1, n + 1)]
+        fig = floor_figures([_read(d / f"{x}.json") for x in names])
+        return {"values": fig, "table": floor_table(fig), "plot": floor_plot(fig)}
+    if kind == "mixed_step":
+        fig = mixed_figures(_read(d / "mixed.json"))
+        return {"values": fig, "table": mixed_table(fig), "plot": mixed_plot(fig)}
+    if kind == "varied_vs_fixed":
+        fig = varied_fixed_figures(_read(d / "varied.json"), _read(d / "fixed.json"))
+        return {"values": fig, "table": varied_fixed_table(fig), "plot": varied_fixed_plot(fig)}
+    if kind == "tp":
+        fig = tp_figures(_read(d / "tp1.json"), _read(d / "tp2.json"))
+        return {"values": fig, "table": tp_table(fig), "plot": tp_plot(fig)}
+    raise DynspecError(f"unknown figures {kind!r}")
+
+
 def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str | list[str]]:
     """['A=x.json'] -> {'A': 'x.json'}; many: ['A=x', 'A=y'] -> {'A': ['x', 'y']} (a name once otherwise)."""
     out: dict = {}

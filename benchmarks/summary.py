@@ -1,42 +1,17 @@
-"""Headline figures from sweep results (and the profile measured with them). Pure + a thin CLI.
+"""Figures from benchmark outputs (sweep, profile --floor, mixed_step JSON). Pure functions.
 
-    python -m dynspec.benchmarks.summary --regime A=results/h200_A.json --regime B=results/h200_B.json \\
-        --profile A=results/h200_A_profile.json --fixed-baseline B=results/h200_B_fixed.json \\
-        --peak-bandwidth-tbps 4.8 --out results/h200_summary.json
-
-Figures (per regime where it applies):
-    crossover_concurrency        smallest C at which baseline out-runs static (null: never in the sweep)
-    dynamic_ratio_by_concurrency dynamic / max(baseline, static) at each C
-    max_dynamic_gain             the largest of those ratios, with its regime and C
-    c1_speedup                   dynamic / baseline at C = 1 (first regime)
-    decode_bandwidth_fraction    target weight bytes / plain decode step at b = 1 / peak bandwidth
-    host_overhead_fraction       (policy + planning) / engine step time of dynamic at C = 1
-Version 2 adds (ratios use the medians of the trials; a spread is min..max over trials):
-    dynamic_verdict_by_concurrency  "win" | "tie" | "loss" of dynamic against the better of
-                                 baseline and static; "tie" when their trial spreads overlap
-    trial_spread                 {regime: {mode: {C: {median, min, max, trials}}}} (tok/s)
-    ttft_ms                      {regime: {mode: {C: {p50, p99}}}}; Poisson rows under "poisson@C"
-    open_loop                    {regime: {mode: {C: {rate, tok_per_s, p99_latency_s}}}} beside the closed loop
-    decode_vs_gemm_floor         plain decode at b=1, 1024 context / the GEMMs alone (profile --floor)
-    varied_vs_fixed_baseline     {"64": r, "256": r}: baseline tok/s with varied lengths (the regime's
-                                 sweep, or --varied-baseline: the same loads as the fixed one) / with
-                                 fixed lengths of the same mean (--fixed-baseline)
-    varied_vs_fixed_baseline_steady  the same ratio of steady_tok_per_s (iterations with >= 0.9 C
-                                 decode rows). Lopsided: the fixed run's steady figure leaves out all
-                                 its prefill, which runs in iterations without decode rows
-    varied_steady_vs_fixed_baseline  the varied run's steady_tok_per_s / the fixed run's
-                                 output_tok_per_s (lockstep waves have no drain tail). Leans high:
-                                 the top counts only full iterations, the bottom every wave's prefill
-    varied_vs_fixed_baseline_sustained  the same ratio of sustained_tok_per_s (tokens emitted before
-                                 the last submission / the time until then, both runs; null for
-                                 sweeps that predate it)
-    figure_commands              {figure: [the commands whose outputs it is computed from]}
+benchmarks/suite.py calls suite_figures(kind, results_dir, repeats) after a config's stages:
+    sweep            per C: tok/s per mode (median, min, max over trials), static / baseline,
+                     dynamic / baseline and dynamic / max(baseline, static) (per-trial ratios:
+                     median, min, max; and the ratio of the medians), the verdict, acceptance
+    decode_floor     decode_ms, floor_ms and decode / floor (profile --floor), median, min, max over runs
+    mixed_step       ms per execution mode per point b:K:chunk
+    varied_vs_fixed  per C: baseline tok/s with varied / with fixed lengths, with bounds from the spreads
+    tp               iteration ms per (b, K) at TP=1 and TP=2, their ratio, each one's decode / floor
+Each kind also gives a table (summary.md) and a plot spec (summary.png), benchmarks/report.py.
 """
 from __future__ import annotations
 
-import argparse
-import shlex
-import sys
 from typing import Mapping, Sequence
 
 from dynspec.errors import DynspecError
@@ -68,104 +43,15 @@ def dynamic_ratio_by_concurrency(rows: Sequence[Mapping]) -> dict[str, float]:
     return out
 
 
-def c1_speedup(rows: Sequence[Mapping]) -> float | None:
-    dyn, base = _tps(rows, "dynamic"), _tps(rows, "baseline")
-    return dyn[1] / base[1] if 1 in dyn and 1 in base and base[1] > 0 else None
-
-
-def host_overhead_fraction(rows: Sequence[Mapping], mode: str = "dynamic", concurrency: int = 1) -> float | None:
-    for r in rows:
-        if r["mode"] == mode and r.get("concurrency") == concurrency:
-            return r.get("host_overhead_fraction")
-    return None
-
-
-def decode_bandwidth_fraction(profile: Mapping, peak_bytes_per_s: float, batch_size: int = 1) -> dict | None:
-    """Weight streaming of the plain decode step at `batch_size` as a fraction of peak: from the
-    profile's --floor block (b=1, 1024 context) when it has one, else its decode_ms at its context."""
-    wb = profile.get("target_weight_bytes")
-    fl = profile.get("floor") if isinstance(profile.get("floor"), Mapping) else {}
-    dec, ctx = (fl.get("decode_ms"), fl.get("context_len")) if batch_size == 1 and fl.get("decode_ms") else (None, None)
-    if dec is None:
-        dec, ctx = (profile.get("decode_ms") or {}).get(str(batch_size)), profile.get("context_len")
-    if dec is None:
-        dec = (profile.get("iteration_ms", {}).get(str(batch_size)) or {}).get("0")
-    if not wb or not dec:
-        return None
-    bps = wb / (dec / 1e3)
-    return {"fraction": bps / peak_bytes_per_s, "decode_ms": dec, "weight_bytes": wb,
-            "achieved_tb_per_s": bps / 1e12, "peak_tb_per_s": peak_bytes_per_s / 1e12, "context_len": ctx}
-
-
 def _closed(rows: Sequence[Mapping], mode: str) -> dict[int, Mapping]:
     return {int(r["concurrency"]): r for r in rows if r["mode"] == mode and r.get("concurrency") is not None}
-
-
-def dynamic_verdicts(rows: Sequence[Mapping]) -> dict[str, str]:
-    """{"<C>": verdict of dynamic against the better (by median) of baseline and static}."""
-    from dynspec.benchmarks.report import verdict
-
-    dyn, others = _closed(rows, "dynamic"), [_closed(rows, m) for m in ("baseline", "static")]
-    out = {}
-    for c, d in sorted(dyn.items()):
-        rivals = [o[c] for o in others if c in o]
-        if rivals:
-            out[str(c)] = verdict(d, max(rivals, key=lambda r: r["output_tok_per_s"]))
-    return out
-
-
-def trial_spread(rows: Sequence[Mapping]) -> dict:
-    """{mode: {"<C>": {"median", "min", "max", "trials"}}} of closed-loop tok/s."""
-    out: dict = {}
-    for r in rows:
-        if r.get("concurrency") is None:
-            continue
-        med = r["output_tok_per_s"]
-        out.setdefault(r["mode"], {})[str(r["concurrency"])] = {
-            "median": med, "min": r.get("tok_per_s_min", med), "max": r.get("tok_per_s_max", med),
-            "trials": r.get("trials", 1)}
-    return out
-
-
-def _load_name(r: Mapping) -> str | None:
-    if r.get("concurrency") is not None:
-        return str(r["concurrency"])
-    if r.get("matched_concurrency") is not None:
-        return f"poisson@{r['matched_concurrency']}"
-    return None if r.get("request_rate") is None else f"rate={r['request_rate']:g}"
-
-
-def ttft_ms(rows: Sequence[Mapping]) -> dict:
-    """{mode: {"<C>" | "poisson@<C>": {"p50": ms, "p99": ms}}}."""
-    out: dict = {}
-    for r in rows:
-        name = _load_name(r)
-        if name is None or r.get("p50_ttft_s") is None:
-            continue
-        out.setdefault(r["mode"], {})[name] = {"p50": 1e3 * r["p50_ttft_s"], "p99": 1e3 * r["p99_ttft_s"]}
-    return out
-
-
-def open_loop(rows: Sequence[Mapping]) -> dict:
-    """{mode: {"<C>": {rate, tok_per_s, closed_tok_per_s, p99_latency_s, closed_p99_latency_s}}} for matched Poisson rows."""
-    out: dict = {}
-    for r in rows:
-        c = r.get("matched_concurrency")
-        if c is None:
-            continue
-        closed = _closed(rows, r["mode"]).get(int(c), {})
-        out.setdefault(r["mode"], {})[str(c)] = {
-            "rate_per_replica": r["request_rate"], "tok_per_s": r["output_tok_per_s"],
-            "closed_tok_per_s": closed.get("output_tok_per_s"), "p99_latency_s": r["p99_latency_s"],
-            "closed_p99_latency_s": closed.get("p99_latency_s")}
-    return out
 
 
 def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping],
                     field: str = "output_tok_per_s", fixed_field: str | None = None) -> dict[str, float | None]:
     """{"<C>": baseline `field` with varied lengths / `fixed_field` (default: the same) with fixed
-    lengths} at every C of the fixed-length sweep (h200_fixed_baseline.sh: 64 and 256); None where
-    the varied sweep lacks that C (or, for field="steady_tok_per_s", where a sweep predates it)."""
+    lengths} at every C of the fixed-length sweep; None where the varied sweep lacks that C or the
+    field: varied 90 / fixed 100 tok/s at C=64 -> {"64": 0.9}."""
     v, f = _tps(varied_rows, "baseline", field), _tps(fixed_rows, "baseline", fixed_field or field)
     return {str(c): (v[c] / f[c] if c in v and f.get(c) else None) for c in sorted(_tps(fixed_rows, "baseline"))}
 
@@ -187,106 +73,6 @@ def floor_trials(profiles: Sequence[Mapping]) -> dict:
     ratios = [t["ratio"] for t in trials]
     mid = sorted(trials, key=lambda t: t["ratio"])[(len(trials) - 1) // 2]
     return dict(mid, min=min(ratios), max=max(ratios), trials=trials)
-
-
-def summarize(regimes: Mapping[str, Mapping], profiles: Mapping[str, Mapping] | None = None,
-              peak_bytes_per_s: float | None = None, bandwidth_profile: str | None = None,
-              tunes: Mapping[str, Mapping] | None = None, fixed: Mapping[str, Mapping] | None = None,
-              varied: Mapping[str, Mapping] | None = None,
-              floor_profile: Mapping | Sequence[Mapping] | None = None) -> dict:
-    """regimes: {"A": sweep NAME.json doc}; profiles: {"A": profile.json doc}; tunes: {"A": tune.json doc}.
-    fixed / varied: {"B": baseline sweep} with fixed / varied lengths (varied defaults to the regime's
-    own sweep); floor_profile: the profile --floor JSON that decode_vs_gemm_floor comes from, or
-    several (their median: floor_trials; default: the first profile that has a floor).
-    The bandwidth figure comes from profiles[bandwidth_profile] (default: the first regime's, else the first)."""
-    if not regimes:
-        raise DynspecError("no regimes to summarize")
-    profiles = profiles or {}
-    first = next(iter(regimes))
-    ratios = {name: dynamic_ratio_by_concurrency(doc["rows"]) for name, doc in regimes.items()}
-    best = max(((r, name, c) for name, rs in ratios.items() for c, r in rs.items()), default=None)
-    bw = None
-    if peak_bytes_per_s and profiles:
-        pname = bandwidth_profile or (first if first in profiles else next(iter(profiles)))
-        if pname not in profiles:
-            raise DynspecError(f"bandwidth profile {pname!r} is not one of the profiles {sorted(profiles)}")
-        bw = decode_bandwidth_fraction(profiles[pname], peak_bytes_per_s)
-        if bw is not None:
-            bw["profile"] = pname
-    commands = []
-    for name, doc in profiles.items():
-        if doc.get("command"):
-            commands.append({"what": f"profile {name}", "command": doc["command"]})
-    for name, doc in (tunes or {}).items():
-        commands.append({"what": f"tune {name}", "command": doc.get("command"), "schedule": doc.get("schedule")})
-    for name, doc in regimes.items():
-        commands += [{"what": f"sweep {name}", "command": c} for c in _commands(doc)]
-    for what, docs in (("fixed", fixed), ("varied", varied)):
-        commands += [{"what": f"{what}-length baseline {name}", "command": c}
-                     for name, doc in (docs or {}).items() for c in _commands(doc)]
-    floor = None
-    if floor_profile is not None:
-        many = [floor_profile] if isinstance(floor_profile, Mapping) else list(floor_profile)
-        if not many or any(decode_vs_gemm_floor(p) is None for p in many):
-            raise DynspecError("--floor-profile has no 'floor' with gemm_floor_ms and decode_ms (run profile --floor)")
-        commands += [{"what": "profile --floor", "command": p.get("command")} for p in many]
-        floor = dict(floor_trials(many), profile="floor")
-    else:                      # the first --profile with a floor
-        floor = next((dict(f, profile=n) for n, f in ((n, decode_vs_gemm_floor(p)) for n, p in profiles.items())
-                      if f is not None), None)
-    for name in fixed or {}:
-        if name not in regimes:
-            raise DynspecError(f"--fixed-baseline {name}: no --regime {name} to compare it with")
-    for name, doc in (varied or {}).items():
-        if name not in (fixed or {}):
-            raise DynspecError(f"--varied-baseline {name}: no --fixed-baseline {name} to compare it with")
-        same_env(doc["env"], fixed[name]["env"], f"--varied-baseline {name} and --fixed-baseline {name}")
-    varied_docs = {n: (varied or {}).get(n, regimes[n]) for n in fixed or {}}
-    sweep_cmds = [c for doc in regimes.values() for c in _commands(doc)]
-    figure_commands = {
-        "decode_vs_gemm_floor": ([t["command"] for t in floor["trials"]] if floor and "trials" in floor else
-                                 [profiles[floor["profile"]].get("command")] if floor else []),
-        "varied_vs_fixed_baseline": [c for n in fixed or {} for c in _commands(varied_docs[n])]
-                                    + [c for d in (fixed or {}).values() for c in _commands(d)],
-        "trial_spread": sweep_cmds, "ttft_ms": sweep_cmds, "open_loop": sweep_cmds,
-        "dynamic_ratio_by_concurrency": sweep_cmds, "c1_speedup": sweep_cmds[:1],
-        "decode_bandwidth_fraction": [profiles[bw["profile"]].get("command")] if bw else [],
-    }
-    vf = vfs = vsf = vfh = None
-    if fixed:
-        name = next(iter(fixed))
-        vf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"])
-        vfs = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s")
-        vsf = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "steady_tok_per_s", "output_tok_per_s")
-        vfh = varied_vs_fixed(varied_docs[name]["rows"], fixed[name]["rows"], "sustained_tok_per_s")
-    return {
-        "version": 2,
-        "decode_bandwidth_fraction": None if bw is None else bw["fraction"],
-        "decode_bandwidth": bw,
-        "dynamic_ratio_by_concurrency": ratios,
-        "min_dynamic_ratio": {name: (min(rs.values()) if rs else None) for name, rs in ratios.items()},
-        "crossover_concurrency": {name: crossover_concurrency(doc["rows"]) for name, doc in regimes.items()},
-        "max_dynamic_gain": None if best is None else best[0],
-        "max_dynamic_gain_at": None if best is None else {"regime": best[1], "concurrency": int(best[2])},
-        "c1_speedup": c1_speedup(regimes[first]["rows"]),
-        "c1_speedup_regime": first,
-        "host_overhead_fraction": host_overhead_fraction(regimes[first]["rows"]),
-        "acceptance_model": {name: doc["env"].get("acceptance_model") for name, doc in regimes.items()},
-        "schedules": {name: doc["env"].get("schedules") for name, doc in regimes.items()},
-        "commands": commands,
-        "dynamic_verdict_by_concurrency": {name: dynamic_verdicts(doc["rows"]) for name, doc in regimes.items()},
-        "trial_spread": {name: trial_spread(doc["rows"]) for name, doc in regimes.items()},
-        "ttft_ms": {name: ttft_ms(doc["rows"]) for name, doc in regimes.items()},
-        "open_loop": {name: open_loop(doc["rows"]) for name, doc in regimes.items()},
-        "decode_vs_gemm_floor": None if floor is None else floor["ratio"],
-        "gemm_floor": floor,
-        "varied_vs_fixed_baseline": vf,
-        "varied_vs_fixed_baseline_steady": vfs,
-        "varied_steady_vs_fixed_baseline": vsf,
-        "varied_vs_fixed_baseline_sustained": vfh,
-        "varied_vs_fixed_regime": None if not fixed else next(iter(fixed)),
-        "figure_commands": figure_commands,
-    }
 
 
 # ---- suite figures (benchmarks/suite.py): one config's stage outputs -> figures ------------------
@@ -517,142 +303,5 @@ def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str
     return out
 
 
-# what two sweeps of one regime must share to be joined (the request count and the load points may differ)
-SAME_ENV = ("acceptance_model", "device", "dtype", "engine", "engine_source", "keep_warm", "max_seq_len", "seed",
-            "trials", "replicas", "cuda_graphs", "versions")
-SAME_ENV_IF_RECORDED = ("mixed_graphs", "whole_mixed_graphs", "triton_kernels", "fused_rope")   # sweeps before one was recorded are not refused for it
-
-
-def same_env(a: Mapping, b: Mapping, what: str) -> None:
-    """Refuse two sweep envs that differ in SAME_ENV (or in SAME_ENV_IF_RECORDED where both record
-    it), naming `what` and the first key: "... differ in env acceptance_model: 'x' vs 'y'"."""
-    for key in SAME_ENV + tuple(k for k in SAME_ENV_IF_RECORDED if k in a and k in b):
-        if a.get(key) != b.get(key):
-            raise DynspecError(f"{what} differ in env {key}: {a.get(key)!r} vs {b.get(key)!r}")
-
-
-def _lengths(env: Mapping) -> str:
-    """'synthetic: input_len 64:192, ...; max(2, ceil(2 x C)) requests ...' -> the part before ';'."""
-    return str(env.get("workload", "")).split(";")[0]
-
-
-def merge_sweeps(docs: Sequence[Mapping], where: Sequence[str]) -> dict:
-    """Several sweeps of one regime (e.g. C=1..64 in one call, C=128 in another) -> one: the rows
-    together, each tagged with its "source" file, and the first env with every file's command and
-    workload under "sources". Refused, naming both files: a (mode, load) in two files, or envs
-    that differ in SAME_ENV, the lengths or the dynamic schedule (so a ratio never mixes regimes).
-    [{rows: [baseline C=1]}, {rows: [baseline C=128]}] -> rows of both."""
-    seen: dict = {}
-    rows = []
-    first = docs[0]["env"]
-    for doc, path in zip(docs, where):
-        env = doc["env"]
-        same_env(first, env, f"sweep results {where[0]} and {path}")
-        if _lengths(env) != _lengths(first):
-            raise DynspecError(f"sweep results {where[0]} and {path} have other workloads: "
-                               f"{_lengths(first)!r} vs {_lengths(env)!r}")
-        if (env.get("schedules") or {}).get("dynamic") != (first.get("schedules") or {}).get("dynamic"):
-            raise DynspecError(f"sweep results {where[0]} and {path} have other dynamic schedules")
-        for r in doc["rows"]:
-            key = (r.get("mode"), r.get("concurrency"), r.get("request_rate"))
-            if key in seen:
-                raise DynspecError(f"sweep results {seen[key]} and {path} both have mode {key[0]} at "
-                                   f"C={key[1]}" + (f" rate {key[2]}" if key[2] is not None else ""))
-            seen[key] = path
-            rows.append(dict(r, source=path))
-    env = dict(first, commands=[d["env"].get("command") for d in docs],
-               sources=[{"file": p, "command": d["env"].get("command"), "workload": d["env"].get("workload"),
-                         "max_batch_size": d["env"].get("max_batch_size")} for d, p in zip(docs, where)])
-    return {"env": env, "rows": rows}
-
-
 def _commands(doc: Mapping) -> list:
     return list(doc["env"].get("commands") or [doc["env"].get("command")])
-
-
-def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="python -m dynspec.benchmarks.summary", description=__doc__.splitlines()[0])
-    p.add_argument("--regime", action="append", required=True, metavar="NAME=SWEEP.json",
-                   help="a regime's sweep; repeat a NAME to join sweeps of other loads (e.g. C=128 from another call)")
-    p.add_argument("--open-loop", action="append", metavar="NAME=SWEEP.json",
-                   help="join only this sweep's open-loop (--poisson-at) rows to regime NAME (its closed-loop "
-                        "rows stay out: a load point the regime's sweeps already ran)")
-    p.add_argument("--profile", action="append", metavar="NAME=PROFILE.json")
-    p.add_argument("--tune", action="append", metavar="NAME=TUNE.json", help="`dynspec tune --report` output")
-    p.add_argument("--fixed-baseline", action="append", metavar="NAME=SWEEP.json",
-                   help="a baseline sweep with fixed lengths of regime NAME's means (varied_vs_fixed_baseline); "
-                        "repeat a NAME to join sweeps of other loads")
-    p.add_argument("--varied-baseline", action="append", metavar="NAME=SWEEP.json",
-                   help="the baseline sweep with regime NAME's varied lengths at the fixed one's loads "
-                        "(default: the regime's own sweep); repeat a NAME to join sweeps of other loads")
-    p.add_argument("--floor-profile", metavar="PROFILE.json", action="append",
-                   help="a profile --floor JSON for decode_vs_gemm_floor; repeat for the median of several "
-                        "(default: the first --profile with one)")
-    p.add_argument("--bandwidth-profile", metavar="NAME", help="which --profile gives decode_bandwidth_fraction")
-    p.add_argument("--peak-bandwidth-tbps", type=float, help="device memory bandwidth, e.g. 4.8 for an H200")
-    p.add_argument("--out", required=True, help="summary JSON path")
-    return p
-
-
-def run(args: argparse.Namespace) -> int:
-    from dynspec.artifacts import read_json, write_json
-
-    def sweeps(items, flag: str, what: str, open_loop=None) -> dict:
-        """{NAME: one sweep}, a NAME's several files joined (merge_sweeps); open_loop {NAME: [files]}
-        adds only those files' open-loop rows."""
-        out = {}
-        extra = _named(open_loop, "--open-loop", many=True)
-        named = _named(items, flag, many=True)
-        for n in extra:
-            if n not in named:
-                raise DynspecError(f"--open-loop {n}: no {flag} {n} to join it to")
-        for n, paths in named.items():
-            docs = [read_json(p, f"{what} {n}") for p in paths]
-            for p in extra.get(n, ()):
-                doc = read_json(p, f"open-loop sweep {n}")
-                rows = [r for r in doc.get("rows", ()) if r.get("request_rate") is not None]
-                if not rows:
-                    raise DynspecError(f"--open-loop {n} ({p}): no open-loop rows (sweep --poisson-at)")
-                docs.append(dict(doc, rows=rows))
-            paths = list(paths) + list(extra.get(n, ()))
-            for doc, path in zip(docs, paths):
-                if "rows" not in doc or "env" not in doc:
-                    raise DynspecError(f"{what} {n} ({path}): missing 'env' or 'rows'")
-            out[n] = docs[0] if len(docs) == 1 else merge_sweeps(docs, paths)
-        return out
-
-    regimes = sweeps(args.regime, "--regime", "sweep result", args.open_loop)
-    profiles = {n: read_json(p, f"profile {n}") for n, p in _named(args.profile, "--profile").items()}
-    tunes = {n: read_json(p, f"tune report {n}") for n, p in _named(args.tune, "--tune").items()}
-    fixed = sweeps(args.fixed_baseline, "--fixed-baseline", "fixed-length sweep")
-    varied = sweeps(args.varied_baseline, "--varied-baseline", "varied-length sweep")
-    floor = [read_json(p, "floor profile") for p in args.floor_profile] if args.floor_profile else None
-    for path, doc in zip(args.floor_profile or (), floor or ()):
-        if decode_vs_gemm_floor(doc) is None:
-            raise DynspecError(f"--floor-profile {path}: no 'floor' with gemm_floor_ms and decode_ms "
-                               f"(run profile --floor)")
-    peak = args.peak_bandwidth_tbps * 1e12 if args.peak_bandwidth_tbps else None
-    doc = summarize(regimes, profiles, peak, args.bandwidth_profile, tunes, fixed, varied, floor)
-    cmd = getattr(args, "command_line", None) or "python -m dynspec.benchmarks.summary " + shlex.join(sys.argv[1:])
-    doc["commands"].append({"what": "summary", "command": cmd})
-    write_json(args.out, doc)
-    import json
-
-    print(json.dumps({k: doc[k] for k in ("decode_bandwidth_fraction", "crossover_concurrency", "max_dynamic_gain",
-                                          "c1_speedup", "host_overhead_fraction", "min_dynamic_ratio",
-                                          "dynamic_verdict_by_concurrency", "decode_vs_gemm_floor",
-                                          "varied_vs_fixed_baseline")}, indent=2))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    try:
-        return run(args)
-    except DynspecError as e:
-        print(f"dynspec summary: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -263,9 +263,9 @@ def suite_markdown(cfg, figs: Mapping, manifest: Mapping) -> str:
              "| " + " | ".join(t["header"]) + " |", "|" + "---|" * len(t["header"])]
     lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in t["rows"]]
     gpus = manifest.get("gpus") or []
-    lines += ["", "Ratios are of medians over trials where no bracket is shown; `m [lo..hi]` is the median, min and"
-                  " max of the per-trial ratios (trial t of every mode ran in one rotation at one load point).", "",
-              f"- device: {cfg.engine.device}" + (f" ({gpus[0]['name']}, SM clock {gpus[0]['clocks_sm']})" if gpus else ""),
+    for note in t.get("notes", ()):
+        lines += ["", note]
+    lines += ["", f"- device: {cfg.engine.device}" + (f" ({gpus[0]['name']}, SM clock {gpus[0]['clocks_sm']})" if gpus else ""),
               f"- git commit: {manifest.get('git_commit')} (+{manifest.get('git_changed_paths')} changed paths);"
               f" torch {manifest.get('torch')}, python {manifest.get('python')}",
               f"- suite command: `{manifest.get('command')}`", "", "Stages:", ""]

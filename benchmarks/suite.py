@@ -76,6 +76,11 @@ class EngineSpec:
         digest = hashlib.sha256(json.dumps(self.prepared(), sort_keys=True).encode()).hexdigest()[:8]
         return f"{self.pair}-{self.preset}-tp{self.tp}-{self.dtype}-{digest}"
 
+    def describe(self) -> dict:
+        """The manifest's record: the tiny pair has no preset, TP or cache sizes to prepare."""
+        d = asdict(self)
+        return {k: d[k] for k in ("pair", "device", "dtype", "graphs")} if self.pair == "tiny" else d
+
     def prepared(self) -> dict:
         """The fields that decide what prepare writes (graphs and the budget do not)."""
         d = asdict(self)
@@ -438,7 +443,7 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     manifest = {"config": cfg.name, "config_file": cfg.source, "description": cfg.description,
-                "figures": cfg.figures, "budget_s": cfg.budget_s, "engine": asdict(cfg.engine),
+                "figures": cfg.figures, "budget_s": cfg.budget_s, "engine": cfg.engine.describe(),
                 "command": command, "start": _now(), **provenance()}
     t0 = time.monotonic()
     why, results = None, []
@@ -469,6 +474,7 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
         raise StageFailure(f"config {cfg.name}: {why}; partial outputs in {bad}", manifest)
     final = out_root / cfg.name
     publish(tmp, final)
+    shutil.rmtree(out_root / f"{cfg.name}.incomplete", ignore_errors=True)     # an older failed run's
     return final
 
 

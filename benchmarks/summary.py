@@ -144,7 +144,10 @@ def sweep_table(fig: Mapping) -> dict:
                      _fmt_ratio(e.get("dynamic_vs_best")), e.get("dynamic_verdict", "-"),
                      "-" if acc.get("acceptance_rate") is None else f"{acc['acceptance_rate']:.2f}"])
     return {"header": ["C", *[f"{m} tok/s" for m in modes], "static / baseline", "dynamic / baseline",
-                       "dynamic / max(baseline, static)", "verdict", "acceptance (dynamic)"], "rows": rows}
+                       "dynamic / max(baseline, static)", "verdict", "acceptance (dynamic)"], "rows": rows,
+            "notes": ["tok/s: the median trial. A ratio `m [lo..hi]` is the median, min and max of the per-trial"
+                      " ratios (trial t of every mode ran in one rotation at one load point); a bare ratio is of the"
+                      " medians. Verdict: tie when the trials' min..max spreads overlap."]}
 
 
 def sweep_plot(fig: Mapping) -> dict:
@@ -293,7 +296,7 @@ def _named(items: Sequence[str], flag: str, many: bool = False) -> dict[str, str
     for it in items or ():
         name, sep, path = it.partition("=")
         if not sep or not name or not path:
-            raise DynspecError(f"{flag} {it!r} is not NAME=PATH (e.g. A=results/h200_A.json)")
+            raise DynspecError(f"{flag} {it!r} is not NAME=PATH (e.g. A=a.json)")
         if many:
             out.setdefault(name, []).append(path)
         elif name in out:

@@ -313,7 +313,7 @@ def test_committed_cpu_tiny_results_are_what_the_suite_computes_from_its_sweep()
     assert json.loads(json.dumps(got["values"])) == want["values"]
     man = json.loads((res / "manifest.json").read_text())
     assert man["complete"] is True and man["config"] == "cpu_tiny" and man["stages"][0]["rc"] == 0
-    assert man["command"] == "python -m dynspec.benchmarks.suite cpu_tiny"
+    assert man["command"].split()[:4] == ["python", "-m", "dynspec.benchmarks.suite", "cpu_tiny"]
     assert set(want["values"]["by_concurrency"]) == {"1", "2", "4", "8", "16"}
     assert all(e["acceptance"]["static"]["acceptance_rate"] > 0 for e in want["values"]["by_concurrency"].values())
     assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == ["cpu_tiny"]

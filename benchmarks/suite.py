@@ -153,13 +153,16 @@ def _typed(d: Mapping, key: str, kind: type, where: str, default=None):
 
 
 def parse_engine(d: Mapping, where: str) -> EngineSpec:
+    if not isinstance(d, Mapping):
+        raise DynspecError(f"{where}: [engine] must be a table")
     unknown = set(d) - set(EngineSpec.__dataclass_fields__)
     if unknown:
         raise DynspecError(f"{where}: unknown [engine] field(s) {sorted(unknown)}")
-    spec = EngineSpec(**d)
-    for f, kind in (("pair", str), ("preset", str), ("device", str), ("tp", int), ("max_seq_len", int),
-                    ("max_batch_size", int), ("build_max_seq_len", int), ("prepare_budget_s", int)):
+    for f, kind in (("pair", str), ("preset", str), ("device", str), ("dtype", str), ("graphs", str), ("layers", int),
+                    ("tp", int), ("max_seq_len", int), ("max_batch_size", int), ("build_max_seq_len", int),
+                    ("prepare_budget_s", int)):
         _typed(d, f, kind, f"{where} [engine]")
+    spec = EngineSpec(**d)
     if spec.pair not in ("tiny", "random"):
         raise DynspecError(f"{where}: [engine] pair {spec.pair!r} must be 'tiny' or 'random'")
     if spec.graphs is not None and spec.graphs not in GRAPHS:
@@ -317,14 +320,23 @@ def run_stage(stage: Stage, timeout_s: float, log: Path) -> StageResult:
         try:
             rc, timed_out = proc.wait(timeout=max(timeout_s, 0.001)), False
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _kill_group(proc)
             rc, timed_out = 124, True
     return StageResult(stage.name, shlex.join(stage.argv), rc, round(time.monotonic() - t0, 3), timed_out, log.name)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the stage's process group (mpirun and its ranks too), SIGKILL after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -> tuple[list[StageResult], str | None]:
@@ -456,15 +468,17 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
         if why is None:
             stages = stage_commands(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]), tmp)
             bar = bar_factory(len(stages), cfg.name) if bar_factory else None
-            results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar)
-            if bar is not None:
-                bar.close()
+            try:
+                results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar)
+            finally:
+                if bar is not None:
+                    bar.close()
         manifest["stages"] = [asdict(r) for r in results]
         if why is None:
             figs = suite_figures(cfg.figures, tmp, {s.name: s.repeat for s in cfg.stages})
             write_suite_report(cfg, figs, manifest, tmp)
-    except Exception as e:   # a report that cannot be made is a failed config too, its outputs kept
-        why = why or f"report: {type(e).__name__}: {e}"
+    except Exception as e:   # e.g. a report that cannot be made: a failed config too, its outputs kept
+        why = why or f"{type(e).__name__}: {e}"
     manifest.update(end=_now(), wall_s=round(time.monotonic() - t0, 3), complete=why is None, error=why)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if why is not None:

@@ -1,5 +1,5 @@
-"""`dynspec profile`, `dynspec tune`, `dynspec sweep` (= python -m dynspec.benchmarks.sweep) and
-`dynspec bench-summary`. Thin: parse flags, call the module that does the work, print."""
+"""`dynspec profile`, `dynspec tune` and `dynspec sweep` (= python -m dynspec.benchmarks.sweep).
+Thin: parse flags, call the module that does the work, print."""
 from __future__ import annotations
 
 import argparse
@@ -133,19 +133,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- sweep / summary aliases ---------------------------------------------------------------
+# ---- sweep alias ---------------------------------------------------------------
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from dynspec.benchmarks.sweep import run
 
     argv = sys.argv[1:]
     return run(args, argv[argv.index("sweep") + 1:] if "sweep" in argv else _command("sweep", args).split()[2:])
-
-
-def _cmd_summary(args: argparse.Namespace) -> int:
-    from dynspec.benchmarks.summary import run
-
-    args.command_line = _command("bench-summary", args)
-    return run(args)
 
 
 def register(sub) -> None:
@@ -205,9 +198,3 @@ def register(sub) -> None:
     s = sub.add_parser("sweep", help="concurrency sweep baseline/static/dynamic (= python -m dynspec.benchmarks.sweep)")
     sweep_parser(s)
     s.set_defaults(func=_cmd_sweep)
-
-    from dynspec.benchmarks.summary import make_parser as summary_parser
-
-    m = sub.add_parser("bench-summary", help="headline figures (crossover, dynamic ratios) from sweep results")
-    summary_parser(m)
-    m.set_defaults(func=_cmd_summary)

@@ -9,7 +9,7 @@ for three pairs of runs over the same prompts, greedy, the same engine:
     draft      K=0, one request at a time    vs  K=k, one request at a time
     both       K=0, `concurrency` at once    vs  K=k, `concurrency` at once
 
-    python -m dynspec.benchmarks.numerics --dtype bfloat16 --out benchmarks/results/cpu_tiny_bf16_agreement.json
+    python -m dynspec.benchmarks.numerics --dtype bfloat16 --out bf16_agreement.json
 """
 from __future__ import annotations
 

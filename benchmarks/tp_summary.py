@@ -1,9 +1,8 @@
-"""Issue 12's headline figures on two GPUs, from the files the h200x2 calls wrote. Pure + a thin CLI.
+"""Issue 12's figures on two GPUs from tp_decode, tune and sweep outputs. Pure + a thin CLI.
 
-    python -m dynspec.benchmarks.tp_summary --decode tp1=results/h200x2_tp1_decode.json \\
-        --decode tp2=results/h200x2_tp2_decode.json --tune tp1=results/h200x2_A_tp1_tune.json \\
-        --scaling-one results/h200x2_scaling_1gpu.json --scaling-two results/h200x2_scaling_2rep.json \\
-        --out results/h200x2_summary.json
+    python -m dynspec.benchmarks.tp_summary --decode tp1=tp1_decode.json --decode tp2=tp2_decode.json \\
+        --tune tp1=a_tp1_tune.json --scaling-one scaling_1gpu.json --scaling-two scaling_2rep.json \\
+        --out tp_summary.json
 
     tp2_vs_tp1_decode       TP=2 decode / TP=1 decode at b=1, 1024 context (benchmarks/tp_decode.py),
                             with the all-reduce TP=2 serves with ('auto': one-shot where it runs);

@@ -2,8 +2,7 @@
 loopback for a fixed time, RSS of tritonserver and of the python stub sampled at a fixed period,
 and a final check that no process of the server group and no /dev/shm region of the launch is left.
 
-    python -m dynspec.benchmarks.triton_soak --minutes 10 --out benchmarks/results/triton_soak.json \\
-        --plot benchmarks/results/triton_soak.png
+    python -m dynspec.benchmarks.triton_soak --minutes 10 --out triton_soak.json --plot triton_soak.png
 
 Load (per client thread, a fixed rotation of 20 slots; modest: 2 clients on a 2-core box):
     good_grpc  8/20  streamed gRPC request, 16 new tokens; any error is a failure

@@ -22,9 +22,9 @@ already non-increasing that is exactly the argmax.
 
 Draft margin m >= 1: each draft position must pay for itself by the factor m, so the score
 maximised is gain(b, K) / m^K (K = 0 scores its gain, 1). A larger K's predicted gain rests more
-on the acceptance estimate, and request ends truncate its windows. Call 30's regime-A profile
-(a = 0.7, b=1) predicted K=4 at 2.0096x and K=3 at 2.0015x, 0.4% apart; call 33 served K=4
-0.977x as fast as K=3 (accepted 2.68 tokens a step against 2.77 predicted). With m = 1.01,
+on the acceptance estimate, and request ends truncate its windows. Example: an H200 regime-A
+profile (a = 0.7, b=1) predicts K=4 at 2.0096x and K=3 at 2.0015x, 0.4% apart, where a sweep
+served K=4 0.977x as fast as K=3 (2.68 tokens accepted a step against 2.77 predicted). With m = 1.01,
 b=1 takes K=3 (2.0015 / 1.01^3 = 1.943 > 2.0096 / 1.01^4 = 1.931).
 
 Token budget (TRT-LLM's max_num_tokens): one iteration feeds the target b * (K+1) tokens, so a
@@ -122,9 +122,9 @@ class TuneResult:
     def loose_thresholds(self, spread: float = 2.0) -> tuple[tuple[int, int, int, int, int], ...]:
         """Where K changes at an unprofiled b whose profiled neighbours lo < b < hi are more than
         `spread` apart: (b, K before, K from b on, lo, hi). Such a threshold rests on straight
-        lines between lo and hi, and step times bend there (the knee). Call 27's grid
-        1, 4, 16, 64, 256 put K 1 -> 0 at b=243 from the lines of 64 and 256; profiled at 128
-        and 192 as well, it moved to 187 (call 35)."""
+        lines between lo and hi, and step times bend there (the knee). Example: a regime-B
+        profile on the grid 1, 4, 16, 64, 256 puts K 1 -> 0 at b=243 from the lines of 64 and
+        256; profiled at 128 and 192 as well, it moves to 187."""
         profiled = sorted(r.batch_size for r in self.rows if r.profiled)
         out = []
         for prev, r in zip(self.rows, self.rows[1:]):

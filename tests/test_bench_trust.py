@@ -1,5 +1,5 @@
 """Benchmarks users would trust (issue 11.5) and the GEMM floor (11.4): trial spreads and ties,
-matched Poisson load, decode_rows / prefill_tokens, summary version 2, gemm_floor_ms."""
+matched Poisson load, decode_rows / prefill_tokens, the suite's figures, gemm_floor_ms."""
 import json
 from types import SimpleNamespace as NS
 
@@ -162,122 +162,61 @@ def test_report_labels_ties_and_poisson_rows(tmp_path):
     assert write_all(doc, tmp_path / "r")["png"].read_bytes()[:4] == b"\x89PNG"
 
 
-# ---- summary version 2 --------------------------------------------------------------------------
-def test_summary_version_2_figures():
-    b_rows = []
+# ---- the suite's figures ------------------------------------------------------------------------
+def test_sweep_figures_pair_trials_and_take_the_better_rival():
+    """dynamic [108, 110, 112] against baseline [98, 100, 103] and static [58, 60, 61] at C=64:
+    per trial 108/98, 110/100, 112/103 -> median 1.1; at C=256 static is the better rival."""
+    rows = []
     for c, (base, stat, dyn) in {64: ((100, 98, 103), (60, 58, 61), (110, 108, 112)),
-                                 256: ((200, 190, 210), (80, 79, 81), (205, 200, 209))}.items():
-        b_rows += [row("baseline", c, *base), row("static", c, *stat), row("dynamic", c, *dyn)]
-    b_rows.append(row("baseline", None, 90, 88, 92, request_rate=1.5, matched_concurrency=64))
-    fixed = regime_doc("sweep fixed", [row("baseline", 64, 125, 120, 130), row("baseline", 256, 250, 240, 260)])
-    prof = {"command": "dynspec profile --floor", "target_weight_bytes": 16e9, "decode_ms": {"1": 4.5},
-            "gemm_floor_ms": 4.0, "floor": {"gemm_floor_ms": 4.0, "decode_ms": 5.0, "context_len": 1024,
-                                            "method": "cuda graph"}}
-    s = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12, fixed={"B": fixed})
-    assert s["version"] == 2
-    for key in ("decode_bandwidth_fraction", "dynamic_ratio_by_concurrency", "crossover_concurrency",
-                "max_dynamic_gain", "c1_speedup", "host_overhead_fraction", "acceptance_model", "commands"):
-        assert key in s, key                                          # version 1's keys stay
-    assert s["decode_vs_gemm_floor"] == pytest.approx(1.25)
-    assert s["decode_bandwidth"]["context_len"] == 1024                 # the floor block's decode
-    assert s["decode_bandwidth_fraction"] == pytest.approx(16e9 / 5e-3 / 4.8e12)
-    assert s["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.8})
-    assert s["dynamic_verdict_by_concurrency"] == {"B": {"64": "win", "256": "tie"}}
-    assert s["trial_spread"]["B"]["dynamic"]["64"] == {"median": 110, "min": 108, "max": 112, "trials": 3}
-    assert s["ttft_ms"]["B"]["baseline"]["64"] == pytest.approx({"p50": 80.0, "p99": 300.0})
-    assert "poisson@64" in s["ttft_ms"]["B"]["baseline"]
-    assert s["open_loop"]["B"]["baseline"]["64"]["closed_tok_per_s"] == 100
-    assert s["figure_commands"]["decode_vs_gemm_floor"] == ["dynspec profile --floor"]
-    assert s["figure_commands"]["varied_vs_fixed_baseline"] == ["sweep B", "sweep fixed"]
-    with pytest.raises(DynspecError, match="--fixed-baseline A: no --regime A"):
-        summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"A": fixed})
-    json.dumps(s)
-    # a baseline sweep of varied lengths at the fixed sweep's loads, and the floor from another profile
-    varied = regime_doc("sweep varied", [row("baseline", 64, 100, 99, 101), row("baseline", 256, 225, 220, 230)])
-    late = {"command": "profile --floor again", "floor": {"gemm_floor_ms": 4.0, "decode_ms": 4.6}}
-    s2 = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12, fixed={"B": fixed},
-                           varied={"B": varied}, floor_profile=late)
-    assert s2["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.9})
-    assert s2["figure_commands"]["varied_vs_fixed_baseline"] == ["sweep varied", "sweep fixed"]
-    assert s2["decode_vs_gemm_floor"] == pytest.approx(1.15)
-    assert s2["figure_commands"]["decode_vs_gemm_floor"] == ["profile --floor again"]
-    s3 = summary.summarize({"B": regime_doc("sweep B", b_rows)}, {"B": prof}, 4.8e12,
-                           floor_profile=[late, dict(late, command="third", floor={"gemm_floor_ms": 4.0, "decode_ms": 5.0}),
-                                          prof])
-    assert s3["decode_vs_gemm_floor"] == pytest.approx(1.25) and s3["gemm_floor"]["min"] == pytest.approx(1.15)
-    s4 = summary.summarize({"B": regime_doc("sweep B", b_rows)}, floor_profile=[late, prof])      # an even count
-    assert s4["decode_vs_gemm_floor"] == pytest.approx(1.15)                     # the lower middle trial
-    assert s4["gemm_floor"]["decode_ms"] / s4["gemm_floor"]["gemm_floor_ms"] == pytest.approx(1.15)
-    assert len(s3["figure_commands"]["decode_vs_gemm_floor"]) == 3
-    assert s2["decode_bandwidth"]["context_len"] == 1024               # bandwidth still from --profile B
-    with pytest.raises(DynspecError, match="--varied-baseline A: no --fixed-baseline A"):
-        summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"B": fixed}, varied={"A": varied})
-    with pytest.raises(DynspecError, match="--floor-profile has no 'floor'"):
-        summary.summarize({"B": regime_doc("sweep B", b_rows)}, floor_profile={"command": "x"})
-    other = dict(varied, env=dict(varied["env"], acceptance_model="bernoulli:0.7"))
-    with pytest.raises(DynspecError, match="--varied-baseline B and --fixed-baseline B differ in env acceptance_model"):
-        summary.summarize({"B": regime_doc("sweep B", b_rows)}, fixed={"B": fixed}, varied={"B": other})
+                                 256: ((200, 190, 210), (220, 215, 225), (205, 200, 209))}.items():
+        rows += [row("baseline", c, *base), row("static", c, *stat), row("dynamic", c, *dyn)]
+    rows.append(row("baseline", None, 90, 88, 92, request_rate=1.5, matched_concurrency=64))   # open loop: left out
+    fig = summary.sweep_figures(regime_doc("sweep B", rows))
+    assert set(fig["by_concurrency"]) == {"64", "256"}
+    e = fig["by_concurrency"]["64"]
+    assert e["dynamic_vs_best"]["median"] == pytest.approx(1.1)
+    assert (e["dynamic_vs_best"]["min"], e["dynamic_vs_best"]["max"]) == pytest.approx((112 / 103, 108 / 98))
+    assert e["dynamic_vs_best"]["of_medians"] == pytest.approx(1.1) and e["dynamic_verdict"] == "win"
+    assert e["static_vs_baseline"]["median"] == pytest.approx(61 / 103)          # of 58/98, 60/100, 61/103
+    assert e["tok_per_s"]["dynamic"] == {"median": 110, "min": 108, "max": 112, "n": 3}
+    e = fig["by_concurrency"]["256"]
+    # per trial: 200 / max(190, 215), 205 / max(200, 220), 209 / max(210, 225) = 0.930, 0.932, 0.929
+    assert e["dynamic_vs_best"]["median"] == pytest.approx(200 / 215) and e["dynamic_verdict"] == "loss"
+    assert fig["crossover_concurrency"] == 64 and fig["commands"] == ["sweep B"]   # baseline 100 > static 60
+    table = summary.sweep_table(fig)
+    assert table["rows"][0][:4] == ["64", "100.0", "60.0", "110.0"]
+    assert table["rows"][0][6] == "1.100 [1.087..1.102]"
 
 
-def test_sweeps_of_one_regime_join_and_a_load_in_two_files_is_refused():
-    low = regime_doc("sweep C=64", [row("baseline", 64, 100, 98, 103), row("dynamic", 64, 110, 108, 112)])
-    high = regime_doc("sweep C=128", [row("baseline", 128, 150, 140, 155), row("dynamic", 128, 180, 170, 185)])
-    joined = summary.merge_sweeps([low, high], ["a.json", "b.json"])
-    s = summary.summarize({"A": joined})
-    assert set(s["dynamic_ratio_by_concurrency"]["A"]) == {"64", "128"}
-    assert s["dynamic_ratio_by_concurrency"]["A"]["128"] == pytest.approx(180 / 150)
-    assert s["figure_commands"]["trial_spread"] == ["sweep C=64", "sweep C=128"]
-    assert [r["source"] for r in joined["rows"]] == ["a.json", "a.json", "b.json", "b.json"]
-    with pytest.raises(DynspecError, match="sweep results a.json and b.json both have mode baseline at C=64"):
-        summary.merge_sweeps([low, low], ["a.json", "b.json"])
-    other = dict(high, env=dict(high["env"], acceptance_model="bernoulli:0.7"))
-    with pytest.raises(DynspecError, match="differ in env acceptance_model: 'bernoulli:0.5' vs 'bernoulli:0.7'"):
-        summary.merge_sweeps([low, other], ["a.json", "b.json"])
-    longer = dict(high, env=dict(high["env"], workload="synthetic: output_len 9:99; 2 x C requests"))
-    with pytest.raises(DynspecError, match="have other workloads"):
-        summary.merge_sweeps([low, longer], ["a.json", "b.json"])
-    graphed = dict(high, env=dict(high["env"], mixed_graphs=True))       # a sweep from before the field joins
-    assert len(summary.merge_sweeps([low, graphed], ["a.json", "b.json"])["rows"]) == 4
-    eager = dict(low, env=dict(low["env"], mixed_graphs=False))
-    with pytest.raises(DynspecError, match="differ in env mixed_graphs: False vs True"):
-        summary.merge_sweeps([eager, graphed], ["a.json", "b.json"])
-    whole = dict(high, env=dict(graphed["env"], whole_mixed_graphs=True))
-    piecewise = dict(low, env=dict(low["env"], mixed_graphs=True, whole_mixed_graphs=False))
-    with pytest.raises(DynspecError, match="differ in env whole_mixed_graphs: False vs True"):
-        summary.merge_sweeps([piecewise, whole], ["a.json", "b.json"])
-    with pytest.raises(DynspecError, match=r"--profile A is given twice \(x.json and y.json\)"):
-        summary._named(["A=x.json", "A=y.json"], "--profile")
+def test_varied_fixed_figures_bound_the_ratio_by_both_spreads():
+    varied = regime_doc("varied", [row("baseline", 64, 100, 99, 101), row("baseline", 256, 225, 220, 230)])
+    fixed = regime_doc("fixed", [row("baseline", 64, 125, 120, 130), row("baseline", 256, 250, 240, 260)])
+    fig = summary.varied_fixed_figures(varied, fixed)
+    assert fig["by_concurrency"]["64"]["ratio"] == pytest.approx(0.8)
+    assert (fig["by_concurrency"]["64"]["low"], fig["by_concurrency"]["64"]["high"]) == pytest.approx((99 / 130, 101 / 120))
+    assert fig["by_concurrency"]["256"]["ratio"] == pytest.approx(0.9)
+    assert fig["commands"] == ["varied", "fixed"]
 
 
-def test_summary_cli_joins_baselines_of_other_loads_and_open_loop_rows(tmp_path, capsys):
-    """--fixed-baseline / --varied-baseline join a NAME's files of other loads (C=64 and C=256 from
-    two calls); --open-loop joins only a sweep's Poisson rows, its closed-loop re-run left out."""
-    docs = {
-        "b": regime_doc("sweep B", [row("baseline", 64, 100, 98, 103), row("dynamic", 64, 110, 108, 112)]),
-        "pois": regime_doc("sweep B again", [row("baseline", 64, 101, 99, 104),
-                                             row("baseline", None, 90, 88, 92, request_rate=1.5, matched_concurrency=64)]),
-        "f64": regime_doc("fixed 64", [row("baseline", 64, 125, 120, 130)]),
-        "f256": regime_doc("fixed 256", [row("baseline", 256, 250, 240, 260)]),
-        "v64": regime_doc("varied 64", [row("baseline", 64, 100, 99, 101)]),
-        "v256": regime_doc("varied 256", [row("baseline", 256, 225, 220, 230)]),
-    }
-    for k, d in docs.items():
-        (tmp_path / f"{k}.json").write_text(json.dumps(d))
-    f = lambda k: str(tmp_path / f"{k}.json")                                          # noqa: E731
-    base = ["--regime", f"B={f('b')}", "--fixed-baseline", f"B={f('f64')}", "--fixed-baseline", f"B={f('f256')}",
-            "--varied-baseline", f"B={f('v64')}", "--varied-baseline", f"B={f('v256')}", "--out", str(tmp_path / "s.json")]
-    assert summary.main(base + ["--open-loop", f"B={f('pois')}"]) == 0
-    s = json.loads((tmp_path / "s.json").read_text())
-    assert s["varied_vs_fixed_baseline"] == pytest.approx({"64": 0.8, "256": 0.9})
-    assert s["open_loop"]["B"]["baseline"]["64"]["tok_per_s"] == 90
-    assert s["open_loop"]["B"]["baseline"]["64"]["closed_tok_per_s"] == 100           # sweep B's, not the re-run's
-    assert s["figure_commands"]["varied_vs_fixed_baseline"] == ["varied 64", "varied 256", "fixed 64", "fixed 256"]
-    capsys.readouterr()
-    assert summary.main(base + ["--open-loop", f"B={f('f64')}"]) == 2
-    err = capsys.readouterr().err
-    assert "--open-loop B" in err and "no open-loop rows" in err
-    assert summary.main(base + ["--open-loop", f"A={f('pois')}"]) == 2
-    assert "--open-loop A: no --regime A" in capsys.readouterr().err
+def test_floor_figures_are_median_min_max_and_refuse_a_profile_without_a_floor():
+    runs = [{"command": f"profile --floor #{i}", "floor": {"gemm_floor_ms": g, "decode_ms": d, "context_len": 1024,
+                                                            "method": "cuda graph"}}
+            for i, (g, d) in enumerate(((4.0, 4.84), (4.1, 4.80), (3.9, 4.96)))]
+    fig = summary.floor_figures(runs)
+    assert fig["decode_ms"] == {"median": 4.84, "min": 4.80, "max": 4.96, "n": 3}
+    assert fig["floor_ms"]["median"] == 4.0
+    assert fig["ratio"]["median"] == pytest.approx(1.21) and fig["ratio"]["max"] == pytest.approx(4.96 / 3.9)
+    assert fig["context_len"] == 1024 and len(fig["commands"]) == 3
+    with pytest.raises(DynspecError, match="has no 'floor'"):
+        summary.floor_figures(runs + [{"command": "x"}])
+
+
+def test_mixed_figures_take_every_mode_the_points_report():
+    doc = {"context_len": 1024, "points": [{"point": "1:0:128", "eager_ms": 9.0, "full_ms": 5.0, "decode_ms": 4.0,
+                                            "piecewise_ms": None, "trials_ms": {"eager": [9.0]}}]}
+    fig = summary.mixed_figures(doc)
+    assert fig["points"] == {"1:0:128": {"eager": 9.0, "full": 5.0, "decode": 4.0}}
+    assert summary.mixed_table(fig)["rows"] == [["1:0:128", "4.000", "9.000", "5.000"]]
 
 
 # ---- GEMM floor ---------------------------------------------------------------------------------

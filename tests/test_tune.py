@@ -153,8 +153,8 @@ def test_min_gain_margin():
 
 
 def test_draft_margin_takes_the_smaller_k_of_a_near_tie():
-    # call 30's regime-A profile at b=1 (ms): K=3 gains 2.533 * 4.989 / 6.314 = 2.0015x,
-    # K=4 2.773 * 4.989 / 6.884 = 2.0096x; 0.4% apart, and call 33 served K=4 slower than K=3
+    # an H200 regime-A profile at b=1 (ms): K=3 gains 2.533 * 4.989 / 6.314 = 2.0015x,
+    # K=4 2.773 * 4.989 / 6.884 = 2.0096x; 0.4% apart, and a sweep served K=4 slower than K=3
     table = {1: {0: 4.989, 1: 5.336, 2: 5.905, 3: 6.314, 4: 6.884}}
     assert tune(table, 0.7).schedule.to_spec() == "1:4"
     res = tune(table, 0.7, draft_margin=1.01)
@@ -329,23 +329,28 @@ def test_tune_cli_bad_inputs_are_one_line(tmp_path, capsys, extra, flags, msg):
     assert json.loads(path.read_text())                                        # the profile is intact
 
 
-def test_thresholds_interpolated_across_a_wide_gap_are_named():
-    """The committed H200 profiles of regime B: call 27's grid (1, 4, 16, 64, 256) put K 1 -> 0 at
-    b=243 from straight lines between 64 and 256; call 35 profiled 128 and 192 too and tune moved
-    it to 187. The first is named as loose, the second is not (192 / 128 is within 2x); both
-    name K 3 -> 1 between 16 and 64."""
-    import json
-    from pathlib import Path
+# Two H200 profiles of regime B (ms per step, b -> K -> ms; 8B-shaped random pair, bf16): one on the
+# grid 1, 4, 16, 64, 256, one with 128 and 192 profiled too.
+COARSE_B = {1: {0: 5.1701, 1: 5.6341, 3: 6.3577, 5: 7.1895, 7: 8.0651}, 4: {0: 5.1674, 1: 5.6772, 3: 6.5441, 5: 7.5477, 7: 8.5616},
+            16: {0: 5.4483, 1: 6.0101, 3: 7.1459, 5: 8.4177, 7: 9.4920},
+            64: {0: 6.4337, 1: 7.3090, 3: 10.3388, 5: 15.0609, 7: 19.0020},
+            256: {0: 12.0934, 1: 18.3127, 3: 33.2527, 5: 49.5799, 7: 65.5544}}
+FINE_B = {1: {0: 5.1379, 1: 5.6141, 3: 6.3751}, 4: {0: 5.0940, 1: 5.6318, 3: 6.5321}, 16: {0: 5.3952, 1: 5.9574, 3: 6.9526},
+          64: {0: 6.3512, 1: 7.1084, 3: 10.3531}, 128: {0: 7.8912, 1: 10.4146, 3: 17.5841},
+          192: {0: 11.9288, 1: 18.0349, 3: 33.3678}, 256: {0: 12.2735, 1: 18.2615, 3: 33.2257}}
 
-    res = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+def test_thresholds_interpolated_across_a_wide_gap_are_named():
+    """On the coarse grid straight lines between 64 and 256 put K 1 -> 0 at b=243; with 128 and 192
+    profiled tune moves it to 187. The first is named as loose, the second is not (192 / 128 is
+    within 2x); both name K 3 -> 1 between 16 and 64."""
     got = {}
-    for call in ("c27", "c35"):
-        prof = json.loads((res / f"h200_{call}_B_profile.json").read_text())
-        r = tune({int(b): {int(k): v for k, v in row.items()} for b, row in prof["iteration_ms"].items()}, 0.5)
-        got[call] = (r.schedule.to_spec(), r.loose_thresholds(), r.table())
+    for name, table in (("coarse", COARSE_B), ("fine", FINE_B)):
+        r = tune(table, 0.5)
+        got[name] = (r.schedule.to_spec(), r.loose_thresholds(), r.table())
         assert r.to_json()["loose_thresholds"] == [dict(batch_size=b, k_before=k0, k=k1, profiled_below=lo,
-                                                        profiled_above=hi) for b, k0, k1, lo, hi in got[call][1]]
-    assert got["c27"][:2] == ("27:3,242:1", ((28, 3, 1, 16, 64), (243, 1, 0, 64, 256)))
-    assert got["c35"][:2] == ("28:3,186:1", ((29, 3, 1, 16, 64),))
-    assert "K 1 -> 0 at b=243 is interpolated between profiled b=64 and b=256" in got["c27"][2]
-    assert "K 1 -> 0" not in got["c35"][2]
+                                                        profiled_above=hi) for b, k0, k1, lo, hi in got[name][1]]
+    assert got["coarse"][:2] == ("27:3,242:1", ((28, 3, 1, 16, 64), (243, 1, 0, 64, 256)))
+    assert got["fine"][:2] == ("28:3,186:1", ((29, 3, 1, 16, 64),))
+    assert "K 1 -> 0 at b=243 is interpolated between profiled b=64 and b=256" in got["coarse"][2]
+    assert "K 1 -> 0" not in got["fine"][2]

@@ -1,0 +1,570 @@
+"""The benchmark suite: named configs (benchmarks/configs/NAME.toml) -> benchmarks/results/NAME/.
+
+    python -m dynspec.benchmarks.suite cpu_tiny                       # CPU, the embedded tiny pair
+    python -m dynspec.benchmarks.suite decode_floor mixed_step --work /tmp/dynspec_suite   # one H200
+    python -m dynspec.benchmarks.suite regime_b --work /tmp/dynspec_suite   # reuses the prepared engine
+    python -m dynspec.benchmarks.suite regime_a --dry-run             # print every stage's command
+
+A config names an engine ([engine]: the pair, device, dtype, graphs, cache sizes), its stages
+([[stages]]: a tool - sweep, profile or mixed_step - with its flags, run `repeat` times, under
+`ranks` MPI ranks), the figures computed from them and a budget in seconds. Per config:
+
+    prepare   once per engine spec and work dir: random pair -> dynspec convert -> dynspec build,
+              in WORK/<engine key>/ (reused when its prepared.json matches the spec)
+    stages    each a subprocess, its output under a temp results dir, its log in logs/STAGE.log;
+              the budget is one deadline for all stages (a stage that runs past it is killed and
+              the config fails naming that stage)
+    report    summary.json / summary.md / summary.png of the config's figures (benchmarks/summary.py)
+              and manifest.json (git, GPU, versions, the command, per-stage wall time and rc)
+
+The temp dir is renamed to OUT_ROOT/NAME only when every stage succeeded; a failed config
+leaves OUT_ROOT/NAME as it was and its partial outputs in OUT_ROOT/NAME.incomplete.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from dynspec.errors import DynspecError
+
+HERE = Path(__file__).resolve().parent
+CONFIG_DIR = HERE / "configs"
+REPO = HERE.parent
+TOOLS = {"sweep": ["-m", "dynspec.benchmarks.sweep"], "profile": ["-m", "dynspec.cli", "profile"],
+         "mixed_step": ["-m", "dynspec.benchmarks.mixed_step"]}
+# the stages each kind of figures reads (benchmarks/summary.py suite_figures)
+FIGURE_STAGES = {"sweep": ("sweep",), "decode_floor": ("floor",), "mixed_step": ("mixed",),
+                 "varied_vs_fixed": ("varied", "fixed"), "tp": ("tp1", "tp2")}
+FIGURES = tuple(FIGURE_STAGES)
+GRAPHS = ("full", "eager")
+# every stage's environment (and mpirun -x): NVLink multicast stays off, output unbuffered
+STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+             "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """pair "tiny": the embedded trained pair (nothing to prepare); "random": dynspec.pairs.random_pair
+    of `preset`, converted and built for `tp` ranks with the reference settings below."""
+    pair: str = "random"
+    preset: str = "llama-3.1-8b"
+    layers: int | None = None
+    device: str = "cuda"
+    dtype: str | None = None            # None: the engine's own (no --dtype flag)
+    graphs: str | None = None           # "full" | "eager"; None: the engine's default (no flag)
+    tp: int = 8
+    max_seq_len: int = 1480             # the reference engine's cache length (build --reference-max-seq-len)
+    max_batch_size: int = 256
+    build_max_seq_len: int = 2048
+    prepare_budget_s: int = 300
+
+    def key(self) -> str:
+        """'random-llama-3.1-8b-tp8-bfloat16-<8 hex of the spec>': one folder of WORK per spec."""
+        digest = hashlib.sha256(json.dumps(self.prepared(), sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.pair}-{self.preset}-tp{self.tp}-{self.dtype}-{digest}"
+
+    def describe(self) -> dict:
+        """The manifest's record: the tiny pair has no preset, TP or cache sizes to prepare."""
+        d = asdict(self)
+        return {k: d[k] for k in ("pair", "device", "dtype", "graphs")} if self.pair == "tiny" else d
+
+    def prepared(self) -> dict:
+        """The fields that decide what prepare writes (graphs and the budget do not)."""
+        d = asdict(self)
+        for k in ("graphs", "prepare_budget_s"):
+            d.pop(k)
+        return d
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    tool: str
+    args: tuple[tuple[str, object], ...] = ()
+    repeat: int = 1
+    ranks: int = 1
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    description: str
+    figures: str
+    budget_s: int
+    engine: EngineSpec
+    stages: tuple[StageSpec, ...]
+    estimate_s: int = 0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One concrete command: `argv` run in `env`, writing `out` (a path inside the results dir)."""
+    name: str
+    argv: tuple[str, ...]
+    out: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# ---- configs -----------------------------------------------------------------------------
+def config_path(name: str) -> Path:
+    """'regime_b' -> benchmarks/configs/regime_b.toml; a path to a .toml is taken as it is."""
+    p = Path(name)
+    if p.suffix == ".toml":
+        if not p.is_file():
+            raise DynspecError(f"config file {p} does not exist")
+        return p
+    q = CONFIG_DIR / f"{name}.toml"
+    if not q.is_file():
+        known = ", ".join(sorted(x.stem for x in CONFIG_DIR.glob("*.toml")))
+        raise DynspecError(f"no config {name!r} (known: {known})")
+    return q
+
+
+def _pairs(table: object, where: str) -> tuple[tuple[str, object], ...]:
+    if not isinstance(table, Mapping):
+        raise DynspecError(f"{where} must be a table")
+    for k, v in table.items():
+        if not isinstance(v, (str, int, float, bool)):
+            raise DynspecError(f"{where}.{k} = {v!r}: a flag value must be a string, number or boolean")
+    return tuple(table.items())
+
+
+def _typed(d: Mapping, key: str, kind: type, where: str, default=None):
+    v = d.get(key, default)
+    ok = isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+    if v is not None and not ok:
+        raise DynspecError(f"{where}: field {key!r} = {v!r} must be a {kind.__name__}")
+    return v
+
+
+def parse_engine(d: Mapping, where: str) -> EngineSpec:
+    if not isinstance(d, Mapping):
+        raise DynspecError(f"{where}: [engine] must be a table")
+    unknown = set(d) - set(EngineSpec.__dataclass_fields__)
+    if unknown:
+        raise DynspecError(f"{where}: unknown [engine] field(s) {sorted(unknown)}")
+    for f, kind in (("pair", str), ("preset", str), ("device", str), ("dtype", str), ("graphs", str), ("layers", int),
+                    ("tp", int), ("max_seq_len", int), ("max_batch_size", int), ("build_max_seq_len", int),
+                    ("prepare_budget_s", int)):
+        _typed(d, f, kind, f"{where} [engine]")
+    spec = EngineSpec(**d)
+    if spec.pair not in ("tiny", "random"):
+        raise DynspecError(f"{where}: [engine] pair {spec.pair!r} must be 'tiny' or 'random'")
+    if spec.graphs is not None and spec.graphs not in GRAPHS:
+        raise DynspecError(f"{where}: [engine] graphs {spec.graphs!r} must be one of {GRAPHS}")
+    return spec
+
+
+def parse_stage(d: Mapping, where: str) -> StageSpec:
+    unknown = set(d) - {"name", "tool", "args", "repeat", "ranks", "env"}
+    if unknown:
+        raise DynspecError(f"{where}: unknown field(s) {sorted(unknown)}")
+    name, tool = _typed(d, "name", str, where), _typed(d, "tool", str, where)
+    if not name or tool not in TOOLS:
+        raise DynspecError(f"{where}: needs a name and a tool in {sorted(TOOLS)} (got name={name!r}, tool={tool!r})")
+    repeat, ranks = _typed(d, "repeat", int, where, 1), _typed(d, "ranks", int, where, 1)
+    if repeat < 1 or ranks < 1:
+        raise DynspecError(f"{where}: repeat {repeat} and ranks {ranks} must be at least 1")
+    args = _pairs(d.get("args", {}), f"{where}.args")
+    for k, _ in args:
+        if k in ("out", "engine-dir", "device", "dtype", "graphs", "no-progress", "engine"):
+            raise DynspecError(f"{where}.args: {k!r} is set by the suite from [engine] and the results dir")
+    env = tuple((k, str(v)) for k, v in _pairs(d.get("env", {}), f"{where}.env"))
+    return StageSpec(name, tool, args, repeat, ranks, env)
+
+
+def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
+    where = source or name
+    unknown = set(doc) - {"description", "figures", "budget_s", "estimate_s", "engine", "stages"}
+    if unknown:
+        raise DynspecError(f"{where}: unknown field(s) {sorted(unknown)}")
+    figures, budget = _typed(doc, "figures", str, where), _typed(doc, "budget_s", int, where)
+    if figures not in FIGURES:
+        raise DynspecError(f"{where}: figures {figures!r} must be one of {FIGURES}")
+    if budget is None or budget < 1:
+        raise DynspecError(f"{where}: budget_s {budget!r} must be a positive number of seconds")
+    raw_stages = doc.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise DynspecError(f"{where}: needs at least one [[stages]] table")
+    stages = tuple(parse_stage(s, f"{where} stages[{i}]") for i, s in enumerate(raw_stages))
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise DynspecError(f"{where}: stage names {names} repeat")
+    missing = [n for n in FIGURE_STAGES[figures] if n not in names]
+    if missing:
+        raise DynspecError(f"{where}: figures {figures!r} read stage(s) {missing}; the stages are {names}")
+    return Config(name, _typed(doc, "description", str, where, ""), figures, budget,
+                  parse_engine(doc.get("engine", {}), where), stages,
+                  _typed(doc, "estimate_s", int, where, 0), source)
+
+
+def load_config(name: str) -> Config:
+    path = config_path(name)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise DynspecError(f"config {path}: {e}") from None
+    return parse_config(doc, path.stem, str(path))
+
+
+# ---- commands ----------------------------------------------------------------------------
+def flag_args(args: Sequence[tuple[str, object]]) -> list[str]:
+    """(("concurrency", "1,4"), ("floor", True), ("x", False)) -> ["--concurrency", "1,4", "--floor"]."""
+    out: list[str] = []
+    for k, v in args:
+        if v is True:
+            out.append(f"--{k}")
+        elif v is not False:
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def engine_flags(tool: str, engine: EngineSpec, engine_dir: Path | None) -> list[str]:
+    """What [engine] puts on every command of `tool`: the engine dir (not for the tiny pair), device,
+    dtype, --graphs when the config sets it, and no progress bars (mixed_step has none)."""
+    out = ["--engine", "reference"] if tool == "sweep" else []
+    if engine_dir is not None:
+        out += ["--engine-dir", str(engine_dir)]
+    out += ["--device", engine.device]
+    if engine.dtype:
+        out += ["--dtype", engine.dtype]
+    if engine.graphs:
+        out += ["--graphs", engine.graphs]
+    if tool != "mixed_step":
+        out.append("--no-progress")
+    return out
+
+
+def mpirun_prefix(ranks: int, env_keys: Sequence[str]) -> list[str]:
+    """`mpirun -n R` with every rank given STAGE_ENV and the stage's env (Open MPI; root needs a flag)."""
+    exe = Path(sys.executable).parent / "mpirun"
+    out = [str(exe) if exe.exists() else "mpirun", "-n", str(ranks), "--bind-to", "none", "--oversubscribe"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        out.append("--allow-run-as-root")
+    for k in list(STAGE_ENV) + list(env_keys):
+        out += ["-x", k]
+    return out
+
+
+def stage_commands(cfg: Config, engine_dir: Path | None, results: Path) -> list[Stage]:
+    """Every concrete command of a config, in order; a stage of repeat N gives NAME1..NAMEN."""
+    out = []
+    for s in cfg.stages:
+        for i in range(1, s.repeat + 1):
+            name = s.name if s.repeat == 1 else f"{s.name}{i}"
+            dest = results / (name if s.tool == "sweep" else f"{name}.json")   # sweep: NAME.json/.md/.png
+            argv = [sys.executable, *TOOLS[s.tool], *engine_flags(s.tool, cfg.engine, engine_dir),
+                    *flag_args(s.args), "--out", str(dest)]
+            if s.ranks > 1:
+                argv = mpirun_prefix(s.ranks, [k for k, _ in s.env]) + argv
+            out.append(Stage(name, tuple(argv), str(dest), s.env))
+    return out
+
+
+def prepare_commands(engine: EngineSpec, root: Path) -> list[Stage]:
+    """The random pair -> convert target / eagle3 -> build (the reference engine's settings)."""
+    py, hf, ck, eng = sys.executable, root / "hf", root / "ckpt", root / "engine"
+    dt, tp = engine.dtype or "bfloat16", str(engine.tp)
+    pair = [py, "-m", "dynspec.pairs.random_pair", "--out", str(hf), "--preset", engine.preset, "--dtype", dt,
+            "--device", engine.device, "--force"] + (["--layers", str(engine.layers)] if engine.layers else [])
+    return [
+        Stage("random-pair", tuple(pair), str(hf)),
+        Stage("convert-target", (py, "-m", "dynspec.cli", "convert", "target", "--hf", str(hf / "target"),
+                                 "--out", str(ck / "target"), "--tp", tp, "--dtype", dt, "--force"), str(ck / "target")),
+        Stage("convert-draft", (py, "-m", "dynspec.cli", "convert", "eagle3", "--draft", str(hf / "draft"),
+                                "--target", str(ck / "target"), "--out", str(ck / "draft"), "--tp", tp, "--force"),
+              str(ck / "draft")),
+        Stage("build", (py, "-m", "dynspec.cli", "build", "--target", str(ck / "target"), "--draft", str(ck / "draft"),
+                        "--out", str(eng), "--tp", tp, "--threshold", "32", "--max-draft-len", "4",
+                        "--max-seq-len", str(engine.build_max_seq_len), "--force", "--reference-dtype", dt,
+                        "--reference-max-batch-size", str(engine.max_batch_size),
+                        "--reference-max-seq-len", str(engine.max_seq_len)), str(eng)),
+    ]
+
+
+# ---- running -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageResult:
+    name: str
+    command: str
+    rc: int
+    wall_s: float
+    timed_out: bool = False
+    log: str = ""
+
+
+def run_stage(stage: Stage, timeout_s: float, log: Path) -> StageResult:
+    """Run one command, stdout+stderr to `log`; past `timeout_s` its process group is killed (rc 124)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **STAGE_ENV, **dict(stage.env))
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        f.write("$ " + shlex.join(stage.argv) + "\n")
+        f.flush()
+        proc = subprocess.Popen(stage.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc, timed_out = proc.wait(timeout=max(timeout_s, 0.001)), False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc, timed_out = 124, True
+    return StageResult(stage.name, shlex.join(stage.argv), rc, round(time.monotonic() - t0, 3), timed_out, log.name)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the stage's process group (mpirun and its ranks too), SIGKILL after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -> tuple[list[StageResult], str | None]:
+    """Run in order under one deadline; stop at the first failure. -> (results, None | why it stopped):
+    "budget 540 s ran out in stage 'sweep' (killed after 531.2 s)"."""
+    deadline = time.monotonic() + budget_s
+    done: list[StageResult] = []
+    for st in stages:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return done, f"budget {budget_s:g} s ran out before stage {st.name!r}"
+        if bar is not None:
+            bar.set_postfix_str(st.name)
+        r = run_stage(st, left, logs / f"{st.name}.log")
+        done.append(r)
+        if bar is not None:
+            bar.update(1)
+        if r.timed_out:
+            return done, f"budget {budget_s:g} s ran out in stage {st.name!r} (killed after {r.wall_s:.1f} s)"
+        if r.rc != 0:
+            return done, f"stage {st.name!r} failed with rc {r.rc} (log: {logs.name}/{st.name}.log)"
+    return done, None
+
+
+def prepare(engine: EngineSpec, work: Path, logs: Path, dry_run: bool = False) -> dict:
+    """-> {"engine_dir", "reused", "stages": [StageResult...]}; the tiny pair needs nothing."""
+    if engine.pair == "tiny":
+        return {"engine_dir": None, "reused": True, "stages": []}
+    root = work / engine.key()
+    marker = root / "prepared.json"
+    info = {"engine_dir": str(root / "engine"), "reused": False, "stages": []}
+    if marker.is_file() and (root / "engine" / "engine.json").is_file():
+        try:
+            same = json.loads(marker.read_text()).get("spec") == engine.prepared()
+        except ValueError:
+            same = False
+        if same:
+            return dict(info, reused=True)
+    cmds = prepare_commands(engine, root)
+    if dry_run:
+        return dict(info, commands=[shlex.join(c.argv) for c in cmds])
+    marker.unlink(missing_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    results, why = run_stages(cmds, engine.prepare_budget_s, logs)
+    info["stages"] = [asdict(r) for r in results]
+    if why:
+        raise StageFailure(f"prepare: {why}", info)
+    marker.write_text(json.dumps({"spec": engine.prepared(), "commands": [r.command for r in results]}, indent=1))
+    return info
+
+
+class StageFailure(DynspecError):
+    def __init__(self, msg: str, info: dict):
+        super().__init__(msg)
+        self.info = info
+
+
+# ---- provenance --------------------------------------------------------------------------
+def _out(cmd: Sequence[str]) -> str | None:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def provenance() -> dict:
+    """git commit / tree / changed paths, GPU (nvidia-smi, when present), torch and python versions."""
+    import platform
+
+    status = _out(["git", "status", "--porcelain"])
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        q = _out(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu",
+                  "--format=csv,noheader"])
+        gpu = None if q is None else [dict(zip(("name", "clocks_sm", "clocks_max_sm", "clocks_mem", "power_draw",
+                                                "temperature"), (x.strip() for x in line.split(","))))
+                                      for line in q.splitlines()]
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    return {"git_commit": _out(["git", "rev-parse", "HEAD"]), "git_tree": _out(["git", "rev-parse", "HEAD^{tree}"]),
+            "git_changed_paths": None if status is None else len(status.splitlines()),
+            "gpus": gpu, "torch": torch_version, "python": platform.python_version(), "host": platform.node()}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---- one config --------------------------------------------------------------------------
+def staging_dir(out_root: Path, name: str) -> Path:
+    """Where a config's stages write before the rename: OUT_ROOT/.NAME.partial."""
+    return out_root / f".{name}.partial"
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`, replacing an older `final` (never a half-written one in its place)."""
+    old = final.with_name(final.name + f".old-{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factory=None) -> Path:
+    """Prepare, run the stages, report; -> OUT_ROOT/NAME. Raises StageFailure (partial outputs in
+    OUT_ROOT/NAME.incomplete) when preparation or a stage fails or the budget runs out."""
+    from dynspec.benchmarks.summary import suite_figures
+    from dynspec.benchmarks.report import write_suite_report
+
+    tmp = staging_dir(out_root, cfg.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    manifest = {"config": cfg.name, "config_file": cfg.source, "description": cfg.description,
+                "figures": cfg.figures, "budget_s": cfg.budget_s, "engine": cfg.engine.describe(),
+                "command": command, "start": _now(), **provenance()}
+    t0 = time.monotonic()
+    why, results = None, []
+    try:
+        try:
+            prep = prepare(cfg.engine, work, tmp / "logs")
+        except StageFailure as e:
+            prep, why = e.info, str(e)
+        manifest["prepare"] = {k: v for k, v in prep.items()}
+        if why is None:
+            stages = stage_commands(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]), tmp)
+            bar = bar_factory(len(stages), cfg.name) if bar_factory else None
+            try:
+                results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar)
+            finally:
+                if bar is not None:
+                    bar.close()
+        manifest["stages"] = [asdict(r) for r in results]
+        if why is None:
+            figs = suite_figures(cfg.figures, tmp, {s.name: s.repeat for s in cfg.stages})
+            write_suite_report(cfg, figs, manifest, tmp)
+    except Exception as e:   # e.g. a report that cannot be made: a failed config too, its outputs kept
+        why = why or f"{type(e).__name__}: {e}"
+    manifest.update(end=_now(), wall_s=round(time.monotonic() - t0, 3), complete=why is None, error=why)
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    if why is not None:
+        bad = out_root / f"{cfg.name}.incomplete"
+        shutil.rmtree(bad, ignore_errors=True)
+        tmp.rename(bad)
+        raise StageFailure(f"config {cfg.name}: {why}; partial outputs in {bad}", manifest)
+    final = out_root / cfg.name
+    publish(tmp, final)
+    shutil.rmtree(out_root / f"{cfg.name}.incomplete", ignore_errors=True)     # an older failed run's
+    return final
+
+
+def dry_run(cfg: Config, work: Path, out_root: Path) -> list[str]:
+    """The exact commands a real run would execute (the engine dir as prepare would leave it)."""
+    prep = prepare(cfg.engine, work, out_root, dry_run=True)
+    lines = [f"# {cfg.name}: budget {cfg.budget_s} s, estimate {cfg.estimate_s} s"]
+    if prep.get("commands"):
+        lines += [f"# prepare ({cfg.engine.key()})"] + prep["commands"]
+    elif cfg.engine.pair != "tiny":
+        lines.append(f"# prepare: reusing {prep['engine_dir']}")
+    eng = None if prep["engine_dir"] is None else Path(prep["engine_dir"])
+    for st in stage_commands(cfg, eng, staging_dir(out_root, cfg.name)):
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in st.env)
+        lines.append((f"env {env} " if env else "") + shlex.join(st.argv))
+    return lines
+
+
+def prepare_only(cfgs: Sequence[Config], work: Path) -> int:
+    """Prepare each config's engine (a spec prepared already is reused); logs under WORK/<key>/logs."""
+    for cfg in cfgs:
+        if cfg.engine.pair == "tiny":
+            continue
+        try:
+            info = prepare(cfg.engine, work, work / cfg.engine.key() / "logs")
+        except StageFailure as e:
+            print(f"dynspec suite: error: {e}", file=sys.stderr)
+            return 1
+        print(f"{cfg.name}: engine {'reused' if info['reused'] else 'prepared'} at {info['engine_dir']}")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.suite", description=__doc__.splitlines()[0])
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="config names (benchmarks/configs/NAME.toml) or .toml paths")
+    p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "dynspec_suite"),
+                   help="where prepared engines live, reused across runs (default: %(default)s)")
+    p.add_argument("--out-root", default=str(HERE / "results"), help="results go to OUT_ROOT/CONFIG (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print every stage's command; run nothing")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="prepare the configs' engines in --work and stop (a cold machine, before a long config)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = make_parser().parse_args(argv)
+    try:
+        cfgs = [load_config(c) for c in args.configs]
+    except DynspecError as e:
+        print(f"dynspec suite: error: {e}", file=sys.stderr)
+        return 2
+    work, out_root = Path(args.work), Path(args.out_root)
+    if args.dry_run:
+        for cfg in cfgs:
+            print("\n".join(dry_run(cfg, work, out_root)))
+        return 0
+    if args.prepare_only:
+        return prepare_only(cfgs, work)
+    bars = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bars = lambda n, name: tqdm(total=n, unit="stage", desc=name, file=sys.stderr)   # noqa: E731
+    command = "python -m dynspec.benchmarks.suite " + shlex.join(argv)
+    code = 0
+    for cfg in cfgs:
+        try:
+            final = run_config(cfg, work, out_root, command, bars)
+            print(f"{cfg.name}: wrote {final}")
+        except DynspecError as e:
+            print(f"dynspec suite: error: {e}", file=sys.stderr)
+            code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

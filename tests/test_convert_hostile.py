@@ -1,0 +1,103 @@
+"""Hostile sources and outputs for `dynspec convert` and the shared writers: special files and
+foreign folders as --out, links and paths that leave the source folder, config fields of the wrong
+type or value, layer counts the weights cannot back, a full disk, and sources that change while
+they are read. Each case exits 2 with one stderr line naming the file, field or value, and
+leaves no output behind; .ci/run removes the virtual environment it made."""
+import json
+import os
+import resource
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from tiny_checkpoints import make_eagle3, make_llama  # noqa: E402
+
+from dynspec.artifacts import atomic_dir  # noqa: E402
+from dynspec.cli import main  # noqa: E402
+from dynspec.errors import DynspecError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def convert_target(hf, out, *extra):
+    return main(["convert", "target", "--hf", str(hf), "--out", str(out), "--dtype", "float32", *extra])
+
+
+def one_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip("\n").splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def hidden(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def edit_config(folder: Path, **changes) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    return make_llama(tmp_path_factory.mktemp("hostile") / "hf", layers=2)
+
+
+@pytest.fixture(scope="module")
+def converted(hf, tmp_path_factory):
+    out = tmp_path_factory.mktemp("converted") / "target"
+    assert convert_target(hf, out) == 0
+    return out
+
+
+def copy_hf(hf: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for f in hf.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+# ---- .ci/run ---------------------------------------------------------------------------------
+STUB_PYTHON = """#!/usr/bin/env bash
+# stands in for python3.11: `-m venv DIR` makes DIR/bin/{activate,python}; that python records
+# its arguments, installs nothing, and exits $STUB_TESTS_RC for `-m pytest`
+if [ "$1 $2" = "-m venv" ]; then
+  mkdir -p "$3/bin"
+  echo "PATH=\\"$3/bin:\\$PATH\\"" > "$3/bin/activate"
+  cat > "$3/bin/python" <<'EOF'
+#!/usr/bin/env bash
+echo "$0 $*" >> "$STUB_LOG"
+case "$1 $2" in
+  "-m pytest") exit "$STUB_TESTS_RC" ;;
+  "- ") cat > /dev/null ;;
+esac
+exit 0
+EOF
+  chmod +x "$3/bin/python"
+fi
+"""
+
+
+@pytest.mark.parametrize("tests_rc", [0, 3])
+def test_ci_run_removes_its_venv_and_keeps_the_tests_exit_code(tmp_path, tests_rc):
+    stub = tmp_path / "python-stub"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    tmpdir, log = tmp_path / "tmp", tmp_path / "log"
+    tmpdir.mkdir()
+    env = {**os.environ, "PYTHON": str(stub), "TMPDIR": str(tmpdir), "STUB_LOG": str(log),
+           "STUB_TESTS_RC": str(tests_rc)}
+    r = subprocess.run(["bash", str(REPO / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert r.returncode == tests_rc, r.stderr
+    assert any(c.endswith("-m pip install -q -e .[dev]") for c in calls), calls
+    assert calls[-1].endswith("-m pytest -q tests"), calls
+    venv_python = Path(calls[-1].split()[0])
+    assert str(venv_python).startswith(str(tmpdir)) and not venv_python.exists()
+    assert list(tmpdir.iterdir()) == []

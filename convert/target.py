@@ -24,6 +24,7 @@ from dynspec.errors import DynspecError
 
 MODEL_TYPES = ("llama", "mistral")
 DTYPES = ("bfloat16", "float16", "float32")
+OUTPUT_MARK = (MANIFEST, {"format": CHECKPOINT_FORMAT, "kind": "target"})   # what --force may replace
 QUANTS = ("fp8",)
 DROPPED_SUFFIXES = ("rotary_emb.inv_freq",)   # buffers some old exports saved
 
@@ -117,7 +118,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
         )
     torch_dtype = getattr(torch, opts.dtype)
     n_params = 0
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, force=force, mark=OUTPUT_MARK) as tmp:
         writer = ShardWriter(tmp, opts.max_shard_bytes)
         # disable=None: no bar when stderr is not a terminal (logs, CI, pipes)
         with tqdm(total=len(src), unit="tensor", desc="convert target", disable=None if opts.progress else True) as bar:

@@ -22,6 +22,7 @@ from dynspec.cli import main  # noqa: E402
 from dynspec.errors import DynspecError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+TWO_LAYER_CAPTURE = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1]}}   # the 2-layer target's
 
 
 def convert_target(hf, out, *extra):
@@ -101,3 +102,66 @@ def test_ci_run_removes_its_venv_and_keeps_the_tests_exit_code(tmp_path, tests_r
     venv_python = Path(calls[-1].split()[0])
     assert str(venv_python).startswith(str(tmpdir)) and not venv_python.exists()
     assert list(tmpdir.iterdir()) == []
+
+
+# ---- --force replaces only an earlier run's output --------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "file", "link"])
+def test_force_refuses_what_is_not_an_output_folder(hf, tmp_path, capsys, kind):
+    out = tmp_path / "out"
+    if kind == "fifo":                     # a special file, as a device node is
+        os.mkfifo(out)
+    elif kind == "file":
+        out.write_text("precious")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        out.symlink_to(tmp_path / "elsewhere")
+    assert convert_target(hf, out, "--force") == 2
+    assert str(out) in one_line(capsys)
+    if kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(out).st_mode)
+    elif kind == "file":
+        assert out.read_text() == "precious"
+    else:
+        assert out.is_symlink() and list((tmp_path / "elsewhere").iterdir()) == []
+    assert hidden(tmp_path) == []
+
+
+def test_force_refuses_a_folder_another_command_wrote(hf, converted, tmp_path, capsys):
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("x")
+    assert convert_target(hf, foreign, "--force") == 2
+    assert "notes" in one_line(capsys) and (foreign / "keep.txt").read_text() == "x"
+    draft = make_eagle3(tmp_path / "eagle", n_capture=2, cfg_extra=TWO_LAYER_CAPTURE)
+    victim = tmp_path / "victim"                       # a target's output is no draft's to replace
+    victim.mkdir()
+    for f in converted.iterdir():
+        (victim / f.name).write_bytes(f.read_bytes())
+    assert main(["convert", "eagle3", "--draft", str(draft), "--target", str(converted), "--out", str(victim),
+                 "--force"]) == 2
+    assert "'target'" in one_line(capsys) and json.loads((victim / "dynspec.json").read_text())["kind"] == "target"
+    assert hidden(tmp_path) == []
+
+
+def test_force_replaces_an_earlier_output_of_the_same_command(hf, tmp_path):
+    out = tmp_path / "out"
+    assert convert_target(hf, out) == 0
+    (out / "stale.txt").write_text("from before")
+    assert convert_target(hf, out, "--force") == 0
+    assert not (out / "stale.txt").exists() and (out / "dynspec.json").is_file()
+
+
+def test_atomic_dir_without_a_mark_compares_the_manifests(tmp_path):
+    out = tmp_path / "eng"
+    with atomic_dir(out) as tmp:
+        (tmp / "engine.json").write_text(json.dumps({"format": "dynspec-engine/1"}))
+    with atomic_dir(out, force=True) as tmp:            # the same command's output: replaced
+        (tmp / "engine.json").write_text(json.dumps({"format": "dynspec-engine/1", "v": 2}))
+    assert json.loads((out / "engine.json").read_text())["v"] == 2
+    with pytest.raises(DynspecError, match="'format'"):
+        with atomic_dir(out, force=True) as tmp:
+            (tmp / "engine.json").write_text(json.dumps({"format": "something-else/1"}))
+    with pytest.raises(DynspecError, match="has no dynspec_repo.json"):
+        with atomic_dir(out, force=True) as tmp:
+            (tmp / "dynspec_repo.json").write_text(json.dumps({"generator": "dynspec triton"}))
+    assert json.loads((out / "engine.json").read_text())["v"] == 2 and hidden(tmp_path) == []

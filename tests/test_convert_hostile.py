@@ -165,3 +165,17 @@ def test_atomic_dir_without_a_mark_compares_the_manifests(tmp_path):
         with atomic_dir(out, force=True) as tmp:
             (tmp / "dynspec_repo.json").write_text(json.dumps({"generator": "dynspec triton"}))
     assert json.loads((out / "engine.json").read_text())["v"] == 2 and hidden(tmp_path) == []
+
+
+def test_layer_count_past_the_weights_ends_quickly(hf, tmp_path):
+    """num_hidden_layers=10**7 on 2 layers of weights: refused before anything is allocated
+    (unbounded: 8-15 GB and minutes). Run under a 4 GiB address-space cap and a timeout."""
+    src = copy_hf(hf, tmp_path / "hf")
+    edit_config(src, num_hidden_layers=10**7)
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731
+    r = subprocess.run([sys.executable, "-m", "dynspec.cli", "convert", "target", "--hf", str(src),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60,
+                       preexec_fn=cap)
+    lines = r.stderr.strip("\n").splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert "10000000 layers" in lines[0] and "model.layers.2." in lines[0]

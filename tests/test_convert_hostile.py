@@ -167,6 +167,54 @@ def test_atomic_dir_without_a_mark_compares_the_manifests(tmp_path):
     assert json.loads((out / "engine.json").read_text())["v"] == 2 and hidden(tmp_path) == []
 
 
+# ---- config fields: type and runnable values --------------------------------------------------
+@pytest.mark.parametrize("field, value, phrase", [
+    ("tie_word_embeddings", "false", "field 'tie_word_embeddings' is 'false'"),
+    ("attention_bias", "no", "field 'attention_bias' is 'no'"),
+    ("hidden_act", "gelu", "field 'hidden_act' is 'gelu'"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "field 'rope_scaling.rope_type' is 'yarn'"),
+    ("rope_scaling", {"rope_type": "linear"}, "rope_scaling: missing field 'factor'"),
+    ("rope_scaling", "big", "field 'rope_scaling' is 'big'"),
+    ("rms_norm_eps", -1, "field 'rms_norm_eps' is -1"),
+    ("rms_norm_eps", float("nan"), "field 'rms_norm_eps' is nan"),
+    ("rope_theta", "abc", "field 'rope_theta' is 'abc'"),
+    ("max_position_embeddings", -5, "field 'max_position_embeddings' is -5"),
+    ("max_position_embeddings", "lots", "field 'max_position_embeddings' is 'lots'"),
+    ("architectures", 5, "field 'architectures' is 5"),
+    ("num_key_value_heads", 3, "num_key_value_heads"),
+    ("head_dim", 7, "field 'head_dim' (7) must be even"),
+    ("model_type", ["llama"], "field 'model_type' is ['llama']"),
+])
+def test_config_field_of_the_wrong_type_or_value_is_refused(hf, tmp_path, capsys, field, value, phrase):
+    src = copy_hf(hf, tmp_path / "hf")
+    edit_config(src, **{field: value})
+    assert convert_target(src, tmp_path / "out", "--tp", "1") == 2
+    line = one_line(capsys)
+    assert str(src / "config.json") in line and phrase in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_draft_architectures_of_the_wrong_type_is_one_line(converted, tmp_path, capsys):
+    draft = make_eagle3(tmp_path / "eagle", n_capture=2, cfg_extra=TWO_LAYER_CAPTURE)
+    edit_config(draft, architectures=5)
+    assert main(["convert", "eagle3", "--draft", str(draft), "--target", str(converted),
+                 "--out", str(tmp_path / "d")]) == 2
+    assert "field 'architectures' is 5" in one_line(capsys)
+
+
+def test_deeply_nested_config_is_one_line(hf, tmp_path, capsys):
+    src = copy_hf(hf, tmp_path / "hf")
+    (src / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert convert_target(src, tmp_path / "out") == 2
+    assert "config.json" in one_line(capsys)
+
+
+def test_symlink_loop_as_the_model_folder_is_one_line(tmp_path, capsys):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert convert_target(tmp_path / "loop", tmp_path / "out") == 2
+    assert "loop" in one_line(capsys)
+
+
 def test_layer_count_past_the_weights_ends_quickly(hf, tmp_path):
     """num_hidden_layers=10**7 on 2 layers of weights: refused before anything is allocated
     (unbounded: 8-15 GB and minutes). Run under a 4 GiB address-space cap and a timeout."""

@@ -17,7 +17,9 @@ naming the file and the tensor:
 - a floating tensor holding NaN or +-Inf is refused. The scan is one sum per tensor as it is
   read (NaN and +-Inf propagate through a sum; no scratch memory); only a non-finite sum, which
   an fp16 overflow can also give, pays for the exact isfinite count. 131M bf16 elements: ~70 ms
-  for the sum against ~3.2 s for isfinite on a 2-core CPU.
+  for the sum against ~3.2 s for isfinite on a 2-core CPU;
+- config.json fields are type-checked as read (config_fields.check_config), the same for every
+  stage.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
+from dynspec.checkpoint.config_fields import check_config
 from dynspec.errors import DynspecError
 
 if TYPE_CHECKING:
@@ -35,20 +38,43 @@ ST_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
 
-def read_config(folder: str | Path, what: str = "checkpoint") -> dict:
-    """FOLDER/config.json as a dict; `what` names the folder in errors ("target", "draft")."""
+def _folder(folder: str | Path, what: str) -> Path:
     folder = Path(folder)
+    if folder.is_symlink() and not folder.exists():
+        raise DynspecError(f"{what} folder {folder} is a symbolic link that leads nowhere (a loop or a missing target)")
     if not folder.is_dir():
         raise DynspecError(f"{what} folder {folder} does not exist")
-    path = folder / "config.json"
-    if not path.is_file():
-        raise DynspecError(f"{what} folder {folder} has no config.json")
+    return folder
+
+
+def _loads(path: Path, text: str):
     try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
         raise DynspecError(f"{path}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise DynspecError(f"{path}: nested too deeply to be read as JSON") from None
+
+
+def read_json_file(path: Path):
+    try:
+        return _loads(path, path.read_text())
+    except UnicodeDecodeError as e:
+        raise DynspecError(f"{path}: not valid JSON: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise DynspecError(f"{path}: cannot be read: {e.strerror or e}") from None
+
+
+def read_config(folder: str | Path, what: str = "checkpoint") -> dict:
+    """FOLDER/config.json as a dict, its fields type-checked; `what` names the folder in errors."""
+    folder = _folder(folder, what)
+    if not (folder / "config.json").exists() and not (folder / "config.json").is_symlink():
+        raise DynspecError(f"{what} folder {folder} has no config.json")
+    path = folder / "config.json"
+    cfg = read_json_file(path)
     if not isinstance(cfg, dict):
         raise DynspecError(f"{path}: must hold a JSON object, not {type(cfg).__name__}")
+    check_config(cfg, str(path))
     return cfg
 
 

@@ -167,6 +167,57 @@ def test_atomic_dir_without_a_mark_compares_the_manifests(tmp_path):
     assert json.loads((out / "engine.json").read_text())["v"] == 2 and hidden(tmp_path) == []
 
 
+# ---- links and paths that leave the source folder --------------------------------------------
+def test_tokenizer_link_outside_the_source_is_refused(hf, tmp_path, capsys):
+    src = copy_hf(hf, tmp_path / "hf")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    secret.chmod(0o600)
+    (src / "tokenizer.json").symlink_to(secret)
+    assert convert_target(src, tmp_path / "out") == 2
+    line = one_line(capsys)
+    assert "tokenizer.json" in line and "outside" in line
+    assert not (tmp_path / "out").exists() and hidden(tmp_path) == []
+
+
+def test_link_inside_the_source_is_copied(hf, tmp_path):
+    src = copy_hf(hf, tmp_path / "hf")
+    (src / "blobs").mkdir()
+    (src / "blobs" / "tok").write_text('{"version": "1.0"}')
+    (src / "tokenizer.json").symlink_to(src / "blobs" / "tok")
+    assert convert_target(src, tmp_path / "out") == 0
+    out = tmp_path / "out" / "tokenizer.json"
+    assert not out.is_symlink() and out.read_text() == '{"version": "1.0"}'
+
+
+@pytest.mark.parametrize("entry", ["../outside.safetensors", "ABSOLUTE", "link.safetensors"])
+def test_weight_map_leaving_the_source_is_refused(hf, tmp_path, capsys, entry):
+    src = copy_hf(hf, tmp_path / "hf")
+    outside = tmp_path / "outside.safetensors"
+    (src / "model.safetensors").rename(outside)
+    if entry == "ABSOLUTE":
+        entry = str(outside)
+    elif entry == "link.safetensors":
+        (src / entry).symlink_to(outside)
+    from safetensors import safe_open
+
+    with safe_open(str(outside), "pt") as f:
+        names = list(f.keys())
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: entry for n in names}}))
+    assert convert_target(src, tmp_path / "out") == 2
+    line = one_line(capsys)
+    assert entry in line and ("outside" in line or "leaves" in line)
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_link_outside_the_source_is_refused(hf, tmp_path, capsys):
+    src = copy_hf(hf, tmp_path / "hf")
+    (src / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
+    (src / "model.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    assert convert_target(src, tmp_path / "out") == 2
+    assert "model.safetensors" in one_line(capsys) and not (tmp_path / "out").exists()
+
+
 # ---- config fields: type and runnable values --------------------------------------------------
 @pytest.mark.parametrize("field, value, phrase", [
     ("tie_word_embeddings", "false", "field 'tie_word_embeddings' is 'false'"),

@@ -18,6 +18,8 @@ naming the file and the tensor:
   read (NaN and +-Inf propagate through a sum; no scratch memory); only a non-finite sum, which
   an fp16 overflow can also give, pays for the exact isfinite count. 131M bf16 elements: ~70 ms
   for the sum against ~3.2 s for isfinite on a 2-core CPU;
+- every file read lies inside the folder: a weight_map entry "../x.safetensors" or "/abs/x", or a
+  symbolic link resolving outside the folder, is refused (links inside it are followed);
 - config.json fields are type-checked as read (config_fields.check_config), the same for every
   stage.
 """
@@ -47,6 +49,25 @@ def _folder(folder: str | Path, what: str) -> Path:
     return folder
 
 
+def source_file(folder: Path, rel: str, where: str) -> Path:
+    """FOLDER/rel, which must be a regular file inside FOLDER once links are resolved.
+    source_file(hf, "../x.safetensors", idx) -> DynspecError: ... '../x.safetensors' leaves ..."""
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise DynspecError(f"{where}: file {rel!r} leaves the folder {folder}; files must lie inside it")
+    path = folder / rel
+    try:
+        real, home = path.resolve(strict=True), folder.resolve(strict=True)
+    except FileNotFoundError:
+        raise DynspecError(f"{where}: file {rel!r} does not exist in {folder}") from None
+    except (OSError, RuntimeError) as e:        # a link loop
+        raise DynspecError(f"{where}: file {rel!r} in {folder} cannot be resolved: {e}") from None
+    if not real.is_relative_to(home):
+        raise DynspecError(f"{path} is a symbolic link to {real}, outside {folder}; copy the file in instead")
+    if not real.is_file():
+        raise DynspecError(f"{path} is not a regular file")
+    return path
+
+
 def _loads(path: Path, text: str):
     try:
         return json.loads(text)
@@ -70,7 +91,7 @@ def read_config(folder: str | Path, what: str = "checkpoint") -> dict:
     folder = _folder(folder, what)
     if not (folder / "config.json").exists() and not (folder / "config.json").is_symlink():
         raise DynspecError(f"{what} folder {folder} has no config.json")
-    path = folder / "config.json"
+    path = source_file(folder, "config.json", f"{what} folder {folder}")
     cfg = read_json_file(path)
     if not isinstance(cfg, dict):
         raise DynspecError(f"{path}: must hold a JSON object, not {type(cfg).__name__}")
@@ -119,18 +140,19 @@ def load_bin(path: Path) -> dict:
 
 
 def _from_index(folder: Path, index_name: str, fmt: str) -> WeightSource:
-    index = folder / index_name
-    try:
-        obj = json.loads(index.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DynspecError(f"{index}: not valid JSON: {e}") from None
+    index = source_file(folder, index_name, f"folder {folder}")
+    obj = read_json_file(index)
     wmap = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wmap, dict) or not wmap or not all(isinstance(f, str) for f in wmap.values()):
         raise DynspecError(f"{index}: field 'weight_map' is missing, empty or not a mapping of names to files")
+    files: dict[str, Path] = {}
     for name, shard in wmap.items():
-        if not (folder / shard).is_file():
-            raise DynspecError(f"{index}: missing shard {shard} (holds {name!r}): it does not exist in {folder}")
-    src = WeightSource(folder, fmt, {k: folder / f for k, f in wmap.items()})
+        if shard not in files:
+            p = folder / shard
+            if not Path(shard).is_absolute() and not p.exists() and not p.is_symlink():
+                raise DynspecError(f"{index}: missing shard {shard} (holds {name!r}): it does not exist in {folder}")
+            files[shard] = source_file(folder, shard, str(index))
+    src = WeightSource(folder, fmt, {k: files[f] for k, f in wmap.items()})
     if fmt == "safetensors":
         held = _headers(src.files)
         for name, path in src.key_to_file.items():
@@ -152,16 +174,16 @@ def _headers(files) -> dict[str, Path]:
 
 def weight_source(folder: str | Path, what: str = "checkpoint", allow_bin: bool = False) -> WeightSource:
     """Find the weights of an HF folder; pytorch_model.bin only when allow_bin."""
-    folder = Path(folder)
-    if (folder / ST_INDEX).is_file():
+    folder = _folder(folder, what)
+    if (folder / ST_INDEX).exists() or (folder / ST_INDEX).is_symlink():
         return _from_index(folder, ST_INDEX, "safetensors")
-    files = sorted(folder.glob("*.safetensors"))
+    files = [source_file(folder, p.name, f"{what} folder {folder}") for p in sorted(folder.glob("*.safetensors"))]
     if files:
         return WeightSource(folder, "safetensors", _headers(files))
-    if allow_bin and (folder / BIN_INDEX).is_file():
+    if allow_bin and ((folder / BIN_INDEX).exists() or (folder / BIN_INDEX).is_symlink()):
         return _from_index(folder, BIN_INDEX, "pytorch")
-    if allow_bin and (folder / "pytorch_model.bin").is_file():
-        path = folder / "pytorch_model.bin"
+    if allow_bin and ((folder / "pytorch_model.bin").exists() or (folder / "pytorch_model.bin").is_symlink()):
+        path = source_file(folder, "pytorch_model.bin", f"{what} folder {folder}")
         return WeightSource(folder, "pytorch", {k: path for k in load_bin(path)})
     expected = f"model.safetensors or {ST_INDEX}" + (f", pytorch_model.bin or {BIN_INDEX}" if allow_bin else "")
     raise DynspecError(f"{what} folder {folder} has no weight files (expected {expected})")

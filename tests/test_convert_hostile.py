@@ -278,3 +278,16 @@ def test_layer_count_past_the_weights_ends_quickly(hf, tmp_path):
     lines = r.stderr.strip("\n").splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
     assert "10000000 layers" in lines[0] and "model.layers.2." in lines[0]
+
+
+# ---- writing fails: one line, nothing left ----------------------------------------------------
+def test_file_size_limit_while_writing_is_one_line(hf, tmp_path):
+    """`ulimit -f`: the first shard cannot be written (EFBIG, as on a full disk)."""
+    cap = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))  # noqa: E731
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "dynspec.cli", "convert", "target", "--hf", str(hf), "--out", str(out),
+                        "--dtype", "float32"], capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    lines = r.stderr.strip("\n").splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert "File too large" in lines[0] and str(out) in lines[0]
+    assert list(tmp_path.iterdir()) == []

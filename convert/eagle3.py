@@ -187,4 +187,5 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
             "files": {"weights": shards, "tokenizer": tokenizer},
         }
         write_json(tmp / MANIFEST, manifest)
+        src.check_unchanged()                   # before the rename: the output is what the source held
     return manifest

@@ -171,6 +171,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
         if n_params != param_count(shape):
             raise DynspecError(f"internal: wrote {n_params} parameters, the shape implies {param_count(shape)}")
         write_json(tmp / MANIFEST, manifest)
+        src.check_unchanged()                   # before the rename: the output is what the source held
     return manifest
 
 

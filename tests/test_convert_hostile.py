@@ -291,3 +291,41 @@ def test_file_size_limit_while_writing_is_one_line(hf, tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
     assert "File too large" in lines[0] and str(out) in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- sources that change while they are converted ----------------------------------------------
+CHANGE_DURING = """
+import os, sys
+from dynspec.checkpoint import writer
+from dynspec.cli import main
+shard, how = sys.argv[3], sys.argv[4]
+real_add, seen = writer.ShardWriter.add, []
+def add(self, name, tensor):
+    seen.append(name)
+    if len(seen) == 2:
+        if how == "truncate":
+            os.truncate(shard, 200)
+        else:                                  # same size, other bytes, in place
+            with open(shard, "r+b") as f:
+                f.seek(-64, 2)
+                f.write(bytes(64))
+    return real_add(self, name, tensor)
+writer.ShardWriter.add = add
+sys.exit(main(["convert", "target", "--hf", sys.argv[1], "--out", sys.argv[2], "--dtype", "float32"]))
+"""
+
+
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_source_changed_during_convert_is_refused(tmp_path, how):
+    src = make_llama(tmp_path / "hf", layers=4, max_shard_size="200KB")
+    shards = sorted(src.glob("model-*.safetensors"))
+    # files are read in name order: the first is cut while it is being read (a mapped file would
+    # end the process with SIGBUS); the last is rewritten before it is opened
+    victim = shards[0] if how == "truncate" else shards[-1]
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(CHANGE_DURING), str(src), str(out), str(victim), how],
+                       capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip("\n").splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
+    assert victim.name in lines[0]
+    assert not out.exists() and hidden(tmp_path) == []

@@ -238,7 +238,7 @@ def test_nonfinite_and_float8_tensors_are_refused(tmp_path, pair):
 
 
 def test_duplicate_names_across_shards_name_both_files(tmp_path, pair):
-    """Two unindexed shards both holding a tensor: before, the first file silently won."""
+    """Two unindexed shards both holding a tensor: refused, naming both (neither is picked silently)."""
     t = copy_folder(pair[0], tmp_path / "t")
     save_file({"model.norm.weight": torch.zeros(32)}, str(t / "zz-extra.safetensors"))
     raises("'model.norm.weight' appears in both|model.safetensors|zz-extra.safetensors", load_target, t)

@@ -151,7 +151,7 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
     torch_dtype = getattr(torch, dtype)
     out_cfg = dict(cfg, architectures=[ARCHITECTURE], model_type="llama", draft_vocab_size=draft_vocab,
                    target_hidden_size=target_hidden, num_hidden_layers=1, dtype=dtype, torch_dtype=dtype)
-    with atomic_dir(out, force=force, mark=OUTPUT_MARK) as tmp:
+    with atomic_dir(out, force=force, mark=OUTPUT_MARK, one_line=True) as tmp:
         writer = ShardWriter(tmp)
         for key in sorted(tensors):
             t = tensors[key]

@@ -133,7 +133,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
         )
     torch_dtype = getattr(torch, opts.dtype)
     n_params = 0
-    with atomic_dir(out, force=force, mark=OUTPUT_MARK) as tmp:
+    with atomic_dir(out, force=force, mark=OUTPUT_MARK, one_line=True) as tmp:
         writer = ShardWriter(tmp, opts.max_shard_bytes)
         # disable=None: no bar when stderr is not a terminal (logs, CI, pipes)
         with tqdm(total=len(src), unit="tensor", desc="convert target", disable=None if opts.progress else True) as bar:

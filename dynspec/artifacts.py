@@ -40,6 +40,11 @@ IDENTITY = ("format", "kind", "generator")           # manifest fields that name
 HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
 
 
+class OutputError(DynspecError, OSError):
+    """An output that cannot be written (a full disk, `ulimit -f`): one line at the CLI, like any
+    DynspecError, and still an OSError to callers that handle those."""
+
+
 def owner_tag() -> str:
     """'PID-HOST' of this process, e.g. '4242-9f3a1c': what remove_stale reads back."""
     return f"{os.getpid()}-{HOST}"
@@ -215,13 +220,14 @@ def _check_out(out: Path, force: bool, mark: Mark | None) -> bool:
 
 @contextlib.contextmanager
 def atomic_dir(out: str | os.PathLike, force: bool = False, inputs: Inputs | None = None,
-               mark: Mark | None = None) -> Iterator[Path]:
+               mark: Mark | None = None, one_line: bool = False) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces `out`, on error it is removed.
 
     Before anything is written: `out` must lie apart from every input (check_apart), and a
     non-empty `out` is refused unless force=True and an earlier run of the same command wrote it
-    (module doc), so nothing is overwritten by accident. An OSError while writing (a full disk,
-    `ulimit -f`) is a one-line DynspecError naming the file."""
+    (module doc), so nothing is overwritten by accident. With one_line=True an OSError while
+    writing (a full disk, `ulimit -f`) is re-raised as OutputError, a one-line message naming the
+    output and the file; otherwise it propagates as it is. Either way nothing is left behind."""
     out = Path(out)
     check_apart(out, inputs or {})
     _check_out(out, force, mark)
@@ -241,8 +247,10 @@ def atomic_dir(out: str | os.PathLike, force: bool = False, inputs: Inputs | Non
         _swap(out, tmp, tag)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DynspecError(f"output folder {out} cannot be written: {e.filename or tmp}: "
-                           f"{e.strerror or e}") from None
+        if not one_line or isinstance(e, DynspecError):
+            raise
+        raise OutputError(f"output folder {out} cannot be written: {e.filename or tmp}: "
+                          f"{e.strerror or e}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -167,6 +167,27 @@ def test_atomic_dir_without_a_mark_compares_the_manifests(tmp_path):
     assert json.loads((out / "engine.json").read_text())["v"] == 2 and hidden(tmp_path) == []
 
 
+def test_atomic_dir_without_a_manifest_compares_the_layout(tmp_path):
+    """An output with no manifest (random_pair's target/ + draft/) replaces only a folder laid out
+    the same way."""
+    out = tmp_path / "pair"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DynspecError, match="has no draft"):
+        with atomic_dir(out, force=True) as tmp:
+            (tmp / "target").mkdir()
+            (tmp / "draft").mkdir()
+    assert (out / "notes.txt").read_text() == "mine" and hidden(tmp_path) == []
+    (out / "notes.txt").unlink()
+    (out / "target").mkdir()
+    (out / "draft").mkdir()
+    with atomic_dir(out, force=True) as tmp:
+        (tmp / "target").mkdir()
+        (tmp / "draft").mkdir()
+        (tmp / "draft" / "config.json").write_text("{}")
+    assert (out / "draft" / "config.json").is_file()
+
+
 # ---- links and paths that leave the source folder --------------------------------------------
 def test_tokenizer_link_outside_the_source_is_refused(hf, tmp_path, capsys):
     src = copy_hf(hf, tmp_path / "hf")
@@ -329,3 +350,35 @@ def test_source_changed_during_convert_is_refused(tmp_path, how):
     assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
     assert victim.name in lines[0]
     assert not out.exists() and hidden(tmp_path) == []
+
+
+# ---- the reader's plain reads against safetensors' own ----------------------------------------
+def test_reads_equal_safetensors_get_slice(tmp_path):
+    """Whole tensors and TP parts (rows, columns, both, strided) read with plain reads equal what
+    safetensors' safe_open returns, for every dtype the checkpoints use."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from dynspec.checkpoint.reader import TensorReader, weight_source
+
+    g = torch.Generator().manual_seed(0)
+    sd = {"w": torch.randn(8, 6, generator=g), "b": torch.randn(5, generator=g),
+          "h": torch.randn(3, 4, 2, generator=g).to(torch.bfloat16), "f": torch.randn(4, 4, generator=g).half(),
+          "s": torch.tensor(3.0), "e": torch.zeros(0, 4), "i": torch.arange(10), "m": torch.rand(7, generator=g) > 0.5}
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    reader = TensorReader(weight_source(tmp_path))
+    parts = [None, (slice(2, 5),), (slice(None), slice(2, 4)), (slice(1, 3), slice(0, 2)), (slice(None), slice(3, 3)),
+             (slice(0, 8, 2),), (slice(None), slice(None)), (slice(6, 99),)]
+    compared = 0
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        for name in sd:
+            for part in parts:
+                try:
+                    want = f.get_tensor(name) if part is None else f.get_slice(name)[part]
+                except Exception:
+                    continue                    # a part that does not apply to this tensor
+                got = reader.get(name, part)
+                assert got.dtype == want.dtype and torch.equal(got, want), (name, part)
+                compared += 1
+    assert compared > 30

@@ -38,6 +38,7 @@ from dynspec.errors import DynspecError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 UNSUPPORTED_EAGLE_OPTIONS = ("eh_proj_before_attn", "norm_before_fc")
+OUTPUT_MARK = (MANIFEST, {"format": CHECKPOINT_FORMAT, "kind": "eagle3-draft"})   # what --force may replace
 
 
 def expected_draft_tensors(d: ModelShape, draft_vocab: int, target_hidden: int, n_capture: int) -> dict:
@@ -150,7 +151,7 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
     torch_dtype = getattr(torch, dtype)
     out_cfg = dict(cfg, architectures=[ARCHITECTURE], model_type="llama", draft_vocab_size=draft_vocab,
                    target_hidden_size=target_hidden, num_hidden_layers=1, dtype=dtype, torch_dtype=dtype)
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, force=force, mark=OUTPUT_MARK, one_line=True) as tmp:
         writer = ShardWriter(tmp)
         for key in sorted(tensors):
             t = tensors[key]
@@ -186,4 +187,5 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
             "files": {"weights": shards, "tokenizer": tokenizer},
         }
         write_json(tmp / MANIFEST, manifest)
+        src.check_unchanged()                   # before the rename: the output is what the source held
     return manifest

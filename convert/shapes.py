@@ -77,7 +77,8 @@ def _int_field(cfg: Mapping[str, Any], name: str, where: str) -> int:
 
 
 def shape_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> ModelShape:
-    """Read the decoder shape from a Llama-family HF config (Llama, Mistral-style layouts)."""
+    """Read the decoder shape from a Llama-family HF config (Llama, Mistral-style layouts); field
+    types were checked by dynspec.checkpoint.reader.read_config."""
     hidden = _int_field(cfg, "hidden_size", where)
     heads = _int_field(cfg, "num_attention_heads", where)
     kv_heads = cfg.get("num_key_value_heads") or heads
@@ -86,18 +87,26 @@ def shape_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> 
         raise DynspecError(
             f"{where}: hidden_size={hidden} is not divisible by num_attention_heads={heads} and no head_dim is given"
         )
+    kv_heads = _int_field({"num_key_value_heads": kv_heads}, "num_key_value_heads", where)
+    if heads % kv_heads:
+        raise DynspecError(f"{where}: field 'num_attention_heads' ({heads}) must be a multiple of "
+                           f"'num_key_value_heads' ({kv_heads})")
+    head_dim = _int_field({"head_dim": head_dim}, "head_dim", where)
+    if head_dim % 2:
+        raise DynspecError(f"{where}: field 'head_dim' ({head_dim}) must be even for RoPE")
     return ModelShape(
         layers=_int_field(cfg, "num_hidden_layers", where),
         hidden=hidden,
         heads=heads,
-        kv_heads=_int_field({"num_key_value_heads": kv_heads}, "num_key_value_heads", where),
-        head_dim=_int_field({"head_dim": head_dim}, "head_dim", where),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate=_int_field(cfg, "intermediate_size", where),
         vocab=_int_field(cfg, "vocab_size", where),
-        tied=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
+        tied=cfg.get("tie_word_embeddings") is True,
+        attention_bias=cfg.get("attention_bias") is True,
+        mlp_bias=cfg.get("mlp_bias") is True,
+        max_position_embeddings=_int_field({"max_position_embeddings": cfg.get("max_position_embeddings") or 4096},
+                                           "max_position_embeddings", where),
     )
 
 

@@ -8,6 +8,7 @@ A tied model (tie_word_embeddings) writes no lm_head.weight; TRT-LLM ties it aga
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,10 @@ from dynspec.errors import DynspecError
 
 MODEL_TYPES = ("llama", "mistral")
 DTYPES = ("bfloat16", "float16", "float32")
+OUTPUT_MARK = (MANIFEST, {"format": CHECKPOINT_FORMAT, "kind": "target"})   # what --force may replace
 QUANTS = ("fp8",)
 DROPPED_SUFFIXES = ("rotary_emb.inv_freq",)   # buffers some old exports saved
+LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,18 @@ def expected_tensors(s: ModelShape) -> dict[str, tuple[int, ...]]:
         if s.mlp_bias:
             out.update({p + "mlp.gate_proj.bias": (i,), p + "mlp.up_proj.bias": (i,), p + "mlp.down_proj.bias": (h,)})
     return out
+
+
+def _check_layers_present(shape: ModelShape, names, hf_dir: Path) -> None:
+    """The weights must hold every layer config.json declares; checked on the names alone, before
+    expected_tensors builds ~9 names a layer (num_hidden_layers=10**7 on 2 layers of weights
+    -> missing tensor 'model.layers.2.self_attn.q_proj.weight', at once)."""
+    present = {int(m.group(1)) for n in names if (m := LAYER_NAME.match(n))}
+    if shape.layers <= len(present) and shape.layers - 1 in present:
+        return
+    first = next(i for i in range(len(present) + 1) if i not in present)
+    raise DynspecError(f"{hf_dir}: missing tensor 'model.layers.{first}.self_attn.q_proj.weight' (and more); "
+                       f"config.json declares {shape.layers} layers, the weights hold {len(present)}")
 
 
 def _check_model_type(cfg: dict, where: str) -> str:
@@ -108,6 +123,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
 
         require_modelopt()  # fail before any work
     src = weight_source(hf_dir, "--hf")
+    _check_layers_present(shape, src.key_to_file, hf_dir)
     expected = expected_tensors(shape)
     missing = sorted(set(expected) - set(src.key_to_file))
     if missing:
@@ -117,7 +133,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
         )
     torch_dtype = getattr(torch, opts.dtype)
     n_params = 0
-    with atomic_dir(out, force=force) as tmp:
+    with atomic_dir(out, force=force, mark=OUTPUT_MARK, one_line=True) as tmp:
         writer = ShardWriter(tmp, opts.max_shard_bytes)
         # disable=None: no bar when stderr is not a terminal (logs, CI, pipes)
         with tqdm(total=len(src), unit="tensor", desc="convert target", disable=None if opts.progress else True) as bar:
@@ -155,6 +171,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
         if n_params != param_count(shape):
             raise DynspecError(f"internal: wrote {n_params} parameters, the shape implies {param_count(shape)}")
         write_json(tmp / MANIFEST, manifest)
+        src.check_unchanged()                   # before the rename: the output is what the source held
     return manifest
 
 

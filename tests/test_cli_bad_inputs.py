@@ -1,6 +1,6 @@
-"""One table of bad inputs for every CLI (issue 14.12): each row must exit 2 with exactly one line
+"""One table of bad inputs for every CLI: each row must exit 2 with exactly one line
 on stderr that names the value, and nothing an input holds may change. Rows run in-process through
-dynspec.cli.main (one import, ~0.1 s a row); rows that could eat memory or time if unfixed run in
+dynspec.cli.main (one import, ~0.1 s a row); rows that could eat memory or time run in
 a subprocess under a timeout, and one row per process path proves the real `python -m` contract."""
 import json
 import shutil
@@ -29,7 +29,7 @@ PROMPTS = {   # name -> file bytes; the first line is always good, the bad one i
 
 # (row id, argv with {placeholders}, text the one stderr line must hold)
 ROWS = [
-    # ---- convert (14.1 data loss, 14.12, 14.10 EAGLE-3 config) ----
+    # ---- convert (outputs apart from inputs, EAGLE-3 config) ----
     ("convert-out-contains-hf", "convert target --hf {victim}/hf --out {victim} --force --dtype float32",
      "contains --hf"),
     ("convert-out-is-hf", "convert target --hf {victim}/hf --out {victim}/hf --force", "--hf"),
@@ -39,7 +39,7 @@ ROWS = [
     ("convert-read-only-out", "convert target --hf {hf} --out /proc/self/dynspec-t", "/proc/self/dynspec-t"),
     ("convert-truncated-shard", "convert target --hf {sharded} --out {tmp}/t2", "model-00002-of"),
     ("convert-target-hidden-128.7", "convert eagle3 --draft {eagle_bad} --target {target} --out {tmp}/d2", "128.7"),
-    # ---- build (14.1, 14.10, 14.12, issue 11) ----
+    # ---- build ----
     ("build-out-is-target", "build --target {target} --draft {draft} --out {target} --force --schedule 4:4",
      "is --target"),
     ("build-max-seq-len-0", "build --target {target} --draft {draft} --out {tmp}/e --schedule 4:4 --max-seq-len 0",
@@ -67,7 +67,7 @@ ROWS = [
                                "--schedule", "4:4", "--trtllm-version", "1.2.1\n"], "1.2.1"),
     ("build-read-only-out", "build --target {target} --draft {draft} --out /proc/self/dynspec-e --schedule 4:4",
      "/proc/self/dynspec-e"),
-    # ---- generate (14.7, 14.12, 14.13) ----
+    # ---- generate ----
     *[(f"generate-prompts-{name}", f"generate --prompts {{tmp}}/{name}.jsonl --max-new-tokens 8",
        "2:" if name != "too_long" else "--max-new-tokens 8") for name in PROMPTS],
     ("generate-num-prompts-0", "generate --num-prompts 0", "--num-prompts=0"),
@@ -77,7 +77,7 @@ ROWS = [
     ("generate-out-is-prompts", "generate --prompts {tmp}/good.jsonl --out {tmp}/good.jsonl", "is --prompts"),
     ("generate-max-seq-len-0", "generate --num-prompts 1 --max-seq-len 0", "--max-seq-len=0"),
     ("generate-max-num-tokens-3", "generate --num-prompts 1 --max-num-tokens 3", "--max-num-tokens 3"),
-    # ---- tune (14.11, 14.12, issue 11) ----
+    # ---- tune ----
     ("tune-decode-ms-abc", "tune --profile {tmp}/decode_abc.json --acceptance 0.7", "'abc'"),
     ("tune-max-draft-len-neg", "tune --profile {tmp}/profile.json --acceptance 0.7 --max-draft-len=-1", "-1"),
     ("tune-out-dir", "tune --profile {tmp}/profile.json --acceptance 0.7 --out {tmp}/adir", "is a directory"),
@@ -168,7 +168,7 @@ def test_bad_input_exits_2_with_one_line(world, tmp_path, capsys, row):
         rc = main(argv)
     except SystemExit as e:              # argparse's own usage errors are exit 2 with usage + message
         rc = e.code
-    except BaseException as e:           # the bug this table exists for: a traceback, exit 1
+    except BaseException as e:           # what this table guards against: a traceback, exit 1
         pytest.fail(f"dynspec {' '.join(argv)!r} raised {type(e).__name__}: {e}")
     err = capsys.readouterr().err
     lines = err.strip("\n").splitlines()
@@ -195,7 +195,7 @@ def test_bad_input_in_a_real_process(world, tmp_path, row):
 @pytest.mark.parametrize("argv", ["schedule --spec 4:4 --max-batch-size 100000000",
                                   "tune --profile {tmp}/huge.json --acceptance 0.7"])
 def test_resource_bombs_end_quickly(world, tmp_path, argv):
-    """14.11: in tiers or refused, in a subprocess under a timeout (unfixed: minutes at GBs)."""
+    """In tiers or refused, in a subprocess under a timeout (expanded per batch size: minutes at GBs)."""
     argv, _ = _argv(world, tmp_path, argv)
     r = subprocess.run([sys.executable, "-m", "dynspec.cli", *argv], capture_output=True, text=True, timeout=30)
     assert r.returncode in (0, 2) and len(r.stderr.strip("\n").splitlines()) <= 1, r.stderr[-2000:]

@@ -153,15 +153,15 @@ def test_missing_layer_is_named(tmp_path, capsys):
 def test_nonempty_out_needs_force(target, tmp_path, capsys):
     hf, _ = target
     out = tmp_path / "out"
-    out.mkdir()
+    assert convert_target(hf, out) == 0
     (out / "keep.txt").write_text("x")
     assert convert_target(hf, out) == 2
     assert "--force" in capsys.readouterr().err and (out / "keep.txt").exists()
-    assert convert_target(hf, out, "--force") == 0
+    assert convert_target(hf, out, "--force") == 0                      # an earlier convert target's output
     assert not (out / "keep.txt").exists() and (out / "dynspec.json").is_file()
 
 
-def test_failure_midway_leaves_nothing(target, tmp_path, monkeypatch):
+def test_failure_midway_leaves_nothing(target, tmp_path, monkeypatch, capsys):
     hf, _ = target
     from dynspec.checkpoint import writer
 
@@ -175,8 +175,8 @@ def test_failure_midway_leaves_nothing(target, tmp_path, monkeypatch):
         return real_add(self, name, tensor)
 
     monkeypatch.setattr(writer.ShardWriter, "add", failing_add)
-    with pytest.raises(OSError, match="injected"):
-        convert_target(hf, tmp_path / "out", "--max-shard-bytes", "30000")
+    assert convert_target(hf, tmp_path / "out", "--max-shard-bytes", "30000") == 2
+    assert "disk full (injected)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert not no_leftovers(tmp_path)
 

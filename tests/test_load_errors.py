@@ -70,13 +70,13 @@ def test_bad_json_and_fields(tmp_path, pair):
     raises("config.json|JSON object", load_target, t)
     cases = {
         "hidden_size": (None, "missing field 'hidden_size'"),
-        "num_attention_heads": ("4", "field 'num_attention_heads' must be int"),
+        "num_attention_heads": ("4", "field 'num_attention_heads' is '4'; expected a positive integer"),
         "num_key_value_heads": (3, "'num_key_value_heads' (3)"),
-        "rms_norm_eps": (-1.0, "field 'rms_norm_eps' must be positive"),
+        "rms_norm_eps": (-1.0, "field 'rms_norm_eps' is -1.0; expected a positive finite number"),
         "hidden_act": ("gelu", "field 'hidden_act'"),
         "model_type": ("gpt2", "field 'model_type'"),
         "rope_scaling": ({"rope_type": "yarn", "factor": 2.0}, "rope_scaling.rope_type"),
-        "tie_word_embeddings": ("yes", "field 'tie_word_embeddings' must be bool"),
+        "tie_word_embeddings": ("yes", "field 'tie_word_embeddings' is 'yes'; expected true or false"),
     }
     for field, (value, msg) in cases.items():
         good = copy_folder(pair[0], tmp_path / f"f_{field}")
@@ -238,7 +238,7 @@ def test_nonfinite_and_float8_tensors_are_refused(tmp_path, pair):
 
 
 def test_duplicate_names_across_shards_name_both_files(tmp_path, pair):
-    """Two unindexed shards both holding a tensor: before, the first file silently won."""
+    """Two unindexed shards both holding a tensor: refused, naming both (neither is picked silently)."""
     t = copy_folder(pair[0], tmp_path / "t")
     save_file({"model.norm.weight": torch.zeros(32)}, str(t / "zz-extra.safetensors"))
     raises("'model.norm.weight' appears in both|model.safetensors|zz-extra.safetensors", load_target, t)

@@ -6,6 +6,7 @@ is flushed once adding the next tensor would push it past max_shard_bytes.
 """
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -41,7 +42,11 @@ class ShardWriter:
         from safetensors.torch import save_file
 
         path = self.out / f".shard-{len(self._shards):05d}.safetensors"
-        save_file(self._pending, str(path), metadata={"format": "pt"})
+        try:
+            save_file(self._pending, str(path), metadata={"format": "pt"})
+        except Exception as e:    # safetensors reports a full disk or `ulimit -f` as SafetensorError
+            path.unlink(missing_ok=True)
+            raise OSError(errno.EIO, str(e), str(path)) from None     # atomic_dir names the output
         self._shards.append((path, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
 

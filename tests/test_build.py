@@ -57,7 +57,8 @@ def test_build_writes_a_loadable_engine_dir(pair, tmp_path, capsys):
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     sc = opts["speculative_config"]
     assert sc["draft_len_schedule"] == {1: 4, 5: 2, 9: 1, 33: 0} and sc["eagle3_one_model"] is False
-    assert sc["speculative_model"] == str(pair[1].resolve()) and opts["model"] == str(pair[0].resolve())
+    assert sc["speculative_model_dir"] == str(pair[1].resolve()) and opts["model"] == str(pair[0].resolve())
+    assert "speculative_model" not in sc                            # the pre-PR-10099 name only, never both
     assert sc["eagle3_layers_to_capture"] == [1, 3, 4]
     assert opts["cuda_graph_config"]["batch_sizes"] == [1, 2, 4, 5, 8, 9, 16, 32, 33, 64]
     assert opts["max_seq_len"] == 512                               # min(4096, max_position_embeddings)

@@ -57,6 +57,9 @@ class FakeDecodingConfig:
     def __init__(self, **kwargs):
         accepted = set(FIXTURE["models"][self.model]) | set(FIXTURE["aliases"].get(self.model, {}))
         unknown = sorted(k for k in kwargs if k not in accepted)
+        for alias, name in FIXTURE["aliases"].get(self.model, {}).items():
+            if alias in kwargs and name in kwargs:          # the field was filled by name: the alias is extra
+                unknown.append(alias)
         if unknown:
             raise ValueError(f"Extra inputs are not permitted: {unknown}")
         self.fields = dict(kwargs)
@@ -213,12 +216,43 @@ def test_open_passes_the_engine_dir_options(fake_trtllm, engine_dir):
     args = FakeLLM.instances[-1].args
     cfg = EngineConfig.load(engine_dir)
     spec = FakeLLM.instances[-1].spec
-    assert args["model"] == cfg.target_dir and spec["speculative_model"] == cfg.draft_dir
+    assert args["model"] == cfg.target_dir and spec["speculative_model_dir"] == cfg.draft_dir
+    assert "speculative_model" not in spec
     assert args["backend"] == "pytorch" and args["tensor_parallel_size"] == 8
     assert spec["eagle3_one_model"] is False and args["enable_iter_perf_stats"] is True
     assert "decoding_type" not in spec and spec["draft_len_schedule"] == {1: 4, 2: 2, 3: 0}
     eng.close()
     assert FakeLLM.instances[-1].closed
+
+
+def test_load_options_keeps_the_draft_key_the_yaml_uses(engine_dir, tmp_path):
+    """An options file edited to the post-PR-10099 name keeps that one key; both keys never appear."""
+    import shutil
+
+    import yaml
+
+    from dynspec.config import EngineConfig
+    from dynspec.runtime.engines.trtllm import load_options, with_draft_path
+
+    moved = tmp_path / "engine"
+    shutil.copytree(engine_dir, moved)
+    cfg = EngineConfig.load(moved)
+    path = moved / cfg.llm_api_options
+    doc = yaml.safe_load(path.read_text())
+    sc = doc["speculative_config"]
+    sc["speculative_model"] = sc.pop("speculative_model_dir")
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_options(moved)[1]["speculative_config"]
+    assert spec["speculative_model"] == cfg.draft_dir and "speculative_model_dir" not in spec
+    assert with_draft_path({"max_draft_len": 4}, "/d") == {"max_draft_len": 4, "speculative_model_dir": "/d"}
+    assert with_draft_path({"speculative_model": "a", "speculative_model_dir": "b"}, "/d") == {
+        "speculative_model_dir": "/d"}
+
+
+def test_the_fake_rejects_both_draft_keys(fake_trtllm):
+    with pytest.raises(ValueError, match="speculative_model_dir"):
+        FakeDecodingConfig(max_draft_len=4, speculative_model="/d", speculative_model_dir="/d")
+    assert FakeDecodingConfig(max_draft_len=4, speculative_model_dir="/d").fields["speculative_model_dir"] == "/d"
 
 
 def test_the_fake_rejects_unknown_arguments(fake_trtllm, engine_dir):

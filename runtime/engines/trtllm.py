@@ -38,7 +38,7 @@ import math
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-from dynspec.build.llm_api import read_options
+from dynspec.build.llm_api import DRAFT_KEY, DRAFT_KEYS, read_options
 from dynspec.config import EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.executor import IterationStats
@@ -56,8 +56,19 @@ def load_options(engine_dir: str | Path) -> tuple[EngineConfig, dict]:
     if not isinstance(options.get("speculative_config"), dict):
         raise DynspecError(f"{path}: expected a mapping with a 'speculative_config' mapping")
     options["model"] = cfg.target_dir
-    options["speculative_config"]["speculative_model"] = cfg.draft_dir
+    options["speculative_config"] = with_draft_path(options["speculative_config"], cfg.draft_dir)
     return cfg, options
+
+
+def with_draft_path(spec: Mapping, draft_dir: str) -> dict:
+    """spec with the draft path under the one draft key it already uses (speculative_model_dir
+    when it names none), the other key dropped: TRT-LLM refuses a config that holds both. Pure.
+        {"speculative_model": "../d"} -> {"speculative_model": draft_dir}
+        {"max_draft_len": 4}          -> {"max_draft_len": 4, "speculative_model_dir": draft_dir}"""
+    key = next((k for k in DRAFT_KEYS if k in spec), DRAFT_KEY)
+    out = {k: v for k, v in spec.items() if k not in DRAFT_KEYS}
+    out[key] = draft_dir
+    return out
 
 
 def _count(entry: Mapping, section: Mapping, name: str, where: str) -> int:

@@ -17,8 +17,9 @@ one parser, iteration_record. With --trials T every mode runs T times (one LLM s
 mode order rotated per trial; a row is the median trial with the spread of all T, as in sweep.py.
 
 keep_warm in each row says whether the draft is kept up to date while K = 0: False for the
-baseline (no draft), and False for every TRT-LLM version dynspec renders, since none carries
-the fix for the stale-draft trap (build/trap.py, TRT-LLM PR 16888).
+baseline (no draft), and False for every TRT-LLM version dynspec renders: each has the
+stale-draft trap (build/trap.py: on 1.2.x the two-model drafter is skipped at K=0 and never
+catches up; PR 16888, still open, addresses only the one-engine path).
 
 tensorrt_llm is imported here only, lazily: the rest of the kit runs without it. This path
 has not been run on these CPU machines (TensorRT-LLM cannot be installed on them).

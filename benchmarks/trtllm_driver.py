@@ -12,13 +12,14 @@ by `dynspec build`) with its speculative_config replaced:
     baseline  no speculative_config
     static    max_draft_len = K, no draft_len_schedule
     dynamic   draft_len_schedule rendered by DraftSchedule.to_trtllm(engine trtllm_version)
-K and acceptance come from the iteration stats (enable_iter_perf_stats), read by the engine's
-one parser, iteration_record. With --trials T every mode runs T times (one LLM start each), the
+Per iteration, K is the mode's schedule at numActiveRequests and acceptance comes from the
+iteration stats (enable_iter_perf_stats), both read by the engine's one parser, iteration_record. With --trials T every mode runs T times (one LLM start each), the
 mode order rotated per trial; a row is the median trial with the spread of all T, as in sweep.py.
 
 keep_warm in each row says whether the draft is kept up to date while K = 0: False for the
-baseline (no draft), and False for every TRT-LLM version dynspec renders, since none carries
-the fix for the stale-draft trap (build/trap.py, TRT-LLM PR 16888).
+baseline (no draft), and False for every TRT-LLM version dynspec renders: each has the
+stale-draft trap (build/trap.py: on 1.2.x the two-model drafter is skipped at K=0 and never
+catches up; PR 16888, still open, addresses only the one-engine path).
 
 tensorrt_llm is imported here only, lazily: the rest of the kit runs without it. This path
 has not been run on these CPU machines (TensorRT-LLM cannot be installed on them).
@@ -83,12 +84,13 @@ def keep_warm_label(mode: str, trtllm_version: str) -> bool:
     return mode != "baseline" and not has_stale_draft_trap(trtllm_version)
 
 
-def steps_from_stats(stats: Sequence) -> tuple:
-    """IterationStats JSON (llm.get_stats) -> StepRecords, by the engine's one parser."""
+def steps_from_stats(stats: Sequence, lengths) -> tuple:
+    """IterationStats JSON (llm.get_stats) of an LLM started with `lengths` (a DraftLengths) ->
+    StepRecords, by the engine's one parser."""
     from dynspec.benchmarks.metrics import StepRecord
     from dynspec.runtime.engines.trtllm import iteration_records
 
-    return tuple(StepRecord.of(r) for r in iteration_records(stats))
+    return tuple(StepRecord.of(r) for r in iteration_records(stats, lengths))
 
 
 async def _closed_loop_async(engine, requests, concurrency: int):

@@ -15,7 +15,7 @@ Rendered for TRT-LLM 1.2.1, schedule "4:4,8:2" (max batch 64), capture layers (1
     speculative_config:
       decoding_type: Eagle3
       max_draft_len: 4
-      speculative_model: /abs/draft       # 1.2.x also accepts the alias speculative_model_dir
+      speculative_model_dir: /abs/draft   # the field before TRT-LLM PR 10099, an alias after it
       eagle3_one_model: false             # 1.2.x: only the two-model drafter honours a schedule
       eagle3_layers_to_capture: [1, 39, 76]
       draft_len_schedule: {1: 4, 5: 2, 9: 0}
@@ -33,6 +33,12 @@ from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
 
 OPTIONS_FILE = "llm_api_options.yaml"
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's own default; also bounds one prefill chunk
+# The draft checkpoint's key in speculative_config. TRT-LLM PR 10099 renamed the field to
+# speculative_model and kept speculative_model_dir as a validation alias; before it only
+# speculative_model_dir exists. So speculative_model_dir is valid on either side of the PR, and
+# a config never holds both (extra='forbid' rejects the pair). docs/design.md, section 2.
+DRAFT_KEY = "speculative_model_dir"
+DRAFT_KEYS = ("speculative_model_dir", "speculative_model")
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ def render_options(target_dir: str, draft_dir: str, schedule: DraftSchedule,
     spec: dict = {
         "decoding_type": "Eagle3",
         "max_draft_len": schedule.max_draft_len,
-        "speculative_model": str(draft_dir),
+        DRAFT_KEY: str(draft_dir),
     }
     if dialect == "lower":
         spec["eagle3_one_model"] = False

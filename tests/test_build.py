@@ -57,7 +57,8 @@ def test_build_writes_a_loadable_engine_dir(pair, tmp_path, capsys):
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     sc = opts["speculative_config"]
     assert sc["draft_len_schedule"] == {1: 4, 5: 2, 9: 1, 33: 0} and sc["eagle3_one_model"] is False
-    assert sc["speculative_model"] == str(pair[1].resolve()) and opts["model"] == str(pair[0].resolve())
+    assert sc["speculative_model_dir"] == str(pair[1].resolve()) and opts["model"] == str(pair[0].resolve())
+    assert "speculative_model" not in sc                            # the pre-PR-10099 name only, never both
     assert sc["eagle3_layers_to_capture"] == [1, 3, 4]
     assert opts["cuda_graph_config"]["batch_sizes"] == [1, 2, 4, 5, 8, 9, 16, 32, 33, 64]
     assert opts["max_seq_len"] == 512                               # min(4096, max_position_embeddings)
@@ -67,7 +68,7 @@ def test_build_writes_a_loadable_engine_dir(pair, tmp_path, capsys):
 def test_trap_warning_and_min_draft_len(pair, tmp_path, capsys):
     assert build(pair, tmp_path / "a", "--threshold", "5", "--max-draft-len", "4", "--max-batch-size", "32") == 0
     err = capsys.readouterr().err
-    assert "K=0" in err and "from batch size 6" in err and "PR 16888" in err and "--min-draft-len" in err
+    assert "K=0" in err and "from batch size 6" in err and "--min-draft-len" in err
     assert build(pair, tmp_path / "b", "--threshold", "5", "--max-draft-len", "4", "--max-batch-size", "32",
                  "--min-draft-len", "1") == 0
     assert "warning" not in capsys.readouterr().err
@@ -75,6 +76,25 @@ def test_trap_warning_and_min_draft_len(pair, tmp_path, capsys):
     assert cfg.schedule.tiers == ((5, 4), (32, 1))
     assert all(cfg.schedule.draft_len(b) >= 1 for b in range(1, 33))
     assert cfg.build["requested_schedule"] == "5:4"
+
+
+def test_trap_warning_says_what_each_drafter_does_at_k0():
+    """1.2.x: the two-model drafter is skipped at K=0 and never catches up (read from the 1.2-era
+    PyExecutor/ModelDrafter); PR 16888 describes the one-engine path only, so it is the source
+    for 1.3.x, not for 1.2.x (docs/design.md, section 2, "Stale draft at K=0")."""
+    from dynspec.build.trap import trap_warning
+
+    s = DraftSchedule(((5, 4),))
+    w12 = trap_warning("1.2.1", s, 32)
+    assert len(w12.splitlines()) == 1 and "from batch size 6" in w12
+    for fact in ("two-model EAGLE-3 drafter (eagle3_one_model: false) is skipped while K=0",
+                 "no forward over the tokens the target emits", "KV cache keeps allocating their positions",
+                 "only the newest token, with no catch-up prefill", "draft-KV rows that were never written",
+                 "PR 16888, still open, covers one-engine drafters only"):
+        assert fact in w12, fact
+    w13 = trap_warning("1.3.0rc5", s, 32)
+    assert "one-engine drafter" in w13 and "(TRT-LLM PR 16888, still open)" in w13 and "two-model" not in w13
+    assert trap_warning("1.2.1", DraftSchedule(((32, 4),)), 32) is None      # K never reaches 0 up to 32
 
 
 def test_floor_schedule():

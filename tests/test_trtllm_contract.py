@@ -36,7 +36,9 @@ def trtllm_121_validate(options: dict) -> None:
     assert sc["decoding_type"] in FIXTURE["literals"]["Eagle3DecodingConfig.decoding_type"]
     assert options["backend"] in FIXTURE["literals"]["TorchLlmArgs.backend"]
     assert isinstance(kmax, int) and kmax > 0                       # "max_draft_len must be > 0 for Eagle"
-    assert sc.get("speculative_model") or sc.get("speculative_model_dir")   # "Draft model must be provided"
+    draft_keys = [k for k in ("speculative_model", "speculative_model_dir") if k in sc]
+    assert len(draft_keys) == 1, draft_keys            # both: extra_forbidden on speculative_model_dir
+    assert sc[draft_keys[0]]                           # "Draft model must be provided for EAGLE"
     if sched is not None:
         for b, k in sched.items():
             assert isinstance(b, int) and b >= 1, f"batch size threshold must be >= 1, got {b}"
@@ -124,6 +126,29 @@ def test_fixture_records_its_source():
     assert src["revision"]
 
 
+def accepted_draft_keys(revision: str, spec: dict) -> bool:
+    """DecodingBaseConfig's draft field under extra='forbid', as the fixture records it per revision:
+    exactly one of the revision's accepted names may appear."""
+    names = set(FIXTURE["draft_model_key"][revision]["accepted"])
+    given = {k for k in spec if k in ("speculative_model", "speculative_model_dir")}
+    return len(given) == 1 and given <= names
+
+
+@pytest.mark.parametrize("version", ["1.2.1", "1.3.0rc5"])
+def test_draft_key_is_valid_with_and_without_pr_10099(version):
+    """No 1.2.1 copy with a commit was available: the draft key must pass both 1.2-era shapes."""
+    s = DraftSchedule(((4, 4), (8, 2)))
+    spec = render_options("/t", "/d", s, [1, 3, 4], LlmApiSettings(8, version, 16, 512, 0.9))["speculative_config"]
+    assert accepted_draft_keys("before_pr_10099", spec) and accepted_draft_keys("with_pr_10099", spec)
+    assert spec["speculative_model_dir"] == "/d"
+
+
+def test_draft_key_check_is_not_vacuous():
+    assert not accepted_draft_keys("before_pr_10099", {"speculative_model": "/d"})
+    assert accepted_draft_keys("with_pr_10099", {"speculative_model": "/d"})
+    assert not accepted_draft_keys("with_pr_10099", {"speculative_model": "/d", "speculative_model_dir": "/d"})
+
+
 def test_unknown_key_would_be_caught():
     """The check above is not vacuous: a key TRT-LLM does not know is reported."""
     s = DraftSchedule(((4, 4),))
@@ -151,7 +176,7 @@ def test_schedules_render_valid_for_121(spec, max_bs):
 def _options(sched, **spec):
     return {"backend": "pytorch", "max_batch_size": 8, "cuda_graph_config": {"batch_sizes": [1, 2, 4, 8]},
             "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 4, "eagle3_one_model": False,
-                                   "speculative_model": "/d", "draft_len_schedule": sched, **spec}}
+                                   "speculative_model_dir": "/d", "draft_len_schedule": sched, **spec}}
 
 
 @pytest.mark.parametrize("sched,spec,needle", [

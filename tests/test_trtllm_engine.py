@@ -10,7 +10,8 @@ streaming=True)` yields RequestOutput-like objects with cumulative `outputs[0].t
 `get_stats()` returns C++ IterationStats JSON (camelCase names from
 cpp/tensorrt_llm/executor/jsonSerialization.cpp), with K looked up in the rendered
 draft_len_schedule the way 1.2.1's drafter does (bisect_right on active requests), K =
-max_draft_len without a schedule and K = 0 without a speculative config.
+max_draft_len without a schedule and K = 0 without a speculative config. Like 1.2.1 it counts
+numDraftTokens after the CUDA-graph padding: max_draft_len per drafting request whatever K was.
 
 The same fake runs benchmarks/trtllm_driver.py end to end: the sweep's one TRT-LLM path is
 TrtllmEngine, and both read iteration stats with the engine's one parser.
@@ -57,6 +58,9 @@ class FakeDecodingConfig:
     def __init__(self, **kwargs):
         accepted = set(FIXTURE["models"][self.model]) | set(FIXTURE["aliases"].get(self.model, {}))
         unknown = sorted(k for k in kwargs if k not in accepted)
+        for alias, name in FIXTURE["aliases"].get(self.model, {}).items():
+            if alias in kwargs and name in kwargs:          # the field was filled by name: the alias is extra
+                unknown.append(alias)
         if unknown:
             raise ValueError(f"Extra inputs are not permitted: {unknown}")
         self.fields = dict(kwargs)
@@ -103,6 +107,7 @@ class FakeLLM:
             self.schedule = {1: self.spec["max_draft_len"]}
         else:
             self.schedule = {int(k): v for k, v in self.spec["draft_len_schedule"].items()}
+        self.max_draft_len = self.spec["max_draft_len"] if self.spec is not None else 0
         self.active = 0
         self._stats: list = []
         FakeLLM.instances.append(self)
@@ -144,7 +149,8 @@ class FakeLLM:
                                                   "numContextRequests": int(first), "numGenRequests": 1 - first,
                                                   "numPausedRequests": 0,
                                                   "numCtxTokens": len(inputs) if first else 0},
-                        "specDecodingStats": {"numDraftTokens": k, "numAcceptedTokens": accepted if k else 0,
+                        "specDecodingStats": {"numDraftTokens": llm.max_draft_len if k else 0,   # padded
+                                              "numAcceptedTokens": accepted if k else 0,
                                               "numRequestsWithDraftTokens": 1 if k else 0,
                                               "acceptanceLength": 1.0 + accepted, "iterLatencyMS": 0.0,
                                               "draftOverhead": 0.0},
@@ -213,12 +219,43 @@ def test_open_passes_the_engine_dir_options(fake_trtllm, engine_dir):
     args = FakeLLM.instances[-1].args
     cfg = EngineConfig.load(engine_dir)
     spec = FakeLLM.instances[-1].spec
-    assert args["model"] == cfg.target_dir and spec["speculative_model"] == cfg.draft_dir
+    assert args["model"] == cfg.target_dir and spec["speculative_model_dir"] == cfg.draft_dir
+    assert "speculative_model" not in spec
     assert args["backend"] == "pytorch" and args["tensor_parallel_size"] == 8
     assert spec["eagle3_one_model"] is False and args["enable_iter_perf_stats"] is True
     assert "decoding_type" not in spec and spec["draft_len_schedule"] == {1: 4, 2: 2, 3: 0}
     eng.close()
     assert FakeLLM.instances[-1].closed
+
+
+def test_load_options_keeps_the_draft_key_the_yaml_uses(engine_dir, tmp_path):
+    """An options file edited to the post-PR-10099 name keeps that one key; both keys never appear."""
+    import shutil
+
+    import yaml
+
+    from dynspec.config import EngineConfig
+    from dynspec.runtime.engines.trtllm import load_options, with_draft_path
+
+    moved = tmp_path / "engine"
+    shutil.copytree(engine_dir, moved)
+    cfg = EngineConfig.load(moved)
+    path = moved / cfg.llm_api_options
+    doc = yaml.safe_load(path.read_text())
+    sc = doc["speculative_config"]
+    sc["speculative_model"] = sc.pop("speculative_model_dir")
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_options(moved)[1]["speculative_config"]
+    assert spec["speculative_model"] == cfg.draft_dir and "speculative_model_dir" not in spec
+    assert with_draft_path({"max_draft_len": 4}, "/d") == {"max_draft_len": 4, "speculative_model_dir": "/d"}
+    assert with_draft_path({"speculative_model": "a", "speculative_model_dir": "b"}, "/d") == {
+        "speculative_model_dir": "/d"}
+
+
+def test_the_fake_rejects_both_draft_keys(fake_trtllm):
+    with pytest.raises(ValueError, match="speculative_model_dir"):
+        FakeDecodingConfig(max_draft_len=4, speculative_model="/d", speculative_model_dir="/d")
+    assert FakeDecodingConfig(max_draft_len=4, speculative_model_dir="/d").fields["speculative_model_dir"] == "/d"
 
 
 def test_the_fake_rejects_unknown_arguments(fake_trtllm, engine_dir):
@@ -254,28 +291,48 @@ def test_generate_streams_and_records_iterations(fake_trtllm, engine_dir):
     assert sum(r.decode_rows for r in records) == len(records) - 4      # the other steps decode
 
 
+SCHED_121 = {1: 4, 3: 2, 9: 0}          # "2:4,8:2" rendered for 1.2.1, max_draft_len 4
+
+
+def lengths_121(sched=SCHED_121, kmax=4):
+    from dynspec.runtime.engines.trtllm import draft_lengths
+
+    return draft_lengths({"speculative_config": {"max_draft_len": kmax, "draft_len_schedule": sched}}, "1.2.1")
+
+
+def spec_stats_121(draft_lens, accepted, kmax=4):
+    """specDecodingStats as 1.2's PyExecutor._update_iter_stats counts them, written out here: per
+    generation request, the length of its draft list after pad_draft_tokens_for_cuda_graph has
+    extended it with zeros to the static max_draft_len; requests with no drafts are skipped."""
+    padded = [kmax if d > 0 else 0 for d in draft_lens]
+    n = sum(1 for d in padded if d > 0)
+    return {"numDraftTokens": sum(padded), "numAcceptedTokens": sum(accepted), "numRequestsWithDraftTokens": n,
+            "acceptanceLength": (sum(accepted) + n) / n if n else 0.0}
+
+
 def test_iteration_record_conversion():
-    from dynspec.runtime.engines.trtllm import iteration_record
+    from dynspec.runtime.engines.trtllm import DraftLengths, iteration_record
 
     r = iteration_record({"iter": 7, "iterLatencyMS": 21.5, "numActiveRequests": 3,
                           "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 3},
-                          "specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 7,
-                                                "numRequestsWithDraftTokens": 3, "acceptanceLength": 3.33}})
-    assert (r.iteration, r.batch_size, r.k, r.drafted, r.accepted, r.emitted) == (7, 3, 4, 12, 7, 10)
+                          "specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 4,
+                                                "numRequestsWithDraftTokens": 3, "acceptanceLength": 2.33}},
+                         lengths_121())
+    assert (r.iteration, r.batch_size, r.k, r.drafted, r.accepted, r.emitted) == (7, 3, 2, 6, 4, 7)
     assert r.seconds == pytest.approx(0.0215)
     assert (r.decode_rows, r.prefill_tokens) == (3, None)       # numCtxTokens absent: unknown, not 0
     plain = iteration_record(json.dumps({"iter": 8, "iterLatencyMS": 9.0, "numActiveRequests": 40,
-                                         "inflightBatchingStats": {"numGenRequests": 40}}))
+                                         "inflightBatchingStats": {"numGenRequests": 40}}), DraftLengths())
     assert (plain.batch_size, plain.k, plain.drafted, plain.accepted, plain.emitted) == (40, 0, 0, 0, 40)
     assert (plain.decode_rows, plain.prefill_tokens) == (40, None)
     mixed = iteration_record({"iter": 9, "numActiveRequests": 5,
                               "inflightBatchingStats": {"numContextRequests": 2, "numGenRequests": 3,
-                                                        "numCtxTokens": 700}})
+                                                        "numCtxTokens": 700}}, lengths_121())
     assert (mixed.batch_size, mixed.decode_rows, mixed.prefill_tokens) == (5, 3, 700)
-    bare = iteration_record({"iter": 10, "numActiveRequests": 2})
+    bare = iteration_record({"iter": 10, "numActiveRequests": 2}, DraftLengths())
     assert (bare.decode_rows, bare.prefill_tokens) == (None, None)
     with pytest.raises(DynspecError, match="numCtxTokens=-3"):
-        iteration_record({"numActiveRequests": 2, "inflightBatchingStats": {"numCtxTokens": -3}})
+        iteration_record({"numActiveRequests": 2, "inflightBatchingStats": {"numCtxTokens": -3}}, DraftLengths())
     for name in ("numGenRequests", "numCtxTokens"):
         assert name in FIXTURE["iteration_stats_json"]["InflightBatchingStats"]
     for name in ("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens"):
@@ -284,35 +341,59 @@ def test_iteration_record_conversion():
         assert name in FIXTURE["iteration_stats_json"]["IterationStats"]
 
 
-# Recorded-shape entries: one request of three drafted one token short (near its max_tokens).
-ELEVEN_OVER_THREE = {"iter": 3, "iterLatencyMS": 20.0, "numActiveRequests": 3,
-                     "inflightBatchingStats": {"numScheduledRequests": 3, "numGenRequests": 3},
-                     "specDecodingStats": {"numDraftTokens": 11, "numAcceptedTokens": 5,
-                                           "numRequestsWithDraftTokens": 3, "acceptanceLength": 2.67}}
+def _entry(batch, spec, it=3):
+    return {"iter": it, "iterLatencyMS": 20.0, "numActiveRequests": batch,
+            "inflightBatchingStats": {"numScheduledRequests": batch, "numGenRequests": batch},
+            "specDecodingStats": spec}
+
+
 NO_ACTIVE_COUNT = {"iter": 4, "iterLatencyMS": 20.0,
                    "inflightBatchingStats": {"numScheduledRequests": 2, "numGenRequests": 2},
                    "specDecodingStats": {"numDraftTokens": 8, "numAcceptedTokens": 3, "numRequestsWithDraftTokens": 2}}
 
 
-def test_k_is_the_ceiling_of_drafts_per_drafting_request():
-    """11 drafts over 3 requests: the schedule gave K=4 and one request drafted 3 (floor said 3)."""
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
+def test_k_is_the_scheduled_k_not_the_padded_ratio(batch):
+    """1.2 pads every drafting request to max_draft_len=4, so the ratio reads 4 at any K>0; the
+    parser returns the schedule's K at numActiveRequests and drafted = K per drafting request."""
     from dynspec.runtime.engines.trtllm import iteration_record
 
-    assert iteration_record(ELEVEN_OVER_THREE).k == 4
-    assert iteration_record(json.dumps(ELEVEN_OVER_THREE)).k == 4
-    for drafted, n, k in [(12, 3, 4), (10, 3, 4), (9, 3, 3), (1, 1, 1), (7, 2, 4), (0, 0, 0)]:
-        e = {**ELEVEN_OVER_THREE, "specDecodingStats": {"numDraftTokens": drafted, "numAcceptedTokens": 0,
-                                                        "numRequestsWithDraftTokens": n}}
-        assert iteration_record(e).k == k, (drafted, n)
+    k = trtllm_121_k(batch)
+    assert k > 0
+    accepted = [min(k, 1)] * batch
+    r = iteration_record(_entry(batch, spec_stats_121([k] * batch, accepted)), lengths_121())
+    assert (r.k, r.drafted, r.accepted) == (k, k * batch, batch)
+    assert iteration_record(json.dumps(_entry(batch, spec_stats_121([k] * batch, accepted))), lengths_121()).k == k
+
+
+def trtllm_121_k(batch, sched=SCHED_121):
+    keys = sorted(sched)
+    return sched[keys[bisect.bisect_right(keys, batch) - 1]]
+
+
+def test_unpadded_counts_and_k0_edges():
+    from dynspec.runtime.engines.trtllm import iteration_record
+
+    unpadded = {"numDraftTokens": 6, "numAcceptedTokens": 2, "numRequestsWithDraftTokens": 3}
+    assert iteration_record(_entry(3, unpadded), lengths_121()).drafted == 6       # a build that stops padding
+    # overlap edge, K>0 -> K=0: the requests that drafted dropped out of the record
+    dropped = iteration_record(_entry(3, spec_stats_121([0, 0, 0], [0, 0, 0])), lengths_121())
+    assert (dropped.k, dropped.drafted, dropped.accepted) == (2, 0, 0)
+    # the same edge the other way round: K=0 at b=9, drafting requests reported, nothing accepted
+    rising = iteration_record(_entry(9, spec_stats_121([2] * 9, [0] * 9)), lengths_121())
+    assert (rising.k, rising.drafted, rising.accepted) == (0, 0, 0)
+    with pytest.raises(DynspecError, match="numAcceptedTokens=3 at numActiveRequests=9"):
+        iteration_record(_entry(9, spec_stats_121([2] * 9, [1, 1, 1] + [0] * 6)), lengths_121())
 
 
 def test_missing_active_count_is_refused_not_guessed():
     from dynspec.runtime.engines.trtllm import iteration_record, iteration_records
 
+    ok = _entry(3, spec_stats_121([2] * 3, [1] * 3))
     with pytest.raises(DynspecError, match="entry 0 has no numActiveRequests"):
-        iteration_record(NO_ACTIVE_COUNT)
+        iteration_record(NO_ACTIVE_COUNT, lengths_121())
     with pytest.raises(DynspecError, match="entry 1 has no numActiveRequests"):
-        iteration_records([ELEVEN_OVER_THREE, NO_ACTIVE_COUNT])
+        iteration_records([ok, NO_ACTIVE_COUNT], lengths_121())
 
 
 @pytest.mark.parametrize("entry,needle", [
@@ -325,12 +406,31 @@ def test_missing_active_count_is_refused_not_guessed():
      "inconsistent"),
     ({"numActiveRequests": 2, "specDecodingStats": {"numDraftTokens": 2.5, "numRequestsWithDraftTokens": 1}},
      "numDraftTokens=2.5"),
+    ({"numActiveRequests": 2, "specDecodingStats": {"numDraftTokens": 7, "numRequestsWithDraftTokens": 2}},
+     "numDraftTokens=7.*K=4 \\(max_draft_len 4\\)"),
+    ({"numActiveRequests": 3, "specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 13,
+                                                    "numRequestsWithDraftTokens": 3}}, "numAcceptedTokens=13"),
 ])
 def test_malformed_entries_name_the_value(entry, needle):
     from dynspec.runtime.engines.trtllm import iteration_record
 
     with pytest.raises(DynspecError, match=needle):
-        iteration_record(entry)
+        iteration_record(entry, lengths_121())
+
+
+def test_draft_lengths_from_options():
+    from dynspec.runtime.engines.trtllm import DraftLengths, draft_lengths
+
+    assert draft_lengths({}, "1.2.1") == DraftLengths()
+    static = draft_lengths({"speculative_config": {"max_draft_len": 3}}, "1.2.1")
+    assert (static.k(1), static.k(500), static.max_draft_len) == (3, 3, 3)
+    dyn = lengths_121()
+    assert [dyn.k(b) for b in (1, 2, 3, 8, 9, 64)] == [trtllm_121_k(b) for b in (1, 2, 3, 8, 9, 64)]
+    upper = draft_lengths({"speculative_config": {"max_draft_len": 4, "draft_len_schedule": {2: 4, 8: 2}}},
+                          "1.3.0rc5")
+    assert [upper.k(b) for b in (2, 3, 8, 9)] == [4, 2, 2, 0]
+    with pytest.raises(DynspecError, match="max_draft_len is None"):
+        draft_lengths({"speculative_config": {}}, "1.2.1")
 
 
 def test_engine_and_driver_read_stats_the_same_way():
@@ -339,12 +439,14 @@ def test_engine_and_driver_read_stats_the_same_way():
     from dynspec.runtime.engines.trtllm import iteration_records
 
     idle = {"iter": 5, "iterLatencyMS": 1.0, "numActiveRequests": 0}
-    stats = [ELEVEN_OVER_THREE, json.dumps(ELEVEN_OVER_THREE), idle, {"numActiveRequests": 9}]
-    records = iteration_records(stats)
-    assert [(r.iteration, r.batch_size, r.k) for r in records] == [(3, 3, 4), (3, 3, 4), (3, 9, 0)]  # idle: none
-    assert steps_from_stats(stats) == tuple(StepRecord.of(r) for r in records)
+    ok = _entry(3, spec_stats_121([2] * 3, [1] * 3))
+    stats = [ok, json.dumps(ok), idle, {"numActiveRequests": 9}]
+    records = iteration_records(stats, lengths_121())
+    assert [(r.iteration, r.batch_size, r.k, r.drafted) for r in records] == [(3, 3, 2, 6), (3, 3, 2, 6),
+                                                                               (3, 9, 0, 0)]   # idle: none
+    assert steps_from_stats(stats, lengths_121()) == tuple(StepRecord.of(r) for r in records)
     with pytest.raises(DynspecError, match="numActiveRequests"):
-        steps_from_stats([NO_ACTIVE_COUNT])
+        steps_from_stats([NO_ACTIVE_COUNT], lengths_121())
 
 
 def test_keep_warm_labels_are_honest():

@@ -7,24 +7,34 @@ per-iteration record {b, K, drafted, accepted} that the reference engine's execu
 `import tensorrt_llm` happens in `TrtllmEngine.start` only; nothing else here needs it.
 
 One `LLM.get_stats()` entry (C++ IterationStats as JSON; 1.2-era builds may hand back the JSON
-string instead of the dict) -> one IterationStats, by `iteration_record`, the one parser of
-these entries in dynspec (the engine and benchmarks/trtllm_driver.py both use it):
+string instead of the dict) + the DraftLengths the LLM was started with -> one IterationStats,
+by `iteration_record`, the one parser of these entries in dynspec (the engine and
+benchmarks/trtllm_driver.py both use it). TRT-LLM 1.2.1, draft_len_schedule {1: 4, 3: 2, 9: 0}
+(max_draft_len 4):
     {"iter": 7, "iterLatencyMS": 21.5, "numActiveRequests": 3,
      "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 3, ...},
-     "specDecodingStats": {"numDraftTokens": 11, "numAcceptedTokens": 7,
-                           "numRequestsWithDraftTokens": 3, "acceptanceLength": 3.33, ...}}
-    -> IterationStats(iteration=7, batch_size=3, k=4, drafted=11, accepted=7, emitted=10,
+     "specDecodingStats": {"numDraftTokens": 12, "numAcceptedTokens": 4,
+                           "numRequestsWithDraftTokens": 3, "acceptanceLength": 2.33, ...}}
+    -> IterationStats(iteration=7, batch_size=3, k=2, drafted=6, accepted=4, emitted=7,
                       seconds=0.0215, host_seconds=0.0, decode_rows=3, prefill_tokens=None)
-Rules (field names from cpp/tensorrt_llm/executor/jsonSerialization.cpp; meanings from
-PyExecutor's iteration-stats code in tensorrt_llm/_torch/pyexecutor/py_executor.py):
+Rules (field names from cpp/tensorrt_llm/executor/jsonSerialization.cpp; meanings from the
+1.2-era PyExecutor iteration-stats code, docs/design.md, section 2, "Stats parser"):
 - batch_size = numActiveRequests, the count PyExecutor looks draft_len_schedule up with
   (len(active_requests)). TRT-LLM always writes it; an entry without it is refused, not guessed.
   numActiveRequests == 0 is an idle iteration: no record.
-- K = ceil(numDraftTokens / numRequestsWithDraftTokens), 0 when no request drafted. PyExecutor
-  sums each generation request's draft length over the requests that drafted; within one
-  iteration the schedule gives them all the same K, and a request can draft fewer (it is near
-  its max_tokens, or its zero token ids are not counted), never more. So the mean is <= K and
-  its ceiling is K while the shortfall stays under one token per request: 11 over 3 -> 4.
+- K = the started schedule's K at numActiveRequests, not a ratio of the counts: on 1.2.x
+  numDraftTokens sums each drafting request's draft list after the zero padding to
+  max_draft_len that CUDA graphs need, so numDraftTokens / numRequestsWithDraftTokens reads
+  max_draft_len (12 / 3 = 4 above), not the scheduled K (2).
+- drafted = K x numRequestsWithDraftTokens (6 above). numDraftTokens is a consistency check
+  only: it must be max_draft_len or K tokens per drafting request (a build that stops padding);
+  anything else is refused. accepted = numAcceptedTokens (at most numDraftTokens).
+- With the overlap scheduler (dynspec leaves it on) a record is computed one iteration late, after
+  the next iteration has reset the requests' draft lists; at a K>0 -> K=0 edge the requests that
+  drafted can drop out (numRequestsWithDraftTokens 0 while K > 0). That is a reading of the call
+  order, not a measured fact. Such a record keeps its K with drafted = accepted = 0: drafting with
+  unknown acceptance, which leaves the acceptance rate alone. A K=0 record that reports drafting
+  requests but accepted nothing (the same edge the other way round) is read as plain decode.
 - decode_rows = inflightBatchingStats.numGenRequests (the generation requests PyExecutor
   scheduled); prefill_tokens = inflightBatchingStats.numCtxTokens (the model engine's context
   tokens of the iteration, prompt chunks included). A field the entry lacks is None, not 0:
@@ -34,14 +44,43 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-from dynspec.build.llm_api import read_options
+from dynspec.build.llm_api import DRAFT_KEY, DRAFT_KEYS, read_options
 from dynspec.config import EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.executor import IterationStats
+from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule
+
+
+@dataclass(frozen=True)
+class DraftLengths:
+    """What a started LLM drafts: K per batch size, looked up as PyExecutor does, and the static
+    max_draft_len that 1.2.x pads each drafting request to. No tiers: no speculation."""
+    schedule: DraftSchedule = DraftSchedule()
+    max_draft_len: int = 0
+
+    def k(self, batch_size: int) -> int:
+        return self.schedule.draft_len(batch_size)
+
+
+def draft_lengths(options: Mapping, version: str) -> DraftLengths:
+    """LLM() options (speculative_config still a mapping) -> DraftLengths. Pure.
+        no speculative_config                        -> K = 0 everywhere
+        max_draft_len 3, no draft_len_schedule       -> K = 3 at every batch size
+        max_draft_len 4, {1: 4, 3: 2, 9: 0} on 1.2.1 -> K = 4 for b 1..2, 2 for 3..8, 0 above"""
+    spec = options.get("speculative_config")
+    if spec is None:
+        return DraftLengths()
+    kmax = spec.get("max_draft_len") if isinstance(spec, Mapping) else None
+    if isinstance(kmax, bool) or not isinstance(kmax, int) or kmax < 1:
+        raise DynspecError(f"speculative_config.max_draft_len is {kmax!r}; expected an integer >= 1")
+    sched = spec.get("draft_len_schedule")
+    if sched is None:
+        return DraftLengths(DraftSchedule.static(kmax, MAX_BATCH_SIZE), kmax)
+    return DraftLengths(DraftSchedule.from_trtllm(sched, version), kmax)
 
 
 def load_options(engine_dir: str | Path) -> tuple[EngineConfig, dict]:
@@ -56,8 +95,19 @@ def load_options(engine_dir: str | Path) -> tuple[EngineConfig, dict]:
     if not isinstance(options.get("speculative_config"), dict):
         raise DynspecError(f"{path}: expected a mapping with a 'speculative_config' mapping")
     options["model"] = cfg.target_dir
-    options["speculative_config"]["speculative_model"] = cfg.draft_dir
+    options["speculative_config"] = with_draft_path(options["speculative_config"], cfg.draft_dir)
     return cfg, options
+
+
+def with_draft_path(spec: Mapping, draft_dir: str) -> dict:
+    """spec with the draft path under the one draft key it already uses (speculative_model_dir
+    when it names none), the other key dropped: TRT-LLM refuses a config that holds both. Pure.
+        {"speculative_model": "../d"} -> {"speculative_model": draft_dir}
+        {"max_draft_len": 4}          -> {"max_draft_len": 4, "speculative_model_dir": draft_dir}"""
+    key = next((k for k in DRAFT_KEYS if k in spec), DRAFT_KEY)
+    out = {k: v for k, v in spec.items() if k not in DRAFT_KEYS}
+    out[key] = draft_dir
+    return out
 
 
 def _count(entry: Mapping, section: Mapping, name: str, where: str) -> int:
@@ -72,9 +122,7 @@ def _reported_count(entry: Mapping, section: Mapping, name: str, where: str) -> 
     return None if section.get(name) is None else _count(entry, section, name, where)
 
 
-def iteration_record(stat: Mapping[str, Any] | str, position: int = 0) -> IterationStats | None:
-    """One TRT-LLM iteration-stats entry -> the executor's IterationStats, or None for an idle
-    iteration. Pure. `position` numbers an entry that has no "iter"."""
+def _entry(stat: Mapping[str, Any] | str, position: int) -> Mapping:
     if isinstance(stat, str):
         try:
             stat = json.loads(stat)
@@ -82,29 +130,51 @@ def iteration_record(stat: Mapping[str, Any] | str, position: int = 0) -> Iterat
             raise DynspecError(f"TRT-LLM iteration stats entry {position} is not JSON: {e}") from None
     if not isinstance(stat, Mapping):
         raise DynspecError(f"TRT-LLM iteration stats entry {position} is {type(stat).__name__}, not an object")
-    where = f"entry {position}"
     if "numActiveRequests" not in stat:
         raise DynspecError(
-            f"TRT-LLM iteration stats {where} has no numActiveRequests (the batch size the schedule is looked up "
-            f"with): {dict(stat)!r}"
+            f"TRT-LLM iteration stats entry {position} has no numActiveRequests (the batch size the schedule is "
+            f"looked up with): {dict(stat)!r}"
         )
+    return stat
+
+
+def _drafts(stat: Mapping, lengths: DraftLengths, batch: int, where: str) -> tuple[int, int, int]:
+    """(K, drafted, accepted) of one entry by the rules in the module docstring."""
+    spec = stat.get("specDecodingStats") or {}
+    reported = _count(stat, spec, "numDraftTokens", where)
+    accepted = _count(stat, spec, "numAcceptedTokens", where)
+    n = _count(stat, spec, "numRequestsWithDraftTokens", where)
+    k = lengths.k(batch)
+    padded = (lengths.max_draft_len * n, k * n) if k else (reported,)
+    if (reported > 0) != (n > 0) or n > batch or accepted > reported or reported not in padded:
+        raise DynspecError(
+            f"TRT-LLM iteration stats {where}: numDraftTokens={reported}, numAcceptedTokens={accepted} over "
+            f"numRequestsWithDraftTokens={n} with numActiveRequests={batch} is inconsistent with K={k} "
+            f"(max_draft_len {lengths.max_draft_len}): expected max_draft_len or K drafts per drafting request"
+        )
+    if k == 0 and accepted:
+        raise DynspecError(
+            f"TRT-LLM iteration stats {where}: numAcceptedTokens={accepted} at numActiveRequests={batch}, where the "
+            f"schedule gives K=0"
+        )
+    return k, k * n, accepted
+
+
+def iteration_record(stat: Mapping[str, Any] | str, lengths: DraftLengths,
+                     position: int = 0) -> IterationStats | None:
+    """One TRT-LLM iteration-stats entry -> the executor's IterationStats, or None for an idle
+    iteration. Pure. `lengths`: how the LLM was started; `position` numbers an entry without "iter"."""
+    stat = _entry(stat, position)
+    where = f"entry {position}"
     batch = _count(stat, stat, "numActiveRequests", where)
     if batch == 0:
         return None
-    spec = stat.get("specDecodingStats") or {}
     ifb = stat.get("inflightBatchingStats") or {}
-    drafted = _count(stat, spec, "numDraftTokens", where)
-    accepted = _count(stat, spec, "numAcceptedTokens", where)
-    drafting = _count(stat, spec, "numRequestsWithDraftTokens", where)
-    if (drafted > 0) != (drafting > 0) or drafting > batch:
-        raise DynspecError(
-            f"TRT-LLM iteration stats {where}: numDraftTokens={drafted} over numRequestsWithDraftTokens={drafting} "
-            f"with numActiveRequests={batch} is inconsistent"
-        )
+    k, drafted, accepted = _drafts(stat, lengths, batch, where)
     return IterationStats(
         iteration=int(stat.get("iter", position)),
         batch_size=batch,
-        k=math.ceil(drafted / drafting) if drafting else 0,
+        k=k,
         drafted=drafted,
         accepted=accepted,
         emitted=_count(stat, ifb, "numGenRequests", where) + accepted,   # generation tokens: 1 + accepted per request
@@ -115,9 +185,9 @@ def iteration_record(stat: Mapping[str, Any] | str, position: int = 0) -> Iterat
     )
 
 
-def iteration_records(stats: Iterable[Mapping[str, Any] | str]) -> tuple[IterationStats, ...]:
+def iteration_records(stats: Iterable[Mapping[str, Any] | str], lengths: DraftLengths) -> tuple[IterationStats, ...]:
     """Every non-idle entry, in order."""
-    records = (iteration_record(s, i) for i, s in enumerate(stats))
+    records = (iteration_record(s, lengths, i) for i, s in enumerate(stats))
     return tuple(r for r in records if r is not None)
 
 
@@ -134,8 +204,8 @@ def decoding_config(llmapi, spec: Mapping) -> Any:
 class TrtllmEngine:
     """A running `tensorrt_llm.LLM` for one ENGINE_DIR."""
 
-    def __init__(self, llm, sampling_params_cls, config: EngineConfig):
-        self.llm, self._sp, self.config = llm, sampling_params_cls, config
+    def __init__(self, llm, sampling_params_cls, config: EngineConfig, lengths: DraftLengths):
+        self.llm, self._sp, self.config, self.lengths = llm, sampling_params_cls, config, lengths
         self._stats: list[IterationStats] = []
 
     @classmethod
@@ -157,11 +227,12 @@ class TrtllmEngine:
                 f"the trtllm engine needs TensorRT-LLM (tensorrt_llm==1.2.1 from NVIDIA's package index): {e}"
             ) from e
         options = dict(options)
+        lengths = draft_lengths(options, config.trtllm_version)
         if options.get("speculative_config") is not None:
             import tensorrt_llm.llmapi  # noqa: F401  (the decoding config classes)
 
             options["speculative_config"] = decoding_config(tensorrt_llm.llmapi, options["speculative_config"])
-        return cls(LLM(**options), SamplingParams, config)
+        return cls(LLM(**options), SamplingParams, config, lengths)
 
     # ---- requests -----------------------------------------------------------------------
     def _sampling(self, max_new_tokens: int, stop_ids: Sequence[int], ignore_eos: bool):
@@ -204,7 +275,7 @@ class TrtllmEngine:
     # ---- stats --------------------------------------------------------------------------
     def new_iteration_stats(self, timeout: float = 2.0) -> tuple[IterationStats, ...]:
         """The iterations TRT-LLM reported since the last call (they are also kept for iteration_stats)."""
-        new = iteration_records(self.llm.get_stats(timeout=timeout))
+        new = iteration_records(self.llm.get_stats(timeout=timeout), self.lengths)
         self._stats.extend(new)
         return new
 

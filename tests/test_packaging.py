@@ -25,5 +25,5 @@ def test_build_declares_every_folder_and_ships_the_data(tmp_path):
                 "triton_repo/templates/reference/dynspec/1/model.py",
                 "triton_repo/templates/trtllm_llmapi/tensorrt_llm/config.pbtxt",
                 "triton_repo/templates/trtllm_llmapi/tensorrt_llm/1/model.yaml",
-                "triton_repo/templates/trtllm_llmapi/launch_triton.sh", "benchmarks/scripts/h200_prepare.sh"]:
+                "triton_repo/templates/trtllm_llmapi/launch_triton.sh", "benchmarks/configs/cpu_tiny.toml"]:
         assert (lib / rel).is_file(), rel

@@ -23,30 +23,14 @@ ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fix
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
 
-def _graphs_flag(argv: list[str]) -> tuple[list[str], str | None]:
-    """Split `--graphs X` off (checked against suite.GRAPHS) for parsers that predate the flag."""
-    if "--graphs" not in argv:
-        return argv, None
-    i = argv.index("--graphs")
-    return argv[:i] + argv[i + 2:], argv[i + 1]
-
-
 def _parse(parse, argv: list[str]) -> argparse.Namespace:
-    """Parse with the real parser; one without --graphs still has to accept every other flag."""
+    """Parse with the real parser; a refusal is an assertion naming the argv and the parser's error."""
     err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return parse(argv)
-    except SystemExit:
-        if "unrecognized arguments: --graphs" not in err.getvalue():
-            raise AssertionError(f"parser refused {argv}: {err.getvalue()}") from None
-    rest, value = _graphs_flag(argv)
-    assert value in GRAPHS
     with contextlib.redirect_stderr(err):
         try:
-            return parse(rest)
+            return parse(argv)
         except SystemExit:
-            raise AssertionError(f"parser refused {rest}: {err.getvalue()}") from None
+            raise AssertionError(f"parser refused {argv}: {err.getvalue()}") from None
 
 
 def _mixed_step_parse(argv: list[str], monkeypatch) -> argparse.Namespace:

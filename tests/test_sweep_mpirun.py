@@ -153,10 +153,11 @@ def test_bad_flags_name_the_value(tmp_path, capsys):
 
 def test_trtllm_mode_options_are_rendered_from_one_schedule():
     from dynspec.benchmarks.trtllm_driver import mode_options, steps_from_stats
+    from dynspec.runtime.engines.trtllm import draft_lengths
 
     base = {"model": "/m", "backend": "pytorch", "tensor_parallel_size": 8, "max_batch_size": 256,
             "enable_iter_perf_stats": True,
-            "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model": "/d",
+            "speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model_dir": "/d",
                                    "eagle3_one_model": False, "draft_len_schedule": {1: 4, 5: 0}}}
     sched = DraftSchedule.parse("4:4,8:2")
     b = mode_options(base, "baseline", DraftSchedule(), 0, "1.2.1")
@@ -174,6 +175,6 @@ def test_trtllm_mode_options_are_rendered_from_one_schedule():
                     "specDecodingStats": {"numDraftTokens": 16, "numAcceptedTokens": 9, "numRequestsWithDraftTokens": 4}}),
         {"numActiveRequests": 9, "iterLatencyMS": 10.0},
         {"numActiveRequests": 0},
-    ])
+    ], draft_lengths(base, "1.2.1"))
     assert [(s.batch_size, s.k, s.drafted, s.accepted) for s in steps] == [(4, 4, 16, 9), (9, 0, 0, 0)]
     assert steps[0].seconds == pytest.approx(0.012)

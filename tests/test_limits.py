@@ -1,0 +1,127 @@
+"""Limits of an engine dir, the reference runtime and the CLIs: each bad value is refused in one
+line naming the file, field or flag and the number, before any model or cache is allocated.
+
+Engine dirs here are engine.json files written by hand around the embedded tiny pair (6 layers,
+2 KV heads of 32, max_position_embeddings 1024), so every command runs in seconds on a CPU."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dynspec.cli import main
+from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.session import tiny_pair_dirs
+
+
+def tiny_engine_dir(root: Path, *, top_batch=8, ref_batch=8, ref_seq=256, **edit) -> Path:
+    """ENGINE_DIR/engine.json for the embedded tiny pair; `edit` overwrites top-level fields of
+    the written JSON afterwards (bad values a hand-edited file may hold)."""
+    target, draft = tiny_pair_dirs()
+    out = root / "engine"
+    cfg = EngineConfig(target_dir=target, draft_dir=draft, schedule=DraftSchedule.parse("4:4,8:2"),
+                       max_batch_size=top_batch, max_seq_len=1024,
+                       reference=ReferenceSettings(max_batch_size=ref_batch, max_seq_len=ref_seq))
+    cfg.write(out)
+    if edit:
+        d = json.loads((out / "engine.json").read_text())
+        for k, v in edit.items():
+            if isinstance(v, dict) and isinstance(d.get(k), dict):
+                d[k].update(v)
+            else:
+                d[k] = v
+        (out / "engine.json").write_text(json.dumps(d))
+    return out
+
+
+def one_line_error(capsys, argv) -> str:
+    """Run the CLI; it must exit 2 with exactly one stderr line, which is returned."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+# ---- engine.json: one reader, every field type-checked ------------------------------------------
+@pytest.mark.parametrize("field,value,words", [
+    ("tp", "8", ["'tp'", "'8'", "integer"]),
+    ("tp", 0, ["'tp'", "0", "at least 1"]),
+    ("tp", True, ["'tp'", "True", "integer"]),
+    ("max_batch_size", -1, ["'max_batch_size'", "-1", "at least 1"]),
+    ("max_seq_len", "big", ["'max_seq_len'", "'big'", "integer"]),
+    ("max_seq_len", 2.0, ["'max_seq_len'", "2.0", "integer"]),
+    ("target_dir", 7, ["'target_dir'", "7", "string"]),
+    ("trtllm_version", ["1.2.1"], ["'trtllm_version'", "string"]),
+    ("llm_api_options", None, ["'llm_api_options'", "None", "string"]),
+    ("manifests", [], ["'manifests'", "object"]),
+    ("build", "x", ["'build'", "object"]),
+    ("reference", {"max_seq_len": "big"}, ["reference.max_seq_len", "'big'"]),
+    ("reference", {"max_batch_size": 9}, ["reference.max_batch_size", "9", "max_batch_size 8"]),
+])
+def test_engine_json_fields_are_type_checked(tmp_path, field, value, words):
+    eng = tiny_engine_dir(tmp_path, **{field: value})
+    with pytest.raises(DynspecError) as e:
+        EngineConfig.load(eng)
+    msg = str(e.value)
+    assert "\n" not in msg and str(eng / "engine.json") in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_generate_and_triton_refuse_a_string_tp(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path, tp="8")
+    err = one_line_error(capsys, ["generate", "--engine-dir", str(eng), "--num-prompts", "1", "--max-new-tokens", "2"])
+    assert "'tp'" in err and "'8'" in err
+    err = one_line_error(capsys, ["triton", "--engine-dir", str(eng), "--out", str(tmp_path / "repo")])
+    assert "'tp'" in err and "'8'" in err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_deeply_nested_engine_json_is_one_line(tmp_path):
+    eng = tiny_engine_dir(tmp_path)
+    d = json.loads((eng / "engine.json").read_text())
+    text = json.dumps(d)[:-1] + ', "build": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (eng / "engine.json").write_text(text)
+    with pytest.raises(DynspecError, match="nested"):
+        EngineConfig.load(eng)
+
+
+def test_a_good_engine_json_round_trips(tmp_path):
+    eng = tiny_engine_dir(tmp_path)
+    cfg = EngineConfig.load(eng)
+    assert (cfg.tp, cfg.max_batch_size, cfg.reference.max_batch_size) == (8, 8, 8)
+    assert EngineConfig.from_json(cfg.to_json()) == cfg
+
+
+# ---- one max batch size per engine dir -----------------------------------------------------------
+def test_generate_refuses_concurrency_above_the_engine_dirs_batch_limit(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path, top_batch=8, ref_batch=8)
+    err = one_line_error(capsys, ["generate", "--engine-dir", str(eng), "--concurrency", "16",
+                                  "--num-prompts", "2", "--max-new-tokens", "2"])
+    assert "--concurrency 16" in err and "8" in err and "max_batch_size" in err
+
+
+def test_generate_at_the_limit_never_runs_more_rows(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path, top_batch=8, ref_batch=4)
+    stats = tmp_path / "stats.jsonl"
+    assert main(["generate", "--engine-dir", str(eng), "--concurrency", "4", "--num-prompts", "6",
+                 "--max-new-tokens", "4", "--stats", str(stats)]) == 0
+    rows = [json.loads(ln)["batch_size"] for ln in stats.read_text().splitlines()]
+    assert max(rows) == 4
+
+
+def test_sweep_refuses_concurrency_above_the_engine_dirs_batch_limit(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path, top_batch=8, ref_batch=8)
+    err = one_line_error(capsys, ["sweep", "--engine-dir", str(eng), "--concurrency", "1,16",
+                                  "--out", str(tmp_path / "res" / "s")])
+    assert "--concurrency" in err and "16" in err and "8" in err and "max_batch_size" in err
+    assert not (tmp_path / "res").exists() or not any((tmp_path / "res").iterdir())
+
+
+def test_profile_refuses_batch_sizes_above_the_engine_dirs_batch_limit(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path, top_batch=8, ref_batch=8)
+    err = one_line_error(capsys, ["profile", "--engine-dir", str(eng), "--batch-sizes", "1,256",
+                                  "--out", str(tmp_path / "p.json")])
+    assert "--batch-sizes" in err and "256" in err and "8" in err and "max_batch_size" in err

@@ -62,6 +62,7 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         if args.target or args.draft:
             raise DynspecError("give either --engine-dir or --target/--draft, not both")
         cfg = EngineConfig.load(args.engine_dir)
+        check_row_flags(args, cfg)
         if args.schedule:
             cfg = replace(cfg, schedule=DraftSchedule.parse(args.schedule))
         src, edir = f"engine dir {args.engine_dir}", str(args.engine_dir)
@@ -80,6 +81,28 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
     if getattr(args, "graphs", None):
         ref = replace(ref, graphs=GraphMode(args.graphs))
     return EngineChoice(replace(cfg, reference=ref), src, edir)
+
+
+# the flags with which a benchmark asks for rows in flight: (attribute, flag, parser)
+ROW_FLAGS = (("concurrency", "--concurrency", "list"), ("batch_sizes", "--batch-sizes", "list"),
+             ("acceptance_concurrency", "--acceptance-concurrency", "int"))
+
+
+def check_row_flags(args: argparse.Namespace, cfg) -> None:
+    """Every row count a benchmark's flags ask for fits the engine dir's batch limit
+    (dynspec.config.check_batch_limit): `profile --batch-sizes 1,256` on an engine dir of max
+    batch size 8 is refused, naming 256 and 8."""
+    from dynspec.benchmarks.sweep import int_list
+    from dynspec.config import check_batch_limit
+
+    for attr, flag, kind in ROW_FLAGS:
+        v = getattr(args, attr, None)
+        if v is None or (kind == "list" and not str(v).strip()):
+            continue
+        if attr == "acceptance_concurrency" and not getattr(args, "measure_acceptance", False):
+            continue
+        asked = max(int_list(v, flag)) if kind == "list" else v
+        check_batch_limit(flag, asked, cfg, args.engine_dir, getattr(args, "engine", "reference"))
 
 
 def set_cpu_threads(threads: int | None, device: str) -> int | None:

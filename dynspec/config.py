@@ -237,3 +237,18 @@ def read_engine_json(path: Path) -> dict:
         return read_json(path, "engine config")
     except RecursionError:
         raise DynspecError(f"engine config {path} is nested too deeply to be an engine.json") from None
+
+
+def check_batch_limit(flag: str, asked: int, cfg: EngineConfig, engine_dir: str | os.PathLike,
+                      engine: str = "reference") -> None:
+    """One max batch size per engine dir: the reference engine never runs more rows than
+    reference.max_batch_size (which is at most max_batch_size), TensorRT-LLM never more than
+    max_batch_size; a command asking for more is refused, naming both numbers.
+    check_batch_limit("--concurrency", 16, <engine built with --max-batch-size 8>, "E") ->
+    "--concurrency 16 exceeds the max batch size 8 of engine dir E (engine.json reference.max_batch_size) ..."."""
+    field, limit = (("max_batch_size", cfg.max_batch_size) if engine == "trtllm" else
+                    ("reference.max_batch_size", cfg.reference.max_batch_size))
+    if asked > limit:
+        raise DynspecError(
+            f"{flag} {asked} exceeds the max batch size {limit} of engine dir {engine_dir} (engine.json {field});"
+            f" give at most {limit}, or rebuild the engine dir with a larger one")

@@ -125,3 +125,56 @@ def test_profile_refuses_batch_sizes_above_the_engine_dirs_batch_limit(tmp_path,
     err = one_line_error(capsys, ["profile", "--engine-dir", str(eng), "--batch-sizes", "1,256",
                                   "--out", str(tmp_path / "p.json")])
     assert "--batch-sizes" in err and "256" in err and "8" in err and "max_batch_size" in err
+
+
+# ---- max_seq_len: bounded by the target's positions and by the memory the KV cache needs -------
+def test_engine_json_max_seq_len_beyond_the_targets_positions(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path, reference={"max_seq_len": 10**6})
+    err = one_line_error(capsys, ["generate", "--engine-dir", str(eng), "--num-prompts", "1", "--max-new-tokens", "2"])
+    assert "1000000" in err and "max_position_embeddings 1024" in err
+
+
+@pytest.mark.parametrize("flag_value", ["10000000", "100000000"])
+def test_generate_max_seq_len_flag_beyond_the_targets_positions(capsys, flag_value):
+    err = one_line_error(capsys, ["generate", "--max-seq-len", flag_value, "--num-prompts", "1",
+                                  "--max-new-tokens", "2"])
+    assert flag_value in err and "max_position_embeddings 1024" in err
+
+
+def long_context_pair(root: Path) -> tuple[Path, Path]:
+    """The tiny pair with max_position_embeddings 10**9: only memory bounds its cache."""
+    target, draft = tiny_pair_dirs()
+    out = []
+    for name, src in (("target", target), ("draft", draft)):
+        dst = root / name
+        shutil.copytree(src, dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["max_position_embeddings"] = 10**9
+        (dst / "config.json").write_text(json.dumps(cfg))
+        out.append(dst)
+    return out[0], out[1]
+
+
+def test_generate_refuses_a_cache_larger_than_memory(tmp_path, capsys):
+    target, draft = long_context_pair(tmp_path)
+    err = one_line_error(capsys, ["generate", "--target", str(target), "--draft", str(draft),
+                                  "--max-seq-len", "10000000", "--num-prompts", "1", "--max-new-tokens", "2"])
+    # 8 rows x 625,000 blocks of 16 + 1 scratch; target 6 layers + draft 1, K and V, 2 heads x 32, fp32
+    need = (1 + 8 * 625_000) * 16 * (6 + 1) * 2 * 2 * 32 * 4
+    assert f"{need:,}" in err and "available" in err and "max_seq_len 10000000" in err
+
+
+def test_kv_estimate_is_what_the_engine_allocates():
+    from dynspec.runtime.engines.reference.engine import load_reference_engine
+
+    target, draft = tiny_pair_dirs()
+    eng = load_reference_engine(target, draft, max_batch_size=3, max_seq_len=100, max_draft_len=2)
+    pools = (eng.target.k_cache, eng.target.v_cache, eng.draft.k_cache, eng.draft.v_cache)
+    assert eng.kv_bytes == sum(t.numel() * t.element_size() for t in pools)
+    assert eng.kv_bytes == (1 + 3 * 7) * 16 * (6 + 1) * 2 * 2 * 32 * 4
+
+
+def test_profile_context_len_beyond_the_targets_positions(tmp_path, capsys):
+    err = one_line_error(capsys, ["profile", "--context-len", "100000000", "--batch-sizes", "1",
+                                  "--out", str(tmp_path / "p.json")])
+    assert "--context-len 100000000" in err and "max_position_embeddings 1024" in err

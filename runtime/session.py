@@ -41,7 +41,7 @@ def check_positions(target_dir: str, positions: int, what: str) -> None:
     limit = target_positions(target_dir)
     if positions > limit:
         name, _, rest = what.partition(" ")
-        raise DynspecError(f"{name} {positions}{' ' + rest if rest else ''} exceeds the target's "
+        raise DynspecError(f"{name} {positions} {rest + ' ' if rest else ''}exceeds the target's "
                            f"max_position_embeddings {limit} ({Path(target_dir) / 'config.json'})")
 
 

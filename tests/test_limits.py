@@ -175,6 +175,38 @@ def test_kv_estimate_is_what_the_engine_allocates():
 
 
 def test_profile_context_len_beyond_the_targets_positions(tmp_path, capsys):
-    err = one_line_error(capsys, ["profile", "--context-len", "100000000", "--batch-sizes", "1",
+    err = one_line_error(capsys, ["profile", "--context-len", "100000000", "--batch-sizes", "1", "--no-progress",
                                   "--out", str(tmp_path / "p.json")])
     assert "--context-len 100000000" in err and "max_position_embeddings 1024" in err
+
+
+# ---- numeric flags of profile / sweep / generate: bounded, one line each -----------------------
+@pytest.mark.parametrize("flags,words", [
+    (["--warmup", str(10**12)], ["--warmup", str(10**12)]),
+    (["--repeats", str(10**12)], ["--repeats", str(10**12)]),
+    (["--threads", "0"], ["--threads 0"]),
+    (["--threads", "100000"], ["--threads 100000"]),
+    (["--draft-lens", "1000"], ["--draft-lens", "1000", "32"]),
+    (["--batch-sizes", str(10**12)], ["--batch-sizes", str(10**12)]),
+    (["--max-seq-len", str(10**8)], ["--max-seq-len 100000000", "max_position_embeddings 1024"]),
+])
+def test_profile_numeric_flags_are_bounded(tmp_path, capsys, flags, words):
+    err = one_line_error(capsys, ["profile", "--batch-sizes", "1", "--draft-lens", "0,1", "--no-progress", *flags,
+                                  "--out", str(tmp_path / "p.json")])
+    for w in words:
+        assert w in err, (w, err)
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--static-k", "1000"], ["--static-k 1000", "32"]),
+    (["--trials", str(10**9)], ["--trials", str(10**9)]),
+    (["--threads", "0"], ["--threads 0"]),
+    (["--input-len", str(10**9)], ["--input-len", "max_position_embeddings 1024"]),
+    (["--warmup-requests", str(10**12)], ["--warmup-requests", str(10**12)]),
+])
+def test_sweep_numeric_flags_are_bounded(tmp_path, capsys, flags, words):
+    err = one_line_error(capsys, ["sweep", "--concurrency", "1", "--no-progress", *flags,
+                                  "--out", str(tmp_path / "res" / "s")])
+    for w in words:
+        assert w in err, (w, err)

@@ -210,3 +210,45 @@ def test_sweep_numeric_flags_are_bounded(tmp_path, capsys, flags, words):
                                   "--out", str(tmp_path / "res" / "s")])
     for w in words:
         assert w in err, (w, err)
+
+
+# ---- prompts files: read line by line, each line and the count bounded ---------------------------
+def test_a_sparse_prompts_file_is_refused_without_reading_it_whole(tmp_path):
+    import tracemalloc
+
+    from dynspec.runtime.driver import MAX_PROMPT_LINE_BYTES, read_prompt_lines
+
+    f = tmp_path / "sparse.jsonl"
+    with open(f, "wb") as fh:
+        fh.truncate(300 * 2**20)                 # 300 MiB of NUL bytes, no newline, nothing on disk
+    tracemalloc.start()
+    try:
+        with pytest.raises(DynspecError) as e:
+            read_prompt_lines(f)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{f}:1" in str(e.value) and f"{MAX_PROMPT_LINE_BYTES:,}" in str(e.value)
+    assert peak < 4 * MAX_PROMPT_LINE_BYTES, peak
+
+
+def test_prompt_count_is_bounded(tmp_path, monkeypatch):
+    from dynspec.runtime import driver
+
+    monkeypatch.setattr(driver, "MAX_PROMPTS", 3)
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"id": "{i}", "input_ids": [1, 2]}}\n' for i in range(4)))
+    with pytest.raises(DynspecError, match=r"p.jsonl:4: .*more than 3 prompts"):
+        driver.read_prompt_lines(f)
+    f.write_text("".join(f'{{"id": "{i}", "input_ids": [1, 2]}}\n' for i in range(3)))
+    assert len(driver.read_prompt_lines(f)) == 3
+
+
+def test_dataset_files_use_the_same_bounded_reader(tmp_path):
+    from dynspec.benchmarks.workload import load_jsonl
+
+    f = tmp_path / "d.jsonl"
+    with open(f, "wb") as fh:
+        fh.truncate(64 * 2**20)
+    with pytest.raises(DynspecError, match=r"d.jsonl:1: .*longer than"):
+        load_jsonl(f)

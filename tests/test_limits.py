@@ -252,3 +252,12 @@ def test_dataset_files_use_the_same_bounded_reader(tmp_path):
         fh.truncate(64 * 2**20)
     with pytest.raises(DynspecError, match=r"d.jsonl:1: .*longer than"):
         load_jsonl(f)
+
+
+# ---- the trtllm-llmapi repository needs ENGINE_DIR/llm_api_options.yaml -----------------------
+def test_triton_llmapi_refuses_an_engine_dir_without_its_options_file(tmp_path, capsys):
+    eng = tiny_engine_dir(tmp_path)                  # engine.json alone: no llm_api_options.yaml
+    err = one_line_error(capsys, ["triton", "--engine-dir", str(eng), "--out", str(tmp_path / "repo"),
+                                  "--variant", "trtllm-llmapi"])
+    assert str(eng / "llm_api_options.yaml") in err and "max_num_tokens" in err
+    assert not (tmp_path / "repo").exists()

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dynspec.config import DTYPES, GraphMode
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.config import MAX_TP
+from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule
 
 # Any environment the benchmarks build (mpirun children, trtllm workers) keeps NVLink
 # multicast off: NVLS needs a fabric setup these machines do not promise.
@@ -54,6 +56,64 @@ class EngineChoice:
     engine_dir: str | None
 
 
+MAX_STEPS = 100_000          # timed or untimed steps per shape, trials, requests: beyond is a typo
+# numeric flags of the benchmarks: attribute -> (flag, lowest, highest)
+INT_FLAGS = {
+    "warmup": ("--warmup", 0, MAX_STEPS), "repeats": ("--repeats", 1, MAX_STEPS),
+    "trials": ("--trials", 1, 1000), "kernels": ("--kernels", 0, MAX_STEPS),
+    "num_requests": ("--num-requests", 1, MAX_STEPS), "min_requests": ("--min-requests", 1, MAX_STEPS),
+    "warmup_requests": ("--warmup-requests", 0, MAX_STEPS),
+    "acceptance_concurrency": ("--acceptance-concurrency", 1, MAX_BATCH_SIZE),
+    "static_k": ("--static-k", 0, MAX_DRAFT_LEN), "seed": ("--seed", 0, 2**63 - 1),
+    "context_len": ("--context-len", 1, MAX_BATCH_SIZE), "max_seq_len": ("--max-seq-len", 1, MAX_BATCH_SIZE),
+    "tp": ("--tp", 1, MAX_TP),
+}
+LIST_FLAGS = {"batch_sizes": ("--batch-sizes", 1, MAX_BATCH_SIZE), "draft_lens": ("--draft-lens", 0, MAX_DRAFT_LEN),
+              "concurrency": ("--concurrency", 1, MAX_BATCH_SIZE)}
+POSITION_FLAGS = ("context_len", "max_seq_len")     # at most the target's max_position_embeddings
+
+
+def check_bench_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag a benchmark has lies in its range (INT_FLAGS, LIST_FLAGS), one line
+    naming flag, value and range: `profile --draft-lens 1000` -> "--draft-lens 1000 is outside 0..32"."""
+    bounds = dict(INT_FLAGS, threads=("--threads", 1, os.cpu_count() or 1))
+    for attr, (flag, lo, hi) in bounds.items():
+        v = getattr(args, attr, None)
+        if isinstance(v, int) and not lo <= v <= hi:
+            raise DynspecError(f"{flag} {v} is outside {lo}..{hi}")
+    waves = getattr(args, "waves", None)
+    if isinstance(waves, float) and not (math.isfinite(waves) and 0 < waves <= MAX_STEPS):
+        raise DynspecError(f"--waves {waves} is outside (0, {MAX_STEPS}]")
+    for attr, (flag, lo, hi) in LIST_FLAGS.items():
+        text = getattr(args, attr, None)
+        if not isinstance(text, str) or not text.strip():
+            continue
+        try:
+            vals = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise DynspecError(f"{flag} {text!r} is not a comma-separated list of integers") from None
+        bad = next((v for v in vals if not lo <= v <= hi), None)
+        if bad is not None:
+            raise DynspecError(f"{flag} {text!r}: {bad} is outside {lo}..{hi}")
+
+
+def check_positions(args: argparse.Namespace, cfg) -> None:
+    """--context-len / --max-seq-len / synthetic --input-len + --output-len fit the target's
+    max_position_embeddings (the cache is refused beyond it: runtime/session.py)."""
+    from dynspec.runtime.session import check_positions as within
+
+    for attr in POSITION_FLAGS:
+        v = getattr(args, attr, None)
+        if isinstance(v, int):
+            within(cfg.target_dir, v, INT_FLAGS[attr][0])
+    if getattr(args, "input_len", None) is not None and not getattr(args, "dataset", None) \
+            and hasattr(args, "waves"):
+        from dynspec.benchmarks.workload import LengthDist
+
+        il, ol = LengthDist.parse(args.input_len, "--input-len"), LengthDist.parse(args.output_len, "--output-len")
+        within(cfg.target_dir, il.hi + ol.hi, f"--input-len+--output-len (the longest request: {il.hi} + {ol.hi})")
+
+
 def engine_choice(args: argparse.Namespace) -> EngineChoice:
     from dynspec.config import EngineConfig
     from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
@@ -62,6 +122,7 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
         if args.target or args.draft:
             raise DynspecError("give either --engine-dir or --target/--draft, not both")
         cfg = EngineConfig.load(args.engine_dir)
+        check_row_flags(args, cfg)
         if args.schedule:
             cfg = replace(cfg, schedule=DraftSchedule.parse(args.schedule))
         src, edir = f"engine dir {args.engine_dir}", str(args.engine_dir)
@@ -74,12 +135,36 @@ def engine_choice(args: argparse.Namespace) -> EngineChoice:
                 raise DynspecError(f"{what} checkpoint {d} has no config.json")
         cfg = engine_config_for(target, draft, DraftSchedule.parse(args.schedule or "4:4,8:2"))
         src, edir = f"pair target={target} draft={draft}", None
+    check_bench_flags(args)
+    check_positions(args, cfg)
     ref = cfg.reference
     if args.dtype:
         ref = replace(ref, dtype=args.dtype)
     if getattr(args, "graphs", None):
         ref = replace(ref, graphs=GraphMode(args.graphs))
     return EngineChoice(replace(cfg, reference=ref), src, edir)
+
+
+# the flags with which a benchmark asks for rows in flight: (attribute, flag, parser)
+ROW_FLAGS = (("concurrency", "--concurrency", "list"), ("batch_sizes", "--batch-sizes", "list"),
+             ("acceptance_concurrency", "--acceptance-concurrency", "int"))
+
+
+def check_row_flags(args: argparse.Namespace, cfg) -> None:
+    """Every row count a benchmark's flags ask for fits the engine dir's batch limit
+    (dynspec.config.check_batch_limit): `profile --batch-sizes 1,256` on an engine dir of max
+    batch size 8 is refused, naming 256 and 8."""
+    from dynspec.benchmarks.sweep import int_list
+    from dynspec.config import check_batch_limit
+
+    for attr, flag, kind in ROW_FLAGS:
+        v = getattr(args, attr, None)
+        if v is None or (kind == "list" and not str(v).strip()):
+            continue
+        if attr == "acceptance_concurrency" and not getattr(args, "measure_acceptance", False):
+            continue
+        asked = max(int_list(v, flag)) if kind == "list" else v
+        check_batch_limit(flag, asked, cfg, args.engine_dir, getattr(args, "engine", "reference"))
 
 
 def set_cpu_threads(threads: int | None, device: str) -> int | None:
@@ -91,9 +176,10 @@ def set_cpu_threads(threads: int | None, device: str) -> int | None:
         return None
     import torch
 
-    n = threads or 1
-    if n < 1:
-        raise DynspecError(f"--threads {n} must be at least 1")
+    n = 1 if threads is None else threads
+    cores = os.cpu_count() or 1
+    if not 1 <= n <= cores:
+        raise DynspecError(f"--threads {n} is outside 1..{cores} (this machine's cores)")
     torch.set_num_threads(n)
     return n
 

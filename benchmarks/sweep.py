@@ -44,6 +44,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
 MODES = ("baseline", "static", "dynamic")
+MAX_REQUESTS = 1_000_000      # per replica per load point: the workload is built in memory up front
 
 
 def int_list(text: str, what: str) -> tuple[int, ...]:
@@ -320,6 +321,9 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
 
     per_point = max(count.at(p) for p in points)
+    if per_point > MAX_REQUESTS:
+        raise DynspecError(f"{per_point} requests per replica at one load point ({count}) exceed {MAX_REQUESTS}; "
+                           f"lower --waves, --concurrency or --num-requests")
     vocab = target_vocab_size(cfg)
     reqs, desc = make_workload(cfg, args.dataset, args.prompts, args.input_len, args.output_len,
                                per_point * w.size, args.seed)

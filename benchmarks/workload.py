@@ -21,8 +21,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dynspec.artifacts import iter_jsonl
 from dynspec.errors import DynspecError
+from dynspec.runtime.driver import iter_jsonl_lines
 
 Tokenizer = Callable[[str], Sequence[int]]
 
@@ -163,7 +163,7 @@ def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer | None = None) -> t
     """Read a trtllm-bench JSONL dataset. Bad lines raise DynspecError naming FILE:LINE."""
     reqs: list[BenchRequest] = []
     seen: dict = {}
-    for lineno, where, obj in iter_jsonl(path, "dataset"):
+    for lineno, where, obj in iter_jsonl_lines(path, "dataset"):
         req = parse_line(obj, where, tokenizer)
         if req.task_id in seen:
             raise DynspecError(f"{where}: duplicate task_id {req.task_id!r} (first on line {seen[req.task_id]})")

@@ -135,6 +135,16 @@ def budget_warning(schedule: DraftSchedule, max_batch_size: int, max_num_tokens:
             f"b x (K+1) up to max_batch_size {max_batch_size}); K is capped where b x (K+1) does not fit")
 
 
+def options_file(engine_dir: str | os.PathLike, cfg: EngineConfig) -> Path:
+    """ENGINE_DIR/<engine.json llm_api_options>, which must exist: TRT-LLM's max_num_tokens and
+    kv_cache_config live only there, so nothing is rendered without it."""
+    path = Path(engine_dir) / cfg.llm_api_options
+    if not path.is_file():
+        raise DynspecError(f"{path} (engine.json field 'llm_api_options') does not exist; it holds TRT-LLM's "
+                           f"max_num_tokens and kv_cache_config: rebuild the engine dir with `dynspec build`")
+    return path
+
+
 def _rel(path: str, start: Path) -> str:
     """path relative to start when both are on one filesystem root, else absolute."""
     p = Path(path).resolve()

@@ -40,12 +40,17 @@ from typing import Any, Mapping
 
 from dynspec.artifacts import read_json, write_json
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule
 
 ENGINE_FORMAT = "dynspec-engine/1"
 ENGINE_JSON = "engine.json"
 DTYPES = ("float32", "bfloat16", "float16", "float64")   # float64: CPU exactness tests only
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
+MAX_TP = 1024                   # ranks per replica
+MAX_ENGINE_JSON_BYTES = 64 * 2**20   # engine.json with both manifests is a few kB
+STR_FIELDS = ("target_dir", "draft_dir", "trtllm_version", "llm_api_options")
+INT_FIELDS = ("tp", "max_batch_size", "max_seq_len")
+MAP_FIELDS = ("manifests", "build")
 
 
 class GraphMode(str, Enum):
@@ -119,6 +124,29 @@ class EngineConfig:
     build: Mapping[str, Any] = field(default_factory=dict)   # `dynspec build` choices + memory plan
 
     def __post_init__(self) -> None:
+        for name in STR_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v:
+                raise DynspecError(f"field {name!r} is {v!r}; it must be a non-empty string")
+        for name in INT_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise DynspecError(f"field {name!r} is {v!r}; it must be an integer, not {type(v).__name__}")
+            if v < 1:
+                raise DynspecError(f"field {name!r} is {v}; it must be at least 1")
+        if self.tp > MAX_TP:
+            raise DynspecError(f"field 'tp' is {self.tp}; one replica spans at most {MAX_TP} ranks")
+        if self.max_batch_size > MAX_BATCH_SIZE:
+            raise DynspecError(f"field 'max_batch_size' is {self.max_batch_size}; the limit is {MAX_BATCH_SIZE}")
+        for name in MAP_FIELDS:
+            if not isinstance(getattr(self, name), Mapping):
+                raise DynspecError(f"field {name!r} must be an object, not {getattr(self, name)!r}")
+        if not isinstance(self.reference, ReferenceSettings):
+            raise DynspecError(f"field 'reference' must be an object, not {self.reference!r}")
+        if self.reference.max_batch_size > self.max_batch_size:
+            raise DynspecError(
+                f"reference.max_batch_size {self.reference.max_batch_size} exceeds max_batch_size "
+                f"{self.max_batch_size}: the engine dir's one batch limit (docs/design.md, \"Limits\")")
         window = self.schedule.max_draft_len + 1
         if self.reference.max_num_tokens < window:
             raise DynspecError(
@@ -142,6 +170,19 @@ class EngineConfig:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], where: str = ENGINE_JSON) -> "EngineConfig":
+        """engine.json's object -> EngineConfig; every field type-checked (ints are ints, not
+        bools or strings, and positive; strings are strings; objects are objects), each error
+        one line naming `where` and the field: `"tp": "8"` -> "...: field 'tp' is '8'; ..."."""
+        if not isinstance(d, Mapping):
+            raise DynspecError(f"{where}: must hold a JSON object, not {type(d).__name__}")
+        try:
+            return cls._from_json(d, where)
+        except DynspecError as e:
+            msg = str(e)
+            raise DynspecError(msg if msg.startswith(f"{where}:") else f"{where}: {msg}") from None
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any], where: str) -> "EngineConfig":
         if d.get("format") != ENGINE_FORMAT:
             raise DynspecError(f"{where}: field 'format' is {d.get('format')!r}; expected {ENGINE_FORMAT!r}")
         for key in ("target_dir", "draft_dir", "schedule"):
@@ -150,8 +191,11 @@ class EngineConfig:
         sched = d["schedule"]
         if not isinstance(sched, Mapping) or "tiers" not in sched:
             raise DynspecError(f"{where}: field 'schedule' must be an object with 'tiers'")
+        tiers = sched["tiers"]
+        if not isinstance(tiers, list) or not all(isinstance(t, list) for t in tiers):
+            raise DynspecError(f"{where}: field 'schedule.tiers' must be a list of [max_batch, K] pairs, not {tiers!r}")
         try:
-            schedule = DraftSchedule(tuple(tuple(t) for t in sched["tiers"]))
+            schedule = DraftSchedule(tuple(tuple(t) for t in tiers))
         except (TypeError, DynspecError) as e:
             raise DynspecError(f"{where}: field 'schedule.tiers': {e}") from e
         known = {f.name for f in fields(cls)}
@@ -175,9 +219,36 @@ class EngineConfig:
         if not engine_dir.is_dir():
             raise DynspecError(f"engine dir {engine_dir} does not exist")
         path = engine_dir / ENGINE_JSON
-        cfg = cls.from_json(read_json(path, "engine config"), where=str(path))
+        cfg = cls.from_json(read_engine_json(path), where=str(path))
         return replace(
             cfg,
             target_dir=str((engine_dir / cfg.target_dir).resolve()),
             draft_dir=str((engine_dir / cfg.draft_dir).resolve()),
         )
+
+
+def read_engine_json(path: Path) -> dict:
+    """ENGINE_DIR/engine.json's object: a file over MAX_ENGINE_JSON_BYTES, or one nested too deep
+    for Python's parser (`[[[[...]]]]` 100,000 deep), is one line, not a traceback."""
+    if path.is_file() and path.stat().st_size > MAX_ENGINE_JSON_BYTES:
+        raise DynspecError(f"engine config {path} is {path.stat().st_size} bytes; an engine.json holds at most "
+                           f"{MAX_ENGINE_JSON_BYTES}")
+    try:
+        return read_json(path, "engine config")
+    except RecursionError:
+        raise DynspecError(f"engine config {path} is nested too deeply to be an engine.json") from None
+
+
+def check_batch_limit(flag: str, asked: int, cfg: EngineConfig, engine_dir: str | os.PathLike,
+                      engine: str = "reference") -> None:
+    """One max batch size per engine dir: the reference engine never runs more rows than
+    reference.max_batch_size (which is at most max_batch_size), TensorRT-LLM never more than
+    max_batch_size; a command asking for more is refused, naming both numbers.
+    check_batch_limit("--concurrency", 16, <engine built with --max-batch-size 8>, "E") ->
+    "--concurrency 16 exceeds the max batch size 8 of engine dir E (engine.json reference.max_batch_size) ..."."""
+    field, limit = (("max_batch_size", cfg.max_batch_size) if engine == "trtllm" else
+                    ("reference.max_batch_size", cfg.reference.max_batch_size))
+    if asked > limit:
+        raise DynspecError(
+            f"{flag} {asked} exceeds the max batch size {limit} of engine dir {engine_dir} (engine.json {field});"
+            f" give at most {limit}, or rebuild the engine dir with a larger one")

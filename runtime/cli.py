@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 def _engine_config(args):
     from dynspec.cli import schedule_of
-    from dynspec.config import EngineConfig
+    from dynspec.config import EngineConfig, check_batch_limit
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
 
@@ -54,11 +54,13 @@ def _engine_config(args):
         if args.target or args.draft:
             raise DynspecError("give --engine-dir or --target/--draft, not both")
         cfg = EngineConfig.load(args.engine_dir)
+        check_batch_limit("--concurrency", args.concurrency, cfg, args.engine_dir)
     else:
         if bool(args.target) != bool(args.draft):
             raise DynspecError("--target and --draft go together")
         target, draft = (args.target, args.draft) if args.target else tiny_pair_dirs()
         cfg = engine_config_for(target, draft, DraftSchedule.parse("4:4,8:2"))
+        cfg = replace(cfg, max_batch_size=max(cfg.max_batch_size, args.concurrency))   # a pair: no engine dir limit
     sched = schedule_of(args)
     ref = cfg.reference
     if args.dtype:
@@ -71,7 +73,7 @@ def _engine_config(args):
             raise DynspecError(f"--max-num-tokens {args.max_num_tokens} is smaller than one verify window "
                                f"(max K + 1 = {window})")
         ref = replace(ref, max_num_tokens=args.max_num_tokens)
-    ref = replace(ref, max_batch_size=args.concurrency, keep_warm=not args.no_keep_warm)
+    ref = replace(ref, max_batch_size=args.concurrency, keep_warm=not args.no_keep_warm)   # the cache for C rows
     return replace(cfg, schedule=sched or cfg.schedule, reference=ref)
 
 

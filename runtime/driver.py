@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from dynspec.artifacts import iter_jsonl
 from dynspec.errors import DynspecError
+
+MAX_PROMPT_LINE_BYTES = 16 * 2**20   # one line: a prompt of ~2M token ids as JSON
+MAX_PROMPTS = 1_000_000             # lines per prompts file
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,43 @@ class PromptLine:
     text: str | None
 
 
+def iter_jsonl_lines(path: str | Path, what: str = "prompts file", max_line_bytes: int | None = None,
+                     max_lines: int | None = None):
+    """Yield (line number, 'FILE:LINE', object) for each non-blank line of a JSONL file, reading
+    one line at a time and at most max_line_bytes of it: a 1 GB file of NUL bytes with no newline
+    costs one bounded read, then "FILE:1: line longer than 16,777,216 bytes". More than max_lines
+    non-blank lines is refused at the first one over. The one reader of prompts and dataset files."""
+    max_line_bytes = MAX_PROMPT_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    max_lines = MAX_PROMPTS if max_lines is None else max_lines
+    path = Path(path)
+    if not path.is_file():
+        raise DynspecError(f"{what} {path} does not exist")
+    seen = 0
+    with path.open("rb") as f:
+        lineno = 0
+        while raw := f.readline(max_line_bytes + 1):
+            lineno += 1
+            where = f"{path}:{lineno}"
+            if len(raw) > max_line_bytes:
+                raise DynspecError(f"{where}: line longer than {max_line_bytes:,} bytes; one line is one prompt")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DynspecError(f"{where}: not UTF-8 text (byte {e.start} of the line)") from None
+            if not line.strip():
+                continue
+            seen += 1
+            if seen > max_lines:
+                raise DynspecError(f"{where}: {what} {path} holds more than {max_lines} prompts")
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DynspecError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from e
+            except RecursionError:
+                raise DynspecError(f"{where}: nested too deeply to be a prompt") from None
+            yield lineno, where, obj
+
+
 def read_prompt_lines(path: str | Path) -> list[PromptLine]:
     """The prompts JSONL format, every line checked (naming FILE:LINE) before anything runs.
     A line holds exactly one of:
@@ -35,7 +74,7 @@ def read_prompt_lines(path: str | Path) -> list[PromptLine]:
         {"id": "b", "prompt": "def f():"}       UTF-8 text: no lone surrogate such as "\\ud800"
     """
     out: list[PromptLine] = []
-    for _, where, obj in iter_jsonl(path, "prompts file"):
+    for _, where, obj in iter_jsonl_lines(path, "prompts file"):
         if not isinstance(obj, dict):
             raise DynspecError(f"{where}: expected a JSON object")
         pid = str(obj.get("id", obj.get("task_id", len(out))))

@@ -25,6 +25,26 @@ def engine_config_for(target_dir: str, draft_dir: str, schedule: DraftSchedule,
     return EngineConfig(target_dir=str(target_dir), draft_dir=str(draft_dir), schedule=schedule, reference=reference)
 
 
+def target_positions(target_dir: str) -> int:
+    """The target's max_position_embeddings, from its config.json (checked as loading checks it)."""
+    from dynspec.checkpoint.reader import read_config
+    from dynspec.runtime.engines.reference.model import TargetConfig
+
+    where = str(Path(target_dir) / "config.json")
+    return TargetConfig.from_hf(read_config(target_dir, "target"), where).max_position_embeddings
+
+
+def check_positions(target_dir: str, positions: int, what: str) -> None:
+    """Refuse a cache longer than the target's positions, as `dynspec build` does:
+    check_positions(tiny, 10**6, "max_seq_len") -> "max_seq_len 1000000 exceeds the target's
+    max_position_embeddings 1024 (.../config.json)"."""
+    limit = target_positions(target_dir)
+    if positions > limit:
+        name, _, rest = what.partition(" ")
+        raise DynspecError(f"{name} {positions} {rest + ' ' if rest else ''}exceeds the target's "
+                           f"max_position_embeddings {limit} ({Path(target_dir) / 'config.json'})")
+
+
 def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_len: int | None = None,
                           tp=None, **overrides):
     """Load cfg's pair into a ReferenceEngine sized by cfg.reference (overrides: its fields).
@@ -37,6 +57,7 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     if ref.dtype == "float64" and not dev.startswith("cpu"):
         raise DynspecError(f"dtype float64 is for CPU exactness tests; device {dev} takes float32, bfloat16 "
                            f"or float16")
+    check_positions(cfg.target_dir, ref.max_seq_len, "max_seq_len (--max-seq-len or engine.json reference.max_seq_len)")
     sizes = dict(max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
                  max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
                  max_num_tokens=ref.max_num_tokens)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dynspec.artifacts import atomic_dir, check_apart, write_json
+from dynspec.build.engine_dir import options_file
 from dynspec.build.llm_api import graph_batch_sizes, read_options
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
@@ -111,7 +112,7 @@ def llm_api_args(engine: Engine) -> dict:
     """LLM() arguments: ENGINE_DIR/<llm_api_options> when present (relative paths resolved, model
     paths and tp filled in and cross-checked against engine.json), else rendered from engine.json."""
     cfg = engine.config
-    path = engine.dir / cfg.llm_api_options
+    path = options_file(engine.dir, cfg)
     if not path.is_file():
         args: dict[str, Any] = {
             "model": cfg.target_dir,

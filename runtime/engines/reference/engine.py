@@ -47,7 +47,8 @@ from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accep
 from dynspec.runtime.engines.reference.attention import (RaggedBatch, SplitRows, ragged_batch, sdpa_attention,
                                                          uniform_batch)
 from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
-from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
+from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllocator, available_bytes,
+                                                         check_pool_fits, kv_pool_bytes)
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
 from dynspec.runtime.engines.reference.packed import PackedChunks
 from dynspec.runtime.engines.reference.paged_decode import PagedDecode
@@ -107,15 +108,18 @@ class ReferenceEngine:
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         on_cuda = self.device.type == "cuda"
+        bs = block_size or (128 if on_cuda else 16)
+        per_seq = -(-max_seq_len // bs)
+        n_blocks = num_blocks or 1 + max_batch_size * per_seq
+        self.kv_bytes = kv_pool_bytes(target.config, draft.config, n_blocks, bs, p.element_size())
+        check_pool_fits(self.kv_bytes, available_bytes(self.device), device=self.device,
+                        max_batch_size=max_batch_size, max_seq_len=max_seq_len)   # before any table is built
         # CPU: every batch size is its own shape (no padding work); CUDA: padded graph buckets
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))
         self.capture = tuple(draft.capture_layers)
         self.vocab_size = target.config.vocab_size
         # the Triton attention (PagedDecode, PackedChunks) where Triton runs, else SDPA
         self.triton = on_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-        bs = block_size or (128 if on_cuda else 16)
-        per_seq = -(-max_seq_len // bs)
-        n_blocks = num_blocks or 1 + max_batch_size * per_seq
         self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)
         self.block_size, self.max_blocks_per_seq = bs, per_seq
         target.setup_pool(n_blocks, bs, per_seq * bs)

@@ -16,6 +16,44 @@ from dynspec.errors import DynspecError
 SCRATCH_BLOCK = 0
 
 
+def kv_pool_bytes(target, draft, num_blocks: int, block_size: int, dtype_bytes: int) -> int:
+    """Bytes of the K and V pools of target + draft (configs with num_kv_heads, head_dim; the
+    target's num_layers, the draft's one layer), for num_blocks blocks of block_size tokens:
+    blocks x block_size x layers x 2 x kv_heads x head_dim x dtype bytes.
+    Tiny pair, fp32, 22 blocks of 16: 22*16 * (6*2*2*32 + 1*2*2*32) * 4 = 1,261,568."""
+    per_token = (target.num_layers * target.num_kv_heads * target.head_dim
+                 + draft.num_kv_heads * draft.head_dim) * 2
+    return num_blocks * block_size * per_token * dtype_bytes
+
+
+def available_bytes(device) -> int:
+    """Memory a new allocation on `device` can take: free GPU memory (torch.cuda.mem_get_info),
+    or on a CPU MemAvailable from /proc/meminfo (what can be had without swapping)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_pool_fits(need: int, available: int, *, device, max_batch_size: int, max_seq_len: int) -> None:
+    """Refuse a KV pool larger than the memory there is, naming both, before allocating it."""
+    if need > available:
+        raise DynspecError(
+            f"the KV cache for max_batch_size {max_batch_size} x max_seq_len {max_seq_len} needs {need:,} bytes"
+            f" ({need / 2**30:.1f} GiB) but {device} has {available:,} bytes available; lower max_seq_len"
+            f" (--max-seq-len, engine.json reference.max_seq_len) or the batch size")
+
+
 class BlockAllocator:
     def __init__(self, num_blocks: int, block_size: int, max_blocks_per_seq: int, num_slots: int):
         if num_blocks < 2:

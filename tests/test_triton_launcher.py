@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from dynspec.config import EngineConfig
-from dynspec.triton_repo.server import error_lines, free_ports, owns_listener, parent_pids
+from dynspec.triton_repo.server import Ports, error_lines, exit_reason, free_ports, owns_listener, parent_pids
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +79,12 @@ def expected(chain):
 PROMPT = "import os\n\ndef main():"
 
 
-def start(repo, ports):
+def start(repo, ports, *extra, ready_timeout=120):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "dynspec.triton_repo.server", str(repo), "--http-port", str(ports.http),
-         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--ready-timeout", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--ready-timeout",
+         str(ready_timeout), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
 def children(pid):
@@ -242,3 +242,53 @@ def test_sigkill_of_the_launcher_still_stops_the_server(repo):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _refusal(repo, ports, *extra):
+    """The launcher CLI on flags it must refuse: (exit status, its stderr lines, seconds taken)."""
+    t0 = time.monotonic()
+    proc = start(repo, ports, *extra, ready_timeout=30)
+    out, err = proc.communicate(timeout=60)
+    assert b"tritonserver ready" not in out
+    return proc.returncode, err.decode().strip().splitlines(), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(http=99999), "--http-port 99999 is not a TCP port: give one in 1..65535"),
+    (dict(metrics=0), "--metrics-port 0 is not a TCP port"),
+    (dict(grpc="http"), "--http-port and --grpc-port are both"),
+    (dict(host="8.8.8.8"), "--host 8.8.8.8 is not an address of this machine"),
+])
+def test_ports_and_address_are_checked_before_tritonserver_starts(repo, change, message):
+    """tritonserver wraps --http-port 99999 into 34463, stops on one port for HTTP and gRPC with
+    its usage text, and calls an address of another machine "already in use": each is refused by
+    the launcher in one line, within seconds, with no server started."""
+    free = free_ports()
+    ports = {"http": free.http, "grpc": free.grpc, "metrics": free.metrics}
+    host = change.pop("host", "127.0.0.1")
+    ports.update({k: ports[v] if isinstance(v, str) else v for k, v in change.items()})
+    code, err, took = _refusal(repo, Ports(**ports), "--host", host)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert took < 20, took
+
+
+def test_exit_reason_is_tritonserver_s_last_line_without_an_error_line():
+    usage = "Usage: tritonserver [options]\n  --http-port <integer>\n\nThe server cannot listen to HTTP\n"
+    assert exit_reason(usage) == "The server cannot listen to HTTP"
+    assert exit_reason("I1 x] a\nE1130 22:01:02.3 1 main.cc:1] \"failed to start\"\n") == "failed to start"
+    assert exit_reason("") == "its log is empty"
+
+
+def test_a_server_that_stops_at_start_is_reported_with_its_own_reason(repo):
+    """Flags after the launcher's reach tritonserver as given (the last one wins); an argument
+    error there has no error line, only usage text and then the reason: that reason is reported."""
+    from dynspec.errors import DynspecError
+    from dynspec.triton_repo.server import launch
+
+    ports = free_ports()
+    t0 = time.monotonic()
+    with pytest.raises(DynspecError) as e:
+        launch(repo, ports, ready_timeout_s=60, extra_args=(f"--grpc-port={ports.http}",))
+    first = str(e.value).splitlines()[0]
+    assert "cannot listen to HTTP requests and GRPC requests at the same address" in first, first
+    assert time.monotonic() - t0 < 30

@@ -88,6 +88,48 @@ def free_ports(host: str = "127.0.0.1") -> Ports:
             s.close()
 
 
+PORT_FLAGS = ("--http-port", "--grpc-port", "--metrics-port")
+
+
+def check_addresses(host: str, ports: Ports) -> None:
+    """Refuse, before tritonserver starts, what it would wrap, merge or misreport: a port outside
+    1..65535 (tritonserver takes --http-port 99999 as 34463), two services on one port, an address
+    that is not one of this machine's (tritonserver calls that "already in use"), a port in use.
+    Each check binds and releases a socket, as tritonserver will (SO_REUSEADDR)."""
+    named = list(zip(PORT_FLAGS, (ports.http, ports.grpc, ports.metrics)))
+    for flag, port in named:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise DynspecError(f"{flag} {port} is not a TCP port: give one in 1..65535")
+    for i, (flag, port) in enumerate(named):
+        for other, theirs in named[i + 1:]:
+            if port == theirs:
+                raise DynspecError(f"{flag} and {other} are both {port}: each service needs its own port")
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise DynspecError(f"--host {host!r} does not resolve: {e.strerror}") from None
+    for flag, port in [("--host", 0), *named]:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((addr[0], port, *addr[2:]))
+            except OSError as e:
+                if flag == "--host":
+                    raise DynspecError(f"--host {host} is not an address of this machine: cannot bind it "
+                                       f"({e.strerror}); give a local address, e.g. 127.0.0.1 or 0.0.0.0") from None
+                raise DynspecError(f"{flag} {port}: {host}:{port} is already in use ({e.strerror})") from None
+
+
+def exit_reason(log: str) -> str:
+    """Why tritonserver stopped, from its log: its last error line (glog severity E), else its
+    last line (an argument error is printed after the usage text), else a note that the log is empty."""
+    errors = error_lines(log)
+    if errors:
+        return errors[-1].strip('" ')
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return lines[-1] if lines else "its log is empty"
+
+
 def backend_dir(install: TritonInstall, dst: str | os.PathLike) -> Path:
     """A --backend-directory with the python backend and this Python's stub side by side."""
     py = Path(dst) / "python"
@@ -247,8 +289,7 @@ class TritonServer:
             if self.proc.poll() is not None:
                 self._wait_log()
                 log = self.log()
-                errors = error_lines(log)       # the last one is the fatal one
-                why = errors[-1].strip('" ') if errors else "no error line in its log"
+                why = exit_reason(log)
                 raise DynspecError(f"tritonserver exited with code {self.proc.returncode}: {why}\n{log[-4000:]}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
@@ -362,6 +403,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
         raise DynspecError(f"model repository {repo} does not exist")
     install = find_tritonserver()
     ports = ports or free_ports(host)
+    check_addresses(host, ports)
     workdir = Path(tempfile.mkdtemp(prefix="dynspec-triton-"))
     to_stdout = str(log_path) == "-"
     log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)

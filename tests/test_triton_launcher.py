@@ -292,3 +292,41 @@ def test_a_server_that_stops_at_start_is_reported_with_its_own_reason(repo):
     first = str(e.value).splitlines()[0]
     assert "cannot listen to HTTP requests and GRPC requests at the same address" in first, first
     assert time.monotonic() - t0 < 30
+
+
+def _served(repo):
+    """The launcher CLI on `repo` with free ports: (exit status, stderr lines, seconds taken)."""
+    return _refusal(repo, free_ports())
+
+
+def test_a_cuda_repository_on_a_machine_without_that_gpu_is_refused_before_tritonserver_starts(chain, tmp_path):
+    """`dynspec triton --device cuda` on this machine, served here: one line naming the device and
+    the engine dir (not the model load's traceback from inside tritonserver)."""
+    import torch
+
+    from dynspec.triton_repo.generate import generate_repo
+
+    device = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    repo = generate_repo(chain[0], tmp_path / "repo", device=device)
+    code, err, took = _served(repo)
+    assert code == 2 and len(err) == 1, err
+    assert f"device {device} for engine dir {chain[0].resolve()}" in err[0] and "CUDA device" in err[0], err
+    assert took < 20, took
+
+
+def test_a_moved_engine_dir_is_refused_before_tritonserver_starts(chain, tmp_path):
+    import shutil
+
+    from dynspec.triton_repo.generate import generate_repo
+
+    pair = tmp_path / "pair"
+    shutil.copytree(chain[0].parent, pair, ignore=shutil.ignore_patterns("triton"))
+    repo = generate_repo(pair / "engine", tmp_path / "repo")
+    (pair / "engine").rename(pair / "engine.moved")
+    code, err, took = _served(repo)
+    assert code == 2 and len(err) == 1, err
+    assert f"engine dir {pair / 'engine'} does not exist" in err[0] and "dynspec_repo.json" in err[0], err
+    (pair / "engine.moved").rename(pair / "engine")
+    shutil.rmtree(pair / "target")
+    code, err, _ = _served(repo)
+    assert code == 2 and len(err) == 1 and "target_dir" in err[0] and "no config.json" in err[0], err

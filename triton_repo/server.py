@@ -157,6 +157,17 @@ def check_repo(repo: str | os.PathLike) -> None:
                                f"or regenerate the repository with `dynspec triton --device cpu`")
 
 
+def integer_inputs(repo: str | os.PathLike) -> dict[str, str]:
+    """Input name -> Triton datatype of every integer input declared in the repository's
+    config.pbtxt files, e.g. {"max_tokens": "INT32", "seed": "UINT64"} (what the HTTP front checks)."""
+    out = {}
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        text = config.read_text(errors="replace")
+        for name, kind in re.findall(r'name:\s*"([^"]+)"\s*data_type:\s*TYPE_((?:U?INT)\d+)', text):
+            out[name] = kind
+    return out
+
+
 def exit_reason(log: str) -> str:
     """Why tritonserver stopped, from its log: its last error line (glog severity E), else its
     last line (an argument error is printed after the usage text), else a note that the log is empty."""
@@ -192,13 +203,15 @@ def shm_prefix() -> str:
 
 
 def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports, backends: str | os.PathLike,
-                   host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_") -> list[str]:
+                   host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_",
+                   http_host: str | None = None) -> list[str]:
+    """http_host: where tritonserver's own HTTP service listens (127.0.0.1 behind the HTTP front)."""
     return [
         str(install.binary),
         f"--model-repository={Path(repo).resolve()}",
         f"--backend-directory={backends}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        f"--http-address={host}", f"--http-port={ports.http}",
+        f"--http-address={http_host or host}", f"--http-port={ports.http}",
         f"--grpc-address={host}", f"--grpc-port={ports.grpc}",
         f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
         "--allow-metrics=true", "--allow-gpu-metrics=false",
@@ -290,9 +303,11 @@ class TritonServer:
     interpreters that exit without calling it)."""
 
     def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path,
-                 shm_prefix: str = "", tee: _Tee | None = None):
+                 shm_prefix: str = "", tee: _Tee | None = None, front=None, upstream_http: int | None = None):
         self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
         self.shm_prefix, self._tee = shm_prefix, tee
+        self.front = front                          # the HttpFront on ports.http, or None
+        self.upstream_http = ports.http if upstream_http is None else upstream_http   # tritonserver's own
 
     def shm_regions(self) -> list[str]:
         """The python backend's shared-memory regions of this server still in /dev/shm."""
@@ -321,7 +336,8 @@ class TritonServer:
         and hold the listening HTTP and gRPC sockets (another server on the port does not count).
         Raise with tritonserver's own error lines if it exits, or with the log tail at the timeout."""
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
+        url = f"http://127.0.0.1:{self.upstream_http}/v2/health/ready" if self.front else \
+            f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._wait_log()
@@ -330,7 +346,7 @@ class TritonServer:
                 raise DynspecError(f"tritonserver exited with code {self.proc.returncode}: {why}\n{log[-4000:]}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
-                    if r.status == 200 and owns_listener(self.proc.pid, self.ports.http) \
+                    if r.status == 200 and owns_listener(self.proc.pid, self.upstream_http) \
                             and owns_listener(self.proc.pid, self.ports.grpc):
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -352,6 +368,8 @@ class TritonServer:
         remove its /dev/shm regions. Idempotent."""
         if self.proc.returncode is not None and not self.workdir.exists():
             return
+        if self.front is not None:
+            self.front.stop()
         try:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
@@ -428,13 +446,16 @@ def _child_setup(die_with_parent: bool):
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
            extra_args: tuple[str, ...] = (), env: Mapping[str, str | None] | None = None,
-           die_with_parent: bool = False) -> TritonServer:
+           die_with_parent: bool = False, front: bool = True, max_body: int | None = None) -> TritonServer:
     """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
     The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout).
     env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS);
     a None value removes the variable (the TP launcher drops its MPI rank's OMPI_* / PMIX_*).
     die_with_parent: the server gets SIGTERM when the calling thread dies (the CLI sets it; a
-    library caller that launches from a short-lived thread must not)."""
+    library caller that launches from a short-lived thread must not).
+    front: HTTP goes through triton_repo/front.py's HttpFront on ports.http (request bodies bounded
+    by max_body, integers checked against their inputs' types, generate's output_ids always a
+    list); tritonserver's own HTTP service listens on a private loopback port."""
     repo = Path(repo)
     if not repo.is_dir():
         raise DynspecError(f"model repository {repo} does not exist")
@@ -442,14 +463,23 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     install = find_tritonserver()
     ports = ports or free_ports(host)
     check_addresses(host, ports)
+    upstream = free_ports("127.0.0.1").http if front else ports.http
     workdir = Path(tempfile.mkdtemp(prefix="dynspec-triton-"))
     to_stdout = str(log_path) == "-"
     log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)
     backends = backend_dir(install, workdir / "backends")
     prefix = shm_prefix()
-    cmd = server_command(install, repo, ports, backends, host, shm_prefix=prefix) + list(extra_args)
-    server = None
+    inner = Ports(upstream, ports.grpc, ports.metrics)
+    cmd = server_command(install, repo, inner, backends, host, shm_prefix=prefix,
+                         http_host="127.0.0.1" if front else None) + list(extra_args)
+    server = http_front = None
     try:
+        if front:
+            from dynspec.triton_repo.front import MAX_BODY, HttpFront
+
+            http_front = HttpFront(host, ports.http, upstream, integer_inputs(repo),
+                                   MAX_BODY if max_body is None else max_body)
+            http_front.start()
         with _signals_blocked():
             with open(log_path, "ab") as log:
                 full = {k: v for k, v in {**server_env(install), **(env or {})}.items() if v is not None}
@@ -457,7 +487,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_child_setup(die_with_parent))
             tee = _Tee(log_path) if to_stdout else None
-            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee)
+            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee, http_front, upstream)
             atexit.register(server.stop, 5.0)
             if tee is not None:
                 tee.start()
@@ -467,6 +497,8 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
         if server is not None:
             server.stop()
         else:
+            if http_front is not None:
+                http_front.stop()
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     return server

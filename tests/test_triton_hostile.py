@@ -1,0 +1,173 @@
+"""The reference model under a real `tritonserver` (the nvidia-pytriton wheel's), sent what a
+careless or hostile client sends: one reply shape for every stream event, bodies over the size
+that kills tritonserver, integers its JSON reader would wrap, huge prompts, refused and abandoned
+requests (and what /metrics counts of them), and clients killed with streams open.
+
+One server for the module (tiny pair, CPU, loopback only); every request loop is bounded and the
+server is stopped at the end, also when a test fails.
+"""
+import http.client
+import json
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.runtime.policy import DraftSchedule
+
+MODEL = "dynspec"
+MAX_SEQ_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from dynspec.runtime.session import tiny_pair_dirs
+
+    target, draft = tiny_pair_dirs()
+    root = tmp_path_factory.mktemp("engine")
+    EngineConfig(target_dir=str(target), draft_dir=str(draft), tp=1,
+                 schedule=DraftSchedule.threshold(max_draft_len=4, disable_above=4),
+                 reference=ReferenceSettings(max_batch_size=24, max_seq_len=MAX_SEQ_LEN)).write(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(engine, tmp_path_factory):
+    from dynspec.triton_repo.generate import generate_repo
+    from dynspec.triton_repo.server import launch
+
+    root = tmp_path_factory.mktemp("triton")
+    srv = launch(generate_repo(engine, root / "repo"), log_path=root / "tritonserver.log", ready_timeout_s=120,
+                 env={"OMP_NUM_THREADS": "1"})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def post(server, path, body: bytes, headers=None, timeout=60.0):
+    """One HTTP request to the server's public port -> (status, body bytes)."""
+    host, port = server.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def generate(server, body: dict, stream=False):
+    status, raw = post(server, f"/v2/models/{MODEL}/generate" + ("_stream" if stream else ""),
+                       json.dumps(body).encode())
+    if not stream or status != 200:
+        return status, json.loads(raw)
+    return status, [json.loads(e[len("data: "):]) for e in raw.decode().split("\n\n") if e.startswith("data: ")]
+
+
+def ready(server) -> bool:
+    host, port = server.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", "/v2/health/ready")
+        return conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+
+def grpc_stream(server, inputs, timeout=60.0):
+    """One request on its own gRPC stream -> every response's output_ids array, or the error text."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    arrays = []
+    try:
+        client.async_stream_infer(MODEL, inputs)
+        deadline = time.monotonic() + timeout
+        while True:
+            result, error = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            if error is not None:
+                return error.message()
+            arrays.append(result.as_numpy("output_ids"))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return arrays
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def tensor(name, value, dtype, kind):
+    import tritonclient.grpc as grpcclient
+
+    arr = np.asarray(value, dtype=dtype)
+    t = grpcclient.InferInput(name, list(arr.shape), kind)
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def id_request(prompt, max_tokens, stream=True):
+    return [tensor("input_ids", prompt, np.int32, "INT32"), tensor("max_tokens", [max_tokens], np.int32, "INT32"),
+            tensor("stream", [stream], np.bool_, "BOOL")]
+
+
+PROMPT = [5, 6, 7, 8]
+
+
+def test_output_ids_is_a_list_in_every_event(server):
+    """tensorrtllm_backend clients read output_ids as a list; tritonserver's generate endpoints
+    write a one-element tensor as a scalar, so a one-token event must still come as a list."""
+    status, whole = generate(server, {"input_ids": PROMPT, "max_tokens": 6})
+    assert status == 200 and isinstance(whole["output_ids"], list) and len(whole["output_ids"]) == 6, whole
+    for n in (1, 6):
+        status, events = generate(server, {"input_ids": PROMPT, "max_tokens": n, "stream": True}, stream=True)
+        assert status == 200 and events, events
+        assert all(isinstance(e["output_ids"], list) for e in events), events
+        assert sum((e["output_ids"] for e in events), []) == whole["output_ids"][:n]
+    status, one = generate(server, {"input_ids": PROMPT, "max_tokens": 1})
+    assert status == 200 and one["output_ids"] == whole["output_ids"][:1], one
+    arrays = grpc_stream(server, id_request(PROMPT, 6))
+    assert isinstance(arrays, list) and all(a.ndim == 1 for a in arrays), arrays
+    assert np.concatenate(arrays).tolist() == whole["output_ids"]
+
+
+def test_a_body_over_the_limit_is_refused_and_the_server_keeps_serving(server):
+    """tritonserver 2.51 takes signal 11 on any HTTP body over 4 MiB (even /v2/health/ready)."""
+    from dynspec.triton_repo.front import MAX_BODY
+
+    status, raw = post(server, "/v2/health/ready", b"a" * (4 << 20 | 100_000))
+    assert status == 413 and f"limit of {MAX_BODY} bytes" in json.loads(raw)["error"], raw
+    assert server.proc.poll() is None and ready(server)
+    status, _ = post(server, "/v2/health/ready", b"a" * 3_900_000)     # under the limit: tritonserver answers
+    assert status != 413 and server.proc.poll() is None and ready(server)
+    status, raw = post(server, "/v2/health/ready", b"4\r\nabcd\r\n0\r\n\r\n", {"Transfer-Encoding": "chunked"})
+    assert status == 411 and "Content-Length" in json.loads(raw)["error"]
+    status, whole = generate(server, {"input_ids": PROMPT, "max_tokens": 2})
+    assert status == 200 and len(whole["output_ids"]) == 2
+
+
+@pytest.mark.parametrize("body,name", [
+    ({"input_ids": PROMPT, "max_tokens": 4294967297}, "max_tokens"),
+    ({"input_ids": [4294967297], "max_tokens": 4}, "input_ids"),
+    ({"input_ids": PROMPT, "max_tokens": 4, "end_id": 4294967560}, "end_id"),
+    ({"input_ids": PROMPT, "max_tokens": 4, "seed": -1}, "seed"),
+])
+def test_integers_outside_their_type_are_refused_by_name(server, body, name):
+    """tritonserver's JSON reader wraps them (max_tokens 4294967297 becomes 1)."""
+    status, reply = generate(server, body)
+    assert status == 400 and f"input {name!r} holds" in reply["error"] and "outside" in reply["error"], reply
+    infer = {"inputs": [{"name": "input_ids", "datatype": "INT32", "shape": [1], "data": [4294967297]},
+                        {"name": "max_tokens", "datatype": "INT32", "shape": [1], "data": [4]}]}
+    status, raw = post(server, f"/v2/models/{MODEL}/infer", json.dumps(infer).encode())
+    assert status == 400 and "'input_ids' holds 4294967297" in json.loads(raw)["error"]
+    status, whole = generate(server, {"input_ids": PROMPT, "max_tokens": 3})
+    assert status == 200 and len(whole["output_ids"]) == 3

@@ -14,6 +14,7 @@ the README shows:
 Each test runs the real launcher CLI and checks, after it exits, that no process of the server's
 group is left, the port is free again and no /dev/shm region of the launch remains."""
 import http.server
+import json
 import os
 import signal
 import socket
@@ -330,3 +331,36 @@ def test_a_moved_engine_dir_is_refused_before_tritonserver_starts(chain, tmp_pat
     shutil.rmtree(pair / "target")
     code, err, _ = _served(repo)
     assert code == 2 and len(err) == 1 and "target_dir" in err[0] and "no config.json" in err[0], err
+
+
+def test_a_crashed_server_is_restarted_and_the_restart_is_counted(repo):
+    """tritonserver dies by a signal (a hostile request's signal 11, kill -9): the launcher says
+    so in one line, starts it again on the same ports and /metrics counts the restart."""
+    import re
+    import urllib.request
+
+    ports = free_ports()
+    proc = start(repo, ports)
+    try:
+        ok, _ = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ok
+        server_pids = [p for p in children(proc.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
+        assert len(server_pids) == 1
+        os.kill(server_pids[0], signal.SIGSEGV)
+        ok, _ = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ok and proc.poll() is None
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert re.search(r'^dynspec_server_restarts\{[^}]*\} 1$', text, re.M), text[-2000:]
+        body = json.dumps({"input_ids": [5, 6, 7], "max_tokens": 2}).encode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/models/dynspec/generate", body, 60) as r:
+            assert len(json.loads(r.read())["output_ids"]) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert lines == ["error: tritonserver exited with signal 11; restarting it (restart 1)"], lines
+    assert proc.returncode == 0 and children(proc.pid) == set()

@@ -515,51 +515,80 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 WATCH_S = 0.5
+RESTARTS_ENV = "DYNSPEC_SERVER_RESTARTS"   # how many times the launcher restarted tritonserver (a metric)
+RESTART_LIMIT, RESTART_WINDOW_S = 5, 600.0  # more crashes than this within the window: give up (exit 1)
 
 
 def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = None,
-          watch: Callable[[], str | None] | None = None, note: str = "") -> int:
+          watch: Callable[[], str | None] | None = None, note: str = "", restart: bool | None = None) -> int:
     """Launch on add_server_args' flags, print the ready line (+ note), wait until a stop signal
-    (exit status 0), the server's own exit (1) or a message from `watch` (polled every WATCH_S:
-    the TP launcher's fault report; 1), and stop the server. A server that does not start: 2."""
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    (exit status 0), the server's own exit or a message from `watch` (polled every WATCH_S: the TP
+    launcher's fault report; 1), and stop the server. A server that does not start: 2.
+    restart (default: without `watch`, i.e. one process serves): a server that exits by itself
+    (a crash: signal 11 on a hostile request, kill -9) is started again on the same ports, with a
+    line on stderr and the count in the model's dynspec_server_restarts gauge; more than
+    RESTART_LIMIT restarts within RESTART_WINDOW_S: exit 1."""
+    restart = watch is None if restart is None else restart
     _Stop.seen = _Stop.stopping = False
     previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
+    crashes: list[float] = []
     try:
-        try:
-            server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
-                            env=env, die_with_parent=True)
-        except DynspecError as e:
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-            return 2
-        except _Stop:
-            return 0
-        print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
-              f"{note}", flush=True)
-        failure, signalled = None, False
-        try:
-            while server.proc.poll() is None and failure is None:
-                failure = watch() if watch is not None else None
-                if failure is None:
-                    time.sleep(WATCH_S)
-        except _Stop:
-            signalled = True
-        finally:
-            _Stop.stopping = True               # a signal from here on must not cut the stop short
-            if failure is not None:
-                print(f"error: {failure}; stopping tritonserver", file=sys.stderr, flush=True)
-            server.stop()
-        if failure is not None:
-            return 1
-        code = server.proc.returncode
-        if code != 0 and not signalled:         # it ended by itself: killed (OOM, kill -9) or failed
-            why = f"signal {-code}" if code < 0 else f"code {code}"
-            print(f"error: tritonserver exited with {why}", file=sys.stderr)
-            return 1
-        return 0
+        while True:
+            code = _serve_once(args, {**(env or {}), RESTARTS_ENV: str(len(crashes))}, watch, note)
+            if code is None or code == "start":
+                return 0 if code is None else 2
+            if code == "watch":
+                return 1
+            if not restart:
+                print(f"error: tritonserver exited with {code}", file=sys.stderr)
+                return 1
+            now = time.monotonic()
+            crashes = [t for t in crashes if now - t < RESTART_WINDOW_S] + [now]
+            if len(crashes) > RESTART_LIMIT:
+                print(f"error: tritonserver crashed {len(crashes)} times within {RESTART_WINDOW_S:.0f} s; "
+                      "not restarting it", file=sys.stderr, flush=True)
+                return 1
+            print(f"error: tritonserver exited with {code}; restarting it (restart {len(crashes)})",
+                  file=sys.stderr, flush=True)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _serve_once(args, env, watch, note):
+    """One server's life: None (stopped by a signal, or exited 0), "start" (did not start),
+    "watch" (stopped on watch's message), or why it ended by itself ("signal 11", "code 1")."""
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    try:
+        server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
+                        env=env, die_with_parent=True)
+    except DynspecError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return "start"
+    except _Stop:
+        return None
+    print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
+          f"{note}", flush=True)
+    failure, signalled = None, False
+    try:
+        while server.proc.poll() is None and failure is None:
+            failure = watch() if watch is not None else None
+            if failure is None:
+                time.sleep(WATCH_S)
+    except _Stop:
+        signalled = True
+    finally:
+        _Stop.stopping = True               # a signal from here on must not cut the stop short
+        if failure is not None:
+            print(f"error: {failure}; stopping tritonserver", file=sys.stderr, flush=True)
+        server.stop()
+    if failure is not None:
+        return "watch"
+    code = server.proc.returncode
+    if signalled or _Stop.seen or code == 0:
+        return None
+    _Stop.stopping = False                  # it ended by itself: killed (a crash, OOM, kill -9) or failed
+    return f"signal {-code}" if code < 0 else f"code {code}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,10 @@ class _Metrics:
             "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
                                family.COUNTER),
         }
+        self._families["restarts"] = family("dynspec_server_restarts",
+                                            "Times the launcher restarted tritonserver after it crashed", family.GAUGE)
+        self.restarts = self._families["restarts"].Metric(labels=labels)
+        self.restarts.set(int(os.environ.get("DYNSPEC_SERVER_RESTARTS") or 0))
         self.k = self._families["k"].Metric(labels=labels)
         self.b = self._families["b"].Metric(labels=labels)
         self.drafted = self._families["drafted"].Metric(labels=labels)

@@ -171,3 +171,68 @@ def test_integers_outside_their_type_are_refused_by_name(server, body, name):
     assert status == 400 and "'input_ids' holds 4294967297" in json.loads(raw)["error"]
     status, whole = generate(server, {"input_ids": PROMPT, "max_tokens": 3})
     assert status == 200 and len(whole["output_ids"]) == 3
+
+
+def dynspec_metrics(server) -> dict:
+    """/metrics -> {(name, frozenset(labels)): value} for the dynspec_* series."""
+    out = {}
+    for line in server.metrics().splitlines():
+        m = re.match(r"^(dynspec_\w+)\{([^}]*)\} (\S+)$", line)
+        if m:
+            out[(m.group(1), frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2))))] = float(m.group(3))
+    return out
+
+
+def total(m, name, **labels):
+    return sum(v for (n, ls), v in m.items() if n == name and set(labels.items()) <= set(ls))
+
+
+def settle(server, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        m = dynspec_metrics(server)
+        if check(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_a_huge_text_input_is_refused_before_tokenizing_and_holds_up_no_one(server):
+    """10 MB of text over gRPC: refused by its length (tokenizing it would take many seconds), and
+    a valid request sent meanwhile is served at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    huge = [tensor("text_input", [b"the draft model " * (10 << 16)], np.object_, "BYTES"),
+            tensor("max_tokens", [4], np.int32, "INT32"), tensor("stream", [False], np.bool_, "BOOL")]
+    with ThreadPoolExecutor(2) as pool:
+        t0 = time.monotonic()
+        refused = pool.submit(grpc_stream, server, huge, 60.0)
+        time.sleep(0.3)
+        t1 = time.monotonic()
+        small = grpc_stream(server, id_request(PROMPT, 4, stream=False))
+        small_s = time.monotonic() - t1
+        message = refused.result()
+        huge_s = time.monotonic() - t0
+    assert isinstance(message, str) and "refused before tokenizing" in message, message
+    assert isinstance(small, list) and len(np.concatenate(small)) == 4
+    assert huge_s < 8 and small_s < 3, (huge_s, small_s)
+
+
+def test_refused_and_cancelled_requests_are_counted(server):
+    import tritonclient.grpc as grpcclient
+
+    before = dynspec_metrics(server)
+    for _ in range(3):
+        message = grpc_stream(server, id_request(PROMPT, 0))
+        assert isinstance(message, str) and "max_tokens=0 must be at least 1" in message
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    q = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer(MODEL, id_request(PROMPT, MAX_SEQ_LEN - len(PROMPT) - 8))
+    result, error = q.get(timeout=60)
+    assert error is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    key = ("dynspec_requests_rejected_total", "dynspec_requests_cancelled_total")
+    after = settle(server, lambda m: total(m, key[1]) > total(before, key[1]))
+    assert total(after, key[0], reason="invalid_argument") == total(before, key[0], reason="invalid_argument") + 3
+    assert total(after, key[1]) == total(before, key[1]) + 1

@@ -236,3 +236,49 @@ def test_refused_and_cancelled_requests_are_counted(server):
     after = settle(server, lambda m: total(m, key[1]) > total(before, key[1]))
     assert total(after, key[0], reason="invalid_argument") == total(before, key[0], reason="invalid_argument") + 3
     assert total(after, key[1]) == total(before, key[1]) + 1
+
+
+CLIENT = r"""
+import sys, time
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+url, n, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+clients = []
+for i in range(n):
+    c = grpcclient.InferenceServerClient(url)
+    c.start_stream(callback=lambda result, error: None)
+    inputs = []
+    for name, value, dtype, kind in (("input_ids", [5, 6, 7, 8 + i], np.int32, "INT32"),
+                                     ("max_tokens", [tokens], np.int32, "INT32"),
+                                     ("stream", [True], np.bool_, "BOOL"), ("end_id", [-1], np.int32, "INT32")):
+        t = grpcclient.InferInput(name, [len(value)], kind)
+        t.set_data_from_numpy(np.asarray(value, dtype=dtype))
+        inputs.append(t)
+    c.async_stream_infer("dynspec", inputs)
+    clients.append(c)
+print("open", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_client_killed_with_open_streams_leaves_the_server_serving(server):
+    """A gRPC client holding 10 open streams dies by SIGKILL, a few rounds: tritonserver stays up,
+    the abandoned rows are cancelled (the batch drains long before their tokens would end), and
+    a new request is served. (A server that crashes anyway is restarted by the launcher CLI.)"""
+    before = dynspec_metrics(server)
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", CLIENT, server.grpc_url, "10", str(MAX_SEQ_LEN - 20)],
+                                stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            assert proc.stdout.readline().strip() == b"open"
+            settle(server, lambda m: total(m, "dynspec_batch_size") >= 5, timeout=30)
+        finally:
+            proc.kill()
+            proc.wait(10)
+        m = settle(server, lambda m: total(m, "dynspec_batch_size") == 0, timeout=20)
+        assert total(m, "dynspec_batch_size") == 0 and server.proc.poll() is None
+        arrays = grpc_stream(server, id_request(PROMPT, 3))
+        assert isinstance(arrays, list) and len(np.concatenate(arrays)) == 3
+    after = dynspec_metrics(server)
+    assert total(after, "dynspec_requests_cancelled_total") >= total(before, "dynspec_requests_cancelled_total") + 30

@@ -282,3 +282,34 @@ def test_a_client_killed_with_open_streams_leaves_the_server_serving(server):
         assert isinstance(arrays, list) and len(np.concatenate(arrays)) == 3
     after = dynspec_metrics(server)
     assert total(after, "dynspec_requests_cancelled_total") >= total(before, "dynspec_requests_cancelled_total") + 30
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_abandoned_http_requests_are_cancelled(server, endpoint):
+    """16 requests of 1000 tokens whose clients hang up: each is cancelled within moments, and a
+    16-token request sent after them is served at once instead of waiting behind them."""
+    before = dynspec_metrics(server)
+    host, port = server.http_url.rsplit(":", 1)
+    socks = []
+    try:
+        for i in range(16):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            body = json.dumps({"input_ids": PROMPT + [i + 9], "max_tokens": 1000, "end_id": -1,
+                               "stream": endpoint == "generate_stream"}).encode()
+            s.sendall(f"POST /v2/models/{MODEL}/{endpoint} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                      f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            socks.append(s)
+        settle(server, lambda m: total(m, "dynspec_batch_size") >= 8, timeout=30)
+    finally:
+        for s in socks:
+            s.close()
+    t0 = time.monotonic()
+    status, reply = generate(server, {"input_ids": PROMPT, "max_tokens": 16})
+    took = time.monotonic() - t0
+    assert status == 200 and len(reply["output_ids"]) == 16
+    m = settle(server, lambda m: total(m, "dynspec_requests_cancelled_total")
+               >= total(before, "dynspec_requests_cancelled_total") + 16, timeout=20)
+    assert total(m, "dynspec_requests_cancelled_total") == total(before, "dynspec_requests_cancelled_total") + 16
+    assert total(m, "dynspec_requests_finished_total", reason="length") == \
+        total(before, "dynspec_requests_finished_total", reason="length") + 1
+    assert took < 5, took

@@ -249,7 +249,12 @@ def _refusal(repo, ports, *extra):
     """The launcher CLI on flags it must refuse: (exit status, its stderr lines, seconds taken)."""
     t0 = time.monotonic()
     proc = start(repo, ports, *extra, ready_timeout=30)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:                 # SIGTERM: the launcher stops its server too
+            proc.terminate()
+            proc.communicate(timeout=30)
     assert b"tritonserver ready" not in out
     return proc.returncode, err.decode().strip().splitlines(), time.monotonic() - t0
 

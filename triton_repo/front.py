@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import socket
 import threading
 import time
@@ -111,13 +112,24 @@ def list_output_ids(event: bytes) -> bytes:
 
 # ----------------------------------------------------------------------------- reading HTTP
 
-class Reader:
-    """Buffered reads from one socket, each bounded by the socket's timeout."""
+class ClientGone(ConnectionError):
+    """The client closed its connection while its reply was being made."""
 
-    def __init__(self, sock: socket.socket):
-        self.sock, self.buf = sock, b""
+
+class Reader:
+    """Buffered reads from one socket, each bounded by the socket's timeout. With `watch` (the
+    client's socket, while tritonserver's reply is read), a client that hangs up ends the read."""
+
+    def __init__(self, sock: socket.socket, watch: socket.socket | None = None):
+        self.sock, self.buf, self.watch = sock, b"", watch
 
     def _more(self) -> bool:
+        if self.watch is not None:
+            ready, _, _ = select.select([self.sock, self.watch], [], [], IO_TIMEOUT_S)
+            if self.watch in ready and not self.watch.recv(1, socket.MSG_PEEK):
+                raise ClientGone("the client closed its connection")
+            if self.sock not in ready:
+                raise TimeoutError(f"no reply from tritonserver within {IO_TIMEOUT_S:g} s")
         chunk = self.sock.recv(65536)
         self.buf += chunk
         return bool(chunk)
@@ -298,6 +310,11 @@ class HttpFront:
 
     def _relay(self, client: socket.socket, head: Head, body: bytes) -> None:
         path = head.start.split(" ")[1].split("?", 1)[0]
+        if path.endswith("/generate") and GENERATE.match(path):
+            doc = _json_dict(body)
+            if doc is not None:         # as a stream, so that a client who leaves cancels it
+                self._generate(client, head, path + "_stream", doc)
+                return
         try:
             up = socket.create_connection(("127.0.0.1", self.upstream), timeout=IO_TIMEOUT_S)
         except OSError as e:
@@ -340,6 +357,77 @@ class HttpFront:
             client.sendall(reply.encode(drop=HOP, add=(("Connection", "close"),)))
             for data in reader.rest():
                 client.sendall(data)
+
+
+    def _generate(self, client: socket.socket, head: Head, stream_path: str, doc: dict) -> None:
+        """A non-streaming generate request, sent to tritonserver as generate_stream with
+        stream true and answered as generate would: one JSON reply, output_ids and text_output
+        joined over the events (the model's deltas join to its whole text), or 400 with the first
+        error. tritonserver notices a closed connection only when a write to it fails, so a
+        stream, written every iteration, is what lets a client who hangs up cancel its request."""
+        body = json.dumps({**doc, "stream": True}).encode()
+        start = f"POST {stream_path} HTTP/1.1"
+        headers = tuple((k, v) for k, v in head.headers if k.lower() not in HOP + ("content-length",))
+        try:
+            up = socket.create_connection(("127.0.0.1", self.upstream), timeout=IO_TIMEOUT_S)
+        except OSError as e:
+            client.sendall(_status_reply(502, f"tritonserver does not answer: {e.strerror or e}"))
+            return
+        with up:
+            up.sendall(Head(start, headers).encode(add=(("Content-Length", str(len(body))), ("Connection", "close")))
+                       + body)
+            reader = Reader(up, watch=client)
+            try:
+                reply = reader.head("response")
+                status, events = _stream_events(reader, reply)
+            except ClientGone:
+                return                  # closing `up` makes the model's next write fail: it is cancelled
+        merged = _merge(events)
+        if "error" in merged:
+            status = 400 if status == 200 else status
+        data = json.dumps(merged, separators=(",", ":")).encode()
+        reason = "OK" if status == 200 else "Bad Request"
+        client.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: "
+                       f"{len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+
+
+def _json_dict(body: bytes) -> dict | None:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _stream_events(reader: Reader, reply: Head | None) -> tuple[int, list[dict]]:
+    """tritonserver's generate_stream reply -> (status, its events' JSON objects)."""
+    if reply is None:
+        return 502, [{"error": "tritonserver closed the connection without a reply"}]
+    status = int(reply.start.split(" ")[1])
+    if (reply.get("transfer-encoding") or "").lower() == "chunked":
+        raw = b"".join(reader.chunks())
+    else:
+        raw = reader.exactly(int(reply.get("content-length") or 0))
+    events = [_json_dict(e[len(b"data: "):]) or {} for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    return status, events or [_json_dict(raw) or {"error": raw.decode(errors="replace")[:200]}]
+
+
+def _merge(events: list[dict]) -> dict:
+    """Events -> one generate reply: the first error, or the fields of the first event with
+    output_ids and text_output joined.
+    [{"output_ids": [5, 83], "text_output": "%s"}, {"output_ids": 14, "text_output": "."}]
+      -> {"output_ids": [5, 83, 14], "text_output": "%s."}"""
+    for e in events:
+        if "error" in e:
+            return {"error": e["error"]}
+    out = dict(events[0])
+    ids: list = []
+    for e in events:
+        v = e.get("output_ids", [])
+        ids.extend(v if isinstance(v, list) else [v])
+    out["output_ids"] = ids
+    out["text_output"] = "".join(str(e.get("text_output", "")) for e in events)
+    return out
 
 
 class _Events:

@@ -286,7 +286,8 @@ def test_exit_reason_is_tritonserver_s_last_line_without_an_error_line():
 
 
 def test_a_server_that_stops_at_start_is_reported_with_its_own_reason(repo):
-    """Flags after the launcher's reach tritonserver as given (the last one wins); an argument
+    """Flags after the launcher's reach tritonserver as given (the last one wins; no HTTP front, so
+    tritonserver itself listens on ports.http); an argument
     error there has no error line, only usage text and then the reason: that reason is reported."""
     from dynspec.errors import DynspecError
     from dynspec.triton_repo.server import launch
@@ -294,7 +295,7 @@ def test_a_server_that_stops_at_start_is_reported_with_its_own_reason(repo):
     ports = free_ports()
     t0 = time.monotonic()
     with pytest.raises(DynspecError) as e:
-        launch(repo, ports, ready_timeout_s=60, extra_args=(f"--grpc-port={ports.http}",))
+        launch(repo, ports, ready_timeout_s=60, extra_args=(f"--grpc-port={ports.http}",), front=False)
     first = str(e.value).splitlines()[0]
     assert "cannot listen to HTTP requests and GRPC requests at the same address" in first, first
     assert time.monotonic() - t0 < 30

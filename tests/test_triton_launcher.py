@@ -14,6 +14,7 @@ the README shows:
 Each test runs the real launcher CLI and checks, after it exits, that no process of the server's
 group is left, the port is free again and no /dev/shm region of the launch remains."""
 import http.server
+import json
 import os
 import signal
 import socket
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from dynspec.config import EngineConfig
-from dynspec.triton_repo.server import error_lines, free_ports, owns_listener, parent_pids
+from dynspec.triton_repo.server import Ports, error_lines, exit_reason, free_ports, owns_listener, parent_pids
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +80,12 @@ def expected(chain):
 PROMPT = "import os\n\ndef main():"
 
 
-def start(repo, ports):
+def start(repo, ports, *extra, ready_timeout=120):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "dynspec.triton_repo.server", str(repo), "--http-port", str(ports.http),
-         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--ready-timeout", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+         "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--ready-timeout",
+         str(ready_timeout), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
 def children(pid):
@@ -242,3 +243,130 @@ def test_sigkill_of_the_launcher_still_stops_the_server(repo):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _refusal(repo, ports, *extra):
+    """The launcher CLI on flags it must refuse: (exit status, its stderr lines, seconds taken)."""
+    t0 = time.monotonic()
+    proc = start(repo, ports, *extra, ready_timeout=30)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:                 # SIGTERM: the launcher stops its server too
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert b"tritonserver ready" not in out
+    return proc.returncode, err.decode().strip().splitlines(), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(http=99999), "--http-port 99999 is not a TCP port: give one in 1..65535"),
+    (dict(metrics=0), "--metrics-port 0 is not a TCP port"),
+    (dict(grpc="http"), "--http-port and --grpc-port are both"),
+    (dict(host="8.8.8.8"), "--host 8.8.8.8 is not an address of this machine"),
+])
+def test_ports_and_address_are_checked_before_tritonserver_starts(repo, change, message):
+    """tritonserver wraps --http-port 99999 into 34463, stops on one port for HTTP and gRPC with
+    its usage text, and calls an address of another machine "already in use": each is refused by
+    the launcher in one line, within seconds, with no server started."""
+    free = free_ports()
+    ports = {"http": free.http, "grpc": free.grpc, "metrics": free.metrics}
+    host = change.pop("host", "127.0.0.1")
+    ports.update({k: ports[v] if isinstance(v, str) else v for k, v in change.items()})
+    code, err, took = _refusal(repo, Ports(**ports), "--host", host)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert took < 20, took
+
+
+def test_exit_reason_is_tritonserver_s_last_line_without_an_error_line():
+    usage = "Usage: tritonserver [options]\n  --http-port <integer>\n\nThe server cannot listen to HTTP\n"
+    assert exit_reason(usage) == "The server cannot listen to HTTP"
+    assert exit_reason("I1 x] a\nE1130 22:01:02.3 1 main.cc:1] \"failed to start\"\n") == "failed to start"
+    assert exit_reason("") == "its log is empty"
+
+
+def test_a_server_that_stops_at_start_is_reported_with_its_own_reason(repo):
+    """Flags after the launcher's reach tritonserver as given (the last one wins; no HTTP front, so
+    tritonserver itself listens on ports.http); an argument
+    error there has no error line, only usage text and then the reason: that reason is reported."""
+    from dynspec.errors import DynspecError
+    from dynspec.triton_repo.server import launch
+
+    ports = free_ports()
+    t0 = time.monotonic()
+    with pytest.raises(DynspecError) as e:
+        launch(repo, ports, ready_timeout_s=60, extra_args=(f"--grpc-port={ports.http}",), front=False)
+    first = str(e.value).splitlines()[0]
+    assert "cannot listen to HTTP requests and GRPC requests at the same address" in first, first
+    assert time.monotonic() - t0 < 30
+
+
+def _served(repo):
+    """The launcher CLI on `repo` with free ports: (exit status, stderr lines, seconds taken)."""
+    return _refusal(repo, free_ports())
+
+
+def test_a_cuda_repository_on_a_machine_without_that_gpu_is_refused_before_tritonserver_starts(chain, tmp_path):
+    """`dynspec triton --device cuda` on this machine, served here: one line naming the device and
+    the engine dir (not the model load's traceback from inside tritonserver)."""
+    import torch
+
+    from dynspec.triton_repo.generate import generate_repo
+
+    device = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    repo = generate_repo(chain[0], tmp_path / "repo", device=device)
+    code, err, took = _served(repo)
+    assert code == 2 and len(err) == 1, err
+    assert f"device {device} for engine dir {chain[0].resolve()}" in err[0] and "CUDA device" in err[0], err
+    assert took < 20, took
+
+
+def test_a_moved_engine_dir_is_refused_before_tritonserver_starts(chain, tmp_path):
+    import shutil
+
+    from dynspec.triton_repo.generate import generate_repo
+
+    pair = tmp_path / "pair"
+    shutil.copytree(chain[0].parent, pair, ignore=shutil.ignore_patterns("triton"))
+    repo = generate_repo(pair / "engine", tmp_path / "repo")
+    (pair / "engine").rename(pair / "engine.moved")
+    code, err, took = _served(repo)
+    assert code == 2 and len(err) == 1, err
+    assert f"engine dir {pair / 'engine'} does not exist" in err[0] and "dynspec_repo.json" in err[0], err
+    (pair / "engine.moved").rename(pair / "engine")
+    shutil.rmtree(pair / "target")
+    code, err, _ = _served(repo)
+    assert code == 2 and len(err) == 1 and "target_dir" in err[0] and "no config.json" in err[0], err
+
+
+def test_a_crashed_server_is_restarted_and_the_restart_is_counted(repo):
+    """tritonserver dies by a signal (a hostile request's signal 11, kill -9): the launcher says
+    so in one line, starts it again on the same ports and /metrics counts the restart."""
+    import re
+    import urllib.request
+
+    ports = free_ports()
+    proc = start(repo, ports)
+    try:
+        ok, _ = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ok
+        server_pids = [p for p in children(proc.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
+        assert len(server_pids) == 1
+        os.kill(server_pids[0], signal.SIGSEGV)
+        ok, _ = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ok and proc.poll() is None
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert re.search(r'^dynspec_server_restarts\{[^}]*\} 1$', text, re.M), text[-2000:]
+        body = json.dumps({"input_ids": [5, 6, 7], "max_tokens": 2}).encode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/models/dynspec/generate", body, 60) as r:
+            assert len(json.loads(r.read())["output_ids"]) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert lines == ["error: tritonserver exited with signal 11; restarting it (restart 1)"], lines
+    assert proc.returncode == 0 and children(proc.pid) == set()

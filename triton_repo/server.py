@@ -88,6 +88,96 @@ def free_ports(host: str = "127.0.0.1") -> Ports:
             s.close()
 
 
+PORT_FLAGS = ("--http-port", "--grpc-port", "--metrics-port")
+
+
+def check_addresses(host: str, ports: Ports) -> None:
+    """Refuse, before tritonserver starts, what it would wrap, merge or misreport: a port outside
+    1..65535 (tritonserver takes --http-port 99999 as 34463), two services on one port, an address
+    that is not one of this machine's (tritonserver calls that "already in use"), a port in use.
+    Each check binds and releases a socket, as tritonserver will (SO_REUSEADDR)."""
+    named = list(zip(PORT_FLAGS, (ports.http, ports.grpc, ports.metrics)))
+    for flag, port in named:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise DynspecError(f"{flag} {port} is not a TCP port: give one in 1..65535")
+    for i, (flag, port) in enumerate(named):
+        for other, theirs in named[i + 1:]:
+            if port == theirs:
+                raise DynspecError(f"{flag} and {other} are both {port}: each service needs its own port")
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise DynspecError(f"--host {host!r} does not resolve: {e.strerror}") from None
+    for flag, port in [("--host", 0), *named]:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((addr[0], port, *addr[2:]))
+            except OSError as e:
+                if flag == "--host":
+                    raise DynspecError(f"--host {host} is not an address of this machine: cannot bind it "
+                                       f"({e.strerror}); give a local address, e.g. 127.0.0.1 or 0.0.0.0") from None
+                raise DynspecError(f"{flag} {port}: {host}:{port} is already in use ({e.strerror})") from None
+
+
+def check_repo(repo: str | os.PathLike) -> None:
+    """Refuse, before tritonserver starts, a reference repository whose model load would fail
+    inside tritonserver with a Python traceback: its engine dir missing or moved (or its
+    target / draft checkpoint gone), or its device absent from this machine (device cuda on a
+    build of torch without CUDA, or with no GPU; cuda:N beyond the GPUs there are). The engine dir
+    and device are dynspec_repo.json's, which `dynspec triton` wrote with config.pbtxt's."""
+    from dynspec.artifacts import read_json
+    from dynspec.triton_repo.generate import REPO_MANIFEST, open_engine
+
+    path = Path(repo) / REPO_MANIFEST
+    if not path.is_file():
+        return                              # a repository of one's own: tritonserver reports its load
+    manifest = read_json(path, "repository manifest")
+    if manifest.get("variant") != "reference":
+        return
+    engine_dir, device = manifest.get("engine_dir"), manifest.get("device")
+    if not isinstance(engine_dir, str) or not isinstance(device, str):
+        raise DynspecError(f"{path}: fields 'engine_dir' and 'device' must be strings, not {engine_dir!r} and "
+                           f"{device!r}; regenerate the repository with `dynspec triton`")
+    try:
+        open_engine(engine_dir)
+    except DynspecError as e:
+        raise DynspecError(f"{path}: the engine dir cannot be served: {str(e).splitlines()[0]}; rebuild it there "
+                           "or regenerate the repository with `dynspec triton --engine-dir`") from None
+    if device.startswith("cuda"):
+        import torch
+
+        index = int(device.partition(":")[2] or 0)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index >= count:
+            have = "no CUDA device" if count == 0 else f"{count} CUDA device(s)"
+            build = "without CUDA" if torch.version.cuda is None else f"with CUDA {torch.version.cuda}"
+            raise DynspecError(f"{path}: device {device} for engine dir {engine_dir}, but this machine has {have} "
+                               f"(torch {torch.__version__}, built {build}); serve it on a machine with that GPU, "
+                               f"or regenerate the repository with `dynspec triton --device cpu`")
+
+
+def integer_inputs(repo: str | os.PathLike) -> dict[str, str]:
+    """Input name -> Triton datatype of every integer input declared in the repository's
+    config.pbtxt files, e.g. {"max_tokens": "INT32", "seed": "UINT64"} (what the HTTP front checks)."""
+    out = {}
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        text = config.read_text(errors="replace")
+        for name, kind in re.findall(r'name:\s*"([^"]+)"\s*data_type:\s*TYPE_((?:U?INT)\d+)', text):
+            out[name] = kind
+    return out
+
+
+def exit_reason(log: str) -> str:
+    """Why tritonserver stopped, from its log: its last error line (glog severity E), else its
+    last line (an argument error is printed after the usage text), else a note that the log is empty."""
+    errors = error_lines(log)
+    if errors:
+        return errors[-1].strip('" ')
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return lines[-1] if lines else "its log is empty"
+
+
 def backend_dir(install: TritonInstall, dst: str | os.PathLike) -> Path:
     """A --backend-directory with the python backend and this Python's stub side by side."""
     py = Path(dst) / "python"
@@ -113,13 +203,15 @@ def shm_prefix() -> str:
 
 
 def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports, backends: str | os.PathLike,
-                   host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_") -> list[str]:
+                   host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_",
+                   http_host: str | None = None) -> list[str]:
+    """http_host: where tritonserver's own HTTP service listens (127.0.0.1 behind the HTTP front)."""
     return [
         str(install.binary),
         f"--model-repository={Path(repo).resolve()}",
         f"--backend-directory={backends}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        f"--http-address={host}", f"--http-port={ports.http}",
+        f"--http-address={http_host or host}", f"--http-port={ports.http}",
         f"--grpc-address={host}", f"--grpc-port={ports.grpc}",
         f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
         "--allow-metrics=true", "--allow-gpu-metrics=false",
@@ -211,9 +303,11 @@ class TritonServer:
     interpreters that exit without calling it)."""
 
     def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path,
-                 shm_prefix: str = "", tee: _Tee | None = None):
+                 shm_prefix: str = "", tee: _Tee | None = None, front=None, upstream_http: int | None = None):
         self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
         self.shm_prefix, self._tee = shm_prefix, tee
+        self.front = front                          # the HttpFront on ports.http, or None
+        self.upstream_http = ports.http if upstream_http is None else upstream_http   # tritonserver's own
 
     def shm_regions(self) -> list[str]:
         """The python backend's shared-memory regions of this server still in /dev/shm."""
@@ -242,17 +336,17 @@ class TritonServer:
         and hold the listening HTTP and gRPC sockets (another server on the port does not count).
         Raise with tritonserver's own error lines if it exits, or with the log tail at the timeout."""
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
+        url = f"http://127.0.0.1:{self.upstream_http}/v2/health/ready" if self.front else \
+            f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._wait_log()
                 log = self.log()
-                errors = error_lines(log)       # the last one is the fatal one
-                why = errors[-1].strip('" ') if errors else "no error line in its log"
+                why = exit_reason(log)
                 raise DynspecError(f"tritonserver exited with code {self.proc.returncode}: {why}\n{log[-4000:]}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
-                    if r.status == 200 and owns_listener(self.proc.pid, self.ports.http) \
+                    if r.status == 200 and owns_listener(self.proc.pid, self.upstream_http) \
                             and owns_listener(self.proc.pid, self.ports.grpc):
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -274,6 +368,8 @@ class TritonServer:
         remove its /dev/shm regions. Idempotent."""
         if self.proc.returncode is not None and not self.workdir.exists():
             return
+        if self.front is not None:
+            self.front.stop()
         try:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
@@ -350,26 +446,40 @@ def _child_setup(die_with_parent: bool):
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
            extra_args: tuple[str, ...] = (), env: Mapping[str, str | None] | None = None,
-           die_with_parent: bool = False) -> TritonServer:
+           die_with_parent: bool = False, front: bool = True, max_body: int | None = None) -> TritonServer:
     """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
     The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout).
     env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS);
     a None value removes the variable (the TP launcher drops its MPI rank's OMPI_* / PMIX_*).
     die_with_parent: the server gets SIGTERM when the calling thread dies (the CLI sets it; a
-    library caller that launches from a short-lived thread must not)."""
+    library caller that launches from a short-lived thread must not).
+    front: HTTP goes through triton_repo/front.py's HttpFront on ports.http (request bodies bounded
+    by max_body, integers checked against their inputs' types, generate's output_ids always a
+    list); tritonserver's own HTTP service listens on a private loopback port."""
     repo = Path(repo)
     if not repo.is_dir():
         raise DynspecError(f"model repository {repo} does not exist")
+    check_repo(repo)
     install = find_tritonserver()
     ports = ports or free_ports(host)
+    check_addresses(host, ports)
+    upstream = free_ports("127.0.0.1").http if front else ports.http
     workdir = Path(tempfile.mkdtemp(prefix="dynspec-triton-"))
     to_stdout = str(log_path) == "-"
     log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)
     backends = backend_dir(install, workdir / "backends")
     prefix = shm_prefix()
-    cmd = server_command(install, repo, ports, backends, host, shm_prefix=prefix) + list(extra_args)
-    server = None
+    inner = Ports(upstream, ports.grpc, ports.metrics)
+    cmd = server_command(install, repo, inner, backends, host, shm_prefix=prefix,
+                         http_host="127.0.0.1" if front else None) + list(extra_args)
+    server = http_front = None
     try:
+        if front:
+            from dynspec.triton_repo.front import MAX_BODY, HttpFront
+
+            http_front = HttpFront(host, ports.http, upstream, integer_inputs(repo),
+                                   MAX_BODY if max_body is None else max_body)
+            http_front.start()
         with _signals_blocked():
             with open(log_path, "ab") as log:
                 full = {k: v for k, v in {**server_env(install), **(env or {})}.items() if v is not None}
@@ -377,7 +487,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_child_setup(die_with_parent))
             tee = _Tee(log_path) if to_stdout else None
-            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee)
+            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee, http_front, upstream)
             atexit.register(server.stop, 5.0)
             if tee is not None:
                 tee.start()
@@ -387,6 +497,8 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
         if server is not None:
             server.stop()
         else:
+            if http_front is not None:
+                http_front.stop()
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     return server
@@ -403,51 +515,80 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 WATCH_S = 0.5
+RESTARTS_ENV = "DYNSPEC_SERVER_RESTARTS"   # how many times the launcher restarted tritonserver (a metric)
+RESTART_LIMIT, RESTART_WINDOW_S = 5, 600.0  # more crashes than this within the window: give up (exit 1)
 
 
 def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = None,
-          watch: Callable[[], str | None] | None = None, note: str = "") -> int:
+          watch: Callable[[], str | None] | None = None, note: str = "", restart: bool | None = None) -> int:
     """Launch on add_server_args' flags, print the ready line (+ note), wait until a stop signal
-    (exit status 0), the server's own exit (1) or a message from `watch` (polled every WATCH_S:
-    the TP launcher's fault report; 1), and stop the server. A server that does not start: 2."""
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    (exit status 0), the server's own exit or a message from `watch` (polled every WATCH_S: the TP
+    launcher's fault report; 1), and stop the server. A server that does not start: 2.
+    restart (default: without `watch`, i.e. one process serves): a server that exits by itself
+    (a crash: signal 11 on a hostile request, kill -9) is started again on the same ports, with a
+    line on stderr and the count in the model's dynspec_server_restarts gauge; more than
+    RESTART_LIMIT restarts within RESTART_WINDOW_S: exit 1."""
+    restart = watch is None if restart is None else restart
     _Stop.seen = _Stop.stopping = False
     previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
+    crashes: list[float] = []
     try:
-        try:
-            server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
-                            env=env, die_with_parent=True)
-        except DynspecError as e:
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-            return 2
-        except _Stop:
-            return 0
-        print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
-              f"{note}", flush=True)
-        failure, signalled = None, False
-        try:
-            while server.proc.poll() is None and failure is None:
-                failure = watch() if watch is not None else None
-                if failure is None:
-                    time.sleep(WATCH_S)
-        except _Stop:
-            signalled = True
-        finally:
-            _Stop.stopping = True               # a signal from here on must not cut the stop short
-            if failure is not None:
-                print(f"error: {failure}; stopping tritonserver", file=sys.stderr, flush=True)
-            server.stop()
-        if failure is not None:
-            return 1
-        code = server.proc.returncode
-        if code != 0 and not signalled:         # it ended by itself: killed (OOM, kill -9) or failed
-            why = f"signal {-code}" if code < 0 else f"code {code}"
-            print(f"error: tritonserver exited with {why}", file=sys.stderr)
-            return 1
-        return 0
+        while True:
+            code = _serve_once(args, {**(env or {}), RESTARTS_ENV: str(len(crashes))}, watch, note)
+            if code is None or code == "start":
+                return 0 if code is None else 2
+            if code == "watch":
+                return 1
+            if not restart:
+                print(f"error: tritonserver exited with {code}", file=sys.stderr)
+                return 1
+            now = time.monotonic()
+            crashes = [t for t in crashes if now - t < RESTART_WINDOW_S] + [now]
+            if len(crashes) > RESTART_LIMIT:
+                print(f"error: tritonserver crashed {len(crashes)} times within {RESTART_WINDOW_S:.0f} s; "
+                      "not restarting it", file=sys.stderr, flush=True)
+                return 1
+            print(f"error: tritonserver exited with {code}; restarting it (restart {len(crashes)})",
+                  file=sys.stderr, flush=True)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _serve_once(args, env, watch, note):
+    """One server's life: None (stopped by a signal, or exited 0), "start" (did not start),
+    "watch" (stopped on watch's message), or why it ended by itself ("signal 11", "code 1")."""
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    try:
+        server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
+                        env=env, die_with_parent=True)
+    except DynspecError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return "start"
+    except _Stop:
+        return None
+    print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
+          f"{note}", flush=True)
+    failure, signalled = None, False
+    try:
+        while server.proc.poll() is None and failure is None:
+            failure = watch() if watch is not None else None
+            if failure is None:
+                time.sleep(WATCH_S)
+    except _Stop:
+        signalled = True
+    finally:
+        _Stop.stopping = True               # a signal from here on must not cut the stop short
+        if failure is not None:
+            print(f"error: {failure}; stopping tritonserver", file=sys.stderr, flush=True)
+        server.stop()
+    if failure is not None:
+        return "watch"
+    code = server.proc.returncode
+    if signalled or _Stop.seen or code == 0:
+        return None
+    _Stop.stopping = False                  # it ended by itself: killed (a crash, OOM, kill -9) or failed
+    return f"signal {-code}" if code < 0 else f"code {code}"
 
 
 def main(argv: list[str] | None = None) -> int:

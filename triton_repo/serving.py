@@ -23,6 +23,7 @@ class ModelInfo:
     vocab_size: int
     eos_ids: tuple[int, ...]
     tokenizer: object | None = field(default=None, compare=False)
+    max_prompt_bytes: int | None = None     # a text_input longer than this is refused before tokenizing
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -44,6 +45,23 @@ def _eos(value, where: str) -> tuple[int, ...]:
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise DynspecError(f"{where}: field 'eos_token_id' must be an int or a list of ints, not {value!r}")
     return tuple(ids)
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """The UTF-8 length of the longest token string in the vocabulary: no token stands for more
+    bytes of text than that (a byte-level token's string has one character per byte, a
+    SentencePiece piece spells '▁' for one space and '<0xFF>' for one byte), so a text of more
+    than max_seq_len x this many bytes has more than max_seq_len tokens."""
+    return max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1)
+
+
+def with_prompt_bound(info: ModelInfo, max_seq_len: int) -> ModelInfo:
+    """info, refusing text_input of more than max_seq_len x longest_token_bytes bytes untokenized."""
+    if info.tokenizer is None or not hasattr(info.tokenizer, "get_vocab"):
+        return info
+    from dataclasses import replace
+
+    return replace(info, max_prompt_bytes=max_seq_len * longest_token_bytes(info.tokenizer))
 
 
 def load_model_info(target_dir: str | Path, with_tokenizer: bool = True) -> ModelInfo:
@@ -119,16 +137,20 @@ def _scalar(inputs: Mapping[str, np.ndarray], name: str, kinds: str, what: str):
     return a.reshape(-1)[0].item()
 
 
-def _text(a: np.ndarray) -> str:
+def _text(a: np.ndarray, max_bytes: int | None = None) -> str:
     if a.dtype.kind not in "OS":
         raise RequestError(f"input 'text_input' has dtype {a.dtype}; expected BYTES")
     if a.size != 1:
         raise RequestError(f"input 'text_input' must hold exactly one prompt; got shape {list(a.shape)}")
     raw = a.reshape(-1)[0]
+    if not isinstance(raw, (bytes, str)):
+        raise RequestError(f"input 'text_input' holds {type(raw).__name__}; expected bytes")
+    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
+    if max_bytes is not None and size > max_bytes:
+        raise RequestError(f"input 'text_input' is {size} bytes; prompts over {max_bytes} bytes have more tokens "
+                           "than this engine's max_seq_len (refused before tokenizing)")
     if isinstance(raw, str):
         return raw
-    if not isinstance(raw, bytes):
-        raise RequestError(f"input 'text_input' holds {type(raw).__name__}; expected bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -159,7 +181,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], info: ModelInfo) -> Generate
     if text is not None and ids is not None:
         raise RequestError("request has both 'text_input' and 'input_ids'; give one of them")
     if text is not None:
-        prompt = _text(text)
+        prompt = _text(text, info.max_prompt_bytes)
         if info.tokenizer is None:
             raise RequestError("this model has no tokenizer (none in the target folder); send 'input_ids' instead")
         prompt_ids = tuple(int(t) for t in info.tokenizer.encode(prompt))

@@ -72,11 +72,20 @@ class _Metrics:
                                  family.COUNTER),
             "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
                                family.COUNTER),
+            "rejected": family("dynspec_requests_rejected_total", "Requests answered with an error, by reason "
+                               "(invalid_argument, output_rule, tp_fault, internal)", family.COUNTER),
+            "cancelled": family("dynspec_requests_cancelled_total", "Requests cancelled by their client or "
+                                "ended because their client went away", family.COUNTER),
         }
+        self._families["restarts"] = family("dynspec_server_restarts",
+                                            "Times the launcher restarted tritonserver after it crashed", family.GAUGE)
+        self.restarts = self._families["restarts"].Metric(labels=labels)
+        self.restarts.set(int(os.environ.get("DYNSPEC_SERVER_RESTARTS") or 0))
         self.k = self._families["k"].Metric(labels=labels)
         self.b = self._families["b"].Metric(labels=labels)
         self.drafted = self._families["drafted"].Metric(labels=labels)
         self.accepted = self._families["accepted"].Metric(labels=labels)
+        self.cancelled = self._families["cancelled"].Metric(labels=labels)
         self._by = {}
 
     def _labelled(self, family, key, value):
@@ -97,6 +106,16 @@ class _Metrics:
 
     def finished(self, reason):
         self._labelled("finished", "reason", reason).increment(1)
+        if reason == "cancelled":
+            self.cancelled.increment(1)
+        elif reason in REJECTED:
+            self._labelled("rejected", "reason", REJECTED[reason]).increment(1)
+
+    def rejected(self, reason):
+        self._labelled("rejected", "reason", reason).increment(1)
+
+
+REJECTED = {"refused": "output_rule", "tp_fault": "tp_fault", "dropped": "internal"}   # finish reason -> label
 
 
 class _Live:
@@ -122,7 +141,7 @@ class TritonPythonModel:
 
         self.serving, self.request_errors = serving, (DynspecError,)
         cfg = EngineConfig.load(params["engine_dir"])
-        self.info = serving.load_model_info(cfg.target_dir)
+        self.info = serving.with_prompt_bound(serving.load_model_info(cfg.target_dir), cfg.reference.max_seq_len)
         device = params.get("device") or "cpu"
         # The monitor reads only iterations newer than its cursor, so a short stats log is enough
         # (an unbounded one was the stub's RSS creep in benchmarks/results/triton_soak.json).
@@ -154,35 +173,57 @@ class TritonPythonModel:
         return None if self.tp is None else self.tp.fault()
 
     def _accept(self, request):
+        """On Triton's execute thread: take the inputs and hand them to a thread of their own,
+        which parses (tokenizes) and serves them, so a huge prompt holds up no other request."""
         sender = request.get_response_sender()
         fault = self._fault()
         if fault is not None:
             with self.lock:
                 sender.send(_error(f"tensor-parallel group failed: {fault}", pb_utils.TritonError.UNAVAILABLE),
                             flags=FINAL)
+                self.metrics.rejected("tp_fault")
             return
         try:
-            self.serving.check_parameters(json.loads(request.parameters() or "{}"))
+            parameters = json.loads(request.parameters() or "{}")
             inputs = {}
             for name in self.serving.INPUT_NAMES:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
+        except Exception as e:
+            self._refuse(sender, e)
+            return
+        threading.Thread(target=self._start, args=(sender, parameters, inputs), daemon=True).start()
+
+    def _refuse(self, sender, e):
+        known = isinstance(e, self.request_errors)
+        message, code = (str(e), pb_utils.TritonError.INVALID_ARG) if known else \
+            (f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+        with self.lock:
+            if not known:
+                pb_utils.Logger.log_error(f"dynspec: cannot accept request: {e!r}")
+            sender.send(_error(message, code), flags=FINAL)
+            self.metrics.rejected("invalid_argument" if known else "internal")
+
+    def _start(self, sender, parameters, inputs):
+        try:
+            self.serving.check_parameters(parameters)
             req = self.serving.parse_request(inputs, self.info)
+            with self.lock:
+                gone = sender.is_cancelled()
+            if gone:                            # its client left while it was parsed
+                with self.lock:
+                    sender.send(_error("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
+                    self.metrics.finished("cancelled")
+                return
             handle = self.executor.submit(req.prompt_ids, req.max_tokens, req.stop_ids)
         except Exception as e:
-            known = isinstance(e, self.request_errors)
-            message, code = (str(e), pb_utils.TritonError.INVALID_ARG) if known else \
-                (f"internal error: {e}", pb_utils.TritonError.INTERNAL)
-            with self.lock:
-                if not known:
-                    pb_utils.Logger.log_error(f"dynspec: cannot accept request: {e!r}")
-                sender.send(_error(message, code), flags=FINAL)
+            self._refuse(sender, e)
             return
         live = _Live(sender, handle)
         with self.lock:
             self.live[handle.id] = live
-        threading.Thread(target=self._respond, args=(live, req), daemon=True).start()
+        self._respond(live, req)
 
     def _send(self, live, response, final=False):
         with self.lock:

@@ -345,4 +345,4 @@ def test_mixed_step_times_each_point_and_refuses_bad_points(tmp_path, capsys):
     assert mixed_step.main(["--points", "4:1", "--out", str(out)]) == 2
     assert "is not b:K:chunk" in capsys.readouterr().err
     assert mixed_step.main(["--points", "2:0:9000", "--out", str(out)]) == 2
-    assert "max_num_tokens is" in capsys.readouterr().err
+    assert "exceeds the target's max_position_embeddings 1024" in capsys.readouterr().err   # a 9000-token chunk

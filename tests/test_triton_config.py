@@ -36,13 +36,19 @@ def fake_pair(root: Path) -> tuple[Path, Path]:
     return root / "target", root / "draft"
 
 
-def engine_dir(root: Path, schedule="4:4", version="1.2.1", tp=8, **kw) -> Path:
+def engine_dir(root: Path, schedule="4:4", version="1.2.1", tp=8, write_options=True, **kw) -> Path:
     target, draft = fake_pair(root)
     out = root / "engine"
     cfg = EngineConfig(target_dir="../target", draft_dir="../draft", schedule=DraftSchedule.parse(schedule),
                        tp=tp, trtllm_version=version, max_batch_size=64, max_seq_len=2048,
                        reference=ReferenceSettings(max_batch_size=16, max_seq_len=256), **kw)
     cfg.write(out)
+    if write_options:     # what `dynspec build` writes beside engine.json
+        from dynspec.build.llm_api import LlmApiSettings, render_options, to_yaml
+
+        opts = render_options(str(target), str(draft), cfg.schedule, (1, 2, 3),
+                              LlmApiSettings(tp, version, 64, 2048, 0.9))
+        (out / cfg.llm_api_options).write_text(to_yaml(opts))
     return out
 
 
@@ -192,7 +198,7 @@ def test_llmapi_repo_from_engine_json(tmp_path, version, schedule):
     assert doc["model"] == target and doc["tensor_parallel_size"] == 8
     spec = doc["speculative_config"]
     assert spec["speculative_model_dir"] == draft and spec["max_draft_len"] == 4
-    assert spec["eagle3_one_model"] is (version != "1.2.1")
+    assert spec.get("eagle3_one_model", True) is (version != "1.2.1")   # true is TRT-LLM's default
     sched = DraftSchedule.parse(schedule)
     lookup = lookup_lower if version.startswith("1.2") else lookup_upper
     rendered = spec["draft_len_schedule"]

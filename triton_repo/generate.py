@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.build.engine_dir import options_file
-from dynspec.build.llm_api import graph_batch_sizes, read_options
+from dynspec.build.llm_api import read_options
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
@@ -109,27 +109,10 @@ def _check_schedule(spec: Mapping, cfg: EngineConfig, where: str) -> None:
 
 
 def llm_api_args(engine: Engine) -> dict:
-    """LLM() arguments: ENGINE_DIR/<llm_api_options> when present (relative paths resolved, model
-    paths and tp filled in and cross-checked against engine.json), else rendered from engine.json."""
+    """LLM() arguments from ENGINE_DIR/<llm_api_options>, which must exist (build/engine_dir.options_file):
+    relative paths resolved, model paths and tp filled in and cross-checked against engine.json."""
     cfg = engine.config
     path = options_file(engine.dir, cfg)
-    if not path.is_file():
-        args: dict[str, Any] = {
-            "model": cfg.target_dir,
-            "backend": "pytorch",
-            "tensor_parallel_size": cfg.tp,
-            "max_batch_size": cfg.max_batch_size,
-            "max_seq_len": cfg.max_seq_len,
-        }
-        spec = rendered_speculative_config(cfg)
-        if spec is not None:
-            rendered = spec["draft_len_schedule"]
-            args["cuda_graph_config"] = {
-                "enable_padding": True,
-                "batch_sizes": graph_batch_sizes(cfg.schedule, rendered, cfg.max_batch_size),
-            }
-            args["speculative_config"] = spec
-        return _validated(args, cfg, f"LLM() arguments rendered from {engine.json_path}")
     opts = read_options(path)
     if "triton_config" in opts:
         raise DynspecError(f"{path}: key 'triton_config' is Triton's, not an LLM() argument; remove it")

@@ -309,27 +309,3 @@ def read_json(path: str | os.PathLike, what: str = "file") -> dict:
     if not isinstance(obj, dict):
         raise DynspecError(f"{what} {path} must hold a JSON object, not {type(obj).__name__}")
     return obj
-
-
-def iter_jsonl(path: str | os.PathLike, what: str = "file"):
-    """Yield (line number, 'FILE:LINE', object) for each non-blank line of a JSONL file;
-    a bad line raises DynspecError naming FILE:LINE."""
-    path = Path(path)
-    if not path.is_file():
-        raise DynspecError(f"{what} {path} does not exist")
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DynspecError(f"{where}: not UTF-8 text (byte {e.start} of the line)") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DynspecError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from e
-            except RecursionError:
-                raise DynspecError(f"{where}: nested too deeply to be read as JSON") from None
-            yield lineno, where, obj

@@ -300,6 +300,23 @@ def test_committed_cpu_tiny_results_are_what_the_suite_computes_from_its_sweep()
     assert man["command"].split()[:4] == ["python", "-m", "dynspec.benchmarks.suite", "cpu_tiny"]
     assert set(want["values"]["by_concurrency"]) == {"1", "2", "4", "8", "16"}
     assert all(e["acceptance"]["static"]["acceptance_rate"] > 0 for e in want["values"]["by_concurrency"].values())
-    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == ["cpu_tiny"]
+    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == sorted(("cpu_tiny",) + ONE_H200)
     assert len(list((ROOT / "benchmarks" / "scripts").iterdir())) <= 6
     assert os.path.getsize(res / "summary.png") > 1000
+
+
+@pytest.mark.parametrize("name", ONE_H200)
+def test_committed_h200_results_are_what_the_suite_computes_from_their_stages(name):
+    """Each committed GPU results dir: its summary is recomputed from its own stage outputs, and its
+    manifest records a complete run of that config's suite command with every stage at rc 0."""
+    from dynspec.benchmarks.summary import suite_figures
+
+    res = ROOT / "benchmarks" / "results" / name
+    cfg = load_config(name)
+    man = json.loads((res / "manifest.json").read_text())
+    assert man["complete"] is True and man["config"] == name and all(st["rc"] == 0 for st in man["stages"])
+    assert "dynspec.benchmarks.suite" in man["command"] and name in man["command"].split()
+    repeats = {st.name: st.repeat for st in cfg.stages}
+    got = suite_figures(cfg.figures, res, repeats)
+    want = json.loads((res / "summary.json").read_text())
+    assert json.loads(json.dumps(got["values"])) == want["values"]

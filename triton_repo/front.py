@@ -308,6 +308,14 @@ class HttpFront:
         check_body(parts[1].split("?", 1)[0], body, self.types)
         return head, body
 
+    def _connect(self, client: socket.socket) -> socket.socket | None:
+        """A connection to tritonserver's private HTTP port, or None after a 502 to the client."""
+        try:
+            return socket.create_connection(("127.0.0.1", self.upstream), timeout=IO_TIMEOUT_S)
+        except OSError as e:
+            client.sendall(_status_reply(502, f"tritonserver does not answer: {e.strerror or e}"))
+            return None
+
     def _relay(self, client: socket.socket, head: Head, body: bytes) -> None:
         path = head.start.split(" ")[1].split("?", 1)[0]
         if path.endswith("/generate") and GENERATE.match(path):
@@ -315,10 +323,8 @@ class HttpFront:
             if doc is not None:         # as a stream, so that a client who leaves cancels it
                 self._generate(client, head, path + "_stream", doc)
                 return
-        try:
-            up = socket.create_connection(("127.0.0.1", self.upstream), timeout=IO_TIMEOUT_S)
-        except OSError as e:
-            client.sendall(_status_reply(502, f"tritonserver does not answer: {e.strerror or e}"))
+        up = self._connect(client)
+        if up is None:
             return
         with up:
             up.sendall(head.encode(drop=HOP, add=(("Connection", "close"),)) + body)
@@ -358,7 +364,6 @@ class HttpFront:
             for data in reader.rest():
                 client.sendall(data)
 
-
     def _generate(self, client: socket.socket, head: Head, stream_path: str, doc: dict) -> None:
         """A non-streaming generate request, sent to tritonserver as generate_stream with
         stream true and answered as generate would: one JSON reply, output_ids and text_output
@@ -368,10 +373,8 @@ class HttpFront:
         body = json.dumps({**doc, "stream": True}).encode()
         start = f"POST {stream_path} HTTP/1.1"
         headers = tuple((k, v) for k, v in head.headers if k.lower() not in HOP + ("content-length",))
-        try:
-            up = socket.create_connection(("127.0.0.1", self.upstream), timeout=IO_TIMEOUT_S)
-        except OSError as e:
-            client.sendall(_status_reply(502, f"tritonserver does not answer: {e.strerror or e}"))
+        up = self._connect(client)
+        if up is None:
             return
         with up:
             up.sendall(Head(start, headers).encode(add=(("Content-Length", str(len(body))), ("Connection", "close")))

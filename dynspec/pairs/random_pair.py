@@ -57,7 +57,7 @@ PRESETS = {
         vocab=256, hidden=64, intermediate=128, layers=4, heads=4, kv_heads=2, rope_theta=10000.0,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 64},
-        max_position_embeddings=1024, draft_vocab=128, draft_intermediate=128),
+        max_position_embeddings=2048, draft_vocab=128, draft_intermediate=128),
 }
 STD = 0.02
 

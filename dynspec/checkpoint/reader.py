@@ -67,7 +67,9 @@ def source_file(folder: Path, rel: str, where: str) -> Path:
     except (OSError, RuntimeError) as e:        # a link loop
         raise DynspecError(f"{where}: file {rel!r} in {folder} cannot be resolved: {e}") from None
     if not real.is_relative_to(home):
-        raise DynspecError(f"{path} is a symbolic link to {real}, outside {folder}; copy the file in instead")
+        raise DynspecError(f"{path} is a symbolic link to {real}, outside {folder}; copy the file in instead "
+                           f"(a Hugging Face cache snapshot links into its blobs: download with --local-dir, "
+                           f"or copy with cp -rL)")
     if not real.is_file():
         raise DynspecError(f"{path} is not a regular file")
     return path

@@ -10,18 +10,17 @@ import http.client
 import json
 import os
 import queue
-import re
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dynspec.config import EngineConfig, ReferenceSettings
 from dynspec.runtime.policy import DraftSchedule
+from tests.helpers_metrics import metric, metrics, settle
 
 MODEL = "dynspec"
 MAX_SEQ_LEN = 1024
@@ -173,29 +172,6 @@ def test_integers_outside_their_type_are_refused_by_name(server, body, name):
     assert status == 200 and len(whole["output_ids"]) == 3
 
 
-def dynspec_metrics(server) -> dict:
-    """/metrics -> {(name, frozenset(labels)): value} for the dynspec_* series."""
-    out = {}
-    for line in server.metrics().splitlines():
-        m = re.match(r"^(dynspec_\w+)\{([^}]*)\} (\S+)$", line)
-        if m:
-            out[(m.group(1), frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2))))] = float(m.group(3))
-    return out
-
-
-def total(m, name, **labels):
-    return sum(v for (n, ls), v in m.items() if n == name and set(labels.items()) <= set(ls))
-
-
-def settle(server, check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        m = dynspec_metrics(server)
-        if check(m) or time.monotonic() > deadline:
-            return m
-        time.sleep(0.05)
-
-
 def test_a_huge_text_input_is_refused_before_tokenizing_and_holds_up_no_one(server):
     """10 MB of text over gRPC: refused by its length (tokenizing it would take many seconds), and
     a valid request sent meanwhile is served at once."""
@@ -220,7 +196,7 @@ def test_a_huge_text_input_is_refused_before_tokenizing_and_holds_up_no_one(serv
 def test_refused_and_cancelled_requests_are_counted(server):
     import tritonclient.grpc as grpcclient
 
-    before = dynspec_metrics(server)
+    before = metrics(server)
     for _ in range(3):
         message = grpc_stream(server, id_request(PROMPT, 0))
         assert isinstance(message, str) and "max_tokens=0 must be at least 1" in message
@@ -233,9 +209,9 @@ def test_refused_and_cancelled_requests_are_counted(server):
     client.stop_stream(cancel_requests=True)
     client.close()
     key = ("dynspec_requests_rejected_total", "dynspec_requests_cancelled_total")
-    after = settle(server, lambda m: total(m, key[1]) > total(before, key[1]))
-    assert total(after, key[0], reason="invalid_argument") == total(before, key[0], reason="invalid_argument") + 3
-    assert total(after, key[1]) == total(before, key[1]) + 1
+    after = settle(server, lambda m: metric(m, key[1]) > metric(before, key[1]))
+    assert metric(after, key[0], reason="invalid_argument") == metric(before, key[0], reason="invalid_argument") + 3
+    assert metric(after, key[1]) == metric(before, key[1]) + 1
 
 
 CLIENT = r"""
@@ -266,29 +242,29 @@ def test_a_client_killed_with_open_streams_leaves_the_server_serving(server):
     """A gRPC client holding 10 open streams dies by SIGKILL, a few rounds: tritonserver stays up,
     the abandoned rows are cancelled (the batch drains long before their tokens would end), and
     a new request is served. (A server that crashes anyway is restarted by the launcher CLI.)"""
-    before = dynspec_metrics(server)
+    before = metrics(server)
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-c", CLIENT, server.grpc_url, "10", str(MAX_SEQ_LEN - 20)],
                                 stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
         try:
             assert proc.stdout.readline().strip() == b"open"
-            settle(server, lambda m: total(m, "dynspec_batch_size") >= 5, timeout=30)
+            settle(server, lambda m: metric(m, "dynspec_batch_size") >= 5, timeout=30)
         finally:
             proc.kill()
             proc.wait(10)
-        m = settle(server, lambda m: total(m, "dynspec_batch_size") == 0, timeout=20)
-        assert total(m, "dynspec_batch_size") == 0 and server.proc.poll() is None
+        m = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0, timeout=20)
+        assert metric(m, "dynspec_batch_size") == 0 and server.proc.poll() is None
         arrays = grpc_stream(server, id_request(PROMPT, 3))
         assert isinstance(arrays, list) and len(np.concatenate(arrays)) == 3
-    after = dynspec_metrics(server)
-    assert total(after, "dynspec_requests_cancelled_total") >= total(before, "dynspec_requests_cancelled_total") + 30
+    after = metrics(server)
+    assert metric(after, "dynspec_requests_cancelled_total") >= metric(before, "dynspec_requests_cancelled_total") + 30
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
 def test_abandoned_http_requests_are_cancelled(server, endpoint):
     """16 requests of 1000 tokens whose clients hang up: each is cancelled within moments, and a
     16-token request sent after them is served at once instead of waiting behind them."""
-    before = dynspec_metrics(server)
+    before = metrics(server)
     host, port = server.http_url.rsplit(":", 1)
     socks = []
     try:
@@ -299,7 +275,7 @@ def test_abandoned_http_requests_are_cancelled(server, endpoint):
             s.sendall(f"POST /v2/models/{MODEL}/{endpoint} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                       f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             socks.append(s)
-        settle(server, lambda m: total(m, "dynspec_batch_size") >= 8, timeout=30)
+        settle(server, lambda m: metric(m, "dynspec_batch_size") >= 8, timeout=30)
     finally:
         for s in socks:
             s.close()
@@ -308,11 +284,11 @@ def test_abandoned_http_requests_are_cancelled(server, endpoint):
     took = time.monotonic() - t0
     assert status == 200 and len(reply["output_ids"]) == 16
     # the counters move once the rows retire, which can be just after the reply went out
-    m = settle(server, lambda m: total(m, "dynspec_requests_cancelled_total")
-               >= total(before, "dynspec_requests_cancelled_total") + 16
-               and total(m, "dynspec_requests_finished_total", reason="length")
-               > total(before, "dynspec_requests_finished_total", reason="length"), timeout=20)
-    assert total(m, "dynspec_requests_cancelled_total") == total(before, "dynspec_requests_cancelled_total") + 16
-    assert total(m, "dynspec_requests_finished_total", reason="length") == \
-        total(before, "dynspec_requests_finished_total", reason="length") + 1
+    m = settle(server, lambda m: metric(m, "dynspec_requests_cancelled_total")
+               >= metric(before, "dynspec_requests_cancelled_total") + 16
+               and metric(m, "dynspec_requests_finished_total", reason="length")
+               > metric(before, "dynspec_requests_finished_total", reason="length"), timeout=20)
+    assert metric(m, "dynspec_requests_cancelled_total") == metric(before, "dynspec_requests_cancelled_total") + 16
+    assert metric(m, "dynspec_requests_finished_total", reason="length") == \
+        metric(before, "dynspec_requests_finished_total", reason="length") + 1
     assert took < 5, took

@@ -9,7 +9,6 @@ The first tests need no server: request parsing, streamed detokenization and the
 """
 import os
 import queue
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from dynspec.runtime.executor import IterationStats
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.serving import (ModelInfo, OutputWatch, RequestError, StatsCursor, TextStream,
                                          check_parameters, load_model_info, parse_request)
+from tests.helpers_metrics import metric, metrics, settle
 
 MODEL = "dynspec"
 SCHEDULE = DraftSchedule.threshold(max_draft_len=4, disable_above=4)
@@ -320,32 +320,6 @@ def call(server, inputs, timeout=120.0) -> Reply:
     finally:
         client.stop_stream()
         client.close()
-
-
-def metrics(server) -> dict:
-    """Prometheus text -> {(name, frozenset(labels)): value} for the dynspec_* families."""
-    out = {}
-    for line in server.metrics().splitlines():
-        m = re.match(r"^(dynspec_\w+)\{([^}]*)\} (\S+)$", line)
-        if m:
-            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-            out[(m.group(1), labels)] = float(m.group(3))
-    return out
-
-
-def metric(m: dict, name: str, **labels) -> float:
-    want = set(labels.items())
-    return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
-
-
-def settle(server, check, timeout=10.0):
-    """Poll /metrics until check(metrics) holds (the model publishes every 50 ms)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        m = metrics(server)
-        if check(m) or time.monotonic() > deadline:
-            return m
-        time.sleep(0.05)
 
 
 def prompts(info, n_text, n_ids, seed=0):

@@ -41,8 +41,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         raise DynspecError(f"--draft-lens {args.draft_lens!r} is not a comma-separated list of integers") from None
     if not ks or min(ks) < 0:
         raise DynspecError(f"--draft-lens {args.draft_lens!r} needs integers >= 0")
-    if args.context_len < 1:
-        raise DynspecError(f"--context-len {args.context_len} must be at least 1")
+    ctxs = tuple(sorted(set(int_list(args.context_lens, "--context-lens"))))
     if args.warmup < 0 or args.repeats < 1:
         raise DynspecError(f"--warmup {args.warmup} / --repeats {args.repeats}: need warmup >= 0 and repeats >= 1")
     set_cpu_threads(args.threads, args.device)
@@ -58,9 +57,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         n_shapes = len(bs) * (len(set(ks) | {0}) + 1)
-        bar = tqdm(total=n_shapes * min(3, args.repeats), unit="run", desc="profile", file=sys.stderr)
+        bar = tqdm(total=len(ctxs) * n_shapes * min(3, args.repeats), unit="run", desc="profile", file=sys.stderr)
     prof = run_profile(
-        cfg, device=args.device, batch_sizes=bs, draft_lens=ks, context_len=args.context_len,
+        cfg, device=args.device, batch_sizes=bs, draft_lens=ks, context_lens=ctxs,
         warmup=args.warmup, repeats=args.repeats, acceptance_requests=reqs,
         acceptance_concurrency=args.acceptance_concurrency,
         meta={"engine_source": choice.source, "versions": versions(),
@@ -76,9 +75,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         return 0
     write_json(args.out, prof.to_json())
     log(f"wrote {args.out}")
-    print(f"{'b':>5} " + " ".join(f"{f'K={k} ms':>10}" for k in sorted(prof.iteration_ms[bs[0]])))
-    for b in sorted(prof.iteration_ms):
-        print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(prof.iteration_ms[b].items())))
+    for t in prof.tables:
+        print(f"context {t.context_len}")
+        print(f"{'b':>5} " + " ".join(f"{f'K={k} ms':>10}" for k in sorted(t.iteration_ms[min(t.iteration_ms)])))
+        for b in sorted(t.iteration_ms):
+            print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(t.iteration_ms[b].items())))
     if prof.per_position:
         print("acceptance per position:", ", ".join(f"{a:.3f}" for a in prof.per_position))
     floor = prof.meta.get("floor")
@@ -95,16 +96,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     import json
 
     from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
-    from dynspec.benchmarks.profile import Profile
     from dynspec.benchmarks.tune import tune
     from dynspec.errors import DynspecError
+    from dynspec.runtime.cost_model import Profile
 
-    for flag, path in (("--out", args.out), ("--report", args.report)):
+    for flag, path in (("--out", args.out), ("--report", args.report), ("--vllm-grid", args.vllm_grid)):
         if path is not None:
             check_apart(path, {"--profile": args.profile}, out_flag=flag)
             check_writable(path, flag)
     raw = read_json(args.profile, "profile")
     prof = Profile.from_json(raw, where=str(args.profile))
+    one = None if args.vllm_grid and args.context is None and not (args.out or args.report) \
+        else prof.table(args.context, f"profile {args.profile}")       # the table --out / --report take
     budget = args.max_num_tokens if args.max_num_tokens is not None else raw.get("max_num_tokens")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         src = "--max-num-tokens" if args.max_num_tokens is not None else f"{args.profile}: field 'max_num_tokens'"
@@ -118,19 +121,42 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise DynspecError(f"profile {args.profile} has no 'acceptance.per_position';"
                                " measure it with `dynspec profile --measure-acceptance` or give --acceptance RATE")
         acc = prof.per_position
-    res = tune(prof.iteration_ms, acc, args.max_draft_len, args.min_gain, budget, args.draft_margin)
+    tables = prof.tables if args.vllm_grid else (one,)
+    results = [(t, tune(t.iteration_ms, acc, args.max_draft_len, args.min_gain, budget, args.draft_margin))
+               for t in tables]
+    res = next((r for t, r in results if t is one), None)
+    grid = _vllm_grid(results) if args.vllm_grid else None
     command = _command("tune", args)
-    if args.json:
+    if args.json and grid is not None:
+        print(json.dumps({"by_context": [r.to_json() | {"context_len": t.context_len} for t, r in results],
+                          "vllm_grid": grid, "command": command}))
+    elif args.json:
         print(json.dumps(res.to_json() | {"command": command}))
     else:
-        print(f"profile {args.profile} ({prof.device}, context {prof.context_len})")
-        print(res.table())
+        for t, r in results:
+            print(f"profile {args.profile} ({prof.device}, context {t.context_len})")
+            print(r.table())
+        if grid is not None:
+            print("vLLM speculative_config:", json.dumps(grid))
     if args.out:
         write_text(args.out, res.schedule.to_spec() + "\n")
     if args.report:
         write_json(args.report, res.to_json() | {"profile": str(args.profile), "device": prof.device,
-                                                 "context_len": prof.context_len, "command": command})
+                                                 "context_len": one.context_len, "command": command})
+    if args.vllm_grid:
+        write_json(args.vllm_grid, grid)
     return 0
+
+
+def _vllm_grid(results) -> dict:
+    """vLLM's speculative_config fragment from [(ContextTable, TuneResult)], one per profiled context."""
+    from dynspec.errors import DynspecError
+    from dynspec.runtime.policy import to_vllm_grid
+
+    if any(t.context_len is None for t, _ in results):
+        raise DynspecError("--vllm-grid needs each table's context_len; the profile does not record it")
+    grid = to_vllm_grid([(t.context_len, r.schedule) for t, r in results])
+    return {"num_speculative_tokens": max(e[-1] for e in grid), "speculative_token_schedule": grid}
 
 
 # ---- sweep alias ---------------------------------------------------------------
@@ -149,7 +175,8 @@ def register(sub) -> None:
     add_engine_args(p)
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="e.g. 1,2,4,8,16,32,64,128,256")
     p.add_argument("--draft-lens", default="0,1,2,3,4", help="K values; 0 (plain decode) is always added")
-    p.add_argument("--context-len", type=int, default=128, help="KV length of every row while timing")
+    p.add_argument("--context-lens", default="128", metavar="N[,N...]",
+                   help="KV length of every row while timing; several (512,1024,2048) give one table each")
     p.add_argument("--max-seq-len", type=int, help="cache length (default: context + K + 1); CUDA graphs attend"
                    " over all of it, so pass the sweep's to predict the sweep")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per shape")
@@ -179,6 +206,11 @@ def register(sub) -> None:
     t.add_argument("--profile", required=True, help="profile.json from `dynspec profile`")
     t.add_argument("--acceptance", type=float, metavar="RATE", help="one per-draft acceptance rate, e.g. 0.7")
     t.add_argument("--acceptance-from", choices=("profile",), help="use the profile's measured per-position rates")
+    t.add_argument("--context", type=int, metavar="N", help="the profiled context whose table to tune"
+                   " (default: the profile's only one)")
+    t.add_argument("--vllm-grid", metavar="FILE.json", help="tune every profiled context and write vLLM's"
+                   " 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, K] speculative_token_schedule (context buckets split"
+                   " at the midpoints between profiled contexts) with its num_speculative_tokens")
     t.add_argument("--max-draft-len", type=int, metavar="K", help="largest K to consider (default: largest profiled)")
     t.add_argument("--min-gain", type=float, default=1.0, metavar="X",
                    help="speculate only where the predicted gain over K=0 is at least X (margin for profile error)")

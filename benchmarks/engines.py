@@ -69,7 +69,8 @@ INT_FLAGS = {
     "tp": ("--tp", 1, MAX_TP),
 }
 LIST_FLAGS = {"batch_sizes": ("--batch-sizes", 1, MAX_BATCH_SIZE), "draft_lens": ("--draft-lens", 0, MAX_DRAFT_LEN),
-              "concurrency": ("--concurrency", 1, MAX_BATCH_SIZE)}
+              "concurrency": ("--concurrency", 1, MAX_BATCH_SIZE),
+              "context_lens": ("--context-lens", 1, MAX_BATCH_SIZE)}
 POSITION_FLAGS = ("context_len", "max_seq_len")     # at most the target's max_position_embeddings
 
 
@@ -98,7 +99,7 @@ def check_bench_flags(args: argparse.Namespace) -> None:
 
 
 def check_positions(args: argparse.Namespace, cfg) -> None:
-    """--context-len / --max-seq-len / synthetic --input-len + --output-len fit the target's
+    """--context-len / --context-lens / --max-seq-len / synthetic --input-len + --output-len fit the target's
     max_position_embeddings (the cache is refused beyond it: runtime/session.py)."""
     from dynspec.runtime.session import check_positions as within
 
@@ -106,6 +107,9 @@ def check_positions(args: argparse.Namespace, cfg) -> None:
         v = getattr(args, attr, None)
         if isinstance(v, int):
             within(cfg.target_dir, v, INT_FLAGS[attr][0])
+    ctxs = getattr(args, "context_lens", None)
+    if isinstance(ctxs, str) and ctxs.strip():
+        within(cfg.target_dir, max(int(x) for x in ctxs.split(",") if x.strip()), "--context-lens")
     if getattr(args, "input_len", None) is not None and not getattr(args, "dataset", None) \
             and hasattr(args, "waves"):
         from dynspec.benchmarks.workload import LengthDist

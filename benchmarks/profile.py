@@ -1,10 +1,12 @@
-"""Measure the engine's iteration time for each (batch size b, draft length K); K = 0 is plain decode.
+"""Measure the engine's iteration time for each (context, batch size b, draft length K); K = 0 is
+plain decode. One engine, its graphs captured once, times every context's grid in turn.
 
-profile.json:
-    {"device": "cuda:0 (NVIDIA H200)",
-     "context_len": 1024,
-     "iteration_ms": {"1": {"0": 4.4, "1": 4.9, "2": 5.3}, "8": {...}},     # median of repeats
-     "decode_ms": {"1": 4.2, ...},            # K = 0 without the keep-warm draft extend (plain target step)
+profile.json (the format and its reader: runtime/cost_model.py):
+    {"format": "dynspec-profile/2", "device": "cuda:0 (NVIDIA H200)", "context_lens": [512, 2048],
+     "tables": [{"context_len": 512,
+                 "iteration_ms": {"1": {"0": 4.4, "1": 4.9, "2": 5.3}, "8": {...}},   # median of repeats
+                 "decode_ms": {"1": 4.2, ...}},      # K = 0 without the keep-warm draft extend
+                {"context_len": 2048, ...}],
      "acceptance": {"per_position": [0.8, 0.7, 0.6]},      # optional: --measure-acceptance
      "target_weight_bytes": 16060522496, "keep_warm": true, "repeats": 20, "warmup": 5,
      "versions": {...}, "command": "dynspec profile ..."}
@@ -30,98 +32,14 @@ step does not depend on what runs between replays.
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
-
-PROFILE_FORMAT = "dynspec-profile/1"
-
-
-@dataclass(frozen=True)
-class Profile:
-    device: str
-    iteration_ms: Mapping[int, Mapping[int, float]]          # b -> K -> ms
-    per_position: tuple[float, ...] | None = None           # conditional acceptance per draft position
-    context_len: int | None = None
-    decode_ms: Mapping[int, float] | None = None             # b -> plain target step without keep-warm
-    meta: Mapping[str, object] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        d = {"format": PROFILE_FORMAT, "device": self.device, "context_len": self.context_len,
-             "iteration_ms": {str(b): {str(k): ms for k, ms in sorted(row.items())}
-                              for b, row in sorted(self.iteration_ms.items())}}
-        if self.decode_ms is not None:
-            d["decode_ms"] = {str(b): ms for b, ms in sorted(self.decode_ms.items())}
-        if self.per_position is not None:
-            d["acceptance"] = {"per_position": list(self.per_position)}
-        d.update(self.meta)
-        return d
-
-    @classmethod
-    def from_json(cls, d: Mapping, where: str = "profile") -> "Profile":
-        if "iteration_ms" not in d:
-            raise DynspecError(f"{where}: missing field 'iteration_ms'")
-        table = d["iteration_ms"]
-        if not isinstance(table, Mapping) or not table:
-            raise DynspecError(f"{where}: field 'iteration_ms' must be a non-empty object {{\"<b>\": {{\"<K>\": ms}}}}")
-        it: dict[int, dict[int, float]] = {}
-        for bs, row in table.items():
-            b = _int_key(bs, f"{where}: iteration_ms key")
-            if b < 1:
-                raise DynspecError(f"{where}: iteration_ms key {bs!r} is not a batch size >= 1")
-            if not isinstance(row, Mapping) or not row:
-                raise DynspecError(f"{where}: iteration_ms[{bs!r}] must be a non-empty object {{\"<K>\": ms}}")
-            it[b] = {}
-            for ks, ms in row.items():
-                k = _int_key(ks, f"{where}: iteration_ms[{bs!r}] key")
-                if k < 0:
-                    raise DynspecError(f"{where}: iteration_ms[{bs!r}] key {ks!r} is a negative K")
-                if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not math.isfinite(ms) or ms <= 0:
-                    raise DynspecError(f"{where}: iteration_ms[{bs!r}][{ks!r}] = {ms!r} is not a positive number of ms")
-                it[b][k] = float(ms)
-        pp = None
-        acc = d.get("acceptance")
-        if acc is not None:
-            if not isinstance(acc, Mapping) or "per_position" not in acc:
-                raise DynspecError(f"{where}: field 'acceptance' must be {{\"per_position\": [a1, a2, ...]}}")
-            raw = acc["per_position"]
-            if not isinstance(raw, list) or not raw:
-                raise DynspecError(f"{where}: field 'acceptance.per_position' must be a non-empty list")
-            for i, a in enumerate(raw):
-                if not isinstance(a, (int, float)) or isinstance(a, bool) or not 0.0 <= a <= 1.0:
-                    raise DynspecError(f"{where}: acceptance.per_position[{i}] = {a!r} is not a rate in [0, 1]")
-            pp = tuple(float(a) for a in raw)
-        dec, decode = d.get("decode_ms"), None
-        if dec is not None:
-            if not isinstance(dec, Mapping):
-                raise DynspecError(f"{where}: field 'decode_ms' must be an object {{\"<b>\": ms}}")
-            decode = {}
-            for bs, ms in dec.items():
-                if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
-                    raise DynspecError(f"{where}: decode_ms[{bs!r}] = {ms!r} is not a positive number of ms")
-                decode[_int_key(bs, f"{where}: decode_ms key")] = float(ms)
-        known = {"format", "device", "context_len", "iteration_ms", "acceptance", "decode_ms"}
-        return cls(str(d.get("device", "unknown")), it, pp, d.get("context_len"), decode,
-                   {k: v for k, v in d.items() if k not in known})
-
-    @classmethod
-    def load(cls, path) -> "Profile":
-        from dynspec.artifacts import read_json
-
-        return cls.from_json(read_json(path, "profile"), where=str(path))
-
-
-def _int_key(s, what: str) -> int:
-    try:
-        return int(s)
-    except (TypeError, ValueError):
-        raise DynspecError(f"{what} {s!r} is not an integer") from None
-
+from dynspec.runtime.cost_model import ContextTable, Profile
 
 # ---- measurement ------------------------------------------------------------------------
 def _sync(device) -> None:
@@ -298,7 +216,8 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
         raise DynspecError(f"draft lengths {badk} are outside 0..{engine.max_draft_len} (the engine's max_draft_len)")
     need = context_len + max(draft_lens) + 1
     if need > engine.max_seq_len:
-        raise DynspecError(f"--context-len {context_len} + K {max(draft_lens)} + 1 = {need} exceeds max_seq_len {engine.max_seq_len}")
+        raise DynspecError(f"--context-lens: context {context_len} + K {max(draft_lens)} + 1 = {need} exceeds "
+                           f"max_seq_len {engine.max_seq_len}")
     grid = [Shape(b, k, keep_warm and k == 0) for b in batch_sizes for k in draft_lens]
     bare = [Shape(b, 0, False) for b in batch_sizes]
     ms = time_shapes(engine, list(dict.fromkeys(grid + bare)), context_len, warmup=warmup, repeats=repeats,
@@ -472,14 +391,15 @@ def weight_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
+def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_lens: Sequence[int],
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
                 meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None,
                 floor: bool = False, tp: int = 1, allreduce: str = "auto") -> Profile | None:
-    """Open cfg's reference engine sized for the grid, capture its graphs on CUDA, time every (b, K).
+    """Open cfg's reference engine sized for the grid, capture its graphs on CUDA once, time every
+    (b, K) at each context in context_lens (ascending, one table each).
 
-    max_seq_len: the cache length (default: just enough). Give the sweep's when comparing with
-    it: captured graphs attend over the whole cache, so it, not context_len, sets their cost.
+    max_seq_len: the cache length (default: just enough for the largest context). Give the sweep's
+    when comparing with it: captured graphs are sized for the whole cache, so it sets part of their cost.
     floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context) on the same engine;
     under TP its GEMMs are one rank's shard, without the collectives.
     tp: under `mpirun -n R*tp`, every rank loads its shard and the R leaders time (each step
@@ -489,11 +409,14 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
 
     batch_sizes = sorted(set(batch_sizes))
     draft_lens = sorted(set(draft_lens))
+    context_lens = sorted(set(context_lens))
+    if not context_lens or context_lens[0] < 1:
+        raise DynspecError(f"--context-lens {context_lens} needs one or more contexts >= 1")
     if 0 not in draft_lens:
         draft_lens = [0] + draft_lens          # plain decode is the baseline every gain is measured against
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
-    seq = context_len + kmax + 1
+    seq = context_lens[-1] + kmax + 1
     if floor:
         seq = max(seq, FLOOR_CONTEXT + 1)
     if acceptance_requests:
@@ -515,7 +438,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
         return engine
 
     if tp == 1:
-        return _measure(load(), cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup,
+        return _measure(load(), cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup,
                         repeats, acceptance_requests, acceptance_concurrency, meta, progress, floor)
     from dynspec.benchmarks.mpi import split_leaders, world
     from dynspec.runtime.distributed import run_replica
@@ -523,16 +446,16 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     leaders = split_leaders(world(), tp)                     # collective: every rank, before the groups
     meta = dict(meta or {}, tp=tp)
     ctx, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
-        engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
+        engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
         acceptance_requests, acceptance_concurrency, meta, progress, floor), device=device, allreduce=allreduce)
     if leaders is None:
         return None
-    every = leaders.gather(prof.decode_ms)
+    every = leaders.gather([t.decode_ms for t in prof.tables])          # per replica: one dict per context
     if not leaders.is_root:
         return None
     used = {"allreduce": ctx.reducer.mode, "allreduce_requested": allreduce,   # auto may have fallen back
             "allreduce_fallback": ctx.reducer.fallback or None}
-    return Profile(prof.device, prof.iteration_ms, prof.per_position, prof.context_len, prof.decode_ms,
+    return Profile(prof.device, prof.tables, prof.per_position,
                    dict(prof.meta, replicas=leaders.size, replica_decode_ms=every, **used))
 
 
@@ -550,14 +473,17 @@ def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_d
     return open_reference_engine(replace(cfg, schedule=DraftSchedule()), tp=tp, **sizes)
 
 
-def _measure(engine, cfg, device, batch_sizes, draft_lens, context_len, keep_warm, seq, max_b, warmup, repeats,
+def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
              acceptance_requests, acceptance_concurrency, meta, progress, floor) -> Profile:
     """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP)."""
     from dynspec.benchmarks.engines import device_name, graphs_run
 
     kmax = max(draft_lens)
-    table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, context_len, keep_warm=keep_warm,
-                                         warmup=warmup, repeats=repeats, progress=progress)
+    tables = []
+    for ctx in context_lens:
+        table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, ctx, keep_warm=keep_warm,
+                                             warmup=warmup, repeats=repeats, progress=progress)
+        tables.append(ContextTable(ctx, table, decode))
     pp = None
     if acceptance_requests and kmax > 0:
         pp = measure_acceptance(engine, acceptance_requests, kmax, acceptance_concurrency)
@@ -571,4 +497,4 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_len, keep_war
         fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20))
         info.update(gemm_floor_ms=fl["gemm_floor_ms"], floor=fl)
     info.update(meta or {})
-    return Profile(device_name(device), table, pp, context_len, decode, info)
+    return Profile(device_name(device), tuple(tables), pp, info)

@@ -236,8 +236,11 @@ def varied_fixed_plot(fig: Mapping) -> dict:
 def tp_figures(tp1: Mapping, tp2: Mapping) -> dict:
     """The same profile at TP=1 and TP=2: iteration ms per (b, K), TP=1 / TP=2 per shape, and the
     b=1 decode / GEMM floor of each (profile --floor)."""
-    def it(p):
-        return {f"{b}:{k}": ms for b, row in p["iteration_ms"].items() for k, ms in row.items()}
+    from dynspec.runtime.cost_model import Profile
+
+    def it(p):               # its one table, in either profile format
+        table = Profile.from_json(p, "tp profile").table(where="tp profile").iteration_ms
+        return {f"{b}:{k}": ms for b, row in sorted(table.items()) for k, ms in sorted(row.items())}
 
     one, two = it(tp1), it(tp2)
     return {"iteration_ms": {"tp1": one, "tp2": two},

@@ -11,6 +11,7 @@ TensorRT-LLM dialects of `draft_len_schedule` (docs/design.md, section 2):
 vLLM `speculative_token_schedule`, inclusive [start, end, K] ranges with a closing K=0 range
 (vLLM carries the last K past the last range):
     [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, 2147483647, 0]]
+or, one schedule per context bucket (to_vllm_grid), [bs_lo, bs_hi, ctx_lo, ctx_hi, K] entries.
 
 Bounds: K <= MAX_DRAFT_LEN and every batch-size bound <= MAX_BATCH_SIZE (see below).
 """
@@ -309,6 +310,43 @@ class DraftSchedule:
 
     def __str__(self) -> str:
         return self.to_spec() or "(no speculation)"
+
+
+def vllm_context_buckets(contexts: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Inclusive context ranges, one per profiled context, split at the midpoints between them
+    (a context on a midpoint goes to the lower one); the first starts at 1, the last is open-ended.
+
+    (512, 2048, 4096) -> ((1, 1280), (1281, 3072), (3073, 2147483647))"""
+    cs = list(contexts)
+    if not cs or any(isinstance(c, bool) or not isinstance(c, int) or not 1 <= c < MAX_BATCH_SIZE for c in cs):
+        raise ScheduleError(f"vLLM context buckets: contexts {cs!r} must be integers in 1..{MAX_BATCH_SIZE - 1}")
+    if any(b <= a for a, b in zip(cs, cs[1:])):
+        raise ScheduleError(f"vLLM context buckets: contexts {cs!r} must be strictly ascending")
+    his = [(a + b) // 2 for a, b in zip(cs, cs[1:])] + [MAX_BATCH_SIZE]
+    return tuple(zip([1] + [h + 1 for h in his[:-1]], his))
+
+
+def to_vllm_grid(by_context: Sequence[tuple[int, "DraftSchedule"]]) -> list[list[int]]:
+    """vLLM's 5-item `speculative_token_schedule` [bs_lo, bs_hi, ctx_lo, ctx_hi, K] from one schedule
+    per profiled context (ascending): context buckets from vllm_context_buckets, and in every
+    bucket the same batch ranges, split at every schedule's bounds, so the entries form the full
+    (batch range x context range) grid vLLM requires. Run with num_speculative_tokens = the largest K.
+
+    [(512, "4:3"), (2048, "2:3,8:1")] ->
+        [[1, 2, 1, 1280, 3], [3, 4, 1, 1280, 3], [5, 8, 1, 1280, 0], [9, 2147483647, 1, 1280, 0],
+         [1, 2, 1281, 2147483647, 3], [3, 4, 1281, 2147483647, 1], [5, 8, 1281, 2147483647, 1],
+         [9, 2147483647, 1281, 2147483647, 0]]"""
+    if not by_context:
+        raise ScheduleError("vLLM grid: no schedules to render")
+    contexts = [c for c, _ in by_context]
+    buckets = vllm_context_buckets(contexts)
+    if not any(s.tiers for _, s in by_context):
+        raise ScheduleError("every context's schedule never speculates (K=0 everywhere); vLLM rejects such a "
+                            "speculative_token_schedule: run without speculative decoding instead")
+    starts = sorted({1} | {bound + 1 for _, s in by_context for bound in s.bounds if bound < MAX_BATCH_SIZE})
+    ranges = list(zip(starts, [s - 1 for s in starts[1:]] + [MAX_BATCH_SIZE]))
+    return [[lo, hi, c_lo, c_hi, sched.draft_len(lo)]
+            for (c_lo, c_hi), (_, sched) in zip(buckets, by_context) for lo, hi in ranges]
 
 
 def _plain_int(value: object) -> int | None:

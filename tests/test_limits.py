@@ -174,10 +174,10 @@ def test_kv_estimate_is_what_the_engine_allocates():
     assert eng.kv_bytes == (1 + 3 * 7) * 16 * (6 + 1) * 2 * 2 * 32 * 4
 
 
-def test_profile_context_len_beyond_the_targets_positions(tmp_path, capsys):
-    err = one_line_error(capsys, ["profile", "--context-len", "100000000", "--batch-sizes", "1", "--no-progress",
+def test_profile_context_lens_beyond_the_targets_positions(tmp_path, capsys):
+    err = one_line_error(capsys, ["profile", "--context-lens", "64,100000000", "--batch-sizes", "1", "--no-progress",
                                   "--out", str(tmp_path / "p.json")])
-    assert "--context-len 100000000" in err and "max_position_embeddings 1024" in err
+    assert "--context-lens 100000000" in err and "max_position_embeddings 1024" in err
 
 
 # ---- numeric flags of profile / sweep / generate: bounded, one line each -----------------------
@@ -189,6 +189,8 @@ def test_profile_context_len_beyond_the_targets_positions(tmp_path, capsys):
     (["--draft-lens", "1000"], ["--draft-lens", "1000", "32"]),
     (["--batch-sizes", str(10**12)], ["--batch-sizes", str(10**12)]),
     (["--max-seq-len", str(10**8)], ["--max-seq-len 100000000", "max_position_embeddings 1024"]),
+    (["--context-lens", "64,0"], ["--context-lens", "'64,0'", "needs positive integers"]),
+    (["--context-lens", "64,x"], ["--context-lens", "'64,x'", "not a comma-separated list of integers"]),
 ])
 def test_profile_numeric_flags_are_bounded(tmp_path, capsys, flags, words):
     err = one_line_error(capsys, ["profile", "--batch-sizes", "1", "--draft-lens", "0,1", "--no-progress", *flags,

@@ -215,7 +215,7 @@ repeat = 2
 [stages.args]
 batch-sizes = "1"
 draft-lens = "0"
-context-len = 64
+context-lens = "64"
 warmup = 1
 repeats = 2
 floor = true

@@ -203,14 +203,16 @@ def test_interleave_puts_replica_shares_back_in_prompt_order():
 def test_mpirun_profile_tp2_leader_writes_the_profile(tmp_path, pair):
     out = tmp_path / "prof.json"
     args = ["profile", "--tp", "2", "--target", pair[0], "--draft", pair[1],
-            "--batch-sizes", "1,2", "--draft-lens", "0,2", "--context-len", "16", "--warmup", "1", "--repeats", "3",
+            "--batch-sizes", "1,2", "--draft-lens", "0,2", "--context-lens", "16", "--warmup", "1", "--repeats", "3",
             "--no-progress", "--out", str(out)]
     proc, wall = run_mpi(2, args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     prof = json.loads(out.read_text())
     assert (prof["tp"], prof["replicas"]) == (2, 1)
-    assert set(prof["iteration_ms"]) == {"1", "2"} and all(set(r) == {"0", "2"} for r in prof["iteration_ms"].values())
-    assert all(ms > 0 for r in prof["iteration_ms"].values() for ms in r.values())
-    assert prof["replica_decode_ms"] == [prof["decode_ms"]]
+    (table,) = prof["tables"]
+    assert table["context_len"] == 16
+    assert set(table["iteration_ms"]) == {"1", "2"} and all(set(r) == {"0", "2"} for r in table["iteration_ms"].values())
+    assert all(ms > 0 for r in table["iteration_ms"].values() for ms in r.values())
+    assert prof["replica_decode_ms"] == [[table["decode_ms"]]]
     assert proc.stderr.count("wrote ") == 1 and proc.stdout.count("K=2 ms") == 1   # the leader alone reports
     assert wall < 40, f"mpirun -n 2 profile took {wall:.1f} s"

@@ -1,0 +1,295 @@
+"""profile.json, the one reader of it, and the cost model: iteration ms at (batch size b, K, context).
+
+profile.json (`dynspec profile --context-lens 512,2048` writes format 2):
+    {"format": "dynspec-profile/2", "device": "cuda:0 (NVIDIA H200)",
+     "context_lens": [512, 2048],
+     "tables": [{"context_len": 512,
+                 "iteration_ms": {"1": {"0": 4.4, "1": 4.9}, "8": {...}},   # b -> K -> median ms
+                 "decode_ms": {"1": 4.2, "8": ...}},       # K = 0 without the keep-warm draft extend
+                {"context_len": 2048, ...}],
+     "acceptance": {"per_position": [0.8, 0.7]},           # optional: --measure-acceptance
+     "keep_warm": true, "repeats": 20, "command": "dynspec profile ...", ...}   # the rest: meta
+Format 1 ("dynspec-profile/1", or no "format") is one table at the top level:
+    {"device": ..., "context_len": 1024, "iteration_ms": {...}, "decode_ms": {...}, "acceptance": ...}
+It is read as a profile of one context (context_len may be absent there: tune needs no context,
+the cost model refuses it).
+
+CostModel.lookup(b, K, context) -> CostLookup(ms, extrapolated, note):
+  - in b: linear between profiled batch sizes, in each of the two tables that bracket the context;
+    then linear in context between those two tables (bilinear on the profiled grid).
+  - below the smallest profiled b (or context): that point's time (clamped). Fewer rows and fewer
+    keys cost less, so this over-estimates slightly, and for every K alike.
+  - above the largest profiled b (or context): the last segment extended (its slope, at least 0);
+    with a single profiled point, that point's time. Step time grows close to linearly in rows once
+    compute-bound and in KV length (attention), so clamping there would under-price the larger K.
+  - anything outside the profiled range says so: extrapolated=True and a note naming what was done.
+  - a K that was not profiled raises DynspecError (K's graphs and costs are never guessed).
+Worked example, contexts 512 and 1536, b 1 and 5, K = 2:
+    ms(K=2)      b=1    b=5
+    ctx  512    12.0   16.0
+    ctx 1536    14.0   22.0
+    lookup(3, 2, 1024) -> 16.0            b=3 is halfway: 14.0 at 512, 18.0 at 1536; 1024 halfway
+    lookup(3, 2, 2560) -> 22.0, extrapolated   context: 18.0 + (18.0 - 14.0) / 1024 * 1024
+    lookup(9, 2, 512)  -> 20.0, extrapolated   b: 16.0 + (16.0 - 12.0) / 4 * 4
+    lookup(3, 2, 256)  -> 14.0, extrapolated   context clamped to 512
+Pure: no torch.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from dynspec.errors import DynspecError
+
+PROFILE_FORMAT = "dynspec-profile/2"
+PROFILE_FORMAT_ONE = "dynspec-profile/1"      # one table at the top level; still read
+_TABLE_KEYS = ("context_len", "iteration_ms", "decode_ms")
+
+
+@dataclass(frozen=True)
+class ContextTable:
+    """One context's measurements. context_len None only in a format-1 file that did not record it."""
+    context_len: int | None
+    iteration_ms: Mapping[int, Mapping[int, float]]          # b -> K -> ms
+    decode_ms: Mapping[int, float] | None = None             # b -> plain target step without keep-warm
+
+    def to_json(self) -> dict:
+        d = {"context_len": self.context_len,
+             "iteration_ms": {str(b): {str(k): ms for k, ms in sorted(row.items())}
+                              for b, row in sorted(self.iteration_ms.items())}}
+        if self.decode_ms is not None:
+            d["decode_ms"] = {str(b): ms for b, ms in sorted(self.decode_ms.items())}
+        return d
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile.json: its per-context tables (ascending context_len), acceptance and meta."""
+    device: str
+    tables: tuple[ContextTable, ...]
+    per_position: tuple[float, ...] | None = None           # conditional acceptance per draft position
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def context_lens(self) -> tuple[int | None, ...]:
+        return tuple(t.context_len for t in self.tables)
+
+    def table(self, context: int | None = None, where: str = "profile") -> ContextTable:
+        """The table timed at `context`; None: the only one (an error listing them if several)."""
+        if context is None:
+            if len(self.tables) == 1:
+                return self.tables[0]
+            raise DynspecError(f"{where} has tables at contexts {list(self.context_lens)}; choose one (--context N)")
+        for t in self.tables:
+            if t.context_len == context:
+                return t
+        raise DynspecError(f"{where} has no table at context {context}; it has {list(self.context_lens)}")
+
+    def to_json(self) -> dict:
+        d = {"format": PROFILE_FORMAT, "device": self.device, "context_lens": list(self.context_lens),
+             "tables": [t.to_json() for t in self.tables]}
+        if self.per_position is not None:
+            d["acceptance"] = {"per_position": list(self.per_position)}
+        d.update(self.meta)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping, where: str = "profile") -> "Profile":
+        fmt = d.get("format", PROFILE_FORMAT_ONE)
+        if fmt == PROFILE_FORMAT_ONE:
+            tables = (_table(d, where, where),)
+            known = {"format", "device", "acceptance", *_TABLE_KEYS}
+        elif fmt == PROFILE_FORMAT:
+            tables = _tables(d, where)
+            known = {"format", "device", "acceptance", "context_lens", "tables"}
+        else:
+            raise DynspecError(f"{where}: field 'format' is {fmt!r}; this reader knows "
+                               f"{PROFILE_FORMAT!r} and {PROFILE_FORMAT_ONE!r}")
+        return cls(str(d.get("device", "unknown")), tables, _acceptance(d.get("acceptance"), where),
+                   {k: v for k, v in d.items() if k not in known})
+
+    @classmethod
+    def load(cls, path) -> "Profile":
+        from dynspec.artifacts import read_json
+
+        return cls.from_json(read_json(path, "profile"), where=str(path))
+
+
+def _number(ms, what: str) -> float:
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+        raise DynspecError(f"{what} = {ms!r} is not a positive number of ms")
+    return float(ms)
+
+
+def _int_key(s, what: str) -> int:
+    try:
+        return int(s)
+    except (TypeError, ValueError):
+        raise DynspecError(f"{what} {s!r} is not an integer") from None
+
+
+def _table(d: Mapping, where: str, at: str) -> ContextTable:
+    """One table from its fields; `at` prefixes every field named in an error ('p.json: tables[1]')."""
+    ctx = d.get("context_len")
+    if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1):
+        raise DynspecError(f"{at}: field 'context_len' = {ctx!r} is not an integer >= 1")
+    if "iteration_ms" not in d:
+        raise DynspecError(f"{at}: missing field 'iteration_ms'")
+    table = d["iteration_ms"]
+    if not isinstance(table, Mapping) or not table:
+        raise DynspecError(f"{at}: field 'iteration_ms' must be a non-empty object {{\"<b>\": {{\"<K>\": ms}}}}")
+    it: dict[int, dict[int, float]] = {}
+    for bs, row in table.items():
+        b = _int_key(bs, f"{at}: iteration_ms key")
+        if b < 1:
+            raise DynspecError(f"{at}: iteration_ms key {bs!r} is not a batch size >= 1")
+        if not isinstance(row, Mapping) or not row:
+            raise DynspecError(f"{at}: iteration_ms[{bs!r}] must be a non-empty object {{\"<K>\": ms}}")
+        it[b] = {}
+        for ks, ms in row.items():
+            k = _int_key(ks, f"{at}: iteration_ms[{bs!r}] key")
+            if k < 0:
+                raise DynspecError(f"{at}: iteration_ms[{bs!r}] key {ks!r} is a negative K")
+            it[b][k] = _number(ms, f"{at}: iteration_ms[{bs!r}][{ks!r}]")
+    dec, decode = d.get("decode_ms"), None
+    if dec is not None:
+        if not isinstance(dec, Mapping):
+            raise DynspecError(f"{at}: field 'decode_ms' must be an object {{\"<b>\": ms}}")
+        decode = {_int_key(bs, f"{at}: decode_ms key"): _number(ms, f"{at}: decode_ms[{bs!r}]")
+                  for bs, ms in dec.items()}
+    return ContextTable(ctx, it, decode)
+
+
+def _tables(d: Mapping, where: str) -> tuple[ContextTable, ...]:
+    raw = d.get("tables")
+    if not isinstance(raw, list) or not raw:
+        raise DynspecError(f"{where}: field 'tables' must be a non-empty list of per-context tables")
+    out = []
+    for i, t in enumerate(raw):
+        at = f"{where}: tables[{i}]"
+        if not isinstance(t, Mapping):
+            raise DynspecError(f"{at} must be an object {{\"context_len\": N, \"iteration_ms\": ...}}")
+        if t.get("context_len") is None:
+            raise DynspecError(f"{at}: missing field 'context_len'")
+        out.append(_table(t, where, at))
+    ctxs = [t.context_len for t in out]
+    if any(b <= a for a, b in zip(ctxs, ctxs[1:])):
+        raise DynspecError(f"{where}: tables' context_len {ctxs} must be strictly ascending")
+    listed = d.get("context_lens", ctxs)
+    if listed != ctxs:
+        raise DynspecError(f"{where}: field 'context_lens' {listed!r} does not match the tables' {ctxs}")
+    return tuple(out)
+
+
+def _acceptance(acc, where: str) -> tuple[float, ...] | None:
+    if acc is None:
+        return None
+    if not isinstance(acc, Mapping) or "per_position" not in acc:
+        raise DynspecError(f"{where}: field 'acceptance' must be {{\"per_position\": [a1, a2, ...]}}")
+    raw = acc["per_position"]
+    if not isinstance(raw, list) or not raw:
+        raise DynspecError(f"{where}: field 'acceptance.per_position' must be a non-empty list")
+    for i, a in enumerate(raw):
+        if not isinstance(a, (int, float)) or isinstance(a, bool) or not 0.0 <= a <= 1.0:
+            raise DynspecError(f"{where}: acceptance.per_position[{i}] = {a!r} is not a rate in [0, 1]")
+    return tuple(float(a) for a in raw)
+
+
+# ---- the cost model ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CostLookup:
+    ms: float
+    extrapolated: bool
+    note: str = ""            # what was done outside the profiled range; "" inside it
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Iteration ms on a full (context x batch size x K) grid; see the module docstring."""
+    device: str
+    context_lens: tuple[int, ...]                            # ascending
+    batch_sizes: tuple[int, ...]                             # ascending
+    draft_lens: tuple[int, ...]                              # ascending, 0 included
+    per_position: tuple[float, ...] | None
+    ms: tuple[tuple[tuple[float, ...], ...], ...]            # [context][batch size][K index]
+
+    def lookup(self, b: int, k: int, context: float) -> CostLookup:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise DynspecError(f"cost model lookup: batch size {b!r} is not an integer >= 1")
+        if k not in self.draft_lens:
+            raise DynspecError(f"cost model lookup: K={k!r} was not profiled (profiled K: {list(self.draft_lens)})")
+        if isinstance(context, bool) or not isinstance(context, (int, float)) or not math.isfinite(context) \
+                or context < 0:
+            raise DynspecError(f"cost model lookup: context {context!r} is not a finite number >= 0")
+        j = self.draft_lens.index(k)
+        per_ctx = [[row[j] for row in table] for table in self.ms]          # [context][batch size]
+        (ci, ct), cnote = _segment(self.context_lens, float(context), "context")
+        (bi, bt), bnote = _segment(self.batch_sizes, float(b), "b")
+
+        def at(c: int) -> float:
+            ys = per_ctx[c]
+            return _lerp(ys[bi], ys[bi + 1], bt) if bt else ys[bi]
+
+        ms = _lerp(at(ci), at(ci + 1), ct) if ct else at(ci)
+        notes = [n for n in (bnote, cnote) if n]
+        return CostLookup(ms, bool(notes), "; ".join(notes))
+
+    @classmethod
+    def from_profile(cls, profile: Profile, where: str = "profile") -> "CostModel":
+        """The grid from a Profile; every table must hold the same batch sizes and K's (0 included)."""
+        first = profile.tables[0]
+        bs = tuple(sorted(first.iteration_ms))
+        ks = tuple(sorted(first.iteration_ms[bs[0]]))
+        if 0 not in ks:
+            raise DynspecError(f"{where}: no K=0 (plain decode) times; the cost model needs them")
+        for i, t in enumerate(profile.tables):
+            at = f"{where}: tables[{i}]" if len(profile.tables) > 1 else where
+            if t.context_len is None:
+                raise DynspecError(f"{at}: missing field 'context_len'; the cost model needs each table's context")
+            if tuple(sorted(t.iteration_ms)) != bs:
+                raise DynspecError(f"{at}: iteration_ms has batch sizes {sorted(t.iteration_ms)}, "
+                                   f"the first table {list(bs)}; every table needs the same grid")
+            for b, row in t.iteration_ms.items():
+                if tuple(sorted(row)) != ks:
+                    raise DynspecError(f"{at}: iteration_ms[{str(b)!r}] has K {sorted(row)}, "
+                                       f"iteration_ms[{str(bs[0])!r}] of the first table {list(ks)}")
+        ms = tuple(tuple(tuple(t.iteration_ms[b][k] for k in ks) for b in bs) for t in profile.tables)
+        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms)
+
+    @classmethod
+    def load(cls, path) -> "CostModel":
+        return cls.from_profile(Profile.load(path), where=str(path))
+
+
+def _lerp(y0: float, y1: float, t: float) -> float:
+    """y0 + t * (y1 - y0) for t <= 1; past y1 (t > 1) the slope is floored at 0, so a noisy last
+    segment that falls never predicts a time below its end: (12, 16, 2) -> 20; (16, 12, 2) -> 12."""
+    if t <= 1.0:
+        return y0 + t * (y1 - y0)
+    return y1 + (t - 1.0) * max(0.0, y1 - y0)
+
+
+def _segment(xs: Sequence[int], x: float, name: str) -> tuple[tuple[int, float], str]:
+    """((i, t), note): value = _lerp(y[i], y[i+1], t). Inside: 0 <= t <= 1. Below xs[0]: (0, 0),
+    clamped. Above xs[-1]: the last segment with t > 1, or (0, 0) for one point.
+    xs (1, 5): 3 -> (0, 0.5); 9 -> (0, 2.0); 0.5 -> (0, 0)."""
+    lo, hi = xs[0], xs[-1]
+    shown = f"{x:g}"
+    if x < lo:
+        return (0, 0.0), f"{name} {shown} below the profiled {_span(xs)}: {name}={lo}'s time"
+    if x > hi:
+        if len(xs) == 1:
+            return (0, 0.0), f"{name} {shown} above the profiled {hi}: {name}={hi}'s time"
+        i = len(xs) - 2
+        return (i, (x - xs[i]) / (hi - xs[i])), \
+            f"{name} {shown} above the profiled {_span(xs)}: the segment {xs[i]}..{hi} extended"
+    if len(xs) == 1:
+        return (0, 0.0), ""
+    i = min(bisect.bisect_right(xs, x) - 1, len(xs) - 2)
+    return (i, (x - xs[i]) / (xs[i + 1] - xs[i])), ""
+
+
+def _span(xs: Sequence[int]) -> str:
+    return f"{xs[0]}..{xs[-1]}" if len(xs) > 1 else f"{xs[0]}"

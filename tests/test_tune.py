@@ -3,11 +3,12 @@ import json
 
 import pytest
 
-from dynspec.benchmarks.profile import Profile, per_position_rates
+from dynspec.benchmarks.profile import per_position_rates
 from dynspec.benchmarks.tune import expected_tokens, interpolate, tune
 from dynspec.cli import main
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.cost_model import Profile
+from dynspec.runtime.policy import DraftSchedule, _vllm_buckets, _vllm_steps
 
 POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KS = (0, 1, 2, 3, 4)
@@ -230,23 +231,30 @@ def test_profile_then_tune_end_to_end(tmp_path, capsys):
     draft = make_tiny_draft(tmp_path / "draft", target)
     prof_path = tmp_path / "profile.json"
     assert main(["profile", "--target", str(target), "--draft", str(draft), "--batch-sizes", "1,2,4",
-                 "--draft-lens", "1,3", "--context-len", "24", "--warmup", "1", "--repeats", "3",
+                 "--draft-lens", "1,3", "--context-lens", "24,8", "--warmup", "1", "--repeats", "3",
                  "--measure-acceptance", "--prompts", "random", "--input-len", "6", "--output-len", "8",
                  "--num-requests", "4", "--no-progress", "--out", str(prof_path)]) == 0
     printed = capsys.readouterr().out
     assert "K=0 ms" in printed and "acceptance per position" in printed
+    assert printed.count("context 8\n") == 1 and printed.count("context 24\n") == 1
     doc = json.loads(prof_path.read_text())
-    assert doc["device"].startswith("cpu") and doc["context_len"] == 24
-    assert set(doc["iteration_ms"]) == {"1", "2", "4"}
-    assert all(set(row) == {"0", "1", "3"} and min(row.values()) > 0 for row in doc["iteration_ms"].values())
-    assert set(doc["decode_ms"]) == {"1", "2", "4"}
+    assert doc["format"] == "dynspec-profile/2" and doc["device"].startswith("cpu")
+    assert doc["context_lens"] == [8, 24] and [t["context_len"] for t in doc["tables"]] == [8, 24]
+    for t in doc["tables"]:
+        assert set(t["iteration_ms"]) == {"1", "2", "4"}
+        assert all(set(row) == {"0", "1", "3"} and min(row.values()) > 0 for row in t["iteration_ms"].values())
+        assert set(t["decode_ms"]) == {"1", "2", "4"}
+    assert doc["max_seq_len"] == 24 + 3 + 1            # one engine, sized for the largest context
     assert len(doc["acceptance"]["per_position"]) == 3
     assert doc["statistic"] == "median" and doc["repeats"] == 3 and doc["target_weight_bytes"] > 0
     assert doc["command"].startswith("dynspec profile")
     prof = Profile.load(prof_path)
-    assert prof.iteration_ms[4][3] == doc["iteration_ms"]["4"]["3"]
+    assert prof.table(24).iteration_ms[4][3] == doc["tables"][1]["iteration_ms"]["4"]["3"]
     out = tmp_path / "schedule.txt"
-    assert main(["tune", "--profile", str(prof_path), "--acceptance-from", "profile", "--out", str(out)]) == 0
+    assert main(["tune", "--profile", str(prof_path), "--acceptance-from", "profile", "--out", str(out)]) == 2
+    assert "contexts [8, 24]; choose one (--context N)" in capsys.readouterr().err and not out.exists()
+    assert main(["tune", "--profile", str(prof_path), "--acceptance-from", "profile", "--context", "24",
+                 "--out", str(out)]) == 0
     DraftSchedule.parse(out.read_text().strip())
 
 
@@ -354,3 +362,80 @@ def test_thresholds_interpolated_across_a_wide_gap_are_named():
     assert got["fine"][:2] == ("28:3,186:1", ((29, 3, 1, 16, 64),))
     assert "K 1 -> 0 at b=243 is interpolated between profiled b=64 and b=256" in got["coarse"][2]
     assert "K 1 -> 0" not in got["fine"][2]
+
+
+# ---- several contexts: --context and vLLM's 5-item grid ------------------------------------------------
+def two_context_profile(tmp_path, contexts=(512, 2048)):
+    """A profile whose attention cost grows with context: at 2048 each K costs more per row, so the
+    tuned schedule stops speculating at a smaller batch size than at 512."""
+    def cost(ctx):
+        return lambda b, k: 10.0 + b * (k + 1) * (0.05 + 0.1 * ctx / 2048)
+    doc = {"format": "dynspec-profile/2", "device": "synthetic", "context_lens": list(contexts),
+           "tables": [{"context_len": c, "iteration_ms": {str(b): {str(k): v for k, v in row.items()}
+                                                          for b, row in grid(cost(c)).items()}}
+                      for c in contexts]}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    return path, {c: grid(cost(c)) for c in contexts}
+
+
+def test_tune_context_picks_that_table(tmp_path, capsys):
+    path, tables = two_context_profile(tmp_path)
+    for c in (512, 2048):
+        out = tmp_path / f"s{c}.txt"
+        assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--context", str(c), "--out", str(out)]) == 0
+        assert out.read_text().strip() == tune(tables[c], 0.7, draft_margin=1.01).schedule.to_spec()
+    assert (tmp_path / "s512.txt").read_text() != (tmp_path / "s2048.txt").read_text()
+    capsys.readouterr()
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--context", "1024"]) == 2
+    assert "no table at context 1024; it has [512, 2048]" in capsys.readouterr().err
+
+
+def vllm_lookup(grid_entries, cap):
+    """vLLM's own rules (DraftSchedule.from_vllm's encoding): {context range: ((first b, K), ...)}."""
+    return {ctx: _vllm_steps(entries, cap, None) for ctx, entries in _vllm_buckets(grid_entries).items()}
+
+
+def test_vllm_grid_buckets_look_up_the_schedule_tuned_for_their_context(tmp_path, capsys):
+    path, tables = two_context_profile(tmp_path, contexts=(512, 2048, 4096))
+    out = tmp_path / "vllm.json"
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--vllm-grid", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"context {c})" in printed for c in (512, 2048, 4096)) and "vLLM speculative_config" in printed
+    doc = json.loads(out.read_text())
+    entries, cap = doc["speculative_token_schedule"], doc["num_speculative_tokens"]
+    assert all(len(e) == 5 for e in entries)
+    looked_up = vllm_lookup(entries, cap)               # raises unless vLLM would accept the grid
+    assert list(looked_up) == [(1, 1280), (1281, 3072), (3073, 2**31 - 1)]     # split at the midpoints
+    want = {c: tune(tables[c], 0.7, draft_margin=1.01).schedule for c in tables}
+    assert cap == max(s.max_draft_len for s in want.values())
+    for (lo, hi), c in zip(looked_up, (512, 2048, 4096)):
+        assert lo <= c <= hi
+        # the same lookup as the 3-item list of the schedule tuned at c, under the same rules
+        assert looked_up[(lo, hi)] == _vllm_steps(_vllm_buckets(want[c].to_vllm())[(1, 2**31 - 1)], cap, None)
+    assert len({v for v in looked_up.values()}) > 1                       # K really depends on the context
+    with pytest.raises(DynspecError, match="K depends on the context length"):
+        DraftSchedule.from_vllm(entries, cap)
+
+
+def test_vllm_grid_renderer_is_a_full_grid_vllm_accepts():
+    from dynspec.runtime.policy import to_vllm_grid, vllm_context_buckets
+
+    a, b = DraftSchedule.parse("4:3"), DraftSchedule.parse("2:3,8:1")
+    g = to_vllm_grid([(512, a), (2048, b)])
+    assert vllm_lookup(g, 3) == {(1, 1280): ((1, 3), (5, 0)), (1281, 2**31 - 1): ((1, 3), (3, 1), (9, 0))}
+    assert len(g) == 2 * 4                               # batch starts 1, 3, 5, 9 in every context bucket
+    # one context: a 5-item grid with one open bucket, the same lookup as to_vllm's 3-item list
+    assert DraftSchedule.from_vllm(to_vllm_grid([(1024, b)]), 3) == b
+    assert vllm_context_buckets((100, 101)) == ((1, 100), (101, 2**31 - 1))
+    with pytest.raises(DynspecError, match="strictly ascending"):
+        to_vllm_grid([(2048, a), (512, b)])
+    with pytest.raises(DynspecError, match="never speculates"):
+        to_vllm_grid([(512, DraftSchedule()), (2048, DraftSchedule())])
+
+
+def test_vllm_grid_needs_context_lengths(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"iteration_ms": {"1": {"0": 10.0, "2": 11.0}}}))        # format 1, no context_len
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--vllm-grid", str(tmp_path / "v.json")]) == 2
+    assert "needs each table's context_len" in capsys.readouterr().err and not (tmp_path / "v.json").exists()

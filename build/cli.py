@@ -20,7 +20,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.run and not args.baseline_trt_engine:
         raise DynspecError("--run executes the baseline script; it needs --baseline-trt-engine")
     if args.out is not None:
-        check_apart(args.out, {"--target": args.target, "--draft": args.draft})
+        check_apart(args.out, {"--target": args.target, "--draft": args.draft,
+                               **({"--cost-model": args.cost_model} if args.cost_model else {})})
         check_writable(args.out, folder=True)
     req = BuildRequest(
         target=args.target, draft=args.draft, schedule=schedule_of(args), tp=args.tp,
@@ -28,7 +29,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         kv_cache_fraction=args.kv_cache_fraction, min_draft_len=args.min_draft_len, gpu_mem_gb=args.gpu_mem_gb,
         baseline=args.baseline_trt_engine, reference_dtype=args.reference_dtype,
         reference_max_batch_size=args.reference_max_batch_size, reference_max_seq_len=args.reference_max_seq_len,
-        max_num_tokens=args.max_num_tokens,
+        max_num_tokens=args.max_num_tokens, cost_model=args.cost_model,
     )
     bp = plan_build(req)
     if args.plan:
@@ -71,6 +72,9 @@ def register(sub) -> None:
                    help="also write the legacy convert_checkpoint.py + trtllm-build script for a no-speculation engine")
     p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
     p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
+    p.add_argument("--cost-model", metavar="PROFILE.json",
+                   help="a `dynspec profile` JSON: copied to ENGINE_DIR/cost_model.json and engine.json policy "
+                        "'adaptive' (the reference engine picks K from it and the measured acceptance)")
     ref = p.add_argument_group("reference engine settings (engine.json 'reference')")
     ref.add_argument("--reference-dtype", default="float32", choices=DTYPES)
     ref.add_argument("--reference-max-batch-size", type=int, help="default: min(64, --max-batch-size)")

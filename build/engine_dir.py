@@ -18,7 +18,7 @@ from dynspec.build.llm_api import OPTIONS_FILE, LlmApiSettings, decode_tokens, r
 from dynspec.build.plan import GB, MemoryPlan, memory_plan
 from dynspec.build.trap import floor_schedule, trap_warning
 from dynspec.build.validate import validate_options
-from dynspec.config import EngineConfig, ReferenceSettings
+from dynspec.config import COST_MODEL_JSON, EngineConfig, ReferenceSettings
 from dynspec.convert.manifest import manifest_shape, read_manifest
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
@@ -43,6 +43,7 @@ class BuildRequest:
     reference_max_batch_size: int | None = None  # default: min(64, max_batch_size)
     reference_max_seq_len: int | None = None     # default: min(1024, max_seq_len)
     max_num_tokens: int | None = None            # tokens per iteration (TRT-LLM + reference); see config.py
+    cost_model: str | None = None                # a `dynspec profile` JSON: policy "adaptive" (reference engine)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
             max_num_tokens=req.max_num_tokens or ReferenceSettings.max_num_tokens,
         ),
         llm_api_options=OPTIONS_FILE,
+        policy="adaptive" if req.cost_model else "schedule",
         manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
         build=build,
     )
@@ -191,8 +193,16 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
 def write_engine_dir(req: BuildRequest, bp: BuildPlan, out: str | os.PathLike, force: bool = False) -> EngineConfig:
     out = Path(out)
     cfg = engine_config(req, bp, out)
+    cost = None
+    if req.cost_model:                    # read and checked before anything is written
+        from dynspec.runtime.cost_model import CostModel
+
+        CostModel.load(req.cost_model)
+        cost = Path(req.cost_model).read_bytes()
     with atomic_dir(out, force=force, inputs={"--target": req.target, "--draft": req.draft}) as tmp:
         (tmp / OPTIONS_FILE).write_text(to_yaml(bp.options))
+        if cost is not None:
+            (tmp / COST_MODEL_JSON).write_bytes(cost)
         cfg.write(tmp)
         if req.baseline:
             tm = bp.target_manifest

@@ -15,6 +15,8 @@ engine.json (written by `dynspec build`):
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
                 "keep_warm": true, "max_num_tokens": 8192, "graphs": "full"},
   "llm_api_options": "llm_api_options.yaml",
+  "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance
+  "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is "adaptive"
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
 }
@@ -48,7 +50,9 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")   # float64: CPU exactnes
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 MAX_TP = 1024                   # ranks per replica
 MAX_ENGINE_JSON_BYTES = 64 * 2**20   # engine.json with both manifests is a few kB
-STR_FIELDS = ("target_dir", "draft_dir", "trtllm_version", "llm_api_options")
+STR_FIELDS = ("target_dir", "draft_dir", "trtllm_version", "llm_api_options", "cost_model")
+POLICIES = ("schedule", "adaptive")       # runtime/policy.py's DraftSchedule | runtime/adaptive.py
+COST_MODEL_JSON = "cost_model.json"
 INT_FIELDS = ("tp", "max_batch_size", "max_seq_len")
 MAP_FIELDS = ("manifests", "build")
 
@@ -120,6 +124,8 @@ class EngineConfig:
     max_seq_len: int = 4096
     reference: ReferenceSettings = field(default_factory=ReferenceSettings)
     llm_api_options: str = "llm_api_options.yaml"
+    policy: str = "schedule"
+    cost_model: str = COST_MODEL_JSON
     manifests: Mapping[str, Any] = field(default_factory=dict)
     build: Mapping[str, Any] = field(default_factory=dict)   # `dynspec build` choices + memory plan
 
@@ -134,6 +140,8 @@ class EngineConfig:
                 raise DynspecError(f"field {name!r} is {v!r}; it must be an integer, not {type(v).__name__}")
             if v < 1:
                 raise DynspecError(f"field {name!r} is {v}; it must be at least 1")
+        if self.policy not in POLICIES:
+            raise DynspecError(f"field 'policy' is {self.policy!r}; it must be one of {list(POLICIES)}")
         if self.tp > MAX_TP:
             raise DynspecError(f"field 'tp' is {self.tp}; one replica spans at most {MAX_TP} ranks")
         if self.max_batch_size > MAX_BATCH_SIZE:
@@ -220,11 +228,16 @@ class EngineConfig:
             raise DynspecError(f"engine dir {engine_dir} does not exist")
         path = engine_dir / ENGINE_JSON
         cfg = cls.from_json(read_engine_json(path), where=str(path))
-        return replace(
+        cfg = replace(
             cfg,
             target_dir=str((engine_dir / cfg.target_dir).resolve()),
             draft_dir=str((engine_dir / cfg.draft_dir).resolve()),
+            cost_model=str((engine_dir / cfg.cost_model).resolve()),
         )
+        if cfg.policy == "adaptive" and not Path(cfg.cost_model).is_file():
+            raise DynspecError(f"{path}: field 'policy' is 'adaptive' but its cost model {cfg.cost_model} does not "
+                               f"exist; write it with `dynspec profile --context-lens ... --out {cfg.cost_model}`")
+        return cfg
 
 
 def read_engine_json(path: Path) -> dict:

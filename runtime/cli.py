@@ -10,7 +10,7 @@ from pathlib import Path
 from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
 
-MODES = ("baseline", "static", "dynamic")
+MODES = ("baseline", "static", "dynamic", "adaptive")
 
 
 def register(sub) -> None:
@@ -28,7 +28,10 @@ def register(sub) -> None:
     p.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
     p.add_argument("--num-prompts", type=int, default=24, help="built-in prompts to run (without --prompts)")
     p.add_argument("--modes", default="dynamic",
-                   help="comma list of baseline (K=0), static (K=max everywhere), dynamic (the schedule)")
+                   help="comma list of baseline (K=0), static (K=max everywhere), dynamic (the schedule), "
+                        "adaptive (K from the cost model and the measured acceptance: runtime/adaptive.py)")
+    p.add_argument("--cost-model", metavar="FILE",
+                   help="adaptive mode's cost model, a `dynspec profile` JSON (default: ENGINE_DIR/cost_model.json)")
     p.add_argument("--out", help="output JSONL (of the last mode): {'id', 'output_ids', 'text'}")
     p.add_argument("--stats", help="per-iteration stats JSONL (of the last mode)")
     p.add_argument("--device", default="cpu")
@@ -152,6 +155,20 @@ def _tokenizer(target_dir: str):
     return AutoTokenizer.from_pretrained(target_dir)
 
 
+def _adaptive(args, cfg):
+    """--modes ...,adaptive: the policy on --cost-model, else on the engine dir's cost_model.json."""
+    from dynspec.runtime.adaptive import load_policy
+
+    path = args.cost_model or (cfg.cost_model if args.engine_dir else None)
+    if path is None:
+        raise DynspecError("--modes adaptive needs --cost-model FILE (a `dynspec profile` JSON) or an --engine-dir "
+                           "that carries cost_model.json")
+    if not Path(path).is_file():
+        raise DynspecError(f"--modes adaptive: cost model {path} does not exist; write it with "
+                           f"`dynspec profile --context-lens ... --out {path}`")
+    return load_policy(path)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -183,14 +200,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "static": DraftSchedule.static(kmax, cfg.reference.max_batch_size),
         "dynamic": cfg.schedule,
     }
+    if "adaptive" in modes:
+        policies["adaptive"] = _adaptive(args, cfg)
+    engine_k = max(kmax, *(p.max_draft_len for p in policies.values()))
     vocab = _config_vocab(cfg.target_dir)
     if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
         check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
-                            max_draft_len=max(cfg.schedule.max_draft_len, 1), max_new_tokens=args.max_new_tokens)
+                            max_draft_len=engine_k, max_new_tokens=args.max_new_tokens)
 
     def load(ctx):
         # a world of one keeps --device as given; under mpirun each rank takes its TpContext's device
-        engine = open_reference_engine(cfg, device=args.device, tp=ctx if ctx.layout.size > 1 else None)
+        engine = open_reference_engine(cfg, device=args.device, max_draft_len=engine_k,
+                                       tp=ctx if ctx.layout.size > 1 else None)
         check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
                             max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens)
         return engine

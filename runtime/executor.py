@@ -3,14 +3,17 @@
 Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
     1. retire finished / cancelled requests (their cache blocks go back to the free list)
     2. b = decode rows (requests whose prompt is all in the cache)
-    3. K = policy(b), capped so that b x (K+1) fits the budget (plan.cap_k)
+    3. K = policy(b), capped so that b x (K+1) fits the budget (plan.cap_k); an AdaptivePolicy
+       decides from b, the rows' mean context, the acceptance estimate, the previous K and the
+       iterations since the last speculation (runtime/adaptive.py), within that cap
     4. prompt chunks take what is left: partly prefilled requests first, then waiting ones,
        each admitted only if its blocks can be reserved and b + prefilling stays within
        min(max_batch_size, max_num_tokens) (every decode row must fit at K=0)
     5. plan = make_plan(K, rows..., chunks)     a StepPlan value
     6. result = engine.step(plan)               one target forward: decode rows + chunks
     7. fold result (a StepResult value) into the requests; a request whose last chunk ran
-       gets its first token and joins the decode rows next iteration
+       gets its first token and joins the decode rows next iteration; the accepted counts update
+       the acceptance estimate (runtime/acceptance_estimate.py), kept under every policy
 
 Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
@@ -29,6 +32,8 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
+from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, cap_k, chunk_sizes, make_plan
 
 
@@ -60,6 +65,14 @@ class IterationStats:
     decode_rows: int = 0    # = batch_size: rows decoding this iteration
     prefill_tokens: int = 0  # prompt tokens riding in the same forward
     end_s: float | None = None   # the executor's clock when the step's results were in
+    # what chose K (runtime/adaptive.py): the estimate is kept under every policy
+    policy: str = "schedule"     # "schedule" | "adaptive"
+    context: float = 0.0         # mean KV length of the decode rows
+    acceptance: tuple[float, ...] = ()   # a_1.. the estimate before this step
+    predicted_gain: float | None = None  # adaptive: predicted speedup of K over plain decode
+    probe: bool = False          # adaptive: a K=1 step taken to measure acceptance
+    policy_seconds: float = 0.0  # the K decision alone (inside host_seconds)
+    oldest_key: int | None = None   # smallest request id among the decode rows
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,7 @@ class Executor:
     def __init__(
         self,
         engine: Engine,
-        policy: Callable[[int], int],
+        policy: Callable[[int], int] | AdaptivePolicy,
         *,
         keep_warm: bool = True,
         acceptance: AcceptanceModel = Greedy(),
@@ -166,6 +179,10 @@ class Executor:
         self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
         self._stats_lock = threading.Lock()       # pollers read while the loop thread appends
         self._iterations = 0
+        self._estimate = (policy.initial_estimate() if isinstance(policy, AdaptivePolicy)
+                          else AcceptanceEstimate(positions=max(engine.max_draft_len, 1)))
+        self._prev_k = 0                           # K of the last iteration with decode rows
+        self._since_spec = 0                       # iterations with rows since the last one at K > 0
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -247,13 +264,8 @@ class Executor:
         b = len(rows)
         chunked: list[_Request] | None = None
         try:                            # a failure anywhere below ends this iteration's requests
-            k = 0
-            if b:
-                k = int(self.policy(b))
-                if not 0 <= k <= self.engine.max_draft_len:
-                    raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports "
-                                       f"0..{self.engine.max_draft_len}")
-                k = cap_k(k, b, self.engine.max_num_tokens)
+            k, decision, context = self._decide(rows)
+            t_policy = self._clock() - t0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
                 return None
@@ -286,12 +298,38 @@ class Executor:
                     req.draft_warm = True
                     emitted += self._append(req, (first,), t2)
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
-                            decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2)
+                            decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
+                            policy="adaptive" if decision else "schedule", context=context,
+                            acceptance=self._estimate.rates() if b else (),
+                            predicted_gain=decision.gain if decision else None,
+                            probe=bool(decision and decision.probe), policy_seconds=t_policy,
+                            oldest_key=min(r.id for r in rows) if rows else None)
+        if b:
+            self._estimate = self._estimate.update(k, result.accepted)
+            self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)
         self._retire()                  # free finished requests' blocks now, not at the next call
         return st
+
+    def _decide(self, rows: Sequence[_Request]) -> tuple[int, Decision | None, float]:
+        """(K, the adaptive decision or None, mean context) for these decode rows; K within the
+        engine's max_draft_len and the token budget."""
+        b = len(rows)
+        if not b:
+            return 0, None, 0.0
+        eng = self.engine
+        context = sum(r.length for r in rows) / b
+        if isinstance(self.policy, AdaptivePolicy):
+            max_k = cap_k(eng.max_draft_len, b, eng.max_num_tokens)
+            d = self.policy.decide(PolicyInputs(b, context, self._estimate.rates(), self._prev_k, self._since_spec,
+                                                max_k))
+            return d.k, d, context
+        k = int(self.policy(b))
+        if not 0 <= k <= eng.max_draft_len:
+            raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{eng.max_draft_len}")
+        return cap_k(k, b, eng.max_num_tokens), None, context
 
     def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[_Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new

@@ -91,6 +91,20 @@ def capture(engine, keys, ref, strict: bool = True) -> int:
     return n
 
 
+def policy_of(cfg: EngineConfig):
+    """engine.json's policy: its schedule, or the adaptive policy on its cost model."""
+    if cfg.policy == "adaptive":
+        from dynspec.runtime.adaptive import load_policy
+
+        return load_policy(cfg.cost_model)
+    return cfg.schedule
+
+
+def policy_draft_len(policy) -> int | None:
+    """The largest K an AdaptivePolicy may pick (the engine is sized for it); None for a schedule."""
+    return getattr(policy, "max_draft_len", None) if hasattr(policy, "candidates") else None
+
+
 def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[int], int] | None = None,
                   keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
                   allow_lossy: bool = False, stats_limit: int | None = None, **overrides):
@@ -100,9 +114,9 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.executor import Executor
 
-    policy = policy or cfg.schedule
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
-    engine = open_reference_engine(cfg, device=device, **overrides)
+    policy = policy or policy_of(cfg)
+    engine = open_reference_engine(cfg, device=device, max_draft_len=policy_draft_len(policy), **overrides)
     if device.startswith("cuda"):
         capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
                 strict=False)

@@ -162,14 +162,15 @@ def check_split(target_dir: str, draft_dir: str, tp: int) -> None:
 
 def open_rank(cfg, ctx):
     """This rank's shard of cfg's pair as a ready engine; on CUDA (under reference.graphs "full") the
-    graphs of every (bucket, K) the schedule reaches, captured on every rank in one order (their
+    graphs of every (bucket, K) the engine's policy reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.session import capture, open_reference_engine
+    from dynspec.runtime.session import capture, open_reference_engine, policy_draft_len, policy_of
 
-    engine = open_reference_engine(cfg, tp=ctx)
+    policy = policy_of(cfg)
+    engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy_draft_len(policy))
     if ctx.device.type == "cuda":
-        capture(engine, reachable_graphs([cfg.schedule], engine.max_batch_size, cfg.reference.keep_warm,
+        capture(engine, reachable_graphs([policy], engine.max_batch_size, cfg.reference.keep_warm,
                                          engine.max_num_tokens), cfg.reference, strict=False)
     return engine
 
@@ -202,7 +203,9 @@ class TpLeader:
         self.channel = PlanChannel(self.ctx)
         self.engine = LeaderEngine(engine, self.channel)
         limit = {} if stats_limit is None else {"stats_limit": stats_limit}
-        self.executor = Executor(self.engine, cfg.schedule, keep_warm=cfg.reference.keep_warm, **limit)
+        from dynspec.runtime.session import policy_of
+
+        self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm, **limit)
         # the launcher's store: where report() leaves a fault (it lives and dies with the launcher)
         self._store = dist.TCPStore(*parse_endpoint(launch.endpoint), None, False,
                                     timeout=datetime.timedelta(seconds=launch.timeout_s))

@@ -70,19 +70,20 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
 
     Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
         spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
+    An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each.
     """
     buckets = batch_buckets(max_batch_size)
     keys: set[GraphKey] = set()
     for policy in policies:
         for b in range(1, max_batch_size + 1):
-            bucket, k = bucket_for(b, buckets), int(policy(b))
-            if max_num_tokens is not None:
-                k = cap_k(k, b, max_num_tokens)
-            if k > 0:
-                keys.add(GraphKey("spec", bucket, k))
-                keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
-            else:
-                keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
+            bucket = bucket_for(b, buckets)
+            ks = policy.candidates if hasattr(policy, "candidates") else (int(policy(b)),)   # AdaptivePolicy: any
+            for k in {k if max_num_tokens is None else cap_k(k, b, max_num_tokens) for k in ks}:
+                if k > 0:
+                    keys.add(GraphKey("spec", bucket, k))
+                    keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
+                else:
+                    keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
     return capture_order(keys)
 
 

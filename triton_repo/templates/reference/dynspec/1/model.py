@@ -156,7 +156,8 @@ class TritonPythonModel:
         self.stopping = threading.Event()
         self.interval = float(params.get("monitor_interval_ms") or 50) / 1000.0
         pb_utils.Logger.log_info(
-            f"dynspec: engine {params['engine_dir']} on {device}, schedule {cfg.schedule}"
+            f"dynspec: engine {params['engine_dir']} on {device}, "
+            + (f"policy {self.executor.policy}" if cfg.policy == "adaptive" else f"schedule {cfg.schedule}")
             + (f", TP rank 0 of {tp.tp} (rendezvous {tp.endpoint})" if tp is not None else "")
         )
         self.executor.start()

@@ -1,0 +1,85 @@
+"""Online estimate of per-position draft acceptance, pooled over the batch, from every verify step.
+
+a_j = P(draft j accepted | drafts 1..j-1 accepted), j = 1..K. A verify step at K with accepted
+counts n_r (one per decode row) gives, for each position j <= K:
+    trials_j = #rows with n_r >= j-1   (the rows whose window reached draft j)
+    hits_j   = #rows with n_r >= j
+Worked example, K=3, accepted (3, 0, 1):
+    trials = (3, 2, 1)    hits = (2, 1, 1)    -> this step alone: a = (2/3, 1/2, 1)
+
+Decay: counts are exponentially forgotten per drafted row, with a half-life of `half_life` rows
+at position 1 (every position decays by the same factor, 2^(-rows / half_life), so a position
+the policy stopped drafting fades with time, not only when it is drafted again). Half-life 64:
+at b=1 an observation loses half its weight after 64 verify steps; at b=64, after one.
+
+Rates shrink towards a prior chain (pseudo-count `prior_weight`):
+    a_1 = (h_1 + w * prior_1) / (n_1 + w)
+    a_j = (h_j + w * a_{j-1}) / (n_j + w)        j >= 2: an unmeasured position follows the one before
+so positions that were not drafted lately (K stayed low) assume the acceptance of the last
+measured one, and with no data at all the estimate is the prior.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from dynspec.errors import DynspecError
+
+HALF_LIFE_ROWS = 64.0
+PRIOR_WEIGHT = 4.0
+
+
+@dataclass(frozen=True)
+class AcceptanceEstimate:
+    prior: float = 0.5                   # a_1 with no data
+    positions: int = 8                   # how many draft positions are tracked
+    half_life: float = HALF_LIFE_ROWS    # rows at position 1
+    prior_weight: float = PRIOR_WEIGHT
+    hits: tuple[float, ...] = ()         # [positions] decayed accepted counts
+    trials: tuple[float, ...] = ()       # [positions] decayed drafted counts
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.prior <= 1.0:
+            raise DynspecError(f"acceptance prior {self.prior} is outside [0, 1]")
+        if self.positions < 1 or self.half_life <= 0 or self.prior_weight <= 0:
+            raise DynspecError(f"acceptance estimate needs positions >= 1, half_life > 0 and prior_weight > 0 "
+                               f"(got {self.positions}, {self.half_life}, {self.prior_weight})")
+        zero = (0.0,) * self.positions
+        object.__setattr__(self, "hits", tuple(self.hits) or zero)
+        object.__setattr__(self, "trials", tuple(self.trials) or zero)
+        if len(self.hits) != self.positions or len(self.trials) != self.positions:
+            raise DynspecError(f"acceptance estimate counts must have {self.positions} positions")
+
+    def rates(self) -> tuple[float, ...]:
+        """(a_1, ..., a_positions), each in [0, 1]."""
+        out, prev, w = [], self.prior, self.prior_weight
+        for h, n in zip(self.hits, self.trials):
+            prev = (h + w * prev) / (n + w)
+            out.append(prev)
+        return tuple(out)
+
+    @property
+    def rows_seen(self) -> float:
+        """Decayed count of rows drafted at position 1 (how much the estimate rests on data)."""
+        return self.trials[0]
+
+    def update(self, k: int, accepted: Sequence[int]) -> "AcceptanceEstimate":
+        """The estimate after one verify step at K with these per-row accepted counts (K=0 or no
+        rows: unchanged). Accepted counts beyond `positions` are clipped to it."""
+        rows = len(accepted)
+        if k <= 0 or rows == 0:
+            return self
+        depth = min(k, self.positions)
+        reached = [0] * (depth + 1)           # reached[j] = #rows with n_r >= j
+        for n in accepted:
+            reached[min(max(int(n), 0), depth)] += 1
+        for j in range(depth - 1, -1, -1):
+            reached[j] += reached[j + 1]
+        f = 0.5 ** (rows / self.half_life)
+        hits = [h * f for h in self.hits]
+        trials = [n * f for n in self.trials]
+        for j in range(1, depth + 1):
+            trials[j - 1] += reached[j - 1]
+            hits[j - 1] += reached[j]
+        return AcceptanceEstimate(self.prior, self.positions, self.half_life, self.prior_weight,
+                                  tuple(hits), tuple(trials))

@@ -1,0 +1,146 @@
+"""The adaptive draft-length policy: K from the batch size, the context, the measured acceptance
+and a profiled cost model (docs/design.md, "The adaptive policy").
+
+For each candidate K (profiled, within the engine's max_draft_len and the token budget):
+    E(K)     = 1 + sum_{i<=K} prod_{j<=i} a_j                 tokens a row gains per step
+    gain(K)  = E(K) * ms(b, 0, ctx) / ms(b, K, ctx)           predicted speedup over plain decode
+    score(K) = gain(K) / draft_margin^K                       each draft must pay for itself
+Then, in order:
+    1. best = argmax score                          (b above the profiled batch sizes: K=0)
+    2. hold: keep the previous K while score(best) <= score(previous) * (1 + margin)
+    3. probe: if the choice is K=0, take K=1 once every `interval` iterations without speculation,
+       interval = max(min_probe_interval, ceil((1 - gain(1)) / probe_loss)): by the cost model a
+       probe costs at most probe_loss of the throughput, and it measures a_1 afresh, so a policy at
+       K=0 comes back when the draft starts matching again.
+
+Worked example: b=16, ctx 1024, a = (0.5, 0.5, ...), ms(16, K) = 10, 11, 12, 13 for K = 0..3:
+    E = 1, 1.5, 1.75, 1.875   gain = 1, 1.364, 1.458, 1.442
+    score (margin 1.01) = 1, 1.350, 1.430, 1.400  -> best K=2; from previous K=3 it moves
+    (1.430 > 1.400 * 1.02 = 1.428); from previous K=1 too. With a = 0.15 instead:
+    gain = 1, 1.045, 0.977, 0.905 -> K=1 (score 1.035 > 1 x 1.02).
+Pure: the state (estimate, previous K, iterations since speculation) lives in the executor and
+comes in through PolicyInputs, so the same inputs give the same K on every TP rank.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.acceptance_estimate import HALF_LIFE_ROWS, AcceptanceEstimate
+from dynspec.runtime.cost_model import CostModel
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    margin: float = 0.02             # hysteresis: a new K must score this much above the previous one
+    draft_margin: float = 1.01       # per draft position, as `dynspec tune --draft-margin`
+    probe_loss: float = 0.005        # at most this share of throughput goes to probing (cost model)
+    min_probe_interval: int = 8
+    max_probe_interval: int = 4096
+    half_life: float = HALF_LIFE_ROWS   # the estimate's memory, in rows drafted at position 1
+    prior: float | None = None       # a_1 before any data; None: the profile's measured a_1, else 0.5
+
+    def __post_init__(self) -> None:
+        if self.margin < 0 or self.draft_margin < 1 or not 0 < self.probe_loss < 1:
+            raise DynspecError(f"adaptive settings: margin {self.margin} must be >= 0, draft_margin "
+                               f"{self.draft_margin} >= 1 and probe_loss {self.probe_loss} in (0, 1)")
+        if not 1 <= self.min_probe_interval <= self.max_probe_interval:
+            raise DynspecError(f"adaptive settings: probe intervals {self.min_probe_interval}.."
+                               f"{self.max_probe_interval} must satisfy 1 <= min <= max")
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    batch_size: int                  # b decode rows
+    context: float                   # mean KV length of the decode rows
+    acceptance: tuple[float, ...]    # a_1, a_2, ... (AcceptanceEstimate.rates)
+    previous_k: int = 0              # K of the last iteration with decode rows
+    since_spec: int = 0              # iterations with rows since the last one at K > 0
+    max_k: int = 32                  # the largest K the engine and this iteration's token budget allow
+
+
+@dataclass(frozen=True)
+class Decision:
+    k: int
+    best_k: int                      # the argmax before hold / probe
+    gain: float | None               # predicted gain(k) over plain decode; None: not predicted
+    reason: str                      # "best" | "hold" | "probe" | "unprofiled batch"
+    extrapolated: bool = False       # a cost lookup left the profiled range
+
+    @property
+    def probe(self) -> bool:
+        return self.reason == "probe"
+
+
+def expected_tokens(k: int, acceptance: Sequence[float]) -> float:
+    """1 + sum_{i<=K} prod_{j<=i} a_j; past the last rate the last one repeats.
+    expected_tokens(3, (0.7,)) = 1 + 0.7 + 0.49 + 0.343 = 2.533."""
+    e, run = 1.0, 1.0
+    for i in range(k):
+        run *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+        e += run
+    return e
+
+
+def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
+    """The pure rule of the module docstring."""
+    b = x.batch_size
+    ks = [k for k in candidates if k <= x.max_k]
+    if b > cost.batch_sizes[-1] or len(ks) < 2:
+        return Decision(0, 0, None, "unprofiled batch" if b > cost.batch_sizes[-1] else "best")
+    base = cost.lookup(b, 0, x.context)
+    gains, extrapolated = {0: 1.0}, base.extrapolated
+    for k in ks:
+        if k:
+            c = cost.lookup(b, k, x.context)
+            extrapolated |= c.extrapolated
+            gains[k] = expected_tokens(k, x.acceptance) * base.ms / c.ms
+    score = {k: g / s.draft_margin ** k for k, g in gains.items()}
+    best = max(score, key=lambda k: (score[k], -k))
+    k, reason = best, "best"
+    prev = x.previous_k
+    if prev != best and prev in score and score[best] <= score[prev] * (1 + s.margin):
+        k, reason = prev, "hold"
+    if k == 0 and 1 in gains:
+        loss = max(0.0, 1.0 - gains[1])
+        interval = min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss)))
+        if x.since_spec >= interval:
+            k, reason = 1, "probe"
+    return Decision(k, best, gains[k], reason, extrapolated)
+
+
+class AdaptivePolicy:
+    """choose_k bound to one cost model, candidate set and settings (immutable)."""
+
+    def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
+                 max_draft_len: int | None = None):
+        ks = tuple(k for k in cost.draft_lens if max_draft_len is None or k <= max_draft_len)
+        if 0 not in ks or len(ks) < 2:
+            raise DynspecError(f"cost model profiles K = {list(cost.draft_lens)}; the adaptive policy needs K=0 and "
+                               f"at least one K in 1..{max_draft_len if max_draft_len is not None else 'max'}")
+        self.cost, self.settings, self.candidates = cost, settings, ks
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.candidates[-1]
+
+    def initial_estimate(self) -> AcceptanceEstimate:
+        prior = self.settings.prior
+        if prior is None:
+            prior = self.cost.per_position[0] if self.cost.per_position else 0.5
+        return AcceptanceEstimate(prior=prior, positions=max(self.max_draft_len, 1), half_life=self.settings.half_life)
+
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        return choose_k(inputs, self.cost, self.candidates, self.settings)
+
+    def __str__(self) -> str:
+        ctx = ",".join(str(c) for c in self.cost.context_lens)
+        return f"adaptive (K in {list(self.candidates)}, cost model of {self.cost.device} at context {ctx})"
+
+
+def load_policy(cost_model_path, max_draft_len: int | None = None,
+                settings: AdaptiveSettings = AdaptiveSettings()) -> AdaptivePolicy:
+    """ENGINE_DIR/cost_model.json (a profile.json) -> the adaptive policy."""
+    return AdaptivePolicy(CostModel.load(cost_model_path), settings, max_draft_len)

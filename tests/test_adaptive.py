@@ -1,0 +1,163 @@
+"""The adaptive policy's pure parts: the acceptance estimate and choose_k, by worked examples."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings, PolicyInputs, choose_k, expected_tokens
+from dynspec.runtime.cost_model import CostModel
+
+S = AdaptiveSettings()
+
+
+def cost(ms_by_k=(10.0, 11.0, 12.0, 13.0), batch_sizes=(1, 16, 64), contexts=(1024,), per_position=None):
+    """The same ms(K) at every batch size and context (the docstring's worked example)."""
+    row = tuple(ms_by_k)
+    ms = tuple(tuple(row for _ in batch_sizes) for _ in contexts)
+    return CostModel("test", tuple(contexts), tuple(batch_sizes), tuple(range(len(row))), per_position, ms)
+
+
+def inputs(a, b=16, previous_k=0, since_spec=0, max_k=32, context=1024.0):
+    return PolicyInputs(b, context, (a,) * 8 if isinstance(a, float) else tuple(a), previous_k, since_spec, max_k)
+
+
+# ---- the estimate -----------------------------------------------------------------------------------
+def test_one_step_counts_each_position_among_the_rows_that_reached_it():
+    est = AcceptanceEstimate(prior=0.5, positions=3, prior_weight=1e-9).update(3, [3, 0, 1])
+    assert est.trials == pytest.approx((3, 2, 1))
+    assert est.hits == pytest.approx((2, 1, 1))
+    assert est.rates() == pytest.approx((2 / 3, 1 / 2, 1.0), abs=1e-6)
+
+
+def test_no_data_is_the_prior_and_unmeasured_positions_follow_the_one_before():
+    est = AcceptanceEstimate(prior=0.6, positions=4)
+    assert est.rates() == pytest.approx((0.6,) * 4)
+    for _ in range(50):                                  # K=1 only: position 1 is all misses
+        est = est.update(1, [0] * 8)
+    r = est.rates()
+    # steady state: 8 rows a step decayed by 2^(-8/64) -> n_1 = 8 / (1 - 0.917) = 96.5, a_1 = 4 x 0.6 / 100.5
+    assert r[0] == pytest.approx(0.0239, abs=0.001)
+    assert r[3] < 0.03                                  # positions 2..4 fall with position 1
+
+
+def test_the_estimate_converges_to_a_bernoulli_rate_and_forgets_with_its_half_life():
+    rng = random.Random(0)
+
+    def window(p, k=4):
+        n = 0
+        while n < k and rng.random() < p:
+            n += 1
+        return n
+
+    est = AcceptanceEstimate(prior=0.5, positions=4, half_life=64)
+    for _ in range(400):
+        est = est.update(4, [window(0.8) for _ in range(4)])
+    assert est.rates()[0] == pytest.approx(0.8, abs=0.06)
+    steps = 0
+    while abs(est.rates()[0] - 0.2) > 0.05:              # the shift: 0.8 -> 0.2
+        est = est.update(4, [window(0.2) for _ in range(4)])
+        steps += 1
+    # |0.8 - 0.2| x 2^(-4 steps / 64) < 0.05 needs about 3.6 half-lives = 57 steps of 4 rows
+    assert 20 <= steps <= 120
+
+
+def test_update_at_k0_or_without_rows_changes_nothing_and_bad_settings_are_refused():
+    est = AcceptanceEstimate(positions=2)
+    assert est.update(0, [0, 0]) == est and est.update(2, []) == est
+    with pytest.raises(DynspecError, match="outside"):
+        AcceptanceEstimate(prior=1.5)
+    with pytest.raises(DynspecError, match="half_life"):
+        AcceptanceEstimate(half_life=0)
+
+
+# ---- choose_k ---------------------------------------------------------------------------------------
+def test_expected_tokens_worked_example():
+    assert expected_tokens(3, (0.7,)) == pytest.approx(2.533)
+    assert expected_tokens(0, (0.7,)) == 1.0
+    assert expected_tokens(2, (1.0, 0.5)) == pytest.approx(2.5)
+
+
+def test_docstring_example_best_k_moves_with_acceptance():
+    c = cost()
+    d = choose_k(inputs(0.5, previous_k=3), c, c.draft_lens, S)
+    assert (d.k, d.best_k, d.reason) == (2, 2, "best")
+    assert d.gain == pytest.approx(1.75 * 10 / 12)
+    d = choose_k(inputs(0.15, previous_k=0), c, c.draft_lens, S)
+    assert (d.k, d.reason) == (1, "best") and d.gain == pytest.approx(1.15 * 10 / 11)
+    d = choose_k(inputs(0.02), c, c.draft_lens, S)
+    assert d.k == 0
+
+
+def test_hysteresis_holds_the_previous_k_inside_the_margin():
+    # a = 0.5, ms 10, 11, 12, 12.3: K=2 scores 1.4296, K=3 1.875*10/12.3/1.0303 = 1.4796 -> best 3;
+    # from previous K=2 the move needs 1.4796 > 1.4296 x 1.02 = 1.4582: it moves. With ms(3) = 12.8
+    # K=3 scores 1.4218, so K=2 is best, but from previous K=3 it does not beat 1.4218 x 1.02 = 1.4502.
+    moved = cost((10.0, 11.0, 12.0, 12.3))
+    assert choose_k(inputs(0.5, previous_k=2), moved, moved.draft_lens, S).k == 3
+    held = cost((10.0, 11.0, 12.0, 12.8))
+    d = choose_k(inputs(0.5, previous_k=3), held, held.draft_lens, S)
+    assert (d.k, d.best_k, d.reason) == (3, 2, "hold")
+    d = choose_k(inputs(0.5, previous_k=1), held, held.draft_lens, S)
+    assert (d.k, d.reason) == (2, "best")          # 1.4296 > 1.3501 x 1.02
+
+
+def test_no_flip_flop_between_neighbours_under_a_noisy_estimate():
+    c = cost((10.0, 11.0, 12.0, 12.8))             # K=2 and K=3 within 0.6% of each other at a = 0.5
+    rng, prev, flips = random.Random(1), 2, 0
+    for _ in range(500):
+        a = 0.5 + rng.uniform(-0.005, 0.005)
+        k = choose_k(inputs(a, previous_k=prev), c, c.draft_lens, S).k
+        flips += k != prev
+        prev = k
+    assert flips <= 1
+
+
+def test_recovery_from_k0_by_probing_and_the_probe_interval_follows_its_cost():
+    c = cost((10.0, 14.0, 18.0, 22.0))            # K=1 costs 40% more: a_1 = 0.1 predicts 1.1/1.4 = 0.786
+    x = inputs(0.1, since_spec=0)
+    d = choose_k(x, c, c.draft_lens, S)
+    assert (d.k, d.reason) == (0, "best")
+    # loss 1 - 0.786 = 0.214; interval ceil(0.214 / 0.005) = 43 iterations without speculation
+    assert choose_k(inputs(0.1, since_spec=42), c, c.draft_lens, S).k == 0
+    d = choose_k(inputs(0.1, since_spec=43), c, c.draft_lens, S)
+    assert (d.k, d.reason, d.probe) == (1, "probe", True)
+    # the probe measures a high a_1: the estimate rises and the next decision speculates for real
+    est = AcceptanceEstimate(prior=0.1, positions=3)
+    for _ in range(10):
+        est = est.update(1, [1] * 16)
+    d = choose_k(PolicyInputs(16, 1024.0, est.rates(), 1, 0, 32), c, c.draft_lens, S)
+    assert d.k >= 1 and d.reason == "best"
+
+
+def test_budget_and_profile_limits():
+    c = cost()
+    assert choose_k(inputs(0.9, max_k=1), c, c.draft_lens, S).k == 1       # the token budget caps K
+    assert choose_k(inputs(0.9, max_k=0, since_spec=10**6), c, c.draft_lens, S).k == 0   # no probe either
+    d = choose_k(inputs(0.9, b=65), c, c.draft_lens, S)                      # past the profiled batch sizes
+    assert (d.k, d.reason) == (0, "unprofiled batch")
+    d = choose_k(inputs(0.9, context=5000.0), c, c.draft_lens, S)            # past the profiled context
+    assert d.extrapolated
+
+
+def test_cost_interpolates_in_context_and_k_follows_it():
+    # context 512: verify windows are cheap (K=3 best at a = 0.7); 4096: each K costs much more (K=1:
+    # gains 1.417, 1.413, 1.333 for K = 1..3)
+    c = CostModel("test", (512, 4096), (1, 128), (0, 1, 2, 3), None,
+                  (((10.0, 10.5, 11.0, 11.5),) * 2, ((20.0, 24.0, 31.0, 38.0),) * 2))
+    assert choose_k(inputs(0.7, b=128, context=512.0), c, c.draft_lens, S).k == 3
+    assert choose_k(inputs(0.7, b=128, context=4096.0), c, c.draft_lens, S).k == 1
+
+
+def test_policy_object_candidates_prior_and_errors():
+    pol = AdaptivePolicy(cost(per_position=(0.8, 0.7)), max_draft_len=2)
+    assert pol.candidates == (0, 1, 2) and pol.max_draft_len == 2
+    assert pol.initial_estimate().rates()[0] == pytest.approx(0.8)
+    assert AdaptivePolicy(cost()).initial_estimate().rates()[0] == pytest.approx(0.5)
+    assert "adaptive" in str(pol)
+    with pytest.raises(DynspecError, match="at least one K"):
+        AdaptivePolicy(cost(), max_draft_len=0)
+    with pytest.raises(DynspecError, match="margin"):
+        AdaptiveSettings(margin=-1)

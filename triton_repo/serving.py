@@ -344,6 +344,8 @@ class MetricsSample:
     drafted: int                        # draft tokens proposed since the previous sample
     accepted: int                       # draft tokens accepted since the previous sample
     iterations_by_k: Mapping[int, int]  # iterations since the previous sample, by K
+    acceptance: float | None = None     # the executor's estimate of a_1 at the latest iteration
+    probes: int = 0                     # adaptive K=1 probe iterations since the previous sample
 
 
 # Iteration stats the served executor keeps: the monitor reads them every 50 ms, far fewer
@@ -360,6 +362,7 @@ class StatsCursor:
         self.next = 0
         self._k: int | None = None
         self._b = 0
+        self._a1: float | None = None
 
     def sample(self, stats: Sequence, busy: bool) -> MetricsSample:
         new = [st for st in stats if st.iteration >= self.next]
@@ -372,6 +375,9 @@ class StatsCursor:
             by_k[st.k] = by_k.get(st.k, 0) + 1
         if decoding:
             self._k, self._b = decoding[-1].k, decoding[-1].batch_size
+            if decoding[-1].acceptance:
+                self._a1 = decoding[-1].acceptance[0]
         elif not busy:
             self._b = 0
-        return MetricsSample(self._k, self._b, sum(s.drafted for s in new), sum(s.accepted for s in new), by_k)
+        return MetricsSample(self._k, self._b, sum(s.drafted for s in new), sum(s.accepted for s in new), by_k,
+                             self._a1, sum(s.probe for s in decoding))

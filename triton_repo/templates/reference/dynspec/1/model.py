@@ -70,6 +70,11 @@ class _Metrics:
                                family.COUNTER),
             "iterations": family("dynspec_iterations_total", "Executor iterations, by draft length k",
                                  family.COUNTER),
+            "acceptance": family("dynspec_acceptance_estimate", "The executor's estimate of draft position 1's "
+                                 "acceptance rate at the latest iteration (runtime/acceptance_estimate.py)",
+                                 family.GAUGE),
+            "probes": family("dynspec_probe_iterations_total", "K=1 iterations the adaptive policy took to "
+                             "measure acceptance while K=0 was best", family.COUNTER),
             "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
                                family.COUNTER),
             "rejected": family("dynspec_requests_rejected_total", "Requests answered with an error, by reason "
@@ -86,6 +91,8 @@ class _Metrics:
         self.drafted = self._families["drafted"].Metric(labels=labels)
         self.accepted = self._families["accepted"].Metric(labels=labels)
         self.cancelled = self._families["cancelled"].Metric(labels=labels)
+        self.acceptance = self._families["acceptance"].Metric(labels=labels)
+        self.probes = self._families["probes"].Metric(labels=labels)
         self._by = {}
 
     def _labelled(self, family, key, value):
@@ -101,6 +108,10 @@ class _Metrics:
             self.drafted.increment(sample.drafted)
         if sample.accepted:
             self.accepted.increment(sample.accepted)
+        if sample.acceptance is not None:
+            self.acceptance.set(sample.acceptance)
+        if sample.probes:
+            self.probes.increment(sample.probes)
         for k, n in sample.iterations_by_k.items():
             self._labelled("iterations", "k", k).increment(n)
 

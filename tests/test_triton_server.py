@@ -345,6 +345,8 @@ def test_single_request_speculates_at_full_k(server, info, oracle):
     drafted = metric(after, "dynspec_drafted_tokens_total") - metric(before, "dynspec_drafted_tokens_total")
     accepted = metric(after, "dynspec_accepted_tokens_total") - metric(before, "dynspec_accepted_tokens_total")
     assert 0 < accepted <= drafted
+    assert 0.0 <= metric(after, "dynspec_acceptance_estimate") <= 1.0      # the executor's a_1 estimate
+    assert metric(after, "dynspec_probe_iterations_total") == 0              # a schedule never probes
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ Three sources, told apart by their content:
 
 One rate a fitted to totals: the a with sum over row-steps of E[accepted | K] = accepted, where
 E[accepted | K] = a + a^2 + ... + a^K (each draft accepted with probability a, in order, until the
-first rejection). Example: 10 row-steps at K=2 accepting 12 drafts -> a + a^2 = 1.2 -> a = 0.6.
+first rejection). Example: 25 row-steps at K=2 accepting 24 drafts -> a + a^2 = 0.96 -> a = 0.6.
 """
 from __future__ import annotations
 
@@ -57,9 +57,11 @@ def expected_accepted(a: float, k: int) -> float:
 
 def fit_rate(steps_by_k: Mapping[int, int], accepted: int) -> float:
     """The a in [0, 1] with sum_K steps_K x expected_accepted(a, K) = accepted (bisection: the sum
-    rises with a from 0 to sum_K steps_K x K). fit_rate({2: 10}, 12) = 0.6."""
+    rises with a from 0 to sum_K steps_K x K). fit_rate({2: 25}, 24) = 0.6."""
     total = lambda a: sum(n * expected_accepted(a, k) for k, n in steps_by_k.items())
     lo, hi = 0.0, 1.0
+    if accepted <= 0:
+        return 0.0
     if accepted >= total(1.0):
         return 1.0
     for _ in range(60):

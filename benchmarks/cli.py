@@ -112,15 +112,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         src = "--max-num-tokens" if args.max_num_tokens is not None else f"{args.profile}: field 'max_num_tokens'"
         raise DynspecError(f"{src} {budget!r} must be an integer of at least 1")
-    if (args.acceptance is None) == (not args.acceptance_from):
-        raise DynspecError("give exactly one of --acceptance RATE and --acceptance-from profile")
-    if args.acceptance is not None:
-        acc = args.acceptance
-    else:
-        if prof.per_position is None:
-            raise DynspecError(f"profile {args.profile} has no 'acceptance.per_position';"
-                               " measure it with `dynspec profile --measure-acceptance` or give --acceptance RATE")
-        acc = prof.per_position
+    acc, source = _tune_acceptance(args)
     tables = prof.tables if args.vllm_grid else (one,)
     results = [(t, tune(t.iteration_ms, acc, args.max_draft_len, args.min_gain, budget, args.draft_margin))
                for t in tables]
@@ -129,12 +121,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     command = _command("tune", args)
     if args.json and grid is not None:
         print(json.dumps({"by_context": [r.to_json() | {"context_len": t.context_len} for t, r in results],
-                          "vllm_grid": grid, "command": command}))
+                          "vllm_grid": grid, "acceptance_source": source, "command": command}))
     elif args.json:
-        print(json.dumps(res.to_json() | {"command": command}))
+        print(json.dumps(res.to_json() | {"acceptance_source": source, "command": command}))
     else:
         for t, r in results:
-            print(f"profile {args.profile} ({prof.device}, context {t.context_len})")
+            print(f"profile {args.profile} ({prof.device}, context {t.context_len}); acceptance from {source}")
             print(r.table())
         if grid is not None:
             print("vLLM speculative_config:", json.dumps(grid))
@@ -142,7 +134,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         write_text(args.out, res.schedule.to_spec() + "\n")
     if args.report:
         write_json(args.report, res.to_json() | {"profile": str(args.profile), "device": prof.device,
-                                                 "context_len": one.context_len, "command": command})
+                                                 "context_len": one.context_len, "acceptance_source": source,
+                                                 "command": command})
     if args.vllm_grid:
         write_json(args.vllm_grid, grid)
     return 0
@@ -157,6 +150,21 @@ def _vllm_grid(results) -> dict:
         raise DynspecError("--vllm-grid needs each table's context_len; the profile does not record it")
     grid = to_vllm_grid([(t.context_len, r.schedule) for t, r in results])
     return {"num_speculative_tokens": max(e[-1] for e in grid), "speculative_token_schedule": grid}
+
+
+def _tune_acceptance(args: argparse.Namespace):
+    """(--acceptance RATE, "--acceptance RATE") or the file's measured rates and what they came from:
+    one fitted rate stays a float (valid at every profiled K), per-position rates a tuple."""
+    from dynspec.benchmarks.acceptance_sources import read_measured_acceptance
+    from dynspec.errors import DynspecError
+
+    if (args.acceptance is None) == (not args.acceptance_from):
+        raise DynspecError("give exactly one of --acceptance RATE and --acceptance-from FILE")
+    if args.acceptance is not None:
+        return args.acceptance, f"--acceptance {args.acceptance:g}"
+    path = args.profile if args.acceptance_from == "profile" else args.acceptance_from
+    m = read_measured_acceptance(path)
+    return (m.rate if m.fitted else m.per_position), m.source
 
 
 # ---- sweep alias ---------------------------------------------------------------
@@ -205,7 +213,9 @@ def register(sub) -> None:
     t = sub.add_parser("tune", help="choose a draft-length schedule from a profile (goodput per batch size)")
     t.add_argument("--profile", required=True, help="profile.json from `dynspec profile`")
     t.add_argument("--acceptance", type=float, metavar="RATE", help="one per-draft acceptance rate, e.g. 0.7")
-    t.add_argument("--acceptance-from", choices=("profile",), help="use the profile's measured per-position rates")
+    t.add_argument("--acceptance-from", metavar="FILE",
+                   help="measured acceptance: a sweep result JSON, TensorRT-LLM iteration stats (*.jsonl,"
+                        " specDecodingStats) or a profile.json with acceptance.per_position; 'profile' = --profile")
     t.add_argument("--context", type=int, metavar="N", help="the profiled context whose table to tune"
                    " (default: the profile's only one)")
     t.add_argument("--vllm-grid", metavar="FILE.json", help="tune every profiled context and write vLLM's"

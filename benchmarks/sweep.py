@@ -196,7 +196,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                    help="schedule of the dynamic mode, e.g. '4:4,8:2' or @schedule.txt from `dynspec tune`"
                         " (default: the engine's)")
     g.add_argument("--acceptance", default="real",
-                   help="real (greedy, lossless) | bernoulli:P (labelled model for random-weight checkpoints)")
+                   help="real (greedy, lossless) | bernoulli:P | bernoulli-mix:P1@W1,P2@W2 (each request's P by a hash"
+                        " of its id) | shift:P1,P2@AT (P1 before request AT, a key or a fraction of the load"
+                        " point's requests; P2 after): labelled models for random-weight checkpoints")
     g.add_argument("--keep-warm", choices=("engine", "on", "off"), default="engine",
                    help="dynamic mode: keep the draft warm while K=0 (default: the engine dir's setting)")
     w = p.add_argument_group("workload")
@@ -404,6 +406,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.workload import take
+    from dynspec.runtime.acceptance import resolve
     from dynspec.runtime.executor import Executor
 
     schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
@@ -414,8 +417,10 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
             torch.cuda.set_device(torch.device(dev))
         engine = open_engine(spec, cfg, dev)
 
-    def executor(mode: str) -> Executor:
-        return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=spec.acceptance, allow_lossy=True)
+    def executor(mode: str, n_requests: int) -> Executor:
+        # request keys are the executor's ids, 0..n_requests-1: a fraction-form shift point is taken of those
+        return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=resolve(spec.acceptance, n_requests),
+                        allow_lossy=True)
 
     if spec.warmup_requests > 0:
         # untimed: every mode at batch 1 and at the largest concurrency (short outputs), so
@@ -423,9 +428,9 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         top = max([p.concurrency for p in spec.points if p.concurrency is not None] + [1])
         short = [replace(r, output_tokens=min(r.output_tokens, 8)) for r in spec.requests]
         for m in spec.modes:
-            closed_loop(executor(m), take(short, spec.warmup_requests), 1)
+            closed_loop(executor(m, spec.warmup_requests), take(short, spec.warmup_requests), 1)
             if top > 1:
-                closed_loop(executor(m), take(short, top), top)
+                closed_loop(executor(m, top), take(short, top), top)
         log(f"warmed up: {spec.warmup_requests} requests at C=1" + (f" and {top} at C={top}" if top > 1 else "")
             + " per mode")
 
@@ -448,7 +453,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
                 if bar is not None:
                     bar.set_postfix_str(f"{p.label} {m}" + (f" trial {t + 1}" if spec.trials > 1 else ""))
                 torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
-                ex = executor(m)
+                ex = executor(m, n)
                 w.barrier()
                 cb = bar.update if bar is not None else None
                 if p.concurrency is not None:

@@ -15,6 +15,15 @@ the same requests then measures the K, not the luck of the draws.
 Worked example, K=3:
     drafts   [a, b, c]      target greedy [a, b, x, y]
     match    [1, 1, 0]   -> cumprod [1, 1, 0] -> accepted 2; emitted [a, b, x]
+
+Per-request benchmark models draw like Bernoulli, each request at its own rate (`rate_of`):
+    BernoulliMix(((0.9, 0.5), (0.2, 0.5)))  request k runs at 0.9 if key_uniform(seed, k) < 0.5,
+                                            else 0.2: a fixed hash of (seed, key), so every mode
+                                            and trial sees the same rate for the same request
+    Shift(0.8, 0.2, at=100)                 keys 0..99 at 0.8, keys 100.. at 0.2
+    Shift(0.8, 0.2, at=0.5)                 `at` a fraction of a run's requests: `resolve(model,
+                                            n_requests=40)` -> Shift(0.8, 0.2, at=20)
+The engine keeps one rate per cache slot, set when the slot is reserved for a request key.
 """
 from __future__ import annotations
 
@@ -51,19 +60,149 @@ class Bernoulli:
         return f"bernoulli:{self.p:g}"
 
 
-AcceptanceModel = Greedy | Bernoulli
+def _num(x: float) -> str:
+    """Shortest text that parses back to x: 0.9 -> '0.9', 1/3 -> '0.3333333333333333'."""
+    return f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
+
+
+def _rate(p: float, what: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise DynspecError(f"{what} {p!r} is not a probability in [0, 1]")
+    return float(p)
+
+
+@dataclass(frozen=True)
+class BernoulliMix:
+    """Each request runs Bernoulli at one of `parts`' rates: parts ((rate, weight), ...), weights
+    summing to 1; the part is picked by key_uniform(seed, key) against the cumulative weights."""
+    parts: tuple[tuple[float, float], ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise DynspecError("bernoulli-mix needs at least one rate@weight part")
+        for rate, weight in self.parts:
+            _rate(rate, "bernoulli-mix rate")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 < weight <= 1.0:
+                raise DynspecError(f"bernoulli-mix weight {weight!r} is not in (0, 1]")
+        total = sum(w for _, w in self.parts)
+        if abs(total - 1.0) > 1e-9:
+            raise DynspecError(f"bernoulli-mix weights sum to {total:.12g}, not 1")
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    def rate(self, key: int) -> float:
+        u, edge = key_uniform(self.seed, key), 0.0
+        for rate, weight in self.parts:
+            edge += weight
+            if u < edge:
+                return float(rate)
+        return float(self.parts[-1][0])       # u within rounding of 1 - sum of the weights
+
+    def __str__(self) -> str:
+        return "bernoulli-mix:" + ",".join(f"{_num(r)}@{_num(w)}" for r, w in self.parts)
+
+
+@dataclass(frozen=True)
+class Shift:
+    """Requests with key < at run Bernoulli at `before`, the rest at `after`. at: an int is a
+    request key; a float in (0, 1) is a fraction of a run's requests, which `resolve` turns
+    into a key once the run's request count is known (rate_of refuses it before)."""
+    before: float
+    after: float
+    at: int | float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _rate(self.before, "shift rate before")
+        _rate(self.after, "shift rate after")
+        if isinstance(self.at, bool) or not isinstance(self.at, (int, float)):
+            raise DynspecError(f"shift point {self.at!r} is not a request key or a fraction")
+        if isinstance(self.at, int) and self.at < 0:
+            raise DynspecError(f"shift point {self.at} is a negative request key")
+        if isinstance(self.at, float) and not 0.0 < self.at < 1.0:
+            raise DynspecError(f"shift point {self.at!r} is not a fraction in (0, 1) (or give an integer key)")
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    @property
+    def resolved(self) -> bool:
+        return isinstance(self.at, int)
+
+    def rate(self, key: int) -> float:
+        if not self.resolved:
+            raise DynspecError(f"acceptance model {self}: the shift point is a fraction of a run's requests;"
+                               " resolve(model, n_requests) it first")
+        return float(self.before if key < self.at else self.after)
+
+    def __str__(self) -> str:
+        return f"shift:{_num(self.before)},{_num(self.after)}@{self.at if self.resolved else _num(self.at)}"
+
+
+AcceptanceModel = Greedy | Bernoulli | BernoulliMix | Shift
+
+
+def rate_of(model: AcceptanceModel, key: int) -> float | None:
+    """The Bernoulli rate of the request with this key; None for Greedy (real acceptance)."""
+    if isinstance(model, Greedy):
+        return None
+    if isinstance(model, Bernoulli):
+        return float(model.p)
+    return model.rate(key)
+
+
+def resolve(model: AcceptanceModel, n_requests: int, first_key: int = 0) -> AcceptanceModel:
+    """A fraction-form Shift at a run of n_requests whose keys are first_key, first_key + 1, ...:
+    Shift(0.8, 0.2, 0.5) with n_requests=40, first_key=2 -> Shift(0.8, 0.2, 22). Else `model`."""
+    if not isinstance(model, Shift) or model.resolved:
+        return model
+    if n_requests < 1:
+        raise DynspecError(f"acceptance model {model}: a run of {n_requests} requests has no shift point")
+    return Shift(model.before, model.after, first_key + round(model.at * n_requests), model.seed)
+
+
+_NUM = r"([0-9]*\.?[0-9]+)"
 
 
 def parse_acceptance(text: str, seed: int = 0) -> AcceptanceModel:
-    """'real' -> Greedy(); 'bernoulli:0.7' -> Bernoulli(0.7)."""
+    """'real' -> Greedy(); 'bernoulli:0.7' -> Bernoulli(0.7);
+    'bernoulli-mix:0.9@0.5,0.2@0.5' -> BernoulliMix(((0.9, 0.5), (0.2, 0.5)));
+    'shift:0.8,0.2@0.5' -> Shift(0.8, 0.2, 0.5) (a fraction); 'shift:0.8,0.2@100' -> at key 100."""
     t = text.strip().lower()
     if t in ("real", "greedy"):
         return Greedy()
-    m = re.fullmatch(r"bernoulli:([0-9]*\.?[0-9]+)", t)
-    if not m:
-        raise DynspecError(f"acceptance model {text!r} is not 'real' or 'bernoulli:P' (e.g. bernoulli:0.7)")
-    return Bernoulli(float(m.group(1)), seed)
+    try:
+        if m := re.fullmatch(r"bernoulli:" + _NUM, t):
+            return Bernoulli(float(m.group(1)), seed)
+        if t.startswith("bernoulli-mix:"):
+            parts = [re.fullmatch(_NUM + "@" + _NUM, x.strip()) for x in t[len("bernoulli-mix:"):].split(",")]
+            if all(parts):
+                return BernoulliMix(tuple((float(p.group(1)), float(p.group(2))) for p in parts), seed)
+        if m := re.fullmatch(r"shift:" + _NUM + "," + _NUM + "@" + r"(?:([0-9]+)|([0-9]*\.[0-9]+))", t):
+            at = int(m.group(3)) if m.group(3) is not None else float(m.group(4))
+            return Shift(float(m.group(1)), float(m.group(2)), at, seed)
+    except DynspecError as e:
+        raise DynspecError(f"acceptance model {text!r}: {e}") from None
+    raise DynspecError(f"acceptance model {text!r} is not 'real', 'bernoulli:P', 'bernoulli-mix:P1@W1,P2@W2,...'"
+                       " or 'shift:BEFORE,AFTER@AT' (e.g. bernoulli:0.7, bernoulli-mix:0.9@0.5,0.2@0.5,"
+                       " shift:0.8,0.2@0.5)")
 
+
+_M64 = (1 << 64) - 1
+
+
+def key_uniform(seed: int, key: int) -> float:
+    """u in [0, 1) for a request key (host-side, Python ints): a splitmix64 finaliser of (seed, key),
+    independent of draft_uniforms' hash. Example: key_uniform(0, 7) is the same in every run."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + int(key) * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    x ^= x >> 31
+    return (x >> 11) * (1.0 / (1 << 53))
 
 _M31 = 0x7FFFFFFF
 

@@ -43,7 +43,7 @@ from typing import Iterable
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Bernoulli, Greedy, accepted_prefix, draft_uniforms
+from dynspec.runtime.acceptance import AcceptanceModel, Greedy, accepted_prefix, draft_uniforms, rate_of
 from dynspec.runtime.engines.reference.attention import (RaggedBatch, SplitRows, ragged_batch, sdpa_attention,
                                                          uniform_batch)
 from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
@@ -146,11 +146,12 @@ class ReferenceEngine:
         self._pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
-        self.p_accept = torch.zeros((), dtype=torch.float32, device=dev)       # Bernoulli p
+        self.slot_p = torch.zeros(n, dtype=torch.float32, device=dev)          # [S] Bernoulli p of the slot's request
         self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
         self.accept_seed = torch.zeros((), dtype=torch.long, device=dev)       # Bernoulli seed
         self.slot_key = torch.zeros(n, dtype=torch.long, device=dev)           # [S] request key (reserve)
-        self._acceptance: AcceptanceModel | None = None   # what p_accept/bernoulli hold (host copy: no sync)
+        self._keys: dict[int, int] = {}          # host copy of slot_key for the reserved slots
+        self._acceptance: AcceptanceModel | None = None   # what slot_p/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
         self.whole: WholeMixed | None = None      # mixed iterations' whole-forward graphs (capture_whole_graphs)
@@ -174,6 +175,9 @@ class ReferenceEngine:
         slot = self.blocks.reserve(tokens)
         if slot is not None:
             self.slot_key[slot] = key
+            self._keys[slot] = key
+            if self._acceptance is not None:
+                self.slot_p[slot] = rate_of(self._acceptance, key) or 0.0
             table = torch.tensor(self.blocks.tables[slot], dtype=torch.long).to(self.device)   # one copy
             self.block_tables[slot, : len(table)] = table
             self.block_owner[table] = slot
@@ -183,6 +187,7 @@ class ReferenceEngine:
     def release(self, slot: int) -> None:
         """Free the slot's blocks (no K/V is copied or cleared)."""
         blocks = torch.tensor(self.blocks.release(slot), dtype=torch.long).to(self.device)
+        self._keys.pop(slot, None)
         self.block_owner[blocks] = -1
         self.block_tables[slot] = SCRATCH_BLOCK
 
@@ -237,14 +242,17 @@ class ReferenceEngine:
         return self._graphs.get(GraphKey("decode", bucket, keep_warm=keep_warm))
 
     def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
-        """Device flags and seed follow the host copy, set when the model changes."""
+        """Device flag, seed and every reserved slot's rate follow the host copy, set when the
+        model changes (in place: graphs read these buffers); `reserve` sets a new slot's rate."""
         if acceptance == self._acceptance:
             return
-        bern = isinstance(acceptance, Bernoulli)
-        if bern:
-            self.accept_seed.fill_(acceptance.seed)
+        rates = torch.zeros(self.slot_p.shape[0], dtype=torch.float32)
+        for slot, key in self._keys.items():
+            rates[slot] = rate_of(acceptance, key) or 0.0
+        bern = not isinstance(acceptance, Greedy)
+        self.accept_seed.fill_(getattr(acceptance, "seed", 0))
         self.bernoulli.fill_(bern)
-        self.p_accept.fill_(acceptance.p if bern else 0.0)
+        self.slot_p.copy_(rates)
         self._acceptance = acceptance
 
     def _run(self, key: GraphKey, read: int) -> None:
@@ -301,11 +309,13 @@ class ReferenceEngine:
     def _accept(self, D, g):
         """drafts D [B, K] of rows 0..B-1, target greedy g [B, K+1] -> (accepted n [B], tokens
         E [B, K+1]): E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1].
-        Bernoulli: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p."""
+        Bernoulli models: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p of the
+        row's request (slot_p[slot], set from rate_of(model, key))."""
         B, K = D.shape
         steps = torch.arange(K + 1, device=D.device)
-        u = draft_uniforms(self.accept_seed, self.slot_key[self.slot[:B]], self.pos[:B, None] + steps[None, 1:])
-        rand = u < self.p_accept
+        slot = self.slot[:B]
+        u = draft_uniforms(self.accept_seed, self.slot_key[slot], self.pos[:B, None] + steps[None, 1:])
+        rand = u < self.slot_p[slot][:, None]                                            # [B, K]
         n = accepted_prefix(torch.where(self.bernoulli, rand, D == g[:, :K]))           # [B]
         return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
 

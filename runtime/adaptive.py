@@ -90,13 +90,9 @@ def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: Ada
     ks = [k for k in candidates if k <= x.max_k]
     if b > cost.batch_sizes[-1] or len(ks) < 2:
         return Decision(0, 0, None, "unprofiled batch" if b > cost.batch_sizes[-1] else "best")
-    base = cost.lookup(b, 0, x.context)
-    gains, extrapolated = {0: 1.0}, base.extrapolated
-    for k in ks:
-        if k:
-            c = cost.lookup(b, k, x.context)
-            extrapolated |= c.extrapolated
-            gains[k] = expected_tokens(k, x.acceptance) * base.ms / c.ms
+    row, extrapolated = cost.row(b, x.context)                  # ms for each of cost.draft_lens
+    ms = dict(zip(cost.draft_lens, row))
+    gains = {k: expected_tokens(k, x.acceptance) * ms[0] / ms[k] if k else 1.0 for k in ks}
     score = {k: g / s.draft_margin ** k for k, g in gains.items()}
     best = max(score, key=lambda k: (score[k], -k))
     k, reason = best, "best"

@@ -236,6 +236,20 @@ class CostModel:
         notes = [n for n in (bnote, cnote) if n]
         return CostLookup(ms, bool(notes), "; ".join(notes))
 
+    def row(self, b: int, context: float) -> tuple[tuple[float, ...], bool]:
+        """(ms for every profiled K, in draft_lens order; extrapolated?) at (b, context): the
+        interpolation of `lookup`, done once for all K (the policy's per-iteration call).
+        row(b, ctx)[0][draft_lens.index(k)] == lookup(b, k, ctx).ms."""
+        (ci, ct), cnote = _segment(self.context_lens, float(context), "context")
+        (bi, bt), bnote = _segment(self.batch_sizes, float(b), "b")
+
+        def at(c: int, j: int) -> float:
+            ys = self.ms[c]
+            return _lerp(ys[bi][j], ys[bi + 1][j], bt) if bt else ys[bi][j]
+
+        ms = tuple(_lerp(at(ci, j), at(ci + 1, j), ct) if ct else at(ci, j) for j in range(len(self.draft_lens)))
+        return ms, bool(bnote or cnote)
+
     @classmethod
     def from_profile(cls, profile: Profile, where: str = "profile") -> "CostModel":
         """The grid from a Profile; every table must hold the same batch sizes and K's (0 included)."""

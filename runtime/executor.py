@@ -71,7 +71,7 @@ class IterationStats:
     acceptance: tuple[float, ...] = ()   # a_1.. the estimate before this step
     predicted_gain: float | None = None  # adaptive: predicted speedup of K over plain decode
     probe: bool = False          # adaptive: a K=1 step taken to measure acceptance
-    policy_seconds: float = 0.0  # the K decision alone (inside host_seconds)
+    policy_seconds: float = 0.0  # the K decision (inside host_seconds) + the estimate's update after the step
     oldest_key: int | None = None   # smallest request id among the decode rows
 
 
@@ -297,16 +297,17 @@ class Executor:
                     self._rows.append(req)
                     req.draft_warm = True
                     emitted += self._append(req, (first,), t2)
-        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
-                            decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
-                            policy="adaptive" if decision else "schedule", context=context,
-                            acceptance=self._estimate.rates() if b else (),
-                            predicted_gain=decision.gain if decision else None,
-                            probe=bool(decision and decision.probe), policy_seconds=t_policy,
-                            oldest_key=min(r.id for r in rows) if rows else None)
+        before, t3 = (self._estimate.rates() if b else ()), self._clock()
         if b:
             self._estimate = self._estimate.update(k, result.accepted)
             self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
+        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
+                            decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
+                            policy="adaptive" if decision else "schedule", context=context, acceptance=before,
+                            predicted_gain=decision.gain if decision else None,
+                            probe=bool(decision and decision.probe),
+                            policy_seconds=t_policy + self._clock() - t3,
+                            oldest_key=min(r.id for r in rows) if rows else None)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)

@@ -172,3 +172,17 @@ def test_importing_the_cost_model_loads_no_torch():
     code = "import sys, dynspec.runtime.cost_model; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_row_is_lookup_for_every_k_at_once():
+    """The policy's one call per iteration equals a lookup per K, inside and outside the grid."""
+    from dynspec.runtime.cost_model import CostModel
+
+    c = CostModel("t", (256, 1024), (1, 8, 64), (0, 1, 3), None,
+                  (((4.0, 4.4, 5.0), (4.5, 5.0, 6.0), (9.0, 11.0, 15.0)),
+                   ((5.0, 5.5, 6.5), (5.5, 6.2, 7.5), (11.0, 14.0, 20.0))))
+    for b, ctx in ((1, 256), (5, 700.0), (64, 1024), (100, 2000.0), (3, 100.0)):
+        ms, extrapolated = c.row(b, ctx)
+        looks = [c.lookup(b, k, ctx) for k in c.draft_lens]
+        assert ms == pytest.approx([x.ms for x in looks])
+        assert extrapolated == any(x.extrapolated for x in looks)

@@ -311,3 +311,98 @@ def test_adaptive_summary_from_stage_outputs_with_a_png(tmp_path):
     write_suite_report(cfg, figs, {"command": "c", "stages": []}, tmp_path)
     assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "summary.json").read_text())["figures"] == "adaptive"
+
+
+# ---- end to end on CPU ---------------------------------------------------------------------------
+def _context_flag() -> tuple[str, str]:
+    """profile's context flag in this checkout: --context-lens (a list) or the older --context-len."""
+    from tests.test_suite import _profile_takes
+
+    return ("context-lens", "64,96") if _profile_takes("--context-lens") else ("context-len", "96")
+
+
+def _toml(name: str, stages: str, figures: str) -> str:
+    return f"""
+description = "CPU: the random tiny-preset pair"
+figures = "{figures}"
+budget_s = 200
+estimate_s = 30
+[engine]
+pair = "random"
+preset = "tiny"
+device = "cpu"
+dtype = "float32"
+tp = 1
+max_seq_len = 256
+max_batch_size = 4
+build_max_seq_len = 256
+prepare_budget_s = 150
+{stages}"""
+
+
+TUNE_SWEEP = """
+[[stages]]
+name = "tune_07"
+tool = "tune"
+[stages.args]
+profile = "{cost_model}"
+acceptance = 0.7
+[[stages]]
+name = "sweep"
+tool = "sweep"
+[stages.args]
+modes = "baseline,static:1,dynamic"
+dynamic-schedule = "@{stage:tune_07}/schedule.txt"
+acceptance = "bernoulli:0.7"
+input-len = "16:24"
+output-len = "8:12"
+concurrency = "1,2"
+num-requests = 2
+warmup-requests = 0
+trials = 2
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_cost_model_installed_by_one_config_is_read_by_the_next(tmp_path):
+    """Config 1 profiles and installs ENGINE_DIR/cost_model.json; config 2 (same work dir) tunes a
+    schedule from it and sweeps it; the same config 2 in a fresh work dir is refused naming the file."""
+    flag, value = _context_flag()
+    prof = f"""
+[[stages]]
+name = "profile"
+tool = "profile"
+install = "cost_model.json"
+[stages.args]
+batch-sizes = "1,2"
+draft-lens = "0,1,2"
+{flag} = "{value}"
+warmup = 1
+repeats = 2
+"""
+    # the cost_model figures read the profile through runtime/cost_model.py: sweep figures here
+    (tmp_path / "cm.toml").write_text(_toml("cm", prof + TUNE_SWEEP, "sweep"))
+    (tmp_path / "use.toml").write_text(_toml("use", TUNE_SWEEP, "sweep"))
+    out, work = tmp_path / "results", tmp_path / "work"
+    assert suite.main([str(tmp_path / "cm.toml"), str(tmp_path / "use.toml"), "--work", str(work),
+                       "--out-root", str(out), "--no-progress"]) == 0
+    cm = json.loads((out / "cm" / "manifest.json").read_text())
+    engine = Path(cm["prepare"]["engine_dir"])
+    assert (engine / "cost_model.json").read_bytes() == (out / "cm" / "profile.json").read_bytes()
+    assert cm["installs"] == [{"stage": "profile", "from": str(out / ".cm.partial" / "profile.json"),
+                               "to": str(engine / "cost_model.json")}]
+    schedule = (out / "use" / "tune_07" / "schedule.txt").read_text().strip()
+    assert DraftSchedule.parse(schedule).to_spec() == schedule
+    tuned = json.loads((out / "use" / "tune_07" / "tune.json").read_text())
+    assert tuned["profile"] == str(engine / "cost_model.json")
+    sw = json.loads((out / "use" / "sweep.json").read_text())
+    assert sw["env"]["schedules"]["dynamic"] == schedule
+    assert sw["env"]["schedules"]["static:1"] == DraftSchedule.static(1, 2).to_spec()
+    assert {r["mode"] for r in sw["rows"]} == {"baseline", "static:1", "dynamic"}
+    assert all(k == 1 for r in sw["rows"] if r["mode"] == "static:1" for _, k, _ in r["k_by_batch"])
+
+    (engine / "cost_model.json").unlink()
+    assert suite.main([str(tmp_path / "use.toml"), "--work", str(work), "--out-root", str(out), "--no-progress"]) == 1
+    man = json.loads((out / "use.incomplete" / "manifest.json").read_text())
+    assert f"{engine}/cost_model.json, which is absent" in man["error"] and man["stages"] == []

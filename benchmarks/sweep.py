@@ -43,8 +43,9 @@ from dynspec.benchmarks.mpi import World, log, world
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
-MODES = ("baseline", "static", "dynamic", "adaptive")     # and static:K, K >= 1
-TRTLLM_MODES = ("baseline", "static", "dynamic")
+MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
+ALL_MODES = MODES + ("adaptive",)                     # and static:K, K in 1..MAX_STATIC_K
+TRTLLM_MODES = MODES
 MAX_STATIC_K = 32
 MAX_REQUESTS = 1_000_000      # per replica per load point: the workload is built in memory up front
 
@@ -73,9 +74,9 @@ def parse_modes(text: str) -> tuple[str, ...]:
     """'baseline,static:1,static:3,dynamic,adaptive' -> those five modes; each static:K is a mode of
     its own (K in 1..32), plain 'static' takes --static-k."""
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES and static_k_of(m) is None]
+    bad = [m for m in modes if m not in ALL_MODES and static_k_of(m) is None]
     if bad or not modes:
-        raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(MODES)} or static:K"
+        raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(ALL_MODES)} or static:K"
                            f" (K in 1..{MAX_STATIC_K})")
     if len(set(modes)) != len(modes):
         raise DynspecError(f"--modes {text!r} repeats a mode")

@@ -6,8 +6,12 @@
     python -m dynspec.benchmarks.suite regime_a --dry-run             # print every stage's command
 
 A config names an engine ([engine]: the pair, device, dtype, graphs, cache sizes), its stages
-([[stages]]: a tool - sweep, profile or mixed_step - with its flags, run `repeat` times, under
-`ranks` MPI ranks), the figures computed from them and a budget in seconds. Per config:
+([[stages]]: a tool - sweep, profile, mixed_step or tune - with its flags, run `repeat` times, under
+`ranks` MPI ranks), the figures computed from them and a budget in seconds. A flag value may name
+an earlier stage's output, `dynamic-schedule = "@{stage:tune_015}/schedule.txt"`, or the prepared
+engine's cost model, `profile = "{cost_model}"` (ENGINE_DIR/cost_model.json); a profile stage with
+`install = "cost_model.json"` copies its profile.json there (atomically) once it succeeds, so later
+configs of the same work dir read it. Per config:
 
     prepare   once per engine spec and work dir: random pair -> dynspec convert -> dynspec build,
               in WORK/<engine key>/ (reused when its prepared.json matches the spec)
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,11 +49,20 @@ HERE = Path(__file__).resolve().parent
 CONFIG_DIR = HERE / "configs"
 REPO = HERE.parent
 TOOLS = {"sweep": ["-m", "dynspec.benchmarks.sweep"], "profile": ["-m", "dynspec.cli", "profile"],
-         "mixed_step": ["-m", "dynspec.benchmarks.mixed_step"]}
-# the stages each kind of figures reads (benchmarks/summary.py suite_figures)
+         "mixed_step": ["-m", "dynspec.benchmarks.mixed_step"], "tune": ["-m", "dynspec.cli", "tune"]}
+# the stages each kind of figures reads (benchmarks/summary.py suite_figures); "adaptive" reads
+# every stage named sweep or sweep_*, at least one
 FIGURE_STAGES = {"sweep": ("sweep",), "decode_floor": ("floor",), "mixed_step": ("mixed",),
-                 "varied_vs_fixed": ("varied", "fixed"), "tp": ("tp1", "tp2")}
+                 "varied_vs_fixed": ("varied", "fixed"), "tp": ("tp1", "tp2"), "adaptive": (),
+                 "cost_model": ("profile",)}
 FIGURES = tuple(FIGURE_STAGES)
+# what a profile stage may install into the prepared engine dir (`install = "cost_model.json"`)
+INSTALLABLE = ("cost_model.json",)
+COST_MODEL = "cost_model.json"
+# an arg value may name another stage's output or the engine's cost model:
+#   "@{stage:tune_015}/schedule.txt"   -> "@RESULTS/tune_015/schedule.txt" (an earlier stage's out)
+#   "{cost_model}"                     -> "ENGINE_DIR/cost_model.json"
+REFERENCE = re.compile(r"\{([^{}]*)\}")
 GRAPHS = ("full", "eager")
 # every stage's environment (and mpirun -x): NVLink multicast stays off, output unbuffered
 STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
@@ -97,6 +111,7 @@ class StageSpec:
     repeat: int = 1
     ranks: int = 1
     env: tuple[tuple[str, str], ...] = ()
+    install: str | None = None      # a profile stage's output copied to ENGINE_DIR/<install>
 
 
 @dataclass(frozen=True)
@@ -113,11 +128,14 @@ class Config:
 
 @dataclass(frozen=True)
 class Stage:
-    """One concrete command: `argv` run in `env`, writing `out` (a path inside the results dir)."""
+    """One concrete command: `argv` run in `env`, writing `out` (a path inside the results dir;
+    a folder for tune), after making the folders `dirs`; on success `out` is copied to `install`."""
     name: str
     argv: tuple[str, ...]
     out: str
     env: tuple[tuple[str, str], ...] = ()
+    dirs: tuple[str, ...] = ()
+    install: str | None = None
 
 
 # ---- configs -----------------------------------------------------------------------------
@@ -171,7 +189,7 @@ def parse_engine(d: Mapping, where: str) -> EngineSpec:
 
 
 def parse_stage(d: Mapping, where: str) -> StageSpec:
-    unknown = set(d) - {"name", "tool", "args", "repeat", "ranks", "env"}
+    unknown = set(d) - {"name", "tool", "args", "repeat", "ranks", "env", "install"}
     if unknown:
         raise DynspecError(f"{where}: unknown field(s) {sorted(unknown)}")
     name, tool = _typed(d, "name", str, where), _typed(d, "tool", str, where)
@@ -182,10 +200,77 @@ def parse_stage(d: Mapping, where: str) -> StageSpec:
         raise DynspecError(f"{where}: repeat {repeat} and ranks {ranks} must be at least 1")
     args = _pairs(d.get("args", {}), f"{where}.args")
     for k, _ in args:
-        if k in ("out", "engine-dir", "device", "dtype", "graphs", "no-progress", "engine"):
+        if k in ("out", "engine-dir", "device", "dtype", "graphs", "no-progress", "engine", "report"):
             raise DynspecError(f"{where}.args: {k!r} is set by the suite from [engine] and the results dir")
     env = tuple((k, str(v)) for k, v in _pairs(d.get("env", {}), f"{where}.env"))
-    return StageSpec(name, tool, args, repeat, ranks, env)
+    install = _typed(d, "install", str, where)
+    if install is not None and (tool != "profile" or repeat != 1 or install not in INSTALLABLE):
+        raise DynspecError(f"{where}: install {install!r} is for one profile stage (repeat 1) and one of"
+                           f" {list(INSTALLABLE)} (got tool {tool!r}, repeat {repeat})")
+    return StageSpec(name, tool, args, repeat, ranks, env, install)
+
+
+def stage_names(s: StageSpec) -> list[str]:
+    """A stage of repeat N runs as NAME1..NAMEN, of repeat 1 as NAME."""
+    return [s.name] if s.repeat == 1 else [f"{s.name}{i}" for i in range(1, s.repeat + 1)]
+
+
+def references(value: object) -> list[str]:
+    """'@{stage:tune_015}/schedule.txt' -> ['stage:tune_015']; non-strings have none."""
+    return REFERENCE.findall(value) if isinstance(value, str) else []
+
+
+def check_references(stages: Sequence[StageSpec], engine: "EngineSpec", where: str) -> None:
+    """Each {stage:NAME} names an earlier stage's run; {cost_model} needs a prepared engine and
+    no stage before the one that installs it (when one does)."""
+    earlier: list[str] = []
+    later = {n for s in stages for n in stage_names(s)}
+    installs = [i for i, s in enumerate(stages) if s.install == COST_MODEL]
+    for i, s in enumerate(stages):
+        for k, v in s.args:
+            for ref in references(v):
+                kind, _, name = ref.partition(":")
+                at = f"{where} stages[{i}].args.{k} = {v!r}"
+                if ref == "cost_model":
+                    if engine.pair == "tiny":
+                        raise DynspecError(f"{at}: {{cost_model}} is the prepared engine's; the tiny pair has none")
+                    if installs and i <= installs[0]:
+                        raise DynspecError(f"{at}: the cost model is installed by the later stage "
+                                           f"{stages[installs[0]].name!r}")
+                elif kind != "stage" or not name:
+                    raise DynspecError(f"{at}: {{{ref}}} is not {{stage:NAME}} or {{cost_model}}")
+                elif name not in earlier:
+                    why = "comes later (or is this one)" if name in later else "does not exist"
+                    raise DynspecError(f"{at}: stage {name!r} {why}; the earlier ones are {earlier}")
+        earlier += stage_names(s)
+        if s.install and engine.pair == "tiny":
+            raise DynspecError(f"{where} stages[{i}]: install {s.install!r} needs a prepared engine, not the tiny pair")
+
+
+def resolve_value(value: object, outs: Mapping[str, str], engine_dir: Path | None) -> object:
+    """Replace each {stage:NAME} by that stage's out and {cost_model} by ENGINE_DIR/cost_model.json."""
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        ref = m.group(1)
+        if ref == "cost_model":
+            return str(Path(engine_dir) / COST_MODEL)
+        return outs[ref.partition(":")[2]]
+
+    return REFERENCE.sub(sub, value)
+
+
+def needs_cost_model(stages: Sequence[StageSpec]) -> list[str]:
+    """The stages that read ENGINE_DIR/cost_model.json: {cost_model} in an arg, or a sweep whose
+    modes include adaptive without --cost-model."""
+    out = []
+    for s in stages:
+        args = dict(s.args)
+        adaptive = s.tool == "sweep" and "adaptive" in str(args.get("modes", "")).split(",") and "cost-model" not in args
+        if adaptive or any(r == "cost_model" for v in args.values() for r in references(v)):
+            out.append(s.name)
+    return out
 
 
 def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
@@ -206,11 +291,19 @@ def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
     if len(set(names)) != len(names):
         raise DynspecError(f"{where}: stage names {names} repeat")
     missing = [n for n in FIGURE_STAGES[figures] if n not in names]
+    if figures == "adaptive" and not sweep_stage_names(names):
+        missing = ["sweep or sweep_*"]
     if missing:
         raise DynspecError(f"{where}: figures {figures!r} read stage(s) {missing}; the stages are {names}")
-    return Config(name, _typed(doc, "description", str, where, ""), figures, budget,
-                  parse_engine(doc.get("engine", {}), where), stages,
+    engine = parse_engine(doc.get("engine", {}), where)
+    check_references(stages, engine, where)
+    return Config(name, _typed(doc, "description", str, where, ""), figures, budget, engine, stages,
                   _typed(doc, "estimate_s", int, where, 0), source)
+
+
+def sweep_stage_names(names) -> list[str]:
+    """The stages the adaptive figures read: 'sweep' and 'sweep_*', in order."""
+    return [n for n in names if n == "sweep" or n.startswith("sweep_")]
 
 
 def load_config(name: str) -> Config:
@@ -237,6 +330,8 @@ def flag_args(args: Sequence[tuple[str, object]]) -> list[str]:
 def engine_flags(tool: str, engine: EngineSpec, engine_dir: Path | None) -> list[str]:
     """What [engine] puts on every command of `tool`: the engine dir (not for the tiny pair), device,
     dtype, --graphs when the config sets it, and no progress bars (mixed_step has none)."""
+    if tool == "tune":                      # reads a profile, no engine
+        return []
     out = ["--engine", "reference"] if tool == "sweep" else []
     if engine_dir is not None:
         out += ["--engine-dir", str(engine_dir)]
@@ -262,18 +357,40 @@ def mpirun_prefix(ranks: int, env_keys: Sequence[str]) -> list[str]:
 
 
 def stage_commands(cfg: Config, engine_dir: Path | None, results: Path) -> list[Stage]:
-    """Every concrete command of a config, in order; a stage of repeat N gives NAME1..NAMEN."""
-    out = []
+    """Every concrete command of a config, in order; a stage of repeat N gives NAME1..NAMEN.
+    Outputs: sweep RESULTS/NAME (.json/.md/.png), profile and mixed_step RESULTS/NAME.json, tune
+    the folder RESULTS/NAME (schedule.txt, tune.json)."""
+    out: list[Stage] = []
+    outs: dict[str, str] = {}
     for s in cfg.stages:
-        for i in range(1, s.repeat + 1):
-            name = s.name if s.repeat == 1 else f"{s.name}{i}"
-            dest = results / (name if s.tool == "sweep" else f"{name}.json")   # sweep: NAME.json/.md/.png
+        for name in stage_names(s):
+            dest = results / (name if s.tool in ("sweep", "tune") else f"{name}.json")
+            args = [(k, resolve_value(v, outs, engine_dir)) for k, v in s.args]
+            tail = ["--out", str(dest / "schedule.txt"), "--report", str(dest / "tune.json")] if s.tool == "tune" \
+                else ["--out", str(dest)]
             argv = [sys.executable, *TOOLS[s.tool], *engine_flags(s.tool, cfg.engine, engine_dir),
-                    *flag_args(s.args), "--out", str(dest)]
+                    *flag_args(args), *tail]
             if s.ranks > 1:
                 argv = mpirun_prefix(s.ranks, [k for k, _ in s.env]) + argv
-            out.append(Stage(name, tuple(argv), str(dest), s.env))
+            install = None if s.install is None or engine_dir is None else str(Path(engine_dir) / s.install)
+            out.append(Stage(name, tuple(argv), str(dest), s.env, (str(dest),) if s.tool == "tune" else (), install))
+            outs[name] = str(dest)
     return out
+
+
+def install_file(src: str, dest: str) -> None:
+    """Copy a stage's output to `dest` (the engine dir) atomically: a temp file beside it, renamed.
+    The output must be a JSON object (a profile.json)."""
+    from dynspec.artifacts import read_json
+
+    read_json(src, "stage output to install")          # refuses what is not one JSON object
+    d = Path(dest)
+    tmp = d.with_name(f".{d.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, d)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def prepare_commands(engine: EngineSpec, root: Path) -> list[Stage]:
@@ -350,6 +467,8 @@ def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -
             return done, f"budget {budget_s:g} s ran out before stage {st.name!r}"
         if bar is not None:
             bar.set_postfix_str(st.name)
+        for d in st.dirs:
+            Path(d).mkdir(parents=True, exist_ok=True)
         r = run_stage(st, left, logs / f"{st.name}.log")
         done.append(r)
         if bar is not None:
@@ -358,7 +477,25 @@ def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -
             return done, f"budget {budget_s:g} s ran out in stage {st.name!r} (killed after {r.wall_s:.1f} s)"
         if r.rc != 0:
             return done, f"stage {st.name!r} failed with rc {r.rc} (log: {logs.name}/{st.name}.log)"
+        if st.install:
+            try:
+                install_file(st.out, st.install)
+            except (DynspecError, OSError) as e:
+                return done, f"stage {st.name!r}: installing {st.out} as {st.install} failed: {e}"
     return done, None
+
+
+def missing_cost_model(cfg: Config, engine_dir: Path | None) -> str | None:
+    """Why the config cannot run: it reads ENGINE_DIR/cost_model.json, no stage of it installs one
+    and the engine has none; None when it can."""
+    need = needs_cost_model(cfg.stages)
+    if not need or engine_dir is None or any(s.install == COST_MODEL for s in cfg.stages):
+        return None
+    path = Path(engine_dir) / COST_MODEL
+    if path.is_file():
+        return None
+    return (f"stage(s) {need} read the engine's cost model {path}, which is absent: run the cost_model config"
+            f" with the same --work first (python -m dynspec.benchmarks.suite cost_model --work {Path(engine_dir).parents[1]})")
 
 
 def prepare(engine: EngineSpec, work: Path, logs: Path, dry_run: bool = False) -> dict:
@@ -466,8 +603,11 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
             prep, why = e.info, str(e)
         manifest["prepare"] = {k: v for k, v in prep.items()}
         if why is None:
+            why = missing_cost_model(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]))
+        if why is None:
             stages = stage_commands(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]), tmp)
             bar = bar_factory(len(stages), cfg.name) if bar_factory else None
+            manifest["installs"] = [{"stage": st.name, "from": st.out, "to": st.install} for st in stages if st.install]
             try:
                 results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar)
             finally:
@@ -501,9 +641,16 @@ def dry_run(cfg: Config, work: Path, out_root: Path) -> list[str]:
     elif cfg.engine.pair != "tiny":
         lines.append(f"# prepare: reusing {prep['engine_dir']}")
     eng = None if prep["engine_dir"] is None else Path(prep["engine_dir"])
+    missing = missing_cost_model(cfg, eng)
+    if missing and not prep.get("commands"):
+        lines.append(f"# refused as it is: {missing}")
+    elif missing:
+        lines.append(f"# needs {eng / COST_MODEL} (from the cost_model config) before its stages")
     for st in stage_commands(cfg, eng, staging_dir(out_root, cfg.name)):
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in st.env)
         lines.append((f"env {env} " if env else "") + shlex.join(st.argv))
+        if st.install:
+            lines.append(f"# install {st.out} -> {st.install}")
     return lines
 
 

@@ -43,7 +43,10 @@ from dynspec.benchmarks.mpi import World, log, world
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
-MODES = ("baseline", "static", "dynamic")
+MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
+ALL_MODES = MODES + ("adaptive",)                     # and static:K, K in 1..MAX_STATIC_K
+TRTLLM_MODES = MODES
+MAX_STATIC_K = 32
 MAX_REQUESTS = 1_000_000      # per replica per load point: the workload is built in memory up front
 
 
@@ -68,13 +71,24 @@ def float_list(text: str, what: str) -> tuple[float, ...]:
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
+    """'baseline,static:1,static:3,dynamic,adaptive' -> those five modes; each static:K is a mode of
+    its own (K in 1..32), plain 'static' takes --static-k."""
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in ALL_MODES and static_k_of(m) is None]
     if bad or not modes:
-        raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(MODES)}")
+        raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(ALL_MODES)} or static:K"
+                           f" (K in 1..{MAX_STATIC_K})")
     if len(set(modes)) != len(modes):
         raise DynspecError(f"--modes {text!r} repeats a mode")
     return modes
+
+
+def static_k_of(mode: str) -> int | None:
+    """'static:3' -> 3; anything else (plain 'static' too) -> None."""
+    head, sep, k = mode.partition(":")
+    if head != "static" or not sep or not k.isdigit() or not 1 <= int(k) <= MAX_STATIC_K:
+        return None
+    return int(k)
 
 
 def read_schedule_arg(text: str) -> DraftSchedule:
@@ -89,7 +103,8 @@ def read_schedule_arg(text: str) -> DraftSchedule:
 
 def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None,
                    max_batch_size: int) -> dict[str, DraftSchedule]:
-    """baseline: K=0 always; static: K for every batch size; dynamic: the engine's (or a tuned) schedule.
+    """baseline: K=0 always; static: K for every batch size; static:K that K; dynamic: the engine's
+    (or a tuned) schedule. Adaptive is not a schedule (adaptive_policy).
 
     static_k defaults to the dynamic schedule's max_draft_len: 'what if we never switched'."""
     out = {}
@@ -101,9 +116,46 @@ def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int |
             if k < 1:
                 raise DynspecError("static mode needs --static-k K >= 1 (the dynamic schedule never speculates)")
             out[m] = DraftSchedule.static(k, max_batch_size)
-        else:
+        elif static_k_of(m) is not None:
+            out[m] = DraftSchedule.static(static_k_of(m), max_batch_size)
+        elif m == "dynamic":
             out[m] = dynamic
     return out
+
+
+def cost_model_path(args: argparse.Namespace) -> Path:
+    """--cost-model, else ENGINE_DIR/cost_model.json; the adaptive mode's one source."""
+    if args.cost_model:
+        p = Path(args.cost_model)
+    elif getattr(args, "engine_dir", None):
+        p = Path(args.engine_dir) / "cost_model.json"
+    else:
+        raise DynspecError("adaptive mode needs a cost model: give --cost-model FILE (no --engine-dir to find"
+                           " cost_model.json in)")
+    if not p.is_file():
+        raise DynspecError(f"adaptive mode needs a cost model and {p} does not exist: write it with"
+                           f" `dynspec profile ... --out {p}` or give --cost-model FILE")
+    return p
+
+
+def adaptive_policy(path: Path, max_draft_len: int | None):
+    """The adaptive mode's policy (runtime/adaptive.py): the cost model at `path`, K at most
+    max_draft_len (None: every K the cost model profiled)."""
+    from dynspec.runtime.adaptive import load_policy
+
+    return load_policy(path, max_draft_len)
+
+
+def policy_label(policy) -> str:
+    """A schedule's CLI form ('24:3,179:1'); 'adaptive' for the adaptive policy."""
+    return policy.to_spec() if isinstance(policy, DraftSchedule) else "adaptive"
+
+
+def shift_of(model) -> dict | None:
+    """{"key": K, "before": p0, "after": p1} of a shift resolved at a key; None for other models."""
+    if all(hasattr(model, f) for f in ("before", "after", "at")) and isinstance(model.at, int):
+        return {"key": model.at, "before": model.before, "after": model.after}
+    return None
 
 
 @dataclass(frozen=True)
@@ -190,7 +242,11 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     g.add_argument("--poisson-at", default="", metavar="C,...",
                    help="also run open-loop Poisson arrivals at these closed-loop C's, at the rate the baseline"
                         " sustained there (median of its trials; else the first mode's)")
-    g.add_argument("--modes", default="baseline,static,dynamic")
+    g.add_argument("--modes", default="baseline,static,dynamic",
+                   help="comma list of baseline, static (K = --static-k), static:K (e.g. static:1,static:5),"
+                        " dynamic (the schedule) and adaptive (the cost model's policy, runtime/adaptive.py)")
+    g.add_argument("--cost-model", metavar="FILE",
+                   help="adaptive mode: the cost model, a profile.json (default: ENGINE_DIR/cost_model.json)")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",
                    help="schedule of the dynamic mode, e.g. '4:4,8:2' or @schedule.txt from `dynspec tune`"
@@ -249,6 +305,7 @@ class SweepSpec:
     max_batch_size: int
     max_seq_len: int
     max_draft_len: int
+    cost_model: str | None = None   # the adaptive mode's profile.json
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -256,7 +313,11 @@ def check_flags(args: argparse.Namespace) -> None:
     from dynspec.benchmarks.workload import LengthDist
     from dynspec.runtime.acceptance import parse_acceptance
 
-    parse_modes(args.modes)
+    modes = parse_modes(args.modes)
+    if args.engine == "trtllm" and set(modes) - set(TRTLLM_MODES):
+        raise DynspecError(f"--modes {args.modes!r}: --engine trtllm runs {', '.join(TRTLLM_MODES)} only")
+    if "adaptive" in modes:
+        cost_model_path(args)
     if args.tp != 1 and args.engine == "trtllm":
         raise DynspecError(f"--tp {args.tp} is the reference engine's; TensorRT-LLM takes its TP from the engine dir "
                            f"(mpirun -n N trtllm-llmapi-launch ...)")
@@ -314,8 +375,14 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         raise DynspecError(f"--trials {args.trials} must be at least 1")
     max_b = max(conc) if conc else cfg.reference.max_batch_size
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
-    schedules = mode_schedules(modes, dynamic, args.static_k, max_b)
+    schedules: dict = mode_schedules(modes, dynamic, args.static_k, max_b)
     kmax = max([s.max_draft_len for s in schedules.values()] + [1])
+    cost_model = None
+    if "adaptive" in modes:
+        cost_model = cost_model_path(args)
+        kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
+        schedules["adaptive"] = adaptive_policy(cost_model, kmax)     # kmax: the engine's max_draft_len
+        schedules = {m: schedules[m] for m in modes}
     engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
@@ -339,7 +406,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
-                     reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax)
+                     reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
+                     None if cost_model is None else str(cost_model))
 
 
 def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
@@ -406,7 +474,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.workload import take
-    from dynspec.runtime.acceptance import resolve
+    from dynspec.runtime.acceptance import resolve as resolve_acceptance
     from dynspec.runtime.executor import Executor
 
     schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
@@ -417,10 +485,10 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
             torch.cuda.set_device(torch.device(dev))
         engine = open_engine(spec, cfg, dev)
 
-    def executor(mode: str, n_requests: int) -> Executor:
-        # request keys are the executor's ids, 0..n_requests-1: a fraction-form shift point is taken of those
-        return Executor(engine, schedules[mode], keep_warm=warm[mode], acceptance=resolve(spec.acceptance, n_requests),
-                        allow_lossy=True)
+    def executor(mode: str, n: int) -> Executor:
+        """A fresh executor (its request ids, the acceptance keys, count from 0) for a run of n requests."""
+        return Executor(engine, schedules[mode], keep_warm=warm[mode],
+                        acceptance=resolve_acceptance(spec.acceptance, n), allow_lossy=True)
 
     if spec.warmup_requests > 0:
         # untimed: every mode at batch 1 and at the largest concurrency (short outputs), so
@@ -443,7 +511,8 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         bar = tqdm(total=total, unit="req", desc="sweep", dynamic_ncols=True, file=sys.stderr)
 
     def run_point(p: LoadPoint) -> list:
-        """Every trial of every mode at p on this rank: [(p, mode, trial, RunRecord)]."""
+        """Every trial of every mode at p on this rank: [(p, mode, trial, RunRecord, steps)], steps the
+        adaptive mode's per-iteration records (ADAPTIVE_FIELDS), () for the other modes."""
         n = spec.count.at(p)
         mine = take(spec.requests, n, w.rank * n)
         out = []
@@ -454,13 +523,14 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
                     bar.set_postfix_str(f"{p.label} {m}" + (f" trial {t + 1}" if spec.trials > 1 else ""))
                 torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
                 ex = executor(m, n)
+                traced = AdaptiveTrace(ex) if m == "adaptive" else ex
                 w.barrier()
                 cb = bar.update if bar is not None else None
                 if p.concurrency is not None:
-                    rec = closed_loop(ex, mine, p.concurrency, progress=cb)
+                    rec = closed_loop(traced, mine, p.concurrency, progress=cb)
                 else:
-                    rec = open_loop(ex, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
-                out.append((p, m, t, rec))
+                    rec = open_loop(traced, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
+                out.append((p, m, t, rec, traced.steps if m == "adaptive" else ()))
         return out
 
     def point_rows(records: list) -> list[dict]:
@@ -469,15 +539,19 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         if not w.is_root:
             return []
         trials: dict[tuple, list] = {}
-        for i, (p, m, t, _) in enumerate(records):
+        steps: dict[tuple, list] = {}
+        for i, (p, m, t, *_) in enumerate(records):
             trials.setdefault((p, m), []).append(summarize((rank_records[i][3] for rank_records in gathered),
                                                            p.concurrency))
+            steps.setdefault((p, m), []).append([list(rank_records[i][4]) for rank_records in gathered])
         rows = []
         for p in dict.fromkeys(p for p, _ in trials):
             for m in spec.modes:
                 mets = trials[(p, m)]
                 row = make_row(p, m, spec, schedules[m], warm[m], median_trial(mets), w.size)
                 row.update(trial_fields(mets))
+                if m == "adaptive":
+                    row.update(adaptive_fields(steps[(p, m)], resolve_acceptance(spec.acceptance, spec.count.at(p))))
                 rows.append(row)
         return rows
 
@@ -487,7 +561,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         done = run_point(p)
         if p.concurrency in spec.poisson_at:
             # rate = what the reference mode sustained here, agreed on by every rank
-            ref = w.gather([rec for q, m, _, rec in done if m == ref_mode])
+            ref = w.gather([rec for q, m, _, rec, _ in done if m == ref_mode])
             rate = w.bcast(matched_rate([summarize(trial) for trial in zip(*ref)], w.size) if w.is_root else None)
             done += run_point(LoadPoint(request_rate=rate, matched_concurrency=p.concurrency))
         rows += point_rows(done)
@@ -496,6 +570,50 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     if bar is not None:
         bar.close()
     return rows
+
+
+# one adaptive iteration: K, the acceptance estimate's position 1 the decision used (None before any),
+# 1 for a probe step, the policy's host time (us), the smallest request key among the decode rows,
+# the engine step (us), the decode rows
+ADAPTIVE_FIELDS = ("k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size")
+
+
+class AdaptiveTrace:
+    """Wraps an Executor: forwards everything; step() also keeps each decode iteration's
+    ADAPTIVE_FIELDS (IterationStats of the adaptive policy) in `steps`, compact tuples."""
+
+    def __init__(self, executor):
+        self._ex = executor
+        self.steps: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self._ex, name)
+
+    def step(self):
+        st = self._ex.step()
+        if st is not None and st.batch_size > 0:
+            self.steps.append(adaptive_record(st))
+        return st
+
+
+def adaptive_record(st) -> tuple:
+    """IterationStats -> (k, acceptance1, probe, policy_us, oldest_key, step_us, batch_size):
+    K=2, acceptance (0.61234, 0.4), probe False, policy 21.5e-6 s, oldest 7, step 0.0123 s, b=4
+    -> (2, 0.6123, 0, 21.5, 7, 12300.0, 4)."""
+    acc = tuple(getattr(st, "acceptance", ()) or ())
+    return (st.k, round(float(acc[0]), 4) if acc else None, int(bool(getattr(st, "probe", False))),
+            round(1e6 * float(getattr(st, "policy_seconds", 0.0)), 1), getattr(st, "oldest_key", None),
+            round(1e6 * st.seconds, 1), st.batch_size)
+
+
+def adaptive_fields(trial_steps: Sequence, acceptance) -> dict:
+    """The adaptive row's per-iteration records: {"adaptive_steps": {"fields", "trials": [trial
+    [replica [iteration record]]]}} and, under a shift, "shift": its key and rates at this point."""
+    out = {"adaptive_steps": {"fields": list(ADAPTIVE_FIELDS), "trials": [list(t) for t in trial_steps]}}
+    sh = shift_of(acceptance)
+    if sh is not None:
+        out["shift"] = sh
+    return out
 
 
 def trial_fields(mets: Sequence) -> dict:
@@ -522,7 +640,8 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
         "request_rate": p.request_rate,
         "matched_concurrency": p.matched_concurrency,
         "acceptance_model": str(spec.acceptance),
-        "schedule": schedule.to_spec(),
+        "schedule": policy_label(schedule),
+        "policy": "schedule" if isinstance(schedule, DraftSchedule) else "adaptive",
         "keep_warm": keep_warm,
     }
     row.update(met.to_json())
@@ -548,7 +667,8 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "command": command_line(argv, w.size),
         "acceptance_model": str(spec.acceptance),
         "acceptance_lossless": bool(spec.acceptance.lossless),
-        "schedules": {m: s.to_spec() for m, s in spec.schedules},
+        "schedules": {m: s.to_spec() for m, s in spec.schedules if isinstance(s, DraftSchedule)},
+        "adaptive": None if spec.cost_model is None else {"cost_model": spec.cost_model},
         "keep_warm": dict(spec.keep_warm),
         "workload": spec.workload,
         "seed": spec.seed,

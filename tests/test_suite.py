@@ -57,7 +57,7 @@ def parsed(stage: Stage, monkeypatch) -> argparse.Namespace:
     if module == "dynspec.cli":
         from dynspec.cli import make_parser
 
-        assert rest[0] == "profile"
+        assert rest[0] in ("profile", "tune")
         return _parse(make_parser().parse_args, rest)
     assert module == "dynspec.benchmarks.mixed_step"
     return _parse(lambda a: _mixed_step_parse(a, monkeypatch), rest)
@@ -72,6 +72,9 @@ def test_shipped_config_commands_are_accepted_by_the_real_parsers(name, tmp_path
     assert stages
     for st in stages:
         args = parsed(st, monkeypatch)
+        if st.argv[3:4] == ("tune",):                  # a folder: schedule.txt and tune.json
+            assert (args.out, args.report) == (f"{st.out}/schedule.txt", f"{st.out}/tune.json")
+            continue
         assert args.out == st.out and st.out.startswith(str(tmp_path / "res"))
         assert args.device == cfg.engine.device
         assert getattr(args, "engine_dir", None) == (None if eng is None else str(eng))

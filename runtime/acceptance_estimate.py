@@ -20,6 +20,7 @@ measured one, and with no data at all the estimate is the prior.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -71,8 +72,8 @@ class AcceptanceEstimate:
             return self
         depth = min(k, self.positions)
         reached = [0] * (depth + 1)           # reached[j] = #rows with n_r >= j
-        for n in accepted:
-            reached[min(max(int(n), 0), depth)] += 1
+        for n, c in Counter(accepted).items():          # a handful of distinct counts, however many rows
+            reached[min(max(int(n), 0), depth)] += c
         for j in range(depth - 1, -1, -1):
             reached[j] += reached[j + 1]
         f = 0.5 ** (rows / self.half_life)

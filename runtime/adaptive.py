@@ -86,10 +86,17 @@ def expected_tokens(k: int, acceptance: Sequence[float]) -> float:
 
 def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
     """The pure rule of the module docstring."""
+    decision, probe = _hold(x, cost, candidates, s)
+    return _probed(decision, probe, x.since_spec)
+
+
+def _hold(x: PolicyInputs, cost: CostModel, candidates: Sequence[int],
+          s: AdaptiveSettings) -> tuple[Decision, tuple[int, float] | None]:
+    """Steps 1 and 2 (all of choose_k but since_spec), and the probe's (interval, gain(1)) if K=1 may probe."""
     b = x.batch_size
     ks = [k for k in candidates if k <= x.max_k]
     if b > cost.batch_sizes[-1] or len(ks) < 2:
-        return Decision(0, 0, None, "unprofiled batch" if b > cost.batch_sizes[-1] else "best")
+        return Decision(0, 0, None, "unprofiled batch" if b > cost.batch_sizes[-1] else "best"), None
     row, extrapolated = cost.row(b, x.context)                  # ms for each of cost.draft_lens
     ms = dict(zip(cost.draft_lens, row))
     gains = {k: expected_tokens(k, x.acceptance) * ms[0] / ms[k] if k else 1.0 for k in ks}
@@ -99,12 +106,22 @@ def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: Ada
     prev = x.previous_k
     if prev != best and prev in score and score[best] <= score[prev] * (1 + s.margin):
         k, reason = prev, "hold"
+    probe = None
     if k == 0 and 1 in gains:
         loss = max(0.0, 1.0 - gains[1])
-        interval = min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss)))
-        if x.since_spec >= interval:
-            k, reason = 1, "probe"
-    return Decision(k, best, gains[k], reason, extrapolated)
+        probe = (min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss))), gains[1])
+    return Decision(k, best, gains[k], reason, extrapolated), probe
+
+
+def _probed(d: Decision, probe: tuple[int, float] | None, since_spec: int) -> Decision:
+    """Step 3: K=1 once `interval` iterations have passed without speculation."""
+    if probe is not None and since_spec >= probe[0]:
+        return Decision(1, d.best_k, probe[1], "probe", d.extrapolated)
+    return d
+
+
+CONTEXT_STEP = 16          # AdaptivePolicy.decide rounds the context to this many tokens
+RATE_STEP = 0.005          # and each acceptance rate to this
 
 
 class AdaptivePolicy:
@@ -117,6 +134,7 @@ class AdaptivePolicy:
             raise DynspecError(f"cost model profiles K = {list(cost.draft_lens)}; the adaptive policy needs K=0 and "
                                f"at least one K in 1..{max_draft_len if max_draft_len is not None else 'max'}")
         self.cost, self.settings, self.candidates = cost, settings, ks
+        self._memo: dict = {}
 
     @property
     def max_draft_len(self) -> int:
@@ -129,7 +147,20 @@ class AdaptivePolicy:
         return AcceptanceEstimate(prior=prior, positions=max(self.max_draft_len, 1), half_life=self.settings.half_life)
 
     def decide(self, inputs: PolicyInputs) -> Decision:
-        return choose_k(inputs, self.cost, self.candidates, self.settings)
+        """choose_k on the inputs rounded (context to CONTEXT_STEP tokens, rates to RATE_STEP), memoized:
+        in steady decoding b, the rounded context and the rounded estimate repeat for many iterations,
+        so most iterations cost one dict lookup. The rounding moves a score by well under 1%."""
+        ctx = round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP
+        acc = tuple(round(a / RATE_STEP) for a in inputs.acceptance)
+        key = (inputs.batch_size, ctx, acc, inputs.previous_k, inputs.max_k)
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= 65536:
+                self._memo.clear()
+            x = PolicyInputs(inputs.batch_size, ctx, tuple(a * RATE_STEP for a in acc), inputs.previous_k, 0,
+                             inputs.max_k)
+            hit = self._memo[key] = _hold(x, self.cost, self.candidates, self.settings)
+        return _probed(*hit, inputs.since_spec)
 
     def __str__(self) -> str:
         ctx = ",".join(str(c) for c in self.cost.context_lens)

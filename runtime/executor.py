@@ -264,7 +264,8 @@ class Executor:
         b = len(rows)
         chunked: list[_Request] | None = None
         try:                            # a failure anywhere below ends this iteration's requests
-            k, decision, context = self._decide(rows)
+            rates = self._estimate.rates() if b else ()
+            k, decision, context = self._decide(rows, rates)
             t_policy = self._clock() - t0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
@@ -297,13 +298,13 @@ class Executor:
                     self._rows.append(req)
                     req.draft_warm = True
                     emitted += self._append(req, (first,), t2)
-        before, t3 = (self._estimate.rates() if b else ()), self._clock()
+        t3 = self._clock()
         if b:
             self._estimate = self._estimate.update(k, result.accepted)
             self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
-                            policy="adaptive" if decision else "schedule", context=context, acceptance=before,
+                            policy="adaptive" if decision else "schedule", context=context, acceptance=rates,
                             predicted_gain=decision.gain if decision else None,
                             probe=bool(decision and decision.probe),
                             policy_seconds=t_policy + self._clock() - t3,
@@ -314,7 +315,7 @@ class Executor:
         self._retire()                  # free finished requests' blocks now, not at the next call
         return st
 
-    def _decide(self, rows: Sequence[_Request]) -> tuple[int, Decision | None, float]:
+    def _decide(self, rows: Sequence[_Request], rates: tuple[float, ...]) -> tuple[int, Decision | None, float]:
         """(K, the adaptive decision or None, mean context) for these decode rows; K within the
         engine's max_draft_len and the token budget."""
         b = len(rows)
@@ -324,8 +325,7 @@ class Executor:
         context = sum(r.length for r in rows) / b
         if isinstance(self.policy, AdaptivePolicy):
             max_k = cap_k(eng.max_draft_len, b, eng.max_num_tokens)
-            d = self.policy.decide(PolicyInputs(b, context, self._estimate.rates(), self._prev_k, self._since_spec,
-                                                max_k))
+            d = self.policy.decide(PolicyInputs(b, context, rates, self._prev_k, self._since_spec, max_k))
             return d.k, d, context
         k = int(self.policy(b))
         if not 0 <= k <= eng.max_draft_len:

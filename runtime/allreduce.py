@@ -12,6 +12,10 @@ embedding's one). docs/tensor_parallel.md, "All-reduce", has the measurements be
               takes the same route. The buffer is set up with TORCH_SYMM_MEM_DISABLE_MULTICAST=1
               unless the environment says otherwise: the kernel needs no NVLink multicast, and on
               shared machines multicast objects must not be created.
+              With the buffer, `add_rms_norm` fuses the sum into the residual add and RMSNorm that
+              follow it (runtime/engines/reference/fused_allreduce_norm.py: copy-in, barrier, sum,
+              add, norm, barrier in one launch, on flags of the signal pad that torch's kernel
+              leaves alone); `use("one-shot", fuse_norm=False)` keeps the two launches (timing).
     auto      one-shot where it can be set up (CUDA, tp > 1), else nccl
     skip      no communication at all: every rank keeps its partial sum. The outputs are wrong;
               it exists to time a step without its collectives (benchmarks/tp_decode.py's
@@ -22,6 +26,7 @@ result, so one-shot and NCCL give identical bf16 outputs (tests/test_gpu_tp.py c
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,9 +47,12 @@ class Reducer:
             raise DynspecError(f"--allreduce {mode!r} is not one of {', '.join(MODES)}")
         self.group, self.buffer, self.group_name = group, None, None
         self.fallback = ""            # why 'auto' chose nccl
+        self.peers: FusedPeers | None = None       # the fused norm's addresses (one-shot on CUDA with Triton)
+        self.fuse_norm = True
         if mode in ("auto", "one-shot"):
             try:
-                self.buffer, self.group_name = _symmetric_buffer(group, device, max_bytes)
+                self.buffer, self.group_name, handle = _symmetric_buffer(group, device, max_bytes)
+                self.peers = _fused_peers(handle, self.buffer)
                 mode = "one-shot"
             except (RuntimeError, ImportError, AttributeError, DynspecError) as e:
                 if mode == "one-shot":
@@ -52,12 +60,36 @@ class Reducer:
                 mode, self.fallback = "nccl", f"{type(e).__name__}: {e}".splitlines()[0]
         self.mode = mode
 
-    def use(self, mode: str) -> None:
+    def use(self, mode: str, fuse_norm: bool = True) -> None:
         """Switch between the modes this reducer was set up for (tp_decode times each in one run):
-        'one-shot' only where its buffer exists."""
+        'one-shot' only where its buffer exists; fuse_norm=False: add_rms_norm as two launches."""
         if mode not in ("nccl", "skip") and not (mode == "one-shot" and self.buffer is not None):
             raise DynspecError(f"all-reduce mode {mode!r} is not available here (set up as {self.mode!r})")
-        self.mode = mode
+        self.mode, self.fuse_norm = mode, fuse_norm
+
+    def fuses_norm(self, part: torch.Tensor, r: torch.Tensor, weight: torch.Tensor) -> bool:
+        """add_rms_norm takes the fused kernel: one-shot with its peers' addresses, part fits the
+        buffer, and the kernel takes the shapes (fused_allreduce_norm.check_args). Decided from
+        shapes, dtypes and strides only, the same on every rank."""
+        if self.mode != "one-shot" or not self.fuse_norm or self.peers is None or not self.one_shot_fits(part):
+            return False
+        from dynspec.runtime.engines.reference.fused_allreduce_norm import check_args
+
+        return not check_args(part, r, weight)
+
+    def add_rms_norm(self, part: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
+                     norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r + the sum of part over the ranks, its RMSNorm): the fused kernel where fuses_norm,
+        else this reducer's sum, then `norm` (model.add_rms_norm's signature: Kernels.add_rms_norm,
+        the Triton one on CUDA). skip: r + part."""
+        if not self.fuses_norm(part, r, weight):
+            return norm(r, self(part), weight, eps)
+        from dynspec.runtime.engines.reference.fused_allreduce_norm import SIGNAL_BASE, allreduce_add_rms_norm
+
+        p = self.peers
+        slot = self.buffer.view(part.dtype)
+        return allreduce_add_rms_norm(part, r, weight, eps, slot, p.offsets[part.dtype], p.signal[SIGNAL_BASE:],
+                                      p.signal_offsets, p.rank, p.ranks)
 
     def one_shot_fits(self, x: torch.Tensor) -> bool:
         """x goes through the one-shot kernel: bf16/fp32, within the buffer, 16-byte aligned (the
@@ -77,8 +109,48 @@ class Reducer:
         return x
 
 
-def _symmetric_buffer(group: Any, device: torch.device, max_bytes: int) -> tuple[torch.Tensor, str]:
-    """max_bytes of symmetric memory on `device`, rendezvoused over `group`: (uint8 buffer, group name)."""
+@dataclass(frozen=True)
+class FusedPeers:
+    """Where the fused norm kernel finds every rank's slot and signal flags, as offsets from this
+    rank's own (peer buffers are mapped at addresses of their own): offsets {dtype: [N] int64
+    elements}, signal the int32 view of this rank's signal pad, signal_offsets [N] int64."""
+    rank: int
+    ranks: int
+    offsets: dict
+    signal: torch.Tensor
+    signal_offsets: torch.Tensor
+
+
+def peer_offsets(base: int, ptrs: list[int], size: int) -> list[int]:
+    """Element offsets of ptrs from base at `size` bytes an element; every one 16-byte aligned
+    (the kernel's loads are 16 bytes wide). (1000, [1000, 1064], 2) -> [0, 32]."""
+    d = [p - base for p in ptrs]
+    if any(b % 16 for b in d):
+        raise DynspecError(f"symmetric buffers are not 16-byte aligned to each other: offsets {d}")
+    return [b // size for b in d]
+
+
+def _fused_peers(handle: Any, buffer: torch.Tensor) -> FusedPeers | None:
+    """FusedPeers of a rendezvoused buffer, or None where the fused kernel cannot run (no
+    Triton, a signal pad too small for its flags)."""
+    try:
+        from dynspec.runtime.engines.reference.fused_allreduce_norm import signal_flags
+    except ImportError:
+        return None
+    n, dev = handle.world_size, buffer.device
+    pad = handle.get_signal_pad(handle.rank, (handle.signal_pad_size // 4,), torch.int32)
+    if pad.numel() < signal_flags(n):
+        return None
+    bufs = [handle.get_buffer(r, (buffer.numel(),), torch.uint8).data_ptr() for r in range(n)]
+    pads = [handle.get_signal_pad(r, (pad.numel(),), torch.int32).data_ptr() for r in range(n)]
+    as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)     # noqa: E731
+    offsets = {dt: as_tensor(peer_offsets(buffer.data_ptr(), bufs, dt.itemsize)) for dt in ONE_SHOT_DTYPES}
+    return FusedPeers(handle.rank, n, offsets, pad, as_tensor(peer_offsets(pad.data_ptr(), pads, 4)))
+
+
+def _symmetric_buffer(group: Any, device: torch.device, max_bytes: int) -> tuple[torch.Tensor, str, Any]:
+    """max_bytes of symmetric memory on `device`, rendezvoused over `group`: (uint8 buffer, group
+    name, torch's handle of it)."""
     if device.type != "cuda":
         raise DynspecError(f"the one-shot all-reduce needs CUDA devices, not {device.type}")
     import os
@@ -91,5 +163,5 @@ def _symmetric_buffer(group: Any, device: torch.device, max_bytes: int) -> tuple
     if enable is not None:
         enable(group.group_name)
     buf = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)
-    symm_mem.rendezvous(buf, group.group_name)
-    return buf, group.group_name
+    handle = symm_mem.rendezvous(buf, group.group_name)
+    return buf, group.group_name, handle

@@ -60,3 +60,34 @@ def test_norm_lowers_for_sm90(has_r):
     scalars["eps"] = "fp32"
     const = dict(HAS_R=has_r, WIDE=False, BLOCK=4096)
     assert "tt.func" in lower(fn, pointers, scalars, const)
+
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_allreduce_norm_compiles_for_sm90(ranks, dtype):
+    """fused_allreduce_norm's kernel compiled to PTX for sm_90 (ptxas included): the barrier's
+    flags are compare-and-swaps at system scope, release to the peers and acquire on its own, by
+    one thread; every row load and store is 16 bytes wide once the launcher has seen 16-byte
+    aligned pointers and widths (slot offsets included, tl.multiple_of), none element-wise."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dynspec.runtime.engines.reference.fused_allreduce_norm import _allreduce_add_rms_norm_kernel as fn
+
+    sig = {a: f"*{dtype}" for a in ("X", "SLOT", "R", "W", "Y", "H")}
+    sig.update(PEERS="*i64", SIG="*i32", SIG_PEERS="*i64", eps="fp32")
+    sig.update({a: "i32" for a in ("stride_x", "stride_r", "stride_y", "stride_h", "rows", "n")})
+    const = dict(RANK=1, RANKS=ranks, COPY=True, SYNC=True, BLOCK=4096)
+    sig.update({c: "constexpr" for c in const})
+    aligned = [a for a in fn.arg_names if sig[a].startswith("*") or a.startswith("stride") or a == "n"]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert len(re.findall(r"@%p\d+ atom\.global\.release\.sys\.cas\.b32", ptx)) == 2 * ranks
+    assert len(re.findall(r"@%p\d+ atom\.global\.acquire\.sys\.cas\.b32", ptx)) == 2 * ranks
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx) and re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx)
+    assert not re.search(r"ld\.global(\.\w+)*\.b16 ", ptx) and not re.search(r"st\.global(\.\w+)*\.b16 ", ptx)

@@ -12,9 +12,12 @@ Cache semantics (the engine relies on these):
   sequence's length are stale but never read by a query that does not own them, so rolling a
   request back is just "write from the accepted length on" (no clearing).
 
-Tensor parallelism (later): head counts are per instance (`Block.n_local_heads`,
-`n_local_kv_heads`), and the two per-layer reduction points (after o_proj, after down_proj)
-and the lm_head output go through `Target.collectives` (identity on one device).
+Tensor parallelism: head counts are per instance (`Block.n_local_heads`, `n_local_kv_heads`),
+and the lm_head output and the two per-layer reduction points go through `Target.collectives`
+(identity on one device). Each reduction point is joined to the norm after it:
+`Collectives.add_rms_norm(part, r, ...)` sums the row-parallel output `part` over the ranks, adds
+the residual r and normalises (one launch with TP's one-shot all-reduce). So the stream between
+layers is (x, r) with the stream = x + (r summed over the ranks): r is down_proj's partial output.
 
 The helpers at the top (config fields, RMSNorm, RoPE, the cache set-up) are shared with the
 EAGLE-3 draft in draft.py.
@@ -355,10 +358,11 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
                 batch: RaggedBatch, f: Kernels, attention, comm: "Collectives") -> tuple[Tensor, Tensor]:
-        """The residual stream entering this layer is x + r (x alone when r is None), x, r [N, h]
-        packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd] -> (x', r'): the stream after the
-        layer is x' + r', left unsummed so that the next layer's norm does the add in its kernel."""
-        x, qkv = self.qkv(x, r, f)
+        """The residual stream entering this layer is x + r (x alone when r is None; r still to be
+        summed over the ranks), x, r [N, h] packed tokens; cos, sin [N, 1, hd/2]; pools [kvh, P, hd]
+        -> (x', r'): the stream after the layer is x' + r', left unsummed so that the next layer's
+        norm does the all-reduce and the add in its kernel."""
+        x, qkv = self.qkv(x, r, f, comm)
         rope_attend = getattr(attention, "rope_attend", None)          # paged_decode.PagedDecode's fused path
         o = None if rope_attend is None else rope_attend(qkv, cos, sin, k_pool, v_pool, batch, self.n_local_heads)
         if o is None:
@@ -367,25 +371,26 @@ class Block(nn.Module):
             o = attention(q, k_pool, v_pool, batch)
         return self.attn_out(x, o, f, comm)
 
-    def qkv(self, x: Tensor, r: Tensor | None, f: Kernels) -> tuple[Tensor, Tensor]:
-        """(the stream x + r [N, h], qkv [N, (nh + 2 kvh) * hd] before RoPE)."""
+    def qkv(self, x: Tensor, r: Tensor | None, f: Kernels, comm: "Collectives") -> tuple[Tensor, Tensor]:
+        """(the stream x + r [N, h] (r summed over the ranks), qkv [N, (nh + 2 kvh) * hd] before RoPE)."""
         eps = self.c.rms_norm_eps
         if r is None:
             h = f.rms_norm(x, self.attention_norm, eps)
         else:
-            x, h = f.add_rms_norm(x, r, self.attention_norm, eps)
+            x, h = comm.add_rms_norm(r, x, self.attention_norm, eps, f)
         return x, F.linear(h, self.wqkv)
 
     def attn_in(self, x: Tensor, r: Tensor | None, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
-                write_index: Tensor, f: Kernels) -> tuple[Tensor, Tensor]:
+                write_index: Tensor, f: Kernels, comm: "Collectives") -> tuple[Tensor, Tensor]:
         """Up to attention: (the stream x + r [N, h], q [N, nh, hd]); this token's K/V written."""
-        x, qkv = self.qkv(x, r, f)
+        x, qkv = self.qkv(x, r, f, comm)
         return x, f.rope_write(qkv, cos, sin, k_pool, v_pool, write_index, self.n_local_heads, self.n_local_kv_heads)
 
     def attn_out(self, x: Tensor, o: Tensor, f: Kernels, comm: "Collectives") -> tuple[Tensor, Tensor]:
-        """From attention's output o [N, nh*hd] on: (x', r') with the stream after the layer x' + r'."""
-        x, h = f.add_rms_norm(x, comm.all_reduce(F.linear(o, self.wo)), self.ffn_norm, self.c.rms_norm_eps)
-        return x, comm.all_reduce(F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2))
+        """From attention's output o [N, nh*hd] on: (x', r') with the stream after the layer x' + r'
+        (r' down_proj's output, still to be summed over the ranks)."""
+        x, h = comm.add_rms_norm(F.linear(o, self.wo), x, self.ffn_norm, self.c.rms_norm_eps, f)
+        return x, F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2)
 
 
 class Collectives:
@@ -395,6 +400,15 @@ class Collectives:
 
     def all_reduce(self, x: Tensor) -> Tensor:
         return x
+
+    def add_rms_norm(self, part: Tensor, r: Tensor, weight: Tensor, eps: float, f: Kernels) -> tuple[Tensor, Tensor]:
+        """(r + part summed over the ranks, rms_norm of it), part, r [N, h]: a row-parallel output
+        joined to the residual and the norm after it."""
+        return f.add_rms_norm(r, self.all_reduce(part), weight, eps)
+
+    def settle(self, x: Tensor, r: Tensor | None) -> Tensor:
+        """The stream x + r itself (r summed over the ranks), for the layers whose outputs are read."""
+        return x if r is None else x + self.all_reduce(r)
 
     def gather_vocab(self, logits: Tensor) -> Tensor:
         return logits
@@ -459,18 +473,26 @@ class Target(nn.Module):
         attention = attention or self.attention
         x, cos, sin = self.embed(tokens, batch.positions)
         caps: dict[int, Tensor] = {}
-        r = None                                                          # stream = x + r
+        f, comm = self.kernels, self.collectives
+        r = None                                                          # stream = x + r summed over ranks
         for i, layer in enumerate(self.layers):
-            x, r = layer(x, r, cos, sin, self.k_cache[i], self.v_cache[i], batch, self.kernels, attention,
-                         self.collectives)
+            x, r = layer(x, r, cos, sin, self.k_cache[i], self.v_cache[i], batch, f, attention, comm)
             if i in capture:
-                caps[i] = x + r
+                x, r = comm.settle(x, r), None
+                caps[i] = x
             if self.layer_hook is not None:
                 self.layer_hook(i)                                        # engine._capture_chain's cut points
         hidden = torch.cat([caps[i] for i in capture], dim=-1) if capture else None  # [N, n*h]
-        if logit_index is not None:
-            x, r = x[logit_index], r[logit_index]
-        return self.head(self.kernels.add_rms_norm(x, r, self.norm, c.rms_norm_eps)[1], greedy), hidden
+        if logit_index is not None:                                       # every rank keeps the same rows
+            x, r = x[logit_index], (None if r is None else r[logit_index])
+        return self.head(self.final_norm(x, r), greedy), hidden
+
+    def final_norm(self, x: Tensor, r: Tensor | None) -> Tensor:
+        """The stream x + r (r summed over the ranks) [M, h] through the final norm."""
+        eps = self.config.rms_norm_eps
+        if r is None:
+            return self.kernels.rms_norm(x, self.norm, eps)
+        return self.collectives.add_rms_norm(r, x, self.norm, eps, self.kernels)[1]
 
     def embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """tokens, positions [N] -> (x [N, h], cos, sin [N, 1, hd/2])."""

@@ -70,19 +70,22 @@ class TargetPieces:
 
         def first() -> None:
             x, st["cos"], st["sin"] = t.embed(tokens, positions)
-            st["x"], qi = t.layers[0].attn_in(x, None, st["cos"], st["sin"], t.k_cache[0], t.v_cache[0], widx, f)
+            st["x"], qi = t.layers[0].attn_in(x, None, st["cos"], st["sin"], t.k_cache[0], t.v_cache[0], widx, f,
+                                              comm)
             q.copy_(qi)
 
         def middle(i: int) -> Callable[[], None]:
             def piece() -> None:
                 x, r = t.layers[i - 1].attn_out(st["x"], o, f, comm)
                 if i - 1 in self.capture_layers:
-                    st[f"cap{i - 1}"] = x + r
+                    x, r = comm.settle(x, r), None
+                    st[f"cap{i - 1}"] = x
                 if i < L:
-                    st["x"], qi = t.layers[i].attn_in(x, r, st["cos"], st["sin"], t.k_cache[i], t.v_cache[i], widx, f)
+                    st["x"], qi = t.layers[i].attn_in(x, r, st["cos"], st["sin"], t.k_cache[i], t.v_cache[i], widx, f,
+                                                      comm)
                     q.copy_(qi)
                 else:
-                    out["h"] = f.add_rms_norm(x, r, t.norm, t.config.rms_norm_eps)[1]              # [n, h]
+                    out["h"] = t.final_norm(x, r)                                                   # [n, h]
                     out["H"] = (torch.cat([st[f"cap{j}"] for j in self.capture_layers], dim=-1)
                                 if self.capture_layers else None)                                   # [n, n*h]
             return piece

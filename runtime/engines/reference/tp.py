@@ -15,8 +15,9 @@ Worked example, 4 q heads, 2 KV heads (GQA groups of 2), N=4 -> replication 2:
     rank 2: q head 2, KV head 1    rank 3: q head 3, KV head 1
 q head j uses KV head j // 2 in the unsharded model too, so every rank attends as before.
 
-Collectives go through the model's own reduction points (`model.Collectives`: all_reduce after
-wo and after w2, gather_vocab on the lm_head output), which TpCollectives fills in; the
+Collectives go through the model's own reduction points (`model.Collectives`: add_rms_norm
+after wo and after w2, the sum joined to the norm after it; gather_vocab and argmax on the
+lm_head output), which TpCollectives fills in; the
 embedding becomes a VocabParallelEmbedding module; the per-instance head counts (q_size,
 kv_size, a local config that sizes the KV pool) become this rank's. The model code is as is.
 
@@ -232,6 +233,18 @@ class TpCollectives:
 
     def all_reduce(self, x: Tensor) -> Tensor:
         return self.ctx.all_reduce(x)
+
+    def add_rms_norm(self, part: Tensor, r: Tensor, weight: Tensor, eps: float, f) -> tuple[Tensor, Tensor]:
+        """r + the sum of part over the ranks, and its norm: one launch where the reducer fuses
+        them (one-shot on CUDA, runtime/allreduce.py), else the all-reduce (NCCL, gloo) and then
+        the model's add_rms_norm (the Triton one with compiled kernels on CUDA)."""
+        reducer = self.ctx.reducer
+        if reducer is not None and reducer.fuses_norm(part, r, weight):
+            return reducer.add_rms_norm(part, r, weight, eps, f.add_rms_norm)
+        return f.add_rms_norm(r, self.all_reduce(part), weight, eps)
+
+    def settle(self, x: Tensor, r: Tensor | None) -> Tensor:
+        return x if r is None else x + self.all_reduce(r)
 
     def gather_vocab(self, logits: Tensor) -> Tensor:
         return self.ctx.all_gather(logits, dim=-1)[..., :self.vocab]

@@ -8,8 +8,8 @@ Every rank loads its shard and runs the same steps itself (SPMD: no leader chann
 step is the engine's alone, as at TP=1). For each mode in --modes the b=1 decode graph is
 captured again with that all-reduce, then timed (profile.time_shapes, median); the modes
 rotate over --trials passes so drift hits all of them. Modes: nccl, one-shot
-(runtime/allreduce.py: the sum fused into the residual add and RMSNorm after it),
-one-shot-unfused (the one-shot kernel, then the norm: the step before the fusion), skip (no
+(runtime/allreduce.py: torch's one-shot kernel, then the norm, as served), one-shot-fused (the sum
+fused into the residual add and RMSNorm after it: fused_allreduce_norm.py, not yet served), skip (no
 communication: wrong sums; the step without its collectives, so comm_fraction = 1 - skip / mode).
 
 Floors, from the same engine in the same run (profile.gemm_floor_ms, one CUDA graph each):
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_decode", description=__doc__.splitlines()[0])
     add_engine_args(p)
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--modes", default="nccl,one-shot,one-shot-unfused,skip", help="all-reduce modes to time (TP > 1)")
+    p.add_argument("--modes", default="nccl,one-shot,one-shot-fused,skip", help="all-reduce modes to time (TP > 1)")
     add_step_timing_args(p, 60, "also list the GPU kernels of STEPS decode steps (torch.profiler), per step")
     args = p.parse_args(argv)
     from dynspec.runtime.distributed import exit_status
@@ -59,7 +59,7 @@ def run(args) -> int:
 
     apply_bench_env()
     modes = [m for m in args.modes.split(",") if m] if args.tp > 1 else ["none"]
-    one_shot = {"one-shot", "one-shot-unfused"}
+    one_shot = {"one-shot", "one-shot-fused"}
     ctx = init_tp(args.tp, device=args.device, allreduce="auto" if one_shot & set(modes) else "nccl")
     fallback = None
     if ctx.reducer is not None and ctx.reducer.mode != "one-shot" and one_shot & set(modes):
@@ -75,7 +75,7 @@ def run(args) -> int:
 
         def use(mode: str) -> None:
             if reducer is not None:
-                reducer.use(mode.removesuffix("-unfused"), fuse_norm=not mode.endswith("-unfused"))
+                reducer.use(mode.removesuffix("-fused"), fuse_norm=mode.endswith("-fused"))
 
         def serve_with(mode: str) -> None:
             """The all-reduce mode, and the decode graph captured again with it (graphs bake it in)."""
@@ -94,7 +94,7 @@ def run(args) -> int:
         floor, method = gemm_floor_ms(ws, repeats=args.repeats)
         floor_ar = {}
         if args.tp > 1:
-            for mode in (m for m in modes if m not in ("skip", "one-shot-unfused")):    # no norms in the floor
+            for mode in (m for m in modes if m not in ("skip", "one-shot-fused")):    # no norms in the floor
                 use(mode)
                 floor_ar[mode] = gemm_floor_ms(ws, repeats=args.repeats, reduce=(reducer, (1, 3)))[0]
         kernels = None

@@ -15,7 +15,8 @@ embedding's one). docs/tensor_parallel.md, "All-reduce", has the measurements be
               With the buffer, `add_rms_norm` fuses the sum into the residual add and RMSNorm that
               follow it (runtime/engines/reference/fused_allreduce_norm.py: copy-in, barrier, sum,
               add, norm, barrier in one launch, on flags of the signal pad that torch's kernel
-              leaves alone); `use("one-shot", fuse_norm=False)` keeps the two launches (timing).
+              leaves alone). It is off until a run on two GPUs proves it (its barrier, its graph capture):
+              `use("one-shot", fuse_norm=True)` turns it on, as tp_decode's one-shot-fused mode does.
     auto      one-shot where it can be set up (CUDA, tp > 1), else nccl
     skip      no communication at all: every rank keeps its partial sum. The outputs are wrong;
               it exists to time a step without its collectives (benchmarks/tp_decode.py's
@@ -48,7 +49,7 @@ class Reducer:
         self.group, self.buffer, self.group_name = group, None, None
         self.fallback = ""            # why 'auto' chose nccl
         self.peers: FusedPeers | None = None       # the fused norm's addresses (one-shot on CUDA with Triton)
-        self.fuse_norm = True
+        self.fuse_norm = False     # the fused kernel is unproven on GPUs: tp_decode's one-shot-fused times it
         if mode in ("auto", "one-shot"):
             try:
                 self.buffer, self.group_name, handle = _symmetric_buffer(group, device, max_bytes)
@@ -60,9 +61,9 @@ class Reducer:
                 mode, self.fallback = "nccl", f"{type(e).__name__}: {e}".splitlines()[0]
         self.mode = mode
 
-    def use(self, mode: str, fuse_norm: bool = True) -> None:
+    def use(self, mode: str, fuse_norm: bool = False) -> None:
         """Switch between the modes this reducer was set up for (tp_decode times each in one run):
-        'one-shot' only where its buffer exists; fuse_norm=False: add_rms_norm as two launches."""
+        'one-shot' only where its buffer exists; fuse_norm=True: add_rms_norm in the fused kernel."""
         if mode not in ("nccl", "skip") and not (mode == "one-shot" and self.buffer is not None):
             raise DynspecError(f"all-reduce mode {mode!r} is not available here (set up as {self.mode!r})")
         self.mode, self.fuse_norm = mode, fuse_norm

@@ -67,7 +67,7 @@ def test_the_fused_norm_is_taken_only_for_one_shot_shapes_it_handles():
     part, res, w = torch.zeros(2, 64), torch.zeros(2, 64), torch.ones(64)
     assert not r.fuses_norm(part, res, w)                                        # nccl
     r.buffer = torch.empty(1024, dtype=torch.uint8)
-    r.use("one-shot")
+    r.use("one-shot", fuse_norm=True)
     assert not r.fuses_norm(part, res, w)                                        # no peers' addresses
     r.peers = FusedPeers(0, 2, {}, torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=torch.int64))
     assert r.fuses_norm(part, res, w) and r.fuses_norm(part.bfloat16(), res.bfloat16(), w.bfloat16())
@@ -75,7 +75,7 @@ def test_the_fused_norm_is_taken_only_for_one_shot_shapes_it_handles():
     assert not r.fuses_norm(part.half(), res.half(), w.half())
     assert not r.fuses_norm(part, res[:1], w) and not r.fuses_norm(part, res, w[:32])
     assert not r.fuses_norm(torch.zeros(64, 2).t(), res, w)                      # not contiguous
-    r.use("one-shot", fuse_norm=False)
+    r.use("one-shot")                                                            # served: off until measured
     assert not r.fuses_norm(part, res, w)
     r.use("skip")
     x = torch.randn(2, 64)

@@ -19,7 +19,7 @@ from dynspec.errors import DynspecError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
-ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed")
+ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed", "cost_model", "accept_low")
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
 

@@ -19,7 +19,7 @@ from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.session import tiny_pair_dirs
-from tests.test_executor import greedy_many
+from tests.test_executor import greedy_many, hf_target, pair  # noqa: F401  (fixtures)
 
 DT = torch.float64
 HELD_OUT, RANDOM, NEW = 8, 8, 24
@@ -80,13 +80,13 @@ def test_lossless_on_held_out_text_then_random_tokens_and_k_follows_the_estimate
     assert sum(s.k for s in stats) / len(stats) >= 2      # the draft matches: the policy speculates
 
 
-def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair_random):
+def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_target):
     """An untrained draft (tests/test_executor.py's random pair) matches almost never: the estimate
     of a_1 falls from its prior 0.5, K goes to 0, K=1 probes keep measuring, and the tokens are still
     transformers' greedy ones."""
     from tests.test_executor import prompts
 
-    target, draft, hf = pair_random
+    (target, draft), hf = pair, hf_target
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=96, max_draft_len=4)
     ps = prompts(12, seed=5)
     policy = AdaptivePolicy(linear_cost(per_draft=0.05))
@@ -99,18 +99,6 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair_random)
     tail = stats[len(stats) // 2:]
     assert sum(s.k == 0 for s in tail) >= 0.7 * len(tail)
     assert any(s.probe and s.k == 1 for s in tail) and tail[-1].acceptance[0] < 0.2
-
-
-@pytest.fixture(scope="module")
-def pair_random(tmp_path_factory):
-    from transformers import LlamaForCausalLM
-
-    from tests.helpers_models import make_tiny_draft, make_tiny_target
-
-    root = tmp_path_factory.mktemp("pair")
-    target = make_tiny_target(root / "target", vocab=96, hidden=64, layers=5, heads=4, kv_heads=2, seed=1)
-    draft = make_tiny_draft(root / "draft", target, draft_vocab=64, seed=2)
-    return str(target), str(draft), LlamaForCausalLM.from_pretrained(str(target), dtype=DT).eval()
 
 
 def test_engine_json_policy_and_cost_model_field(tmp_path):

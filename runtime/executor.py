@@ -179,8 +179,8 @@ class Executor:
         self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
         self._stats_lock = threading.Lock()       # pollers read while the loop thread appends
         self._iterations = 0
-        self._estimate = (policy.initial_estimate() if isinstance(policy, AdaptivePolicy)
-                          else AcceptanceEstimate(positions=max(engine.max_draft_len, 1)))
+        # the acceptance estimate (a schedule's made at the first step: the engine is not read before)
+        self._estimate = policy.initial_estimate() if isinstance(policy, AdaptivePolicy) else None
         self._prev_k = 0                           # K of the last iteration with decode rows
         self._since_spec = 0                       # iterations with rows since the last one at K > 0
         self._lock = threading.Condition()
@@ -259,6 +259,8 @@ class Executor:
         raises, the requests of this iteration end as "error" and the error is re-raised;
         the executor itself stays usable."""
         self._retire()
+        if self._estimate is None:
+            self._estimate = AcceptanceEstimate(positions=max(self.engine.max_draft_len, 1))
         t0 = self._clock()
         rows = list(self._rows)
         b = len(rows)

@@ -141,11 +141,13 @@ def test_readme_schedule_commands_print_the_dialects_they_state(capsys):
 
 
 def test_readme_profile_and_tune_run_on_cpu(tmp_path):
-    """The README's CPU profile -> tune pair, run as written: it writes a schedule that parses."""
+    """The README's CPU profile -> tune pair and its profile -> generate --modes ...,adaptive pair, run
+    as written: a schedule that parses, and the adaptive mode on the profiled cost model."""
     from dynspec.runtime.policy import DraftSchedule
 
-    shown = [c for c in COMMANDS if c.page == "README.md" and (dynspec_argv(c) or [])[:1] in (["profile"], ["tune"])]
-    assert [dynspec_argv(c)[0] for c in shown] == ["profile", "tune"]
+    shown = [c for c in COMMANDS if c.page == "README.md" and ((dynspec_argv(c) or [])[:1] in (["profile"], ["tune"])
+                                                               or "--cost-model" in (dynspec_argv(c) or []))]
+    assert [dynspec_argv(c)[0] for c in shown] == ["profile", "tune", "profile", "generate"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for cmd in shown:
         r = subprocess.run([sys.executable, "-m", "dynspec.cli", *dynspec_argv(cmd)], cwd=tmp_path,

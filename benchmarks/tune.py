@@ -42,33 +42,13 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.adaptive import expected_tokens  # noqa: F401  (tune's E[tokens | K], one definition)
 from dynspec.runtime.policy import DraftSchedule
 
 Acceptance = float | Sequence[float]
 MAX_BATCH_SIZE = 16384
 DRAFT_MARGIN = 1.01      # `dynspec tune`'s default (see "Draft margin" above); tune() itself defaults to none, 1.0
 INTERPOLATION = "linear in batch size between profiled points; smallest point's times below it; K=0 above the largest"
-
-
-def expected_tokens(k: int, acceptance: Acceptance) -> float:
-    """E[tokens per row per step | K drafts] under one rate or per-position conditional rates."""
-    if k < 0:
-        raise DynspecError(f"negative draft length K={k}")
-    if isinstance(acceptance, (int, float)):
-        a = float(acceptance)
-        if not 0.0 <= a <= 1.0:
-            raise DynspecError(f"acceptance rate {a} is outside [0, 1]")
-        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-    rates = [float(x) for x in acceptance]
-    if k > len(rates):
-        raise DynspecError(f"K={k} needs {k} per-position acceptance rates; the profile has {len(rates)}")
-    e, run = 1.0, 1.0
-    for i, a in enumerate(rates[:k]):
-        if not 0.0 <= a <= 1.0:
-            raise DynspecError(f"per-position acceptance rate {i + 1} = {a} is outside [0, 1]")
-        run *= a
-        e += run
-    return e
 
 
 def interpolate(points: Mapping[int, float], b: int) -> float | None:

@@ -74,12 +74,25 @@ class Decision:
         return self.reason == "probe"
 
 
-def expected_tokens(k: int, acceptance: Sequence[float]) -> float:
-    """1 + sum_{i<=K} prod_{j<=i} a_j; past the last rate the last one repeats.
-    expected_tokens(3, (0.7,)) = 1 + 0.7 + 0.49 + 0.343 = 2.533."""
+def expected_tokens(k: int, acceptance: float | Sequence[float]) -> float:
+    """E[tokens per row per step | K drafts] under one rate or per-position conditional rates
+    (the policy's and `dynspec tune`'s): 1 + sum_{i<=K} prod_{j<=i} a_j.
+    expected_tokens(3, 0.7) = 1 + 0.7 + 0.49 + 0.343 = 2.533."""
+    if k < 0:
+        raise DynspecError(f"negative draft length K={k}")
+    if isinstance(acceptance, (int, float)):
+        a = float(acceptance)
+        if not 0.0 <= a <= 1.0:
+            raise DynspecError(f"acceptance rate {a} is outside [0, 1]")
+        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    rates = [float(x) for x in acceptance]
+    if k > len(rates):
+        raise DynspecError(f"K={k} needs {k} per-position acceptance rates; {len(rates)} given")
     e, run = 1.0, 1.0
-    for i in range(k):
-        run *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+    for i, a in enumerate(rates[:k]):
+        if not 0.0 <= a <= 1.0:
+            raise DynspecError(f"per-position acceptance rate {i + 1} = {a} is outside [0, 1]")
+        run *= a
         e += run
     return e
 

@@ -75,7 +75,7 @@ def test_update_at_k0_or_without_rows_changes_nothing_and_bad_settings_are_refus
 
 # ---- choose_k ---------------------------------------------------------------------------------------
 def test_expected_tokens_worked_example():
-    assert expected_tokens(3, (0.7,)) == pytest.approx(2.533)
+    assert expected_tokens(3, 0.7) == pytest.approx(2.533)
     assert expected_tokens(0, (0.7,)) == 1.0
     assert expected_tokens(2, (1.0, 0.5)) == pytest.approx(2.5)
 

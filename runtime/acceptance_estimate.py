@@ -17,6 +17,12 @@ Rates shrink towards a prior chain (pseudo-count `prior_weight`):
     a_j = (h_j + w * a_{j-1}) / (n_j + w)        j >= 2: an unmeasured position follows the one before
 so positions that were not drafted lately (K stayed low) assume the acceptance of the last
 measured one, and with no data at all the estimate is the prior.
+
+Retirement: when decode rows leave the batch, their share of the counts goes with them
+(`forget(kept / before)`), and the prior becomes the estimate's a_1 of that moment. At b=1 the
+next request starts from the last one's a_1 with the prior's weight only, so requests of
+different acceptance (a mix of code and chat) are each measured within a few steps; at b=64 a
+retirement forgets 1/64.
 """
 from __future__ import annotations
 
@@ -84,3 +90,13 @@ class AcceptanceEstimate:
             hits[j - 1] += reached[j]
         return AcceptanceEstimate(self.prior, self.positions, self.half_life, self.prior_weight,
                                   tuple(hits), tuple(trials))
+
+    def forget(self, keep: float) -> "AcceptanceEstimate":
+        """The counts scaled by `keep` in [0, 1] (the share of the batch's rows still in it), the
+        prior moved to the current a_1. forget(1.0) is the estimate itself."""
+        if not 0.0 <= keep <= 1.0:
+            raise DynspecError(f"acceptance estimate: keep {keep} is outside [0, 1]")
+        if keep == 1.0:
+            return self
+        return AcceptanceEstimate(self.rates()[0], self.positions, self.half_life, self.prior_weight,
+                                  tuple(h * keep for h in self.hits), tuple(n * keep for n in self.trials))

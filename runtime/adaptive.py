@@ -1,9 +1,12 @@
 """The adaptive draft-length policy: K from the batch size, the context, the measured acceptance
 and a profiled cost model (docs/design.md, "The adaptive policy").
 
-For each candidate K (profiled, within the engine's max_draft_len and the token budget):
+For each candidate K (profiled, within the engine's max_draft_len and the token budget), at the
+padded row count B the step's graphs run at (the bucket of b) and the rows' mean context:
     E(K)     = 1 + sum_{i<=K} prod_{j<=i} a_j                 tokens a row gains per step
-    gain(K)  = E(K) * ms(b, 0, ctx) / ms(b, K, ctx)           predicted speedup over plain decode
+    t(K)     = ms(B, K, ctx) x s_K                            profiled time x served/profiled ratio
+    t(0)     = plain decode (the profile's decode_ms: no keep-warm), else K=0 with keep-warm
+    gain(K)  = E(K) * t(0) / t(K)                             predicted speedup over plain decode
     score(K) = gain(K) / draft_margin^K                       each draft must pay for itself
 Then, in order:
     1. best = argmax score                          (b above the profiled batch sizes: K=0)
@@ -12,14 +15,22 @@ Then, in order:
        interval = max(min_probe_interval, ceil((1 - gain(1)) / probe_loss)): by the cost model a
        probe costs at most probe_loss of the throughput, and it measures a_1 afresh, so a policy at
        K=0 comes back when the draft starts matching again.
+    4. keep-warm at K=0 (when the engine keeps the draft warm at all): only while speculation may
+       resume soon, i.e. K=0 is held against a better K (best > 0) or fewer than `warm_grace`
+       iterations have passed since the last speculation. Past that, K=0 runs as plain decode and
+       pays no draft work (up to 13% of a b=256 step); a later speculative step rebuilds the draft
+       head, and the draft's cache has a gap over the plain-decode stretch (lossless: the target
+       verifies; acceptance of those rows may be lower, which the estimate measures).
+s_K (runtime/cost_calibration.py) is 1 until served steps are measured.
 
-Worked example: b=16, ctx 1024, a = (0.5, 0.5, ...), ms(16, K) = 10, 11, 12, 13 for K = 0..3:
+Worked example, b=16, ctx 1024, a = (0.5, 0.5, ...), t(16, K) = 10, 11, 12, 13 for K = 0..3:
     E = 1, 1.5, 1.75, 1.875   gain = 1, 1.364, 1.458, 1.442
     score (margin 1.01) = 1, 1.350, 1.430, 1.400  -> best K=2; from previous K=3 it moves
     (1.430 > 1.400 * 1.02 = 1.428); from previous K=1 too. With a = 0.15 instead:
     gain = 1, 1.045, 0.977, 0.905 -> K=1 (score 1.035 > 1 x 1.02).
-Pure: the state (estimate, previous K, iterations since speculation) lives in the executor and
-comes in through PolicyInputs, so the same inputs give the same K on every TP rank.
+Pure: the state (estimate, step-cost ratios, previous K, iterations since speculation) lives in
+the executor and comes in through PolicyInputs; the executor runs on a replica's leader only,
+which sends its plan to the other TP ranks.
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ from typing import Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance_estimate import HALF_LIFE_ROWS, AcceptanceEstimate
+from dynspec.runtime.cost_calibration import CostCalibration
 from dynspec.runtime.cost_model import CostModel
 
 
@@ -39,6 +51,8 @@ class AdaptiveSettings:
     probe_loss: float = 0.005        # at most this share of throughput goes to probing (cost model)
     min_probe_interval: int = 8
     max_probe_interval: int = 4096
+    warm_grace: int = 8              # K=0 iterations after speculation that still keep the draft warm
+    calibrate: bool = True           # scale profiled times by served/profiled ratios (False: the profile alone)
     half_life: float = HALF_LIFE_ROWS   # the estimate's memory, in rows drafted at position 1
     prior: float | None = None       # a_1 before any data; None: the profile's measured a_1, else 0.5
 
@@ -49,6 +63,8 @@ class AdaptiveSettings:
         if not 1 <= self.min_probe_interval <= self.max_probe_interval:
             raise DynspecError(f"adaptive settings: probe intervals {self.min_probe_interval}.."
                                f"{self.max_probe_interval} must satisfy 1 <= min <= max")
+        if self.warm_grace < 0:
+            raise DynspecError(f"adaptive settings: warm_grace {self.warm_grace} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,9 @@ class PolicyInputs:
     previous_k: int = 0              # K of the last iteration with decode rows
     since_spec: int = 0              # iterations with rows since the last one at K > 0
     max_k: int = 32                  # the largest K the engine and this iteration's token budget allow
+    bucket: int = 0                  # padded rows the step runs at (0: batch_size)
+    cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: all 1)
+    keep_warm: bool = True           # the engine may keep the draft warm at K=0
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,8 @@ class Decision:
     gain: float | None               # predicted gain(k) over plain decode; None: not predicted
     reason: str                      # "best" | "hold" | "probe" | "unprofiled batch"
     extrapolated: bool = False       # a cost lookup left the profiled range
+    keep_warm: bool = True           # K=0: extend the draft's cache over the new token
+    predicted_ms: float | None = None   # the profile's time of (k, keep_warm) at this step, unscaled
 
     @property
     def probe(self) -> bool:
@@ -97,48 +118,66 @@ def expected_tokens(k: int, acceptance: float | Sequence[float]) -> float:
     return e
 
 
+CostRow = tuple    # CostModel.row: (ms per profiled K, plain-decode ms or None, extrapolated)
+
+
 def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
     """The pure rule of the module docstring."""
-    decision, probe = _hold(x, cost, candidates, s)
-    return _probed(decision, probe, x.since_spec)
+    b = x.bucket or x.batch_size
+    return _choose(x, cost.row(b, x.context) if x.batch_size <= cost.batch_sizes[-1] else None,
+                   cost.draft_lens, candidates, s)
 
 
-def _hold(x: PolicyInputs, cost: CostModel, candidates: Sequence[int],
-          s: AdaptiveSettings) -> tuple[Decision, tuple[int, float] | None]:
-    """Steps 1 and 2 (all of choose_k but since_spec), and the probe's (interval, gain(1)) if K=1 may probe."""
-    b = x.batch_size
+def _choose(x: PolicyInputs, row: CostRow | None, draft_lens: Sequence[int], candidates: Sequence[int],
+            s: AdaptiveSettings) -> Decision:
+    """choose_k on a cost row already looked up (None: b above the profiled batch sizes)."""
     ks = [k for k in candidates if k <= x.max_k]
-    if b > cost.batch_sizes[-1] or len(ks) < 2:
-        return Decision(0, 0, None, "unprofiled batch" if b > cost.batch_sizes[-1] else "best"), None
-    row, extrapolated = cost.row(b, x.context)                  # ms for each of cost.draft_lens
-    ms = dict(zip(cost.draft_lens, row))
-    gains = {k: expected_tokens(k, x.acceptance) * ms[0] / ms[k] if k else 1.0 for k in ks}
-    score = {k: g / s.draft_margin ** k for k, g in gains.items()}
+    if row is None or len(ks) < 2:
+        return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
+    ms_k, cold, extrapolated = row
+    ms = dict(zip(draft_lens, ms_k))
+    scale = x.cost_scale
+    top = len(scale) - 1                                   # the keep-warm K=0 slot
+
+    def t(k: int) -> float:
+        return ms[k] * (scale[k] if k < top else 1.0) if scale else ms[k]
+
+    plain = cold if cold is not None else ms[0]            # no decode_ms: the keep-warm time, an upper bound
+    base = plain * (scale[0] if scale else 1.0)
+    gains, score = {0: 1.0}, {0: 1.0}
+    acc = x.acceptance
+    if ks[-1] > len(acc):
+        raise DynspecError(f"K={ks[-1]} needs {ks[-1]} per-position acceptance rates; {len(acc)} given")
+    e, run = 1.0, 1.0
+    for k in range(1, ks[-1] + 1):               # E(K) built up position by position
+        run *= acc[k - 1]
+        e += run
+        if k in ms and k in ks:
+            gains[k] = e * base / t(k)
+            score[k] = gains[k] / s.draft_margin ** k
     best = max(score, key=lambda k: (score[k], -k))
     k, reason = best, "best"
     prev = x.previous_k
     if prev != best and prev in score and score[best] <= score[prev] * (1 + s.margin):
         k, reason = prev, "hold"
-    probe = None
     if k == 0 and 1 in gains:
         loss = max(0.0, 1.0 - gains[1])
-        probe = (min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss))), gains[1])
-    return Decision(k, best, gains[k], reason, extrapolated), probe
+        interval = min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss)))
+        if x.since_spec >= interval:
+            return Decision(1, best, gains[1], "probe", extrapolated, predicted_ms=ms[1])
+    if k:
+        return Decision(k, best, gains[k], reason, extrapolated, predicted_ms=ms[k])
+    warm = x.keep_warm and (cold is None or best > 0 or x.since_spec < s.warm_grace)
+    gain = base / (ms[0] * (scale[top] if scale else 1.0)) if warm else 1.0
+    return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 
 
-def _probed(d: Decision, probe: tuple[int, float] | None, since_spec: int) -> Decision:
-    """Step 3: K=1 once `interval` iterations have passed without speculation."""
-    if probe is not None and since_spec >= probe[0]:
-        return Decision(1, d.best_k, probe[1], "probe", d.extrapolated)
-    return d
-
-
-CONTEXT_STEP = 16          # AdaptivePolicy.decide rounds the context to this many tokens
-RATE_STEP = 0.005          # and each acceptance rate to this
+CONTEXT_STEP = 16          # AdaptivePolicy.decide looks costs up at the context rounded to this many tokens
 
 
 class AdaptivePolicy:
-    """choose_k bound to one cost model, candidate set and settings (immutable)."""
+    """choose_k bound to one cost model, candidate set and settings (immutable but for a cache of
+    cost rows per (bucket, rounded context): the interpolation runs once per shape, not per step)."""
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None):
@@ -147,7 +186,7 @@ class AdaptivePolicy:
             raise DynspecError(f"cost model profiles K = {list(cost.draft_lens)}; the adaptive policy needs K=0 and "
                                f"at least one K in 1..{max_draft_len if max_draft_len is not None else 'max'}")
         self.cost, self.settings, self.candidates = cost, settings, ks
-        self._memo: dict = {}
+        self._rows: dict = {}
 
     @property
     def max_draft_len(self) -> int:
@@ -159,21 +198,23 @@ class AdaptivePolicy:
             prior = self.cost.per_position[0] if self.cost.per_position else 0.5
         return AcceptanceEstimate(prior=prior, positions=max(self.max_draft_len, 1), half_life=self.settings.half_life)
 
+    def initial_calibration(self) -> CostCalibration | None:
+        return CostCalibration(max_k=self.max_draft_len) if self.settings.calibrate else None
+
     def decide(self, inputs: PolicyInputs) -> Decision:
-        """choose_k on the inputs rounded (context to CONTEXT_STEP tokens, rates to RATE_STEP), memoized:
-        in steady decoding b, the rounded context and the rounded estimate repeat for many iterations,
-        so most iterations cost one dict lookup. The rounding moves a score by well under 1%."""
-        ctx = round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP
-        acc = tuple(round(a / RATE_STEP) for a in inputs.acceptance)
-        key = (inputs.batch_size, ctx, acc, inputs.previous_k, inputs.max_k)
-        hit = self._memo.get(key)
-        if hit is None:
-            if len(self._memo) >= 65536:
-                self._memo.clear()
-            x = PolicyInputs(inputs.batch_size, ctx, tuple(a * RATE_STEP for a in acc), inputs.previous_k, 0,
-                             inputs.max_k)
-            hit = self._memo[key] = _hold(x, self.cost, self.candidates, self.settings)
-        return _probed(*hit, inputs.since_spec)
+        """choose_k with the cost row at the context rounded to CONTEXT_STEP tokens (a row moves
+        by well under 1% over 16 tokens), looked up once per (bucket, rounded context)."""
+        b = inputs.bucket or inputs.batch_size
+        if inputs.batch_size > self.cost.batch_sizes[-1]:
+            row = None
+        else:
+            key = (b, round(inputs.context / CONTEXT_STEP))
+            row = self._rows.get(key)
+            if row is None:
+                if len(self._rows) >= 65536:
+                    self._rows.clear()
+                row = self._rows[key] = self.cost.row(b, key[1] * CONTEXT_STEP)
+        return _choose(inputs, row, self.cost.draft_lens, self.candidates, self.settings)
 
     def __str__(self) -> str:
         ctx = ",".join(str(c) for c in self.cost.context_lens)

@@ -24,6 +24,9 @@ CostModel.lookup(b, K, context) -> CostLookup(ms, extrapolated, note):
     compute-bound and in KV length (attention), so clamping there would under-price the larger K.
   - anything outside the profiled range says so: extrapolated=True and a note naming what was done.
   - a K that was not profiled raises DynspecError (K's graphs and costs are never guessed).
+CostModel.row(b, context) -> (ms for every K, plain-decode ms or None, extrapolated): the same
+interpolation for all K at once, plus `decode_ms` (K=0 without the keep-warm draft extend) when
+every table has it for every batch size.
 Worked example, contexts 512 and 1536, b 1 and 5, K = 2:
     ms(K=2)      b=1    b=5
     ctx  512    12.0   16.0
@@ -214,6 +217,7 @@ class CostModel:
     draft_lens: tuple[int, ...]                              # ascending, 0 included
     per_position: tuple[float, ...] | None
     ms: tuple[tuple[tuple[float, ...], ...], ...]            # [context][batch size][K index]
+    decode: tuple[tuple[float, ...], ...] | None = None      # [context][batch size] K=0 without keep-warm
 
     def lookup(self, b: int, k: int, context: float) -> CostLookup:
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -236,19 +240,21 @@ class CostModel:
         notes = [n for n in (bnote, cnote) if n]
         return CostLookup(ms, bool(notes), "; ".join(notes))
 
-    def row(self, b: int, context: float) -> tuple[tuple[float, ...], bool]:
-        """(ms for every profiled K, in draft_lens order; extrapolated?) at (b, context): the
-        interpolation of `lookup`, done once for all K (the policy's per-iteration call).
+    def row(self, b: int, context: float) -> tuple[tuple[float, ...], float | None, bool]:
+        """(ms for every profiled K, in draft_lens order; plain-decode ms or None; extrapolated?) at
+        (b, context): the interpolation of `lookup`, done once for all K (the policy's call).
         row(b, ctx)[0][draft_lens.index(k)] == lookup(b, k, ctx).ms."""
         (ci, ct), cnote = _segment(self.context_lens, float(context), "context")
         (bi, bt), bnote = _segment(self.batch_sizes, float(b), "b")
 
-        def at(c: int, j: int) -> float:
-            ys = self.ms[c]
-            return _lerp(ys[bi][j], ys[bi + 1][j], bt) if bt else ys[bi][j]
+        def at(ys) -> tuple[float, ...]:           # ys [context][batch size][n] -> [n] at (b, context)
+            def in_b(c: int) -> tuple[float, ...]:
+                return tuple(_lerp(y0, y1, bt) for y0, y1 in zip(ys[c][bi], ys[c][bi + 1])) if bt else ys[c][bi]
+            return tuple(_lerp(y0, y1, ct) for y0, y1 in zip(in_b(ci), in_b(ci + 1))) if ct else in_b(ci)
 
-        ms = tuple(_lerp(at(ci, j), at(ci + 1, j), ct) if ct else at(ci, j) for j in range(len(self.draft_lens)))
-        return ms, bool(bnote or cnote)
+        ms = at(self.ms)
+        cold = at(tuple(tuple((y,) for y in t) for t in self.decode))[0] if self.decode is not None else None
+        return ms, cold, bool(bnote or cnote)
 
     @classmethod
     def from_profile(cls, profile: Profile, where: str = "profile") -> "CostModel":
@@ -270,7 +276,9 @@ class CostModel:
                     raise DynspecError(f"{at}: iteration_ms[{str(b)!r}] has K {sorted(row)}, "
                                        f"iteration_ms[{str(bs[0])!r}] of the first table {list(ks)}")
         ms = tuple(tuple(tuple(t.iteration_ms[b][k] for k in ks) for b in bs) for t in profile.tables)
-        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms)
+        full = all(t.decode_ms is not None and all(b in t.decode_ms for b in bs) for t in profile.tables)
+        decode = tuple(tuple(t.decode_ms[b] for b in bs) for t in profile.tables) if full else None
+        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms, decode)
 
     @classmethod
     def load(cls, path) -> "CostModel":

@@ -4,8 +4,10 @@ Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
     1. retire finished / cancelled requests (their cache blocks go back to the free list)
     2. b = decode rows (requests whose prompt is all in the cache)
     3. K = policy(b), capped so that b x (K+1) fits the budget (plan.cap_k); an AdaptivePolicy
-       decides from b, the rows' mean context, the acceptance estimate, the previous K and the
-       iterations since the last speculation (runtime/adaptive.py), within that cap
+       decides from b (and its bucket), the rows' mean context, the acceptance estimate, the
+       served/profiled step-time ratios, the previous K and the iterations since the last
+       speculation (runtime/adaptive.py), within that cap; it also says whether a K=0 step keeps
+       the draft warm
     4. prompt chunks take what is left: partly prefilled requests first, then waiting ones,
        each admitted only if its blocks can be reserved and b + prefilling stays within
        min(max_batch_size, max_num_tokens) (every decode row must fit at K=0)
@@ -13,7 +15,8 @@ Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
     6. result = engine.step(plan)               one target forward: decode rows + chunks
     7. fold result (a StepResult value) into the requests; a request whose last chunk ran
        gets its first token and joins the decode rows next iteration; the accepted counts update
-       the acceptance estimate (runtime/acceptance_estimate.py), kept under every policy
+       the acceptance estimate (runtime/acceptance_estimate.py), kept under every policy; a pure
+       decode step's time updates the adaptive policy's cost calibration (runtime/cost_calibration.py)
 
 Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
@@ -34,7 +37,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
-from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, cap_k, chunk_sizes, make_plan
+from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
 
 
 class Engine(Protocol):
@@ -73,6 +76,8 @@ class IterationStats:
     probe: bool = False          # adaptive: a K=1 step taken to measure acceptance
     policy_seconds: float = 0.0  # the K decision (inside host_seconds) + the estimate's update after the step
     oldest_key: int | None = None   # smallest request id among the decode rows
+    keep_warm: bool = False      # the step's plan kept the draft warm (K=0)
+    cost_scale: tuple[float, ...] = ()   # adaptive: the served/profiled step-time ratios the decision used
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ class Executor:
         self._iterations = 0
         # the acceptance estimate (a schedule's made at the first step: the engine is not read before)
         self._estimate = policy.initial_estimate() if isinstance(policy, AdaptivePolicy) else None
+        self._calibration = policy.initial_calibration() if isinstance(policy, AdaptivePolicy) else None
         self._prev_k = 0                           # K of the last iteration with decode rows
         self._since_spec = 0                       # iterations with rows since the last one at K > 0
         self._lock = threading.Condition()
@@ -266,18 +272,19 @@ class Executor:
         b = len(rows)
         chunked: list[_Request] | None = None
         try:                            # a failure anywhere below ends this iteration's requests
+            positions = [r.length for r in rows]
             rates = self._estimate.rates() if b else ()
-            k, decision, context = self._decide(rows, rates)
+            k, decision, context, scale = self._decide(positions, rates)
             t_policy = self._clock() - t0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
                 return None
             plan = make_plan(
                 k,
-                positions=[r.length for r in rows],
+                positions=positions,
                 pending=[r.out[-1] for r in rows],
                 stale=[not r.draft_warm for r in rows],
-                keep_warm=self.keep_warm,
+                keep_warm=decision.keep_warm if decision else self.keep_warm,
                 buckets=self.engine.buckets,
                 slots=[r.slot for r in rows],
                 chunks=chunks,
@@ -304,35 +311,42 @@ class Executor:
         if b:
             self._estimate = self._estimate.update(k, result.accepted)
             self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
+            if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
+                cal = self._calibration
+                self._calibration = cal.update(cal.slot(k, plan.keep_warm), (t2 - t1) * 1e3, decision.predicted_ms)
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
                             policy="adaptive" if decision else "schedule", context=context, acceptance=rates,
                             predicted_gain=decision.gain if decision else None,
                             probe=bool(decision and decision.probe),
                             policy_seconds=t_policy + self._clock() - t3,
-                            oldest_key=min(r.id for r in rows) if rows else None)
+                            oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
+                            cost_scale=scale)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)
         self._retire()                  # free finished requests' blocks now, not at the next call
         return st
 
-    def _decide(self, rows: Sequence[_Request], rates: tuple[float, ...]) -> tuple[int, Decision | None, float]:
-        """(K, the adaptive decision or None, mean context) for these decode rows; K within the
-        engine's max_draft_len and the token budget."""
-        b = len(rows)
+    def _decide(self, positions: Sequence[int],
+                rates: tuple[float, ...]) -> tuple[int, Decision | None, float, tuple[float, ...]]:
+        """(K, the adaptive decision or None, mean context, cost scales used) for decode rows at
+        these positions; K within the engine's max_draft_len and the token budget."""
+        b = len(positions)
         if not b:
-            return 0, None, 0.0
+            return 0, None, 0.0, ()
         eng = self.engine
-        context = sum(r.length for r in rows) / b
+        context = sum(positions) / b
         if isinstance(self.policy, AdaptivePolicy):
             max_k = cap_k(eng.max_draft_len, b, eng.max_num_tokens)
-            d = self.policy.decide(PolicyInputs(b, context, rates, self._prev_k, self._since_spec, max_k))
-            return d.k, d, context
+            scale = self._calibration.scales() if self._calibration is not None else ()
+            d = self.policy.decide(PolicyInputs(b, context, rates, self._prev_k, self._since_spec, max_k,
+                                                bucket_for(b, eng.buckets), scale, self.keep_warm))
+            return d.k, d, context, scale
         k = int(self.policy(b))
         if not 0 <= k <= eng.max_draft_len:
             raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{eng.max_draft_len}")
-        return cap_k(k, b, eng.max_num_tokens), None, context
+        return cap_k(k, b, eng.max_num_tokens), None, context, ()
 
     def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[_Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
@@ -423,6 +437,8 @@ class Executor:
                     if req.cancelled:
                         self._finish(req, "cancelled", now)
                 done = [req for req in group if req.finish_reason is not None]
+                if done and group is self._rows and self._estimate is not None:   # their share goes too
+                    self._estimate = self._estimate.forget(1.0 - len(done) / len(group))
                 for req in done:
                     group.remove(req)
                     self.engine.release(req.slot)

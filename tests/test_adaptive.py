@@ -161,3 +161,118 @@ def test_policy_object_candidates_prior_and_errors():
         AdaptivePolicy(cost(), max_draft_len=0)
     with pytest.raises(DynspecError, match="margin"):
         AdaptiveSettings(margin=-1)
+
+
+# ---- plain decode, keep-warm, served-cost ratios, buckets, retirement ----------------------------
+def cost_with_decode(ms_by_k=(10.0, 11.0, 12.0, 13.0), decode=9.0, batch_sizes=(1, 16, 64)):
+    """cost() plus a plain-decode time (decode_ms: K=0 without keep-warm) at every batch size."""
+    c = cost(ms_by_k, batch_sizes)
+    return CostModel(c.device, c.context_lens, c.batch_sizes, c.draft_lens, None, c.ms,
+                     ((decode,) * len(batch_sizes),))
+
+
+def test_gains_are_over_plain_decode_and_keep_warm_only_while_speculation_may_resume():
+    """t(0) = 9 (plain decode), keep-warm K=0 = 10. At a = 0.15: gain(1) = 1.15 * 9 / 11 = 0.941
+    (against keep-warm it would have been 1.045 and K=1 would run): K=0. The draft stays warm for
+    warm_grace iterations after speculation, then K=0 is plain decode (gain 1.0); held at K=0
+    against a better K (best > 0) it stays warm."""
+    c = cost_with_decode()
+    d = choose_k(inputs(0.15, since_spec=0), c, (0, 1, 2, 3), S)
+    assert (d.k, d.keep_warm) == (0, True) and d.gain == pytest.approx(0.9)    # 9 / 10 while warm
+    assert d.predicted_ms == 10.0
+    d = choose_k(inputs(0.15, since_spec=S.warm_grace), c, (0, 1, 2, 3), S)
+    assert (d.k, d.keep_warm, d.gain, d.predicted_ms) == (0, False, 1.0, 9.0)
+    # a = 0.3: score(1) = 1.3 * 9 / 11 / 1.01 = 1.053 > 1.02 -> K=1. a = 0.255: score(1) = 1.0167
+    # <= 1.02 -> held at K=0 with best 1: warm past the grace (here 2), until the probe at 8
+    s2 = AdaptiveSettings(warm_grace=2)
+    d = choose_k(inputs(0.255, since_spec=5), c, (0, 1, 2, 3), s2)
+    assert (d.k, d.best_k, d.reason, d.keep_warm) == (0, 1, "hold", True)
+    assert choose_k(inputs(0.15, since_spec=5), c, (0, 1, 2, 3), s2).keep_warm is False
+    assert choose_k(inputs(0.3), c, (0, 1, 2, 3), S).k == 1
+    # the engine does not keep the draft warm at all: never warm
+    x = PolicyInputs(16, 1024.0, (0.15,) * 8, 0, 0, 32, keep_warm=False)
+    assert choose_k(x, c, (0, 1, 2, 3), S).keep_warm is False
+
+
+def test_served_to_profiled_ratios_move_the_choice():
+    """a = 0.3, t = 9 (plain), 11 (K=1): gain(1) = 1.3 * 9 / 11 = 1.064 -> K=1. Served K=1 steps
+    measured 8% above their profile (scale 1.08): gain = 1.3 * 9 / 11.88 = 0.985 -> K=0. A slow
+    plain decode (scale 1.1 on slot 0) makes speculation relatively cheaper again: 1.3 * 9.9 / 11.88
+    = 1.083 -> K=1."""
+    c = cost_with_decode()
+    base = dict(batch_size=16, context=1024.0, acceptance=(0.3,) * 8, max_k=32)
+    assert choose_k(PolicyInputs(**base), c, (0, 1, 2, 3), S).k == 1
+    slow1 = (1.0, 1.08, 1.08, 1.08, 1.0)                # slots: plain, K=1..3, keep-warm K=0
+    assert choose_k(PolicyInputs(**base, cost_scale=slow1), c, (0, 1, 2, 3), S).k == 0
+    slow0 = (1.1, 1.08, 1.08, 1.08, 1.0)
+    d = choose_k(PolicyInputs(**base, cost_scale=slow0), c, (0, 1, 2, 3), S)
+    assert d.k == 1 and d.gain == pytest.approx(1.3 * 9.9 / 11.88)
+    assert d.predicted_ms == 11.0                        # the profile's time, unscaled (what is calibrated)
+
+
+def test_costs_are_looked_up_at_the_bucket_the_step_runs_at():
+    """b=20 pads to 32: the cost row is the bucket's, not an interpolation at 20. Profile: K=1 is
+    cheap at b=16 (11 vs 10) and dear at b=32 (16 vs 10); a = 0.3."""
+    ms = ((((10.0, 11.0), (10.0, 16.0))),)
+    c = CostModel("t", (1024,), (16, 32), (0, 1), None, ms)
+    x = dict(batch_size=20, context=1024.0, acceptance=(0.3,), max_k=1)
+    assert choose_k(PolicyInputs(**x), c, (0, 1), S).k == 1              # interpolated: 12.25 ms
+    assert choose_k(PolicyInputs(**x, bucket=32), c, (0, 1), S).k == 0   # 1.3 * 10 / 16 = 0.81
+    pol = AdaptivePolicy(c)
+    assert pol.decide(PolicyInputs(**x, bucket=32)) == choose_k(PolicyInputs(**x, bucket=32), c, (0, 1), S)
+
+
+def test_calibration_ratios_decay_shrink_and_clip():
+    from dynspec.runtime.cost_calibration import CostCalibration
+
+    cal = CostCalibration(max_k=3, half_life=1e9)
+    assert cal.scales() == (1.0,) * 5 and cal.slot(0, True) == 4 and cal.slot(0, False) == 0 and cal.slot(2, True) == 2
+    cal = cal.update(1, 11.0, 10.0).update(1, 11.4, 10.0)
+    for _ in range(4):
+        cal = cal.update(0, 9.0, 9.0)
+    g = (2.24 + 4) / 6                                          # the docstring's worked example
+    assert cal.scales() == pytest.approx(((4 + 4 * g) / 8, (2.24 + 4 * g) / 6, g, g, g))
+    one = CostCalibration(max_k=3, half_life=1e9).update(3, 5.0, 10.0)   # a profile 2x slow everywhere:
+    assert one.scales() == pytest.approx((0.5,) * 5)                       # every K alike
+    stalled = CostCalibration(max_k=3, half_life=1e9).update(2, 10.0, 10.0).update(2, 500.0, 10.0)
+    assert stalled.scales()[2] == pytest.approx(1.5)            # clipped to 2: (1 + 2 + 4 x 1.5) / 6
+    fast = CostCalibration(max_k=1, half_life=1.0)
+    for _ in range(40):
+        fast = fast.update(1, 12.0, 10.0).update(0, 10.0, 10.0)
+    # half-life 1 step: each slot's sums settle at r = 2 x ratio, n = 2; g = (2.4 + 2) / 4 = 1.1
+    assert fast.scales()[:2] == pytest.approx(((2 + 4.4) / 6, (2.4 + 4.4) / 6))
+    with pytest.raises(DynspecError, match="slot 5"):
+        CostCalibration(max_k=3).update(5, 1.0, 1.0)
+
+
+def test_retirement_forgets_the_rows_share_and_moves_the_prior():
+    """b=1: the request at 0.2 retires (keep 0): the next starts from a_1 = 0.2 with the prior's
+    weight only, so 4 fully accepted steps bring a_1 to (4 + 4 * 0.2) / (4 + 4) = 0.6."""
+    est = AcceptanceEstimate(prior=0.5, positions=2, half_life=1e9)
+    for i in range(200):
+        est = est.update(1, [1 if i % 5 == 0 else 0])
+    assert est.rates()[0] == pytest.approx(0.2, abs=0.01)
+    new = est.forget(0.0)
+    assert new.trials == (0.0, 0.0) and new.prior == pytest.approx(est.rates()[0])
+    for _ in range(4):
+        new = new.update(1, [1])
+    assert new.rates()[0] == pytest.approx((4 + 4 * est.rates()[0]) / 8)
+    assert est.forget(1.0) is est
+    half = est.forget(0.5)
+    assert half.trials[0] == pytest.approx(est.trials[0] / 2) and half.rates()[0] == pytest.approx(est.rates()[0], abs=0.01)
+    with pytest.raises(DynspecError, match="keep 1.5"):
+        est.forget(1.5)
+
+
+def test_adaptive_graphs_cover_every_k_and_both_plain_decodes():
+    """Max batch 4 (buckets 1, 2, 4), K in 0..2: spec and refresh at every bucket, and decode with
+    and without keep-warm (step 4 picks either); without keep-warm in the engine, only the cold one."""
+    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+
+    pol = AdaptivePolicy(cost(), max_draft_len=2)
+    keys = set(reachable_graphs([pol], 4, keep_warm=True))
+    want = {GraphKey(kind, b, k) for b in (1, 2, 4) for kind, k in (("spec", 1), ("spec", 2), ("refresh", 0))}
+    want |= {GraphKey("decode", b, keep_warm=w) for b in (1, 2, 4) for w in (True, False)}
+    assert keys == want
+    cold = set(reachable_graphs([pol], 4, keep_warm=False))
+    assert cold == want - {GraphKey("decode", b, keep_warm=True) for b in (1, 2, 4)}

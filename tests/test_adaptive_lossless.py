@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.adaptive import AdaptivePolicy
+from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import load_reference_engine
@@ -45,12 +45,14 @@ def replayed(stats, policy, eng):
     """K of every iteration recomputed by choose_k from the inputs the stats record (previous K and
     iterations since speculation rebuilt from the sequence): the decision used nothing else."""
     from dynspec.runtime.adaptive import PolicyInputs
-    from dynspec.runtime.plan import cap_k
+    from dynspec.runtime.plan import bucket_for, cap_k
 
     prev, since, out = 0, 0, []
     for s in stats:
         d = policy.decide(PolicyInputs(s.batch_size, s.context, s.acceptance, prev, since,
-                                       cap_k(eng.max_draft_len, s.batch_size, eng.max_num_tokens)))
+                                       cap_k(eng.max_draft_len, s.batch_size, eng.max_num_tokens),
+                                       bucket_for(s.batch_size, eng.buckets), s.cost_scale))
+        assert d.keep_warm == s.keep_warm or d.k > 0
         out.append(d.k)
         prev, since = s.k, (0 if s.k else since + 1)
     return out
@@ -67,7 +69,7 @@ def test_lossless_on_held_out_text_then_random_tokens_and_k_follows_the_estimate
     rng = random.Random(0)
     held = default_prompts(tok, n=HELD_OUT, length=32)
     noise = [tuple(rng.randrange(eng.vocab_size) for _ in range(32)) for _ in range(RANDOM)]
-    policy = AdaptivePolicy(linear_cost())
+    policy = AdaptivePolicy(linear_cost(), AdaptiveSettings(calibrate=False))   # K from acceptance alone
     ex = Executor(eng, policy, stats_limit=None)
     results = run_closed_loop(ex, held + noise, NEW, concurrency=2)
     assert [r.output_ids for r in results] == greedy_many(hf, held + noise, NEW)
@@ -94,7 +96,8 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
     res = run_closed_loop(ex, ps, NEW, concurrency=4)
     assert [r.output_ids for r in res] == greedy_many(hf, ps, NEW)
     stats = [s for s in ex.stats if s.batch_size]
-    assert [s.k for s in stats] == replayed(stats, policy, eng)
+    assert [s.k for s in stats] == replayed(stats, policy, eng)       # served-cost ratios on: recorded too
+    assert all(len(s.cost_scale) == eng.max_draft_len + 2 for s in stats)
     assert stats[0].k >= 2 and stats[0].acceptance[0] == pytest.approx(0.5)
     tail = stats[len(stats) // 2:]
     assert sum(s.k == 0 for s in tail) >= 0.7 * len(tail)

@@ -182,7 +182,24 @@ def test_row_is_lookup_for_every_k_at_once():
                   (((4.0, 4.4, 5.0), (4.5, 5.0, 6.0), (9.0, 11.0, 15.0)),
                    ((5.0, 5.5, 6.5), (5.5, 6.2, 7.5), (11.0, 14.0, 20.0))))
     for b, ctx in ((1, 256), (5, 700.0), (64, 1024), (100, 2000.0), (3, 100.0)):
-        ms, extrapolated = c.row(b, ctx)
+        ms, cold, extrapolated = c.row(b, ctx)
         looks = [c.lookup(b, k, ctx) for k in c.draft_lens]
         assert ms == pytest.approx([x.ms for x in looks])
         assert extrapolated == any(x.extrapolated for x in looks)
+        assert cold is None                       # no decode_ms in this model
+
+
+def test_row_interpolates_plain_decode_like_every_k():
+    """decode_ms (K=0 without keep-warm) goes through the same bilinear rule: b=5 is 4/7 of the
+    way from 1 to 8, ctx 640 halfway from 256 to 1024:
+        ctx 256: 3.6 + 4/7 * (4.3 - 3.6) = 4.0     ctx 1024: 4.6 + 4/7 * (5.3 - 4.6) = 5.0   -> 4.5"""
+    from dynspec.runtime.cost_model import CostModel, ContextTable, Profile
+
+    tables = tuple(ContextTable(ctx, {1: {0: 4.0 + d, 1: 4.4 + d}, 8: {0: 4.5 + d, 1: 5.0 + d}},
+                                {1: 3.6 + d, 8: 4.3 + d}) for ctx, d in ((256, 0.0), (1024, 1.0)))
+    c = CostModel.from_profile(Profile("t", tables))
+    ms, cold, _ = c.row(5, 640)
+    assert cold == pytest.approx(4.5)
+    assert ms[0] == pytest.approx(4.0 + 4 / 7 * 0.5 + 0.5)
+    partial = tuple(ContextTable(t.context_len, t.iteration_ms, {1: 3.6}) for t in tables)   # b=8 missing
+    assert CostModel.from_profile(Profile("t", partial)).row(5, 640)[1] is None

@@ -70,7 +70,8 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
 
     Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
         spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
-    An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each.
+    An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each,
+    and its K=0 steps run with or without keep-warm (runtime/adaptive.py, step 4): both decode graphs.
     """
     buckets = batch_buckets(max_batch_size)
     keys: set[GraphKey] = set()
@@ -84,6 +85,8 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
                     keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
                 else:
                     keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
+                    if keep_warm and hasattr(policy, "candidates"):
+                        keys.add(GraphKey("decode", bucket, keep_warm=False))
     return capture_order(keys)
 
 

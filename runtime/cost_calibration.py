@@ -1,0 +1,67 @@
+"""Served step time against the cost model's prediction, per option, from every pure-decode step
+(docs/design.md, "The adaptive policy").
+
+The profile times each (b, K) in isolation; a served step also pays what the profile does not
+see (the draft-head refresh after a K=0 stretch, padding rows, a host that is busy elsewhere), and
+the error is not the same for every K. The policy multiplies each profiled time by its option's
+measured ratio, so a K whose served cost runs above its profile stops being chosen on the profile's
+word alone.
+
+Options (slots): 0 = K=0 plain decode, k = K=k speculation, max_k + 1 = K=0 with keep-warm.
+Per slot, decayed sums of measured/predicted ratios with a half-life of `half_life` steps of that
+slot (a slot that is not taken keeps its last ratio), each ratio clipped to [1/2, 2] so that one
+stalled step (a garbage collection, a page fault) moves a scale by a bounded amount. A slot's
+scale shrinks towards the pooled ratio g of every slot by `prior_weight` pseudo-steps:
+    g = sum of all r / sum of all n   (1 with no data)      scale = (r + w g) / (n + w)
+so a profile that is off by one factor everywhere (other clocks, another host) moves every K
+alike and leaves the choice alone; only what differs between K's changes it. Shrinking towards 1
+instead would make a K that ran once on a fast host look cheaper than the K's not yet run.
+Worked example, w = 4, slot 1 measured at 1.10 and 1.14, slot 0 at 1.0 four times (half-life long):
+    g = (2.24 + 4) / 6 = 1.04    slot 1: (2.24 + 4 x 1.04) / 6 = 1.067    slot 0: (4 + 4.16) / 8 = 1.02
+    slot 2 (never run): 1.04
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dynspec.errors import DynspecError
+
+
+@dataclass(frozen=True)
+class CostCalibration:
+    max_k: int = 8
+    half_life: float = 16.0          # steps of one slot
+    prior_weight: float = 4.0
+    ratios: tuple[float, ...] = ()   # [max_k + 2] decayed sums of measured / predicted
+    counts: tuple[float, ...] = ()   # [max_k + 2] decayed step counts
+
+    def __post_init__(self) -> None:
+        if self.max_k < 0 or self.half_life <= 0 or self.prior_weight <= 0:
+            raise DynspecError(f"cost calibration needs max_k >= 0, half_life > 0 and prior_weight > 0 "
+                               f"(got {self.max_k}, {self.half_life}, {self.prior_weight})")
+        zero = (0.0,) * (self.max_k + 2)
+        object.__setattr__(self, "ratios", tuple(self.ratios) or zero)
+        object.__setattr__(self, "counts", tuple(self.counts) or zero)
+        if len(self.ratios) != self.max_k + 2 or len(self.counts) != self.max_k + 2:
+            raise DynspecError(f"cost calibration sums must have {self.max_k + 2} slots")
+
+    def slot(self, k: int, keep_warm: bool) -> int:
+        return self.max_k + 1 if k == 0 and keep_warm else k
+
+    def scales(self) -> tuple[float, ...]:
+        """[max_k + 2] measured / predicted per slot (1.0 with no data at all)."""
+        n_all = sum(self.counts)
+        g = sum(self.ratios) / n_all if n_all > 0 else 1.0
+        wg, w = self.prior_weight * g, self.prior_weight
+        return tuple((r + wg) / (n + w) for r, n in zip(self.ratios, self.counts))
+
+    def update(self, slot: int, measured_ms: float, predicted_ms: float) -> "CostCalibration":
+        if not 0 <= slot <= self.max_k + 1:
+            raise DynspecError(f"cost calibration slot {slot} is outside 0..{self.max_k + 1}")
+        if not predicted_ms > 0 or not measured_ms >= 0:
+            return self
+        f = 0.5 ** (1.0 / self.half_life)
+        ratios, counts = list(self.ratios), list(self.counts)
+        ratios[slot] = ratios[slot] * f + min(2.0, max(0.5, measured_ms / predicted_ms))
+        counts[slot] = counts[slot] * f + 1.0
+        return CostCalibration(self.max_k, self.half_life, self.prior_weight, tuple(ratios), tuple(counts))

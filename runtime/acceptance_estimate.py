@@ -26,7 +26,6 @@ retirement forgets 1/64.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -77,11 +76,13 @@ class AcceptanceEstimate:
         if k <= 0 or rows == 0:
             return self
         depth = min(k, self.positions)
+        if not isinstance(accepted, (tuple, list)):
+            accepted = tuple(accepted)
+        exact = [accepted.count(j) for j in range(depth)]     # C-level counts, however many rows
         reached = [0] * (depth + 1)           # reached[j] = #rows with n_r >= j
-        for n, c in Counter(accepted).items():          # a handful of distinct counts, however many rows
-            reached[min(max(int(n), 0), depth)] += c
+        reached[depth] = rows - sum(exact)
         for j in range(depth - 1, -1, -1):
-            reached[j] += reached[j + 1]
+            reached[j] = reached[j + 1] + exact[j]
         f = 0.5 ** (rows / self.half_life)
         hits = [h * f for h in self.hits]
         trials = [n * f for n in self.trials]

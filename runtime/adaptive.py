@@ -15,12 +15,13 @@ Then, in order:
        interval = max(min_probe_interval, ceil((1 - gain(1)) / probe_loss)): by the cost model a
        probe costs at most probe_loss of the throughput, and it measures a_1 afresh, so a policy at
        K=0 comes back when the draft starts matching again.
-    4. keep-warm at K=0 (when the engine keeps the draft warm at all): only while speculation may
-       resume soon, i.e. K=0 is held against a better K (best > 0) or fewer than `warm_grace`
-       iterations have passed since the last speculation. Past that, K=0 runs as plain decode and
-       pays no draft work (up to 13% of a b=256 step); a later speculative step rebuilds the draft
-       head, and the draft's cache has a gap over the plain-decode stretch (lossless: the target
-       verifies; acceptance of those rows may be lower, which the estimate measures).
+    4. keep-warm at K=0 (when the engine keeps the draft warm at all): only while K=0 is held
+       against a better K (best > 0), where speculation resumes as soon as the margin is passed.
+       When K=0 is the best choice, it runs as plain decode and pays no draft work (up to 13% of
+       a b=256 step); a later speculative step (a probe too) rebuilds the draft head, and the
+       draft's cache has a gap over the plain-decode stretch: lossless (the target verifies), but
+       those rows may be accepted less, which the estimate measures. Rows admitted later have
+       their whole prompt in the draft's cache.
 s_K (runtime/cost_calibration.py) is 1 until served steps are measured.
 
 Worked example, b=16, ctx 1024, a = (0.5, 0.5, ...), t(16, K) = 10, 11, 12, 13 for K = 0..3:
@@ -51,7 +52,6 @@ class AdaptiveSettings:
     probe_loss: float = 0.005        # at most this share of throughput goes to probing (cost model)
     min_probe_interval: int = 8
     max_probe_interval: int = 4096
-    warm_grace: int = 8              # K=0 iterations after speculation that still keep the draft warm
     calibrate: bool = True           # scale profiled times by served/profiled ratios (False: the profile alone)
     half_life: float = HALF_LIFE_ROWS   # the estimate's memory, in rows drafted at position 1
     prior: float | None = None       # a_1 before any data; None: the profile's measured a_1, else 0.5
@@ -63,8 +63,6 @@ class AdaptiveSettings:
         if not 1 <= self.min_probe_interval <= self.max_probe_interval:
             raise DynspecError(f"adaptive settings: probe intervals {self.min_probe_interval}.."
                                f"{self.max_probe_interval} must satisfy 1 <= min <= max")
-        if self.warm_grace < 0:
-            raise DynspecError(f"adaptive settings: warm_grace {self.warm_grace} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -167,7 +165,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, draft_lens: Sequence[int], can
             return Decision(1, best, gains[1], "probe", extrapolated, predicted_ms=ms[1])
     if k:
         return Decision(k, best, gains[k], reason, extrapolated, predicted_ms=ms[k])
-    warm = x.keep_warm and (cold is None or best > 0 or x.since_spec < s.warm_grace)
+    warm = x.keep_warm and (cold is None or best > 0)
     gain = base / (ms[0] * (scale[top] if scale else 1.0)) if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 

@@ -171,27 +171,23 @@ def cost_with_decode(ms_by_k=(10.0, 11.0, 12.0, 13.0), decode=9.0, batch_sizes=(
                      ((decode,) * len(batch_sizes),))
 
 
-def test_gains_are_over_plain_decode_and_keep_warm_only_while_speculation_may_resume():
+def test_gains_are_over_plain_decode_and_keep_warm_only_while_k0_is_held():
     """t(0) = 9 (plain decode), keep-warm K=0 = 10. At a = 0.15: gain(1) = 1.15 * 9 / 11 = 0.941
-    (against keep-warm it would have been 1.045 and K=1 would run): K=0. The draft stays warm for
-    warm_grace iterations after speculation, then K=0 is plain decode (gain 1.0); held at K=0
-    against a better K (best > 0) it stays warm."""
+    (against keep-warm it would have been 1.045 and K=1 would run): K=0 is best, as plain decode
+    (gain 1.0). a = 0.3: score(1) = 1.3 * 9 / 11 / 1.01 = 1.053 > 1.02 -> K=1. a = 0.255:
+    score(1) = 1.0167 <= 1.02 -> held at K=0 against best 1: the draft stays warm."""
     c = cost_with_decode()
-    d = choose_k(inputs(0.15, since_spec=0), c, (0, 1, 2, 3), S)
-    assert (d.k, d.keep_warm) == (0, True) and d.gain == pytest.approx(0.9)    # 9 / 10 while warm
-    assert d.predicted_ms == 10.0
-    d = choose_k(inputs(0.15, since_spec=S.warm_grace), c, (0, 1, 2, 3), S)
-    assert (d.k, d.keep_warm, d.gain, d.predicted_ms) == (0, False, 1.0, 9.0)
-    # a = 0.3: score(1) = 1.3 * 9 / 11 / 1.01 = 1.053 > 1.02 -> K=1. a = 0.255: score(1) = 1.0167
-    # <= 1.02 -> held at K=0 with best 1: warm past the grace (here 2), until the probe at 8
-    s2 = AdaptiveSettings(warm_grace=2)
-    d = choose_k(inputs(0.255, since_spec=5), c, (0, 1, 2, 3), s2)
-    assert (d.k, d.best_k, d.reason, d.keep_warm) == (0, 1, "hold", True)
-    assert choose_k(inputs(0.15, since_spec=5), c, (0, 1, 2, 3), s2).keep_warm is False
+    d = choose_k(inputs(0.15, previous_k=2), c, (0, 1, 2, 3), S)
+    assert (d.k, d.best_k, d.keep_warm, d.gain, d.predicted_ms) == (0, 0, False, 1.0, 9.0)
     assert choose_k(inputs(0.3), c, (0, 1, 2, 3), S).k == 1
-    # the engine does not keep the draft warm at all: never warm
-    x = PolicyInputs(16, 1024.0, (0.15,) * 8, 0, 0, 32, keep_warm=False)
+    d = choose_k(inputs(0.255), c, (0, 1, 2, 3), S)
+    assert (d.k, d.best_k, d.reason, d.keep_warm) == (0, 1, "hold", True)
+    assert d.gain == pytest.approx(0.9) and d.predicted_ms == 10.0          # 9 / 10 while warm
+    x = PolicyInputs(16, 1024.0, (0.255,) * 8, 0, 0, 32, keep_warm=False)  # the engine never keeps it warm
     assert choose_k(x, c, (0, 1, 2, 3), S).keep_warm is False
+    # no decode_ms in the profile: K=0 is the profiled keep-warm step, as before
+    d = choose_k(inputs(0.05), cost(), (0, 1, 2, 3), S)
+    assert (d.k, d.keep_warm, d.predicted_ms) == (0, True, 10.0)
 
 
 def test_served_to_profiled_ratios_move_the_choice():

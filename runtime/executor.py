@@ -272,10 +272,11 @@ class Executor:
         b = len(rows)
         chunked: list[_Request] | None = None
         try:                            # a failure anywhere below ends this iteration's requests
-            positions = [r.length for r in rows]
+            positions = [r.length for r in rows]          # planning's, shared with make_plan
+            tp0 = self._clock()
             rates = self._estimate.rates() if b else ()
             k, decision, context, scale = self._decide(positions, rates)
-            t_policy = self._clock() - t0
+            t_policy = self._clock() - tp0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
                 return None

@@ -182,11 +182,6 @@ def shared_engine_block(runs: Sequence[CaseRun], index: int, sizes: dict, graphs
             "open_s": None if open_s is None else round(open_s, 3), "launch_command": launch}
 
 
-def write_cases_file(path: str | Path, cases: Sequence[tuple[str, Sequence[str]]]) -> None:
-    """[("p015", ["--acceptance", "bernoulli:0.15"])] -> FILE as read_cases reads it (a temp file renamed)."""
-    import os
-
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"cases": [{"name": n, "args": list(a)} for n, a in cases]}, indent=1) + "\n")
-    os.replace(tmp, p)
+def cases_json(cases: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """[("p015", ["--acceptance", "bernoulli:0.15"])] -> FILE's text, as read_cases reads it."""
+    return json.dumps({"cases": [{"name": n, "args": list(a)} for n, a in cases]}) + "\n"

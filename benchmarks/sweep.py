@@ -16,6 +16,8 @@ NAME.md and NAME.png. Without mpirun the world is one rank.
                       the baseline's closed-loop requests/s per replica at C (median of its trials)
     --trials N        runs per (load point, mode), mode order rotated; rows give the median run
                       and the min..max spread of throughput (default 3)
+    --cases FILE      several sweeps in one process on one engine, opened and captured once; case
+                      N writes NAME_N.json/.md/.png (benchmarks/sweep_cases.py)
 
 TensorRT-LLM (`--engine trtllm`) runs as one TP instance of the LLM API:
     mpirun -n 8 trtllm-llmapi-launch python -m dynspec.benchmarks.sweep --engine trtllm --engine-dir DIR ...

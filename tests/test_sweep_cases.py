@@ -297,3 +297,39 @@ def test_the_acceptance_config_is_the_five_sweeps_it_replaces(tmp_path):
                                                               "tune_055": 0.55}
     assert all((a["profile"], a["context"], a["draft-margin"]) == ("{cost_model}", 256, 1.01) for a in tunes.values())
     assert suite.needs_cost_model(cfg.stages) == ["tune_015", "tune_050", "tune_090", "tune_055", "sweep"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_cases_under_tensor_parallelism_share_one_engine_of_two_ranks(tmp_path):
+    """mpirun -n 2 --tp 2: both ranks open one engine for both cases; the leader drives each case
+    in turn and writes its outputs."""
+    import subprocess
+    import sys
+
+    from tests.helpers_models import make_tiny_draft, make_tiny_target
+    from tests.helpers_mpi import ONE_THREAD, mpirun
+
+    target = make_tiny_target(tmp_path / "target", heads=4, kv_heads=2, vocab=161, layers=4)
+    draft = make_tiny_draft(tmp_path / "draft", target, kv_heads=2, embed=True)
+    f = _write_cases(tmp_path / "cases.json", [
+        {"name": "a", "args": ["--modes", "baseline,dynamic", "--concurrency", "1,3", "--acceptance", "bernoulli:0.5"]},
+        {"name": "b", "args": ["--modes", "static:2", "--concurrency", "2", "--acceptance", "bernoulli:0.9"]}])
+    cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", "2", *ONE_THREAD, sys.executable, "-m",
+           "dynspec.benchmarks.sweep", "--tp", "2", "--target", str(target), "--draft", str(draft), "--schedule", "2:4",
+           "--input-len", "4:8", "--output-len", "6", "--num-requests", "3", "--trials", "1", "--warmup-requests", "1",
+           "--no-progress", "--cases", f, "--out", str(tmp_path / "res" / "tp")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == [f"tp_{c}.{e}" for c in "ab" for e in ("json", "md", "png")]
+    assert proc.stderr.count("opened the reference engine") == 1            # rank 0 logs; one open
+    a, b = (json.loads((tmp_path / "res" / f"tp_{c}.json").read_text()) for c in "ab")
+    for doc in (a, b):
+        assert doc["env"]["complete"] and (doc["env"]["world_size"], doc["env"]["replicas"], doc["env"]["tp"]) == (2, 1, 2)
+        assert doc["env"]["allreduce"] and doc["env"]["shared_engine"]["max_batch_size"] == 3
+    rows = {(r["mode"], r["concurrency"]): r for r in a["rows"]}
+    assert set(rows) == {(m, c) for m in ("baseline", "dynamic") for c in (1, 3)}
+    assert all(r["num_requests"] == 3 and r["output_tokens"] == 18 for r in rows.values())
+    assert rows[("dynamic", 1)]["mean_k"] == 4 and rows[("baseline", 3)]["mean_k"] == 0
+    (row,) = b["rows"]
+    assert (row["mode"], row["concurrency"], row["mean_k"], row["acceptance_model"]) == ("static:2", 2, 2, "bernoulli:0.9")

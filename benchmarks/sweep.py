@@ -720,8 +720,13 @@ def plan(case, w: World, replicas: int, tp: int) -> PlannedSweep:
     """A CaseRun -> its engine config and SweepSpec (the same on every rank), logged on rank 0."""
     from dynspec.benchmarks.engines import engine_choice
 
-    choice = engine_choice(case.args)
-    spec = resolve(case.args, w, choice.config)
+    try:
+        choice = engine_choice(case.args)
+        spec = resolve(case.args, w, choice.config)
+    except DynspecError as e:
+        if case.name is None:
+            raise
+        raise DynspecError(f"case {case.name!r}: {e}") from None
     log((f"case {case.name}: " if case.name else "")
         + f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {replicas} replica(s)"
         + (f" of TP={tp}" if tp > 1 else "") + f", acceptance {spec.acceptance}, {choice.source}")

@@ -72,9 +72,11 @@ def read_cases(path: str) -> tuple[Case, ...]:
 
 
 def case_out(out: str, name: str) -> str:
-    """--out res/sweep, case p015 -> res/sweep_p015 (so res/sweep_p015.json, .md, .png)."""
+    """--out res/sweep (or res/sweep.json), case p015 -> res/sweep_p015 (so res/sweep_p015.json, .md, .png)."""
     p = Path(out)
-    return str(p.with_name(f"{p.with_suffix('').name if p.suffix == '.json' else p.name}_{name}"))
+    if p.suffix in (".json", ".md", ".png"):              # as report.out_paths reads --out
+        p = p.with_suffix("")
+    return str(p.with_name(f"{p.name}_{name}"))
 
 
 def common_flags(argv: Sequence[str]) -> list[str]:

@@ -333,3 +333,18 @@ def test_cases_under_tensor_parallelism_share_one_engine_of_two_ranks(tmp_path):
     assert rows[("dynamic", 1)]["mean_k"] == 4 and rows[("baseline", 3)]["mean_k"] == 0
     (row,) = b["rows"]
     assert (row["mode"], row["concurrency"], row["mean_k"], row["acceptance_model"]) == ("static:2", 2, 2, "bernoulli:0.9")
+
+
+def test_a_case_the_engine_cannot_hold_is_named(tmp_path, capsys):
+    """A case's concurrency beyond the engine dir's batch limit: refused at resolve, naming the case."""
+    from dynspec.runtime.session import tiny_pair_dirs
+
+    assert sweep_cases.case_out("r/sweep.json", "p015") == "r/sweep_p015" == sweep_cases.case_out("r/sweep", "p015")
+    f = _write_cases(tmp_path / "cases.json", [{"name": "a", "args": []},
+                                               {"name": "big", "args": ["--input-len", "9000"]}])
+    target, draft = tiny_pair_dirs()
+    rc = sweep.main(["--target", str(target), "--draft", str(draft), "--concurrency", "1", "--cases", f,
+                     "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "case 'big': --input-len+--output-len" in err, err
+    assert "opened the reference engine" not in err

@@ -269,7 +269,10 @@ def suite_markdown(cfg, figs: Mapping, manifest: Mapping) -> str:
               f"- git commit: {manifest.get('git_commit')} (+{manifest.get('git_changed_paths')} changed paths);"
               f" torch {manifest.get('torch')}, python {manifest.get('python')}",
               f"- suite command: `{manifest.get('command')}`", "", "Stages:", ""]
-    lines += [f"- `{s['name']}` ({s['wall_s']:.1f} s, rc {s['rc']}): `{s['command']}`" for s in manifest.get("stages", [])]
+    cases = manifest.get("cases") or {}
+    for s in manifest.get("stages", []):
+        lines.append(f"- `{s['name']}` ({s['wall_s']:.1f} s, rc {s['rc']}): `{s['command']}`")
+        lines += [f"  - case `{c['name']}`: `{c['args']}`" for c in cases.get(s["name"], [])]
     return "\n".join(lines) + "\n"
 
 

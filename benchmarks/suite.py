@@ -7,7 +7,9 @@
 
 A config names an engine ([engine]: the pair, device, dtype, graphs, cache sizes), its stages
 ([[stages]]: a tool - sweep, profile, mixed_step or tune - with its flags, run `repeat` times, under
-`ranks` MPI ranks), the figures computed from them and a budget in seconds. A flag value may name
+`ranks` MPI ranks), the figures computed from them and a budget in seconds. A sweep stage may
+carry [[stages.cases]] tables (`name`, `args` over the stage's `args`): it runs as one process on
+one engine (benchmarks/sweep_cases.py), case N writing what a stage named STAGE_N would. A flag value may name
 an earlier stage's output, `dynamic-schedule = "@{stage:tune_015}/schedule.txt"`, or the prepared
 engine's cost model, `profile = "{cost_model}"` (ENGINE_DIR/cost_model.json); a profile stage with
 `install = "cost_model.json"` copies its profile.json there (atomically) once it succeeds, so later
@@ -104,6 +106,13 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class CaseSpec:
+    """One [[stages.cases]] table of a sweep stage: its flags are the stage's args updated by `args`."""
+    name: str
+    args: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     tool: str
@@ -112,6 +121,7 @@ class StageSpec:
     ranks: int = 1
     env: tuple[tuple[str, str], ...] = ()
     install: str | None = None      # a profile stage's output copied to ENGINE_DIR/<install>
+    cases: tuple[CaseSpec, ...] = ()   # a sweep stage's cases: one process, outputs NAME_<case>
 
 
 @dataclass(frozen=True)
@@ -129,13 +139,15 @@ class Config:
 @dataclass(frozen=True)
 class Stage:
     """One concrete command: `argv` run in `env`, writing `out` (a path inside the results dir;
-    a folder for tune), after making the folders `dirs`; on success `out` is copied to `install`."""
+    a folder for tune), after making the folders `dirs` and writing `files` ((path, text): a
+    sweep's cases file); on success `out` is copied to `install`."""
     name: str
     argv: tuple[str, ...]
     out: str
     env: tuple[tuple[str, str], ...] = ()
     dirs: tuple[str, ...] = ()
     install: str | None = None
+    files: tuple[tuple[str, str], ...] = ()
 
 
 # ---- configs -----------------------------------------------------------------------------
@@ -189,7 +201,7 @@ def parse_engine(d: Mapping, where: str) -> EngineSpec:
 
 
 def parse_stage(d: Mapping, where: str) -> StageSpec:
-    unknown = set(d) - {"name", "tool", "args", "repeat", "ranks", "env", "install"}
+    unknown = set(d) - {"name", "tool", "args", "repeat", "ranks", "env", "install", "cases"}
     if unknown:
         raise DynspecError(f"{where}: unknown field(s) {sorted(unknown)}")
     name, tool = _typed(d, "name", str, where), _typed(d, "tool", str, where)
@@ -198,21 +210,102 @@ def parse_stage(d: Mapping, where: str) -> StageSpec:
     repeat, ranks = _typed(d, "repeat", int, where, 1), _typed(d, "ranks", int, where, 1)
     if repeat < 1 or ranks < 1:
         raise DynspecError(f"{where}: repeat {repeat} and ranks {ranks} must be at least 1")
-    args = _pairs(d.get("args", {}), f"{where}.args")
-    for k, _ in args:
-        if k in ("out", "engine-dir", "device", "dtype", "graphs", "no-progress", "engine", "report"):
-            raise DynspecError(f"{where}.args: {k!r} is set by the suite from [engine] and the results dir")
+    args = _suite_args(d.get("args", {}), f"{where}.args")
     env = tuple((k, str(v)) for k, v in _pairs(d.get("env", {}), f"{where}.env"))
     install = _typed(d, "install", str, where)
     if install is not None and (tool != "profile" or repeat != 1 or install not in INSTALLABLE):
         raise DynspecError(f"{where}: install {install!r} is for one profile stage (repeat 1) and one of"
                            f" {list(INSTALLABLE)} (got tool {tool!r}, repeat {repeat})")
-    return StageSpec(name, tool, args, repeat, ranks, env, install)
+    cases = parse_cases(d["cases"], args, where) if "cases" in d else ()
+    if cases and (tool != "sweep" or repeat != 1):
+        raise DynspecError(f"{where}: cases are for a sweep stage of repeat 1 (got tool {tool!r}, repeat {repeat})")
+    return StageSpec(name, tool, args, repeat, ranks, env, install, cases)
+
+
+SUITE_SET = ("out", "engine-dir", "device", "dtype", "graphs", "no-progress", "engine", "report", "cases")
+
+
+def _suite_args(table: object, where: str) -> tuple[tuple[str, object], ...]:
+    """A stage's or a case's args: flag values, none of them one the suite sets (SUITE_SET)."""
+    args = _pairs(table, where)
+    for k, _ in args:
+        if k in SUITE_SET:
+            raise DynspecError(f"{where}: {k!r} is set by the suite from [engine] and the results dir")
+    return args
+
+
+def parse_cases(raw: object, common: Sequence[tuple[str, object]], where: str) -> tuple[CaseSpec, ...]:
+    """[[stages.cases]] -> CaseSpecs: each a table of `name` (an identifier, once) and `args`; the
+    flags that select or size the one engine (sweep_cases.SHARED_FLAGS) equal in every case."""
+    from dynspec.benchmarks.sweep_cases import CASE_NAME
+
+    if not isinstance(raw, list) or not raw:
+        raise DynspecError(f"{where}: cases must be [[stages.cases]] tables, at least one")
+    out: list[CaseSpec] = []
+    for j, c in enumerate(raw):
+        at = f"{where}.cases[{j}]"
+        if not isinstance(c, Mapping):
+            raise DynspecError(f"{at} must be a table")
+        unknown = set(c) - {"name", "args"}
+        if unknown:
+            raise DynspecError(f"{at}: unknown field(s) {sorted(unknown)} (a case has name and args)")
+        name = _typed(c, "name", str, at)
+        if name is None or not CASE_NAME.fullmatch(name):
+            raise DynspecError(f"{at}: name {name!r} is not an identifier (letters, digits, _; e.g. p015)")
+        if name in [x.name for x in out]:
+            raise DynspecError(f"{at}: case name {name!r} repeats")
+        args = _suite_args(c.get("args", {}), f"{at}.args")
+        for k, v in args:
+            if v is False and dict(common).get(k) is True:
+                raise DynspecError(f"{at}.args.{k} = false: a case cannot unset the stage's flag --{k}")
+        out.append(CaseSpec(name, args))
+    _check_shared(out, common, where)
+    return tuple(out)
+
+
+def _check_shared(cases: Sequence[CaseSpec], common: Sequence[tuple[str, object]], where: str) -> None:
+    """Every case's merged value of each engine flag (SHARED_FLAGS) is the first case's."""
+    from dynspec.benchmarks.sweep_cases import SHARED_FLAGS
+
+    merged = [dict(common, **dict(c.args)) for c in cases]
+    for j, m in enumerate(merged[1:], 1):
+        for key in (f.replace("_", "-") for f in SHARED_FLAGS):
+            if m.get(key) != merged[0].get(key):
+                raise DynspecError(f"{where}.cases[{j}] ({cases[j].name}): {key} = {m.get(key)!r} differs from case"
+                                   f" {cases[0].name!r}'s {merged[0].get(key)!r}; the cases share one engine")
+
+
+def case_args(s: StageSpec, c: CaseSpec) -> tuple[tuple[str, object], ...]:
+    """A case's flags as a plain sweep would take them: the stage's args updated by the case's."""
+    return tuple(dict(s.args, **dict(c.args)).items())
 
 
 def stage_names(s: StageSpec) -> list[str]:
     """A stage of repeat N runs as NAME1..NAMEN, of repeat 1 as NAME."""
     return [s.name] if s.repeat == 1 else [f"{s.name}{i}" for i in range(1, s.repeat + 1)]
+
+
+def output_names(s: StageSpec) -> list[str]:
+    """What later stages and the figures read of s: its runs (stage_names), or for a stage with
+    cases each case's outputs, as if a stage: sweep with cases p015, mix -> sweep_p015, sweep_mix."""
+    return [f"{s.name}_{c.name}" for c in s.cases] if s.cases else stage_names(s)
+
+
+def figure_stages(stages: Sequence[StageSpec]) -> dict[str, int]:
+    """{stage name: repeat} as the figures read them (summary.suite_figures): a stage with cases
+    gives each case's output name, repeat 1."""
+    out: dict[str, int] = {}
+    for s in stages:
+        out.update({n: 1 for n in output_names(s)} if s.cases else {s.name: s.repeat})
+    return out
+
+
+def arg_sites(s: StageSpec, i: int, where: str) -> list[tuple[str, object]]:
+    """(where, value) of every arg of stages[i], its cases' too: ('c.toml stages[1].cases[0].args.x', v)."""
+    out = [(f"{where} stages[{i}].args.{k} = {v!r}", v) for k, v in s.args]
+    for j, c in enumerate(s.cases):
+        out += [(f"{where} stages[{i}].cases[{j}].args.{k} = {v!r}", v) for k, v in c.args]
+    return out
 
 
 def references(value: object) -> list[str]:
@@ -224,13 +317,12 @@ def check_references(stages: Sequence[StageSpec], engine: "EngineSpec", where: s
     """Each {stage:NAME} names an earlier stage's run; {cost_model} needs a prepared engine and
     no stage before the one that installs it (when one does)."""
     earlier: list[str] = []
-    later = {n for s in stages for n in stage_names(s)}
+    later = {n for s in stages for n in output_names(s)}
     installs = [i for i, s in enumerate(stages) if s.install == COST_MODEL]
     for i, s in enumerate(stages):
-        for k, v in s.args:
+        for at, v in arg_sites(s, i, where):
             for ref in references(v):
                 kind, _, name = ref.partition(":")
-                at = f"{where} stages[{i}].args.{k} = {v!r}"
                 if ref == "cost_model":
                     if engine.pair == "tiny":
                         raise DynspecError(f"{at}: {{cost_model}} is the prepared engine's; the tiny pair has none")
@@ -242,7 +334,7 @@ def check_references(stages: Sequence[StageSpec], engine: "EngineSpec", where: s
                 elif name not in earlier:
                     why = "comes later (or is this one)" if name in later else "does not exist"
                     raise DynspecError(f"{at}: stage {name!r} {why}; the earlier ones are {earlier}")
-        earlier += stage_names(s)
+        earlier += output_names(s)
         if s.install and engine.pair == "tiny":
             raise DynspecError(f"{where} stages[{i}]: install {s.install!r} needs a prepared engine, not the tiny pair")
 
@@ -262,14 +354,16 @@ def resolve_value(value: object, outs: Mapping[str, str], engine_dir: Path | Non
 
 
 def needs_cost_model(stages: Sequence[StageSpec]) -> list[str]:
-    """The stages that read ENGINE_DIR/cost_model.json: {cost_model} in an arg, or a sweep whose
-    modes include adaptive without --cost-model."""
+    """The stages that read ENGINE_DIR/cost_model.json: {cost_model} in an arg, or a sweep (or one
+    of its cases) whose modes include adaptive without --cost-model."""
     out = []
     for s in stages:
-        args = dict(s.args)
-        adaptive = s.tool == "sweep" and "adaptive" in str(args.get("modes", "")).split(",") and "cost-model" not in args
-        if adaptive or any(r == "cost_model" for v in args.values() for r in references(v)):
-            out.append(s.name)
+        for args in [dict(case_args(s, c)) for c in s.cases] or [dict(s.args)]:
+            adaptive = s.tool == "sweep" and "adaptive" in str(args.get("modes", "")).split(",") \
+                and "cost-model" not in args
+            if adaptive or any(r == "cost_model" for v in args.values() for r in references(v)):
+                out.append(s.name)
+                break
     return out
 
 
@@ -287,9 +381,10 @@ def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
     if not isinstance(raw_stages, list) or not raw_stages:
         raise DynspecError(f"{where}: needs at least one [[stages]] table")
     stages = tuple(parse_stage(s, f"{where} stages[{i}]") for i, s in enumerate(raw_stages))
-    names = [s.name for s in stages]
+    names = [n for s in stages for n in ([s.name] + (output_names(s) if s.cases else []))]
     if len(set(names)) != len(names):
-        raise DynspecError(f"{where}: stage names {names} repeat")
+        raise DynspecError(f"{where}: stage names {names} repeat (a case's outputs count as stage STAGE_CASE)")
+    names = list(figure_stages(stages))
     missing = [n for n in FIGURE_STAGES[figures] if n not in names]
     if figures == "adaptive" and not sweep_stage_names(names):
         missing = ["sweep or sweep_*"]
@@ -359,10 +454,15 @@ def mpirun_prefix(ranks: int, env_keys: Sequence[str]) -> list[str]:
 def stage_commands(cfg: Config, engine_dir: Path | None, results: Path) -> list[Stage]:
     """Every concrete command of a config, in order; a stage of repeat N gives NAME1..NAMEN.
     Outputs: sweep RESULTS/NAME (.json/.md/.png), profile and mixed_step RESULTS/NAME.json, tune
-    the folder RESULTS/NAME (schedule.txt, tune.json)."""
+    the folder RESULTS/NAME (schedule.txt, tune.json); a sweep with cases RESULTS/NAME_<case> each
+    (cases_command)."""
     out: list[Stage] = []
     outs: dict[str, str] = {}
     for s in cfg.stages:
+        if s.cases:
+            out.append(cases_command(s, cfg, engine_dir, results, outs))
+            outs.update({n: str(results / n) for n in output_names(s)})
+            continue
         for name in stage_names(s):
             dest = results / (name if s.tool in ("sweep", "tune") else f"{name}.json")
             args = [(k, resolve_value(v, outs, engine_dir)) for k, v in s.args]
@@ -376,6 +476,34 @@ def stage_commands(cfg: Config, engine_dir: Path | None, results: Path) -> list[
             out.append(Stage(name, tuple(argv), str(dest), s.env, (str(dest),) if s.tool == "tune" else (), install))
             outs[name] = str(dest)
     return out
+
+
+def cases_command(s: StageSpec, cfg: Config, engine_dir: Path | None, results: Path,
+                  outs: Mapping[str, str]) -> Stage:
+    """A sweep stage with cases: one sweep process, `--cases RESULTS/NAME.cases.json --out
+    RESULTS/NAME`, the file holding each case's own flags (references resolved as in stage args):
+    case p015 writes RESULTS/NAME_p015.json/.md/.png."""
+    from dynspec.benchmarks.sweep_cases import cases_json
+
+    dest, file = results / s.name, results / f"{s.name}.cases.json"
+    common = flag_args([(k, resolve_value(v, outs, engine_dir)) for k, v in s.args])
+    cases = [(c.name, flag_args([(k, resolve_value(v, outs, engine_dir)) for k, v in c.args])) for c in s.cases]
+    argv = [sys.executable, *TOOLS[s.tool], *engine_flags(s.tool, cfg.engine, engine_dir), *common,
+            "--cases", str(file), "--out", str(dest)]
+    if s.ranks > 1:
+        argv = mpirun_prefix(s.ranks, [k for k, _ in s.env]) + argv
+    return Stage(s.name, tuple(argv), str(dest), s.env, files=((str(file), cases_json(cases)),))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`text` to `path` by a temp file beside it, renamed."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def install_file(src: str, dest: str) -> None:
@@ -469,6 +597,8 @@ def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -
             bar.set_postfix_str(st.name)
         for d in st.dirs:
             Path(d).mkdir(parents=True, exist_ok=True)
+        for path, text in st.files:
+            write_text_atomic(path, text)
         r = run_stage(st, left, logs / f"{st.name}.log")
         done.append(r)
         if bar is not None:
@@ -608,6 +738,7 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
             stages = stage_commands(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]), tmp)
             bar = bar_factory(len(stages), cfg.name) if bar_factory else None
             manifest["installs"] = [{"stage": st.name, "from": st.out, "to": st.install} for st in stages if st.install]
+            manifest["cases"] = cases_record(cfg.stages)
             try:
                 results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar)
             finally:
@@ -615,7 +746,7 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
                     bar.close()
         manifest["stages"] = [asdict(r) for r in results]
         if why is None:
-            figs = suite_figures(cfg.figures, tmp, {s.name: s.repeat for s in cfg.stages})
+            figs = suite_figures(cfg.figures, tmp, figure_stages(cfg.stages))
             write_suite_report(cfg, figs, manifest, tmp)
     except Exception as e:   # e.g. a report that cannot be made: a failed config too, its outputs kept
         why = why or f"{type(e).__name__}: {e}"
@@ -630,6 +761,12 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
     publish(tmp, final)
     shutil.rmtree(out_root / f"{cfg.name}.incomplete", ignore_errors=True)     # an older failed run's
     return final
+
+
+def cases_record(stages: Sequence[StageSpec]) -> dict:
+    """The manifest's {stage: [{"name": its output, "args": the case's own flags}]} of every stage with cases."""
+    return {s.name: [{"name": n, "args": shlex.join(flag_args(c.args))} for n, c in zip(output_names(s), s.cases)]
+            for s in stages if s.cases}
 
 
 def dry_run(cfg: Config, work: Path, out_root: Path) -> list[str]:
@@ -648,6 +785,7 @@ def dry_run(cfg: Config, work: Path, out_root: Path) -> list[str]:
         lines.append(f"# needs {eng / COST_MODEL} (from the cost_model config) before its stages")
     for st in stage_commands(cfg, eng, staging_dir(out_root, cfg.name)):
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in st.env)
+        lines += [f"# {path}: {text.strip()}" for path, text in st.files]
         lines.append((f"env {env} " if env else "") + shlex.join(st.argv))
         if st.install:
             lines.append(f"# install {st.out} -> {st.install}")

@@ -16,6 +16,8 @@ NAME.md and NAME.png. Without mpirun the world is one rank.
                       the baseline's closed-loop requests/s per replica at C (median of its trials)
     --trials N        runs per (load point, mode), mode order rotated; rows give the median run
                       and the min..max spread of throughput (default 3)
+    --cases FILE      several sweeps in one process on one engine, opened and captured once; case
+                      N writes NAME_N.json/.md/.png (benchmarks/sweep_cases.py)
 
 TensorRT-LLM (`--engine trtllm`) runs as one TP instance of the LLM API:
     mpirun -n 8 trtllm-llmapi-launch python -m dynspec.benchmarks.sweep --engine trtllm --engine-dir DIR ...
@@ -282,6 +284,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, help="results/NAME -> NAME.json, NAME.md, NAME.png")
     o.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    o.add_argument("--cases", metavar="FILE.json",
+                   help="several sweeps on one engine (benchmarks/sweep_cases.py): case N runs these flags + its"
+                        " own and writes --out's NAME_N.json/.md/.png")
     return p
 
 
@@ -443,34 +448,46 @@ def command_line(argv: Sequence[str], world_size: int) -> str:
     return f"mpirun -n {world_size} {base}" if world_size > 1 else base
 
 
-def open_engine(spec: SweepSpec, cfg, device: str, tp=None):
-    """The reference engine sized for spec (tp: this rank's TpContext, for its shard), with the
-    union of every mode's reachable CUDA graphs captured once (every mode's executor shares it).
-    Under TP every rank of a replica captures the same keys in the same order."""
+def open_engine(specs: Sequence[SweepSpec], cfg, device: str, tp=None):
+    """The reference engine sized for every spec (sweep_cases.engine_sizes; tp: this rank's
+    TpContext, for its shard), with the union of every spec's modes' reachable CUDA graphs
+    captured once (every mode's executor shares it). Under TP every rank of a replica captures
+    the same keys in the same order."""
     from dynspec.benchmarks.profile import open_sized
-    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.benchmarks.sweep_cases import engine_sizes, graph_keys
     from dynspec.runtime.session import capture
 
-    engine = open_sized(cfg, device=device, tp=tp, max_batch_size=spec.max_batch_size, max_seq_len=spec.max_seq_len,
-                        max_draft_len=spec.max_draft_len)
+    sizes = engine_sizes(specs)
+    engine = open_sized(cfg, device=device, tp=tp, **sizes)
+    log(f"opened the reference engine: max batch {sizes['max_batch_size']}, cache {sizes['max_seq_len']} positions,"
+        f" K <= {sizes['max_draft_len']}" + (f", for {len(specs)} sweeps" if len(specs) > 1 else ""))
     if str(engine.device).startswith("cuda"):
-        schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
-        keys = set()
-        for m in spec.modes:
-            keys |= set(reachable_graphs([schedules[m]], engine.max_batch_size, warm[m], engine.max_num_tokens))
-        n = capture(engine, keys, cfg.reference)
+        n = capture(engine, graph_keys(specs, engine.max_batch_size, engine.max_num_tokens), cfg.reference)
         log(f"captured {n} CUDA graphs per replica")
     return engine
 
 
-def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None,
-                  on_rows=None, engine=None) -> list[dict]:
-    """Every rank of w: run every (load point, mode); w's rank 0 returns the rows (others return []).
-    on_rows(rows so far) runs on rank 0 after each load point (a killed sweep keeps what finished).
-    engine: already open (a TP leader's LeaderEngine; w then holds the leaders only)."""
+def open_for_rank(specs: Sequence[SweepSpec], cfg, device: str, w: World, threads: int | None = None):
+    """This rank's engine without TP: its device (cuda:<local rank> for --device cuda), its CPU threads."""
     import torch
 
     from dynspec.benchmarks.engines import device_for_rank, set_cpu_threads
+
+    dev = device_for_rank(device, w.local_rank)
+    set_cpu_threads(threads, dev)
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(torch.device(dev))
+    return open_engine(specs, cfg, dev)
+
+
+def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, threads: int | None = None,
+                  on_rows=None, engine=None, label: str = "sweep") -> list[dict]:
+    """Every rank of w: run every (load point, mode); w's rank 0 returns the rows (others return []).
+    on_rows(rows so far) runs on rank 0 after each load point (a killed sweep keeps what finished).
+    engine: already open (a TP leader's LeaderEngine, w then holds the leaders only; or one engine
+    shared by several sweeps, open_engine). label: the progress bar's."""
+    import torch
+
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.workload import take
@@ -479,11 +496,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
 
     schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
     if engine is None:
-        dev = device_for_rank(device, w.local_rank)
-        set_cpu_threads(threads, dev)
-        if dev.startswith("cuda"):
-            torch.cuda.set_device(torch.device(dev))
-        engine = open_engine(spec, cfg, dev)
+        engine = open_for_rank([spec], cfg, device, w, threads)
 
     def executor(mode: str, n: int) -> Executor:
         """A fresh executor (its request ids, the acceptance keys, count from 0) for a run of n requests."""
@@ -508,7 +521,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
 
         total = (sum(spec.count.at(p) for p in spec.points)
                  + sum(spec.count.at(LoadPoint(concurrency=c)) for c in spec.poisson_at)) * len(spec.modes) * spec.trials
-        bar = tqdm(total=total, unit="req", desc="sweep", dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=total, unit="req", desc=label, dynamic_ncols=True, file=sys.stderr)
 
     def run_point(p: LoadPoint) -> list:
         """Every trial of every mode at p on this rank: [(p, mode, trial, RunRecord, steps)], steps the
@@ -694,54 +707,107 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+@dataclass(frozen=True)
+class PlannedSweep:
+    """One sweep of the process, resolved: its flags (sweep_cases.CaseRun), engine config and spec."""
+    case: object            # sweep_cases.CaseRun
+    cfg: object             # dynspec.config.EngineConfig
+    source: str             # EngineChoice.source
+    spec: SweepSpec
+
+
+def plan(case, w: World, replicas: int, tp: int) -> PlannedSweep:
+    """A CaseRun -> its engine config and SweepSpec (the same on every rank), logged on rank 0."""
     from dynspec.benchmarks.engines import engine_choice
-    from dynspec.benchmarks.report import write_all
+
+    try:
+        choice = engine_choice(case.args)
+        spec = resolve(case.args, w, choice.config)
+    except DynspecError as e:
+        if case.name is None:
+            raise
+        raise DynspecError(f"case {case.name!r}: {e}") from None
+    log((f"case {case.name}: " if case.name else "")
+        + f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {replicas} replica(s)"
+        + (f" of TP={tp}" if tp > 1 else "") + f", acceptance {spec.acceptance}, {choice.source}")
+    return PlannedSweep(case, choice.config, choice.source, spec)
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """One plain sweep, or (--cases) several on one engine opened once (benchmarks/sweep_cases.py)."""
+    from dynspec.benchmarks.engines import set_cpu_threads
+    from dynspec.benchmarks.mpi import split_leaders
+    from dynspec.benchmarks.sweep_cases import case_runs
+    from dynspec.runtime.distributed import layout, run_replica
 
     apply_bench_env()
-    check_flags(args)
+    runs = case_runs(args, argv)                           # every case's flags checked, before any model
     if args.engine == "trtllm":
         from dynspec.benchmarks.trtllm_driver import run_trtllm_sweep
 
         return run_trtllm_sweep(args, argv)
-    from dynspec.benchmarks.engines import set_cpu_threads
-    from dynspec.benchmarks.mpi import split_leaders
-    from dynspec.runtime.distributed import layout, run_replica
-
-    w = world()
-    tp = args.tp
-    replicas = layout(w.rank, w.size, tp).replicas         # refuses -n that is not a multiple of --tp
-    choice = engine_choice(args)
-    cfg = choice.config
-    leaders = split_leaders(w, tp)                           # None on a TP worker
-    spec = resolve(args, leaders or World(w.rank, replicas, w.local_rank), cfg)   # the same spec on every rank
-    log(f"sweep: {len(spec.points)} load points x modes {','.join(spec.modes)} on {replicas} replica(s)"
-        + (f" of TP={tp}" if tp > 1 else "") + f", acceptance {spec.acceptance}, {choice.source}")
     t0 = time.perf_counter()
-    env = env_block(args, spec, cfg, choice.source, args.device, w, argv, tp) if w.is_root else None
+    first = runs[0].args                                   # its SHARED_FLAGS are every case's
+    w, tp = world(), first.tp
+    replicas = layout(w.rank, w.size, tp).replicas         # refuses -n that is not a multiple of --tp
+    leaders = split_leaders(w, tp)                         # None on a TP worker
+    plans = [plan(r, leaders or World(w.rank, replicas, w.local_rank), replicas, tp) for r in runs]
+    specs, cfg = [p.spec for p in plans], plans[0].cfg
+    opened = {}
 
-    def partial(rows: list[dict]) -> None:
-        write_all({"env": dict(env, wall_s=time.perf_counter() - t0, complete=False), "rows": rows}, args.out,
-                  plot_png=False)
+    def load(ctx=None):
+        t = time.perf_counter()
+        engine = (open_for_rank(specs, cfg, first.device, w, first.threads) if ctx is None
+                  else open_engine(specs, cfg, str(ctx.device), tp=ctx))
+        opened["s"] = time.perf_counter() - t
+        return engine
 
-    progress = not args.no_progress
+    def sweep_all(engine, lw: World, ctx=None) -> None:
+        for i, p in enumerate(plans):
+            run_planned(plans, i, engine, lw, w, ctx, argv, t0 if p.case.name is None else None, opened.get("s"))
+
     if tp == 1:
-        rows = run_reference(spec, cfg, args.device, w, progress=progress, threads=args.threads, on_rows=partial)
+        sweep_all(load(), w)
     else:
-        set_cpu_threads(args.threads, args.device)
-        ctx, _, rows = run_replica(
-            tp, lambda ctx: open_engine(spec, cfg, str(ctx.device), tp=ctx),
-            lambda engine, ctx: run_reference(spec, cfg, args.device, leaders, progress=progress, on_rows=partial,
-                                              engine=engine),
-            device=args.device, allreduce=args.allreduce)
-        if env is not None:                  # the mode that ran ('auto' may have fallen back to NCCL)
-            env.update(allreduce=ctx.reducer.mode, allreduce_fallback=ctx.reducer.fallback or None)
-    if w.is_root:
-        doc = {"env": dict(env, wall_s=time.perf_counter() - t0, complete=True), "rows": rows}
-        paths = write_all(doc, args.out)
-        log("wrote " + ", ".join(str(p) for p in paths.values()))
+        set_cpu_threads(first.threads, first.device)
+        run_replica(tp, load, lambda engine, ctx: sweep_all(engine, leaders, ctx), device=first.device,
+                    allreduce=first.allreduce)
     w.barrier()
     return 0
+
+
+def run_planned(plans: Sequence[PlannedSweep], i: int, engine, lw: World, w: World, ctx, argv: Sequence[str],
+                t0: float | None, open_s: float | None) -> None:
+    """Sweep plans[i] on the open engine (every rank of lw); w's rank 0 writes its NAME.json/.md/.png,
+    partial after each load point, complete at the end. t0: when its wall time starts (None: now)."""
+    from dynspec.benchmarks.report import write_all
+    from dynspec.benchmarks.sweep_cases import graph_keys, shared_engine_block
+
+    p, a = plans[i], plans[i].case.args
+    t0 = time.perf_counter() if t0 is None else t0
+    env = None
+    if w.is_root:
+        env = env_block(a, p.spec, p.cfg, p.source, a.device, w, p.case.argv, a.tp)
+        shared = shared_engine_block(
+            [q.case for q in plans], i, {"max_batch_size": engine.max_batch_size, "max_seq_len": engine.max_seq_len,
+                                         "max_draft_len": engine.max_draft_len},
+            len(graph_keys([q.spec for q in plans], engine.max_batch_size, engine.max_num_tokens)),
+            command_line(argv, w.size), open_s)
+        if shared is not None:
+            env["shared_engine"] = shared
+
+    def partial(rows: list[dict]) -> None:
+        write_all({"env": dict(env, wall_s=time.perf_counter() - t0, complete=False), "rows": rows}, a.out,
+                  plot_png=False)
+
+    rows = run_reference(p.spec, p.cfg, a.device, lw, progress=not a.no_progress, threads=a.threads, on_rows=partial,
+                         engine=engine, label=p.case.name or "sweep")
+    if w.is_root:
+        if ctx is not None and ctx.tp > 1:     # the mode that ran ('auto' may have fallen back to NCCL)
+            env.update(allreduce=ctx.reducer.mode, allreduce_fallback=ctx.reducer.fallback or None)
+        doc = {"env": dict(env, wall_s=time.perf_counter() - t0, complete=True), "rows": rows}
+        paths = write_all(doc, a.out)
+        log("wrote " + ", ".join(str(x) for x in paths.values()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from dynspec.benchmarks.summary import adaptive_sweep, host_cost, settle_iterati
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
-ADAPTIVE = ("accept_low", "accept_mid", "accept_high", "accept_mix", "accept_shift", "long_context")
+ADAPTIVE = ("acceptance", "long_context")
 ISSUE28 = ("cost_model",) + ADAPTIVE
 
 
@@ -190,18 +190,25 @@ def test_a_config_that_needs_the_cost_model_is_refused_when_it_is_absent(tmp_pat
 
 
 # ---- the shipped configs -------------------------------------------------------------------------
-def _sweep_args(st) -> argparse.Namespace:
-    return sweep.make_parser().parse_args(list(st.argv[3:]))
+def _sweep_args(st) -> dict[str, argparse.Namespace]:
+    """{output name: its flags} of a sweep command: the stage's, or each of its cases' (merged)."""
+    from dynspec.benchmarks.sweep_cases import Case, parse_case
+
+    argv = list(st.argv[3:])
+    a = sweep.make_parser().parse_args(argv)
+    if not st.files:
+        return {st.name: a}
+    (_, text), = st.files
+    runs = [parse_case(argv, Case(c["name"], tuple(c["args"])), a.out) for c in json.loads(text)["cases"]]
+    return {f"{st.name}_{r.name}": r.args for r in runs}
 
 
 @pytest.mark.parametrize("name", ADAPTIVE)
 def test_adaptive_configs_check_their_modes_and_acceptance(name, tmp_path):
     from dynspec.runtime.acceptance import parse_acceptance
 
-    for st in stage_commands(load_config(name), tmp_path / "engine", tmp_path / "res"):
-        if st.argv[2] != "dynspec.benchmarks.sweep":
-            continue
-        a = _sweep_args(st)
+    for a in [a for st in stage_commands(load_config(name), tmp_path / "engine", tmp_path / "res")
+              if st.argv[2] == "dynspec.benchmarks.sweep" for a in _sweep_args(st).values()]:
         modes = sweep.parse_modes(a.modes)
         assert "adaptive" in modes and (a.trials, a.warmup_requests) == (3, 2)
         # the engine's installed cost model, or (long_context) one profiled by this config itself
@@ -211,17 +218,18 @@ def test_adaptive_configs_check_their_modes_and_acceptance(name, tmp_path):
 
 def test_the_must_show_workloads_are_the_configs():
     def sweeps(name):
-        return {st.name: _sweep_args(st) for st in stage_commands(load_config(name), Path("/e"), Path("/r"))
-                if st.argv[2] == "dynspec.benchmarks.sweep"}
+        return {n: a for st in stage_commands(load_config(name), Path("/e"), Path("/r"))
+                if st.argv[2] == "dynspec.benchmarks.sweep" for n, a in _sweep_args(st).items()}
 
-    low = sweeps("accept_low")["sweep"]
+    acc = sweeps("acceptance")
+    low = acc["sweep_p015"]
     assert (low.acceptance, low.concurrency, low.modes) == ("bernoulli:0.15", "1,16,64,256", "baseline,dynamic,adaptive")
-    for name, p in (("accept_mid", "0.5"), ("accept_high", "0.9")):
-        a = sweeps(name)["sweep"]
+    for case, p in (("p050", "0.5"), ("p090", "0.9")):
+        a = acc[f"sweep_{case}"]
         assert a.acceptance == f"bernoulli:{p}" and a.dynamic_schedule == f"@/r/tune_0{p[2]}0/schedule.txt"
         assert sweep.parse_modes(a.modes) == ("baseline", *[f"static:{k}" for k in range(1, 6)], "dynamic", "adaptive")
-    assert sweeps("accept_mix")["sweep"].acceptance == "bernoulli-mix:0.9@0.5,0.2@0.5"
-    assert sweeps("accept_shift")["sweep"].acceptance == "shift:0.8,0.2@0.5"
+    assert acc["sweep_mix"].acceptance == "bernoulli-mix:0.9@0.5,0.2@0.5"
+    assert acc["sweep_shift"].acceptance == "shift:0.8,0.2@0.5"
     lc = sweeps("long_context")["sweep"]
     assert (lc.input_len, lc.output_len, lc.concurrency, lc.acceptance, lc.modes) == (
         "2048:3072", "256:512", "128", "bernoulli:0.7", "baseline,static:3,adaptive")
@@ -238,7 +246,7 @@ def test_the_adaptive_configs_share_one_engine_that_holds_the_long_context():
     (prof,) = [s for s in cfgs[0].stages if s.tool == "profile"]
     args = dict(prof.args)
     assert prof.install == "cost_model.json" and args["context-lens"] == "128,256,384"
-    assert args["max-seq-len"] == 424        # the accept_* sweeps' cache length
+    assert args["max-seq-len"] == 424        # the acceptance sweeps' cache length
     assert args["batch-sizes"] == "1,2,4,8,16,32,64,128,192,256" and args["draft-lens"] == "0,1,2,3,4,5"
 
 
@@ -282,13 +290,14 @@ def test_adaptive_summary_from_stage_outputs_with_a_png(tmp_path):
     from dynspec.benchmarks.report import write_suite_report
 
     steps = [[[[1, 0.5, 0, 20.0, 0, 10000.0, 1]]]] * 3
-    for name in ("sweep",):
+    names = [f"sweep_{c}" for c in ("p015", "p050", "p090", "mix", "shift")]      # the acceptance config's cases
+    for name in names:
         rows = [_row(m, c, [100 + i, 101 + i, 102 + i]) for c in (1, 16) for i, m in enumerate(("baseline", "dynamic"))]
         rows += [_row("adaptive", c, [103, 104, 105], adaptive_steps={"fields": FIELDS, "trials": steps}) for c in (1, 16)]
         (tmp_path / f"{name}.json").write_text(json.dumps({"env": {"acceptance_model": name, "command": "c"}, "rows": rows}))
-    cfg = load_config("accept_mix")
-    figs = suite_figures("adaptive", tmp_path, {s.name: s.repeat for s in cfg.stages})
-    assert set(figs["values"]["sweeps"]) == {"sweep"} and len(figs["table"]["rows"]) == 2
+    cfg = load_config("acceptance")
+    figs = suite_figures("adaptive", tmp_path, suite.figure_stages(cfg.stages))
+    assert list(figs["values"]["sweeps"]) == names and len(figs["table"]["rows"]) == 10
     write_suite_report(cfg, figs, {"command": "c", "stages": []}, tmp_path)
     assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "summary.json").read_text())["figures"] == "adaptive"

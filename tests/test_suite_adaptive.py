@@ -247,7 +247,7 @@ def test_the_adaptive_configs_share_one_engine_that_holds_the_long_context():
     args = dict(prof.args)
     assert prof.install == "cost_model.json" and args["context-lens"] == "128,256,384"
     assert args["max-seq-len"] == 424        # the acceptance sweeps' cache length
-    assert args["batch-sizes"] == "1,2,4,8,16,32,64,128,192,256" and args["draft-lens"] == "0,1,2,3,4,5"
+    assert args["batch-sizes"] == "1,2,4,8,16,32,64,128,256" and args["draft-lens"] == "0,1,2,3,4,5"
 
 
 # ---- adaptive figures ---------------------------------------------------------------------------

@@ -32,9 +32,9 @@ It must hold one verify window: max_num_tokens >= max K + 1 (e.g. schedule 4:4 -
 reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mixed iterations on
 CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
 
-reference.overlap (default false): the executor's overlapped loop (Executor(overlap=True),
-docs/design.md section 6): iteration i+1 is planned and launched while iteration i runs. Each
-request's cache then holds two verify windows past its last token instead of one.
+reference.overlap (default false): the executor's overlapped loop (Executor(overlap=True);
+docs/design.md, "The overlapped loop"): iteration i+1 is planned and launched while iteration i
+runs. Each request's cache then holds two verify windows past its last token instead of one.
 """
 from __future__ import annotations
 

@@ -196,8 +196,8 @@ class Executor:
         # record steps through on_step, so neither needs more; a one-shot run that summarizes
         # every iteration of a long job passes None.
         stats_limit: int | None = 65536,
-        # the overlapped loop (docs/design.md section 6): plan and launch iteration i+1 before
-        # reading iteration i's result; needs an engine with launch/result (the reference engine)
+        # the overlapped loop (docs/design.md, "The overlapped loop"): plan and launch iteration
+        # i+1 before reading iteration i's result; needs an engine with launch/result (reference)
         overlap: bool = False,
     ):
         if not acceptance.lossless and not allow_lossy:

@@ -1,5 +1,5 @@
-"""The overlapped loop's planning rule (runtime/executor.py, Executor(overlap=True); docs/design.md
-section 6): what the host knows of each decode row while the step before is still running.
+"""The overlapped loop's planning rule (runtime/executor.py, Executor(overlap=True); docs/design.md,
+"The overlapped loop"): what the host knows of each decode row while the step before it runs.
 
 At the moment the host plans iteration i+1, iteration i is in flight and every result up to i-1
 is folded in. For a decode row r with host length L_r (= its position in iteration i):

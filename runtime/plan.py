@@ -11,8 +11,8 @@ prompt waiting:
     prompt chunk    16 - 15 = 1    prompt[0:1] at position 0; the other 19 ride in later iterations
 A request joins the decode rows the iteration after its last chunk.
 
-Rows carried on the device (the executor's overlapped loop, docs/design.md section 6): a row
-with from_device[r] set continues from the step launched just before this one, whose result the
+Rows carried on the device (docs/design.md, "The overlapped loop"): a row with from_device[r]
+set continues from the step launched just before this one, whose result the
 host has not read yet. Its pending token and position are the engine's per-slot copy written at
 the end of that step (`carry`); the plan's `positions[r]` is an upper bound (the previous step's
 position + its K + 1), used only to size what the step reads, and `pending[r]` is a placeholder.

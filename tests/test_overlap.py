@@ -1,6 +1,6 @@
-"""The overlapped executor loop (Executor(overlap=True), docs/design.md section 6): iteration i+1 is
-planned and launched before iteration i's result is read, its rows continuing from i's tokens and
-positions on the device. Every output equals the serial executor's and transformers greedy
+"""The overlapped executor loop (Executor(overlap=True); docs/design.md, "The overlapped loop"):
+iteration i+1 is planned and launched before iteration i's result is read, its rows continuing
+from i's tokens and positions on the device. Every output equals the serial executor's and transformers greedy
 (float64, CPU), through arrivals, K flips, chunked prompts, cancels, stop ids and max_new_tokens
 inside a verify window; one host read per iteration, none inside a launch."""
 from __future__ import annotations
@@ -288,7 +288,8 @@ def test_one_host_read_per_iteration_and_none_inside_a_launch(pair, monkeypatch)
     for name in ("__bool__", "item", "tolist", "__int__", "__float__", "numpy", "cpu"):
         real = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _n=name, _r=real, **k: (spy.log.append(("read", _n)), _r(self, *a, **k))[1])
+                            lambda self, *a, _n=name, _r=real, **k:
+                            (spy.log.append(("read", _n)), _r(self, *a, **k))[1])
     for _ in range(4):
         ex.step()
     monkeypatch.undo()

@@ -1,6 +1,6 @@
 """What lets one step's outputs feed the next on the device, and the host read of a step's result
 apart from its launch: the reference engine's side of the executor's overlapped loop
-(docs/design.md section 6).
+(docs/design.md, "The overlapped loop").
 
 Per-slot carried copy, written at the end of a step whose plan has `carry` set:
     slot_tok[s]   the row's next pending token: E[r, n_r] (the last emitted), or a last chunk's g0

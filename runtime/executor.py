@@ -22,6 +22,11 @@ Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
     it 2   A: 3 tokens   B: prompt[5:9], its last chunk -> B's first token
     it 3   A, B: 3 tokens each
+
+Overlapped (overlap=True; docs/design.md, "The overlapped loop"): steps 1-5 of iteration i+1
+run, and it is launched (engine.launch), before step 7 of iteration i reads i's result
+(engine.result, the one host sync); i+1's rows take i's tokens and positions on the device
+(runtime/overlap.py). The serial loop (the default) is the oracle.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ class Engine(Protocol):
                                                                       # key: the request's id (Bernoulli draws)
     def release(self, slot: int) -> None: ...
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
+    # overlap=True also needs launch(plan, acceptance) -> handle and result(handle) -> StepResult
 
 
 @dataclass(frozen=True)

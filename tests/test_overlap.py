@@ -374,3 +374,45 @@ def test_engine_json_overlap_switch_round_trips_and_generate_honours_it(tmp_path
         outs[on] = [json.loads(x)["output_ids"] for x in out.read_text().splitlines()]
         assert {json.loads(x)["overlapped"] for x in stats.read_text().splitlines()} == {on}
     assert outs[True] == outs[False] and len(outs[True]) == 3
+
+
+# ---- the CUDA path's attention, interpreted ----------------------------------------------------------
+
+def run_overlap_interpreted() -> None:
+    """The overlapped loop on the attention the engine takes on CUDA (decode rows through the
+    Triton kernel, chunks through PackedChunks, eager mixed iterations split by SplitRows), in a
+    process with TRITON_INTERPRET=1: arrivals while carried rows decode, K flipping through 0, a
+    budget that splits prompts; every output equals the serial loop's and transformers greedy."""
+    import tempfile
+    from pathlib import Path
+
+    from transformers import LlamaForCausalLM
+
+    from tests.helpers_models import make_tiny_draft, make_tiny_target
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        target = make_tiny_target(root / "target", vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, seed=1)
+        draft = make_tiny_draft(root / "draft", target, draft_vocab=64, seed=2)
+        hf = LlamaForCausalLM.from_pretrained(str(target), dtype=DT).eval()
+        rng = random.Random(5)
+        ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]
+        lens = [rng.randint(3, 8) for _ in ps]
+        eng = load_reference_engine(str(target), str(draft), dtype=DT, max_batch_size=4, max_seq_len=64,
+                                    max_draft_len=3, max_num_tokens=16)
+        assert eng.triton
+        spy = Spy(eng)
+        ex = Executor(eng, DraftSchedule.parse("1:3,2:2,3:0"), overlap=True)
+        out = [h.result().output_ids for h in serve(ex, ps, lens, seed=5)]
+        refs = greedy_many(hf, ps, 8)
+        assert out == [r[:n] for r, n in zip(refs, lens)]
+        mixed = [p for p in spy.plans if p.chunks and p.carried_rows]
+        assert any(p.k for p in mixed) and any(not p.k for p in mixed), [(p.k, p.batch_size) for p in mixed]
+        print("ok overlap interpreted", len(mixed), "mixed iterations with carried rows")
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="needs triton")
+def test_the_triton_attention_path_takes_the_carried_rows():
+    from tests.interpreted import interpreted
+
+    assert "ok overlap interpreted" in interpreted("test_overlap", "run_overlap_interpreted")

@@ -13,7 +13,7 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "max_num_tokens": 8192, "graphs": "full"},
+                "keep_warm": true, "max_num_tokens": 8192, "graphs": "full", "overlap": false},
   "llm_api_options": "llm_api_options.yaml",
   "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance
   "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is "adaptive"
@@ -31,6 +31,10 @@ It must hold one verify window: max_num_tokens >= max K + 1 (e.g. schedule 4:4 -
 
 reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mixed iterations on
 CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
+
+reference.overlap (default false): the executor's overlapped loop (Executor(overlap=True);
+docs/design.md, "The overlapped loop"): iteration i+1 is planned and launched while iteration i
+runs. Each request's cache then holds two verify windows past its last token instead of one.
 """
 from __future__ import annotations
 
@@ -78,6 +82,7 @@ class ReferenceSettings:
     keep_warm: bool = True
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
     graphs: GraphMode = GraphMode.FULL
+    overlap: bool = False          # the executor's overlapped loop (module docstring)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -88,6 +93,8 @@ class ReferenceSettings:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
         if not isinstance(self.keep_warm, bool):
             raise DynspecError(f"reference.keep_warm={self.keep_warm!r} must be true or false")
+        if not isinstance(self.overlap, bool):
+            raise DynspecError(f"reference.overlap={self.overlap!r} must be true or false")
         try:
             object.__setattr__(self, "graphs", GraphMode(self.graphs))
         except ValueError:

@@ -122,19 +122,24 @@ def _check_device(device: str) -> None:
         raise DynspecError(f"--device {device!r}: the reference engine runs on cpu or cuda")
 
 
-def check_prompt_bounds(ids, wheres, *, vocab: int, max_seq_len: int, max_draft_len: int, max_new_tokens: int) -> None:
+def check_prompt_bounds(ids, wheres, *, vocab: int, max_seq_len: int, max_draft_len: int, max_new_tokens: int,
+                        overlap: bool = False) -> None:
     """Every prompt fits the engine with the user's --max-new-tokens; the error names FILE:LINE.
-    Room needed: prompt + max_new_tokens + one verify window (max K + 1) <= max_seq_len."""
+    Room needed: prompt + max_new_tokens + one verify window (max K + 1; two with engine.json
+    reference.overlap: runtime/overlap.py) <= max_seq_len."""
+    from dynspec.runtime.overlap import cache_slack
+
+    slack = cache_slack(max_draft_len, overlap)
     for where, p in zip(wheres, ids):
         if not p:
             raise DynspecError(f"{where}: the prompt tokenizes to no tokens")
         bad = next((t for t in p if not 0 <= t < vocab), None)
         if bad is not None:
             raise DynspecError(f"{where}: token id {bad} is outside the vocabulary 0..{vocab - 1}")
-        need = len(p) + max_new_tokens + max_draft_len + 1
+        need = len(p) + max_new_tokens + slack
         if need > max_seq_len:
             raise DynspecError(
-                f"{where}: prompt of {len(p)} tokens + --max-new-tokens {max_new_tokens} (+{max_draft_len + 1} verify"
+                f"{where}: prompt of {len(p)} tokens + --max-new-tokens {max_new_tokens} (+{slack} verify"
                 f" slack) = {need} exceeds max_seq_len {max_seq_len} (--max-seq-len or engine.json reference)")
 
 
@@ -206,14 +211,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     vocab = _config_vocab(cfg.target_dir)
     if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
         check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
-                            max_draft_len=engine_k, max_new_tokens=args.max_new_tokens)
+                            max_draft_len=engine_k, max_new_tokens=args.max_new_tokens, overlap=cfg.reference.overlap)
 
     def load(ctx):
         # a world of one keeps --device as given; under mpirun each rank takes its TpContext's device
         engine = open_reference_engine(cfg, device=args.device, max_draft_len=engine_k,
                                        tp=ctx if ctx.layout.size > 1 else None)
         check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
-                            max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens)
+                            max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens,
+                            overlap=cfg.reference.overlap)
         return engine
 
     def lead(engine, ctx):
@@ -223,7 +229,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if mine:
             run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
         for mode in modes:
-            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None)  # whole run
+            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
+                          overlap=cfg.reference.overlap)  # whole run
             with tqdm(total=len(mine), desc=f"{mode:>8}", file=sys.stderr, leave=False,
                       disable=ctx.layout.rank != 0) as bar:
                 results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)

@@ -525,8 +525,9 @@ class PlanChannel:
 
 # Engine calls that change state on every rank (runtime/executor.py's Engine protocol): the
 # paged cache's reserve/release (the block allocator is deterministic, so the same calls give
-# every rank the same slots) and the step.
-FORWARDED = ("reserve", "release", "step")
+# every rank the same slots) and the step, whole (serial loop) or its launch (overlapped loop:
+# the plan of i+1 is broadcast while i runs; `result` reads the leader's own copy and is not sent).
+FORWARDED = ("reserve", "release", "step", "launch")
 
 
 class LeaderEngine:

@@ -22,6 +22,11 @@ Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
     it 2   A: 3 tokens   B: prompt[5:9], its last chunk -> B's first token
     it 3   A, B: 3 tokens each
+
+Overlapped (overlap=True; docs/design.md, "The overlapped loop"): steps 1-5 of iteration i+1
+run, and it is launched (engine.launch), before step 7 of iteration i reads i's result
+(engine.result, the one host sync); i+1's rows take i's tokens and positions on the device
+(runtime/overlap.py). The serial loop (the default) is the oracle.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
+from dynspec.runtime.overlap import cache_slack, row_inputs
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
 
 
@@ -53,6 +59,7 @@ class Engine(Protocol):
                                                                       # key: the request's id (Bernoulli draws)
     def release(self, slot: int) -> None: ...
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
+    # overlap=True also needs launch(plan, acceptance) -> handle and result(handle) -> StepResult
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,11 @@ class IterationStats:
     oldest_key: int | None = None   # smallest request id among the decode rows
     keep_warm: bool = False      # the step's plan kept the draft warm (K=0)
     cost_scale: tuple[float, ...] = ()   # adaptive: the served/profiled step-time ratios the decision used
+    # where the engine reports them (StepResult.device_s / idle_s; the reference engine does)
+    device_seconds: float | None = None  # the step's device time, first enqueued work to its result copy
+    gpu_idle_s: float | None = None      # device idle before the step: the previous step's end to its start
+    fold_seconds: float = 0.0    # host time folding the result into the requests and the estimate
+    overlapped: bool = False     # run by the overlapped loop (seconds = device_seconds where known)
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,26 @@ class _Request:
     def length(self) -> int:
         """Tokens the target has in its cache = position of the pending (last) token."""
         return len(self.prompt) + len(self.out) - 1
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """An iteration planned (and, overlapped, launched), its result not yet folded in."""
+    plan: StepPlan
+    rows: tuple["_Request", ...]         # [b] the plan's decode rows, in plan order
+    chunked: tuple["_Request", ...]      # [chunks] the request of each prompt chunk
+    handle: object                       # engine.launch's handle (overlapped), else None
+    decision: Decision | None
+    context: float                       # mean KV length the policy read
+    rates: tuple[float, ...]             # the acceptance estimate the policy read
+    scale: tuple[float, ...]             # the cost scales the policy read
+    t0: float                            # planning began
+    t1: float                            # the launch began
+    t_policy: float                      # the K decision's share of planning
+    launch_s: float                      # time inside engine.launch (overlapped; 0 serial)
+
+    def requests(self) -> list["_Request"]:
+        return list(self.rows) + list(self.chunked)
 
 
 class RequestHandle:
@@ -170,12 +202,20 @@ class Executor:
         # record steps through on_step, so neither needs more; a one-shot run that summarizes
         # every iteration of a long job passes None.
         stats_limit: int | None = 65536,
+        # the overlapped loop (docs/design.md, "The overlapped loop"): plan and launch iteration
+        # i+1 before reading iteration i's result; needs an engine with launch/result (reference)
+        overlap: bool = False,
     ):
         if not acceptance.lossless and not allow_lossy:
             raise DynspecError(
                 f"acceptance model {acceptance} does not reproduce the target's output; only benchmarks may use it"
             )
+        if overlap and not (hasattr(engine, "launch") and hasattr(engine, "result")):
+            raise DynspecError(f"overlap=True needs an engine with launch/result; {type(engine).__name__} has "
+                               f"step only (run it with overlap=False)")
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm, acceptance
+        self.overlap = overlap
+        self._inflight: _Launched | None = None    # overlap: the iteration launched, result not read
         self._clock = clock
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
@@ -207,16 +247,17 @@ class Executor:
             raise DynspecError(f"prompt token id {prompt[bad]} at index {bad} is outside the vocabulary 0..{vocab - 1}")
         if max_new_tokens < 1:
             raise DynspecError(f"max_new_tokens={max_new_tokens} must be at least 1")
-        # room for the prompt, the new tokens, and one verify window past the last one
-        need = len(prompt) + max_new_tokens + self.engine.max_draft_len + 1
+        # room for the prompt, the new tokens, and the verify windows past the last one (overlap.py)
+        slack = cache_slack(self.engine.max_draft_len, self.overlap)
+        need = len(prompt) + max_new_tokens + slack
         if need > self.engine.max_seq_len:
             raise DynspecError(
-                f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{self.engine.max_draft_len + 1}"
+                f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{slack}"
                 f" verify slack) = {need} exceeds the cache length max_seq_len={self.engine.max_seq_len}"
             )
         if need > self.engine.max_reservation:       # it would wait for blocks forever, and block the queue
             raise DynspecError(
-                f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{self.engine.max_draft_len + 1}"
+                f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} (+{slack}"
                 f" verify slack) = {need} exceeds the {self.engine.max_reservation} tokens the KV cache pool can"
                 f" hold for one request"
             )
@@ -263,8 +304,52 @@ class Executor:
     def step(self) -> IterationStats | None:
         """Run one iteration. Returns None when there was nothing to run. If the engine
         raises, the requests of this iteration end as "error" and the error is re-raised;
-        the executor itself stays usable."""
+        the executor itself stays usable.
+        Overlapped (overlap=True): launch the next iteration, then fold the one launched by the
+        previous call; returns that one's stats, None when no iteration was folded (nothing to
+        run, or only the first of a run launched)."""
+        if self.overlap:
+            return self._step_overlapped()
         self._retire()
+        launched = self._launch(None)
+        if launched is None:
+            return None
+        try:
+            result = self.engine.step(launched.plan, self.acceptance)
+        except BaseException:
+            self._fail(launched.requests())
+            raise
+        st = self._fold(launched, result, self._clock())
+        self._retire()                  # free finished requests' blocks now, not at the next call
+        return st
+
+    def _step_overlapped(self) -> IterationStats | None:
+        """Plan and launch i+1 while i runs, then read i's result (the one host sync) and fold it.
+        Rows of i+1 take i's tokens and positions on the device (runtime/overlap.py)."""
+        self._retire()
+        prev, self._inflight = self._inflight, None
+        try:
+            self._inflight = self._launch(prev)
+        except BaseException:
+            if prev is not None:        # i+1 was to continue from it: its requests end too
+                self._fail(prev.requests())
+            raise
+        if prev is None:
+            return None
+        try:
+            result = self.engine.result(prev.handle)
+        except BaseException:
+            nxt, self._inflight = self._inflight, None
+            self._fail(prev.requests() + (nxt.requests() if nxt is not None else []))
+            raise
+        st = self._fold(prev, result, self._clock())
+        self._retire()
+        return st
+
+    def _launch(self, prev: "_Launched | None") -> "_Launched | None":
+        """Plan the next iteration and start it: engine.launch when overlapped (prev: the one in
+        flight, whose rows continue on the device), else just plan (step() runs engine.step).
+        None when there is nothing to run. A failure ends this iteration's requests."""
         if self._estimate is None:
             self._estimate = AcceptanceEstimate(positions=max(self.engine.max_draft_len, 1))
         t0 = self._clock()
@@ -272,61 +357,109 @@ class Executor:
         b = len(rows)
         chunked: list[_Request] | None = None
         try:                            # a failure anywhere below ends this iteration's requests
-            positions = [r.length for r in rows]          # planning's, shared with make_plan
+            rin = self._row_inputs(rows, prev)            # planning's, shared with make_plan
             tp0 = self._clock()
             rates = self._estimate.rates() if b else ()
-            k, decision, context, scale = self._decide(positions, rates)
+            k, decision, context, scale = self._decide(rin.context, rates)
             t_policy = self._clock() - tp0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
                 return None
             plan = make_plan(
                 k,
-                positions=positions,
-                pending=[r.out[-1] for r in rows],
+                positions=rin.positions,
+                pending=rin.pending,
                 stale=[not r.draft_warm for r in rows],
                 keep_warm=decision.keep_warm if decision else self.keep_warm,
                 buckets=self.engine.buckets,
                 slots=[r.slot for r in rows],
                 chunks=chunks,
+                from_device=rin.from_device,
+                carry=self.overlap,
             )
             t1 = self._clock()
-            result = self.engine.step(plan, self.acceptance)
+            handle = self.engine.launch(plan, self.acceptance) if self.overlap else None
         except BaseException:
             self._fail(rows + (list(self._prefilling) if chunked is None else chunked))   # None: admission failed
             raise
-        t2 = self._clock()
-        emitted = 0
-        with self._lock:                # cancel() holds it too: no token lands after cancel() returns
-            for req, toks in zip(rows, result.emitted):
-                req.draft_warm = result.draft_warm
-                emitted += self._append(req, toks, t2)
-            for req, chunk, first in zip(chunked, chunks, result.first_tokens):
+        launched = _Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
+                             t0, t1, t_policy, self._clock() - t1 if self.overlap else 0.0)
+        if self.overlap:
+            self._planned(launched)
+        return launched
+
+    def _row_inputs(self, rows: Sequence[_Request], prev: "_Launched | None"):
+        """Each decode row's plan inputs (runtime/overlap.py): exact when nothing is in flight."""
+        if prev is None:
+            return row_inputs([r.length for r in rows], [r.out[-1] if r.out else None for r in rows], None)
+        ran = {id(r) for r in prev.rows}
+        return row_inputs([r.length for r in rows], [None] * len(rows),
+                          [prev.plan.k if id(r) in ran else 0 for r in rows])
+
+    def _planned(self, launched: "_Launched") -> None:
+        """Overlapped: the host state the next plan needs, from the plan just launched: prompt
+        progress, requests whose last chunk ran (decode rows from the next iteration on), the
+        draft heads (warm after K > 0), the previous K. The tokens come with the result."""
+        plan = launched.plan
+        with self._lock:
+            for req in launched.rows:
+                req.draft_warm = plan.k > 0
+            for req, chunk in zip(launched.chunked, plan.chunks):
                 req.prefilled += len(chunk.tokens)
                 if chunk.last:
                     self._prefilling.remove(req)
                     self._rows.append(req)
                     req.draft_warm = True
+        if plan.batch_size:
+            self._prev_k, self._since_spec = plan.k, (0 if plan.k else self._since_spec + 1)
+
+    def _fold(self, launched: "_Launched", result: StepResult, t2: float) -> IterationStats:
+        """Fold a step's result into its requests, the estimate and the calibration -> its stats.
+        Serial: t2 - t1 is the step's wall time. Overlapped: the device time where the engine
+        reports it, else the launch's wall time (the CPU runs the step inside the launch)."""
+        plan, rows = launched.plan, launched.rows
+        b, k = plan.batch_size, plan.k
+        emitted = 0
+        with self._lock:                # cancel() holds it too: no token lands after cancel() returns
+            for req, toks in zip(rows, result.emitted):
+                if not self.overlap:
+                    req.draft_warm = result.draft_warm
+                emitted += self._append(req, toks, t2)
+            for req, chunk, first in zip(launched.chunked, plan.chunks, result.first_tokens):
+                if not self.overlap:
+                    req.prefilled += len(chunk.tokens)
+                    if chunk.last:
+                        self._prefilling.remove(req)
+                        self._rows.append(req)
+                        req.draft_warm = True
+                if chunk.last:
                     emitted += self._append(req, (first,), t2)
         t3 = self._clock()
+        seconds = t2 - launched.t1
+        if self.overlap:
+            seconds = result.device_s if result.device_s is not None else launched.launch_s
+        decision = launched.decision
         if b:
             self._estimate = self._estimate.update(k, result.accepted)
-            self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
+            if not self.overlap:
+                self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
             if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
                 cal = self._calibration
-                self._calibration = cal.update(cal.slot(k, plan.keep_warm), (t2 - t1) * 1e3, decision.predicted_ms)
-        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, t2 - t1, t1 - t0,
+                self._calibration = cal.update(cal.slot(k, plan.keep_warm), seconds * 1e3, decision.predicted_ms)
+        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, seconds,
+                            launched.t1 - launched.t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
-                            policy="adaptive" if decision else "schedule", context=context, acceptance=rates,
+                            policy="adaptive" if decision else "schedule", context=launched.context,
+                            acceptance=launched.rates,
                             predicted_gain=decision.gain if decision else None,
                             probe=bool(decision and decision.probe),
-                            policy_seconds=t_policy + self._clock() - t3,
+                            policy_seconds=launched.t_policy + self._clock() - t3,
                             oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
-                            cost_scale=scale)
+                            cost_scale=launched.scale, device_seconds=result.device_s, gpu_idle_s=result.idle_s,
+                            fold_seconds=self._clock() - t2, overlapped=self.overlap)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)
-        self._retire()                  # free finished requests' blocks now, not at the next call
         return st
 
     def _decide(self, positions: Sequence[int],
@@ -359,7 +492,8 @@ class Executor:
                    and len(self._rows) + len(self._prefilling) < limit):
                 req = self._waiting[0]
                 try:
-                    slot = eng.reserve(len(req.prompt) + req.max_new + eng.max_draft_len + 1, key=req.id)
+                    slot = eng.reserve(len(req.prompt) + req.max_new + cache_slack(eng.max_draft_len, self.overlap),
+                                       key=req.id)
                 except BaseException:             # a failed reserve (e.g. a TP peer gone) ends this request
                     self._waiting.popleft()       # too, or every later step would retry it and fail again
                     self._finish(req, "error", self._clock())
@@ -381,8 +515,23 @@ class Executor:
         return tuple(chunks), chunked
 
     def run_until_idle(self) -> None:
-        while self._waiting or self._rows or self._prefilling:
+        while self._busy():
             self.step()
+
+    def _busy(self) -> bool:
+        """Requests to serve, or (overlapped) an iteration whose result is still to be read."""
+        return bool(self._waiting or self._rows or self._prefilling or self._inflight is not None)
+
+    def _drain(self) -> None:
+        """Overlapped: read and fold the iteration in flight, if any (its requests have ended:
+        they keep nothing of it). A failed read is dropped: the requests are already final."""
+        launched, self._inflight = self._inflight, None
+        if launched is None:
+            return
+        try:
+            self._fold(launched, self.engine.result(launched.handle), self._clock())
+        except Exception:
+            pass
 
     def _fail(self, reqs: Sequence[_Request]) -> None:
         """End `reqs` as "error" (a failed engine call); the next _retire frees their slots."""
@@ -464,6 +613,7 @@ class Executor:
                 for req in self._rows + self._prefilling + list(self._waiting):
                     self._finish(req, "cancelled", self._clock())
                 self._waiting.clear()
+                self._drain()
                 self._retire()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -475,12 +625,13 @@ class Executor:
         try:
             while True:
                 with self._lock:
-                    while not self._stop and not self._waiting and not self._rows and not self._prefilling:
+                    while not self._stop and not self._busy():
                         self._lock.wait()
                     if self._stop:
                         for req in self._rows + self._prefilling + list(self._waiting):
                             self._finish(req, "cancelled", self._clock())
                         self._waiting.clear()
+                        self._drain()
                         self._retire()
                         return
                 try:

@@ -10,6 +10,14 @@ prompt waiting:
     decode tokens   15             row r: [pending_r, d1_r .. d4_r] at positions P_r .. P_r+4
     prompt chunk    16 - 15 = 1    prompt[0:1] at position 0; the other 19 ride in later iterations
 A request joins the decode rows the iteration after its last chunk.
+
+Rows carried on the device (docs/design.md, "The overlapped loop"): a row with from_device[r]
+set continues from the step launched just before this one, whose result the
+host has not read yet. Its pending token and position are the engine's per-slot copy written at
+the end of that step (`carry`); the plan's `positions[r]` is an upper bound (the previous step's
+position + its K + 1), used only to size what the step reads, and `pending[r]` is a placeholder.
+Example: a row at position 40 in a K=3 step, then from_device in the next: positions[r] = 44,
+the engine runs it at 40 + accepted + 1, one of 41..44.
 """
 from __future__ import annotations
 
@@ -42,10 +50,21 @@ class StepPlan:
     keep_warm: bool                 # K=0 only: the draft extends its KV over the new token
     slots: tuple[int, ...] = ()     # [b] each row's cache slot (default: 0..b-1)
     chunks: tuple[PromptChunk, ...] = ()   # prompt chunks riding in the same forward
+    from_device: tuple[bool, ...] = ()     # [b] rows whose pending token and position are the engine's
+                                           # per-slot copy (positions[r]: an upper bound); default none
+    carry: bool = False             # write each row's next pending token and position (and each last
+                                    # chunk's first token and P) to the engine's per-slot copy
 
     def __post_init__(self) -> None:
         if not self.slots:
             object.__setattr__(self, "slots", tuple(range(self.batch_size)))
+        if not self.from_device:
+            object.__setattr__(self, "from_device", (False,) * self.batch_size)
+
+    @property
+    def carried_rows(self) -> int:
+        """Rows read from the engine's per-slot copy (from_device)."""
+        return sum(self.from_device)
 
     @property
     def tokens_per_row(self) -> int:
@@ -83,6 +102,9 @@ class StepResult:
     emitted: tuple[tuple[int, ...], ...]   # [b] new tokens per row: accepted drafts + 1 target token
     draft_warm: bool                       # each row's draft head (next first draft) is ready
     first_tokens: tuple[int | None, ...] = ()   # [chunks] a last chunk's first generated token, else None
+    # where the engine can tell without an extra sync (reference engine: CUDA events, else its clock)
+    device_s: float | None = None   # the step's device time: its first enqueued work to its last
+    idle_s: float | None = None     # device idle before it: the previous step's end to this step's start
 
 
 def cap_k(k: int, b: int, max_num_tokens: int) -> int:
@@ -131,13 +153,17 @@ def make_plan(
     buckets: Sequence[int],
     slots: Sequence[int] | None = None,
     chunks: Sequence[PromptChunk] = (),
+    from_device: Sequence[bool] | None = None,
+    carry: bool = False,
 ) -> StepPlan:
-    """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks."""
+    """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks.
+    from_device / carry: the overlapped loop's rows carried on the device (module docstring)."""
     b = len(positions)
     slots = tuple(range(b)) if slots is None else tuple(slots)
-    if not (b == len(pending) == len(stale) == len(slots)):
+    from_device = (False,) * b if from_device is None else tuple(bool(f) for f in from_device)
+    if not (b == len(pending) == len(stale) == len(slots) == len(from_device)):
         raise ValueError(f"row arrays disagree: {b} positions, {len(pending)} pending, {len(stale)} stale, "
-                         f"{len(slots)} slots")
+                         f"{len(slots)} slots, {len(from_device)} from_device")
     if b < 1 and not chunks:
         raise ValueError("a plan needs at least one decode row or prompt chunk")
     return StepPlan(
@@ -150,4 +176,6 @@ def make_plan(
         keep_warm=keep_warm,
         slots=slots,
         chunks=tuple(chunks),
+        from_device=from_device,
+        carry=carry,
     )

@@ -121,4 +121,5 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
         capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
                 strict=False)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
-    return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy, **limit)
+    return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy,
+                    overlap=cfg.reference.overlap, **limit)

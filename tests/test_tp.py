@@ -423,6 +423,23 @@ def test_tp2_with_whole_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_tp2_overlapped_loop_equals_tp1_and_transformers(tmp_path, pair, tp1_outputs):
+    """The overlapped executor loop under mpirun -n 2: the leader broadcasts the plan of i+1 (rows
+    carried on the device) before reading i's result; every rank runs the same launches, through
+    the same K flips, and the tokens are TP=1's serial ones and transformers'."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--overlap")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["outputs"] == tp1_outputs[0]
+    assert doc["overlapped"] == doc["iterations"] > 0
+    steps = check_same_steps(doc, range(2))
+    assert len(steps) == doc["iterations"]                          # every launch was read back once
+    ks = [k for _, b, k, _ in steps if b > 0]
+    assert 0 in ks and 15 in ks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_tp4_replicated_kv_heads_equals_tp1(tmp_path, pair, tp1_outputs):
     proc, wall, out = run_tp(tmp_path, pair, 4)
     assert proc.returncode == 0, proc.stderr[-3000:]

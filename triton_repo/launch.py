@@ -205,7 +205,8 @@ class TpLeader:
         limit = {} if stats_limit is None else {"stats_limit": stats_limit}
         from dynspec.runtime.session import policy_of
 
-        self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm, **limit)
+        self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm,
+                                 overlap=cfg.reference.overlap, **limit)
         # the launcher's store: where report() leaves a fault (it lives and dies with the launcher)
         self._store = dist.TCPStore(*parse_endpoint(launch.endpoint), None, False,
                                     timeout=datetime.timedelta(seconds=launch.timeout_s))

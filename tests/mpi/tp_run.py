@@ -20,6 +20,7 @@ from dynspec.runtime.distributed import LeaderEngine, TpFault, exit_status, log,
 from dynspec.runtime.engines.reference.tp import load_tp_engine
 from dynspec.runtime.engines.reference.tp_stats import StepRecorder
 from dynspec.runtime.executor import Executor
+from dynspec.runtime.overlap import cache_slack
 from dynspec.runtime.policy import DraftSchedule
 
 
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--no-keep-warm", action="store_true")
     ap.add_argument("--whole-mixed", action="store_true",
                     help="mixed iterations through mixed_graphs.py's functions (uncaptured on CPU)")
+    ap.add_argument("--overlap", action="store_true", help="the executor's overlapped loop (Executor(overlap=True))")
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang", "raise"))
     ap.add_argument("--fault-at", type=int, default=3)
@@ -75,7 +77,8 @@ def main() -> None:
 
     def load(ctx):
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
-                                max_seq_len=max(len(j.ids) + j.max_new for j in jobs) + sched.max_draft_len + 2,
+                                max_seq_len=max(len(j.ids) + j.max_new for j in jobs)
+                                + cache_slack(sched.max_draft_len, a.overlap) + 1,
                                 max_draft_len=max(sched.max_draft_len, 1))
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.engine import reachable_graphs
@@ -124,7 +127,7 @@ def drive(ex: Executor, jobs: list[Job]) -> list:
 
 
 def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
-    ex = Executor(engine, sched, keep_warm=not a.no_keep_warm)
+    ex = Executor(engine, sched, keep_warm=not a.no_keep_warm, overlap=a.overlap)
     if a.fault:
         ex.start()                                   # the serving loop, as Triton runs it
         handles = [ex.submit(j.ids, j.max_new) for j in jobs[: a.concurrency]]
@@ -136,7 +139,9 @@ def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
         raise TpFault(f"leader: {engine.fault}") if engine.fault else RuntimeError("no fault seen")
     time.sleep(a.idle)                               # workers wait on the channel: heartbeats only
     results = drive(ex, jobs)
-    return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results]}
+    ex.run_until_idle()                              # overlapped: the last launched iteration's result
+    return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results],
+            "overlapped": sum(s.overlapped for s in ex.stats), "iterations": len(ex.stats)}
 
 
 if __name__ == "__main__":

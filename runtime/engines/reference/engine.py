@@ -37,7 +37,7 @@ Triton's interpreter (TRITON_INTERPRET=1, tests) takes the CUDA attention on CPU
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import torch
@@ -46,6 +46,8 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy, accepted_prefix, draft_uniforms, rate_of
 from dynspec.runtime.engines.reference.attention import (RaggedBatch, SplitRows, ragged_batch, sdpa_attention,
                                                          uniform_batch)
+from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, gather_carried, last_chunk_rows,
+                                                     save_carried, with_device_rows)
 from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
 from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllocator, available_bytes,
                                                          check_pool_fits, kv_pool_bytes)
@@ -139,12 +141,18 @@ class ReferenceEngine:
         self.draft_hidden = torch.zeros(n, draft.config.hidden_size, dtype=p.dtype, device=dev)   # [S, h_draft]
         self.last_capture = torch.zeros(n, fused, dtype=p.dtype, device=dev)   # [S, n_capture*h_target]
         # static step inputs / outputs per decode row (also the CUDA-graph I/O). The inputs are the
-        # rows of one [3, R] tensor, filled from a pinned host twin in one copy a step:
-        #   x [R] pending tokens | pos [R] their positions | slot [R] their slots
-        self.step_in = torch.zeros(3, n, dtype=torch.long, device=dev)
-        self.x, self.pos, self.slot = self.step_in
-        self._host_in = torch.zeros(3, n, dtype=torch.long, pin_memory=on_cuda)
-        self._host_np = self._host_in.numpy()         # [3, R], shares its memory
+        # rows of one [6, R] tensor, filled from a pinned host twin in one copy a step:
+        #   x [R] pending tokens | pos [R] their positions | slot [R] their slots |
+        #   from_dev [R] 1: take x, pos from the carried copy | last_slot, last_pos [R]: the last
+        #   chunks' slots and prompt lengths (carry.py; the last three only for carried plans)
+        self.step_in = torch.zeros(6, n, dtype=torch.long, device=dev)
+        self.x, self.pos, self.slot, self.from_dev, self.last_slot, self.last_pos = self.step_in
+        self._host_in = torch.zeros(6, n, dtype=torch.long, pin_memory=on_cuda)
+        self._host_np = self._host_in.numpy()         # [6, R], shares its memory
+        # the carried copy per slot (carry.py): next pending token and its position
+        self.slot_tok = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
+        self.slot_pos = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
+        self.results = ResultReader(self.device, n * (max_draft_len + 3))
         self._host_in_free = None                 # CUDA event: the last copy out of _host_in is done
         self._pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
@@ -194,13 +202,23 @@ class ReferenceEngine:
         self.block_owner[blocks] = -1
         self.block_tables[slot] = SCRATCH_BLOCK
 
-    # ---- one iteration --------------------------------------------------------------------
-    @torch.inference_mode()
+    # ---- one iteration ----------------------------------------------------------------------
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
+        """The serial loop's iteration: launch, then read its result."""
+        return self.result(self.launch(plan, acceptance))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepHandle:
+        """Queue the whole step and the copy of its result to the host; no device -> host read.
+        Rows with plan.from_device take their pending token and position from the carried copy
+        of the step launched before (carry.py); plan.carry writes that copy for the next one."""
         b, B, K = plan.batch_size, plan.bucket, plan.k
+        start = self.results.mark()
         self._set_acceptance(acceptance)
-        if b:
+        if b or plan.carry:
             self._load_rows(plan)
+        if plan.carried_rows:
+            gather_carried(self.x, self.pos, self.slot, self.from_dev, self.slot_tok, self.slot_pos, b)
         read = -(-(plan.max_position + 1) // self.block_size)     # blocks this step reads (eager)
         if plan.chunks:
             firsts = self._mixed(plan, read)
@@ -212,28 +230,31 @@ class ReferenceEngine:
                 if any(plan.stale):
                     self._run(GraphKey("refresh", B), read)
                 self._run(GraphKey("spec", B, K), read)
-        # the one host sync: [b accepted | b x (K+1) tokens | first tokens of last chunks]
-        host = torch.cat([self.out_n[:b], self.out_tokens[:b, : K + 1].reshape(-1), firsts]).tolist()
-        n, toks = host[:b], host[b: b + b * (K + 1)]
-        it = iter(host[b + b * (K + 1):])
-        return StepResult(
-            accepted=tuple(n),
-            emitted=tuple(tuple(toks[r * (K + 1): r * (K + 1) + a + 1]) for r, a in enumerate(n)),
-            draft_warm=K > 0,                      # after K=0 the draft head is rebuilt on resume
-            first_tokens=tuple(next(it) if c.last else None for c in plan.chunks),
-        )
+        if plan.carry:
+            save_carried(plan, self, firsts)
+        # the result: [b accepted | b x (K+1) tokens | first tokens of last chunks]
+        out = torch.cat([self.out_n[:b], self.out_tokens[:b, : K + 1].reshape(-1), firsts])
+        return self.results.stage(plan, out, start)
+
+    def result(self, handle: StepHandle) -> StepResult:
+        """The launched step's result: waits for its copy only (the step's one host sync)."""
+        return self.results.read(handle)
 
     def _load_rows(self, plan: StepPlan) -> None:
-        """x / pos / slot of the plan's b rows, every later row padding (token 0 at position 1 of
-        the padding slot: the scratch block, harmless writes), in one host -> device copy. On CUDA
-        the copy is from pinned memory: it runs in stream order without blocking the host, and the
-        host buffer is rewritten only once the previous copy out of it is done."""
+        """x / pos / slot / from_dev of the plan's b rows, every later row padding (token 0 at
+        position 1 of the padding slot: the scratch block, harmless writes), and for a carried
+        plan its last chunks' (slot, P), in one host -> device copy. On CUDA the copy is from
+        pinned memory: it runs in stream order without blocking the host, and the host buffer is
+        rewritten only once the previous copy out of it is done."""
         b = plan.batch_size
         if self._host_in_free is not None:
             self._host_in_free.synchronize()
         h = self._host_np
-        h[0, :b], h[1, :b], h[2, :b] = plan.pending, plan.positions, plan.slots
-        h[0, b:], h[1, b:], h[2, b:] = 0, 1, self.pad_slot
+        h[0, :b], h[1, :b], h[2, :b], h[3, :b] = plan.pending, plan.positions, plan.slots, plan.from_device
+        h[0, b:], h[1, b:], h[2, b:], h[3, b:] = 0, 1, self.pad_slot, 0
+        if plan.carry:
+            slots, lens = last_chunk_rows(plan)
+            h[4, :len(slots)], h[5, :len(slots)] = slots, lens
         self.step_in.copy_(self._host_in, non_blocking=True)
         if self.device.type == "cuda":
             if self._host_in_free is None:
@@ -377,6 +398,8 @@ class ReferenceEngine:
         D = self._chain(B, K, read) if b and K else None                     # [B, K]
         tokens = torch.cat([self.x[:B, None], D], 1).reshape(-1) if D is not None else self.x[:B]
         attention = m.chunk_attention
+        if b and plan.carried_rows:          # the host laid the decode rows out at upper bounds
+            m = replace(m, batch=with_device_rows(m.batch, self.pos, self.slot, self.block_tables, B, T))
         if b:
             attention = sdpa_attention                                       # CPU: one SDPA over every row
             if self.triton:

@@ -18,7 +18,7 @@ class RankStep:
 
 
 class StepRecorder:
-    """Wraps one rank's engine: every step() appends a RankStep; other attributes pass through.
+    """Wraps one rank's engine: every step() or launch() appends a RankStep; other attributes pass through.
     Graph keys are those the engine's dispatcher (`_run`) was called with during the step."""
 
     def __init__(self, engine):
@@ -36,8 +36,15 @@ class StepRecorder:
         return getattr(self._engine, name)
 
     def step(self, plan, *args, **kwargs):
+        return self._recorded("step", plan, *args, **kwargs)
+
+    def launch(self, plan, *args, **kwargs):
+        """The overlapped loop's step: recorded at its launch (its graphs are dispatched there)."""
+        return self._recorded("launch", plan, *args, **kwargs)
+
+    def _recorded(self, name: str, plan, *args, **kwargs):
         self._keys = []
-        out = self._engine.step(plan, *args, **kwargs)
+        out = getattr(self._engine, name)(plan, *args, **kwargs)
         self.steps.append(RankStep(len(self.steps), plan.batch_size, plan.k, tuple(self._keys)))
         return out
 

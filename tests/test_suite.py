@@ -20,9 +20,7 @@ from dynspec.errors import DynspecError
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed")
-COMMITTED_H200 = ONE_H200 + ("cost_model", "accept_low")     # the adaptive configs' engine is their own
-# committed results whose config is now a case of another: accept_low is the acceptance config's case p015
-FOLDED = {"accept_low": "acceptance"}
+COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance")     # the adaptive configs' engine is their own
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
 
@@ -327,12 +325,8 @@ def test_committed_h200_results_are_what_the_suite_computes_from_their_stages(na
     man = json.loads((res / "manifest.json").read_text())
     assert man["complete"] is True and man["config"] == name and all(st["rc"] == 0 for st in man["stages"])
     assert "dynspec.benchmarks.suite" in man["command"] and name in man["command"].split()
-    if name in FOLDED:                  # its stages as they ran (each of repeat 1), its figures as recorded
-        assert name not in SHIPPED and FOLDED[name] in SHIPPED
-        figures, repeats = man["figures"], {st["name"]: 1 for st in man["stages"]}
-    else:
-        cfg = load_config(name)
-        figures, repeats = cfg.figures, suite.figure_stages(cfg.stages)
+    cfg = load_config(name)
+    figures, repeats = cfg.figures, suite.figure_stages(cfg.stages)
     got = suite_figures(figures, res, repeats)
     want = json.loads((res / "summary.json").read_text())
     assert json.loads(json.dumps(got["values"])) == want["values"]

@@ -265,7 +265,7 @@ def tp_plot(fig: Mapping) -> dict:
                        for s in fig["tp1_over_tp2"]}}
 
 
-# ---- adaptive (issue 28 configs): the adaptive mode against every other mode of a sweep -----------
+# ---- adaptive configs: the adaptive mode against every other mode of a sweep -----------
 SETTLE_TOLERANCE = 0.05
 
 

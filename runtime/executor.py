@@ -404,14 +404,19 @@ class Executor:
         with self._lock:
             for req in launched.rows:
                 req.draft_warm = plan.k > 0
-            for req, chunk in zip(launched.chunked, plan.chunks):
-                req.prefilled += len(chunk.tokens)
-                if chunk.last:
-                    self._prefilling.remove(req)
-                    self._rows.append(req)
-                    req.draft_warm = True
+            self._advance_prompts(launched.chunked, plan.chunks)
         if plan.batch_size:
             self._prev_k, self._since_spec = plan.k, (0 if plan.k else self._since_spec + 1)
+
+    def _advance_prompts(self, chunked: Sequence[_Request], chunks: Sequence[PromptChunk]) -> None:
+        """Prompt progress of the chunks that ran; a request whose last chunk ran becomes a decode
+        row with a warm draft head (called with self._lock held)."""
+        for req, chunk in zip(chunked, chunks):
+            req.prefilled += len(chunk.tokens)
+            if chunk.last:
+                self._prefilling.remove(req)
+                self._rows.append(req)
+                req.draft_warm = True
 
     def _fold(self, launched: "_Launched", result: StepResult, t2: float) -> IterationStats:
         """Fold a step's result into its requests, the estimate and the calibration -> its stats.
@@ -425,13 +430,9 @@ class Executor:
                 if not self.overlap:
                     req.draft_warm = result.draft_warm
                 emitted += self._append(req, toks, t2)
+            if not self.overlap:
+                self._advance_prompts(launched.chunked, plan.chunks)
             for req, chunk, first in zip(launched.chunked, plan.chunks, result.first_tokens):
-                if not self.overlap:
-                    req.prefilled += len(chunk.tokens)
-                    if chunk.last:
-                        self._prefilling.remove(req)
-                        self._rows.append(req)
-                        req.draft_warm = True
                 if chunk.last:
                     emitted += self._append(req, (first,), t2)
         t3 = self._clock()

@@ -105,15 +105,23 @@ def expected_tokens(k: int, acceptance: float | Sequence[float]) -> float:
             raise DynspecError(f"acceptance rate {a} is outside [0, 1]")
         return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
     rates = [float(x) for x in acceptance]
-    if k > len(rates):
-        raise DynspecError(f"K={k} needs {k} per-position acceptance rates; {len(rates)} given")
-    e, run = 1.0, 1.0
     for i, a in enumerate(rates[:k]):
         if not 0.0 <= a <= 1.0:
             raise DynspecError(f"per-position acceptance rate {i + 1} = {a} is outside [0, 1]")
+    return _expected_upto(k, rates)[k]
+
+
+def _expected_upto(k: int, rates: Sequence[float]) -> list[float]:
+    """[E(0), E(1), .., E(k)] of expected_tokens, built position by position (rates unchecked).
+    rates (0.5, 0.5): [1, 1.5, 1.75]."""
+    if k > len(rates):
+        raise DynspecError(f"K={k} needs {k} per-position acceptance rates; {len(rates)} given")
+    out, e, run = [1.0], 1.0, 1.0
+    for a in rates[:k]:
         run *= a
         e += run
-    return e
+        out.append(e)
+    return out
 
 
 CostRow = tuple    # CostModel.row: (ms per profiled K, plain-decode ms or None, extrapolated)
@@ -121,9 +129,12 @@ CostRow = tuple    # CostModel.row: (ms per profiled K, plain-decode ms or None,
 
 def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
     """The pure rule of the module docstring."""
-    b = x.bucket or x.batch_size
-    return _choose(x, cost.row(b, x.context) if x.batch_size <= cost.batch_sizes[-1] else None,
-                   cost.draft_lens, candidates, s)
+    return _choose(x, _cost_row(cost, x, x.context, cost.row), cost.draft_lens, candidates, s)
+
+
+def _cost_row(cost: CostModel, x: PolicyInputs, context: float, row) -> "CostRow | None":
+    """row(bucket, context) (cost.row or a cache of it); None above the profiled batch sizes."""
+    return None if x.batch_size > cost.batch_sizes[-1] else row(x.bucket or x.batch_size, context)
 
 
 def _choose(x: PolicyInputs, row: CostRow | None, draft_lens: Sequence[int], candidates: Sequence[int],
@@ -134,25 +145,15 @@ def _choose(x: PolicyInputs, row: CostRow | None, draft_lens: Sequence[int], can
         return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
     ms_k, cold, extrapolated = row
     ms = dict(zip(draft_lens, ms_k))
-    scale = x.cost_scale
-    top = len(scale) - 1                                   # the keep-warm K=0 slot
-
-    def t(k: int) -> float:
-        return ms[k] * (scale[k] if k < top else 1.0) if scale else ms[k]
-
+    scale = x.cost_scale or (1.0,) * (max(draft_lens) + 2)   # slots: K=0 plain, K=1.., K=0 keep-warm
+    top = len(scale) - 1
     plain = cold if cold is not None else ms[0]            # no decode_ms: the keep-warm time, an upper bound
-    base = plain * (scale[0] if scale else 1.0)
+    base = plain * scale[0]
     gains, score = {0: 1.0}, {0: 1.0}
-    acc = x.acceptance
-    if ks[-1] > len(acc):
-        raise DynspecError(f"K={ks[-1]} needs {ks[-1]} per-position acceptance rates; {len(acc)} given")
-    e, run = 1.0, 1.0
-    for k in range(1, ks[-1] + 1):               # E(K) built up position by position
-        run *= acc[k - 1]
-        e += run
-        if k in ms and k in ks:
-            gains[k] = e * base / t(k)
-            score[k] = gains[k] / s.draft_margin ** k
+    e = _expected_upto(ks[-1], x.acceptance)
+    for k in (k for k in ks[1:] if k in ms):
+        gains[k] = e[k] * base / (ms[k] * scale[k])
+        score[k] = gains[k] / s.draft_margin ** k
     best = max(score, key=lambda k: (score[k], -k))
     k, reason = best, "best"
     prev = x.previous_k
@@ -166,7 +167,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, draft_lens: Sequence[int], can
     if k:
         return Decision(k, best, gains[k], reason, extrapolated, predicted_ms=ms[k])
     warm = x.keep_warm and (cold is None or best > 0)
-    gain = base / (ms[0] * (scale[top] if scale else 1.0)) if warm else 1.0
+    gain = base / (ms[0] * scale[top]) if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 
 
@@ -202,17 +203,16 @@ class AdaptivePolicy:
     def decide(self, inputs: PolicyInputs) -> Decision:
         """choose_k with the cost row at the context rounded to CONTEXT_STEP tokens (a row moves
         by well under 1% over 16 tokens), looked up once per (bucket, rounded context)."""
-        b = inputs.bucket or inputs.batch_size
-        if inputs.batch_size > self.cost.batch_sizes[-1]:
-            row = None
-        else:
-            key = (b, round(inputs.context / CONTEXT_STEP))
-            row = self._rows.get(key)
-            if row is None:
-                if len(self._rows) >= 65536:
-                    self._rows.clear()
-                row = self._rows[key] = self.cost.row(b, key[1] * CONTEXT_STEP)
+        row = _cost_row(self.cost, inputs, round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP, self._row)
         return _choose(inputs, row, self.cost.draft_lens, self.candidates, self.settings)
+
+    def _row(self, b: int, context: int) -> "CostRow":
+        hit = self._rows.get((b, context))
+        if hit is None:
+            if len(self._rows) >= 65536:
+                self._rows.clear()
+            hit = self._rows[(b, context)] = self.cost.row(b, context)
+        return hit
 
     def __str__(self) -> str:
         ctx = ",".join(str(c) for c in self.cost.context_lens)

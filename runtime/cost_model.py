@@ -218,6 +218,13 @@ class CostModel:
     per_position: tuple[float, ...] | None
     ms: tuple[tuple[tuple[float, ...], ...], ...]            # [context][batch size][K index]
     decode: tuple[tuple[float, ...], ...] | None = None      # [context][batch size] K=0 without keep-warm
+    # [context][batch size][K index..., plain decode]: what row() interpolates (derived)
+    _grid: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grid = self.ms if self.decode is None else tuple(
+            tuple(r + (d,) for r, d in zip(table, dec)) for table, dec in zip(self.ms, self.decode))
+        object.__setattr__(self, "_grid", grid)
 
     def lookup(self, b: int, k: int, context: float) -> CostLookup:
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -252,9 +259,9 @@ class CostModel:
                 return tuple(_lerp(y0, y1, bt) for y0, y1 in zip(ys[c][bi], ys[c][bi + 1])) if bt else ys[c][bi]
             return tuple(_lerp(y0, y1, ct) for y0, y1 in zip(in_b(ci), in_b(ci + 1))) if ct else in_b(ci)
 
-        ms = at(self.ms)
-        cold = at(tuple(tuple((y,) for y in t) for t in self.decode))[0] if self.decode is not None else None
-        return ms, cold, bool(bnote or cnote)
+        both = at(self._grid)
+        n = len(self.draft_lens)
+        return both[:n], (both[n] if self.decode is not None else None), bool(bnote or cnote)
 
     @classmethod
     def from_profile(cls, profile: Profile, where: str = "profile") -> "CostModel":

@@ -406,7 +406,12 @@ class Executor:
                 req.draft_warm = plan.k > 0
             self._advance_prompts(launched.chunked, plan.chunks)
         if plan.batch_size:
-            self._prev_k, self._since_spec = plan.k, (0 if plan.k else self._since_spec + 1)
+            self._count_k(plan.k)
+
+    def _count_k(self, k: int) -> None:
+        """The policy's memory of an iteration with decode rows run at K (serial: when it is folded;
+        overlapped: when it is launched, so the next plan already knows it)."""
+        self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
 
     def _advance_prompts(self, chunked: Sequence[_Request], chunks: Sequence[PromptChunk]) -> None:
         """Prompt progress of the chunks that ran; a request whose last chunk ran becomes a decode
@@ -443,7 +448,7 @@ class Executor:
         if b:
             self._estimate = self._estimate.update(k, result.accepted)
             if not self.overlap:
-                self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
+                self._count_k(k)
             if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
                 cal = self._calibration
                 self._calibration = cal.update(cal.slot(k, plan.keep_warm), seconds * 1e3, decision.predicted_ms)

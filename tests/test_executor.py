@@ -314,19 +314,24 @@ def test_out_of_vocabulary_ids_are_refused_at_submit_and_hurt_nobody(pair, hf_ta
 
 
 def test_a_failing_step_fails_only_its_requests_and_the_loop_goes_on(pair, hf_target):
-    """Issue 14.4: an engine error in one iteration ends that iteration's requests as
-    "error"; the background loop keeps serving the next ones."""
+    """An engine error in one iteration ends that iteration's requests as "error"; the
+    background loop keeps serving the next ones."""
     eng = engine(pair, max_batch=2)
-    ex = Executor(eng, DraftSchedule.static(2, 2))
-    real, calls = eng.step, []
+    serves_on_after_a_failing(Executor(eng, DraftSchedule.static(2, 2)), eng, "step", 2, hf_target)
+
+
+def serves_on_after_a_failing(ex, eng, method: str, nth: int, hf_target) -> None:
+    """eng.<method> raises on its nth call: the request then running ends as "error", one step
+    error is counted, and a later request is served with transformers' greedy tokens."""
+    real, calls = getattr(eng, method), []
 
     def flaky(plan, acceptance):
         calls.append(plan)
-        if len(calls) == 2:
-            raise RuntimeError("simulated device failure in step")
+        if len(calls) == nth:
+            raise RuntimeError(f"simulated device failure in {method}")
         return real(plan, acceptance)
 
-    eng.step = flaky
+    setattr(eng, method, flaky)
     first = ex.submit([1, 2, 3], 20)
     ex.start()
     try:

@@ -20,7 +20,7 @@ from dynspec.runtime.plan import batch_buckets
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.runtime.session import tiny_pair_dirs
 from tests.test_adaptive_lossless import linear_cost
-from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
+from tests.test_executor import DT, greedy_many, hf_target, pair, prompts, serves_on_after_a_failing  # noqa: F401
 
 
 def engine(pair, *, budget=8192, max_batch=8, max_seq=128, kmax=6):
@@ -314,28 +314,7 @@ def test_iteration_stats_record_device_time_and_idle(pair):
 
 def test_a_failing_launch_ends_its_and_the_in_flight_requests_and_the_loop_serves_on(pair, hf_target):
     eng = engine(pair, max_batch=2)
-    ex = Executor(eng, DraftSchedule.static(2, 2), overlap=True)
-    real, calls = eng.launch, []
-
-    def flaky(plan, acceptance):
-        calls.append(plan)
-        if len(calls) == 3:
-            raise RuntimeError("simulated device failure in launch")
-        return real(plan, acceptance)
-
-    eng.launch = flaky
-    first = ex.submit([1, 2, 3], 20)
-    ex.start()
-    try:
-        list(first.stream(timeout=30))
-        assert first.result().finish_reason == "error"
-        p = prompts(1, seed=24)[0]
-        later = ex.submit(p, 6)
-        list(later.stream(timeout=30))
-        assert later.result().output_ids == greedy(hf_target, p, 6)
-        assert ex.step_errors == 1
-    finally:
-        ex.stop()
+    serves_on_after_a_failing(Executor(eng, DraftSchedule.static(2, 2), overlap=True), eng, "launch", 3, hf_target)
 
 
 def test_the_cache_bound_at_submit_counts_two_windows(pair):

@@ -55,9 +55,13 @@ class AcceptanceEstimate:
         object.__setattr__(self, "trials", tuple(self.trials) or zero)
         if len(self.hits) != self.positions or len(self.trials) != self.positions:
             raise DynspecError(f"acceptance estimate counts must have {self.positions} positions")
+        object.__setattr__(self, "_rates", self._chain())
 
     def rates(self) -> tuple[float, ...]:
-        """(a_1, ..., a_positions), each in [0, 1]."""
+        """(a_1, ..., a_positions), each in [0, 1] (computed once, when the estimate is made)."""
+        return self._rates
+
+    def _chain(self) -> tuple[float, ...]:
         out, prev, w = [], self.prior, self.prior_weight
         for h, n in zip(self.hits, self.trials):
             prev = (h + w * prev) / (n + w)
@@ -76,21 +80,33 @@ class AcceptanceEstimate:
         if k <= 0 or rows == 0:
             return self
         depth = min(k, self.positions)
-        if not isinstance(accepted, (tuple, list)):
-            accepted = tuple(accepted)
-        exact = [accepted.count(j) for j in range(depth)]     # C-level counts, however many rows
-        reached = [0] * (depth + 1)           # reached[j] = #rows with n_r >= j
-        reached[depth] = rows - sum(exact)
-        for j in range(depth - 1, -1, -1):
-            reached[j] = reached[j + 1] + exact[j]
         f = 0.5 ** (rows / self.half_life)
         hits = [h * f for h in self.hits]
         trials = [n * f for n in self.trials]
-        for j in range(1, depth + 1):
-            trials[j - 1] += reached[j - 1]
-            hits[j - 1] += reached[j]
-        return AcceptanceEstimate(self.prior, self.positions, self.half_life, self.prior_weight,
-                                  tuple(hits), tuple(trials))
+        if rows == 1:                         # b=1: position j was drafted if n >= j-1, accepted if n >= j
+            n = accepted[0]
+            for j in range(min(n + 1, depth)):
+                trials[j] += 1.0
+            for j in range(min(n, depth)):
+                hits[j] += 1.0
+        else:
+            if not isinstance(accepted, (tuple, list)):
+                accepted = tuple(accepted)
+            reached = rows                    # #rows with n_r >= j, for j = 0, 1, ..
+            for j in range(depth):
+                trials[j] += reached
+                reached -= accepted.count(j)  # C-level count, however many rows
+                hits[j] += reached
+        return self._with(tuple(hits), tuple(trials))
+
+    def _with(self, hits: tuple[float, ...], trials: tuple[float, ...]) -> "AcceptanceEstimate":
+        """This estimate's settings with new counts (already shaped: no re-validation per step)."""
+        new = object.__new__(AcceptanceEstimate)
+        for name, value in (("prior", self.prior), ("positions", self.positions), ("half_life", self.half_life),
+                            ("prior_weight", self.prior_weight), ("hits", hits), ("trials", trials)):
+            object.__setattr__(new, name, value)
+        object.__setattr__(new, "_rates", new._chain())
+        return new
 
     def forget(self, keep: float) -> "AcceptanceEstimate":
         """The counts scaled by `keep` in [0, 1] (the share of the batch's rows still in it), the

@@ -10,7 +10,9 @@ padded row count B the step's graphs run at (the bucket of b) and the rows' mean
     score(K) = gain(K) / draft_margin^K                       each draft must pay for itself
 Then, in order:
     1. best = argmax score                          (b above the profiled batch sizes: K=0)
-    2. hold: keep the previous K while score(best) <= score(previous) * (1 + margin)
+    2. hold: keep the previous K while score(best) <= score(previous) * (1 + margin), except a
+       K > 0 against best = 0: speculation predicted to lose to plain decode is never held, so
+       the band between K=1 and K=0 is score(1) in [1, 1 + margin], above break-even
     3. probe: if the choice is K=0, take K=1 once every `interval` iterations without speculation,
        interval = max(min_probe_interval, ceil((1 - gain(1)) / probe_loss)): by the cost model a
        probe costs at most probe_loss of the throughput, and it measures a_1 afresh, so a policy at
@@ -124,50 +126,75 @@ def _expected_upto(k: int, rates: Sequence[float]) -> list[float]:
     return out
 
 
-CostRow = tuple    # CostModel.row: (ms per profiled K, plain-decode ms or None, extrapolated)
+CostRow = tuple    # (ms by K: [max profiled K + 1], None where K was not profiled; plain-decode ms or None; extrapolated)
 
 
 def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
     """The pure rule of the module docstring."""
-    return _choose(x, _cost_row(cost, x, x.context, cost.row), cost.draft_lens, candidates, s)
+    return _choose(x, _cost_row(cost, x, x.context, lambda b, c: _by_k(cost, cost.row(b, c))), candidates, s)
+
+
+def _by_k(cost: CostModel, row) -> CostRow:
+    """CostModel.row (ms in draft_lens order) -> CostRow (ms indexed by K).
+    draft_lens (0, 1, 3), ms (5, 6, 8) -> ms by K (5, 6, None, 8)."""
+    ms_k, cold, extrapolated = row
+    by_k = [None] * (cost.draft_lens[-1] + 1)
+    for k, ms in zip(cost.draft_lens, ms_k):
+        by_k[k] = ms
+    return tuple(by_k), cold, extrapolated
 
 
 def _cost_row(cost: CostModel, x: PolicyInputs, context: float, row) -> "CostRow | None":
-    """row(bucket, context) (cost.row or a cache of it); None above the profiled batch sizes."""
+    """row(bucket, context) (a CostRow, or a cache of them); None above the profiled batch sizes."""
     return None if x.batch_size > cost.batch_sizes[-1] else row(x.bucket or x.batch_size, context)
 
 
-def _choose(x: PolicyInputs, row: CostRow | None, draft_lens: Sequence[int], candidates: Sequence[int],
-            s: AdaptiveSettings) -> Decision:
-    """choose_k on a cost row already looked up (None: b above the profiled batch sizes)."""
-    ks = [k for k in candidates if k <= x.max_k]
+def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
+    """choose_k on a cost row already looked up (None: b above the profiled batch sizes). One pass
+    over K ascending builds E(K), gain and score (the policy runs every iteration: no containers)."""
+    ks = candidates if candidates[-1] <= x.max_k else [k for k in candidates if k <= x.max_k]
     if row is None or len(ks) < 2:
         return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
-    ms_k, cold, extrapolated = row
-    ms = dict(zip(draft_lens, ms_k))
-    scale = x.cost_scale or (1.0,) * (max(draft_lens) + 2)   # slots: K=0 plain, K=1.., K=0 keep-warm
-    top = len(scale) - 1
+    ms, cold, extrapolated = row
+    scale = x.cost_scale
     plain = cold if cold is not None else ms[0]            # no decode_ms: the keep-warm time, an upper bound
-    base = plain * scale[0]
-    gains, score = {0: 1.0}, {0: 1.0}
-    e = _expected_upto(ks[-1], x.acceptance)
-    for k in (k for k in ks[1:] if k in ms):
-        gains[k] = e[k] * base / (ms[k] * scale[k])
-        score[k] = gains[k] / s.draft_margin ** k
-    best = max(score, key=lambda k: (score[k], -k))
-    k, reason = best, "best"
-    prev = x.previous_k
-    if prev != best and prev in score and score[best] <= score[prev] * (1 + s.margin):
-        k, reason = prev, "hold"
-    if k == 0 and 1 in gains:
-        loss = max(0.0, 1.0 - gains[1])
+    base = plain * scale[0] if scale else plain
+    acc, prev, dm = x.acceptance, x.previous_k, s.draft_margin
+    if len(acc) < ks[-1]:
+        raise DynspecError(f"K={ks[-1]} needs {ks[-1]} per-position acceptance rates; {len(acc)} given")
+    best, best_score, best_gain = 0, 1.0, 1.0
+    prev_score = prev_gain = gain1 = None
+    if prev == 0:
+        prev_score = 1.0
+    e = run = pen = 1.0
+    for j in range(1, ks[-1] + 1):
+        run *= acc[j - 1]
+        e += run
+        pen *= dm
+        t = ms[j]
+        if t is None or j not in ks:
+            continue
+        gain = e * base / (t * scale[j] if scale else t)
+        score = gain / pen
+        if score > best_score:                            # ties go to the smaller K
+            best, best_score, best_gain = j, score, gain
+        if j == prev:
+            prev_score, prev_gain = score, gain
+        if j == 1:
+            gain1 = gain
+    k, gain, reason = best, best_gain, "best"
+    # hold the previous K within the margin, but never a speculative K against plain decode
+    if prev != best and prev_score is not None and best_score <= prev_score * (1 + s.margin) and (best or not prev):
+        k, gain, reason = prev, prev_gain if prev else 1.0, "hold"
+    if k == 0 and gain1 is not None:
+        loss = 1.0 - gain1 if gain1 < 1.0 else 0.0
         interval = min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss)))
         if x.since_spec >= interval:
-            return Decision(1, best, gains[1], "probe", extrapolated, predicted_ms=ms[1])
+            return Decision(1, best, gain1, "probe", extrapolated, predicted_ms=ms[1])
     if k:
-        return Decision(k, best, gains[k], reason, extrapolated, predicted_ms=ms[k])
+        return Decision(k, best, gain, reason, extrapolated, predicted_ms=ms[k])
     warm = x.keep_warm and (cold is None or best > 0)
-    gain = base / (ms[0] * scale[top]) if warm else 1.0
+    gain = base / (ms[0] * scale[-1]) if warm and scale else base / ms[0] if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 
 
@@ -204,14 +231,14 @@ class AdaptivePolicy:
         """choose_k with the cost row at the context rounded to CONTEXT_STEP tokens (a row moves
         by well under 1% over 16 tokens), looked up once per (bucket, rounded context)."""
         row = _cost_row(self.cost, inputs, round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP, self._row)
-        return _choose(inputs, row, self.cost.draft_lens, self.candidates, self.settings)
+        return _choose(inputs, row, self.candidates, self.settings)
 
     def _row(self, b: int, context: int) -> "CostRow":
         hit = self._rows.get((b, context))
         if hit is None:
             if len(self._rows) >= 65536:
                 self._rows.clear()
-            hit = self._rows[(b, context)] = self.cost.row(b, context)
+            hit = self._rows[(b, context)] = _by_k(self.cost, self.cost.row(b, context))
         return hit
 
     def __str__(self) -> str:

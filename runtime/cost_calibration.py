@@ -44,12 +44,17 @@ class CostCalibration:
         object.__setattr__(self, "counts", tuple(self.counts) or zero)
         if len(self.ratios) != self.max_k + 2 or len(self.counts) != self.max_k + 2:
             raise DynspecError(f"cost calibration sums must have {self.max_k + 2} slots")
+        object.__setattr__(self, "_scales", self._pooled())
 
     def slot(self, k: int, keep_warm: bool) -> int:
         return self.max_k + 1 if k == 0 and keep_warm else k
 
     def scales(self) -> tuple[float, ...]:
-        """[max_k + 2] measured / predicted per slot (1.0 with no data at all)."""
+        """[max_k + 2] measured / predicted per slot (1.0 with no data at all; computed once, when the
+        calibration is made)."""
+        return self._scales
+
+    def _pooled(self) -> tuple[float, ...]:
         n_all = sum(self.counts)
         g = sum(self.ratios) / n_all if n_all > 0 else 1.0
         wg, w = self.prior_weight * g, self.prior_weight
@@ -64,4 +69,9 @@ class CostCalibration:
         ratios, counts = list(self.ratios), list(self.counts)
         ratios[slot] = ratios[slot] * f + min(2.0, max(0.5, measured_ms / predicted_ms))
         counts[slot] = counts[slot] * f + 1.0
-        return CostCalibration(self.max_k, self.half_life, self.prior_weight, tuple(ratios), tuple(counts))
+        new = object.__new__(CostCalibration)           # same settings, new sums: no re-validation per step
+        for name, value in (("max_k", self.max_k), ("half_life", self.half_life), ("prior_weight", self.prior_weight),
+                            ("ratios", tuple(ratios)), ("counts", tuple(counts))):
+            object.__setattr__(new, name, value)
+        object.__setattr__(new, "_scales", new._pooled())
+        return new

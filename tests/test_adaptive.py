@@ -104,6 +104,21 @@ def test_hysteresis_holds_the_previous_k_inside_the_margin():
     assert (d.k, d.reason) == (2, "best")          # 1.4296 > 1.3501 x 1.02
 
 
+def test_speculation_predicted_to_lose_is_never_held():
+    # ms 10, 11.6 (K=1 16% dearer, as a b=16 step on the H200 profile): break-even at a_1 = 0.16.
+    # a_1 = 0.155: gain(1) = 1.155 x 10 / 11.6 = 0.9957, score 0.9858 -> from K=1 it drops to K=0,
+    # although 1 <= 0.9858 x 1.02 (inside the margin). a_1 = 0.175: score 1.175 x 10 / 11.6 / 1.01
+    # = 1.0029: from K=1 it stays (best), from K=0 it holds K=0 (1.0029 <= 1.02). The band between
+    # K=0 and K=1 is score(1) in [1, 1.02]: above break-even, not around it.
+    c = cost((10.0, 11.6))
+    d = choose_k(inputs(0.155, previous_k=1), c, c.draft_lens, S)
+    assert (d.k, d.reason) == (0, "best")
+    d = choose_k(inputs(0.175, previous_k=1), c, c.draft_lens, S)
+    assert (d.k, d.reason) == (1, "best") and d.gain == pytest.approx(1.175 * 10 / 11.6)
+    d = choose_k(inputs(0.175, previous_k=0), c, c.draft_lens, S)
+    assert (d.k, d.best_k, d.reason) == (0, 1, "hold")
+
+
 def test_no_flip_flop_between_neighbours_under_a_noisy_estimate():
     c = cost((10.0, 11.0, 12.0, 12.8))             # K=2 and K=3 within 0.6% of each other at a = 0.5
     rng, prev, flips = random.Random(1), 2, 0

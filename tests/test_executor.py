@@ -549,3 +549,19 @@ def test_reference_graphs_setting_round_trips_and_retired_keys_are_refused(tmp_p
         (tmp_path / "engine.json").write_text(json.dumps(dict(doc, reference=dict(doc["reference"], **bad))))
         with pytest.raises(DynspecError, match=match):
             EngineConfig.load(tmp_path)
+
+
+def test_mixed_warm_up_runs_every_speculative_row_shape_and_serving_stays_lossless(pair, hf_target):
+    """warm_mixed: one mixed iteration per spec (bucket, K) on the padding slot (and a long chunk
+    once per K); the requests served afterwards match transformers greedy token for token."""
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+
+    eng = engine(pair, max_batch=4, max_seq=96, kmax=3)
+    pol = DraftSchedule.parse("2:3,4:1")
+    keys = reachable_graphs([pol], eng.max_batch_size, True, eng.max_num_tokens)
+    spec = {(g.bucket, g.k) for g in keys if g.kind == "spec"}
+    assert spec == {(1, 3), (2, 3), (4, 1)}
+    assert eng.warm_mixed(keys) == len(spec) + 4          # + a 300-token (capped) and a two-chunk step per K
+    ps = prompts(8, seed=11)
+    res = run_closed_loop(Executor(eng, pol), ps, 16, concurrency=4)
+    assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 16)

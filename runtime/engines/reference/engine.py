@@ -54,7 +54,7 @@ from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllo
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
 from dynspec.runtime.engines.reference.packed import PackedChunks
 from dynspec.runtime.engines.reference.paged_decode import PagedDecode
-from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k
+from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k, make_plan
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class ReferenceEngine:
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
         self.whole: WholeMixed | None = None      # mixed iterations' whole-forward graphs (capture_whole_graphs)
-        self.warm_chunk_steps = 0                 # chunk-only steps warm_chunks ran
+        self.warm_chunk_steps = 0                 # steps warm_chunks and warm_mixed ran
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -524,17 +524,47 @@ class ReferenceEngine:
         self.warm_chunk_steps += len(sizes)
         return len(sizes)
 
+    def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
+        """Mixed iterations at every speculative row shape (bucket B, K) of `keys`, every row on
+        the padding slot (K/V into the scratch block): B decode rows and a 5-token last chunk; at
+        the smallest bucket of each K also a 300-token chunk and a two-chunk step (one not last).
+        A K > 0 mixed iteration finishes eagerly (the accept and the draft's pass over rows and
+        chunks), and what that compiles on first use at a (B, K) would otherwise stall a served
+        step for seconds. Chunks are capped to the token budget. Returns the steps run.
+        Keys spec (1, K=2), (4, K=2): steps at B=1: [5], [300], [7 + 3]; at B=4: [5]."""
+        pad, steps, seen = self.pad_slot, 0, set()
+        for bucket, k in sorted({(g.bucket, g.k) for g in keys if g.kind == "spec"}):
+            room = min(self.max_num_tokens - bucket * (k + 1), self.max_seq_len - 1)
+            shapes = ((5,), (300,), (7, 3)) if k not in seen else ((5,),)
+            seen.add(k)
+            for sizes in shapes:
+                if sum(sizes) > room and len(sizes) > 1 or room < 1:
+                    continue
+                lens = [min(n, room) for n in sizes]
+                chunks = tuple(PromptChunk(pad, 0, (0,) * n, None if j == len(lens) - 1 else 0)
+                               for j, n in enumerate(lens))
+                self.step(make_plan(k, positions=(1,) * bucket, pending=(0,) * bucket, stale=(False,) * bucket,
+                                    keep_warm=False, buckets=self.buckets, slots=(pad,) * bucket, chunks=chunks),
+                          Greedy())
+                steps += 1
+        self.warm_chunk_steps += steps
+        return steps
+
     # ---- CUDA graphs ------------------------------------------------------------------------
     def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
         """Every graph of GraphMode.FULL for the pure-decode `keys` (reachable_graphs): their
         decode graphs, then (CUDA) the eager path's chunk attention compiled (warm_chunks: its
         chunk-only steps run before a whole graph could take them), then the whole-forward graphs
-        of their row shapes (capture_whole_graphs). Returns how many graphs."""
+        of their row shapes (capture_whole_graphs), then one mixed iteration per speculative row
+        shape (warm_mixed). Returns how many graphs."""
         keys = tuple(keys)
         n = self.capture_decode_graphs(keys)
         if self.device.type == "cuda":
             self.warm_chunks()
-        return n + self.capture_whole_graphs(keys)
+        n += self.capture_whole_graphs(keys)
+        if self.device.type == "cuda":
+            self.warm_mixed(keys)
+        return n
 
     def capture_decode_graphs(self, keys: Iterable[GraphKey]) -> int:
         """One graph chain per pure-decode key (CUDA; 0 on CPU), warmed up and captured in

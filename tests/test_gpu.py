@@ -30,10 +30,11 @@ def pair(tmp_path_factory):
     return str(target), str(draft)
 
 
-def _run(pair, policy, keep_warm, graphs, prompts, lens):
+def _run(pair, policy, keep_warm, graphs, prompts, lens, on_captured=lambda: None):
     """All requests at once, of different lengths, under a 64-token budget: prompts arrive in
     chunks beside decode rows, then the batch drains 16 -> 1 and K climbs. graphs: the decode
-    and whole-forward graphs captured (GraphMode.FULL), else every step eager."""
+    and whole-forward graphs captured (GraphMode.FULL, with warm_mixed's iterations), else every
+    step eager. on_captured() runs after the capture, before the first request."""
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=policy.max_draft_len or 1, max_num_tokens=64)
     if graphs:
@@ -41,6 +42,7 @@ def _run(pair, policy, keep_warm, graphs, prompts, lens):
         assert eng.capture_graphs(keys) > len(keys)
     else:
         eng.warm_chunks()
+    on_captured()
     ex = Executor(eng, policy, keep_warm=keep_warm)
     handles = [ex.submit(p, n) for p, n in zip(prompts, lens)]
     ex.run_until_idle()
@@ -76,7 +78,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
     policy = DraftSchedule.parse("2:5,4:3,8:1")
-    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens)
+    graph_out, eng, ex = _run(pair, policy, keep_warm, True, prompts, lens, on_captured=runs.clear)
     n_whole = len(runs)
     assert any(fused)                               # decode graphs: RoPE + K/V write inside the Triton kernel
     fused.clear()
@@ -121,11 +123,41 @@ def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
     rng = random.Random(1)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
-    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens)
+    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens, on_captured=runs.clear)
     assert runs and all(replayed for _, _, replayed in runs) and len(eng.whole.graphs) > 0
     assert any(b == 0 for _, b, _ in runs) and any(B > b > 0 for (_, B, _), b, _ in runs)
     assert any(T > 1 for (_, _, T), b, _ in runs if b) and any(T == 1 for (_, _, T), b, _ in runs if b)
     assert_transformers_greedy(pair, prompts, lens, out)
+
+
+def _compiled() -> dict:
+    """Compiled variants so far: torch.compile's graphs (FlexAttention) and each Triton kernel's."""
+    from torch._dynamo.utils import counters
+
+    from dynspec.runtime.engines.reference import norm_kernel, paged_decode_kernel, rope_kernel
+
+    out = {"dynamo": dict(counters["stats"])}
+    for fn in (paged_decode_kernel.paged_decode, norm_kernel._add_rms_norm_kernel, rope_kernel._rope_write_kernel):
+        caches = getattr(fn, "device_caches", None)           # Triton >= 3.2: device -> (kernel cache, ...)
+        out[fn.__name__] = (sum(len(c[0]) for c in caches.values()) if caches is not None
+                            else sum(len(c) for c in getattr(fn, "cache", {}).values()))
+    return out
+
+
+def test_nothing_compiles_while_serving_after_the_capture(pair):
+    """After capture_graphs (decode graphs, warm_chunks, whole graphs, warm_mixed), 40 requests
+    through 16 rows (finished rows replaced: arrivals beside decode rows at K = 5, 3, 1, 0; prompts
+    of 4..40 tokens) compile no new FlexAttention graph and no new Triton specialisation: each
+    first use would stall a served step."""
+    rng = random.Random(5)
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(40)]
+    lens = [rng.randint(2, 30) for _ in prompts]
+    before = {}
+    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens,
+                        on_captured=lambda: before.update(_compiled()))
+    assert {s.k for s in ex.stats if s.decode_rows and s.prefill_tokens} >= {1, 3}
+    assert before["paged_decode"] > 0                          # the kernel cache is read where Triton keeps it
+    assert _compiled() == before
 
 
 @pytest.mark.parametrize("keep_warm", [True, False])

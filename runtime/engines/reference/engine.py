@@ -526,19 +526,22 @@ class ReferenceEngine:
 
     def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
         """Mixed iterations at every speculative row shape (bucket B, K) of `keys`, every row on
-        the padding slot (K/V into the scratch block): B decode rows and a 5-token last chunk; at
-        the smallest bucket of each K also a 300-token chunk and a two-chunk step (one not last).
-        A K > 0 mixed iteration finishes eagerly (the accept and the draft's pass over rows and
-        chunks), and what that compiles on first use at a (B, K) would otherwise stall a served
-        step for seconds. Chunks are capped to the token budget. Returns the steps run.
-        Keys spec (1, K=2), (4, K=2): steps at B=1: [5], [300], [7 + 3]; at B=4: [5]."""
+        the padding slot (K/V into the scratch block): B decode rows and one last chunk of 5
+        tokens, then one that makes the packed total a multiple of 16 (Triton specialises integer
+        arguments on that); at the smallest bucket of each K also a 300-token chunk and a
+        two-chunk step (one not last). A K > 0 mixed iteration finishes eagerly (the accept and
+        the draft's pass over rows and chunks), and what that compiles on first use at a (B, K)
+        would otherwise stall a served step for seconds. Chunks are capped to the token budget.
+        Returns the steps run.
+        Keys spec (1, K=2), (4, K=2): B=1 (3 tokens a row): [5], [13], [300], [7, 3]; B=4: [5], [4]."""
         pad, steps, seen = self.pad_slot, 0, set()
         for bucket, k in sorted({(g.bucket, g.k) for g in keys if g.kind == "spec"}):
-            room = min(self.max_num_tokens - bucket * (k + 1), self.max_seq_len - 1)
-            shapes = ((5,), (300,), (7, 3)) if k not in seen else ((5,),)
+            rows = bucket * (k + 1)
+            room = min(self.max_num_tokens - rows, self.max_seq_len - 1)
+            shapes = [(5,), (16 - rows % 16,)] + ([(300,), (7, 3)] if k not in seen else [])
             seen.add(k)
             for sizes in shapes:
-                if sum(sizes) > room and len(sizes) > 1 or room < 1:
+                if room < sum(sizes) and len(sizes) > 1 or room < 1:
                     continue
                 lens = [min(n, room) for n in sizes]
                 chunks = tuple(PromptChunk(pad, 0, (0,) * n, None if j == len(lens) - 1 else 0)

@@ -114,3 +114,33 @@ def test_varied_over_fixed_per_loop():
     assert fig["overlap"]["64"]["ratio"] == pytest.approx(0.95)
     assert [r[:2] + r[4:5] for r in summary.varied_fixed_table(fig)["rows"]] == [
         ["serial", "64", "0.820"], ["overlap", "64", "0.950"]]
+
+
+def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_path):
+    """benchmarks/configs/overlap.toml: its sweep cases parse as plain sweeps, resolve (here on the
+    tiny pair's config: the lengths and modes decide the fit) and every overlapped mode's requests
+    fit the shared --max-seq-len at the engine's K; one position less is refused."""
+    from dynspec.benchmarks import sweep_cases
+    from dynspec.benchmarks.mpi import World
+    from dynspec.benchmarks.suite import load_config, stage_commands
+    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+
+    st = next(s for s in stage_commands(load_config("overlap"), tmp_path / "e", tmp_path / "r") if s.files)
+    (path, text), = st.files
+    cases = [sweep_cases.Case(c["name"], tuple(c["args"])) for c in json.loads(text)["cases"]]
+    argv = [a for a in st.argv[3:] if a not in ("--engine-dir", str(tmp_path / "e"))]
+    cfg = engine_config_for(*tiny_pair_dirs(), sweep.DraftSchedule.parse("24:3,179:1"))
+
+    def plans(extra=()):
+        runs = [sweep_cases.parse_case([*argv, *extra], c, st.out) for c in cases]
+        return [sweep.PlannedSweep(r, cfg, "tiny", sweep.resolve(r.args, World(0, 1, 0), cfg)) for r in runs]
+
+    got = plans()
+    assert [p.case.name for p in got] == ["varied", "fixed", "regime_b"]
+    assert all(any(sweep.overlapped(m) for m in p.spec.modes) for p in got)
+    assert sweep_cases.engine_sizes([p.spec for p in got])["max_draft_len"] == 7
+    sweep.check_engine_overlap(got)
+    need = max(r.input_len + r.output_tokens for p in got for r in p.spec.requests) + cache_slack(7, True)
+    assert need <= 432 == 192 + 224 + cache_slack(7, True)           # the lengths' bound, 416 + 16
+    with pytest.raises(DynspecError, match=f"--max-seq-len {need - 1} is too short .* give --max-seq-len {need}$"):
+        sweep.check_engine_overlap(plans(["--max-seq-len", str(need - 1)]))

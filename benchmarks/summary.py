@@ -131,8 +131,8 @@ def sweep_figures(doc: Mapping) -> dict:
     """Per closed-loop C: tok/s per mode (median, min, max over trials), static / baseline and
     dynamic / baseline, dynamic / max(baseline, static) with its verdict, acceptance per mode.
     Modes of the overlapped loop ('baseline+overlap', ...) get the same ratios among themselves
-    under "overlap", each one over its serial twin under "overlap_vs_serial", and every mode its
-    engine_idle_fraction under "idle"."""
+    under "overlap", each one over its serial twin under "overlap_vs_serial", and (then) every mode
+    its engine_idle_fraction under "idle"."""
     names = SWEEP_MODES + tuple(m + OVERLAP for m in SWEEP_MODES)
     modes = {m: _closed(doc["rows"], m) for m in names}
     by_c: dict = {}
@@ -140,10 +140,10 @@ def sweep_figures(doc: Mapping) -> dict:
         here = {m: rows[c] for m, rows in modes.items() if c in rows}
         e: dict = {"tok_per_s": {m: dict(spread(_trials(r)), median=r["output_tok_per_s"]) for m, r in here.items()},
                    "acceptance": {m: {k: r.get(k) for k in ("acceptance_rate", "mean_accepted_len", "mean_k")}
-                                  for m, r in here.items()},
-                   "idle": {m: r.get("engine_idle_fraction") for m, r in here.items()}}
+                                  for m, r in here.items()}}
         e.update(loop_ratios(here))
         if any(m.endswith(OVERLAP) for m in here):
+            e["idle"] = {m: r.get("engine_idle_fraction") for m, r in here.items()}
             e["overlap"] = loop_ratios(here, OVERLAP)
             e["overlap_vs_serial"] = {m: paired_ratio(here[m + OVERLAP], [here[m]]) for m in SWEEP_MODES
                                       if m in here and m + OVERLAP in here}
@@ -219,8 +219,8 @@ def floor_figures(profiles: Sequence[Mapping]) -> dict:
         raise DynspecError("a floor profile has no 'floor' with gemm_floor_ms and decode_ms (profile --floor)")
     fig = {k: spread([t[src] for t in trials]) for k, src in
            (("decode_ms", "decode_ms"), ("floor_ms", "gemm_floor_ms"), ("ratio", "ratio"))}
-    for k, num, den in FLOOR_EXTRA:            # where every run has both times (CUDA graphs, the overlapped loop)
-        if all(t.get(num) and (den is None or t.get(den)) for t in trials):
+    for k, num, den in FLOOR_EXTRA:            # runs with the overlapped step, where every run has both times
+        if all(t.get("decode_overlap_ms") and t.get(num) and (den is None or t.get(den)) for t in trials):
             fig[k] = spread([t[num] / (t[den] if den else 1.0) for t in trials])
     fig.update(context_len=trials[0]["context_len"], method=trials[0]["method"],
                median_trial=floor_trials(profiles)["ratio"], commands=[p.get("command") for p in profiles])

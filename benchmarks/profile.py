@@ -15,12 +15,20 @@ With --floor (run_profile(floor=True)) it also records, from the same engine in 
      "gemm_floor_ms": 4.11,
      "floor": {"gemm_floor_ms": 4.11, "decode_ms": 6.21, "batch_size": 1, "context_len": 1024,
                "decode_vs_gemm_floor": 1.51, "method": "cuda graph of the GEMMs, 50 replays, median",
-               "decode_graph_ms": 5.9, "decode_graph_vs_gemm_floor": 1.44, ...}
+               "decode_graph_ms": 5.9, "decode_graph_vs_gemm_floor": 1.44,
+               "decode_overlap_ms": 5.95, "decode_overlap_vs_gemm_floor": 1.45, "decode_overlap_vs_graph": 1.008,
+               "decode_overlap": {"ms": 5.95, "mean_ms": 5.97, "steps": 20, "first_position": 999,
+                                  "last_position": 1023}, ...}
 gemm_floor_ms is the target's weight matrices multiplied alone, in the shapes of a b=1 decode
 step (per layer qkv, o, gate_up, down; then the lm_head), with nothing between them: the time
 weight streaming alone takes. decode_ms is plain decode (K=0, no keep-warm) at b=1 with 1024
 tokens of context, timed like every other shape; decode_graph_ms is that step's CUDA graphs
-replayed back to back (None without graphs), the step less the host's serial part.
+replayed back to back (None without graphs: CPU, eager, TP leaders), the step less the host's
+serial part. decode_overlap_ms (ms) is the same plain decode served by the overlapped executor loop
+(Executor(overlap=True)): the median wall time between consecutive step results of one request
+decoding up to position 1023, the host's planning hidden behind the GPU's step (overlap_decode_ms);
+decode_overlap_vs_graph near 1.0 means nothing of the host's part is left. Every ratio is of two
+times from the same engine in the same process; a None time gives a None ratio.
 
 Each (b, K) runs engine.step on synthetic rows: b rows whose pending token sits at position
 context_len (the KV cache contents do not change the cost), the same plan every repeat, so
@@ -361,6 +369,44 @@ def graph_replay_ms(engine, shape: Shape, context_len: int, *, repeats: int, pas
     return statistics.median(times[1:])
 
 
+def overlap_decode_ms(engine, context_len: int, *, warmup: int, repeats: int) -> dict | None:
+    """Plain decode at b=1 through the overlapped executor loop (Executor(overlap=True), K=0, no
+    keep-warm): one request whose decode steps end at position context_len, its prompt prefilled
+    first. Each step launches iteration i+1, then reads iteration i's result (the loop's one host
+    sync), so the wall time between consecutive results is the served step in steady state, the
+    host's work hidden behind the GPU's wherever it is shorter. The first `warmup` intervals are
+    dropped. {"ms": median interval, "mean_ms": their mean, "steps": intervals, "first_position",
+    "last_position"}; None for an engine without launch/result."""
+    import random
+
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.overlap import cache_slack
+    from dynspec.runtime.policy import DraftSchedule
+
+    if not (hasattr(engine, "launch") and hasattr(engine, "result")):
+        return None
+    n_new = warmup + repeats + 2               # the first token comes with the prefill, one more to close
+    prompt_len = context_len - n_new
+    need = context_len + cache_slack(engine.max_draft_len, True)
+    if prompt_len < 1 or need > engine.max_seq_len:
+        raise DynspecError(f"--floor times overlapped decode up to context {context_len}: it needs max_seq_len"
+                           f" {need} (the engine has {engine.max_seq_len}) and a context above its {n_new} decode steps")
+    rng = random.Random(0)
+    ex = Executor(engine, DraftSchedule(), keep_warm=False, overlap=True)
+    h = ex.submit([rng.randrange(2, engine.vocab_size) for _ in range(prompt_len)], n_new)
+    ends = []
+    while not h.done:
+        st = ex.step()
+        if st is not None and st.batch_size == 1 and not st.prefill_tokens and st.overlapped:
+            ends.append(time.perf_counter())
+    ex.run_until_idle()
+    gaps = [b - a for a, b in zip(ends, ends[1:])][warmup:]
+    if not gaps:
+        raise DynspecError("overlapped decode ran no steady-state steps to time")
+    return {"ms": 1e3 * statistics.median(gaps), "mean_ms": 1e3 * statistics.fmean(gaps), "steps": len(gaps),
+            "first_position": prompt_len, "last_position": context_len - 1}
+
+
 FLOOR_CONTEXT = 1024
 
 
@@ -369,7 +415,8 @@ def measure_floor(engine, *, warmup: int = 5, repeats: int = 50, context_len: in
     from the same engine: their ratio is how far the decode step is from weight streaming.
     decode_graph_ms (CUDA graphs only, else None): the same step's graphs replayed back to back, so
     decode_ms - decode_graph_ms is the host's serial part of a step and decode_graph_ms - gemm_floor_ms
-    the GPU's work besides the GEMMs (attention, norms, glue, launch gaps)."""
+    the GPU's work besides the GEMMs (attention, norms, glue, launch gaps). decode_overlap_ms: the
+    step served by the overlapped loop (overlap_decode_ms), what is left of the host's part there."""
     need = context_len + 1
     if engine.max_seq_len < need:
         raise DynspecError(f"--floor times decode at context {context_len}: the engine's max_seq_len "
@@ -379,10 +426,15 @@ def measure_floor(engine, *, warmup: int = 5, repeats: int = 50, context_len: in
     bare = Shape(1, 0, False)
     decode = time_shapes(engine, [bare], context_len, warmup=warmup, repeats=repeats)[bare]
     graphs = graph_replay_ms(engine, bare, context_len, repeats=repeats)
+    over = overlap_decode_ms(engine, context_len, warmup=warmup, repeats=repeats)
+    ov = None if over is None else over["ms"]
     wbytes = sum(w.numel() * w.element_size() for w in ws)
     return {"gemm_floor_ms": floor, "decode_ms": decode, "batch_size": 1, "context_len": context_len,
             "decode_vs_gemm_floor": decode / floor, "method": method, "gemm_weight_bytes": wbytes,
             "decode_graph_ms": graphs, "decode_graph_vs_gemm_floor": None if graphs is None else graphs / floor,
+            "decode_overlap_ms": ov, "decode_overlap_vs_gemm_floor": None if ov is None else ov / floor,
+            "decode_overlap_vs_graph": None if ov is None or graphs is None else ov / graphs,
+            "decode_overlap": over,
             "gemm_tb_per_s": wbytes / (floor / 1e3) / 1e12, "engine_max_seq_len": engine.max_seq_len,
             "device_kind": engine.device.type}
 
@@ -406,6 +458,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
     replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.overlap import cache_slack
 
     batch_sizes = sorted(set(batch_sizes))
     draft_lens = sorted(set(draft_lens))
@@ -417,8 +470,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
     seq = context_lens[-1] + kmax + 1
-    if floor:
-        seq = max(seq, FLOOR_CONTEXT + 1)
+    if floor:                                  # the overlapped decode's verify windows past FLOOR_CONTEXT
+        seq = max(seq, FLOOR_CONTEXT + cache_slack(max(kmax, 1), True))
     if acceptance_requests:
         seq = max(seq, max(r.input_len + r.output_tokens for r in acceptance_requests) + kmax + 1)
     if max_seq_len is not None:

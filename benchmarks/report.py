@@ -17,6 +17,20 @@ from dynspec.benchmarks.metrics import STEADY_FILL
 
 MODE_ORDER = ("baseline", "static", "dynamic")
 MODE_STYLE = {"baseline": ("tab:gray", "o"), "static": ("tab:orange", "s"), "dynamic": ("tab:blue", "^")}
+OVERLAP = "+overlap"      # a mode's loop suffix (benchmarks/sweep.py): drawn in its base mode's colour
+
+
+def _split(mode: str) -> tuple[str, str]:
+    """'dynamic+overlap' -> ('dynamic', '+overlap'); 'static:3' -> ('static:3', '')."""
+    return (mode[: -len(OVERLAP)], OVERLAP) if mode.endswith(OVERLAP) else (mode, "")
+
+
+def _style(mode: str) -> tuple:
+    """(colour, marker, line style): a mode of the overlapped loop its base mode's colour, hollow
+    marker, dashed line: 'baseline+overlap' -> ('tab:gray', 'o', '--')."""
+    base, loop = _split(mode)
+    color, marker = MODE_STYLE.get(base, (None, "x"))
+    return color, marker, "--" if loop else "-"
 
 
 def out_paths(out: str | os.PathLike) -> dict[str, Path]:
@@ -33,11 +47,12 @@ def _load_key(row: Mapping) -> tuple:
 
 
 def _mode_key(mode: str) -> tuple:
-    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+    base, loop = _split(mode)
+    return (MODE_ORDER.index(base) if base in MODE_ORDER else len(MODE_ORDER), base, loop)
 
 
 def _row_key(row: Mapping) -> tuple:
-    """Table order: by load, then baseline, static, dynamic."""
+    """Table order: by load, then baseline, static, dynamic, each mode's overlapped loop after it."""
     return _load_key(row), _mode_key(row["mode"])
 
 
@@ -98,13 +113,15 @@ def markdown(doc: Mapping) -> str:
              f"- workload: {env.get('workload')}",
              "- schedules: " + ", ".join(f"{m}=`{s or 'K=0'}`" for m, s in (env.get('schedules') or {}).items()),
              f"- command: `{env.get('command')}`", ""]
-    base = {_load_key(r): r for r in rows if r["mode"] == "baseline"}
+    # "vs baseline": against the baseline of the row's own loop (dynamic+overlap / baseline+overlap)
+    base = {(_load_key(r), _split(r["mode"])[1]): r for r in rows if _split(r["mode"])[0] == "baseline"}
     lines.append("| mode | load | output tok/s | trials min..max | vs baseline | p50 lat s | p99 lat s | TTFT p50 ms"
-                 " | TTFT p99 ms | TPOT ms | mean K | mean accepted len | acceptance |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 " | TTFT p99 ms | TPOT ms | mean K | mean accepted len | acceptance | engine idle |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ms = lambda x: None if x is None else 1e3 * x      # noqa: E731
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"      # noqa: E731
     for r in sorted(rows, key=_row_key):
-        b = base.get(_load_key(r))
+        b = base.get((_load_key(r), _split(r["mode"])[1]))
         vs = "-"
         if b and b["output_tok_per_s"] > 0:
             vs = f"{r['output_tok_per_s'] / b['output_tok_per_s']:.2f}x"
@@ -115,6 +132,7 @@ def markdown(doc: Mapping) -> str:
             f" {_fmt(r['p50_latency_s'])} | {_fmt(r['p99_latency_s'])} | {_fmt(ms(r.get('p50_ttft_s')))} |"
             f" {_fmt(ms(r.get('p99_ttft_s')))} | {_fmt(ms(r.get('tpot_s')))} | {r['mean_k']:.2f} |"
             f" {r['mean_accepted_len']:.2f} | {_fmt(r.get('acceptance_rate'), '.2f')} |"
+            f" {pct(r.get('engine_idle_fraction'))} |"
         )
     n_trials = max((r.get("trials") or 1) for r in rows) if rows else 1
     if n_trials > 1:
@@ -124,6 +142,10 @@ def markdown(doc: Mapping) -> str:
     if any(r.get("matched_concurrency") is not None for r in rows):
         lines += ["", "Poisson rows: open-loop arrivals at the rate the baseline sustained in the closed loop"
                       " at that C (median trial), so both loops carry the same mean load."]
+    if any(_split(r["mode"])[1] for r in rows):
+        lines += ["", f"Modes ending {OVERLAP} ran the overlapped executor loop (Executor(overlap=True)); their"
+                      f" 'vs baseline' is against baseline{OVERLAP}. Engine idle: the share of the run's wall time"
+                      " outside the engine's steps (overlapped: the steps' device time)."]
     lines += underfull_note(rows)
     from dynspec.benchmarks.summary import crossover_concurrency
 
@@ -151,13 +173,13 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     modes = sorted({r["mode"] for r in doc["rows"]}, key=_mode_key)
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
     for m in modes:
-        color, marker = MODE_STYLE.get(m, (None, "x"))
+        color, marker, line = _style(m)
         pts = sorted((r[xkey], r["output_tok_per_s"], r.get("tok_per_s_min", r["output_tok_per_s"]),
                       r.get("tok_per_s_max", r["output_tok_per_s"])) for r in rows if r["mode"] == m)
         if pts:
             x, y, lo, hi = zip(*pts)
             ax1.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
-                         marker=marker, color=color, label=m, capsize=3)
+                         marker=marker, color=color, label=m, capsize=3, linestyle=line)
         pois = sorted((r["matched_concurrency"], r["output_tok_per_s"]) for r in doc["rows"]
                       if r["mode"] == m and r.get("matched_concurrency") is not None)
         if closed and pois:
@@ -177,7 +199,7 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     sched = doc["env"].get("schedules") or {}
     max_b = 1
     for i, m in enumerate(modes):
-        color, marker = MODE_STYLE.get(m, (None, "x"))
+        color, marker, _ = _style(m)
         counts: dict[tuple[int, int], int] = {}
         for r in doc["rows"]:
             if r["mode"] == m:
@@ -200,7 +222,7 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
 
         s = DraftSchedule.parse(spec)
         xs = list(range(1, max_b + 1))
-        ax2.step(xs, [s.draft_len(b) for b in xs], where="mid", color=MODE_STYLE.get(m, (None,))[0],
+        ax2.step(xs, [s.draft_len(b) for b in xs], where="mid", color=_style(m)[0],
                  alpha=0.5, linestyle="--", label=f"{m} policy")
     ax2.set_xscale("log", base=2)
     ticks = [2 ** i for i in range(max_b.bit_length() + 1) if 2 ** i <= max(max_b, 1) * 1.01]
@@ -213,7 +235,7 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
         ax2.legend(fontsize=8, loc="best")
 
     for m in modes:
-        color, marker = MODE_STYLE.get(m, (None, "x"))
+        color, marker, _ = _style(m)
         pts = sorted((r[xkey], 1e3 * r["p50_ttft_s"], 1e3 * r["p99_ttft_s"]) for r in rows
                      if r["mode"] == m and r.get("p50_ttft_s") is not None)
         if pts:
@@ -288,9 +310,9 @@ def suite_plot(spec: Mapping, path: str | os.PathLike) -> None:
     if "series" in spec:
         for name, pts in spec["series"].items():
             x, y, lo, hi = zip(*sorted(pts))
-            color, marker = MODE_STYLE.get(name, (None, "o"))
+            color, marker, line = _style(name) if _split(name)[0] in MODE_STYLE else (None, "o", "-")
             ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
-                        marker=marker, color=color, label=name, capsize=3)
+                        marker=marker, color=color, label=name, capsize=3, linestyle=line)
         if spec.get("xlog"):
             ax.set_xscale("log", base=2)
             xs = sorted({p[0] for pts in spec["series"].values() for p in pts})

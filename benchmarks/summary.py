@@ -66,7 +66,8 @@ def decode_vs_gemm_floor(profile: Mapping) -> dict | None:
     if not isinstance(fl, Mapping) or not fl.get("gemm_floor_ms") or not fl.get("decode_ms"):
         return None
     return {"ratio": fl["decode_ms"] / fl["gemm_floor_ms"], "decode_ms": fl["decode_ms"],
-            "gemm_floor_ms": fl["gemm_floor_ms"], "context_len": fl.get("context_len"), "method": fl.get("method")}
+            "gemm_floor_ms": fl["gemm_floor_ms"], "context_len": fl.get("context_len"), "method": fl.get("method"),
+            "decode_graph_ms": fl.get("decode_graph_ms"), "decode_overlap_ms": fl.get("decode_overlap_ms")}
 
 
 def floor_trials(profiles: Sequence[Mapping]) -> dict:
@@ -104,25 +105,48 @@ def paired_ratio(top: Mapping, bottoms: Sequence[Mapping]) -> dict:
     return out
 
 
-def sweep_figures(doc: Mapping) -> dict:
-    """Per closed-loop C: tok/s per mode (median, min, max over trials), static / baseline and
-    dynamic / baseline, dynamic / max(baseline, static) with its verdict, acceptance per mode."""
+OVERLAP = "+overlap"        # a sweep mode's loop suffix (benchmarks/sweep.py): 'dynamic+overlap'
+SWEEP_MODES = ("baseline", "static", "dynamic")
+
+
+def loop_ratios(here: Mapping[str, Mapping], suffix: str = "") -> dict:
+    """The ratios of one executor loop at one C, its modes named with `suffix` ('' serial,
+    '+overlap'): static / baseline, dynamic / baseline, dynamic / max(baseline, static) and its
+    verdict, each mode against its own loop's rivals (dynamic+overlap / baseline+overlap, ...)."""
     from dynspec.benchmarks.report import verdict
 
-    modes = {m: _closed(doc["rows"], m) for m in ("baseline", "static", "dynamic")}
+    base, stat, dyn = (here.get(m + suffix) for m in SWEEP_MODES)
+    e: dict = {}
+    for name, r in (("static", stat), ("dynamic", dyn)):
+        if r is not None and base is not None:
+            e[f"{name}_vs_baseline"] = paired_ratio(r, [base])
+    rivals = [r for r in (base, stat) if r is not None]
+    if dyn is not None and rivals:
+        e["dynamic_vs_best"] = paired_ratio(dyn, rivals)
+        e["dynamic_verdict"] = verdict(dyn, max(rivals, key=lambda r: r["output_tok_per_s"]))
+    return e
+
+
+def sweep_figures(doc: Mapping) -> dict:
+    """Per closed-loop C: tok/s per mode (median, min, max over trials), static / baseline and
+    dynamic / baseline, dynamic / max(baseline, static) with its verdict, acceptance per mode.
+    Modes of the overlapped loop ('baseline+overlap', ...) get the same ratios among themselves
+    under "overlap", each one over its serial twin under "overlap_vs_serial", and (then) every mode
+    its engine_idle_fraction under "idle"."""
+    names = SWEEP_MODES + tuple(m + OVERLAP for m in SWEEP_MODES)
+    modes = {m: _closed(doc["rows"], m) for m in names}
     by_c: dict = {}
     for c in sorted({c for rows in modes.values() for c in rows}):
         here = {m: rows[c] for m, rows in modes.items() if c in rows}
         e: dict = {"tok_per_s": {m: dict(spread(_trials(r)), median=r["output_tok_per_s"]) for m, r in here.items()},
                    "acceptance": {m: {k: r.get(k) for k in ("acceptance_rate", "mean_accepted_len", "mean_k")}
                                   for m, r in here.items()}}
-        for m in ("static", "dynamic"):
-            if m in here and "baseline" in here:
-                e[f"{m}_vs_baseline"] = paired_ratio(here[m], [here["baseline"]])
-        rivals = [here[m] for m in ("baseline", "static") if m in here]
-        if "dynamic" in here and rivals:
-            e["dynamic_vs_best"] = paired_ratio(here["dynamic"], rivals)
-            e["dynamic_verdict"] = verdict(here["dynamic"], max(rivals, key=lambda r: r["output_tok_per_s"]))
+        e.update(loop_ratios(here))
+        if any(m.endswith(OVERLAP) for m in here):
+            e["idle"] = {m: r.get("engine_idle_fraction") for m, r in here.items()}
+            e["overlap"] = loop_ratios(here, OVERLAP)
+            e["overlap_vs_serial"] = {m: paired_ratio(here[m + OVERLAP], [here[m]]) for m in SWEEP_MODES
+                                      if m in here and m + OVERLAP in here}
         by_c[str(c)] = e
     return {"by_concurrency": by_c, "crossover_concurrency": crossover_concurrency(doc["rows"]),
             "schedules": doc["env"].get("schedules"), "acceptance_model": doc["env"].get("acceptance_model"),
@@ -138,20 +162,37 @@ def _fmt_ratio(r: Mapping | None) -> str:
 
 
 def sweep_table(fig: Mapping) -> dict:
-    modes = [m for m in ("baseline", "static", "dynamic")
-             if any(m in e["tok_per_s"] for e in fig["by_concurrency"].values())]
+    """One row per C; with overlapped modes, the overlapped loop's ratios (among its own modes)
+    and each mode's engine idle share follow the serial ones."""
+    names = SWEEP_MODES + tuple(m + OVERLAP for m in SWEEP_MODES)
+    modes = [m for m in names if any(m in e["tok_per_s"] for e in fig["by_concurrency"].values())]
+    over = any("overlap" in e for e in fig["by_concurrency"].values())
+    ratio_keys = ("static_vs_baseline", "dynamic_vs_baseline", "dynamic_vs_best")
     rows = []
     for c, e in fig["by_concurrency"].items():
         tps = [f"{e['tok_per_s'][m]['median']:.1f}" if m in e["tok_per_s"] else "-" for m in modes]
         acc = e["acceptance"].get("dynamic") or e["acceptance"].get("static") or {}
-        rows.append([c, *tps, _fmt_ratio(e.get("static_vs_baseline")), _fmt_ratio(e.get("dynamic_vs_baseline")),
-                     _fmt_ratio(e.get("dynamic_vs_best")), e.get("dynamic_verdict", "-"),
-                     "-" if acc.get("acceptance_rate") is None else f"{acc['acceptance_rate']:.2f}"])
-    return {"header": ["C", *[f"{m} tok/s" for m in modes], "static / baseline", "dynamic / baseline",
-                       "dynamic / max(baseline, static)", "verdict", "acceptance (dynamic)"], "rows": rows,
-            "notes": ["tok/s: the median trial. A ratio `m [lo..hi]` is the median, min and max of the per-trial"
-                      " ratios (trial t of every mode ran in one rotation at one load point); a bare ratio is of the"
-                      " medians. Verdict: tie when the trials' min..max spreads overlap."]}
+        row = [c, *tps, *[_fmt_ratio(e.get(k)) for k in ratio_keys], e.get("dynamic_verdict", "-"),
+               "-" if acc.get("acceptance_rate") is None else f"{acc['acceptance_rate']:.2f}"]
+        if over:
+            o = e.get("overlap") or {}
+            idle = e.get("idle") or {}
+            row += [*[_fmt_ratio(o.get(k)) for k in ratio_keys], o.get("dynamic_verdict", "-"),
+                    *["-" if idle.get(m) is None else f"{100 * idle[m]:.1f}%" for m in modes]]
+        rows.append(row)
+    header = ["C", *[f"{m} tok/s" for m in modes], "static / baseline", "dynamic / baseline",
+              "dynamic / max(baseline, static)", "verdict", "acceptance (dynamic)"]
+    if over:
+        header += ["overlap: static / baseline", "overlap: dynamic / baseline",
+                   "overlap: dynamic / max(baseline, static)", "overlap: verdict", *[f"{m} idle" for m in modes]]
+    notes = ["tok/s: the median trial. A ratio `m [lo..hi]` is the median, min and max of the per-trial"
+             " ratios (trial t of every mode ran in one rotation at one load point); a bare ratio is of the"
+             " medians. Verdict: tie when the trials' min..max spreads overlap."]
+    if over:
+        notes.append("overlap: the modes of the overlapped executor loop (+overlap) against each other"
+                     " (dynamic+overlap / max(baseline+overlap, static+overlap)); idle: engine_idle_fraction,"
+                     " the share of the run's wall time outside the engine's steps (overlapped: their device time).")
+    return {"header": header, "rows": rows, "notes": notes}
 
 
 def sweep_plot(fig: Mapping) -> dict:
@@ -163,6 +204,14 @@ def sweep_plot(fig: Mapping) -> dict:
             "y": "output tokens / s", "xlog": True, "series": series}
 
 
+# floor figures beside decode_ms / floor_ms / ratio, each run's num / den (den None: num itself):
+# the graphs replayed alone, the step served by the overlapped loop (profile.overlap_decode_ms)
+FLOOR_EXTRA = (("graph_ms", "decode_graph_ms", None), ("overlap_ms", "decode_overlap_ms", None),
+               ("graph_ratio", "decode_graph_ms", "gemm_floor_ms"),
+               ("overlap_ratio", "decode_overlap_ms", "gemm_floor_ms"),
+               ("overlap_vs_graph", "decode_overlap_ms", "decode_graph_ms"))
+
+
 def floor_figures(profiles: Sequence[Mapping]) -> dict:
     """Several profile --floor runs -> decode_ms, floor_ms and decode / floor, each median, min, max."""
     trials = [decode_vs_gemm_floor(p) for p in profiles]
@@ -170,6 +219,9 @@ def floor_figures(profiles: Sequence[Mapping]) -> dict:
         raise DynspecError("a floor profile has no 'floor' with gemm_floor_ms and decode_ms (profile --floor)")
     fig = {k: spread([t[src] for t in trials]) for k, src in
            (("decode_ms", "decode_ms"), ("floor_ms", "gemm_floor_ms"), ("ratio", "ratio"))}
+    for k, num, den in FLOOR_EXTRA:            # runs with the overlapped step, where every run has both times
+        if all(t.get("decode_overlap_ms") and t.get(num) and (den is None or t.get(den)) for t in trials):
+            fig[k] = spread([t[num] / (t[den] if den else 1.0) for t in trials])
     fig.update(context_len=trials[0]["context_len"], method=trials[0]["method"],
                median_trial=floor_trials(profiles)["ratio"], commands=[p.get("command") for p in profiles])
     return fig
@@ -177,7 +229,7 @@ def floor_figures(profiles: Sequence[Mapping]) -> dict:
 
 def floor_table(fig: Mapping) -> dict:
     rows = [[k, f"{fig[k]['median']:.4g}", f"{fig[k]['min']:.4g}", f"{fig[k]['max']:.4g}", fig[k]["n"]]
-            for k in ("decode_ms", "floor_ms", "ratio")]
+            for k in ("decode_ms", "floor_ms", "ratio", *(x for x, _, _ in FLOOR_EXTRA)) if k in fig]
     return {"header": ["figure", "median", "min", "max", "trials"], "rows": rows}
 
 
@@ -206,10 +258,11 @@ def mixed_plot(fig: Mapping) -> dict:
             "groups": fig["points"]}
 
 
-def varied_fixed_figures(varied: Mapping, fixed: Mapping) -> dict:
-    """Per C: baseline tok/s with varied / with fixed lengths (ratio of medians), bounded by the
-    trials' spreads (varied min / fixed max .. varied max / fixed min; the two runs' trials are not paired)."""
-    v, f = _closed(varied["rows"], "baseline"), _closed(fixed["rows"], "baseline")
+def varied_fixed_figures(varied: Mapping, fixed: Mapping, mode: str = "baseline") -> dict:
+    """Per C: `mode`'s tok/s with varied / with fixed lengths (ratio of medians), bounded by the
+    trials' spreads (varied min / fixed max .. varied max / fixed min; the two runs' trials are not
+    paired). With the serial baseline, a baseline+overlap in both runs gets the same under "overlap"."""
+    v, f = _closed(varied["rows"], mode), _closed(fixed["rows"], mode)
     out = {}
     for c in sorted(set(v) & set(f)):
         vt, ft = _trials(v[c]), _trials(f[c])
@@ -219,22 +272,32 @@ def varied_fixed_figures(varied: Mapping, fixed: Mapping) -> dict:
                        "sustained_ratio": (v[c]["sustained_tok_per_s"] / f[c]["sustained_tok_per_s"]
                                            if v[c].get("sustained_tok_per_s") and f[c].get("sustained_tok_per_s")
                                            else None)}
-    return {"by_concurrency": out, "varied_workload": varied["env"].get("workload"),
-            "fixed_workload": fixed["env"].get("workload"), "commands": _commands(varied) + _commands(fixed)}
+    fig = {"by_concurrency": out, "varied_workload": varied["env"].get("workload"),
+           "fixed_workload": fixed["env"].get("workload"), "commands": _commands(varied) + _commands(fixed)}
+    over = mode + OVERLAP
+    if not mode.endswith(OVERLAP) and _closed(varied["rows"], over) and _closed(fixed["rows"], over):
+        fig["overlap"] = varied_fixed_figures(varied, fixed, over)["by_concurrency"]
+    return fig
+
+
+def _loops(fig: Mapping) -> dict:
+    """{"serial": by C, "overlap": by C (when the runs had baseline+overlap)} of varied_fixed_figures."""
+    return {"serial": fig["by_concurrency"], **({"overlap": fig["overlap"]} if fig.get("overlap") else {})}
 
 
 def varied_fixed_table(fig: Mapping) -> dict:
-    return {"header": ["C", "varied tok/s", "fixed tok/s", "varied / fixed", "bounds", "sustained ratio"],
-            "rows": [[c, f"{e['varied_tok_per_s']:.1f}", f"{e['fixed_tok_per_s']:.1f}", f"{e['ratio']:.3f}",
+    return {"header": ["loop", "C", "varied tok/s", "fixed tok/s", "varied / fixed", "bounds", "sustained ratio"],
+            "rows": [[loop, c, f"{e['varied_tok_per_s']:.1f}", f"{e['fixed_tok_per_s']:.1f}", f"{e['ratio']:.3f}",
                       f"{e['low']:.3f}..{e['high']:.3f}",
                       "-" if e["sustained_ratio"] is None else f"{e['sustained_ratio']:.3f}"]
-                     for c, e in fig["by_concurrency"].items()]}
+                     for loop, by_c in _loops(fig).items() for c, e in by_c.items()]}
 
 
 def varied_fixed_plot(fig: Mapping) -> dict:
     return {"title": "baseline tok/s: varied / fixed lengths", "x": "concurrency C", "y": "ratio", "xlog": True,
-            "series": {"varied / fixed": [[int(c), e["ratio"], e["low"], e["high"]]
-                                          for c, e in fig["by_concurrency"].items()]}}
+            "series": {("varied / fixed" if loop == "serial" else f"varied / fixed ({loop})"):
+                       [[int(c), e["ratio"], e["low"], e["high"]] for c, e in by_c.items()]
+                       for loop, by_c in _loops(fig).items()}}
 
 
 def tp_figures(tp1: Mapping, tp2: Mapping) -> dict:

@@ -43,11 +43,13 @@ from typing import Sequence
 from dynspec.benchmarks.engines import BENCH_ENV, add_engine_args, apply_bench_env
 from dynspec.benchmarks.mpi import World, log, world
 from dynspec.errors import DynspecError
+from dynspec.runtime.overlap import cache_slack
 from dynspec.runtime.policy import DraftSchedule
 
 MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
 ALL_MODES = MODES + ("adaptive",)                     # and static:K, K in 1..MAX_STATIC_K
 TRTLLM_MODES = MODES
+OVERLAP = "+overlap"          # a mode's loop suffix: 'dynamic+overlap' runs Executor(overlap=True)
 MAX_STATIC_K = 32
 MAX_REQUESTS = 1_000_000      # per replica per load point: the workload is built in memory up front
 
@@ -74,15 +76,31 @@ def float_list(text: str, what: str) -> tuple[float, ...]:
 
 def parse_modes(text: str) -> tuple[str, ...]:
     """'baseline,static:1,static:3,dynamic,adaptive' -> those five modes; each static:K is a mode of
-    its own (K in 1..32), plain 'static' takes --static-k."""
+    its own (K in 1..32), plain 'static' takes --static-k. Any of them may carry the loop suffix
+    '+overlap' ('baseline,baseline+overlap'): the same policy through the overlapped executor loop."""
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in modes if m not in ALL_MODES and static_k_of(m) is None]
+    bad = [m for m in modes if base_mode(m) not in ALL_MODES and static_k_of(base_mode(m)) is None]
     if bad or not modes:
         raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(ALL_MODES)} or static:K"
-                           f" (K in 1..{MAX_STATIC_K})")
+                           f" (K in 1..{MAX_STATIC_K}), each optionally with {OVERLAP}")
     if len(set(modes)) != len(modes):
         raise DynspecError(f"--modes {text!r} repeats a mode")
     return modes
+
+
+def base_mode(mode: str) -> str:
+    """The policy part of a mode: 'static:3+overlap' -> 'static:3'; 'dynamic' -> 'dynamic'."""
+    return mode[: -len(OVERLAP)] if mode.endswith(OVERLAP) else mode
+
+
+def overlapped(mode: str) -> bool:
+    """Does the mode run the overlapped executor loop ('dynamic+overlap')?"""
+    return mode.endswith(OVERLAP)
+
+
+def loop_of(mode: str) -> str:
+    """'dynamic+overlap' -> 'overlap'; 'dynamic' -> 'serial' (the row's `loop`)."""
+    return "overlap" if overlapped(mode) else "serial"
 
 
 def static_k_of(mode: str) -> int | None:
@@ -106,22 +124,24 @@ def read_schedule_arg(text: str) -> DraftSchedule:
 def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None,
                    max_batch_size: int) -> dict[str, DraftSchedule]:
     """baseline: K=0 always; static: K for every batch size; static:K that K; dynamic: the engine's
-    (or a tuned) schedule. Adaptive is not a schedule (adaptive_policy).
+    (or a tuned) schedule; a mode with the loop suffix ('static:3+overlap') its base mode's.
+    Adaptive is not a schedule (adaptive_policy).
 
     static_k defaults to the dynamic schedule's max_draft_len: 'what if we never switched'."""
     out = {}
-    for m in modes:
+    for mode in modes:
+        m = base_mode(mode)
         if m == "baseline":
-            out[m] = DraftSchedule()
+            out[mode] = DraftSchedule()
         elif m == "static":
             k = dynamic.max_draft_len if static_k is None else static_k
             if k < 1:
                 raise DynspecError("static mode needs --static-k K >= 1 (the dynamic schedule never speculates)")
-            out[m] = DraftSchedule.static(k, max_batch_size)
+            out[mode] = DraftSchedule.static(k, max_batch_size)
         elif static_k_of(m) is not None:
-            out[m] = DraftSchedule.static(static_k_of(m), max_batch_size)
+            out[mode] = DraftSchedule.static(static_k_of(m), max_batch_size)
         elif m == "dynamic":
-            out[m] = dynamic
+            out[mode] = dynamic
     return out
 
 
@@ -319,9 +339,12 @@ def check_flags(args: argparse.Namespace) -> None:
     from dynspec.runtime.acceptance import parse_acceptance
 
     modes = parse_modes(args.modes)
+    if args.engine == "trtllm" and any(overlapped(m) for m in modes):
+        raise DynspecError(f"--modes {args.modes!r}: {OVERLAP} is the reference executor's overlapped loop;"
+                           f" --engine trtllm runs its own loop (modes {', '.join(TRTLLM_MODES)})")
     if args.engine == "trtllm" and set(modes) - set(TRTLLM_MODES):
         raise DynspecError(f"--modes {args.modes!r}: --engine trtllm runs {', '.join(TRTLLM_MODES)} only")
-    if "adaptive" in modes:
+    if any(base_mode(m) == "adaptive" for m in modes):
         cost_model_path(args)
     if args.tp != 1 and args.engine == "trtllm":
         raise DynspecError(f"--tp {args.tp} is the reference engine's; TensorRT-LLM takes its TP from the engine dir "
@@ -383,15 +406,17 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     schedules: dict = mode_schedules(modes, dynamic, args.static_k, max_b)
     kmax = max([s.max_draft_len for s in schedules.values()] + [1])
     cost_model = None
-    if "adaptive" in modes:
+    if any(base_mode(m) == "adaptive" for m in modes):
         cost_model = cost_model_path(args)
         kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
-        schedules["adaptive"] = adaptive_policy(cost_model, kmax)     # kmax: the engine's max_draft_len
+        for m in modes:
+            if base_mode(m) == "adaptive":
+                schedules[m] = adaptive_policy(cost_model, kmax)     # kmax: the engine's max_draft_len
         schedules = {m: schedules[m] for m in modes}
     engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
-    keep_warm = {m: (False if m == "baseline" else engine_warm) for m in modes}
+    keep_warm = {m: (False if base_mode(m) == "baseline" else engine_warm) for m in modes}
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
 
     per_point = max(count.at(p) for p in points)
@@ -404,8 +429,10 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     if args.save_workload and w.is_root:
         write_jsonl(args.save_workload, reqs)
     desc += f"; {count} requests per replica per load point"
-    max_seq = max(r.input_len + r.output_tokens for r in reqs) + kmax + 1
+    longest = max(r.input_len + r.output_tokens for r in reqs)
+    max_seq = longest + cache_slack(kmax, any(overlapped(m) for m in modes))
     if args.max_seq_len is not None:
+        check_overlap_fits(modes, longest, kmax, args.max_seq_len)
         if args.max_seq_len < max_seq:
             raise DynspecError(f"--max-seq-len {args.max_seq_len} is below the {max_seq} positions the workload needs")
         max_seq = args.max_seq_len
@@ -413,6 +440,30 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
                      reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
                      None if cost_model is None else str(cost_model))
+
+
+def check_overlap_fits(modes: Sequence[str], longest: int, max_draft_len: int, max_seq_len: int) -> None:
+    """An overlapped mode's requests need cache_slack(K, True) = 2 (K + 1) positions past prompt +
+    output (runtime/overlap.py), K the engine's max_draft_len: longest 416, K 7, --max-seq-len 424 ->
+    "... needs --max-seq-len 432 ...". One line, before anything runs."""
+    over = [m for m in modes if overlapped(m)]
+    need = longest + cache_slack(max_draft_len, True)
+    if over and max_seq_len < need:
+        raise DynspecError(f"--max-seq-len {max_seq_len} is too short for the overlapped loop of {over[0]}: its requests"
+                           f" need prompt + output {longest} + {cache_slack(max_draft_len, True)} (2 x (K {max_draft_len}"
+                           f" + 1)) = {need} positions; give --max-seq-len {need}")
+
+
+def check_engine_overlap(plans: Sequence["PlannedSweep"]) -> None:
+    """check_overlap_fits for every planned sweep at the one engine's K and cache length (the
+    largest of any case's: sweep_cases.engine_sizes), naming the case."""
+    kmax = max(p.spec.max_draft_len for p in plans)
+    seq = max(p.spec.max_seq_len for p in plans)
+    for p in plans:
+        try:
+            check_overlap_fits(p.spec.modes, max(r.input_len + r.output_tokens for r in p.spec.requests), kmax, seq)
+        except DynspecError as e:
+            raise DynspecError(f"case {p.case.name!r}: {e}" if p.case.name else str(e)) from None
 
 
 def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output_len: str, n: int,
@@ -498,10 +549,18 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     if engine is None:
         engine = open_for_rank([spec], cfg, device, w, threads)
 
-    def executor(mode: str, n: int) -> Executor:
-        """A fresh executor (its request ids, the acceptance keys, count from 0) for a run of n requests."""
-        return Executor(engine, schedules[mode], keep_warm=warm[mode],
-                        acceptance=resolve_acceptance(spec.acceptance, n), allow_lossy=True)
+    def executor(mode: str, n: int) -> "StepTrace":
+        """A fresh executor (its request ids, the acceptance keys, count from 0) for a run of n
+        requests, through the mode's loop (serial, or overlapped for a '+overlap' mode)."""
+        return StepTrace(Executor(engine, schedules[mode], keep_warm=warm[mode],
+                                  acceptance=resolve_acceptance(spec.acceptance, n), allow_lossy=True,
+                                  overlap=overlapped(mode)), adaptive=base_mode(mode) == "adaptive")
+
+    def closed(ex, reqs, c, progress=None):
+        """closed_loop, then (overlapped) the iteration still in flight read back, outside the timing."""
+        rec = closed_loop(ex, reqs, c, progress=progress)
+        ex.run_until_idle()
+        return rec
 
     if spec.warmup_requests > 0:
         # untimed: every mode at batch 1 and at the largest concurrency (short outputs), so
@@ -509,9 +568,9 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         top = max([p.concurrency for p in spec.points if p.concurrency is not None] + [1])
         short = [replace(r, output_tokens=min(r.output_tokens, 8)) for r in spec.requests]
         for m in spec.modes:
-            closed_loop(executor(m, spec.warmup_requests), take(short, spec.warmup_requests), 1)
+            closed(executor(m, spec.warmup_requests), take(short, spec.warmup_requests), 1)
             if top > 1:
-                closed_loop(executor(m, top), take(short, top), top)
+                closed(executor(m, top), take(short, top), top)
         log(f"warmed up: {spec.warmup_requests} requests at C=1" + (f" and {top} at C={top}" if top > 1 else "")
             + " per mode")
 
@@ -535,15 +594,15 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
                 if bar is not None:
                     bar.set_postfix_str(f"{p.label} {m}" + (f" trial {t + 1}" if spec.trials > 1 else ""))
                 torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
-                ex = executor(m, n)
-                traced = AdaptiveTrace(ex) if m == "adaptive" else ex
+                traced = executor(m, n)
                 w.barrier()
                 cb = bar.update if bar is not None else None
                 if p.concurrency is not None:
                     rec = closed_loop(traced, mine, p.concurrency, progress=cb)
                 else:
                     rec = open_loop(traced, mine, p.request_rate, seed=spec.seed + w.rank, progress=cb)
-                out.append((p, m, t, rec, traced.steps if m == "adaptive" else ()))
+                traced.run_until_idle()          # overlapped: the last launch read back, after the timing
+                out.append((p, m, t, rec, traced.steps, traced.overlapped))
         return out
 
     def point_rows(records: list) -> list[dict]:
@@ -553,17 +612,20 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
             return []
         trials: dict[tuple, list] = {}
         steps: dict[tuple, list] = {}
+        overlapped_its: dict[tuple, list] = {}
         for i, (p, m, t, *_) in enumerate(records):
             trials.setdefault((p, m), []).append(summarize((rank_records[i][3] for rank_records in gathered),
                                                            p.concurrency))
             steps.setdefault((p, m), []).append([list(rank_records[i][4]) for rank_records in gathered])
+            overlapped_its.setdefault((p, m), []).append(sum(rank_records[i][5] for rank_records in gathered))
         rows = []
         for p in dict.fromkeys(p for p, _ in trials):
             for m in spec.modes:
                 mets = trials[(p, m)]
-                row = make_row(p, m, spec, schedules[m], warm[m], median_trial(mets), w.size)
-                row.update(trial_fields(mets))
-                if m == "adaptive":
+                med = median_trial(mets)
+                row = make_row(p, m, spec, schedules[m], warm[m], med, w.size)
+                row.update(trial_fields(mets), overlapped_iterations=overlapped_its[(p, m)][mets.index(med)])
+                if base_mode(m) == "adaptive":
                     row.update(adaptive_fields(steps[(p, m)], resolve_acceptance(spec.acceptance, spec.count.at(p))))
                 rows.append(row)
         return rows
@@ -574,7 +636,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
         done = run_point(p)
         if p.concurrency in spec.poisson_at:
             # rate = what the reference mode sustained here, agreed on by every rank
-            ref = w.gather([rec for q, m, _, rec, _ in done if m == ref_mode])
+            ref = w.gather([rec for q, m, _, rec, *_ in done if m == ref_mode])
             rate = w.bcast(matched_rate([summarize(trial) for trial in zip(*ref)], w.size) if w.is_root else None)
             done += run_point(LoadPoint(request_rate=rate, matched_concurrency=p.concurrency))
         rows += point_rows(done)
@@ -591,22 +653,29 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
 ADAPTIVE_FIELDS = ("k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size")
 
 
-class AdaptiveTrace:
-    """Wraps an Executor: forwards everything; step() also keeps each decode iteration's
-    ADAPTIVE_FIELDS (IterationStats of the adaptive policy) in `steps`, compact tuples."""
+class StepTrace:
+    """Wraps an Executor: forwards everything; step() counts the iterations the overlapped loop
+    ran (`overlapped`) and, with adaptive=True, keeps each decode iteration's ADAPTIVE_FIELDS
+    (IterationStats of the adaptive policy) in `steps`, compact tuples."""
 
-    def __init__(self, executor):
-        self._ex = executor
+    def __init__(self, executor, adaptive: bool = True):
+        self._ex, self._adaptive = executor, adaptive
         self.steps: list[tuple] = []
+        self.overlapped = 0
 
     def __getattr__(self, name):
         return getattr(self._ex, name)
 
     def step(self):
         st = self._ex.step()
-        if st is not None and st.batch_size > 0:
-            self.steps.append(adaptive_record(st))
+        if st is not None:
+            self.overlapped += bool(getattr(st, "overlapped", False))
+            if self._adaptive and st.batch_size > 0:
+                self.steps.append(adaptive_record(st))
         return st
+
+
+AdaptiveTrace = StepTrace       # the adaptive mode's trace: StepTrace(ex) keeps its records
 
 
 def adaptive_record(st) -> tuple:
@@ -648,6 +717,7 @@ def median_trial(mets: Sequence):
 def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, keep_warm: bool, met, world_size: int) -> dict:
     row = {
         "mode": mode,
+        "loop": loop_of(mode),             # serial | overlap: the executor loop the mode ran
         "concurrency": p.concurrency,
         "total_concurrency": None if p.concurrency is None else p.concurrency * world_size,
         "request_rate": p.request_rate,
@@ -752,6 +822,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     replicas = layout(w.rank, w.size, tp).replicas         # refuses -n that is not a multiple of --tp
     leaders = split_leaders(w, tp)                         # None on a TP worker
     plans = [plan(r, leaders or World(w.rank, replicas, w.local_rank), replicas, tp) for r in runs]
+    check_engine_overlap(plans)
     specs, cfg = [p.spec for p in plans], plans[0].cfg
     opened = {}
 

@@ -109,7 +109,7 @@ def test_one_h200_configs_fit_the_time_the_readme_gives():
 
 
 def test_configs_share_one_prepared_engine(tmp_path):
-    keys = {load_config(n).engine.key() for n in ONE_H200}
+    keys = {load_config(n).engine.key() for n in ONE_H200 + ("overlap",)}
     assert len(keys) == 1
     cmds = suite.prepare_commands(load_config("regime_a").engine, tmp_path)
     from dynspec.cli import make_parser

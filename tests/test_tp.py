@@ -471,7 +471,7 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
                            env={"DYNSPEC_TP_TIMEOUT_S": "3"})
     err = proc.stderr
     assert proc.returncode != 0, err[-3000:]
-    assert f"fault: {fault} at engine step 4" in err
+    assert f"fault: {fault} at engine step 4 (step)" in err
     line = next((x for x in err.splitlines() if "open requests ended after" in x), None)
     assert line is not None, err[-3000:]
     assert line.endswith(str(["error"] * CONCURRENCY)), line
@@ -479,6 +479,25 @@ def test_dead_or_hung_worker_fails_requests_and_ends_job(tmp_path, pair, fault, 
     assert "[dynspec rank 0] TpFault: leader: TP rank 0 (world rank 0):" in err
     assert "aborting all 2 ranks" in err
     assert wall < 60, f"the job took {wall:.1f} s to end"       # start-up included (4+ s of imports a rank)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_dead_worker_under_the_overlapped_loop_fails_requests_and_ends_job(tmp_path, pair):
+    """The overlapped loop's workers run launches, not steps: the fault lands on launch 4, while
+    the leader may already hold launch 5's plan; every open request ends as "error" and the job
+    ends, as under the serial loop."""
+    proc, wall, _ = run_tp(tmp_path, pair, 2, None, "--overlap", "--fault", "kill", "--fault-at", "4",
+                           env={"DYNSPEC_TP_TIMEOUT_S": "3"})
+    err = proc.stderr
+    assert proc.returncode != 0, err[-3000:]
+    assert "fault: kill at engine step 4 (launch)" in err
+    line = next((x for x in err.splitlines() if "open requests ended after" in x), None)
+    assert line is not None, err[-3000:]
+    assert line.endswith(str(["error"] * CONCURRENCY)), line
+    assert float(line.split("ended after ")[1].split(" s")[0]) < 5.0, line
+    assert "[dynspec rank 0] TpFault: leader: TP rank 0 (world rank 0):" in err
+    assert wall < 60, f"the job took {wall:.1f} s to end"
 
 
 @pytest.mark.slow

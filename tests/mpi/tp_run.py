@@ -6,7 +6,8 @@
 OUT.json (written by world rank 0): {"outputs": [[ids...] per prompt of replica 0],
 "steps": {world rank: [[iteration, b, K, [graph keys]], ...]}, "finish": [reasons]}.
 --fault kill|hang|raise makes TP rank 1 of replica 0 SIGKILL or SIGSTOP itself, or raise, when
-engine step --fault-at arrives; the job must end with an error, never hang.
+engine step --fault-at arrives (a step of the serial loop, a launch of the overlapped one); the
+job must end with an error, never hang.
 """
 import argparse
 import json
@@ -25,7 +26,8 @@ from dynspec.runtime.policy import DraftSchedule
 
 
 class FaultAt:
-    """Worker-side engine wrapper that kills, stops or raises in this process at engine step `at`."""
+    """Worker-side engine wrapper that kills, stops or raises in this process at engine step `at`,
+    counting the serial loop's steps and the overlapped loop's launches alike."""
 
     def __init__(self, engine, kind: str, at: int):
         self._engine, self.kind, self.at, self.n = engine, kind, at, 0
@@ -33,14 +35,21 @@ class FaultAt:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def step(self, *args, **kwargs):
+    def _count(self, what: str) -> None:
         if self.n == self.at:
-            log(f"fault: {self.kind} at engine step {self.n}", all_ranks=True)
+            log(f"fault: {self.kind} at engine step {self.n} ({what})", all_ranks=True)
             if self.kind == "raise":
                 raise RuntimeError(f"injected fault at engine step {self.n}")
             os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
         self.n += 1
+
+    def step(self, *args, **kwargs):
+        self._count("step")
         return self._engine.step(*args, **kwargs)
+
+    def launch(self, *args, **kwargs):
+        self._count("launch")
+        return self._engine.launch(*args, **kwargs)
 
 
 def main() -> None:

@@ -189,7 +189,7 @@ class ReferenceEngine:
             self._keys[slot] = key
             if self._acceptance is not None:
                 self.slot_p[slot] = rate_of(self._acceptance, key) or 0.0
-            table = torch.tensor(self.blocks.tables[slot], dtype=torch.long).to(self.device)   # one copy
+            table = self._to_device(self.blocks.tables[slot])                                   # one copy
             self.block_tables[slot, : len(table)] = table
             self.block_owner[table] = slot
             self.block_logical[table] = torch.arange(len(table), device=self.device)
@@ -197,10 +197,20 @@ class ReferenceEngine:
 
     def release(self, slot: int) -> None:
         """Free the slot's blocks (no K/V is copied or cleared)."""
-        blocks = torch.tensor(self.blocks.release(slot), dtype=torch.long).to(self.device)
+        blocks = self._to_device(self.blocks.release(slot))
         self._keys.pop(slot, None)
         self.block_owner[blocks] = -1
         self.block_tables[slot] = SCRATCH_BLOCK
+
+    def _to_device(self, values) -> torch.Tensor:
+        """A list of ints as a long tensor on the device. On CUDA it is copied from pinned memory
+        with non_blocking=True: the copy runs in stream order and the host goes on (a pageable copy
+        waits for the work queued before it, which would stall the overlapped loop's planning
+        behind the step in flight); the caching host allocator keeps the pinned block until the
+        copy is done. On CPU the tensor itself."""
+        if self.device.type != "cuda":
+            return torch.tensor(values, dtype=torch.long)
+        return torch.tensor(values, dtype=torch.long, pin_memory=True).to(self.device, non_blocking=True)
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
@@ -423,8 +433,9 @@ class ReferenceEngine:
 
     def _mixed_inputs(self, plan: StepPlan) -> "MixedInputs":
         """The chunks' side of an eager mixed iteration, every host -> device copy issued before
-        the first kernel (the draft's included): a copy from pageable memory waits for the
-        stream, so one issued later would stall the host until the work queued before it ends.
+        the first kernel (the draft's included): a copy from pageable memory (ragged_batch's,
+        PackedChunks') waits for the stream, so one issued later would stall the host until the
+        work queued before it ends; this one is pinned (_to_device).
         One tensor, split: [prompt tokens Nc | their draft inputs Nc | last chunks' packed index |
         their slot | token slots Nc]. Packed index of chunk token j: B*T + j."""
         b, B, T, chunks = plan.batch_size, plan.bucket, plan.k + 1, plan.chunks
@@ -438,8 +449,8 @@ class ReferenceEngine:
                 [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
                 [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
                 [c.slot for c in chunks for _ in c.tokens]]
-        prompt, nxt, last_idx, last_slot, token_slot = torch.tensor(
-            [x for part in host for x in part], dtype=torch.long).to(self.device).split([len(x) for x in host])
+        prompt, nxt, last_idx, last_slot, token_slot = self._to_device(
+            [x for part in host for x in part]).split([len(x) for x in host])
         pad = B - b                                                          # padding rows: slot pad_slot at 1
         slots = list(plan.slots) + [self.pad_slot] * pad + [c.slot for c in chunks]
         starts = list(plan.positions) + [1] * pad + [c.start for c in chunks]

@@ -1,0 +1,146 @@
+"""Sweep modes of the overlapped executor loop (`--modes baseline,baseline+overlap`): each runs the
+serial mode's policy through Executor(overlap=True), side by side with it in one trial rotation.
+Oracles: the serial twin (the same requests, the same lossless greedy acceptance on the embedded
+tiny pair, so the same output tokens) and the row's own per-loop arithmetic."""
+import json
+
+import pytest
+
+from dynspec.benchmarks import summary, sweep
+from dynspec.errors import DynspecError
+from dynspec.runtime.overlap import cache_slack
+
+MODES = "baseline,baseline+overlap,dynamic,dynamic+overlap"
+FLAGS = ["--schedule", "2:3", "--acceptance", "real", "--prompts", "stdlib", "--input-len", "8:16",
+         "--output-len", "6:12", "--num-requests", "4", "--warmup-requests", "1", "--trials", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("overlap_sweep") / "s"
+    assert sweep.main([*FLAGS, "--concurrency", "1,4", "--modes", MODES, "--out", str(out)]) == 0
+    return json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".md").read_text()
+
+
+def test_overlapped_modes_serve_the_same_tokens_through_the_overlapped_loop(swept):
+    doc, _ = swept
+    rows = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}
+    assert set(rows) == {(m, c) for m in MODES.split(",") for c in (1, 4)}
+    for c in (1, 4):
+        for m in ("baseline", "dynamic"):
+            serial, over = rows[(m, c)], rows[(m + "+overlap", c)]
+            assert (serial["loop"], over["loop"]) == ("serial", "overlap")
+            assert over["num_requests"] == serial["num_requests"] == 4
+            assert over["output_tokens"] == serial["output_tokens"] > 0, (m, c)
+            assert serial["overlapped_iterations"] == 0
+            assert over["overlapped_iterations"] == over["iterations"] > 0
+            assert over["schedule"] == serial["schedule"] and over["keep_warm"] == serial["keep_warm"]
+        assert rows[("baseline+overlap", c)]["mean_k"] == 0
+        assert rows[("dynamic+overlap", 1)]["mean_k"] == 3            # schedule 2:3 at b=1
+    assert doc["env"]["schedules"]["dynamic+overlap"] == doc["env"]["schedules"]["dynamic"] == "2:3"
+
+
+def test_ratios_of_an_overlapped_mode_are_against_its_own_loop(swept):
+    doc, md = swept
+    rows = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}
+    dyn, base = rows[("dynamic+overlap", 4)], rows[("baseline+overlap", 4)]
+    assert f"| dynamic+overlap | C=4 | {dyn['output_tok_per_s']:.1f} |" in md
+    line = next(x for x in md.splitlines() if x.startswith("| dynamic+overlap | C=4 |"))
+    assert line.split(" | ")[4].startswith(f"{dyn['output_tok_per_s'] / base['output_tok_per_s']:.2f}x")
+    fig = summary.sweep_figures(doc)
+    e = fig["by_concurrency"]["4"]
+    assert e["overlap"]["dynamic_vs_baseline"]["of_medians"] == pytest.approx(
+        dyn["output_tok_per_s"] / base["output_tok_per_s"])
+    assert e["dynamic_vs_baseline"]["of_medians"] == pytest.approx(
+        rows[("dynamic", 4)]["output_tok_per_s"] / rows[("baseline", 4)]["output_tok_per_s"])
+    assert e["overlap_vs_serial"]["baseline"]["of_medians"] == pytest.approx(
+        base["output_tok_per_s"] / rows[("baseline", 4)]["output_tok_per_s"])
+    assert e["idle"]["dynamic+overlap"] == dyn["engine_idle_fraction"]
+    table = summary.sweep_table(fig)
+    assert "overlap: dynamic / max(baseline, static)" in table["header"] and "dynamic+overlap idle" in table["header"]
+
+
+def test_mode_names_with_the_loop_suffix():
+    assert sweep.parse_modes("baseline,static:3+overlap,adaptive+overlap") == (
+        "baseline", "static:3+overlap", "adaptive+overlap")
+    assert [sweep.base_mode(m) for m in ("static:3+overlap", "dynamic")] == ["static:3", "dynamic"]
+    s = sweep.mode_schedules(("static:3+overlap", "baseline+overlap"), sweep.DraftSchedule.parse("4:2"), None, 8)
+    assert s["static:3+overlap"].draft_len(8) == 3 and s["baseline+overlap"].max_draft_len == 0
+    for text, msg in (("baseline+overlap,baseline+overlap", "repeats a mode"),
+                      ("turbo+overlap", "unknown mode(s) ['turbo+overlap']"),
+                      ("baseline+overlap+overlap", "unknown mode(s)"), ("static:40+overlap", "unknown mode(s)")):
+        with pytest.raises(DynspecError) as e:
+            sweep.parse_modes(text)
+        assert msg in str(e.value)
+
+
+def test_trtllm_refuses_the_overlapped_loop(tmp_path, capsys):
+    rc = sweep.main(["--engine", "trtllm", "--engine-dir", str(tmp_path), "--modes", "baseline,dynamic+overlap",
+                     "--out", str(tmp_path / "x")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "+overlap is the reference executor's overlapped loop; --engine trtllm runs its own loop" in err
+
+
+def test_a_cache_too_short_for_the_overlapped_loop_names_the_length_it_needs(tmp_path, capsys):
+    # prompts 8, outputs 6 -> 14 positions; schedule K 3: serial +4 = 18, overlapped +8 = 22
+    flags = [*FLAGS[:6], "--input-len", "8", "--output-len", "6", "--concurrency", "1", "--no-progress"]
+    assert cache_slack(3, False) == 4 and cache_slack(3, True) == 8
+    rc = sweep.main([*flags, "--modes", "dynamic,dynamic+overlap", "--max-seq-len", "20", "--out", str(tmp_path / "a")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: --max-seq-len 20 is too short for the overlapped loop of dynamic+overlap: its"
+                            " requests need prompt + output 14 + 8 (2 x (K 3 + 1)) = 22 positions; give"
+                            " --max-seq-len 22")
+    # cases share one engine of the largest K: case a's overlapped baseline needs K 3's slack from case b
+    (tmp_path / "c.json").write_text(json.dumps({"cases": [
+        {"name": "a", "args": ["--modes", "baseline+overlap"]}, {"name": "b", "args": ["--modes", "dynamic"]}]}))
+    rc = sweep.main([*flags, "--max-seq-len", "20", "--cases", str(tmp_path / "c.json"), "--out", str(tmp_path / "c")])
+    assert rc == 2
+    assert "error: case 'a': --max-seq-len 20 is too short for the overlapped loop of baseline+overlap" \
+        in capsys.readouterr().err
+    assert not list(tmp_path.glob("c_*.json"))                   # refused before any engine was opened
+
+
+def test_varied_over_fixed_per_loop():
+    def doc(tps):
+        return {"env": {"workload": "w", "command": "c"},
+                "rows": [{"mode": m, "concurrency": 64, "output_tok_per_s": t, "trial_tok_per_s": [t]}
+                         for m, t in tps.items()]}
+
+    fig = summary.varied_fixed_figures(doc({"baseline": 82.0, "baseline+overlap": 95.0}),
+                                       doc({"baseline": 100.0, "baseline+overlap": 100.0}))
+    assert fig["by_concurrency"]["64"]["ratio"] == pytest.approx(0.82)
+    assert fig["overlap"]["64"]["ratio"] == pytest.approx(0.95)
+    assert [r[:2] + r[4:5] for r in summary.varied_fixed_table(fig)["rows"]] == [
+        ["serial", "64", "0.820"], ["overlap", "64", "0.950"]]
+
+
+def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_path):
+    """benchmarks/configs/overlap.toml: its sweep cases parse as plain sweeps, resolve (here on the
+    tiny pair's config: the lengths and modes decide the fit) and every overlapped mode's requests
+    fit the shared --max-seq-len at the engine's K; one position less is refused."""
+    from dynspec.benchmarks import sweep_cases
+    from dynspec.benchmarks.mpi import World
+    from dynspec.benchmarks.suite import load_config, stage_commands
+    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+
+    st = next(s for s in stage_commands(load_config("overlap"), tmp_path / "e", tmp_path / "r") if s.files)
+    (path, text), = st.files
+    cases = [sweep_cases.Case(c["name"], tuple(c["args"])) for c in json.loads(text)["cases"]]
+    argv = [a for a in st.argv[3:] if a not in ("--engine-dir", str(tmp_path / "e"))]
+    cfg = engine_config_for(*tiny_pair_dirs(), sweep.DraftSchedule.parse("24:3,179:1"))
+
+    def plans(extra=()):
+        runs = [sweep_cases.parse_case([*argv, *extra], c, st.out) for c in cases]
+        return [sweep.PlannedSweep(r, cfg, "tiny", sweep.resolve(r.args, World(0, 1, 0), cfg)) for r in runs]
+
+    got = plans()
+    assert [p.case.name for p in got] == ["varied", "fixed", "regime_b"]
+    assert all(any(sweep.overlapped(m) for m in p.spec.modes) for p in got)
+    assert sweep_cases.engine_sizes([p.spec for p in got])["max_draft_len"] == 7
+    sweep.check_engine_overlap(got)
+    need = max(r.input_len + r.output_tokens for p in got for r in p.spec.requests) + cache_slack(7, True)
+    assert need <= 432 == 192 + 224 + cache_slack(7, True)           # the lengths' bound, 416 + 16
+    with pytest.raises(DynspecError, match=f"--max-seq-len {need - 1} is too short .* give --max-seq-len {need}$"):
+        sweep.check_engine_overlap(plans(["--max-seq-len", str(need - 1)]))

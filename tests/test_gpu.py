@@ -144,17 +144,25 @@ def _compiled() -> dict:
     return out
 
 
-def test_nothing_compiles_while_serving_after_the_capture(pair):
+@pytest.mark.parametrize("prompt_lens,max_seq,budget", [((4, 40), 128, 64), ((100, 300), 512, 512)],
+                         ids=["short-prompts", "chunks-over-several-query-blocks"])
+def test_nothing_compiles_while_serving_after_the_capture(pair, prompt_lens, max_seq, budget):
     """After capture_graphs (decode graphs, warm_chunks, whole graphs, warm_mixed), 40 requests
-    through 16 rows (finished rows replaced: arrivals beside decode rows at K = 5, 3, 1, 0; prompts
-    of 4..40 tokens) compile no new FlexAttention graph and no new Triton specialisation: each
-    first use would stall a served step."""
+    through 16 rows (finished rows replaced: arrivals beside decode rows at K = 5, 3, 1, 0) compile
+    no new FlexAttention graph and no new Triton specialisation: each first use would stall a
+    served step. Prompts of 4..40 tokens, then of 100..300 (chunks over several query blocks)."""
     rng = random.Random(5)
-    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(40)]
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(*prompt_lens))) for _ in range(40)]
     lens = [rng.randint(2, 30) for _ in prompts]
-    before = {}
-    out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens,
-                        on_captured=lambda: before.update(_compiled()))
+    policy = DraftSchedule.parse("2:5,4:3,8:1")
+    eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=max_seq,
+                                max_draft_len=5, max_num_tokens=budget)
+    eng.capture_graphs(reachable_graphs([policy], 16, True, budget))
+    before = _compiled()
+    ex = Executor(eng, policy, keep_warm=True)
+    for p, n in zip(prompts, lens):
+        ex.submit(p, n)
+    ex.run_until_idle()
     assert {s.k for s in ex.stats if s.decode_rows and s.prefill_tokens} >= {1, 3}
     assert before["paged_decode"] > 0                          # the kernel cache is read where Triton keeps it
     assert _compiled() == before

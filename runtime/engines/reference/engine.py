@@ -538,19 +538,18 @@ class ReferenceEngine:
     def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
         """Mixed iterations at every speculative row shape (bucket B, K) of `keys`, every row on
         the padding slot (K/V into the scratch block): B decode rows and one last chunk of 5
-        tokens, then one that makes the packed total a multiple of 16 (Triton specialises integer
-        arguments on that); at the smallest bucket of each K also a 300-token chunk and a
-        two-chunk step (one not last). A K > 0 mixed iteration finishes eagerly (the accept and
-        the draft's pass over rows and chunks), and what that compiles on first use at a (B, K)
-        would otherwise stall a served step for seconds. Chunks are capped to the token budget.
+        tokens, one that makes the packed total a multiple of 16 (Triton specialises integer
+        arguments on that), one of 300 tokens (several query blocks of the chunk attention) and
+        two chunks, one not last. A K > 0 mixed iteration finishes eagerly (the accept and the
+        draft's pass over rows and chunks), and what that compiles on first use at a (B, K) would
+        otherwise stall a served step for seconds. Chunks are capped to the token budget.
         Returns the steps run.
-        Keys spec (1, K=2), (4, K=2): B=1 (3 tokens a row): [5], [13], [300], [7, 3]; B=4: [5], [4]."""
-        pad, steps, seen = self.pad_slot, 0, set()
+        Key spec (4, K=2) (3 tokens a row, budget 64): chunks [5], [4], [52], [7, 3]."""
+        pad, steps = self.pad_slot, 0
         for bucket, k in sorted({(g.bucket, g.k) for g in keys if g.kind == "spec"}):
             rows = bucket * (k + 1)
             room = min(self.max_num_tokens - rows, self.max_seq_len - 1)
-            shapes = [(5,), (16 - rows % 16,)] + ([(300,), (7, 3)] if k not in seen else [])
-            seen.add(k)
+            shapes = [(5,), (16 - rows % 16,), (300,), (7, 3)]
             for sizes in shapes:
                 if room < sum(sizes) and len(sizes) > 1 or room < 1:
                     continue

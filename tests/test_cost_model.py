@@ -93,13 +93,20 @@ def test_format_two_round_trips(tmp_path):
     assert CostModel.load(path) == CostModel.from_profile(prof)
 
 
-def test_format_one_files_the_repo_commits_still_read():
+def test_format_one_documents_still_read(tmp_path):
+    """A format-1 file (one table at the top level), written from each committed decode_floor
+    profile's table: read as a profile of one context, its meta kept, rewritten as format 2."""
     files = sorted((REPO / "benchmarks" / "results" / "decode_floor").glob("floor*.json"))
     assert files, "the committed decode_floor profiles"
-    for f in files:
+    for i, src in enumerate(files):
+        doc = json.loads(src.read_text())
+        (table,) = doc["tables"]
+        raw = {"format": "dynspec-profile/1", "device": doc["device"], "context_len": table["context_len"],
+               "iteration_ms": table["iteration_ms"], "decode_ms": table.get("decode_ms"), "floor": doc["floor"]}
+        f = tmp_path / f"one{i}.json"
+        f.write_text(json.dumps(raw))
         prof = Profile.load(f)
-        raw = json.loads(f.read_text())
-        assert raw["format"] == "dynspec-profile/1" and prof.context_lens == (raw["context_len"],)
+        assert prof.context_lens == (raw["context_len"],)
         assert prof.table().iteration_ms[1][0] == raw["iteration_ms"]["1"]["0"]
         assert prof.meta["floor"] == raw["floor"]                     # the rest is meta, kept
         m = CostModel.load(f)

@@ -675,7 +675,6 @@ class StepTrace:
         return st
 
 
-AdaptiveTrace = StepTrace       # the adaptive mode's trace: StepTrace(ex) keeps its records
 
 
 def adaptive_record(st) -> tuple:

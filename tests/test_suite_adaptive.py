@@ -86,7 +86,7 @@ def test_adaptive_trace_keeps_decode_iterations_compactly():
         def submit(self, *a):
             return "handle"
 
-    tr = sweep.AdaptiveTrace(Ex())
+    tr = sweep.StepTrace(Ex())
     assert tr.submit([1], 2) == "handle"
     assert [tr.step() is None for _ in range(3)] == [False, True, False]
     assert tr.steps == [(2, 0.6123, 0, 21.5, 7, 12300.0, 4)]          # prompt-only and empty steps left out

@@ -568,7 +568,7 @@ class ReferenceEngine:
         """Every graph of GraphMode.FULL for the pure-decode `keys` (reachable_graphs): their
         decode graphs, then (CUDA) the eager path's chunk attention compiled (warm_chunks: its
         chunk-only steps run before a whole graph could take them), then the whole-forward graphs
-        of their row shapes (capture_whole_graphs), then one mixed iteration per speculative row
+        of their row shapes (capture_whole_graphs), then mixed iterations at every speculative row
         shape (warm_mixed). Returns how many graphs."""
         keys = tuple(keys)
         n = self.capture_decode_graphs(keys)

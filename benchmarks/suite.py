@@ -56,7 +56,7 @@ TOOLS = {"sweep": ["-m", "dynspec.benchmarks.sweep"], "profile": ["-m", "dynspec
 # every stage named sweep or sweep_*, at least one
 FIGURE_STAGES = {"sweep": ("sweep",), "decode_floor": ("floor",), "mixed_step": ("mixed",),
                  "varied_vs_fixed": ("varied", "fixed"), "tp": ("tp1", "tp2"), "adaptive": (),
-                 "cost_model": ("profile",)}
+                 "cost_model": ("profile",), "overlap": ("sweep_varied", "sweep_fixed", "sweep_regime_b", "floor")}
 FIGURES = tuple(FIGURE_STAGES)
 # what a profile stage may install into the prepared engine dir (`install = "cost_model.json"`)
 INSTALLABLE = ("cost_model.json",)

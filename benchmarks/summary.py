@@ -12,6 +12,9 @@ benchmarks/suite.py calls suite_figures(kind, results_dir, repeats) after a conf
                      dynamic, / dynamic (per-trial median, min, max), the policy's host cost per step,
                      settle iterations after a shift
     cost_model       the installed profile's iteration ms per (context, b, K)
+    overlap          the serial executor loop beside the overlapped one: baseline engine idle share and
+                     varied / fixed per C, regime B dynamic / max(baseline, static) per loop, the b=1
+                     step over its graphs alone and over the GEMM floor per loop
 Each kind also gives a table (summary.md) and a plot spec (summary.png), benchmarks/report.py.
 """
 from __future__ import annotations
@@ -500,6 +503,81 @@ def cost_model_plot(fig: Mapping) -> dict:
             "series": series}
 
 
+def overlap_figures(varied: Mapping, fixed: Mapping, regime: Mapping, floors: Sequence[Mapping]) -> dict:
+    """benchmarks/configs/overlap.toml's figures, each {"serial": ..., "overlap": ...} per C:
+    idle       baseline's engine_idle_fraction at varied lengths (0.083 = 8.3% of wall time)
+    varied_vs_fixed  baseline varied / fixed (varied_fixed_figures, its bounds)
+    regime_b   dynamic / max(baseline, static), each loop's modes against its own rivals
+    floor      b=1 plain decode: the step / its graphs alone, the step / the GEMM floor (per run)."""
+    v, rb = sweep_figures(varied)["by_concurrency"], sweep_figures(regime)["by_concurrency"]
+    idle = {c: {"serial": e["idle"].get("baseline"), "overlap": e["idle"].get("baseline" + OVERLAP)}
+            for c, e in v.items() if "idle" in e}
+    loops = _loops(varied_fixed_figures(varied, fixed))
+    vf = {c: {loop: by_c.get(c) for loop, by_c in loops.items()} for c in loops["serial"]}
+    regime_b = {c: {"serial": e.get("dynamic_vs_best"), "overlap": (e.get("overlap") or {}).get("dynamic_vs_best"),
+                    "verdicts": [e.get("dynamic_verdict"), (e.get("overlap") or {}).get("dynamic_verdict")]}
+                for c, e in rb.items()}
+    fl = floor_figures(floors)
+    trials = [decode_vs_gemm_floor(p) for p in floors]
+    floor = {"step_vs_graphs": {"serial": spread([t["decode_ms"] / t["decode_graph_ms"] for t in trials])
+                                if all(t.get("decode_graph_ms") for t in trials) else None,
+                                "overlap": fl.get("overlap_vs_graph")},
+             "step_vs_floor": {"serial": fl["ratio"], "overlap": fl.get("overlap_ratio")},
+             "step_ms": {"serial": fl["decode_ms"], "overlap": fl.get("overlap_ms")}}
+    return {"idle": idle, "varied_vs_fixed": vf, "regime_b": regime_b, "floor": floor, "floor_figures": fl,
+            "commands": _commands(varied) + _commands(fixed) + _commands(regime) + fl["commands"]}
+
+
+def _fmt_spread(r: Mapping | None, fmt: str = "{:.3f}") -> str:
+    if not r:
+        return "-"
+    if "median" in r and "min" in r:
+        return f"{fmt.format(r['median'])} [{fmt.format(r['min'])}..{fmt.format(r['max'])}]"
+    return _fmt_ratio(r)
+
+
+def overlap_table(fig: Mapping) -> dict:
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
+    vf = lambda e: "-" if not e else f"{e['ratio']:.3f} [{e['low']:.3f}..{e['high']:.3f}]"
+    rows = [["baseline engine idle, varied lengths", c, pct(e["serial"]), pct(e["overlap"]), "overlap <= 2%"]
+            for c, e in fig["idle"].items()]
+    rows += [["baseline varied / fixed, 6 waves", c, vf(e.get("serial")), vf(e.get("overlap")), ">= 0.90"]
+             for c, e in fig["varied_vs_fixed"].items()]
+    rows += [["regime B dynamic / max(baseline, static)", c, _fmt_ratio(e["serial"]), _fmt_ratio(e["overlap"]),
+              "overlap >= serial"] for c, e in fig["regime_b"].items()]
+    f = fig["floor"]
+    rows += [["b=1 decode step ms", 1, _fmt_spread(f["step_ms"]["serial"]), _fmt_spread(f["step_ms"]["overlap"]), "-"],
+             ["b=1 decode step / its graphs alone", 1, _fmt_spread(f["step_vs_graphs"]["serial"]),
+              _fmt_spread(f["step_vs_graphs"]["overlap"]), "overlap <= 1.03"],
+             ["b=1 decode step / GEMM floor", 1, _fmt_spread(f["step_vs_floor"]["serial"]),
+              _fmt_spread(f["step_vs_floor"]["overlap"]), "overlap <= 1.16"]]
+    return {"header": ["figure", "C", "serial loop", "overlapped loop", "target"], "rows": rows,
+            "notes": ["Ratios: median [min..max] over trials (sweeps: per-trial ratios, trial t of every mode in one"
+                      " rotation; varied / fixed: of the medians, bounded by the two runs' spreads; b=1: over the"
+                      " three profile runs). Idle: engine_idle_fraction, the share of wall time outside the"
+                      " engine's steps (overlapped: outside their device time)."]}
+
+
+def overlap_plot(fig: Mapping) -> dict:
+    groups = {f"varied/fixed C={c}": {loop: e["ratio"] for loop, e in by.items() if e}
+              for c, by in fig["varied_vs_fixed"].items()}
+    groups.update({f"regime B dyn/best C={c}": {loop: e[loop]["median"] if "median" in e[loop] else e[loop]["of_medians"]
+                                                for loop in ("serial", "overlap") if e.get(loop)}
+                   for c, e in fig["regime_b"].items()})
+    groups.update({f"b=1 {what.replace('_vs_', '/')}": {loop: v["median"] if isinstance(v, Mapping) else v
+                                                         for loop, v in fig["floor"][what].items() if v}
+                   for what in ("step_vs_graphs", "step_vs_floor")})
+    groups.update({f"idle C={c}": {loop: v for loop, v in e.items() if v is not None} for c, e in fig["idle"].items()})
+    return {"title": "serial vs overlapped executor loop", "x": "", "y": "ratio (idle: share of wall time)",
+            "groups": groups}
+
+
+def _floor_names(repeats: Mapping[str, int]) -> list[str]:
+    """The floor stage's outputs: 'floor', or 'floor1'..'floorN' when it repeats N > 1 times."""
+    n = repeats.get("floor", 1)
+    return ["floor"] if n == 1 else [f"floor{i}" for i in range(1, n + 1)]
+
+
 def _read(path) -> dict:
     from dynspec.artifacts import read_json
 
@@ -516,8 +594,7 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
         fig = sweep_figures(_read(d / "sweep.json"))
         return {"values": fig, "table": sweep_table(fig), "plot": sweep_plot(fig)}
     if kind == "decode_floor":
-        n = repeats.get("floor", 1)
-        names = ["floor"] if n == 1 else [f"floor{i}" for i in range(1, n + 1)]
+        names = _floor_names(repeats)
         fig = floor_figures([_read(d / f"{x}.json") for x in names])
         return {"values": fig, "table": floor_table(fig), "plot": floor_plot(fig)}
     if kind == "mixed_step":
@@ -537,6 +614,11 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
     if kind == "cost_model":
         fig = cost_model_figures(_read(d / "profile.json"), d / "profile.json")
         return {"values": fig, "table": cost_model_table(fig), "plot": cost_model_plot(fig)}
+    if kind == "overlap":
+        names = _floor_names(repeats)
+        fig = overlap_figures(*(_read(d / f"sweep_{c}.json") for c in ("varied", "fixed", "regime_b")),
+                              [_read(d / f"{x}.json") for x in names])
+        return {"values": fig, "table": overlap_table(fig), "plot": overlap_plot(fig)}
     raise DynspecError(f"unknown figures {kind!r}")
 
 

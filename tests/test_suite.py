@@ -330,3 +330,66 @@ def test_committed_h200_results_are_what_the_suite_computes_from_their_stages(na
     got = suite_figures(figures, res, repeats)
     want = json.loads((res / "summary.json").read_text())
     assert json.loads(json.dumps(got["values"])) == want["values"]
+
+
+OVERLAP_STAGES = """
+[[stages]]
+name = "sweep"
+tool = "sweep"
+[stages.args]
+acceptance = "bernoulli:0.7"
+max-seq-len = 64
+warmup-requests = 0
+trials = 3
+input-len = "16:24"
+output-len = "8:12"
+concurrency = "2"
+num-requests = 2
+[[stages.cases]]
+name = "varied"
+[stages.cases.args]
+modes = "baseline,baseline+overlap"
+[[stages.cases]]
+name = "fixed"
+[stages.cases.args]
+modes = "baseline,baseline+overlap"
+input-len = 20
+output-len = 10
+[[stages.cases]]
+name = "regime_b"
+[stages.cases.args]
+modes = "baseline,static,dynamic,baseline+overlap,static+overlap,dynamic+overlap"
+static-k = 2
+dynamic-schedule = "1:2"
+""" + FLOOR_STAGES
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_overlap_figures_pair_each_serial_figure_with_its_overlapped_twin_on_cpu(tmp_path):
+    """The overlap config's shape on the tiny random pair: every figure has a serial and an
+    overlapped value computed from that run's own rows and profiles."""
+    (tmp_path / "smoke_overlap.toml").write_text(SMOKE.format(figures="overlap", stages=OVERLAP_STAGES))
+    out = tmp_path / "results"
+    argv = [str(tmp_path / "smoke_overlap.toml"), "--work", str(tmp_path / "work"), "--out-root", str(out),
+            "--no-progress"]
+    assert suite.main(argv) == 0
+    res = out / "smoke_overlap"
+    fig = json.loads((res / "summary.json").read_text())["values"]
+    varied = {(r["mode"], r["concurrency"]): r for r in json.loads((res / "sweep_varied.json").read_text())["rows"]}
+    fixed = {(r["mode"], r["concurrency"]): r for r in json.loads((res / "sweep_fixed.json").read_text())["rows"]}
+    for loop, mode in (("serial", "baseline"), ("overlap", "baseline+overlap")):
+        assert fig["idle"]["2"][loop] == varied[(mode, 2)]["engine_idle_fraction"]
+        assert 0 <= fig["idle"]["2"][loop] < 1
+        want = varied[(mode, 2)]["output_tok_per_s"] / fixed[(mode, 2)]["output_tok_per_s"]
+        assert fig["varied_vs_fixed"]["2"][loop]["ratio"] == pytest.approx(want)
+        assert fig["regime_b"]["2"][loop]["n"] == 3
+    floors = [json.loads((res / f"floor{i}.json").read_text())["floor"] for i in (1, 2)]
+    step = sorted(f["decode_ms"] / f["gemm_floor_ms"] for f in floors)
+    assert fig["floor"]["step_vs_floor"]["serial"]["min"] == pytest.approx(step[0])
+    if all(f.get("decode_overlap_ms") for f in floors):
+        over = sorted(f["decode_overlap_ms"] / f["gemm_floor_ms"] for f in floors)
+        assert fig["floor"]["step_vs_floor"]["overlap"]["max"] == pytest.approx(over[1])
+    table = (res / "summary.md").read_text()
+    assert "baseline engine idle, varied lengths" in table and "b=1 decode step / GEMM floor" in table
+    assert (res / "summary.png").read_bytes()[:4] == b"\x89PNG"

@@ -22,6 +22,9 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
     sustained_tok_per_s closed loop: tokens emitted before the last request was submitted / the
                        time until then (`sustained`), summed over replicas
     engine_idle_fraction share of the wall time outside the engine's step (`engine_idle`)
+    gpu_gap_fraction   the part of it between two steps, as the device saw it (`gpu_gaps`): the
+                       rest lies before the first step and after the last; gpu_gap_mixed_share: the
+                       share of those gaps that came before an iteration with prompt chunks
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -76,12 +79,14 @@ class StepRecord:
     prefill_tokens: int | None = 0  # prompt tokens that rode in the same forward; None: not reported
     emitted: int | None = None      # tokens the step appended to requests; None: not reported
     end_s: float | None = None      # the run's clock at the step's end; None: not reported
+    gpu_idle_s: float | None = None  # device idle before it: the previous step's end to its start
 
     @classmethod
     def of(cls, st) -> "StepRecord":
         """From the executor's IterationStats."""
         return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds, st.decode_rows,
-                   st.prefill_tokens, getattr(st, "emitted", None), getattr(st, "end_s", None))
+                   st.prefill_tokens, getattr(st, "emitted", None), getattr(st, "end_s", None),
+                   getattr(st, "gpu_idle_s", None))
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,8 @@ class RunMetrics:
     steady_fraction: float | None = None
     sustained_tok_per_s: float | None = None   # None: open loop, one wave, or steps without end_s / emitted
     engine_idle_fraction: float | None = None  # see engine_idle; None: no steps or no wall time
+    gpu_gap_fraction: float | None = None      # see gpu_gaps; None: the engine reports no device idle
+    gpu_gap_mixed_share: float | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -230,6 +237,20 @@ def engine_idle(records: Sequence[RunRecord]) -> float | None:
     return 1.0 - sum(s.seconds for rec in records for s in rec.steps) / wall
 
 
+def gpu_gaps(records: Sequence[RunRecord]) -> tuple[float | None, float | None]:
+    """(device idle between consecutive steps / wall time, the share of that idle which came before
+    an iteration with prompt chunks), from the steps' gpu_idle_s; (None, None) when a step does not
+    report it (the first step of a run has none: nothing ran before it). Example: a 16.0-ms run,
+    steps with gaps None, 0.5 ms (decode) and 1.5 ms (a chunk rode along) -> (2 / 16, 0.75)."""
+    wall = sum(rec.duration_s for rec in records)
+    later = [s for rec in records for s in rec.steps[1:]]
+    if wall <= 0 or not later or any(s.gpu_idle_s is None for s in later):
+        return None, None
+    gap = sum(s.gpu_idle_s for s in later)
+    mixed = sum(s.gpu_idle_s for s in later if s.prefill_tokens)
+    return gap / wall, (mixed / gap if gap > 0 else None)
+
+
 def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> RunMetrics:
     """Merge the replicas' records of one run into one row of metrics. concurrency: the closed
     loop's C per replica (steady_tok_per_s); None for open-loop runs."""
@@ -254,6 +275,7 @@ def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> R
     held = [sustained(rec) for rec in records] if concurrency else [None]
     ss["sustained_tok_per_s"] = None if any(x is None for x in held) else sum(held)
     ss["engine_idle_fraction"] = engine_idle(records)
+    ss["gpu_gap_fraction"], ss["gpu_gap_mixed_share"] = gpu_gaps(records)
     return RunMetrics(
         replicas=len(records),
         num_requests=len(reqs),

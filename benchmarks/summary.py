@@ -524,8 +524,14 @@ def overlap_figures(varied: Mapping, fixed: Mapping, regime: Mapping, floors: Se
                                 "overlap": fl.get("overlap_vs_graph")},
              "step_vs_floor": {"serial": fl["ratio"], "overlap": fl.get("overlap_ratio")},
              "step_ms": {"serial": fl["decode_ms"], "overlap": fl.get("overlap_ms")}}
-    return {"idle": idle, "varied_vs_fixed": vf, "regime_b": regime_b, "floor": floor, "floor_figures": fl,
-            "commands": _commands(varied) + _commands(fixed) + _commands(regime) + fl["commands"]}
+    out = {"idle": idle, "varied_vs_fixed": vf, "regime_b": regime_b, "floor": floor, "floor_figures": fl,
+           "commands": _commands(varied) + _commands(fixed) + _commands(regime) + fl["commands"]}
+    rows = {(r["mode"], r["concurrency"]): r for r in varied["rows"] if r.get("gpu_gap_fraction") is not None}
+    if rows:            # sweeps that record the device's own gaps between steps (metrics.gpu_gaps)
+        out["gaps"] = {c: {loop: {k: rows[(m, int(c))][k] for k in ("gpu_gap_fraction", "gpu_gap_mixed_share")}
+                           for loop, m in (("serial", "baseline"), ("overlap", "baseline" + OVERLAP))
+                           if (m, int(c)) in rows} for c in idle}
+    return out
 
 
 def _fmt_spread(r: Mapping | None, fmt: str = "{:.3f}") -> str:
@@ -541,6 +547,10 @@ def overlap_table(fig: Mapping) -> dict:
     vf = lambda e: "-" if not e else f"{e['ratio']:.3f} [{e['low']:.3f}..{e['high']:.3f}]"
     rows = [["baseline engine idle, varied lengths", c, pct(e["serial"]), pct(e["overlap"]), "overlap <= 2%"]
             for c, e in fig["idle"].items()]
+    gap = lambda e: "-" if not e else pct(e["gpu_gap_fraction"]) + (
+        "" if e["gpu_gap_mixed_share"] is None else f" ({100 * e['gpu_gap_mixed_share']:.0f}% before mixed)")
+    rows += [["  of it, device gaps between steps", c, gap(e.get("serial")), gap(e.get("overlap")), "-"]
+             for c, e in fig.get("gaps", {}).items()]
     rows += [["baseline varied / fixed, 6 waves", c, vf(e.get("serial")), vf(e.get("overlap")), ">= 0.90"]
              for c, e in fig["varied_vs_fixed"].items()]
     rows += [["regime B dynamic / max(baseline, static)", c, _fmt_ratio(e["serial"]), _fmt_ratio(e["overlap"]),

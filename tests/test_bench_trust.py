@@ -68,6 +68,23 @@ def test_engine_idle_is_the_wall_time_outside_the_steps():
     assert engine_idle([RunRecord(reqs, (), 0.0, 0.016)]) is None
 
 
+def test_gpu_gaps_split_the_idle_between_steps_by_what_came_next():
+    from dynspec.benchmarks.metrics import RequestTiming, RunRecord, gpu_gaps, summarize
+
+    reqs = (RequestTiming(4, 2, 0.0, 0.005, 0.016),)
+    steps = (StepRecord(0, 0, 0, 0, 0.004, 0.0, 0, 20, gpu_idle_s=None),         # the first: nothing before it
+             StepRecord(2, 0, 0, 0, 0.004, 0.0, 2, 0, gpu_idle_s=0.0005),
+             StepRecord(2, 0, 0, 0, 0.004, 0.0, 2, 8, gpu_idle_s=0.0015))         # a chunk rode along
+    rec = RunRecord(reqs, steps, 0.0, 0.016)
+    assert gpu_gaps([rec]) == (pytest.approx(0.002 / 0.016), pytest.approx(0.75))
+    m = summarize([rec])
+    assert m.gpu_gap_fraction == pytest.approx(0.125) and m.engine_idle_fraction == pytest.approx(0.25)
+    older = RunRecord(reqs, tuple(StepRecord(2, 0, 0, 0, 0.004, 0.0) for _ in range(2)), 0.0, 0.016)
+    assert gpu_gaps([older]) == (None, None)                                # not reported: not 0
+    idle_free = RunRecord(reqs, steps[:2] + (StepRecord(2, 0, 0, 0, 0.004, 0.0, 2, 0, gpu_idle_s=0.0),), 0.0, 0.016)
+    assert gpu_gaps([idle_free])[1] == 0.0
+
+
 def test_varied_vs_fixed_steady_ratio_and_older_sweeps_without_it():
     varied = [row("baseline", 64, 50, 49, 51, steady_tok_per_s=90.0)]
     fixed = [row("baseline", 64, 100, 99, 101, steady_tok_per_s=100.0), row("baseline", 256, 1, 1, 1)]

@@ -561,7 +561,12 @@ def test_mixed_warm_up_runs_every_speculative_row_shape_and_serving_stays_lossle
     keys = reachable_graphs([pol], eng.max_batch_size, True, eng.max_num_tokens)
     spec = {(g.bucket, g.k) for g in keys if g.kind == "spec"}
     assert spec == {(1, 3), (2, 3), (4, 1)}
+    eng.capture_whole_graphs(keys)                        # CPU: the whole-forward functions, run uncaptured
+    runs = []
+    real = eng.whole.run
+    eng.whole.run = lambda key, *a: runs.append(key) or real(key, *a)
     assert eng.warm_mixed(keys) == 4 * len(spec)          # 5, to a multiple of 16, 300 (capped), 7 + 3
+    assert max(n for n, _, _ in runs) > eng.block_size    # a padding-slot chunk over several blocks, staged
     ps = prompts(8, seed=11)
     res = run_closed_loop(Executor(eng, pol), ps, 16, concurrency=4)
     assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 16)

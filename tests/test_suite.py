@@ -20,7 +20,7 @@ from dynspec.errors import DynspecError
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed")
-COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance")     # the adaptive configs' engine is their own
+COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance", "overlap")     # the adaptive configs' engine is their own
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
 
@@ -393,3 +393,7 @@ def test_overlap_figures_pair_each_serial_figure_with_its_overlapped_twin_on_cpu
     table = (res / "summary.md").read_text()
     assert "baseline engine idle, varied lengths" in table and "b=1 decode step / GEMM floor" in table
     assert (res / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    for loop, mode in (("serial", "baseline"), ("overlap", "baseline+overlap")):   # the engine's own gaps
+        assert fig["gaps"]["2"][loop]["gpu_gap_fraction"] == varied[(mode, 2)]["gpu_gap_fraction"]
+        assert 0 <= fig["gaps"]["2"][loop]["gpu_gap_fraction"] < 1
+    assert "device gaps between steps" in table

@@ -16,7 +16,7 @@ from dynspec.runtime.cost_model import ContextTable, Profile
 TIMED = {"duration_s", "output_tok_per_s", "requests_per_s", "p50_latency_s", "p99_latency_s", "mean_latency_s",
          "ttft_s", "p50_ttft_s", "p99_ttft_s", "tpot_s", "p50_tpot_s", "mean_step_ms", "host_overhead_fraction",
          "per_replica_tok_per_s", "steady_tok_per_s", "steady_fraction", "sustained_tok_per_s",
-         "engine_idle_fraction", "trial_tok_per_s", "tok_per_s_min", "tok_per_s_max", "trial_p99_ttft_s",
+         "engine_idle_fraction", "gpu_gap_fraction", "gpu_gap_mixed_share", "trial_tok_per_s", "tok_per_s_min", "tok_per_s_max", "trial_p99_ttft_s",
          "trial_steady_tok_per_s", "trial_sustained_tok_per_s"}
 STEP_TIMED = {"policy_us", "step_us"}
 

@@ -99,11 +99,21 @@ def uniform_batch(block_tables: Tensor, slots: Tensor, q_pos: Tensor, read_block
     )
 
 
+def to_device(host: Tensor, device) -> Tensor:
+    """A host tensor on `device`. CUDA: staged in pinned memory and copied with non_blocking=True,
+    in stream order: a pageable copy would hold the host until the work queued before it is done
+    (the overlapped loop's step in flight); the caching host allocator keeps the pinned block
+    until the copy has run. Elsewhere a plain copy (or the tensor itself on CPU)."""
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], lens: list[int],
                  block_size: int) -> RaggedBatch:
     """Rows of different lengths (decode rows and prompt chunks), laid out on the host with numpy
     (a fixed number of calls for any row count) and copied to the device in one transfer, with no
-    device-to-host sync (the pageable copy still waits for work already queued on the stream).
+    device-to-host sync (`to_device`: pinned, so the host does not wait for the work queued before it).
     Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
     Example, rows (slot 2, pos 5, 2 tokens) and (slot 0, pos 0, 3 tokens): row_of = [0 0 1 1 1],
     t = [0 1 0 1 2], positions = [5 6 0 1 2], out_index = [0 1 3 4 5] (Tq = 3)."""
@@ -121,7 +131,7 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     q_pos[row_of, t] = positions
     slots_a = np.asarray(slots, dtype=np.int64)
     parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a]
-    flat = torch.from_numpy(np.concatenate(parts)).to(dev)                           # the one copy
+    flat = to_device(torch.from_numpy(np.concatenate(parts)), dev)                   # the one copy
     q_index_d, q_pos_d, out_index, positions_d, token_slot, slots_t = flat.split([len(x) for x in parts])
     read = -(-(int(positions.max()) + 1) // block_size)                             # blocks to read
     tables = block_tables[slots_t]

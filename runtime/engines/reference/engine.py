@@ -45,7 +45,7 @@ import torch
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy, accepted_prefix, draft_uniforms, rate_of
 from dynspec.runtime.engines.reference.attention import (RaggedBatch, SplitRows, ragged_batch, sdpa_attention,
-                                                         uniform_batch)
+                                                         to_device, uniform_batch)
 from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, gather_carried, last_chunk_rows,
                                                      save_carried, with_device_rows)
 from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
@@ -203,14 +203,8 @@ class ReferenceEngine:
         self.block_tables[slot] = SCRATCH_BLOCK
 
     def _to_device(self, values) -> torch.Tensor:
-        """A list of ints as a long tensor on the device. On CUDA it is copied from pinned memory
-        with non_blocking=True: the copy runs in stream order and the host goes on (a pageable copy
-        waits for the work queued before it, which would stall the overlapped loop's planning
-        behind the step in flight); the caching host allocator keeps the pinned block until the
-        copy is done. On CPU the tensor itself."""
-        if self.device.type != "cuda":
-            return torch.tensor(values, dtype=torch.long)
-        return torch.tensor(values, dtype=torch.long, pin_memory=True).to(self.device, non_blocking=True)
+        """A list of ints as a long tensor on the device, without holding the host (to_device)."""
+        return to_device(torch.tensor(values, dtype=torch.long), self.device)
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .attention import RaggedBatch, _flex, sees
+from .attention import RaggedBatch, _flex, sees, to_device
 
 
 def packed_kv_blocks(rows, block_size: int, q_block: int = 128) -> list[list[int]]:
@@ -84,7 +84,7 @@ def kv_block_tensors(lists: list[list[int]], blocks: int, device) -> tuple[Tenso
     for m, x in enumerate(lists):
         host[m, 0] = len(x)
         host[m, 1: 1 + len(x)] = torch.tensor(x, dtype=torch.int32)
-    dev = host.to(device)
+    dev = to_device(host, device)                        # pinned: the host does not wait (attention.to_device)
     return dev[:, 0], dev[:, 1:]
 
 

@@ -240,7 +240,8 @@ def engine_idle(records: Sequence[RunRecord]) -> float | None:
 def gpu_gaps(records: Sequence[RunRecord]) -> tuple[float | None, float | None]:
     """(device idle between consecutive steps / wall time, the share of that idle which came before
     an iteration with prompt chunks), from the steps' gpu_idle_s; (None, None) when a step does not
-    report it (the first step of a run has none: nothing ran before it). Example: a 16.0-ms run,
+    report it. Each run's first step is left out: its gap reaches back to the step before the run
+    (a warm-up or the previous trial), outside the run's wall time. Example: a 16.0-ms run,
     steps with gaps None, 0.5 ms (decode) and 1.5 ms (a chunk rode along) -> (2 / 16, 0.75)."""
     wall = sum(rec.duration_s for rec in records)
     later = [s for rec in records for s in rec.steps[1:]]

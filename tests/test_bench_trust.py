@@ -72,7 +72,7 @@ def test_gpu_gaps_split_the_idle_between_steps_by_what_came_next():
     from dynspec.benchmarks.metrics import RequestTiming, RunRecord, gpu_gaps, summarize
 
     reqs = (RequestTiming(4, 2, 0.0, 0.005, 0.016),)
-    steps = (StepRecord(0, 0, 0, 0, 0.004, 0.0, 0, 20, gpu_idle_s=None),         # the first: nothing before it
+    steps = (StepRecord(0, 0, 0, 0, 0.004, 0.0, 0, 20, gpu_idle_s=None),         # the first: left out
              StepRecord(2, 0, 0, 0, 0.004, 0.0, 2, 0, gpu_idle_s=0.0005),
              StepRecord(2, 0, 0, 0, 0.004, 0.0, 2, 8, gpu_idle_s=0.0015))         # a chunk rode along
     rec = RunRecord(reqs, steps, 0.0, 0.016)

@@ -387,9 +387,8 @@ def test_overlap_figures_pair_each_serial_figure_with_its_overlapped_twin_on_cpu
     floors = [json.loads((res / f"floor{i}.json").read_text())["floor"] for i in (1, 2)]
     step = sorted(f["decode_ms"] / f["gemm_floor_ms"] for f in floors)
     assert fig["floor"]["step_vs_floor"]["serial"]["min"] == pytest.approx(step[0])
-    if all(f.get("decode_overlap_ms") for f in floors):
-        over = sorted(f["decode_overlap_ms"] / f["gemm_floor_ms"] for f in floors)
-        assert fig["floor"]["step_vs_floor"]["overlap"]["max"] == pytest.approx(over[1])
+    over = sorted(f["decode_overlap_ms"] / f["gemm_floor_ms"] for f in floors)   # the CPU engine serves it too
+    assert fig["floor"]["step_vs_floor"]["overlap"]["max"] == pytest.approx(over[1])
     table = (res / "summary.md").read_text()
     assert "baseline engine idle, varied lengths" in table and "b=1 decode step / GEMM floor" in table
     assert (res / "summary.png").read_bytes()[:4] == b"\x89PNG"

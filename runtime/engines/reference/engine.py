@@ -133,6 +133,7 @@ class ReferenceEngine:
         n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
         self.pad_slot = max_batch_size
         self.block_tables = torch.full((n, per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev)  # [slots+1, blocks]
+        self._scratch_row = (SCRATCH_BLOCK,) * per_seq       # a row of it without blocks, on the host (_table)
         self.block_owner = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)    # [blocks] slot or -1
         self.block_logical = torch.zeros(n_blocks, dtype=torch.long, device=dev)        # [blocks] index in its table
         fused = len(self.capture) * target.config.hidden_size
@@ -508,9 +509,10 @@ class ReferenceEngine:
         self.slot.fill_(self.pad_slot)
 
     def _table(self, slot: int) -> tuple[int, ...]:
-        """The slot's block table on the host; the padding slot's is the scratch block (which it
-        owns no more than any other slot: its tokens see nothing)."""
-        return self.blocks.tables.get(slot) or (SCRATCH_BLOCK,)
+        """The slot's block table on the host; a slot without blocks (the padding slot) has its
+        row of block_tables, the scratch block at every index, so any position of its chunk writes
+        there (which it owns no more than any other slot: its tokens see nothing)."""
+        return self.blocks.tables.get(slot) or self._scratch_row
 
     def warm_chunks(self) -> int:
         """Compile the prompt chunks' FlexAttention (PackedChunks) before serving, for the target's

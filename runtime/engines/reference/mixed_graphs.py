@@ -129,10 +129,7 @@ class WholeMixed:
             p = np.arange(c.start, c.start + n)
             tok[i:i + n] = c.tokens
             pos[i:i + n] = p
-            # the padding slot's table is the scratch block alone: every position of its chunk
-            # (warm_mixed's, up to 300 tokens) writes there, as its row of block_tables says
-            blk = np.asarray(table)[p // bs] if c.slot != e.pad_slot else SCRATCH_BLOCK
-            write[i:i + n] = blk * bs + p % bs
+            write[i:i + n] = np.asarray(table)[p // bs] * bs + p % bs
             slot[i:i + n] = c.slot
             nxt[i:i + n - 1] = c.tokens[1:]
             nxt[i + n - 1] = c.next_token or 0                 # a last chunk's: its first generated token (graph)

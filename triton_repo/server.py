@@ -567,8 +567,11 @@ def _serve_once(args, env, watch, note):
         return "start"
     except _Stop:
         return None
-    print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
-          f"{note}", flush=True)
+    # one write, newline included: tritonserver logs to the same stdout, and print's separate
+    # write of the newline (unbuffered output) let a log line land inside the ready line
+    sys.stdout.write(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
+                     f"metrics {server.metrics_url}{note}\n")
+    sys.stdout.flush()
     failure, signalled = None, False
     try:
         while server.proc.poll() is None and failure is None:

@@ -75,37 +75,31 @@ class AcceptanceEstimate:
 
     def update(self, k: int, accepted: Sequence[int]) -> "AcceptanceEstimate":
         """The estimate after one verify step at K with these per-row accepted counts (K=0 or no
-        rows: unchanged). Accepted counts beyond `positions` are clipped to it."""
+        rows: unchanged). Accepted counts beyond `positions` are clipped to it. One pass over the
+        positions decays, adds and chains (the executor calls it every verify step)."""
         rows = len(accepted)
         if k <= 0 or rows == 0:
             return self
         depth = min(k, self.positions)
         f = 0.5 ** (rows / self.half_life)
-        hits = [h * f for h in self.hits]
-        trials = [n * f for n in self.trials]
-        if rows == 1:                         # b=1: position j was drafted if n >= j-1, accepted if n >= j
-            n = accepted[0]
-            for j in range(min(n + 1, depth)):
-                trials[j] += 1.0
-            for j in range(min(n, depth)):
-                hits[j] += 1.0
-        else:
-            if not isinstance(accepted, (tuple, list)):
-                accepted = tuple(accepted)
-            reached = rows                    # #rows with n_r >= j, for j = 0, 1, ..
-            for j in range(depth):
-                trials[j] += reached
-                reached -= accepted.count(j)  # C-level count, however many rows
-                hits[j] += reached
-        return self._with(tuple(hits), tuple(trials))
-
-    def _with(self, hits: tuple[float, ...], trials: tuple[float, ...]) -> "AcceptanceEstimate":
-        """This estimate's settings with new counts (already shaped: no re-validation per step)."""
-        new = object.__new__(AcceptanceEstimate)
-        for name, value in (("prior", self.prior), ("positions", self.positions), ("half_life", self.half_life),
-                            ("prior_weight", self.prior_weight), ("hits", hits), ("trials", trials)):
-            object.__setattr__(new, name, value)
-        object.__setattr__(new, "_rates", new._chain())
+        if not isinstance(accepted, (tuple, list)):
+            accepted = tuple(accepted)
+        reached = [rows]                      # reached[j] = #rows with n_r >= j, j = 0..depth
+        for j in range(depth):
+            reached.append(reached[j] - accepted.count(j))   # C-level count, however many rows
+        hits, trials, rates = [], [], []
+        prev, w = self.prior, self.prior_weight
+        for j, (h, t) in enumerate(zip(self.hits, self.trials)):
+            h, t = h * f, t * f
+            if j < depth:
+                h, t = h + reached[j + 1], t + reached[j]
+            hits.append(h)
+            trials.append(t)
+            prev = (h + w * prev) / (t + w)
+            rates.append(prev)
+        new = object.__new__(AcceptanceEstimate)        # same settings, new counts: no re-validation per step
+        new.__dict__.update(prior=self.prior, positions=self.positions, half_life=self.half_life,
+                            prior_weight=w, hits=tuple(hits), trials=tuple(trials), _rates=tuple(rates))
         return new
 
     def forget(self, keep: float) -> "AcceptanceEstimate":

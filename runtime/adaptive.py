@@ -16,7 +16,8 @@ Then, in order:
     3. probe: if the choice is K=0, take K=1 once every `interval` iterations without speculation,
        interval = max(min_probe_interval, ceil((1 - gain(1)) / probe_loss)): by the cost model a
        probe costs at most probe_loss of the throughput, and it measures a_1 afresh, so a policy at
-       K=0 comes back when the draft starts matching again.
+       K=0 comes back when the draft starts matching again. After plain decode the probe rebuilds
+       the draft heads: its gain(1) there is scaled by the cold slot's ratio (s_cold), not s_1.
     4. keep-warm at K=0 (when the engine keeps the draft warm at all): only while K=0 is held
        against a better K (best > 0), where speculation resumes as soon as the margin is passed.
        When K=0 is the best choice, it runs as plain decode and pays no draft work (up to 13% of
@@ -24,7 +25,8 @@ Then, in order:
        draft's cache has a gap over the plain-decode stretch: lossless (the target verifies), but
        those rows may be accepted less, which the estimate measures. Rows admitted later have
        their whole prompt in the draft's cache.
-s_K (runtime/cost_calibration.py) is 1 until served steps are measured.
+s_K (runtime/cost_calibration.py) is 1 until served steps are measured; a speculative step whose
+rows' draft heads are stale (after plain decode) calibrates its own slot, s_cold.
 
 Worked example, b=16, ctx 1024, a = (0.5, 0.5, ...), t(16, K) = 10, 11, 12, 13 for K = 0..3:
     E = 1, 1.5, 1.75, 1.875   gain = 1, 1.364, 1.458, 1.442
@@ -155,9 +157,9 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     ks = candidates if candidates[-1] <= x.max_k else [k for k in candidates if k <= x.max_k]
     if row is None or len(ks) < 2:
         return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
-    ms, cold, extrapolated = row
-    scale = x.cost_scale
-    plain = cold if cold is not None else ms[0]            # no decode_ms: the keep-warm time, an upper bound
+    ms, decode, extrapolated = row
+    scale = x.cost_scale                                   # [K = 0..max_k, keep-warm K=0, cold speculative]
+    plain = decode if decode is not None else ms[0]        # no decode_ms: the keep-warm time, an upper bound
     base = plain * scale[0] if scale else plain
     acc, prev, dm = x.acceptance, x.previous_k, s.draft_margin
     if len(acc) < ks[-1]:
@@ -186,15 +188,17 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     # hold the previous K within the margin, but never a speculative K against plain decode
     if prev != best and prev_score is not None and best_score <= prev_score * (1 + s.margin) and (best or not prev):
         k, gain, reason = prev, prev_gain if prev else 1.0, "hold"
+    warm = x.keep_warm and (decode is None or best > 0)     # K=0 now (and in the stretch) keeps the draft warm
     if k == 0 and gain1 is not None:
+        if scale and not warm:                             # the probe rebuilds stale draft heads: its own slot
+            gain1 = gain1 * scale[1] / scale[-1]
         loss = 1.0 - gain1 if gain1 < 1.0 else 0.0
         interval = min(s.max_probe_interval, max(s.min_probe_interval, math.ceil(loss / s.probe_loss)))
         if x.since_spec >= interval:
             return Decision(1, best, gain1, "probe", extrapolated, predicted_ms=ms[1])
     if k:
         return Decision(k, best, gain, reason, extrapolated, predicted_ms=ms[k])
-    warm = x.keep_warm and (cold is None or best > 0)
-    gain = base / (ms[0] * scale[-1]) if warm and scale else base / ms[0] if warm else 1.0
+    gain = base / (ms[0] * scale[-2]) if warm and scale else base / ms[0] if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 
 

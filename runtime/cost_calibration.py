@@ -7,7 +7,11 @@ the error is not the same for every K. The policy multiplies each profiled time 
 measured ratio, so a K whose served cost runs above its profile stops being chosen on the profile's
 word alone.
 
-Options (slots): 0 = K=0 plain decode, k = K=k speculation, max_k + 1 = K=0 with keep-warm.
+Options (slots): 0 = K=0 plain decode, k = K=k speculation, max_k + 1 = K=0 with keep-warm,
+max_k + 2 = a cold speculative step (rows whose draft head is rebuilt after plain decode: a
+probe, or the first step back at K > 0). A cold K=1 probe was measured at 6.27 ms where a warm
+K=1 step ran 5.83 and plain decode 5.10 (H200, b=16): pooled into slot 1 it would price the warm
+K=1 too high, and the probes too low.
 Per slot, decayed sums of measured/predicted ratios with a half-life of `half_life` steps of that
 slot (a slot that is not taken keeps its last ratio), each ratio clipped to [1/2, 2] so that one
 stalled step (a garbage collection, a page fault) moves a scale by a bounded amount. A slot's
@@ -32,25 +36,28 @@ class CostCalibration:
     max_k: int = 8
     half_life: float = 16.0          # steps of one slot
     prior_weight: float = 4.0
-    ratios: tuple[float, ...] = ()   # [max_k + 2] decayed sums of measured / predicted
-    counts: tuple[float, ...] = ()   # [max_k + 2] decayed step counts
+    ratios: tuple[float, ...] = ()   # [max_k + 3] decayed sums of measured / predicted
+    counts: tuple[float, ...] = ()   # [max_k + 3] decayed step counts
 
     def __post_init__(self) -> None:
         if self.max_k < 0 or self.half_life <= 0 or self.prior_weight <= 0:
             raise DynspecError(f"cost calibration needs max_k >= 0, half_life > 0 and prior_weight > 0 "
                                f"(got {self.max_k}, {self.half_life}, {self.prior_weight})")
-        zero = (0.0,) * (self.max_k + 2)
+        zero = (0.0,) * (self.max_k + 3)
         object.__setattr__(self, "ratios", tuple(self.ratios) or zero)
         object.__setattr__(self, "counts", tuple(self.counts) or zero)
-        if len(self.ratios) != self.max_k + 2 or len(self.counts) != self.max_k + 2:
-            raise DynspecError(f"cost calibration sums must have {self.max_k + 2} slots")
+        if len(self.ratios) != self.max_k + 3 or len(self.counts) != self.max_k + 3:
+            raise DynspecError(f"cost calibration sums must have {self.max_k + 3} slots")
         object.__setattr__(self, "_scales", self._pooled())
 
-    def slot(self, k: int, keep_warm: bool) -> int:
-        return self.max_k + 1 if k == 0 and keep_warm else k
+    def slot(self, k: int, keep_warm: bool, cold: bool = False) -> int:
+        """cold: a K > 0 step with a row whose draft head is stale (Plan.stale)."""
+        if k == 0:
+            return self.max_k + 1 if keep_warm else 0
+        return self.max_k + 2 if cold else k
 
     def scales(self) -> tuple[float, ...]:
-        """[max_k + 2] measured / predicted per slot (1.0 with no data at all; computed once, when the
+        """[max_k + 3] measured / predicted per slot (1.0 with no data at all; computed once, when the
         calibration is made)."""
         return self._scales
 
@@ -61,17 +68,17 @@ class CostCalibration:
         return tuple((r + wg) / (n + w) for r, n in zip(self.ratios, self.counts))
 
     def update(self, slot: int, measured_ms: float, predicted_ms: float) -> "CostCalibration":
-        if not 0 <= slot <= self.max_k + 1:
-            raise DynspecError(f"cost calibration slot {slot} is outside 0..{self.max_k + 1}")
+        if not 0 <= slot <= self.max_k + 2:
+            raise DynspecError(f"cost calibration slot {slot} is outside 0..{self.max_k + 2}")
         if not predicted_ms > 0 or not measured_ms >= 0:
             return self
         f = 0.5 ** (1.0 / self.half_life)
         ratios, counts = list(self.ratios), list(self.counts)
         ratios[slot] = ratios[slot] * f + min(2.0, max(0.5, measured_ms / predicted_ms))
         counts[slot] = counts[slot] * f + 1.0
+        w = self.prior_weight
+        wg = w * sum(ratios) / sum(counts)              # counts[slot] >= 1: the pooled ratio exists
         new = object.__new__(CostCalibration)           # same settings, new sums: no re-validation per step
-        for name, value in (("max_k", self.max_k), ("half_life", self.half_life), ("prior_weight", self.prior_weight),
-                            ("ratios", tuple(ratios)), ("counts", tuple(counts))):
-            object.__setattr__(new, name, value)
-        object.__setattr__(new, "_scales", new._pooled())
+        new.__dict__.update(max_k=self.max_k, half_life=self.half_life, prior_weight=w, ratios=tuple(ratios),
+                            counts=tuple(counts), _scales=tuple([(r + wg) / (n + w) for r, n in zip(ratios, counts)]))
         return new

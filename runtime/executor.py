@@ -451,7 +451,8 @@ class Executor:
                 self._count_k(k)
             if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
                 cal = self._calibration
-                self._calibration = cal.update(cal.slot(k, plan.keep_warm), seconds * 1e3, decision.predicted_ms)
+                self._calibration = cal.update(cal.slot(k, plan.keep_warm, True in plan.stale), seconds * 1e3,
+                                               decision.predicted_ms)
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, seconds,
                             launched.t1 - launched.t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,

@@ -220,6 +220,35 @@ class _Messages(logging.Handler):
         self.lines.append(record.getMessage()[:2000])
 
 
+def test_the_overlapped_loop_serves_arrivals_with_no_hidden_sync(pair):
+    """The overlapped executor on CUDA graphs (float32 tiny pair, a 64-token budget): 40 requests
+    through 16 rows in a closed loop of 12, so arrivals land beside decode rows while K moves
+    between 5, 3, 1 and 0. From the first request on, torch.cuda.set_sync_debug_mode("error")
+    makes any synchronizing call PyTorch knows of (a pageable copy, .item(), nonzero) raise
+    wherever it is, planning, admission, staging or launch: the loop's one wait per iteration is
+    the result copy's event. Its tokens equal the serial loop's on the same engine."""
+    from dynspec.runtime.driver import closed_loop
+
+    rng = random.Random(9)
+    jobs = [(tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))), rng.randint(2, 30)) for _ in range(40)]
+    policy = DraftSchedule.parse("2:5,4:3,8:1")
+    eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
+                                max_draft_len=5, max_num_tokens=64)
+    eng.capture_graphs(reachable_graphs([policy], 16, True, 64))
+    serial = [h.result().output_ids for h in closed_loop(Executor(eng, policy), jobs, 12)]
+    ex = Executor(eng, policy, overlap=True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        handles = closed_loop(ex, jobs, 12)
+        ex.run_until_idle()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [h.result().output_ids for h in handles] == serial
+    stats = ex.stats
+    assert all(s.overlapped for s in stats) and any(s.decode_rows and s.prefill_tokens for s in stats)
+    assert {s.k for s in stats if s.decode_rows} >= {0, 1, 3, 5}
+
+
 @pytest.mark.parametrize("keep_warm", [True, False])
 def test_whole_k0_graphs_leave_the_eager_state(pair, keep_warm, monkeypatch):
     """K = 0 whole-graph iterations end the step inside the graph (head, captures, keep-warm K/V,

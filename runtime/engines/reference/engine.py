@@ -516,13 +516,14 @@ class ReferenceEngine:
 
     def warm_chunks(self) -> int:
         """Compile the prompt chunks' FlexAttention (PackedChunks) before serving, for the target's
-        and the draft's layouts: 1 packed token (compiled specialised), 5 (the symbolic length,
-        one q block) and min(300, max_num_tokens) (several q blocks, so the block lists' q-block
-        dimension is symbolic too), in chunk-only steps on the padding slot (its K/V go to the
+        and the draft's layouts. Its queries are padded to whole q blocks, at least two
+        (packed.q_blocks), so two lengths make every version it needs: 1 packed token (256
+        queries, compiled specialised) and min(300, max_num_tokens) (384: the query length and
+        the q-block count symbolic), in chunk-only steps on the padding slot (its K/V go to the
         scratch block; rows of at most max_seq_len - 1 tokens). Without it the first mixed
         iterations of a run would compile inside the measurement. Returns the steps run."""
         per_row = max(1, self.max_seq_len - 1)
-        sizes = sorted({1, min(5, self.max_num_tokens), min(300, self.max_num_tokens)})
+        sizes = sorted({1, min(300, self.max_num_tokens)})
         for n in sizes:
             rows = [min(per_row, n - i) for i in range(0, n, per_row)]
             plan = StepPlan(k=0, batch_size=0, bucket=0, positions=(), pending=(), stale=(), keep_warm=False,

@@ -40,7 +40,7 @@ from torch import Tensor
 from .attention import RaggedBatch, uniform_batch
 from .graphs import capture_chain, chain_cuts, no_cut
 from .kv_cache import SCRATCH_BLOCK
-from .packed import PackedChunks, packed_attention, packed_block_mask, packed_kv_blocks
+from .packed import PackedChunks, packed_attention, packed_block_mask, packed_kv_blocks, q_blocks
 from .target_pieces import TargetPieces, mixed_buckets
 
 Key = tuple[int, int, int]       # (Np, B, T)
@@ -81,7 +81,7 @@ class WholeMixed:
              self.in_last_slot, self.in_warm) = self.inp.split(split)
             # [q blocks, 1 + blocks]: count, then block ids; one tensor, laid out as packed.kv_block_tensors'
             # (FlexAttention's compiled versions are guarded on strides: the same layout reuses them)
-            kv = torch.zeros(-(-top // q_block), 1 + blocks, dtype=torch.int32, device=dev)
+            kv = torch.zeros(q_blocks(top, q_block), 1 + blocks, dtype=torch.int32, device=dev)
             self.kv, self.kv_num, self.kv_idx = kv, kv[:, 0], kv[:, 1:]
             self.h = like.new_zeros(top, t.config.hidden_size)                                   # [Np, h]
             self.H = like.new_zeros(top, len(pw.capture_layers) * t.config.hidden_size)          # [Np, n*h]
@@ -140,7 +140,7 @@ class WholeMixed:
             i += n
         if lists is None:
             lists = packed_kv_blocks(rows, bs, PackedChunks.Q_BLOCK)
-        nqb = -(-(Np - B * T) // PackedChunks.Q_BLOCK)
+        nqb = q_blocks(Np - B * T, PackedChunks.Q_BLOCK)
         kv = self._kv_np
         kv[:nqb, 0] = 0
         for j, blocks in enumerate(lists):
@@ -164,7 +164,7 @@ class WholeMixed:
         out: dict = {}
         pieces = pw.make(Np, out)
         n, L = B * T, Np - B * T
-        nqb = -(-L // PackedChunks.Q_BLOCK)
+        nqb = q_blocks(L, PackedChunks.Q_BLOCK)
         owner, logical, bs, P = e.block_owner, e.block_logical, e.block_size, self.pool_len
         scratch = SCRATCH_BLOCK * bs
 

@@ -8,6 +8,13 @@ positions 0..5, chunk b = 2 tokens of a slot with table (1,) at positions 0..1:
     packed tokens   a0 a1 a2 a3 | a4 a5 b0 b1
     q block 0 reads [7]; q block 1 reads [7, 3, 1]; inside them `attention.sees` applies the
     token's own slot and s <= p.
+
+One compiled FlexAttention per pool layout (target, draft) serves every chunk shape: the queries
+are padded to whole q blocks, at least MIN_Q_BLOCKS (3 tokens -> 256 queries, 300 -> 384), and the
+mask's per-query tensors are fresh, at storage offset 0. Dynamo specialises a size of 1 and a
+storage offset of 0 or 1, and inductor chose its kernel by query length (below 128 or not), so
+without that a chunk of 128 tokens, or one at the start of the packed rows, compiled anew inside
+a served step (1-2 s on the H200). Padding queries sit at position -1 and see nothing.
 """
 from __future__ import annotations
 
@@ -15,6 +22,14 @@ import torch
 from torch import Tensor
 
 from .attention import RaggedBatch, _flex, sees, to_device
+
+MIN_Q_BLOCKS = 2
+
+
+def q_blocks(tokens: int, q_block: int = 128) -> int:
+    """q blocks the chunk attention of `tokens` packed queries runs at: whole blocks, at least
+    MIN_Q_BLOCKS. q_blocks(3) = 2, q_blocks(256) = 2, q_blocks(300) = 3."""
+    return max(MIN_Q_BLOCKS, -(-tokens // q_block))
 
 
 def packed_kv_blocks(rows, block_size: int, q_block: int = 128) -> list[list[int]]:
@@ -78,8 +93,9 @@ class PackedChunks:
 
 
 def kv_block_tensors(lists: list[list[int]], blocks: int, device) -> tuple[Tensor, Tensor]:
-    """`packed_kv_blocks`' lists -> (num [nqb] int32, idx [nqb, blocks] int32) on device, in one copy."""
-    nqb = len(lists)
+    """`packed_kv_blocks`' lists -> (num [nqb] int32, idx [nqb, blocks] int32) on device, in one copy;
+    nqb = max(len(lists), MIN_Q_BLOCKS), the padding q blocks visiting no block."""
+    nqb = max(len(lists), MIN_Q_BLOCKS)
     host = torch.zeros(nqb, 1 + blocks, dtype=torch.int32)
     for m, x in enumerate(lists):
         host[m, 0] = len(x)
@@ -94,17 +110,25 @@ def packed_block_mask(num: Tensor, idx: Tensor, token_slot: Tensor, positions: T
     num[m] blocks idx[m, :num[m]]; inside them token i sees pool position s of block blk iff
     owner[blk] == token_slot[i] and its logical position <= positions[i]. A token of a slot
     that owns no block (the padding slot) sees nothing; FlexAttention gives it zeros.
-    num [nqb], idx [nqb, pool_len // block_size]; token_slot, positions [L], L <= nqb * q_block."""
+    num [nqb], idx [nqb, pool_len // block_size]; token_slot, positions [L], nqb = q_blocks(L).
+    The mask covers nqb x q_block queries (packed_attention pads q to that); the padding ones
+    sit at position -1."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    bs, nqb = block_size, num.shape[0]
+    bs, nqb, L = block_size, num.shape[0], positions.shape[0]
+    if nqb != q_blocks(L, q_block):
+        raise ValueError(f"{L} packed queries run at {q_blocks(L, q_block)} q blocks of {q_block}; {nqb} given")
+    Lp = nqb * q_block
+    slot_of = token_slot.new_zeros(Lp)              # fresh: offset 0 whatever view the caller holds
+    slot_of[:L] = token_slot
+    pos_of = positions.new_full((Lp,), -1)
+    pos_of[:L] = positions
 
     def mask_mod(b, h, qi, ki):
-        return sees(owner, logical, bs, token_slot[qi], positions[qi], ki)
+        return sees(owner, logical, bs, slot_of[qi], pos_of[qi], ki)
 
     return BlockMask.from_kv_blocks(num.view(1, 1, nqb), idx.view(1, 1, nqb, -1), BLOCK_SIZE=(q_block, bs),
-                                    mask_mod=mask_mod, seq_lengths=(positions.shape[0], pool_len),
-                                    compute_q_blocks=False)
+                                    mask_mod=mask_mod, seq_lengths=(Lp, pool_len), compute_q_blocks=False)
 
 
 FORCE_MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}
@@ -113,9 +137,10 @@ FORCE_MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}
 def packed_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, mask) -> Tensor:
     """q [L, nh, hd] packed tokens as one query sequence, `packed_block_mask` -> [L, nh*hd]."""
     L, nh, hd = q.shape
-    # contiguous: the target's q ([L, nh, hd] rows), the draft's and slices of either then share one
-    # compiled version (strides are guarded); the copy is L x nh x hd, one launch
-    qr = q.transpose(0, 1).contiguous()[None]                                           # [1, nh, L, hd]
+    # padded to the mask's Lp queries and contiguous (a pad of 0 returns the strided view): the
+    # target's q ([L, nh, hd] rows), the draft's and slices of either then share one compiled
+    # version (strides are guarded); one copy
+    qr = torch.nn.functional.pad(q.transpose(0, 1), (0, 0, 0, mask.seq_lengths[0] - L)).contiguous()[None]
     torch._dynamo.mark_static(qr, 0)
     torch._dynamo.mark_static(qr, 1)
     # the main kernel always: below 128 queries inductor would pick its decoding kernel, whose
@@ -123,4 +148,4 @@ def packed_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, mask) -> Tensor:
     # block; no config then fits and the lowering fails (NoValidChoicesError: H200, 8B shape, bf16)
     o = _flex()(qr, k_pool[None], v_pool[None], block_mask=mask, enable_gqa=True,
                 kernel_options=FORCE_MAIN_KERNEL)
-    return o[0].transpose(0, 1).reshape(L, nh * hd)
+    return o[0, :, :L].transpose(0, 1).reshape(L, nh * hd)

@@ -304,9 +304,14 @@ class ReferenceEngine:
 
     # ---- device functions: static buffers in, static buffers out; graph-capturable ----------
     def _rows(self, B: int, q_pos: torch.Tensor, read: int | None) -> RaggedBatch:
-        """Decode rows 0..B-1, row r's tokens at q_pos[r] ([B, T])."""
-        return uniform_batch(self.block_tables, self.slot[:B], q_pos, read or self.max_blocks_per_seq,
-                             self.block_size)
+        """Decode rows 0..B-1, row r's tokens at q_pos[r] ([B, T]), over `read` blocks of their
+        tables (None: all). Where Triton runs always all, as in the decode graphs: the paged
+        kernel's launch constants (PER, SPLITS) follow the table width, so an eager step at its
+        own `read` (a K > 0 mixed iteration's draft chain and decode rows) compiled a kernel of its
+        own on first use, 1-2 s inside a served step on the H200; at the graphs' width it runs
+        theirs. Tiles past a row's last position load nothing. SDPA (CPU) gathers `read` blocks."""
+        width = self.max_blocks_per_seq if self.triton or not read else read
+        return uniform_batch(self.block_tables, self.slot[:B], q_pos, width, self.block_size)
 
     def decode_attention(self):
         """The decode rows' attention, graphed or eager: PagedDecode (RoPE and the K/V write

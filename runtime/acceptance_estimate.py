@@ -55,18 +55,11 @@ class AcceptanceEstimate:
         object.__setattr__(self, "trials", tuple(self.trials) or zero)
         if len(self.hits) != self.positions or len(self.trials) != self.positions:
             raise DynspecError(f"acceptance estimate counts must have {self.positions} positions")
-        object.__setattr__(self, "_rates", self._chain())
+        object.__setattr__(self, "_rates", _chain(self.prior, self.prior_weight, self.hits, self.trials))
 
     def rates(self) -> tuple[float, ...]:
         """(a_1, ..., a_positions), each in [0, 1] (computed once, when the estimate is made)."""
         return self._rates
-
-    def _chain(self) -> tuple[float, ...]:
-        out, prev, w = [], self.prior, self.prior_weight
-        for h, n in zip(self.hits, self.trials):
-            prev = (h + w * prev) / (n + w)
-            out.append(prev)
-        return tuple(out)
 
     @property
     def rows_seen(self) -> float:
@@ -75,8 +68,7 @@ class AcceptanceEstimate:
 
     def update(self, k: int, accepted: Sequence[int]) -> "AcceptanceEstimate":
         """The estimate after one verify step at K with these per-row accepted counts (K=0 or no
-        rows: unchanged). Accepted counts beyond `positions` are clipped to it. One pass over the
-        positions decays, adds and chains (the executor calls it every verify step)."""
+        rows: unchanged). Accepted counts beyond `positions` are clipped to it."""
         rows = len(accepted)
         if k <= 0 or rows == 0:
             return self
@@ -87,19 +79,13 @@ class AcceptanceEstimate:
         reached = [rows]                      # reached[j] = #rows with n_r >= j, j = 0..depth
         for j in range(depth):
             reached.append(reached[j] - accepted.count(j))   # C-level count, however many rows
-        hits, trials, rates = [], [], []
-        prev, w = self.prior, self.prior_weight
-        for j, (h, t) in enumerate(zip(self.hits, self.trials)):
-            h, t = h * f, t * f
-            if j < depth:
-                h, t = h + reached[j + 1], t + reached[j]
-            hits.append(h)
-            trials.append(t)
-            prev = (h + w * prev) / (t + w)
-            rates.append(prev)
+        past = [0] * (self.positions - depth)           # positions past K: decay only
+        hits = tuple([h * f + r for h, r in zip(self.hits, reached[1:] + past)])
+        trials = tuple([t * f + r for t, r in zip(self.trials, reached[:depth] + past)])
         new = object.__new__(AcceptanceEstimate)        # same settings, new counts: no re-validation per step
         new.__dict__.update(prior=self.prior, positions=self.positions, half_life=self.half_life,
-                            prior_weight=w, hits=tuple(hits), trials=tuple(trials), _rates=tuple(rates))
+                            prior_weight=self.prior_weight, hits=hits, trials=trials,
+                            _rates=_chain(self.prior, self.prior_weight, hits, trials))
         return new
 
     def forget(self, keep: float) -> "AcceptanceEstimate":
@@ -111,3 +97,12 @@ class AcceptanceEstimate:
             return self
         return AcceptanceEstimate(self.rates()[0], self.positions, self.half_life, self.prior_weight,
                                   tuple(h * keep for h in self.hits), tuple(n * keep for n in self.trials))
+
+
+def _chain(prior: float, w: float, hits: Sequence[float], trials: Sequence[float]) -> tuple[float, ...]:
+    """The module docstring's chain of shrunk rates: a_1 towards the prior, a_j towards a_{j-1}."""
+    out, prev = [], prior
+    for h, n in zip(hits, trials):
+        prev = (h + w * prev) / (n + w)
+        out.append(prev)
+    return tuple(out)

@@ -48,7 +48,7 @@ class CostCalibration:
         object.__setattr__(self, "counts", tuple(self.counts) or zero)
         if len(self.ratios) != self.max_k + 3 or len(self.counts) != self.max_k + 3:
             raise DynspecError(f"cost calibration sums must have {self.max_k + 3} slots")
-        object.__setattr__(self, "_scales", self._pooled())
+        object.__setattr__(self, "_scales", _pooled(self.ratios, self.counts, self.prior_weight))
 
     def slot(self, k: int, keep_warm: bool, cold: bool = False) -> int:
         """cold: a K > 0 step with a row whose draft head is stale (Plan.stale)."""
@@ -61,12 +61,6 @@ class CostCalibration:
         calibration is made)."""
         return self._scales
 
-    def _pooled(self) -> tuple[float, ...]:
-        n_all = sum(self.counts)
-        g = sum(self.ratios) / n_all if n_all > 0 else 1.0
-        wg, w = self.prior_weight * g, self.prior_weight
-        return tuple((r + wg) / (n + w) for r, n in zip(self.ratios, self.counts))
-
     def update(self, slot: int, measured_ms: float, predicted_ms: float) -> "CostCalibration":
         if not 0 <= slot <= self.max_k + 2:
             raise DynspecError(f"cost calibration slot {slot} is outside 0..{self.max_k + 2}")
@@ -76,9 +70,15 @@ class CostCalibration:
         ratios, counts = list(self.ratios), list(self.counts)
         ratios[slot] = ratios[slot] * f + min(2.0, max(0.5, measured_ms / predicted_ms))
         counts[slot] = counts[slot] * f + 1.0
-        w = self.prior_weight
-        wg = w * sum(ratios) / sum(counts)              # counts[slot] >= 1: the pooled ratio exists
         new = object.__new__(CostCalibration)           # same settings, new sums: no re-validation per step
-        new.__dict__.update(max_k=self.max_k, half_life=self.half_life, prior_weight=w, ratios=tuple(ratios),
-                            counts=tuple(counts), _scales=tuple([(r + wg) / (n + w) for r, n in zip(ratios, counts)]))
+        new.__dict__.update(max_k=self.max_k, half_life=self.half_life, prior_weight=self.prior_weight,
+                            ratios=tuple(ratios), counts=tuple(counts),
+                            _scales=_pooled(ratios, counts, self.prior_weight))
         return new
+
+
+def _pooled(ratios, counts, w: float) -> tuple[float, ...]:
+    """Each slot's scale (r + w g) / (n + w), g the pooled ratio of every slot (1 with no data)."""
+    n_all = sum(counts)
+    wg = w * (sum(ratios) / n_all if n_all > 0 else 1.0)
+    return tuple([(r + wg) / (n + w) for r, n in zip(ratios, counts)])

@@ -13,12 +13,19 @@ Then, in order:
     2. hold: keep the previous K while score(best) <= score(previous) * (1 + margin), except a
        K > 0 against best = 0: speculation predicted to lose to plain decode is never held, so
        the band between K=1 and K=0 is score(1) in [1, 1 + margin], above break-even
-    3. probe: if the choice is K=0, take K=1 once every `interval` iterations without speculation,
+    3. explore: while plain decode's served cost is unmeasured (fewer than `explore_steps`
+       plain-decode steps calibrated) and the best K predicts less than `explore_band` over it, run
+       plain decode: its slot otherwise takes the pooled ratio, i.e. the K > 0 slots' own, and a
+       served K=1 that runs further above its profile than plain decode (6% against 3% at b=16 on
+       the H200) stays predicted a win at a rate where it loses. A few steps at break-even cost
+       nothing; afterwards the comparison is between two measured prices, and the hold band keeps
+       K=0 unless K > 0 beats it by the margin.
+    4. probe: if the choice is K=0, take K=1 once every `interval` iterations without speculation,
        interval = max(min_probe_interval, ceil((1 - gain(1)) / probe_loss)): by the cost model a
        probe costs at most probe_loss of the throughput, and it measures a_1 afresh, so a policy at
        K=0 comes back when the draft starts matching again. After plain decode the probe rebuilds
        the draft heads: its gain(1) there is scaled by the cold slot's ratio (s_cold), not s_1.
-    4. keep-warm at K=0 (when the engine keeps the draft warm at all): only while K=0 is held
+    5. keep-warm at K=0 (when the engine keeps the draft warm at all): only while K=0 is held
        against a better K (best > 0), where speculation resumes as soon as the margin is passed.
        When K=0 is the best choice, it runs as plain decode and pays no draft work (up to 13% of
        a b=256 step); a later speculative step (a probe too) rebuilds the draft head, and the
@@ -32,7 +39,8 @@ Worked example, b=16, ctx 1024, a = (0.5, 0.5, ...), t(16, K) = 10, 11, 12, 13 f
     E = 1, 1.5, 1.75, 1.875   gain = 1, 1.364, 1.458, 1.442
     score (margin 1.01) = 1, 1.350, 1.430, 1.400  -> best K=2; from previous K=3 it moves
     (1.430 > 1.400 * 1.02 = 1.428); from previous K=1 too. With a = 0.15 instead:
-    gain = 1, 1.045, 0.977, 0.905 -> K=1 (score 1.035 > 1 x 1.02).
+    gain = 1, 1.045, 0.977, 0.905 -> K=1 (score 1.035 > 1 x 1.02), but while fewer than 4
+    plain-decode steps are calibrated, 1.045 < 1 + 0.05: plain decode first (explore).
 Pure: the state (estimate, step-cost ratios, previous K, iterations since speculation) lives in
 the executor and comes in through PolicyInputs; the executor runs on a replica's leader only,
 which sends its plan to the other TP ranks.
@@ -56,6 +64,8 @@ class AdaptiveSettings:
     probe_loss: float = 0.005        # at most this share of throughput goes to probing (cost model)
     min_probe_interval: int = 8
     max_probe_interval: int = 4096
+    explore_band: float = 0.05       # explore plain decode while the best K predicts less than this over it
+    explore_steps: float = 4.0       # ... and fewer plain-decode steps than this are calibrated
     calibrate: bool = True           # scale profiled times by served/profiled ratios (False: the profile alone)
     half_life: float = HALF_LIFE_ROWS   # the estimate's memory, in rows drafted at position 1
     prior: float | None = None       # a_1 before any data; None: the profile's measured a_1, else 0.5
@@ -67,6 +77,9 @@ class AdaptiveSettings:
         if not 1 <= self.min_probe_interval <= self.max_probe_interval:
             raise DynspecError(f"adaptive settings: probe intervals {self.min_probe_interval}.."
                                f"{self.max_probe_interval} must satisfy 1 <= min <= max")
+        if self.explore_band < 0 or self.explore_steps < 0:
+            raise DynspecError(f"adaptive settings: explore_band {self.explore_band} and explore_steps "
+                               f"{self.explore_steps} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,7 @@ class PolicyInputs:
     bucket: int = 0                  # padded rows the step runs at (0: batch_size)
     cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: all 1)
     keep_warm: bool = True           # the engine may keep the draft warm at K=0
+    plain_steps: float = math.inf    # plain-decode steps calibrated (CostCalibration.counts[0]; inf: none to explore)
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,7 @@ class Decision:
     k: int
     best_k: int                      # the argmax before hold / probe
     gain: float | None               # predicted gain(k) over plain decode; None: not predicted
-    reason: str                      # "best" | "hold" | "probe" | "unprofiled batch"
+    reason: str                      # "best" | "hold" | "probe" | "explore" | "unprofiled batch"
     extrapolated: bool = False       # a cost lookup left the profiled range
     keep_warm: bool = True           # K=0: extend the draft's cache over the new token
     predicted_ms: float | None = None   # the profile's time of (k, keep_warm) at this step, unscaled
@@ -189,6 +203,8 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     if prev != best and prev_score is not None and best_score <= prev_score * (1 + s.margin) and (best or not prev):
         k, gain, reason = prev, prev_gain if prev else 1.0, "hold"
     warm = x.keep_warm and (decode is None or best > 0)     # K=0 now (and in the stretch) keeps the draft warm
+    if (k or warm) and decode is not None and x.plain_steps < s.explore_steps and best_gain < 1 + s.explore_band:
+        return Decision(0, best, 1.0, "explore", extrapolated, keep_warm=False, predicted_ms=plain)
     if k == 0 and gain1 is not None:
         if scale and not warm:                             # the probe rebuilds stale draft heads: its own slot
             gain1 = gain1 * scale[1] / scale[-1]

@@ -31,6 +31,7 @@ run, and it is launched (engine.launch), before step 7 of iteration i reads i's 
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import threading
 import time
@@ -480,9 +481,10 @@ class Executor:
         context = sum(positions) / b
         if isinstance(self.policy, AdaptivePolicy):
             max_k = cap_k(eng.max_draft_len, b, eng.max_num_tokens)
-            scale = self._calibration.scales() if self._calibration is not None else ()
+            cal = self._calibration
+            scale, plain = (cal.scales(), cal.counts[0]) if cal is not None else ((), math.inf)
             d = self.policy.decide(PolicyInputs(b, context, rates, self._prev_k, self._since_spec, max_k,
-                                                bucket_for(b, eng.buckets), scale, self.keep_warm))
+                                                bucket_for(b, eng.buckets), scale, self.keep_warm, plain))
             return d.k, d, context, scale
         k = int(self.policy(b))
         if not 0 <= k <= eng.max_draft_len:

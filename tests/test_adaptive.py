@@ -239,6 +239,30 @@ def test_served_to_profiled_ratios_move_the_choice():
     assert d.predicted_ms == 11.0                        # the profile's time, unscaled (what is calibrated)
 
 
+def test_plain_decode_is_explored_while_unmeasured_near_break_even():
+    """t = 9 (plain), 11 (K=1). a = 0.25: gain(1) = 1.25 * 9 / 11 = 1.023 < 1.05 and no plain-decode
+    step calibrated: plain decode (explore), not keep-warm. With 4 calibrated: K=1. a = 0.4:
+    gain 1.145, no exploring. Calibrated ratios then decide: the served K=1 at 1.06 and plain at
+    1.03 give 1.25 * 9.27 / 11.66 = 0.994 -> K=0 as plain decode, where the pooled ratio (1.06
+    on both) had kept K=1."""
+    c = cost_with_decode()
+    d = choose_k(PolicyInputs(16, 1024.0, (0.25,) * 8, 1, 0, 32, plain_steps=0.0), c, (0, 1, 2, 3), S)
+    assert (d.k, d.best_k, d.reason, d.keep_warm, d.predicted_ms) == (0, 1, "explore", False, 9.0)
+    held = choose_k(PolicyInputs(16, 1024.0, (0.245,) * 8, 0, 0, 32, plain_steps=3.9), c, (0, 1, 2, 3), S)
+    assert (held.k, held.reason, held.keep_warm) == (0, "explore", False)    # K=0 held warm: explored too
+    assert choose_k(PolicyInputs(16, 1024.0, (0.25,) * 8, 1, 0, 32, plain_steps=4.0), c, (0, 1, 2, 3), S).k == 1
+    assert choose_k(PolicyInputs(16, 1024.0, (0.4,) * 8, 1, 0, 32, plain_steps=0.0), c, (0, 1, 2, 3), S).k == 1
+    assert choose_k(PolicyInputs(16, 1024.0, (0.05,) * 8, 1, 0, 32, plain_steps=0.0), c, (0, 1, 2, 3), S).reason == "best"
+    pooled = (1.06, 1.06, 1.06, 1.06, 1.06, 1.06)
+    measured = (1.03, 1.06, 1.06, 1.06, 1.06, 1.06)
+    x = dict(batch_size=16, context=1024.0, acceptance=(0.25,) * 8, previous_k=1, max_k=32, plain_steps=8.0)
+    assert choose_k(PolicyInputs(**x, cost_scale=pooled), c, (0, 1, 2, 3), S).k == 1
+    d = choose_k(PolicyInputs(**x, cost_scale=measured), c, (0, 1, 2, 3), S)
+    assert (d.k, d.keep_warm) == (0, False)
+    with pytest.raises(DynspecError, match="explore_band"):
+        AdaptiveSettings(explore_band=-0.1)
+
+
 def test_costs_are_looked_up_at_the_bucket_the_step_runs_at():
     """b=20 pads to 32: the cost row is the bucket's, not an interpolation at 20. Profile: K=1 is
     cheap at b=16 (11 vs 10) and dear at b=32 (16 vs 10); a = 0.3."""

@@ -23,7 +23,10 @@ rows. Its draft entries are the prompt's own: draft positions s..e-1 take (x_{p+
 with x_e the next prompt token, or for the last chunk (e = P) the target's first generated
 token g0; the last chunk also sets the carried state from position P-1.
 
-Cache: paged (kv_cache.py); target and draft share one block table per slot.
+Cache: paged (kv_cache.py); target and draft share one block table per slot. reserve / release
+change the host's bookkeeping only; the device's copy of the slot state (block_tables,
+block_owner, block_logical, slot_key, slot_p) is brought up to date by the next launch, in one
+copy however many requests came and went (_flush_slots).
 
 One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step"):
     pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
@@ -40,6 +43,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from dynspec.errors import DynspecError
@@ -100,8 +104,26 @@ def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
     return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm)))
 
 
+def _flushed(name: str) -> property:
+    """Read access to one of the device tensors of the slot state, flushed first
+    (ReferenceEngine._flush_slots), so a reader outside launch (a test, a warm-up) sees what
+    reserve / release left. Writes go into the tensor returned, in place."""
+    def get(self) -> torch.Tensor:
+        if self._dirty_slots:
+            self._flush_slots()
+        return getattr(self, name)
+    return property(get)
+
+
 class ReferenceEngine:
     """Executor-facing engine: reserve(tokens) / release(slot) a sequence's cache, step(plan)."""
+
+    # the slot state on the device, written by _flush_slots only (and slot_p by _set_acceptance)
+    block_tables = _flushed("_block_tables")      # [slots+1, max_blocks] block ids, scratch past a table
+    block_owner = _flushed("_block_owner")        # [blocks] slot or -1
+    block_logical = _flushed("_block_logical")    # [blocks] index in its owner's table
+    slot_key = _flushed("_slot_key")              # [S] request key (reserve)
+    slot_p = _flushed("_slot_p")                  # [S] Bernoulli p of the slot's request
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None):
@@ -132,10 +154,14 @@ class ReferenceEngine:
         draft.setup_pool(n_blocks, bs, per_seq * bs)
         n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
         self.pad_slot = max_batch_size
-        self.block_tables = torch.full((n, per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev)  # [slots+1, blocks]
+        # what reserve / release changed since the last _flush_slots (host): a changed slot's row,
+        # key and rate, and the blocks it took or freed (owner, logical index)
+        self._dirty_slots: set[int] = set()
+        self._dirty_blocks: set[int] = set()
+        self._block_tables = torch.full((n, per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev)  # [slots+1, blocks]
         self._scratch_row = (SCRATCH_BLOCK,) * per_seq       # a row of it without blocks, on the host (_table)
-        self.block_owner = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)    # [blocks] slot or -1
-        self.block_logical = torch.zeros(n_blocks, dtype=torch.long, device=dev)        # [blocks] index in its table
+        self._block_owner = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)    # [blocks] slot or -1
+        self._block_logical = torch.zeros(n_blocks, dtype=torch.long, device=dev)        # [blocks] index in its table
         fused = len(self.capture) * target.config.hidden_size
         # carried per-slot state (see module docstring)
         self.next_draft = torch.zeros(n, dtype=torch.long, device=dev)                             # [S]
@@ -158,10 +184,10 @@ class ReferenceEngine:
         self._pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
-        self.slot_p = torch.zeros(n, dtype=torch.float32, device=dev)          # [S] Bernoulli p of the slot's request
+        self._slot_p = torch.zeros(n, dtype=torch.float32, device=dev)         # [S] Bernoulli p of the slot's request
         self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
         self.accept_seed = torch.zeros((), dtype=torch.long, device=dev)       # Bernoulli seed
-        self.slot_key = torch.zeros(n, dtype=torch.long, device=dev)           # [S] request key (reserve)
+        self._slot_key = torch.zeros(n, dtype=torch.long, device=dev)          # [S] request key (reserve)
         self._keys: dict[int, int] = {}          # host copy of slot_key for the reserved slots
         self._acceptance: AcceptanceModel | None = None   # what slot_p/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
@@ -183,25 +209,78 @@ class ReferenceEngine:
 
     def reserve(self, tokens: int, key: int = 0) -> int | None:
         """A slot whose blocks hold positions 0..tokens-1, or None while blocks or slots are short.
-        key: the request's key, which with the position fixes its Bernoulli draws (acceptance.py)."""
+        key: the request's key, which with the position fixes its Bernoulli draws (acceptance.py).
+        Host bookkeeping only: the device sees the slot from the next launch on (_flush_slots)."""
         slot = self.blocks.reserve(tokens)
         if slot is not None:
-            self.slot_key[slot] = key
             self._keys[slot] = key
-            if self._acceptance is not None:
-                self.slot_p[slot] = rate_of(self._acceptance, key) or 0.0
-            table = self._to_device(self.blocks.tables[slot])                                   # one copy
-            self.block_tables[slot, : len(table)] = table
-            self.block_owner[table] = slot
-            self.block_logical[table] = torch.arange(len(table), device=self.device)
+            self._dirty_slots.add(slot)
+            self._dirty_blocks.update(self.blocks.tables[slot])
         return slot
 
     def release(self, slot: int) -> None:
-        """Free the slot's blocks (no K/V is copied or cleared)."""
-        blocks = self._to_device(self.blocks.release(slot))
+        """Free the slot's blocks (no K/V is copied or cleared). Host bookkeeping only, as reserve."""
+        self._dirty_blocks.update(self.blocks.release(slot))
         self._keys.pop(slot, None)
-        self.block_owner[blocks] = -1
-        self.block_tables[slot] = SCRATCH_BLOCK
+        self._dirty_slots.add(slot)
+
+    def _flush_slots(self) -> None:
+        """The device's slot state brought up to date with the host's: the slots reserve / release
+        touched since the last flush and the blocks they took or freed, in one host -> device copy
+        (pinned on CUDA, to_device) and a fixed number of index kernels, however many changed.
+        Read from the allocator's state now, not replayed, so a slot released and reserved again
+        (or its blocks handed to another slot) ends as the immediate writes would have left it:
+            slot   reserved: its table padded with the scratch block, its key, and its rate
+                   rate_of(model, key) once an acceptance model is set; released: the scratch row
+            block  owned: its slot and its index in that slot's table; freed: owner -1
+        What nothing reads stays as the last flush left it: a free slot's key and rate, a free
+        block's logical index (the immediate writes left there whatever the history last wrote).
+        An owned dirty block is in a dirty slot's table: it was handed out since the last flush,
+        by a reserve that marked its slot. No index repeats within a write (index_copy_ is then
+        deterministic): dirty slots are a set and tables are disjoint.
+        Example, block_size 16, 3 blocks a table: slot 0 holds blocks (1, 2, 3) on the device;
+        release(0), then reserve(20, key=9) takes slot 0 again, with blocks (1, 2):
+            dirty  slots {0}, blocks {1, 2, 3}
+            flush  block_tables[0] = [1, 2, 0], slot_key[0] = 9, slot_p[0] = rate_of(model, 9)
+                   block_owner[[1, 2]] = 0, block_logical[[1, 2]] = [0, 1], block_owner[[3]] = -1
+        Called first thing in launch (docs/design.md, "The overlapped loop": queued in stream
+        order behind the step in flight, as the writes of reserve / release were), before a
+        graph capture, and by every read of these tensors through the engine's attributes."""
+        if not self._dirty_slots:
+            return
+        W, tables = self.max_blocks_per_seq, self.blocks.tables
+        slots = sorted(self._dirty_slots)
+        rows = np.full((len(slots), W), SCRATCH_BLOCK, dtype=np.int64)            # [n_dirty_slots, max_blocks]
+        live = []                                          # [n_live] the reserved ones of them
+        owned, owner, logical = [], [], []                 # [n_owned] their blocks: slot, index in its table
+        for i, s in enumerate(slots):
+            table = tables.get(s)
+            if table is None:                              # released: the scratch row
+                continue
+            rows[i, :len(table)] = table
+            live.append(s)
+            owned += table
+            owner += [s] * len(table)
+            logical += range(len(table))
+        freed = sorted(self._dirty_blocks.difference(owned))                      # [n_freed]
+        keys = [self._keys[s] for s in live]                                      # [n_live]
+        rates = [rate_of(self._acceptance, k) or 0.0 for k in keys] if self._acceptance is not None else []
+        # one int64 array: slots | their rows | live slots | keys | rates (float64 bits) | owned | owner | logical | freed
+        parts = [np.asarray(x, dtype=np.int64) for x in (slots, rows.ravel(), live, keys)]
+        parts += [np.asarray(rates, dtype=np.float64).view(np.int64)]
+        parts += [np.asarray(x, dtype=np.int64) for x in (owned, owner, logical, freed)]
+        flat = to_device(torch.from_numpy(np.concatenate(parts)), self.device)   # the one copy
+        slots_d, rows_d, live_d, keys_d, rates_d, owned_d, owner_d, logical_d, freed_d = flat.split(
+            [len(x) for x in parts])
+        self._block_tables.index_copy_(0, slots_d, rows_d.view(len(slots), W))
+        self._slot_key.index_copy_(0, live_d, keys_d)
+        if self._acceptance is not None:
+            self._slot_p.index_copy_(0, live_d, rates_d.view(torch.float64).to(torch.float32))
+        self._block_owner.index_copy_(0, owned_d, owner_d)
+        self._block_logical.index_copy_(0, owned_d, logical_d)
+        self._block_owner.index_fill_(0, freed_d, -1)
+        self._dirty_slots.clear()
+        self._dirty_blocks.clear()
 
     def _to_device(self, values) -> torch.Tensor:
         """A list of ints as a long tensor on the device, without holding the host (to_device)."""
@@ -219,6 +298,7 @@ class ReferenceEngine:
         of the step launched before (carry.py); plan.carry writes that copy for the next one."""
         b, B, K = plan.batch_size, plan.bucket, plan.k
         start = self.results.mark()
+        self._flush_slots()                 # what reserve / release changed, before anything reads it
         self._set_acceptance(acceptance)
         if b or plan.carry:
             self._load_rows(plan)
@@ -272,7 +352,9 @@ class ReferenceEngine:
 
     def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
         """Device flag, seed and every reserved slot's rate follow the host copy, set when the
-        model changes (in place: graphs read these buffers); `reserve` sets a new slot's rate."""
+        model changes (in place: graphs read these buffers); _flush_slots sets a new slot's rate,
+        from the model as of the flush (a slot reserved before a model change is rewritten here
+        with the rest, from the host's keys, whichever of the two runs first)."""
         if acceptance == self._acceptance:
             return
         rates = torch.zeros(self.slot_p.shape[0], dtype=torch.float32)
@@ -281,7 +363,7 @@ class ReferenceEngine:
         bern = not isinstance(acceptance, Greedy)
         self.accept_seed.fill_(getattr(acceptance, "seed", 0))
         self.bernoulli.fill_(bern)
-        self.slot_p.copy_(rates)
+        self.slot_p.copy_(to_device(rates, self.device))          # pinned: the host does not wait
         self._acceptance = acceptance
 
     def _run(self, key: GraphKey, read: int) -> None:
@@ -589,6 +671,7 @@ class ReferenceEngine:
         keys = capture_order(keys)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
+        self._flush_slots()              # not inside a capture: its copy and writes would be baked in
         self._pad_rows()
         with torch.inference_mode():
             stream.wait_stream(torch.cuda.current_stream())
@@ -612,6 +695,7 @@ class ReferenceEngine:
         if self.device.type != "cuda":
             return 0
         rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1) for g in keys if g.kind != "refresh"}
+        self._flush_slots()              # not inside a capture (capture_decode_graphs)
         self._pad_rows()
         return self.whole.capture(set(whole_keys(rows, self.whole.buckets) if rows else ()) | set(exact))
 

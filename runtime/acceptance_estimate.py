@@ -76,15 +76,15 @@ class AcceptanceEstimate:
         f = 0.5 ** (rows / self.half_life)
         if not isinstance(accepted, (tuple, list)):
             accepted = tuple(accepted)
-        reached = [rows]                      # reached[j] = #rows with n_r >= j, j = 0..depth
+        hits, trials = [h * f for h in self.hits], [t * f for t in self.trials]   # positions past K: decay only
+        reached = rows                        # #rows with n_r >= j at position j + 1
         for j in range(depth):
-            reached.append(reached[j] - accepted.count(j))   # C-level count, however many rows
-        past = [0] * (self.positions - depth)           # positions past K: decay only
-        hits = tuple([h * f + r for h, r in zip(self.hits, reached[1:] + past)])
-        trials = tuple([t * f + r for t, r in zip(self.trials, reached[:depth] + past)])
+            trials[j] += reached
+            reached -= accepted.count(j)      # C-level count, however many rows
+            hits[j] += reached
         new = object.__new__(AcceptanceEstimate)        # same settings, new counts: no re-validation per step
         new.__dict__.update(prior=self.prior, positions=self.positions, half_life=self.half_life,
-                            prior_weight=self.prior_weight, hits=hits, trials=trials,
+                            prior_weight=self.prior_weight, hits=tuple(hits), trials=tuple(trials),
                             _rates=_chain(self.prior, self.prior_weight, hits, trials))
         return new
 

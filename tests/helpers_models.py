@@ -141,3 +141,11 @@ def make_tiny_draft(folder, target_dir, *, draft_vocab: int | None = None, captu
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     write_weights(folder, sd, fmt=fmt)
     return folder
+
+
+def make_tiny_pair(root, *, draft_vocab: int, draft_seed: int, **target) -> tuple[str, str]:
+    """make_tiny_target(root / "target", **target) and its draft at root / "draft" (draft_vocab,
+    draft_seed) -> (target folder, draft folder), as the engine loaders take them."""
+    t = make_tiny_target(Path(root) / "target", **target)
+    d = make_tiny_draft(Path(root) / "draft", t, draft_vocab=draft_vocab, seed=draft_seed)
+    return str(t), str(d)

@@ -17,7 +17,7 @@ from dynspec.runtime.engines.reference.engine import load_reference_engine, reac
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_lockstep import serve_in_lockstep
-from tests.helpers_models import make_tiny_draft, make_tiny_target
+from tests.helpers_models import make_tiny_pair
 from tests.helpers_rope import assert_rope_write_matches
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -25,10 +25,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu_pair")
-    target = make_tiny_target(root / "target", vocab=256, hidden=128, layers=6, heads=8, kv_heads=2, seed=3)
-    draft = make_tiny_draft(root / "draft", target, draft_vocab=128, seed=4)
-    return str(target), str(draft)
+    return make_tiny_pair(tmp_path_factory.mktemp("gpu_pair"), vocab=256, hidden=128, layers=6, heads=8, kv_heads=2,
+                          seed=3, draft_vocab=128, draft_seed=4)
 
 
 def _run(pair, policy, keep_warm, graphs, prompts, lens, on_captured=lambda: None):

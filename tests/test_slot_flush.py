@@ -19,7 +19,7 @@ from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import make_plan
 from dynspec.runtime.policy import DraftSchedule
-from tests.helpers_models import make_tiny_draft, make_tiny_target
+from tests.helpers_models import make_tiny_pair
 
 DT = torch.float64
 MIX = BernoulliMix(((0.9, 0.5), (0.2, 0.5)), seed=3)
@@ -27,10 +27,8 @@ MIX = BernoulliMix(((0.9, 0.5), (0.2, 0.5)), seed=3)
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    target = make_tiny_target(root / "target", vocab=96, hidden=32, layers=3, heads=4, kv_heads=2, seed=1)
-    draft = make_tiny_draft(root / "draft", target, draft_vocab=64, seed=2)
-    return str(target), str(draft)
+    return make_tiny_pair(tmp_path_factory.mktemp("pair"), vocab=96, hidden=32, layers=3, heads=4, kv_heads=2, seed=1,
+                          draft_vocab=64, draft_seed=2)
 
 
 def engine(pair, max_batch=8, max_seq=64, **cache):

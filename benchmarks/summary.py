@@ -343,7 +343,9 @@ def _steps(row: Mapping) -> tuple[list[str], list[list[list]]]:
 
 def host_cost(row: Mapping) -> dict | None:
     """median policy_us / median step_us over every adaptive iteration of the row's trials and
-    replicas: policy 20, 30, 25 us and steps 10000, 12000, 11000 us -> 25 / 11000 = 0.00227."""
+    replicas: policy 20, 30, 25 us and steps 10000, 12000, 11000 us -> 25 / 11000 = 0.00227; the
+    same of policy_exposed_us (the part no launched step ran under; runtime/executor.py) where
+    recorded: exposed 10, 12, 11 us -> 11 / 11000 = 0.001."""
     import statistics
 
     fields, trials = _steps(row)
@@ -354,8 +356,12 @@ def host_cost(row: Mapping) -> dict | None:
     step = [it[fields.index("step_us")] for it in its]
     if not its or statistics.median(step) <= 0:
         return None
-    return {"fraction": statistics.median(pol) / statistics.median(step), "policy_us": statistics.median(pol),
-            "step_us": statistics.median(step), "iterations": len(its)}
+    out = {"fraction": statistics.median(pol) / statistics.median(step), "policy_us": statistics.median(pol),
+           "step_us": statistics.median(step), "iterations": len(its)}
+    if "policy_exposed_us" in fields:
+        exp = statistics.median(it[fields.index("policy_exposed_us")] for it in its)
+        out.update(exposed_fraction=exp / statistics.median(step), policy_exposed_us=exp)
+    return out
 
 
 def settle_iterations(its: Sequence[Sequence], fields: Sequence[str], key: int, rate: float,
@@ -451,7 +457,7 @@ def adaptive_table(fig: Mapping) -> dict:
                          _fmt_ratio(e.get("adaptive_vs_baseline")),
                          _fmt_ratio(e.get("adaptive_vs_best")) + (f" ({e['best_rival']})" if e.get("best_rival") else ""),
                          _fmt_ratio(e.get("adaptive_vs_dynamic")),
-                         "-" if not e.get("host_cost") else f"{100 * e['host_cost']['fraction']:.2f}%",
+                         _fmt_host_cost(e.get("host_cost")),
                          "-" if "median" not in st else f"{st['median']:g} [{st['min']:g}..{st['max']:g}]"
                          + (f", {st['unsettled']} unsettled" if st.get("unsettled") else "")])
     return {"header": ["sweep", "acceptance", "C", "adaptive tok/s", "adaptive / baseline",
@@ -459,9 +465,20 @@ def adaptive_table(fig: Mapping) -> dict:
                        "settle iterations after the shift"], "rows": rows,
             "notes": ["Ratios: median [min..max] of the per-trial ratios (trial t of every mode ran in one rotation at"
                       " one load point); the best rival is the one with the highest median tok/s. Host cost: median"
-                      " policy time / median step time over the adaptive iterations. Settle: iterations from the"
+                      " policy time / median step time over the adaptive iterations: the part with no step running on the"
+                      " device (the decision; serial loop on CUDA: the estimate update runs after the next launch),"
+                      " then in brackets all of it. Settle: iterations from the"
                       f" first whose oldest decode row is past the shift until the position-1 estimate stays within"
                       f" {SETTLE_TOLERANCE} of the new rate, over trials."]}
+
+
+def _fmt_host_cost(h: Mapping | None) -> str:
+    """0.0045 exposed of 0.012 -> "0.45% (1.20%)"; without the exposed part "1.20%"."""
+    if not h:
+        return "-"
+    if "exposed_fraction" not in h:
+        return f"{100 * h['fraction']:.2f}%"
+    return f"{100 * h['exposed_fraction']:.2f}% ({100 * h['fraction']:.2f}%)"
 
 
 def adaptive_plot(fig: Mapping) -> dict:

@@ -650,7 +650,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
 # one adaptive iteration: K, the acceptance estimate's position 1 the decision used (None before any),
 # 1 for a probe step, the policy's host time (us), the smallest request key among the decode rows,
 # the engine step (us), the decode rows
-ADAPTIVE_FIELDS = ("k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size")
+ADAPTIVE_FIELDS = ("k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size", "policy_exposed_us")
 
 
 class StepTrace:
@@ -678,13 +678,14 @@ class StepTrace:
 
 
 def adaptive_record(st) -> tuple:
-    """IterationStats -> (k, acceptance1, probe, policy_us, oldest_key, step_us, batch_size):
-    K=2, acceptance (0.61234, 0.4), probe False, policy 21.5e-6 s, oldest 7, step 0.0123 s, b=4
-    -> (2, 0.6123, 0, 21.5, 7, 12300.0, 4)."""
+    """IterationStats -> (k, acceptance1, probe, policy_us, oldest_key, step_us, batch_size,
+    policy_exposed_us): K=2, acceptance (0.61234, 0.4), probe False, policy 21.5e-6 s, oldest 7,
+    step 0.0123 s, b=4, exposed 9.25e-6 s -> (2, 0.6123, 0, 21.5, 7, 12300.0, 4, 9.2)."""
     acc = tuple(getattr(st, "acceptance", ()) or ())
     return (st.k, round(float(acc[0]), 4) if acc else None, int(bool(getattr(st, "probe", False))),
             round(1e6 * float(getattr(st, "policy_seconds", 0.0)), 1), getattr(st, "oldest_key", None),
-            round(1e6 * st.seconds, 1), st.batch_size)
+            round(1e6 * st.seconds, 1), st.batch_size,
+            round(1e6 * float(getattr(st, "policy_exposed_seconds", getattr(st, "policy_seconds", 0.0))), 1))
 
 
 def adaptive_fields(trial_steps: Sequence, acceptance) -> dict:

@@ -18,6 +18,13 @@ Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
        the acceptance estimate (runtime/acceptance_estimate.py), kept under every policy; a pure
        decode step's time updates the adaptive policy's cost calibration (runtime/cost_calibration.py)
 
+Deferred update (the serial loop on an engine whose launch returns before the device has run
+the step, engine.async_launch: the reference engine on CUDA): step 6 is engine.launch, then the
+update of step 7 for the previous iteration, then engine.result, so that update runs while the
+device runs the step. Iteration i+1's K then reads the estimate and
+calibration through i-1, as the overlapped loop's does; a retirement applies the pending
+update first (the estimate forgets the retired rows' share of it too).
+
 Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
     it 2   A: 3 tokens   B: prompt[5:9], its last chunk -> B's first token
@@ -82,7 +89,9 @@ class IterationStats:
     acceptance: tuple[float, ...] = ()   # a_1.. the estimate before this step
     predicted_gain: float | None = None  # adaptive: predicted speedup of K over plain decode
     probe: bool = False          # adaptive: a K=1 step taken to measure acceptance
-    policy_seconds: float = 0.0  # the K decision (inside host_seconds) + the estimate's update after the step
+    policy_seconds: float = 0.0  # the K decision (inside host_seconds) + the estimate / calibration update run in this iteration
+    policy_exposed_seconds: float = 0.0   # the part of policy_seconds with no step of this executor running on an
+                                          # asynchronous device (what the device may wait for)
     oldest_key: int | None = None   # smallest request id among the decode rows
     keep_warm: bool = False      # the step's plan kept the draft warm (K=0)
     cost_scale: tuple[float, ...] = ()   # adaptive: the served/profiled step-time ratios the decision used
@@ -144,6 +153,7 @@ class _Launched:
     t0: float                            # planning began
     t1: float                            # the launch began
     t_policy: float                      # the K decision's share of planning
+    t_policy_exposed: float              # ... of it, with no step in flight on an asynchronous device
     launch_s: float                      # time inside engine.launch (overlapped; 0 serial)
 
     def requests(self) -> list["_Request"]:
@@ -217,6 +227,11 @@ class Executor:
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm, acceptance
         self.overlap = overlap
         self._inflight: _Launched | None = None    # overlap: the iteration launched, result not read
+        # serial loop with launch/result: the estimate / calibration update of the last step is
+        # applied after the next launch (module docstring, "Deferred update")
+        self._async = bool(getattr(engine, "async_launch", False))   # launch returns before the device is done
+        self._defer = not overlap and self._async and hasattr(engine, "launch") and hasattr(engine, "result")
+        self._pending: tuple | None = None         # (k, accepted, calibration slot or None, measured ms, predicted ms)
         self._clock = clock
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
@@ -315,12 +330,19 @@ class Executor:
         launched = self._launch(None)
         if launched is None:
             return None
+        update_s = exposed_s = 0.0
         try:
-            result = self.engine.step(launched.plan, self.acceptance)
+            if self._defer:
+                handle = self.engine.launch(launched.plan, self.acceptance)
+                update_s = self._apply_pending()     # the previous step's, while this one runs
+                exposed_s = 0.0 if self._async else update_s
+                result = self.engine.result(handle)
+            else:
+                result = self.engine.step(launched.plan, self.acceptance)
         except BaseException:
             self._fail(launched.requests())
             raise
-        st = self._fold(launched, result, self._clock())
+        st = self._fold(launched, result, self._clock(), update_s, exposed_s)
         self._retire()                  # free finished requests' blocks now, not at the next call
         return st
 
@@ -363,6 +385,7 @@ class Executor:
             rates = self._estimate.rates() if b else ()
             k, decision, context, scale = self._decide(rin.context, rates)
             t_policy = self._clock() - tp0
+            hidden = self._async and prev is not None      # overlapped: i is running meanwhile
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
                 return None
@@ -384,7 +407,8 @@ class Executor:
             self._fail(rows + (list(self._prefilling) if chunked is None else chunked))   # None: admission failed
             raise
         launched = _Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
-                             t0, t1, t_policy, self._clock() - t1 if self.overlap else 0.0)
+                             t0, t1, t_policy, 0.0 if hidden else t_policy,
+                             self._clock() - t1 if self.overlap else 0.0)
         if self.overlap:
             self._planned(launched)
         return launched
@@ -424,10 +448,12 @@ class Executor:
                 self._rows.append(req)
                 req.draft_warm = True
 
-    def _fold(self, launched: "_Launched", result: StepResult, t2: float) -> IterationStats:
-        """Fold a step's result into its requests, the estimate and the calibration -> its stats.
-        Serial: t2 - t1 is the step's wall time. Overlapped: the device time where the engine
-        reports it, else the launch's wall time (the CPU runs the step inside the launch)."""
+    def _fold(self, launched: "_Launched", result: StepResult, t2: float,
+              update_s: float = 0.0, update_exposed_s: float = 0.0) -> IterationStats:
+        """Fold a step's result into its requests, the estimate and the calibration (deferred:
+        into self._pending; update_s, update_exposed_s: the previous one's, run during this step)
+        -> its stats. Serial: t2 - t1 is the step's wall time. Overlapped: the device time where
+        the engine reports it, else the launch's wall time (the CPU runs the step inside the launch)."""
         plan, rows = launched.plan, launched.rows
         b, k = plan.batch_size, plan.k
         emitted = 0
@@ -441,19 +467,21 @@ class Executor:
             for req, chunk, first in zip(launched.chunked, plan.chunks, result.first_tokens):
                 if chunk.last:
                     emitted += self._append(req, (first,), t2)
-        t3 = self._clock()
         seconds = t2 - launched.t1
         if self.overlap:
             seconds = result.device_s if result.device_s is not None else launched.launch_s
         decision = launched.decision
         if b:
-            self._estimate = self._estimate.update(k, result.accepted)
             if not self.overlap:
                 self._count_k(k)
+            slot = None
             if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
-                cal = self._calibration
-                self._calibration = cal.update(cal.slot(k, plan.keep_warm, True in plan.stale), seconds * 1e3,
-                                               decision.predicted_ms)
+                slot = self._calibration.slot(k, plan.keep_warm, True in plan.stale)
+            self._pending = (k, result.accepted, slot, seconds * 1e3, decision.predicted_ms if decision else None)
+            if not self._defer:
+                t = self._apply_pending()
+                update_s += t
+                update_exposed_s += 0.0 if self.overlap and self._async and self._inflight is not None else t
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, seconds,
                             launched.t1 - launched.t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
@@ -461,7 +489,8 @@ class Executor:
                             acceptance=launched.rates,
                             predicted_gain=decision.gain if decision else None,
                             probe=bool(decision and decision.probe),
-                            policy_seconds=launched.t_policy + self._clock() - t3,
+                            policy_seconds=launched.t_policy + update_s,
+                            policy_exposed_seconds=launched.t_policy_exposed + update_exposed_s,
                             oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
                             cost_scale=launched.scale, device_seconds=result.device_s, gpu_idle_s=result.idle_s,
                             fold_seconds=self._clock() - t2, overlapped=self.overlap)
@@ -469,6 +498,19 @@ class Executor:
         with self._stats_lock:
             self._stats.append(st)
         return st
+
+    def _apply_pending(self) -> float:
+        """Fold the pending (k, accepted, slot, measured, predicted) into the estimate and the
+        calibration -> the seconds it took (0 when nothing was pending)."""
+        if self._pending is None:
+            return 0.0
+        t = self._clock()
+        k, accepted, slot, measured_ms, predicted_ms = self._pending
+        self._pending = None
+        self._estimate = self._estimate.update(k, accepted)
+        if slot is not None:
+            self._calibration = self._calibration.update(slot, measured_ms, predicted_ms)
+        return self._clock() - t
 
     def _decide(self, positions: Sequence[int],
                 rates: tuple[float, ...]) -> tuple[int, Decision | None, float, tuple[float, ...]]:
@@ -597,6 +639,7 @@ class Executor:
                         self._finish(req, "cancelled", now)
                 done = [req for req in group if req.finish_reason is not None]
                 if done and group is self._rows and self._estimate is not None:   # their share goes too
+                    self._apply_pending()
                     self._estimate = self._estimate.forget(1.0 - len(done) / len(group))
                 for req in done:
                     group.remove(req)

@@ -73,12 +73,13 @@ class _Stats:
     probe: bool = False
     policy_seconds: float = 0.0
     oldest_key: int | None = None
+    policy_exposed_seconds: float = 0.0
 
 
 def test_adaptive_trace_keeps_decode_iterations_compactly():
     class Ex:
         def __init__(self):
-            self.out = [_Stats(2, 4, 0.0123, (0.61234, 0.4), False, 21.5e-6, 7), None, _Stats(0, 0, 0.002)]
+            self.out = [_Stats(2, 4, 0.0123, (0.61234, 0.4), False, 21.5e-6, 7, 9.25e-6), None, _Stats(0, 0, 0.002)]
 
         def step(self):
             return self.out.pop(0)
@@ -89,7 +90,7 @@ def test_adaptive_trace_keeps_decode_iterations_compactly():
     tr = sweep.StepTrace(Ex())
     assert tr.submit([1], 2) == "handle"
     assert [tr.step() is None for _ in range(3)] == [False, True, False]
-    assert tr.steps == [(2, 0.6123, 0, 21.5, 7, 12300.0, 4)]          # prompt-only and empty steps left out
+    assert tr.steps == [(2, 0.6123, 0, 21.5, 7, 12300.0, 4, 9.2)]          # prompt-only and empty steps left out
     assert dict(zip(sweep.ADAPTIVE_FIELDS, tr.steps[0]))["oldest_key"] == 7
 
 
@@ -260,7 +261,7 @@ def _row(mode, c, trials, **kw):
 
 
 def test_settle_iterations_worked_example():
-    its = [[1, a, 0, 20.0, key, 1e4, 2] for key, a in zip((3, 5, 6, 7, 8), (0.8, 0.5, 0.3, 0.22, 0.21))]
+    its = [[1, a, 0, 20.0, key, 1e4, 2, 8.0] for key, a in zip((3, 5, 6, 7, 8), (0.8, 0.5, 0.3, 0.22, 0.21))]
     assert settle_iterations(its, FIELDS, 5, 0.2) == 2
     assert settle_iterations(its, FIELDS, 9, 0.2) is None                 # the key is never reached
     assert settle_iterations(its[:3], FIELDS, 5, 0.2) is None             # never within 0.05
@@ -268,7 +269,8 @@ def test_settle_iterations_worked_example():
 
 
 def test_adaptive_figures_against_every_rival_with_host_cost_and_settle():
-    steps = [[[[3, 0.8, 0, 20.0, 0, 10000.0, 2], [0, 0.21, 0, 30.0, 2, 12000.0, 2], [0, 0.2, 1, 25.0, 2, 11000.0, 1]]]] * 3
+    steps = [[[[3, 0.8, 0, 20.0, 0, 10000.0, 2, 10.0], [0, 0.21, 0, 30.0, 2, 12000.0, 2, 12.0],
+               [0, 0.2, 1, 25.0, 2, 11000.0, 1, 11.0]]]] * 3
     rows = [_row("baseline", 1, [100, 100, 100]), _row("static:1", 1, [110, 120, 115]),
             _row("static:3", 1, [90, 130, 95]), _row("dynamic", 1, [105, 105, 105]),
             _row("adaptive", 1, [120, 126, 121], adaptive_steps={"fields": FIELDS, "trials": steps},
@@ -281,6 +283,7 @@ def test_adaptive_figures_against_every_rival_with_host_cost_and_settle():
     assert e["adaptive_vs_best"]["of_medians"] == pytest.approx(121 / 115)
     assert e["adaptive_vs_dynamic"]["median"] == pytest.approx(121 / 105)
     assert e["host_cost"]["fraction"] == pytest.approx(25 / 11000) and e["host_cost"]["iterations"] == 9
+    assert e["host_cost"]["exposed_fraction"] == pytest.approx(11 / 11000)
     assert e["settle"]["median"] == 0 and e["settle"]["runs"] == 3 and e["settle"]["unsettled"] == 0
     assert e["k_hist"] == {"0": 6, "3": 3} and e["probe_fraction"] == pytest.approx(1 / 3)
     assert host_cost({"mode": "adaptive"}) is None
@@ -289,7 +292,7 @@ def test_adaptive_figures_against_every_rival_with_host_cost_and_settle():
 def test_adaptive_summary_from_stage_outputs_with_a_png(tmp_path):
     from dynspec.benchmarks.report import write_suite_report
 
-    steps = [[[[1, 0.5, 0, 20.0, 0, 10000.0, 1]]]] * 3
+    steps = [[[[1, 0.5, 0, 20.0, 0, 10000.0, 1, 8.0]]]] * 3
     names = [f"sweep_{c}" for c in ("p015", "p050", "p090", "mix", "shift")]      # the acceptance config's cases
     for name in names:
         rows = [_row(m, c, [100 + i, 101 + i, 102 + i]) for c in (1, 16) for i, m in enumerate(("baseline", "dynamic"))]

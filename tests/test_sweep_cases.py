@@ -18,7 +18,7 @@ TIMED = {"duration_s", "output_tok_per_s", "requests_per_s", "p50_latency_s", "p
          "per_replica_tok_per_s", "steady_tok_per_s", "steady_fraction", "sustained_tok_per_s",
          "engine_idle_fraction", "gpu_gap_fraction", "gpu_gap_mixed_share", "trial_tok_per_s", "tok_per_s_min", "tok_per_s_max", "trial_p99_ttft_s",
          "trial_steady_tok_per_s", "trial_sustained_tok_per_s"}
-STEP_TIMED = {"policy_us", "step_us"}
+STEP_TIMED = {"policy_us", "step_us", "policy_exposed_us"}
 
 
 def untimed(row: dict) -> dict:

@@ -25,6 +25,8 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
     gpu_gap_fraction   the part of it between two steps, as the device saw it (`gpu_gaps`): the
                        rest lies before the first step and after the last; gpu_gap_mixed_share: the
                        share of those gaps that came before an iteration with prompt chunks
+    gc_pause_fraction  share of the wall time in the cycle collector (`gc_pauses`): a pause
+                       between steps the device may idle through (runtime/gc_heap.py)
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -80,13 +82,14 @@ class StepRecord:
     emitted: int | None = None      # tokens the step appended to requests; None: not reported
     end_s: float | None = None      # the run's clock at the step's end; None: not reported
     gpu_idle_s: float | None = None  # device idle before it: the previous step's end to its start
+    gc_s: float = 0.0               # collector pauses since the previous step (IterationStats.gc_seconds)
 
     @classmethod
     def of(cls, st) -> "StepRecord":
         """From the executor's IterationStats."""
         return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds, st.decode_rows,
                    st.prefill_tokens, getattr(st, "emitted", None), getattr(st, "end_s", None),
-                   getattr(st, "gpu_idle_s", None))
+                   getattr(st, "gpu_idle_s", None), getattr(st, "gc_seconds", 0.0))
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class RunMetrics:
     engine_idle_fraction: float | None = None  # see engine_idle; None: no steps or no wall time
     gpu_gap_fraction: float | None = None      # see gpu_gaps; None: the engine reports no device idle
     gpu_gap_mixed_share: float | None = None
+    gc_pause_fraction: float | None = None     # see gc_pauses
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -237,6 +241,17 @@ def engine_idle(records: Sequence[RunRecord]) -> float | None:
     return 1.0 - sum(s.seconds for rec in records for s in rec.steps) / wall
 
 
+def gc_pauses(records: Sequence[RunRecord]) -> float | None:
+    """Share of the wall time the process spent in cycle collections between the steps (the
+    first step's share, which reaches back before the run, left out; runtime/gc_heap.py). Example:
+    a 16.0-ms run whose steps report 0, 0.4 and 0 ms -> 0.025. None without wall time or steps."""
+    wall = sum(rec.duration_s for rec in records)
+    later = [s for rec in records for s in rec.steps[1:]]
+    if wall <= 0 or not later:
+        return None
+    return sum(s.gc_s for s in later) / wall
+
+
 def gpu_gaps(records: Sequence[RunRecord]) -> tuple[float | None, float | None]:
     """(device idle between consecutive steps / wall time, the share of that idle which came before
     an iteration with prompt chunks), from the steps' gpu_idle_s; (None, None) when a step does not
@@ -277,6 +292,7 @@ def summarize(records: Iterable[RunRecord], concurrency: int | None = None) -> R
     ss["sustained_tok_per_s"] = None if any(x is None for x in held) else sum(held)
     ss["engine_idle_fraction"] = engine_idle(records)
     ss["gpu_gap_fraction"], ss["gpu_gap_mixed_share"] = gpu_gaps(records)
+    ss["gc_pause_fraction"] = gc_pauses(records)
     return RunMetrics(
         replicas=len(records),
         num_requests=len(reqs),

@@ -545,7 +545,8 @@ def overlap_figures(varied: Mapping, fixed: Mapping, regime: Mapping, floors: Se
            "commands": _commands(varied) + _commands(fixed) + _commands(regime) + fl["commands"]}
     rows = {(r["mode"], r["concurrency"]): r for r in varied["rows"] if r.get("gpu_gap_fraction") is not None}
     if rows:            # sweeps that record the device's own gaps between steps (metrics.gpu_gaps)
-        out["gaps"] = {c: {loop: {k: rows[(m, int(c))][k] for k in ("gpu_gap_fraction", "gpu_gap_mixed_share")}
+        out["gaps"] = {c: {loop: {k: rows[(m, int(c))].get(k) for k in ("gpu_gap_fraction", "gpu_gap_mixed_share",
+                                                                          "gc_pause_fraction")}
                            for loop, m in (("serial", "baseline"), ("overlap", "baseline" + OVERLAP))
                            if (m, int(c)) in rows} for c in idle}
     return out
@@ -560,6 +561,10 @@ def overlap_table(fig: Mapping) -> dict:
         "" if e["gpu_gap_mixed_share"] is None else f" ({100 * e['gpu_gap_mixed_share']:.0f}% before mixed)")
     rows += [["  of it, device gaps between steps", c, gap(e.get("serial")), gap(e.get("overlap")), "-"]
              for c, e in fig.get("gaps", {}).items()]
+    gc_share = lambda e: "-" if not e or e.get("gc_pause_fraction") is None else pct(e["gc_pause_fraction"])
+    rows += [["  the collector's pauses (wall time)", c, gc_share(e.get("serial")), gc_share(e.get("overlap")), "-"]
+             for c, e in fig.get("gaps", {}).items() if any((e.get(loop) or {}).get("gc_pause_fraction") is not None
+                                                            for loop in ("serial", "overlap"))]
     rows += [["baseline varied / fixed, 6 waves", c, vf(e.get("serial")), vf(e.get("overlap")), ">= 0.90"]
              for c, e in fig["varied_vs_fixed"].items()]
     rows += [["regime B dynamic / max(baseline, static)", c, _fmt_ratio(e["serial"]), _fmt_ratio(e["overlap"]),

@@ -544,6 +544,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
     from dynspec.benchmarks.workload import take
     from dynspec.runtime.acceptance import resolve as resolve_acceptance
     from dynspec.runtime.executor import Executor
+    from dynspec.runtime.gc_heap import freeze_heap
 
     schedules, warm = dict(spec.schedules), dict(spec.keep_warm)
     if engine is None:
@@ -595,6 +596,7 @@ def run_reference(spec: SweepSpec, cfg, device: str, w: World, progress: bool, t
                     bar.set_postfix_str(f"{p.label} {m}" + (f" trial {t + 1}" if spec.trials > 1 else ""))
                 torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
                 traced = executor(m, n)
+                freeze_heap()       # untimed: earlier runs' records out of the collector's walk (runtime/gc_heap.py)
                 w.barrier()
                 cb = bar.update if bar is not None else None
                 if p.concurrency is not None:

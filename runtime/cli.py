@@ -181,6 +181,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dynspec.runtime.driver import read_prompt_lines, run_closed_loop, tokenized
     from dynspec.runtime.distributed import run_replica
     from dynspec.runtime.executor import Executor
+    from dynspec.runtime.gc_heap import freeze_heap
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import open_reference_engine
 
@@ -231,6 +232,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for mode in modes:
             ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
                           overlap=cfg.reference.overlap)  # whole run
+            freeze_heap()             # runtime/gc_heap.py: what the run meets is built; no full collection walks it
             with tqdm(total=len(mine), desc=f"{mode:>8}", file=sys.stderr, leave=False,
                       disable=ctx.layout.rank != 0) as bar:
                 results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)

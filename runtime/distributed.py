@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.gc_heap import freeze_heap
 
 DEFAULT_TIMEOUT_S = 60.0
 TIMEOUT_ENV = "DYNSPEC_TP_TIMEOUT_S"       # overrides the default everywhere (tests use a few s)
@@ -565,7 +566,10 @@ class LeaderEngine:
 
 
 def serve_worker(engine, channel: PlanChannel) -> int:
-    """Worker side: run exactly the calls the leader sends, until it sends STOP. Returns how many."""
+    """Worker side: run exactly the calls the leader sends, until it sends STOP. Returns how many.
+    The engine is open: its heap is frozen first (runtime/gc_heap.py), so no full collection
+    walks it between two collectives."""
+    freeze_heap()
     n = 0
     while (msg := channel.recv()) is not None:
         name, args, kwargs = msg
@@ -591,6 +595,7 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         raise
     with abort_on_error(ctx):
         engine = load(ctx)
+        freeze_heap()                 # the loaded engine out of the collector's walk (runtime/gc_heap.py)
         if ctx.tp == 1:
             return ctx, engine, lead(engine, ctx)
         ctx.barrier()                 # loading times differ; the channel's timeouts start here

@@ -50,6 +50,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
+from dynspec.runtime.gc_heap import pause_seconds
 from dynspec.runtime.overlap import cache_slack, row_inputs
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
 
@@ -100,6 +101,8 @@ class IterationStats:
     gpu_idle_s: float | None = None      # device idle before the step: the previous step's end to its start
     fold_seconds: float = 0.0    # host time folding the result into the requests and the estimate
     overlapped: bool = False     # run by the overlapped loop (seconds = device_seconds where known)
+    gc_seconds: float = 0.0      # cycle collections in this process since the previous stats (or the executor began)
+                                 # (runtime/gc_heap.py; a pause there is a gap the device may idle in)
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ class Executor:
         self._prefilling: list[_Request] = []      # admitted (slot reserved), prompt partly in the cache
         self._stats: deque[IterationStats] = deque(maxlen=stats_limit)   # newest iterations
         self._stats_lock = threading.Lock()       # pollers read while the loop thread appends
+        self._gc_mark = pause_seconds()            # collector seconds at the last stats
         self._iterations = 0
         # the acceptance estimate (a schedule's made at the first step: the engine is not read before)
         self._estimate = policy.initial_estimate() if isinstance(policy, AdaptivePolicy) else None
@@ -482,6 +486,8 @@ class Executor:
                 t = self._apply_pending()
                 update_s += t
                 update_exposed_s += 0.0 if self.overlap and self._async and self._inflight is not None else t
+        gc_now = pause_seconds()
+        gc_s, self._gc_mark = gc_now - self._gc_mark, gc_now
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, seconds,
                             launched.t1 - launched.t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
@@ -493,7 +499,7 @@ class Executor:
                             policy_exposed_seconds=launched.t_policy_exposed + update_exposed_s,
                             oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
                             cost_scale=launched.scale, device_seconds=result.device_s, gpu_idle_s=result.idle_s,
-                            fold_seconds=self._clock() - t2, overlapped=self.overlap)
+                            fold_seconds=self._clock() - t2, overlapped=self.overlap, gc_seconds=gc_s)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)

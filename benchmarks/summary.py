@@ -545,8 +545,8 @@ def overlap_figures(varied: Mapping, fixed: Mapping, regime: Mapping, floors: Se
            "commands": _commands(varied) + _commands(fixed) + _commands(regime) + fl["commands"]}
     rows = {(r["mode"], r["concurrency"]): r for r in varied["rows"] if r.get("gpu_gap_fraction") is not None}
     if rows:            # sweeps that record the device's own gaps between steps (metrics.gpu_gaps)
-        out["gaps"] = {c: {loop: {k: rows[(m, int(c))].get(k) for k in ("gpu_gap_fraction", "gpu_gap_mixed_share",
-                                                                          "gc_pause_fraction")}
+        out["gaps"] = {c: {loop: {k: rows[(m, int(c))][k] for k in ("gpu_gap_fraction", "gpu_gap_mixed_share",
+                                                                     "gc_pause_fraction") if k in rows[(m, int(c))]}
                            for loop, m in (("serial", "baseline"), ("overlap", "baseline" + OVERLAP))
                            if (m, int(c)) in rows} for c in idle}
     return out

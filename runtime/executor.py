@@ -249,6 +249,7 @@ class Executor:
         self._calibration = policy.initial_calibration() if isinstance(policy, AdaptivePolicy) else None
         self._prev_k = 0                           # K of the last iteration with decode rows
         self._since_spec = 0                       # iterations with rows since the last one at K > 0
+        self._probes = 0                           # probes since the last speculative step that was not one
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -435,12 +436,17 @@ class Executor:
                 req.draft_warm = plan.k > 0
             self._advance_prompts(launched.chunked, plan.chunks)
         if plan.batch_size:
-            self._count_k(plan.k)
+            self._count_k(plan.k, launched.decision)
 
-    def _count_k(self, k: int) -> None:
+    def _count_k(self, k: int, decision: "Decision | None") -> None:
         """The policy's memory of an iteration with decode rows run at K (serial: when it is folded;
-        overlapped: when it is launched, so the next plan already knows it)."""
+        overlapped: when it is launched, so the next plan already knows it): the previous K, the
+        iterations since the last at K > 0, the probes since the last speculative step not one."""
         self._prev_k, self._since_spec = k, (0 if k else self._since_spec + 1)
+        if decision is not None and decision.probe:
+            self._probes += 1
+        elif k:
+            self._probes = 0
 
     def _advance_prompts(self, chunked: Sequence[_Request], chunks: Sequence[PromptChunk]) -> None:
         """Prompt progress of the chunks that ran; a request whose last chunk ran becomes a decode
@@ -477,7 +483,7 @@ class Executor:
         decision = launched.decision
         if b:
             if not self.overlap:
-                self._count_k(k)
+                self._count_k(k, decision)
             slot = None
             if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
                 slot = self._calibration.slot(k, plan.keep_warm, True in plan.stale)
@@ -532,7 +538,8 @@ class Executor:
             cal = self._calibration
             scale, plain = (cal.scales(), cal.counts[0]) if cal is not None else ((), math.inf)
             d = self.policy.decide(PolicyInputs(b, context, rates, self._prev_k, self._since_spec, max_k,
-                                                bucket_for(b, eng.buckets), scale, self.keep_warm, plain))
+                                                bucket_for(b, eng.buckets), scale, self.keep_warm, plain,
+                                                self._probes))
             return d.k, d, context, scale
         k = int(self.policy(b))
         if not 0 <= k <= eng.max_draft_len:

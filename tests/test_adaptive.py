@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -145,6 +146,21 @@ def test_recovery_from_k0_by_probing_and_the_probe_interval_follows_its_cost():
         est = est.update(1, [1] * 16)
     d = choose_k(PolicyInputs(16, 1024.0, est.rates(), 1, 0, 32), c, c.draft_lens, S)
     assert d.k >= 1 and d.reason == "best"
+
+
+def test_probes_that_confirm_k0_back_off_up_to_the_cap():
+    """The interval of 43 above doubles with each probe since the last real speculation, up to
+    2^probe_backoff = 8x (344), and never past max_probe_interval."""
+    c = cost((10.0, 14.0, 18.0, 22.0))
+    at = lambda since, probes, s=S: choose_k(replace(inputs(0.1, since_spec=since), probes=probes), c,
+                                             c.draft_lens, s).probe
+    for probes, interval in ((0, 43), (1, 86), (2, 172), (3, 344), (7, 344)):
+        assert not at(interval - 1, probes) and at(interval, probes), probes
+    capped = replace(S, max_probe_interval=100)
+    assert not at(99, 3, capped) and at(100, 3, capped)
+    assert at(43, 5, replace(S, probe_backoff=0))
+    with pytest.raises(DynspecError, match="probe_backoff"):
+        AdaptiveSettings(probe_backoff=-1)
 
 
 def test_a_cold_probe_after_plain_decode_is_priced_by_its_own_slot():

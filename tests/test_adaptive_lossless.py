@@ -43,18 +43,20 @@ def tiny():
 
 def replayed(stats, policy, eng):
     """K of every iteration recomputed by choose_k from the inputs the stats record (previous K and
-    iterations since speculation rebuilt from the sequence): the decision used nothing else."""
+    iterations since speculation and probes since rebuilt from the sequence): the decision used
+    nothing else."""
     from dynspec.runtime.adaptive import PolicyInputs
     from dynspec.runtime.plan import bucket_for, cap_k
 
-    prev, since, out = 0, 0, []
+    prev, since, probes, out = 0, 0, 0, []
     for s in stats:
         d = policy.decide(PolicyInputs(s.batch_size, s.context, s.acceptance, prev, since,
                                        cap_k(eng.max_draft_len, s.batch_size, eng.max_num_tokens),
-                                       bucket_for(s.batch_size, eng.buckets), s.cost_scale))
+                                       bucket_for(s.batch_size, eng.buckets), s.cost_scale, probes=probes))
         assert d.keep_warm == s.keep_warm or d.k > 0
         out.append(d.k)
         prev, since = s.k, (0 if s.k else since + 1)
+        probes = probes + 1 if s.probe else (0 if s.k else probes)
     return out
 
 

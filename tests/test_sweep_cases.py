@@ -281,7 +281,7 @@ def test_the_acceptance_config_is_the_five_sweeps_it_replaces(tmp_path):
     argv = list(st.argv[3:])
     runs = {r.name: r.args for r in sweep_cases.case_runs(sweep.make_parser().parse_args(argv), argv)}
     statics = ",".join(f"static:{k}" for k in range(1, 6))
-    want = {"p015": ("baseline,dynamic,adaptive", "bernoulli:0.15", "1,16,64,256", 1.0, 2, "015"),
+    want = {"p015": ("baseline,dynamic,adaptive", "bernoulli:0.15", "1,16,64,256", 2.0, 2, "015"),
             "p050": (f"baseline,{statics},dynamic,adaptive", "bernoulli:0.5", "1,16,64", 1.0, 4, "050"),
             "p090": (f"baseline,{statics},dynamic,adaptive", "bernoulli:0.9", "1,16,64", 1.0, 4, "090"),
             "mix": ("baseline,dynamic,adaptive", "bernoulli-mix:0.9@0.5,0.2@0.5", "1,16,64", 2.0, 4, "055"),

@@ -288,8 +288,9 @@ def suite_markdown(cfg, figs: Mapping, manifest: Mapping) -> str:
     for note in t.get("notes", ()):
         lines += ["", note]
     lines += ["", f"- device: {cfg.engine.device}" + (f" ({gpus[0]['name']}, SM clock {gpus[0]['clocks_sm']})" if gpus else ""),
-              f"- git commit: {manifest.get('git_commit')} (+{manifest.get('git_changed_paths')} changed paths);"
-              f" torch {manifest.get('torch')}, python {manifest.get('python')}",
+              f"- git commit: {manifest.get('git_commit')} (+{manifest.get('git_changed_paths')} changed paths)"
+              + (f", the files as run: tree {manifest['git_worktree_tree']}" if manifest.get("git_worktree_tree") else "")
+              + f"; torch {manifest.get('torch')}, python {manifest.get('python')}",
               f"- suite command: `{manifest.get('command')}`", "", "Stages:", ""]
     cases = manifest.get("cases") or {}
     for s in manifest.get("stages", []):

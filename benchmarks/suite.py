@@ -662,16 +662,28 @@ class StageFailure(DynspecError):
 
 
 # ---- provenance --------------------------------------------------------------------------
-def _out(cmd: Sequence[str]) -> str | None:
+def _out(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO,
+                           env=None if env is None else {**os.environ, **env})
     except (OSError, subprocess.TimeoutExpired):
         return None
     return p.stdout.strip() if p.returncode == 0 else None
 
 
+def worktree_tree() -> str | None:
+    """The git tree of the files as they are (tracked and untracked-not-ignored, edits included),
+    through a scratch index: equal to a commit's tree when the run's files are that commit's
+    (`git rev-parse COMMIT^{tree}`), whatever HEAD was where it ran. None outside a git checkout."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {"GIT_INDEX_FILE": str(Path(d) / "index")}
+        if _out(["git", "read-tree", "HEAD"], env) is None or _out(["git", "add", "-A"], env) is None:
+            return None
+        return _out(["git", "write-tree"], env)
+
+
 def provenance() -> dict:
-    """git commit / tree / changed paths, GPU (nvidia-smi, when present), torch and python versions."""
+    """git commit / tree / changed paths / the tree of the files as run, GPU (nvidia-smi, when present), torch and python versions."""
     import platform
 
     status = _out(["git", "status", "--porcelain"])
@@ -690,6 +702,7 @@ def provenance() -> dict:
         torch_version = None
     return {"git_commit": _out(["git", "rev-parse", "HEAD"]), "git_tree": _out(["git", "rev-parse", "HEAD^{tree}"]),
             "git_changed_paths": None if status is None else len(status.splitlines()),
+            "git_worktree_tree": worktree_tree(),
             "gpus": gpu, "torch": torch_version, "python": platform.python_version(), "host": platform.node()}
 
 

@@ -32,9 +32,10 @@ It must hold one verify window: max_num_tokens >= max K + 1 (e.g. schedule 4:4 -
 reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mixed iterations on
 CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
 
-reference.overlap (default false): the executor's overlapped loop (Executor(overlap=True);
-docs/design.md, "The overlapped loop"): iteration i+1 is planned and launched while iteration i
-runs. Each request's cache then holds two verify windows past its last token instead of one.
+reference.overlap (true, false or "auto", the default: true on CUDA, false elsewhere): the
+executor's overlapped loop (Executor(overlap=True); docs/design.md, "The overlapped loop"):
+iteration i+1 is planned and launched while iteration i runs. Each request's cache then holds two
+verify windows past its last token instead of one. The serial loop stays the CPU's and the oracle.
 """
 from __future__ import annotations
 
@@ -82,7 +83,13 @@ class ReferenceSettings:
     keep_warm: bool = True
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
     graphs: GraphMode = GraphMode.FULL
-    overlap: bool = False          # the executor's overlapped loop (module docstring)
+    overlap: bool | str = "auto"   # the executor's overlapped loop: true, false, "auto" (module docstring)
+
+    def loop_overlap(self, device) -> bool:
+        """Whether the executor on `device` runs the overlapped loop ("auto": on CUDA only)."""
+        if isinstance(self.overlap, bool):
+            return self.overlap
+        return str(device).startswith("cuda")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -93,8 +100,8 @@ class ReferenceSettings:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
         if not isinstance(self.keep_warm, bool):
             raise DynspecError(f"reference.keep_warm={self.keep_warm!r} must be true or false")
-        if not isinstance(self.overlap, bool):
-            raise DynspecError(f"reference.overlap={self.overlap!r} must be true or false")
+        if not isinstance(self.overlap, bool) and self.overlap != "auto":
+            raise DynspecError(f"reference.overlap={self.overlap!r} must be true, false or \"auto\"")
         try:
             object.__setattr__(self, "graphs", GraphMode(self.graphs))
         except ValueError:

@@ -212,7 +212,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     vocab = _config_vocab(cfg.target_dir)
     if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
         check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
-                            max_draft_len=engine_k, max_new_tokens=args.max_new_tokens, overlap=cfg.reference.overlap)
+                            max_draft_len=engine_k, max_new_tokens=args.max_new_tokens,
+                            overlap=cfg.reference.loop_overlap(args.device))
 
     def load(ctx):
         # a world of one keeps --device as given; under mpirun each rank takes its TpContext's device
@@ -220,7 +221,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                        tp=ctx if ctx.layout.size > 1 else None)
         check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
                             max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens,
-                            overlap=cfg.reference.overlap)
+                            overlap=cfg.reference.loop_overlap(engine.device))
         return engine
 
     def lead(engine, ctx):
@@ -231,7 +232,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
         for mode in modes:
             ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
-                          overlap=cfg.reference.overlap)  # whole run
+                          overlap=cfg.reference.loop_overlap(engine.device))  # whole run
             freeze_heap()             # runtime/gc_heap.py: what the run meets is built; no full collection walks it
             with tqdm(total=len(mine), desc=f"{mode:>8}", file=sys.stderr, leave=False,
                       disable=ctx.layout.rank != 0) as bar:

@@ -122,4 +122,4 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
                 strict=False)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
     return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy,
-                    overlap=cfg.reference.overlap, **limit)
+                    overlap=cfg.reference.loop_overlap(engine.device), **limit)

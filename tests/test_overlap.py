@@ -327,9 +327,9 @@ def test_the_cache_bound_at_submit_counts_two_windows(pair):
 # ---- the one switch: engine.json reference.overlap ------------------------------------------------
 
 def test_engine_json_overlap_switch_round_trips_and_generate_honours_it(tmp_path, capsys):
-    """reference.overlap (default false) round-trips through engine.json, a non-bool is refused in
-    one line, and `dynspec generate --engine-dir` gives the same tokens with it on, its stats
-    saying the loop was overlapped."""
+    """reference.overlap (default "auto": overlapped on CUDA, serial elsewhere) round-trips through
+    engine.json, anything else is refused in one line, and `dynspec generate --engine-dir` gives
+    the same tokens with it on, its stats saying the loop was overlapped (auto on CPU: serial)."""
     import json
     from dataclasses import replace
 
@@ -337,22 +337,24 @@ def test_engine_json_overlap_switch_round_trips_and_generate_honours_it(tmp_path
     from dynspec.config import EngineConfig, ReferenceSettings
     from dynspec.runtime.session import engine_config_for
 
-    assert ReferenceSettings().overlap is False
-    with pytest.raises(DynspecError, match=r"^reference.overlap='yes' must be true or false$"):
+    auto = ReferenceSettings()
+    assert auto.overlap == "auto" and auto.loop_overlap("cuda:0") and not auto.loop_overlap("cpu")
+    assert not ReferenceSettings(overlap=False).loop_overlap("cuda")
+    with pytest.raises(DynspecError, match=r'^reference.overlap=.yes. must be true, false or "auto"$'):
         ReferenceSettings(overlap="yes")
     cfg = engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("4:3"), ReferenceSettings(dtype="float64"))
     outs = {}
-    for on in (False, True):
+    for on in (False, True, "auto"):
         d = tmp_path / f"engine_{on}"
         d.mkdir()
         replace(cfg, reference=replace(cfg.reference, overlap=on)).write(d)
-        assert EngineConfig.load(d).reference.overlap is on
+        assert EngineConfig.load(d).reference.overlap == on
         out, stats = tmp_path / f"out_{on}.jsonl", tmp_path / f"stats_{on}.jsonl"
         assert dynspec_main(["generate", "--engine-dir", str(d), "--num-prompts", "3", "--max-new-tokens", "10",
                              "--concurrency", "2", "--modes", "dynamic", "--out", str(out), "--stats", str(stats)]) == 0
         outs[on] = [json.loads(x)["output_ids"] for x in out.read_text().splitlines()]
-        assert {json.loads(x)["overlapped"] for x in stats.read_text().splitlines()} == {on}
-    assert outs[True] == outs[False] and len(outs[True]) == 3
+        assert {json.loads(x)["overlapped"] for x in stats.read_text().splitlines()} == {on is True}
+    assert outs[True] == outs[False] == outs["auto"] and len(outs[True]) == 3
 
 
 # ---- the CUDA path's attention, interpreted ----------------------------------------------------------

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -283,6 +284,7 @@ def test_two_configs_end_to_end_on_cpu_share_one_prepared_engine(tmp_path):
         assert all(s["rc"] == 0 and s["wall_s"] > 0 for s in m["stages"])
     assert [s["name"] for s in fm["stages"]] == ["floor1", "floor2"]
     assert fm["git_commit"] == suite._out(["git", "rev-parse", "HEAD"])
+    assert fm["git_worktree_tree"] == suite.worktree_tree()      # the files as they are, edits included
 
     sweep = json.loads((out / "smoke_sweep" / "summary.json").read_text())["values"]
     assert set(sweep["by_concurrency"]) == {"1", "2"}
@@ -396,3 +398,28 @@ def test_overlap_figures_pair_each_serial_figure_with_its_overlapped_twin_on_cpu
         assert fig["gaps"]["2"][loop]["gpu_gap_fraction"] == varied[(mode, 2)]["gpu_gap_fraction"]
         assert 0 <= fig["gaps"]["2"][loop]["gpu_gap_fraction"] < 1
     assert "device gaps between steps" in table
+
+
+def test_worktree_tree_is_the_commits_tree_until_a_file_changes(tmp_path):
+    """The tree of the files as run: HEAD's tree in a clean checkout, another once a file is
+    edited or added (what a copy of a working tree with uncommitted changes runs)."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    (repo / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    old = suite.REPO
+    suite.REPO = repo
+    try:
+        assert suite.worktree_tree() == git("rev-parse", "HEAD^{tree}")
+        (repo / "b.txt").write_text("two\n")
+        edited = suite.worktree_tree()
+        assert edited not in (None, git("rev-parse", "HEAD^{tree}"))
+        git("add", "b.txt")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b")
+        assert suite.worktree_tree() == edited == git("rev-parse", "HEAD^{tree}")
+        assert git("status", "--porcelain") == ""          # the scratch index left the real one alone
+    finally:
+        suite.REPO = old

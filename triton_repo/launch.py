@@ -206,7 +206,7 @@ class TpLeader:
         from dynspec.runtime.session import policy_of
 
         self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm,
-                                 overlap=cfg.reference.overlap, **limit)
+                                 overlap=cfg.reference.loop_overlap(engine.device), **limit)
         from dynspec.runtime.gc_heap import freeze_heap
 
         freeze_heap()                  # the served heap out of the collector's walk (runtime/gc_heap.py)

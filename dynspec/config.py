@@ -13,7 +13,7 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "max_num_tokens": 8192, "graphs": "full", "overlap": false},
+                "keep_warm": true, "max_num_tokens": 8192, "graphs": "full", "overlap": "auto"},
   "llm_api_options": "llm_api_options.yaml",
   "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance
   "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is "adaptive"

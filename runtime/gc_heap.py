@@ -1,10 +1,11 @@
 """The serving loop and Python's cycle collector (docs/design.md, "The collector").
 
-A full (generation-2) collection stops the thread and walks every tracked object: after torch,
-transformers, Triton and a captured engine are loaded that is ~270k objects and 160 ms on the
-2-core CI machine, a pause that lands between two steps and leaves the device idle (one in a
-6-second sweep run is 2-3% of its wall time). Almost all of it is the startup heap, which lives
-as long as the process; what a step allocates is acyclic and freed by reference counting.
+A full (generation-2) collection stops the thread and walks every tracked object: with torch,
+transformers and Triton imported, before any engine, that is ~270k objects and 160 ms on the
+2-core CI machine; a loaded engine adds to it. The pause lands between two steps and the device
+idles through it (one such pause in a 6.5-s sweep run is 2.5% of its wall time). Almost all of
+it is the startup heap, which lives as long as the process; what a step allocates is acyclic
+and freed by reference counting.
 So the serving entry points freeze the heap once it is built (vLLM's engine core and SGLang's
 scheduler do the same after warm-up): frozen objects are never walked again, later ones still
 are, and a cycle made after the freeze is still collected.

@@ -112,8 +112,15 @@ def test_varied_over_fixed_per_loop():
                                        doc({"baseline": 100.0, "baseline+overlap": 100.0}))
     assert fig["by_concurrency"]["64"]["ratio"] == pytest.approx(0.82)
     assert fig["overlap"]["64"]["ratio"] == pytest.approx(0.95)
-    assert [r[:2] + r[4:5] for r in summary.varied_fixed_table(fig)["rows"]] == [
-        ["serial", "64", "0.820"], ["overlap", "64", "0.950"]]
+    assert [r[:2] + r[4:5] + r[7:] for r in summary.varied_fixed_table(fig)["rows"]] == [
+        ["serial", "64", "0.820", "-"], ["overlap", "64", "0.950", "-"]]      # no step counts: no engine ratio
+    # summary.py's worked example: 49586 tokens in 917 steps of 7.10 ms, 49152 in 773 of 7.32
+    steps = lambda d, tok, n, ms: {**d, "rows": [{**r, "output_tokens": tok, "iterations": n, "mean_step_ms": ms,
+                                                  "mean_decode_rows": 54.1 if n == 917 else 63.5} for r in d["rows"]]}
+    fig = summary.varied_fixed_figures(steps(doc({"baseline": 82.0}), 49586, 917, 7.10),
+                                       steps(doc({"baseline": 100.0}), 49152, 773, 7.32))
+    e = fig["by_concurrency"]["64"]
+    assert e["engine_ratio"] == pytest.approx(0.877, abs=5e-4) and e["decode_rows"] == [54.1, 63.5]
 
 
 def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_path):

@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +202,9 @@ def test_stats_cursor_reports_new_iterations_only():
     # a prompt-only iteration (no decode row, b = 0) is no K=0 iteration and leaves the gauges
     s = c.sample((st(4, 0, 0, 0),), busy=True)
     assert (s.draft_len, s.batch_size, dict(s.iterations_by_k)) == (4, 1, {}) and c.next == 5
+    # the collector's pauses of every new iteration, prompt-only ones too
+    s = c.sample((replace(st(5, 0, 0, 0), gc_seconds=0.002), replace(st(6, 1, 4, 1), gc_seconds=0.001)), busy=True)
+    assert s.gc_seconds == pytest.approx(0.003) and c.sample((), busy=True).gc_seconds == 0.0
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -347,6 +350,8 @@ def test_single_request_speculates_at_full_k(server, info, oracle):
     assert 0 < accepted <= drafted
     assert 0.0 <= metric(after, "dynspec_acceptance_estimate") <= 1.0      # the executor's a_1 estimate
     assert metric(after, "dynspec_probe_iterations_total") == 0              # a schedule never probes
+    assert any(name == "dynspec_gc_pause_seconds_total" for name, _ in after)     # exported, from 0 up
+    assert metric(after, "dynspec_gc_pause_seconds_total") >= metric(before, "dynspec_gc_pause_seconds_total") >= 0
 
 
 @pytest.mark.slow

@@ -346,6 +346,7 @@ class MetricsSample:
     iterations_by_k: Mapping[int, int]  # iterations since the previous sample, by K
     acceptance: float | None = None     # the executor's estimate of a_1 at the latest iteration
     probes: int = 0                     # adaptive K=1 probe iterations since the previous sample
+    gc_seconds: float = 0.0             # the process's cycle-collector pauses in those iterations (gc_heap.py)
 
 
 # Iteration stats the served executor keeps: the monitor reads them every 50 ms, far fewer
@@ -380,4 +381,4 @@ class StatsCursor:
         elif not busy:
             self._b = 0
         return MetricsSample(self._k, self._b, sum(s.drafted for s in new), sum(s.accepted for s in new), by_k,
-                             self._a1, sum(s.probe for s in decoding))
+                             self._a1, sum(s.probe for s in decoding), sum(s.gc_seconds for s in new))

@@ -75,6 +75,9 @@ class _Metrics:
                                  family.GAUGE),
             "probes": family("dynspec_probe_iterations_total", "K=1 iterations the adaptive policy took to "
                              "measure acceptance while K=0 was best", family.COUNTER),
+            "gc": family("dynspec_gc_pause_seconds_total", "Seconds the serving process spent in Python's cycle "
+                         "collector between iterations (its heap is frozen at start: runtime/gc_heap.py)",
+                         family.COUNTER),
             "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
                                family.COUNTER),
             "rejected": family("dynspec_requests_rejected_total", "Requests answered with an error, by reason "
@@ -93,6 +96,7 @@ class _Metrics:
         self.cancelled = self._families["cancelled"].Metric(labels=labels)
         self.acceptance = self._families["acceptance"].Metric(labels=labels)
         self.probes = self._families["probes"].Metric(labels=labels)
+        self.gc = self._families["gc"].Metric(labels=labels)
         self._by = {}
 
     def _labelled(self, family, key, value):
@@ -112,6 +116,8 @@ class _Metrics:
             self.acceptance.set(sample.acceptance)
         if sample.probes:
             self.probes.increment(sample.probes)
+        if sample.gc_seconds:
+            self.gc.increment(sample.gc_seconds)
         for k, n in sample.iterations_by_k.items():
             self._labelled("iterations", "k", k).increment(n)
 

@@ -207,9 +207,6 @@ class TpLeader:
 
         self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm,
                                  overlap=cfg.reference.loop_overlap(engine.device), **limit)
-        from dynspec.runtime.gc_heap import freeze_heap
-
-        freeze_heap()                  # the served heap out of the collector's walk (runtime/gc_heap.py)
         # the launcher's store: where report() leaves a fault (it lives and dies with the launcher)
         self._store = dist.TCPStore(*parse_endpoint(launch.endpoint), None, False,
                                     timeout=datetime.timedelta(seconds=launch.timeout_s))

@@ -153,6 +153,7 @@ class TritonPythonModel:
         _import_runtime(params.get("python_site_packages", ""))
         from dynspec.config import EngineConfig
         from dynspec.errors import DynspecError
+        from dynspec.runtime.gc_heap import freeze_heap
         from dynspec.runtime.session import open_executor
         from dynspec.triton_repo import launch, serving
 
@@ -166,6 +167,7 @@ class TritonPythonModel:
         self.tp = None if tp is None else launch.TpLeader(tp, cfg, params["engine_dir"], device, serving.STATS_KEPT)
         self.executor = self.tp.executor if self.tp is not None else \
             open_executor(cfg, device=device, stats_limit=serving.STATS_KEPT)
+        freeze_heap()        # the served heap out of the collector's walk (runtime/gc_heap.py)
         self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
         self.cursor = serving.StatsCursor()
         self.live = {}

@@ -566,10 +566,7 @@ class LeaderEngine:
 
 
 def serve_worker(engine, channel: PlanChannel) -> int:
-    """Worker side: run exactly the calls the leader sends, until it sends STOP. Returns how many.
-    The engine is open: its heap is frozen first (runtime/gc_heap.py), so no full collection
-    walks it between two collectives."""
-    freeze_heap()
+    """Worker side: run exactly the calls the leader sends, until it sends STOP. Returns how many."""
     n = 0
     while (msg := channel.recv()) is not None:
         name, args, kwargs = msg
@@ -595,7 +592,7 @@ def run_replica(tp: int, load: Callable[[TpContext], Any], lead: Callable[[Any, 
         raise
     with abort_on_error(ctx):
         engine = load(ctx)
-        freeze_heap()                 # the loaded engine out of the collector's walk (runtime/gc_heap.py)
+        freeze_heap()                 # every rank: the loaded engine out of the collector's walk (runtime/gc_heap.py)
         if ctx.tp == 1:
             return ctx, engine, lead(engine, ctx)
         ctx.barrier()                 # loading times differ; the channel's timeouts start here

@@ -266,6 +266,7 @@ def run_worker(launch: RepoLaunch, endpoint: str, rank: int, comm, timeout_s: fl
     from dynspec.config import EngineConfig
     from dynspec.runtime.distributed import (PlanChannel, TpFault, abort_on_error, init_tp_endpoint, local_rank,
                                              log, serve_worker, shutdown, wait_for_peers)
+    from dynspec.runtime.gc_heap import freeze_heap
 
     try:
         ctx = init_tp_endpoint(endpoint, rank, launch.tp, device=launch.device, local_rank=local_rank(),
@@ -276,6 +277,7 @@ def run_worker(launch: RepoLaunch, endpoint: str, rank: int, comm, timeout_s: fl
         raise
     with abort_on_error(ctx):
         engine = open_rank(EngineConfig.load(launch.engine_dir), ctx)
+        freeze_heap()                 # the loaded shard out of the collector's walk (runtime/gc_heap.py)
         wait_for_peers(ctx, join_timeout_s)
         try:
             calls = serve_worker(engine, PlanChannel(ctx))

@@ -93,7 +93,9 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
     (target, draft), hf = pair, hf_target
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=96, max_draft_len=4)
     ps = prompts(12, seed=5)
-    policy = AdaptivePolicy(linear_cost(per_draft=0.05))
+    # served-cost ratios are measured, so a probe's interval varies with this machine's timing; at
+    # most 16 iterations apart, at least one falls within the >= 25 iterations at K=0 asserted below
+    policy = AdaptivePolicy(linear_cost(per_draft=0.05), AdaptiveSettings(max_probe_interval=16))
     ex = Executor(eng, policy, stats_limit=None)
     res = run_closed_loop(ex, ps, NEW, concurrency=4)
     assert [r.output_ids for r in res] == greedy_many(hf, ps, NEW)
@@ -102,8 +104,9 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
     assert all(len(s.cost_scale) == eng.max_draft_len + 3 for s in stats)
     assert stats[0].k >= 2 and stats[0].acceptance[0] == pytest.approx(0.5)
     tail = stats[len(stats) // 2:]
-    assert sum(s.k == 0 for s in tail) >= 0.7 * len(tail)
-    assert any(s.probe and s.k == 1 for s in tail) and tail[-1].acceptance[0] < 0.2
+    assert sum(s.k == 0 for s in tail) >= 0.7 * len(tail) and tail[-1].acceptance[0] < 0.2
+    first_k0 = next(i for i, s in enumerate(stats) if s.k == 0)
+    assert any(s.probe and s.k == 1 for s in stats[first_k0:])    # probes keep measuring once at K=0
 
 
 def test_engine_json_policy_and_cost_model_field(tmp_path):

@@ -266,13 +266,21 @@ def varied_fixed_figures(varied: Mapping, fixed: Mapping, mode: str = "baseline"
     trials' spreads (varied min / fixed max .. varied max / fixed min; the two runs' trials are not
     paired). With the serial baseline, a baseline+overlap in both runs gets the same under "overlap".
     engine_ratio: the same ratio on the steps' time alone (tokens / (iterations x mean step)): equal
-    to the ratio when the host adds nothing; decode_rows: (varied, fixed) mean decode rows a step.
-    Example: 49586 tokens in 917 steps of 7.10 ms against 49152 in 773 of 7.32 -> engine ratio
-    (49586 / 6.511) / (49152 / 5.658) = 0.877."""
+    to the ratio when the host adds nothing; decode_rows: (varied, fixed) mean decode rows a step;
+    iterations: (varied, fixed) each as [run, the workload's minimum] (sweep.closed_loop_floor), and
+    floor_rows_ratio: tokens an iteration at those minima, varied / fixed (the ratio if every step
+    cost the same). Example: 49586 tokens in 917 steps of 7.10 ms against 49152 in 773 of 7.32 ->
+    engine ratio (49586 / 6.511) / (49152 / 5.658) = 0.877; minima 917 and 773 -> floor rows ratio
+    (49586 / 917) / (49152 / 773) = 0.850."""
+    from dynspec.benchmarks.sweep import closed_loop_floor
+
     v, f = _closed(varied["rows"], mode), _closed(fixed["rows"], mode)
     out = {}
     for c in sorted(set(v) & set(f)):
         vt, ft = _trials(v[c]), _trials(f[c])
+        its = [[v[c].get("iterations"), closed_loop_floor(varied["env"], v[c])],
+               [f[c].get("iterations"), closed_loop_floor(fixed["env"], f[c])]]
+        floors = [its[0][1], its[1][1]]
         out[str(c)] = {"ratio": v[c]["output_tok_per_s"] / f[c]["output_tok_per_s"], "low": min(vt) / max(ft),
                        "high": max(vt) / min(ft), "varied_tok_per_s": v[c]["output_tok_per_s"],
                        "fixed_tok_per_s": f[c]["output_tok_per_s"],
@@ -280,7 +288,10 @@ def varied_fixed_figures(varied: Mapping, fixed: Mapping, mode: str = "baseline"
                                            if v[c].get("sustained_tok_per_s") and f[c].get("sustained_tok_per_s")
                                            else None),
                        "engine_ratio": _ratio(_per_engine_second(v[c]), _per_engine_second(f[c])),
-                       "decode_rows": [v[c].get("mean_decode_rows"), f[c].get("mean_decode_rows")]}
+                       "decode_rows": [v[c].get("mean_decode_rows"), f[c].get("mean_decode_rows")],
+                       "iterations": its,
+                       "floor_rows_ratio": _ratio(_per(v[c].get("output_tokens"), floors[0]),
+                                                  _per(f[c].get("output_tokens"), floors[1]))}
     fig = {"by_concurrency": out, "varied_workload": varied["env"].get("workload"),
            "fixed_workload": fixed["env"].get("workload"), "commands": _commands(varied) + _commands(fixed)}
     over = mode + OVERLAP
@@ -301,19 +312,32 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
 
 
+def _per(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def _fmt_iterations(its: Sequence | None) -> str:
+    """[[912, 912], [768, 768]] -> '912 / 912, 768 / 768' (run / minimum: varied, fixed)."""
+    side = lambda x: "-" if not x or None in x else f"{x[0]} / {x[1]}"
+    return "-" if not its or all(None in x for x in its) else f"{side(its[0])}, {side(its[1])}"
+
+
 def _loops(fig: Mapping) -> dict:
     """{"serial": by C, "overlap": by C (when the runs had baseline+overlap)} of varied_fixed_figures."""
     return {"serial": fig["by_concurrency"], **({"overlap": fig["overlap"]} if fig.get("overlap") else {})}
 
 
 def varied_fixed_table(fig: Mapping) -> dict:
+    opt = lambda x: "-" if x is None else f"{x:.3f}"
     return {"header": ["loop", "C", "varied tok/s", "fixed tok/s", "varied / fixed", "bounds", "sustained ratio",
-                       "on the steps' time"],
+                       "on the steps' time", "iterations / minimum (varied, fixed)", "tokens a step at the minima"],
             "rows": [[loop, c, f"{e['varied_tok_per_s']:.1f}", f"{e['fixed_tok_per_s']:.1f}", f"{e['ratio']:.3f}",
-                      f"{e['low']:.3f}..{e['high']:.3f}",
-                      "-" if e["sustained_ratio"] is None else f"{e['sustained_ratio']:.3f}",
-                      "-" if e.get("engine_ratio") is None else f"{e['engine_ratio']:.3f}"]
-                     for loop, by_c in _loops(fig).items() for c, e in by_c.items()]}
+                      f"{e['low']:.3f}..{e['high']:.3f}", opt(e["sustained_ratio"]), opt(e.get("engine_ratio")),
+                      _fmt_iterations(e.get("iterations")), opt(e.get("floor_rows_ratio"))]
+                     for loop, by_c in _loops(fig).items() for c, e in by_c.items()],
+            "notes": ["Minimum: the fewest iterations the closed loop allows at one token a row an iteration, no"
+                      " token budget (benchmarks/workload.py closed_loop_iterations); tokens a step at the minima:"
+                      " varied / fixed, the ratio if every step cost the same."]}
 
 
 def varied_fixed_plot(fig: Mapping) -> dict:
@@ -593,6 +617,12 @@ def overlap_table(fig: Mapping) -> dict:
     dr = lambda e: "-" if not e or None in e.get("decode_rows", [None]) else "{:.1f} / {:.1f}".format(*e["decode_rows"])
     rows += [["  mean decode rows a step, varied / fixed", c, dr(e.get("serial")), dr(e.get("overlap")), "-"]
              for c, e in fig["varied_vs_fixed"].items()]
+    its = lambda e: "-" if not e else _fmt_iterations(e.get("iterations"))
+    rows += [["  iterations / the workload's minimum (varied, fixed)", c, its(e.get("serial")), its(e.get("overlap")),
+              "-"] for c, e in fig["varied_vs_fixed"].items()]
+    fr = lambda e: "-" if not e or e.get("floor_rows_ratio") is None else f"{e['floor_rows_ratio']:.3f}"
+    rows += [["  tokens a step at those minima, varied / fixed", c, fr(e.get("serial")), fr(e.get("overlap")), "-"]
+             for c, e in fig["varied_vs_fixed"].items()]
     rows += [["regime B dynamic / max(baseline, static)", c, _fmt_ratio(e["serial"]), _fmt_ratio(e["overlap"]),
               "overlap >= serial"] for c, e in fig["regime_b"].items()]
     f = fig["floor"]
@@ -605,7 +635,9 @@ def overlap_table(fig: Mapping) -> dict:
             "notes": ["Ratios: median [min..max] over trials (sweeps: per-trial ratios, trial t of every mode in one"
                       " rotation; varied / fixed: of the medians, bounded by the two runs' spreads; b=1: over the"
                       " three profile runs). Idle: engine_idle_fraction, the share of wall time outside the"
-                      " engine's steps (overlapped: outside their device time)."]}
+                      " engine's steps (overlapped: outside their device time). Minimum: the fewest iterations"
+                      " the closed loop allows at one token a row an iteration, no token budget"
+                      " (benchmarks/workload.py closed_loop_iterations)."]}
 
 
 def overlap_plot(fig: Mapping) -> dict:

@@ -38,7 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from dynspec.benchmarks.engines import BENCH_ENV, add_engine_args, apply_bench_env
 from dynspec.benchmarks.mpi import World, log, world
@@ -491,6 +491,30 @@ def make_workload(cfg, dataset: str | None, prompts: str, input_len: str, output
         raise DynspecError(f"target {cfg.target_dir}/config.json has no vocab_size; give --dataset instead")
     return synthetic(n, il, ol, vocab, seed=seed), \
         f"synthetic: input_len {il}, output_len {ol}, seed {seed}, uniform random token ids"
+
+
+def closed_loop_floor(env: Mapping, row: Mapping) -> int | None:
+    """The fewest iterations a sweep row's closed loop could have run (workload.closed_loop_iterations,
+    lag 1 in the overlapped loop), from the seeded workload its env["command"] names: the lengths
+    follow from the request count and the seed. None for a dataset, an open loop, more than one
+    replica, or a row that drafted (mean_k > 0: more than one token a row an iteration).
+    Example: outputs 32:224 at C=64 over 6 waves -> 384 requests, 912 iterations (917 overlapped)."""
+    from dynspec.benchmarks.workload import LengthDist, closed_loop_iterations, synthetic_lengths
+
+    cmd = shlex.split(env.get("command") or "")
+    c = row.get("concurrency")
+    if (c is None or row.get("replicas", 1) != 1 or (row.get("mean_k") or 0) > 0
+            or "dynspec.benchmarks.sweep" not in cmd or "--dataset" in cmd):
+        return None
+    args = make_parser().parse_args(cmd[cmd.index("dynspec.benchmarks.sweep") + 1:])
+    conc = int_list(args.concurrency, "--concurrency") if args.concurrency.strip() else ()
+    rates = float_list(args.request_rate, "--request-rate") if args.request_rate.strip() else ()
+    count = RequestCount(args.num_requests, args.waves, args.min_requests, parse_waves_at(args.waves_at, conc))
+    per_point = max(count.at(p) for p in load_points(conc, rates))
+    _, outs, _ = synthetic_lengths(per_point, LengthDist.parse(args.input_len), LengthDist.parse(args.output_len),
+                                   args.seed)
+    mine = [outs[i % len(outs)] for i in range(count.at(LoadPoint(concurrency=c)))]     # take(): the first shard
+    return closed_loop_iterations(mine, c, lag=int(row.get("loop") == "overlap"))
 
 
 def command_line(argv: Sequence[str], world_size: int) -> str:

@@ -12,6 +12,7 @@ vocabulary, all from one seed, so every mode of a sweep sees the very same reque
 """
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
@@ -78,15 +79,44 @@ class LengthDist:
         return str(self.lo) if self.lo == self.hi else f"{self.lo}:{self.hi}"
 
 
+def synthetic_lengths(n: int, input_len: LengthDist, output_len: LengthDist, seed: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """(prompt lengths [n], output lengths [n], the generator after them): the first draws of every
+    seeded workload (synthetic, text_windows), so its lengths follow from n and the seed alone."""
+    if n < 1:
+        raise DynspecError(f"number of requests {n} must be at least 1")
+    rng = np.random.default_rng(seed)
+    ins = input_len.sample(rng, n)
+    return ins, output_len.sample(rng, n), rng
+
+
+def closed_loop_iterations(output_lens: Sequence[int], concurrency: int, lag: int = 0) -> int:
+    """The fewest iterations a closed loop of `concurrency` clients needs for these requests,
+    submitted in order, when every row yields one token an iteration (K=0) and nothing else limits
+    a step (no token budget): a request holds its slot for its output length (its prompt's
+    iteration yields the first token), and the next request takes the slot `lag` iterations after
+    its last token (0: the serial loop admits it in the next iteration; 1: the overlapped loop
+    learns of the finish one launch later). Any executor serving the workload at K=0 needs at least
+    this many; one with a token budget can need more (prompts chunked over several iterations).
+    Example: outputs (3, 1, 2) at C=2 -> slot 0 runs iterations 0-2, slot 1 runs 0 then 1-2: 3;
+    with lag=1, slot 1 runs 0 then 2-3: 4."""
+    if concurrency < 1 or lag < 0:
+        raise DynspecError(f"concurrency {concurrency} must be at least 1 and lag {lag} at least 0")
+    free = [(0, slot) for slot in range(concurrency)]       # (iteration the slot is free from, slot)
+    end = 0
+    for n in output_lens:
+        t, slot = heapq.heappop(free)
+        end = max(end, t + int(n))
+        heapq.heappush(free, (t + int(n) + lag, slot))
+    return end
+
+
 def synthetic(n: int, input_len: LengthDist, output_len: LengthDist, vocab_size: int, seed: int = 0,
               first_id: int = 0) -> tuple[BenchRequest, ...]:
     """n requests with seeded random lengths and token ids in [first_id, vocab_size)."""
-    if n < 1:
-        raise DynspecError(f"number of requests {n} must be at least 1")
     if vocab_size <= first_id:
         raise DynspecError(f"vocab_size {vocab_size} leaves no token ids above first_id {first_id}")
-    rng = np.random.default_rng(seed)
-    ins, outs = input_len.sample(rng, n), output_len.sample(rng, n)
+    ins, outs, rng = synthetic_lengths(n, input_len, output_len, seed)
     return tuple(
         BenchRequest(i, tuple(int(t) for t in rng.integers(first_id, vocab_size, size=int(p))), int(o))
         for i, (p, o) in enumerate(zip(ins, outs))
@@ -99,10 +129,7 @@ def text_windows(token_streams: Sequence[Sequence[int]], n: int, input_len: Leng
 
     streams [[1..100], [7..20]], input_len 10: request i takes a random stream that is long
     enough and 10 consecutive tokens from a random start in it."""
-    if n < 1:
-        raise DynspecError(f"number of requests {n} must be at least 1")
-    rng = np.random.default_rng(seed)
-    ins, outs = input_len.sample(rng, n), output_len.sample(rng, n)
+    ins, outs, rng = synthetic_lengths(n, input_len, output_len, seed)
     reqs = []
     for i, (p, o) in enumerate(zip(ins, outs)):
         fits = [s for s in token_streams if len(s) >= p]

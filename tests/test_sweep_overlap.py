@@ -36,6 +36,10 @@ def test_overlapped_modes_serve_the_same_tokens_through_the_overlapped_loop(swep
             assert over["overlapped_iterations"] == over["iterations"] > 0
             assert over["schedule"] == serial["schedule"] and over["keep_warm"] == serial["keep_warm"]
         assert rows[("baseline+overlap", c)]["mean_k"] == 0
+        # K=0 rows run the fewest iterations their closed loop allows (prompts fit one step's budget)
+        for m in ("baseline", "baseline+overlap"):
+            assert sweep.closed_loop_floor(doc["env"], rows[(m, c)]) == rows[(m, c)]["iterations"], (m, c)
+        assert sweep.closed_loop_floor(doc["env"], rows[("dynamic", c)]) is None      # drafted: no K=0 bound
         assert rows[("dynamic+overlap", 1)]["mean_k"] == 3            # schedule 2:3 at b=1
     assert doc["env"]["schedules"]["dynamic+overlap"] == doc["env"]["schedules"]["dynamic"] == "2:3"
 
@@ -113,7 +117,7 @@ def test_varied_over_fixed_per_loop():
     assert fig["by_concurrency"]["64"]["ratio"] == pytest.approx(0.82)
     assert fig["overlap"]["64"]["ratio"] == pytest.approx(0.95)
     assert [r[:2] + r[4:5] + r[7:] for r in summary.varied_fixed_table(fig)["rows"]] == [
-        ["serial", "64", "0.820", "-"], ["overlap", "64", "0.950", "-"]]      # no step counts: no engine ratio
+        ["serial", "64", "0.820", "-", "-", "-"], ["overlap", "64", "0.950", "-", "-", "-"]]   # no step counts
     # summary.py's worked example: 49586 tokens in 917 steps of 7.10 ms, 49152 in 773 of 7.32
     steps = lambda d, tok, n, ms: {**d, "rows": [{**r, "output_tokens": tok, "iterations": n, "mean_step_ms": ms,
                                                   "mean_decode_rows": 54.1 if n == 917 else 63.5} for r in d["rows"]]}
@@ -121,6 +125,16 @@ def test_varied_over_fixed_per_loop():
                                        steps(doc({"baseline": 100.0}), 49152, 773, 7.32))
     e = fig["by_concurrency"]["64"]
     assert e["engine_ratio"] == pytest.approx(0.877, abs=5e-4) and e["decode_rows"] == [54.1, 63.5]
+    # ... the overlapped rows of the overlap config's workloads (1536 requests drawn, C=64 runs the first 384)
+    cmd = ("python -m dynspec.benchmarks.sweep --engine-dir e --concurrency 64,256 --waves 6 --out o"
+           " --input-len {} --output-len {}")
+    run = lambda d, lens: {"env": {"command": cmd.format(*lens)}, "rows": [{**r, "loop": "overlap", "mean_k": 0.0}
+                                                                          for r in d["rows"]]}
+    fig = summary.varied_fixed_figures(run(steps(doc({"baseline": 82.0}), 49586, 917, 7.10), ("64:192", "32:224")),
+                                       run(steps(doc({"baseline": 100.0}), 49152, 773, 7.32), (128, 128)))
+    e = fig["by_concurrency"]["64"]
+    assert e["iterations"] == [[917, 917], [773, 773]] and e["floor_rows_ratio"] == pytest.approx(0.850, abs=5e-4)
+    assert summary.varied_fixed_table(fig)["rows"][0][8:] == ["917 / 917, 773 / 773", "0.850"]
 
 
 def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_path):

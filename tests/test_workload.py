@@ -9,8 +9,8 @@ from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord, per
 from dynspec.benchmarks.report import markdown, out_paths, write_all
 from dynspec.benchmarks.sweep import (LoadPoint, mode_schedules, parse_modes, parse_waves_at, read_schedule_arg,
                                       RequestCount)
-from dynspec.benchmarks.workload import (BenchRequest, LengthDist, check_fits, load_jsonl, synthetic, take,
-                                         write_jsonl)
+from dynspec.benchmarks.workload import (BenchRequest, LengthDist, check_fits, closed_loop_iterations, load_jsonl,
+                                         synthetic, synthetic_lengths, take, write_jsonl)
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import Bernoulli
 from dynspec.runtime.executor import Executor
@@ -82,6 +82,42 @@ def test_synthetic_is_seeded_and_in_range():
     assert all(3 <= r.input_len <= 9 and r.output_tokens == 5 and max(r.input_ids) < 50 for r in a)
     assert len({r.input_len for r in a}) > 1
     assert [r.task_id for r in a] == list(range(20))
+
+
+def ticked_closed_loop(outs, c, lag):
+    """The closed loop iteration by iteration: every row emits a token; a row done after iteration
+    t frees its slot for the next request from iteration t + 1 + lag."""
+    queue, rows, t = list(outs), {}, 0            # rows: slot -> [tokens left, free from]
+    for s in range(c):
+        rows[s] = [0, 0]
+    while queue or any(left for left, _ in rows.values()):
+        for r in rows.values():
+            if r[0] == 0 and queue and t >= r[1]:
+                r[0] = queue.pop(0)
+        for r in rows.values():
+            if r[0]:
+                r[0] -= 1
+                if r[0] == 0:
+                    r[1] = t + 1 + lag
+        t += 1
+    return t
+
+
+def test_closed_loop_iterations_worked_examples_and_a_ticked_loop():
+    assert closed_loop_iterations((3, 1, 2), 2) == 3 and closed_loop_iterations((3, 1, 2), 2, lag=1) == 4
+    assert closed_loop_iterations([128] * 384, 64) == 768 and closed_loop_iterations([128] * 384, 64, lag=1) == 773
+    _, outs, _ = synthetic_lengths(200, LengthDist(4, 8), LengthDist(1, 40), seed=3)
+    for c in (1, 3, 16, 300):
+        for lag in (0, 1, 2):
+            assert closed_loop_iterations(outs, c, lag) == ticked_closed_loop(outs, c, lag), (c, lag)
+    with pytest.raises(DynspecError, match="concurrency 0 must be at least 1"):
+        closed_loop_iterations((1,), 0)
+
+
+def test_synthetic_lengths_are_the_workloads_lengths():
+    ins, outs, _ = synthetic_lengths(20, LengthDist(3, 9), LengthDist(2, 6), seed=7)
+    reqs = synthetic(20, LengthDist(3, 9), LengthDist(2, 6), vocab_size=50, seed=7)
+    assert [r.input_len for r in reqs] == list(ins) and [r.output_tokens for r in reqs] == list(outs)
 
 
 def test_take_shards_and_cycles():

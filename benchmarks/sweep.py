@@ -497,16 +497,27 @@ def closed_loop_floor(env: Mapping, row: Mapping) -> int | None:
     """The fewest iterations a sweep row's closed loop could have run (workload.closed_loop_iterations,
     lag 1 in the overlapped loop), from the seeded workload its env["command"] names: the lengths
     follow from the request count and the seed. None for a dataset, an open loop, more than one
-    replica, or a row that drafted (mean_k > 0: more than one token a row an iteration).
-    Example: outputs 32:224 at C=64 over 6 waves -> 384 requests, 912 iterations (917 overlapped)."""
+    replica, TensorRT-LLM, a row that drafted or does not say (mean_k > 0 or absent: more than one
+    token a row an iteration), or a command this parser does not read.
+    Example: outputs 32:224 over 6 waves, --concurrency 64,256 -> 1536 requests drawn, C=64 runs the
+    first 384: 912 iterations (917 overlapped)."""
+    import contextlib
+    import io
+
     from dynspec.benchmarks.workload import LengthDist, closed_loop_iterations, synthetic_lengths
 
     cmd = shlex.split(env.get("command") or "")
     c = row.get("concurrency")
-    if (c is None or row.get("replicas", 1) != 1 or (row.get("mean_k") or 0) > 0
-            or "dynspec.benchmarks.sweep" not in cmd or "--dataset" in cmd):
+    if (c is None or row.get("replicas", 1) != 1 or row.get("mean_k") != 0 or env.get("engine", "reference") != "reference"
+            or "dynspec.benchmarks.sweep" not in cmd):
         return None
-    args = make_parser().parse_args(cmd[cmd.index("dynspec.benchmarks.sweep") + 1:])
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):           # argparse's usage text, on a refusal
+            args = make_parser().parse_args(cmd[cmd.index("dynspec.benchmarks.sweep") + 1:])
+    except SystemExit:
+        return None
+    if args.dataset or args.engine != "reference":
+        return None
     conc = int_list(args.concurrency, "--concurrency") if args.concurrency.strip() else ()
     rates = float_list(args.request_rate, "--request-rate") if args.request_rate.strip() else ()
     count = RequestCount(args.num_requests, args.waves, args.min_requests, parse_waves_at(args.waves_at, conc))

@@ -94,7 +94,7 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=96, max_draft_len=4)
     ps = prompts(12, seed=5)
     # served-cost ratios are measured, so a probe's interval varies with this machine's timing; at
-    # most 16 iterations apart, at least one falls within the >= 25 iterations at K=0 asserted below
+    # most 16 iterations apart, one falls within the K=0 iterations asserted below (more than 16)
     policy = AdaptivePolicy(linear_cost(per_draft=0.05), AdaptiveSettings(max_probe_interval=16))
     ex = Executor(eng, policy, stats_limit=None)
     res = run_closed_loop(ex, ps, NEW, concurrency=4)
@@ -106,6 +106,7 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
     tail = stats[len(stats) // 2:]
     assert sum(s.k == 0 for s in tail) >= 0.7 * len(tail) and tail[-1].acceptance[0] < 0.2
     first_k0 = next(i for i, s in enumerate(stats) if s.k == 0)
+    assert sum(s.k == 0 for s in stats[first_k0:]) > 16
     assert any(s.probe and s.k == 1 for s in stats[first_k0:])    # probes keep measuring once at K=0
 
 

@@ -12,7 +12,7 @@ from dynspec.runtime.overlap import cache_slack
 
 MODES = "baseline,baseline+overlap,dynamic,dynamic+overlap"
 FLAGS = ["--schedule", "2:3", "--acceptance", "real", "--prompts", "stdlib", "--input-len", "8:16",
-         "--output-len", "6:12", "--num-requests", "4", "--warmup-requests", "1", "--trials", "2", "--no-progress"]
+         "--output-len", "6:12", "--num-requests", "6", "--warmup-requests", "1", "--trials", "2", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +30,14 @@ def test_overlapped_modes_serve_the_same_tokens_through_the_overlapped_loop(swep
         for m in ("baseline", "dynamic"):
             serial, over = rows[(m, c)], rows[(m + "+overlap", c)]
             assert (serial["loop"], over["loop"]) == ("serial", "overlap")
-            assert over["num_requests"] == serial["num_requests"] == 4
+            assert over["num_requests"] == serial["num_requests"] == 6
             assert over["output_tokens"] == serial["output_tokens"] > 0, (m, c)
             assert serial["overlapped_iterations"] == 0
             assert over["overlapped_iterations"] == over["iterations"] > 0
             assert over["schedule"] == serial["schedule"] and over["keep_warm"] == serial["keep_warm"]
         assert rows[("baseline+overlap", c)]["mean_k"] == 0
-        # K=0 rows run the fewest iterations their closed loop allows (prompts fit one step's budget)
+        # K=0 rows run the fewest iterations their closed loop allows (prompts fit one step's budget;
+        # at C=4 two requests wait for a slot)
         for m in ("baseline", "baseline+overlap"):
             assert sweep.closed_loop_floor(doc["env"], rows[(m, c)]) == rows[(m, c)]["iterations"], (m, c)
         assert sweep.closed_loop_floor(doc["env"], rows[("dynamic", c)]) is None      # drafted: no K=0 bound
@@ -135,6 +136,21 @@ def test_varied_over_fixed_per_loop():
     e = fig["by_concurrency"]["64"]
     assert e["iterations"] == [[917, 917], [773, 773]] and e["floor_rows_ratio"] == pytest.approx(0.850, abs=5e-4)
     assert summary.varied_fixed_table(fig)["rows"][0][8:] == ["917 / 917, 773 / 773", "0.850"]
+
+
+def test_closed_loop_floor_is_none_where_the_row_has_no_k0_bound_or_its_command_does_not_parse(capsys):
+    cmd = "mpirun -n 1 python -m dynspec.benchmarks.sweep --engine-dir e --concurrency 4 --waves 2 --out o"
+    row = {"mode": "baseline", "loop": "serial", "concurrency": 4, "replicas": 1, "mean_k": 0.0}
+    n = sweep.closed_loop_floor({"command": cmd}, row)
+    assert n is not None and n >= 224 / 4                      # 8 requests of 32..224 tokens over 4 slots
+    for env, r in (({"command": cmd + " --dataset=d.jsonl"}, row), ({"command": cmd + " --data d.jsonl"}, row),
+                   ({"command": cmd + " --no-such-flag"}, row), ({"command": cmd.replace(" --out o", "")}, row),
+                   ({"command": cmd, "engine": "trtllm"}, row), ({"command": cmd}, {**row, "mean_k": 1.5}),
+                   ({"command": cmd}, {k: v for k, v in row.items() if k != "mean_k"}),
+                   ({"command": cmd}, {**row, "replicas": 2}), ({"command": cmd}, {**row, "concurrency": None}),
+                   ({"command": "python -m something.else --concurrency 4"}, row)):
+        assert sweep.closed_loop_floor(env, r) is None, (env, r)
+    assert capsys.readouterr().err == ""                      # a refused command prints no usage text
 
 
 def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_path):

@@ -8,7 +8,9 @@ it is the startup heap, which lives as long as the process; what a step allocate
 and freed by reference counting.
 So the serving entry points freeze the heap once it is built (vLLM's engine core and SGLang's
 scheduler do the same after warm-up): frozen objects are never walked again, later ones still
-are, and a cycle made after the freeze is still collected.
+are, and a cycle made after the freeze is still collected. At exit the heap is unfrozen, so the
+interpreter's last collection frees frozen cycles too (left frozen, Triton's bindings report
+their objects in them as leaked when the process ends).
 
     freeze_heap()      collect once, then move every live object out of the collector's walk
     pause_seconds()    process-wide seconds spent in collections since the first call; the
@@ -16,19 +18,25 @@ are, and a cycle made after the freeze is still collected.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import time
 
 _total = 0.0
 _started: float | None = None
 _installed = False
+_unfreeze_at_exit = False
 
 
 def freeze_heap() -> int:
     """Collect, then freeze what is left (outside any timed region: the collect is the full
     pause, once). Returns the objects frozen so far (gc.get_freeze_count)."""
+    global _unfreeze_at_exit
     gc.collect()
     gc.freeze()
+    if not _unfreeze_at_exit:
+        atexit.register(gc.unfreeze)
+        _unfreeze_at_exit = True
     return gc.get_freeze_count()
 
 

@@ -381,12 +381,9 @@ def matched_rate(trial_metrics: Sequence, world_size: int) -> float:
     return median_trial(trial_metrics).requests_per_s / world_size
 
 
-def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
-    from dynspec.benchmarks.engines import target_vocab_size
-    from dynspec.benchmarks.workload import check_fits, write_jsonl
-    from dynspec.runtime.acceptance import parse_acceptance
-
-    modes = parse_modes(args.modes)
+def load_plan(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[LoadPoint, ...], RequestCount]:
+    """(--concurrency, the load points, the requests per replica at each): what resolve() sweeps
+    and closed_loop_floor() re-derives from a recorded command."""
     conc = int_list(args.concurrency, "--concurrency") if args.concurrency.strip() else ()
     rates = float_list(args.request_rate, "--request-rate") if args.request_rate.strip() else ()
     points = load_points(conc, rates)
@@ -398,7 +395,17 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         raise DynspecError(f"--waves {args.waves} must be positive and --min-requests {args.min_requests} at least 1")
     if args.num_requests is not None and args.waves_at:
         raise DynspecError(f"--waves-at {args.waves_at!r} with --num-requests {args.num_requests}: a fixed count has no waves")
-    count = RequestCount(args.num_requests, args.waves, args.min_requests, parse_waves_at(args.waves_at, conc))
+    return conc, points, RequestCount(args.num_requests, args.waves, args.min_requests,
+                                      parse_waves_at(args.waves_at, conc))
+
+
+def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
+    from dynspec.benchmarks.engines import target_vocab_size
+    from dynspec.benchmarks.workload import check_fits, write_jsonl
+    from dynspec.runtime.acceptance import parse_acceptance
+
+    modes = parse_modes(args.modes)
+    conc, points, count = load_plan(args)
     if args.trials < 1:
         raise DynspecError(f"--trials {args.trials} must be at least 1")
     max_b = max(conc) if conc else cfg.reference.max_batch_size
@@ -504,7 +511,7 @@ def closed_loop_floor(env: Mapping, row: Mapping) -> int | None:
     import contextlib
     import io
 
-    from dynspec.benchmarks.workload import LengthDist, closed_loop_iterations, synthetic_lengths
+    from dynspec.benchmarks.workload import LengthDist, closed_loop_iterations, synthetic_lengths, take
 
     cmd = shlex.split(env.get("command") or "")
     c = row.get("concurrency")
@@ -518,13 +525,13 @@ def closed_loop_floor(env: Mapping, row: Mapping) -> int | None:
         return None
     if args.dataset or args.engine != "reference":
         return None
-    conc = int_list(args.concurrency, "--concurrency") if args.concurrency.strip() else ()
-    rates = float_list(args.request_rate, "--request-rate") if args.request_rate.strip() else ()
-    count = RequestCount(args.num_requests, args.waves, args.min_requests, parse_waves_at(args.waves_at, conc))
-    per_point = max(count.at(p) for p in load_points(conc, rates))
-    _, outs, _ = synthetic_lengths(per_point, LengthDist.parse(args.input_len), LengthDist.parse(args.output_len),
-                                   args.seed)
-    mine = [outs[i % len(outs)] for i in range(count.at(LoadPoint(concurrency=c)))]     # take(): the first shard
+    try:
+        _, points, count = load_plan(args)
+        _, outs, _ = synthetic_lengths(max(count.at(p) for p in points), LengthDist.parse(args.input_len),
+                                       LengthDist.parse(args.output_len), args.seed)
+    except DynspecError:
+        return None
+    mine = take(outs.tolist(), count.at(LoadPoint(concurrency=c)))     # rank 0's shard, as run_reference takes it
     return closed_loop_iterations(mine, c, lag=int(row.get("loop") == "overlap"))
 
 

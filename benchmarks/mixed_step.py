@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(p)
     p.add_argument("--points", default="1:0:128,16:0:128,64:0:128,64:2:64,128:0:256", help="b:K:chunk,...")
     p.add_argument("--context-len", type=int, default=512)
-    add_step_timing_args(p, 20, "CUDA: also profile STEPS eager and STEPS full mixed steps per point "
-                                "(kernel time against wall time: eager_kernels, full_kernels)")
+    add_step_timing_args(p, 20, "CUDA: also profile STEPS eager and STEPS full mixed steps per point, and "
+                                "STEPS decode steps (kernel time against wall time: eager_kernels, "
+                                "full_kernels, decode_kernels)")
     p.add_argument("--trace", metavar="DIR", help="CUDA: also write a Chrome trace (CPU + kernels) of 4 mixed steps "
                    "and 4 decode steps per point, DIR/trace_<b>_<K>_<chunk>.json.gz")
     args = p.parse_args(argv)
@@ -180,6 +181,7 @@ def _time_point(engine, args, point, mixed, decode, full: bool) -> dict:
                       progress=None)["decode"]
     kernels = {m: timed(m, lambda: step_kernels(engine, mixed, args.kernels, top=12))
                if args.kernels and m in modes else None for m in ("eager", "full")}
+    kernels["decode"] = step_kernels(engine, decode, args.kernels, top=12) if args.kernels else None
     trace = None
     if getattr(args, "trace", None) and engine.device.type == "cuda":
         os.makedirs(args.trace, exist_ok=True)
@@ -189,7 +191,8 @@ def _time_point(engine, args, point, mixed, decode, full: bool) -> dict:
     f = med.get("full")
     return {"point": f"{b}:{k}:{chunk}", "batch_size": b, "k": k, "chunk": chunk, "tokens": b * (k + 1) + chunk,
             "eager_ms": med["eager"], "full_ms": f, "decode_ms": dec, "eager_vs_full": med["eager"] / f if f else None,
-            "trials_ms": trials, "eager_kernels": kernels["eager"], "full_kernels": kernels["full"], "trace": trace}
+            "trials_ms": trials, "eager_kernels": kernels["eager"], "full_kernels": kernels["full"],
+            "decode_kernels": kernels["decode"], "trace": trace}
 
 
 if __name__ == "__main__":

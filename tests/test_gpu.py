@@ -4,8 +4,8 @@ Every pure-decode (bucket, K) graph the schedule can reach is captured before th
 request, and the whole-forward graphs of the mixed iterations (mixed_graphs.py: one per token
 bucket, row bucket and T). The run must never fall back to eager for a decode iteration, and
 its tokens must equal the eager engine's and transformers' greedy output (float32, so graph vs
-eager kernels cannot flip an argmax). Both take the decode rows through the Triton kernel with
-RoPE inside (paged_decode.py) and the prompt chunks through FlexAttention (packed.py)."""
+eager kernels cannot flip an argmax). Both take every row through the ragged Triton kernel
+(ragged.py): decode steps with RoPE inside it, decode rows and prompt chunks in one launch."""
 import logging
 import random
 import time
@@ -62,17 +62,17 @@ def assert_transformers_greedy(pair, prompts, lens, outputs) -> None:
 
 @pytest.mark.parametrize("keep_warm", [True, False])
 def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
-    from dynspec.runtime.engines.reference.paged_decode import PagedDecode
+    from dynspec.runtime.engines.reference.ragged import RaggedAttention
 
     runs, fused = _spy_whole(monkeypatch), []
-    rope_attend = PagedDecode.rope_attend
+    rope_attend = RaggedAttention.rope_attend
 
     def spy(self, *a):
         o = rope_attend(self, *a)
         fused.append(o is not None)
         return o
 
-    monkeypatch.setattr(PagedDecode, "rope_attend", spy)
+    monkeypatch.setattr(RaggedAttention, "rope_attend", spy)
     rng = random.Random(0)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
     lens = [4 + 4 * i for i in range(16)]
@@ -130,13 +130,13 @@ def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
 
 
 def _compiled() -> dict:
-    """Compiled variants so far: torch.compile's graphs (FlexAttention) and each Triton kernel's."""
+    """Compiled variants so far: torch.compile's graphs and each Triton kernel's."""
     from torch._dynamo.utils import counters
 
-    from dynspec.runtime.engines.reference import norm_kernel, paged_decode_kernel, rope_kernel
+    from dynspec.runtime.engines.reference import norm_kernel, ragged_kernel, rope_kernel
 
     out = {"dynamo": dict(counters["stats"])}
-    for fn in (paged_decode_kernel.paged_decode, norm_kernel._add_rms_norm_kernel, rope_kernel._rope_write_kernel):
+    for fn in (ragged_kernel.ragged_paged_attention, norm_kernel._add_rms_norm_kernel, rope_kernel._rope_write_kernel):
         caches = getattr(fn, "device_caches", None)           # Triton >= 3.2: device -> (kernel cache, ...)
         out[fn.__name__] = (sum(len(c[0]) for c in caches.values()) if caches is not None
                             else sum(len(c) for c in getattr(fn, "cache", {}).values()))
@@ -148,7 +148,7 @@ def _compiled() -> dict:
 def test_nothing_compiles_while_serving_after_the_capture(pair, prompt_lens, max_seq, budget):
     """After capture_graphs (decode graphs, warm_chunks, whole graphs, warm_mixed), 40 requests
     through 16 rows (finished rows replaced: arrivals beside decode rows at two K > 0 at least) compile
-    no new FlexAttention graph and no new Triton specialisation: each first use would stall a
+    no new compiled graph and no new Triton specialisation: each first use would stall a
     served step. Prompts of 4..40 tokens, then of 100..300 (chunks over several query blocks)."""
     rng = random.Random(5)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(*prompt_lens))) for _ in range(40)]
@@ -163,7 +163,7 @@ def test_nothing_compiles_while_serving_after_the_capture(pair, prompt_lens, max
         ex.submit(p, n)
     ex.run_until_idle()
     assert len({s.k for s in ex.stats if s.decode_rows and s.prefill_tokens} - {0}) >= 2   # mixed at two K > 0
-    assert before["paged_decode"] > 0                          # the kernel cache is read where Triton keeps it
+    assert before["ragged_paged_attention"] > 0                          # the kernel cache is read where Triton keeps it
     assert _compiled() == before
 
 
@@ -292,8 +292,8 @@ def test_whole_k0_graphs_leave_the_eager_state(pair, keep_warm, monkeypatch):
 
 @pytest.mark.parametrize("whole", [False, True])
 def test_chunks_over_several_query_blocks_equal_transformers(pair, whole, monkeypatch):
-    """Prompts of 150..300 tokens under a 512-token budget: the packed chunks span several blocks
-    of 128 queries, so the compiled PackedChunks reads its block lists (CPU flex ignores them).
+    """Prompts of 150..300 tokens under a 512-token budget: the packed chunks span many work items
+    of the ragged kernel and several blocks.
     Eager mixed iterations (beside decode graphs), or whole-forward graphs; float32; transformers' tokens."""
     runs = _spy_whole(monkeypatch)
     policy = DraftSchedule.parse("2:3,4:1")
@@ -394,18 +394,18 @@ def test_rope_write_triton_equals_rope_write(n, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("R, T", [(1, 1), (3, 4), (64, 1)])
-def test_paged_decode_equals_sdpa(R, T, dtype):
-    """paged_decode.py's kernel == gathered SDPA at the 8B shape (nh 32, kvh 8, hd 128, blocks of
+def test_ragged_uniform_equals_sdpa(R, T, dtype):
+    """ragged.py's kernel on uniform rows == gathered SDPA at the 8B shape (nh 32, kvh 8, hd 128, blocks of
     128) over a layer of a bigger cache, eagerly and replayed from a CUDA graph twice (the second
     replay finds the merge counters reset by the first)."""
-    from dynspec.runtime.engines.reference.paged_decode import paged_decode_attention
+    from dynspec.runtime.engines.reference.ragged import ragged_attention
     from tests.helpers_paged import assert_paged_matches
 
-    q, k, v, batch, out = assert_paged_matches(paged_decode_attention, "cuda", dtype, R, T, 32, 8, 128, 128, 9)
-    paged_decode_attention(q, k, v, batch, 128)              # warm (compiled) before capture
+    q, k, v, batch, out = assert_paged_matches(ragged_attention, "cuda", dtype, R, T, 32, 8, 128, 128, 9)
+    ragged_attention(q, k, v, batch, 128)              # warm (compiled) before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        o = paged_decode_attention(q, k, v, batch, 128)
+        o = ragged_attention(q, k, v, batch, 128)
     for _ in range(2):
         o.zero_()
         graph.replay()
@@ -415,24 +415,23 @@ def test_paged_decode_equals_sdpa(R, T, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("R, T, starts", [(1, 1, None), (3, 4, None), (64, 1, None), (3, 4, [190, 383, 700])])
-def test_paged_decode_rope_equals_rope_write_and_sdpa(R, T, starts, dtype):
+def test_ragged_rope_equals_rope_write_and_sdpa(R, T, starts, dtype):
     """The fused form (RoPE and the K/V write inside the kernel) == model.rope_write then gathered
     SDPA at the 8B shape, eagerly and replayed from a CUDA graph twice, each replay on the pool as it
     was before the eager call (so a key read before it is written shows). [190, 383, 700]: 3 rows and the
     padding row x 8 KV heads get 6 programs of 3 tiles each on 132 SMs (keys 0..191 | 192..383 | ...),
     and windows 190..193 and 383..386 cross two programs' keys."""
-    from dynspec.runtime.engines.reference.paged_decode import splits_for
+    from dynspec.runtime.engines.reference.ragged import splits_for
+    from tests.helpers_paged import assert_rope_paged_matches, rope_attention
 
     assert starts is None or splits_for((R + 1) * 8, 18, 132) == 8         # 18 tiles -> 3 a program, 6 programs
-    from dynspec.runtime.engines.reference.paged_decode import paged_decode_rope_attention
-    from tests.helpers_paged import assert_rope_paged_matches
 
     qkv, cos, sin, k, v, batch, out, (k0, v0) = assert_rope_paged_matches("cuda", dtype, R, T, 32, 8, 128, 128, 9,
                                                                            starts=starts)
     k1, v1 = k.clone(), v.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        o = paged_decode_rope_attention(qkv, cos, sin, k, v, batch, 128, 32)
+        o = rope_attention(qkv, cos, sin, k, v, batch, 128, 32)
     for _ in range(2):
         o.zero_()
         k.copy_(k0)
@@ -440,6 +439,26 @@ def test_paged_decode_rope_equals_rope_write_and_sdpa(R, T, starts, dtype):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(o, out) and torch.equal(k, k1) and torch.equal(v, v1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("lens", [(1,), (1, 128), (64 * (4,) + (128,)), (3, 17, 300, 1, 40)])
+def test_ragged_items_equal_sdpa(lens, dtype):
+    """ragged.py's kernel on ragged rows (work items) == gathered SDPA at the 8B shape, eagerly and
+    replayed from a CUDA graph: a length-1 row, b=1 and b=64 rows at K=3 beside a 128-token chunk,
+    and rows across item and block edges."""
+    from dynspec.runtime.engines.reference.ragged import ragged_attention
+    from tests.helpers_paged import assert_ragged_matches
+
+    q, k, v, batch, out = assert_ragged_matches("cuda", dtype, lens, 32, 8, 128, 128, 9)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = ragged_attention(q, k, v, batch, 128)
+    for _ in range(2):
+        o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o, out)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

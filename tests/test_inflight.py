@@ -135,7 +135,7 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
 
 
 def test_mixed_buckets_end_at_the_budget_or_1024():
-    from dynspec.runtime.engines.reference.target_pieces import BUCKETS, mixed_buckets
+    from dynspec.runtime.engines.reference.mixed_graphs import BUCKETS, mixed_buckets
 
     assert mixed_buckets(72) == (16, 32, 64, 72)
     assert mixed_buckets(64) == (16, 32, 64)
@@ -226,47 +226,6 @@ def served(pair, *, max_batch: int, seed: int, lo: int, hi: int, lens) -> tuple:
     return eng, live
 
 
-def test_packed_kv_blocks_lists_each_q_blocks_rows_up_to_their_last_token():
-    from dynspec.runtime.engines.reference.packed import packed_kv_blocks
-
-    assert packed_kv_blocks((((7, 3), 0, 6), ((1,), 0, 2)), 4, 4) == [[7], [7, 3, 1]]
-    assert packed_kv_blocks((((7, 3, 5), 5, 3),), 4, 2) == [[7, 3], [7, 3]]       # positions 5 6 | 7
-    assert packed_kv_blocks((((2, 4, 6, 8), 3, 9), ((9,), 1, 2)), 4, 8) == [[2, 4, 6], [2, 4, 6, 9]]
-
-
-@pytest.mark.parametrize("q_block", [128, 8])
-def test_packed_chunks_equal_gathered_sdpa(pair, q_block):
-    """Prompt chunks through FlexAttention as one packed query sequence (PackedChunks, the GPU's
-    chunk path) == gathered SDPA, on a cache that serving left behind; q_block 8 puts rows across
-    q blocks and several rows in one."""
-    from dynspec.runtime.engines.reference.attention import ragged_batch, sdpa_attention
-    from dynspec.runtime.engines.reference.packed import PackedChunks
-
-    eng, live = served(pair, max_batch=4, seed=43, lo=20, hi=40, lens=(20, 9, 14))
-    rows = [(r.slot, max(0, r.length - n), n) for r, n in zip(live, (11, 3, 7))]      # chunks re-reading a prefix
-    batch = ragged_batch(eng.block_tables, [s for s, _, _ in rows], [p for _, p, _ in rows],
-                         [n for _, _, n in rows], eng.block_size)
-    token_slot = torch.tensor([s for s, _, n in rows for _ in range(n)])
-    packed = type("Small", (PackedChunks,), {"Q_BLOCK": q_block})(
-        batch, [(eng.blocks.tables[s], p, n) for s, p, n in rows], token_slot, eng.block_owner, eng.block_logical,
-        eng.block_size)
-    kvh, _, hd = eng.target.k_cache[0].shape
-    q = torch.randn(batch.positions.numel(), 2 * kvh, hd, dtype=DT, generator=torch.Generator().manual_seed(5))
-    for layer in (0, eng.target.config.num_layers - 1):
-        k, v = eng.target.k_cache[layer], eng.target.v_cache[layer]
-        assert (packed(q, k, v, batch) - sdpa_attention(q, k, v, batch)).abs().max() < 1e-10
-    assert len(packed._masks) == 1                        # one mask for every layer of the pool
-    # CPU flex runs its dense reference math, which ignores the block lists; so check them here:
-    # every block a token must see is listed for its q block
-    listed = packed.mask(k.shape[1]).to_dense()[0, 0].bool()                           # [q blocks, blocks]
-    N, bs = token_slot.numel(), eng.block_size
-    need = ((eng.block_owner[None] == token_slot[:, None])
-            & (eng.block_logical[None] * bs <= batch.positions[:, None]))             # [N, blocks]
-    assert need.any(1).all() and (need <= listed[torch.arange(N) // q_block]).all()
-    with pytest.raises(ValueError, match="built for only"):
-        packed(q, k, v, ragged_batch(eng.block_tables, [rows[0][0]], [0], [1], eng.block_size))
-
-
 def test_the_paged_ragged_forward_equals_transformers_logits(pair, hf_target):
     """One target forward over two prompt chunks of different rows and a decode row: every
     token's logits equal transformers' over that sequence alone."""
@@ -299,66 +258,46 @@ def test_reachable_graphs_follow_the_budget_cap():
     assert GraphKey("spec", 4, 2) in keys and GraphKey("spec", 4, 4) not in keys
 
 
-def test_target_pieces_equal_the_whole_forward(pair):
-    """TargetPieces (the forward cut at attention over static buffers padded to a token bucket:
-    the whole graphs' body) with SDPA between the pieces gives the greedy ids AND the captured
-    layers of target.run: a wrong H would not change the output tokens (the draft's guesses are
-    verified), only acceptance, so it is checked here directly."""
-    from dynspec.runtime.engines.reference.attention import ragged_batch, sdpa_attention
-    from dynspec.runtime.engines.reference.target_pieces import TargetPieces
+def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
+    """A key's launch holds every layout of its tokens: decode rows, up to max_chunks chunks of any
+    lengths, and the pad's tail in rows of at most a block."""
+    from dynspec.runtime.engines.reference.mixed_graphs import item_cap
+    from dynspec.runtime.engines.reference.ragged import item_count
 
-    eng = engine(pair, budget=24)
-    slots = [eng.reserve(40), eng.reserve(40)]
-    batch = ragged_batch(eng.block_tables, slots, [20, 0], [2, 13], eng.block_size)   # 15 tokens -> bucket 16
-    tokens = torch.randint(2, eng.vocab_size, (15,), generator=torch.Generator().manual_seed(5))
-    logit_index = torch.tensor([0, 1, 14])
-    t = eng.target
-    with torch.inference_mode():
-        want, want_h = t.run(tokens, batch, capture=eng.capture, logit_index=logit_index,
-                             attention=sdpa_attention, greedy=True)
-        tp = TargetPieces(t, (16, 24), eng.capture)
-        assert tp.bucket(15) == 16 and tp.bucket(25) is None
-        tp.pad()
-        tp.tokens[:15], tp.positions[:15], tp.write_index[:15] = tokens, batch.positions, batch.write_index
-        out: dict = {}
-        pieces = tp.make(16, out)
-        pieces[0]()
-        for i in range(len(t.layers)):
-            tp.o[:15] = sdpa_attention(tp.q[:15], t.k_cache[i], t.v_cache[i], batch)
-            pieces[i + 1]()
-        got, got_h = t.head(out["h"][logit_index], greedy=True), out["H"][:15]
-    assert got.tolist() == want.tolist()
-    assert got_h.shape == want_h.shape == (15, len(eng.capture) * t.config.hidden_size)
-    torch.testing.assert_close(got_h, want_h, rtol=1e-12, atol=1e-12)
-    assert tp.write_index[15:16].tolist() == [0]                               # the pad wrote the scratch block
+    assert item_cap(16, 4, 2, 8) == 14
+    rng = random.Random(3)
+    for _ in range(300):
+        B, T = rng.choice([(0, 1), (1, 1), (4, 2), (8, 4), (2, 20)])
+        Np = rng.choice([16, 32, 64, 128]) + B * T
+        L, left, chunks = Np - B * T, Np - B * T, []
+        while left and len(chunks) < 6 and rng.random() < 0.8:
+            chunks.append(rng.randint(1, left))
+            left -= chunks[-1]
+        pad = [min(16, left - j) for j in range(0, left, 16)]
+        assert item_count([T] * B + chunks + pad) <= item_cap(Np, B, T, 6), (B, T, Np, chunks)
 
 
 def test_whole_mixed_forward_equals_transformers(pair, hf_target, monkeypatch):
     """Mixed iterations through mixed_graphs.py (the whole target forward with attention on
     static buffers; on CUDA one graph per (token bucket, row bucket, T), here the same functions
     eagerly): row buckets padded, K flipping through 0, arrivals while others decode, and
-    transformers' tokens. CPU flex ignores block lists, so each run's buffered lists are checked
-    to cover every block its chunk tokens must see."""
+    transformers' tokens. Each run's staged work items cover every packed token once, in order,
+    each decode row with an item of its own."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, item_cap
 
     runs = []
     real = WholeMixed.run
 
     def spy(self, key, b, drafts):
         Np, B, T = key
-        e = self.e
-        token_slot = self.in_slot[: Np - B * T].clone()
-        nc = int((token_slot != e.pad_slot).sum())
-        assert (token_slot[nc:] == e.pad_slot).all()                    # chunk tokens, then padding
-        token_slot, positions = token_slot[:nc], self.in_pos[:nc]
-        listed = torch.zeros(self.kv_idx.shape[0], self.kv_idx.shape[1], dtype=torch.bool)
-        for m in range(self.kv_idx.shape[0]):
-            listed[m, self.kv_idx[m, : int(self.kv_num[m])].long()] = True                    # [q blocks, blocks]
-        need = ((e.block_owner[None] == token_slot[:, None])
-                & (e.block_logical[None] * e.block_size <= positions[:, None]))              # [Nc, blocks]
-        assert need.any(1).all() and (need <= listed[torch.arange(nc) // 128]).all()
-        assert int(self.kv_num[-(-nc // 128):].sum()) == 0
+        ia = item_cap(Np, B, T, self.max_chunks)
+        items = self.in_items[:3 * ia].view(3, ia)
+        n = int((items[2] > 0).sum())
+        assert (items[2, n:] == 0).all()
+        covered = torch.cat([torch.arange(int(q0), int(q0 + k)) for q0, k in zip(items[1, :n], items[2, :n])])
+        assert covered.tolist() == list(range(Np))
+        assert items[1, :B].tolist() == [r * T for r in range(B)] and (items[2, :B] == T).all()
         runs.append((key, b))
         return real(self, key, b, drafts)
 

@@ -1,73 +1,82 @@
-"""A served step runs at shapes the capture made: a compile inside one stalled it for 1-2 s on
-the H200 (the `acceptance` mix/shift runs). Two sources, each checked on CPU:
-- the prompt chunks' FlexAttention compiles once per pool layout (target, draft) in warm_chunks,
-  and every chunk shape served afterwards reuses those versions. Dynamo's guards (sizes, strides,
-  storage offsets) are the same on CPU, so this runs with the aot_eager backend: the CPU engine
-  takes its mixed iterations through the whole-forward function uncaptured, whose chunk attention
-  is the GPU's packed one. Inductor's own guards on CUDA are tests/test_gpu.py's;
-- the paged decode kernel's launch constants follow the decode batch's table width, so eager
-  decode rows read the whole table, as the graphs do."""
+"""A served step runs at shapes the capture made: a compile inside one stalls it for 1-2 s on
+the H200. The ragged kernel's compiled versions follow its launch constants, so those are checked
+on CPU:
+- a ragged batch's launch constants (the work-item form) depend on the model's layout alone, not
+  on the number of items, tokens or rows: one version per pool layout (target, draft), which
+  warm_chunks compiles before serving;
+- uniform rows' constants follow the table width, so eager decode rows read the whole table, as
+  the graphs do."""
 import random
 
 import pytest
-import torch
-from torch._dynamo.utils import counters
 
-from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
+from dynspec.runtime.engines.reference import ragged
+from dynspec.runtime.engines.reference.engine import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_executor import pair  # noqa: F401  (fixture)
 
 
-@pytest.fixture
-def compiled_flex(monkeypatch):
-    """attention._flex() compiled as on CUDA (fullgraph, the raised recompile limit), on aot_eager."""
-    from torch import _dynamo
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from dynspec.runtime.engines.reference import attention
-
-    _dynamo.reset()
-    cfg = _dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    prior = getattr(cfg, name)
-    setattr(cfg, name, attention.FLEX_RECOMPILE_LIMIT)      # (monkeypatch's undo would delete the entry)
-    monkeypatch.setattr(attention, "_compiled_flex", torch.compile(flex_attention, fullgraph=True, backend="aot_eager"))
-    yield
-    setattr(cfg, name, prior)
-    _dynamo.reset()
+def test_launch_shape_worked_example():
+    u = ragged.launch_shape(True, 1, 1, 4, 8, 128, 128, 16, 132)
+    assert (u.splits, u.per, u.constants["BLOCK_M"], u.constants["SPLITS"]) == (32, 1, 16, 32)
+    i = ragged.launch_shape(False, 9, ragged.ITEM_TOKENS, 4, 8, 128, 128, 16, 132)
+    assert (i.splits, i.per, i.constants["BLOCK_M"], i.constants["SPLITS"]) == (3, 11, 64, 0)
 
 
-def test_served_chunks_reuse_the_versions_warm_chunks_compiled(pair, compiled_flex):  # noqa: F811
-    """Prompts of 1, 2, 127, 128, 129, 255, 256 and 300 tokens and random ones, arriving one every
-    two iterations, at K=0 and then at K = 3 and 1: chunk-only iterations (the chunks at packed
-    index 0), chunks beside one decode row at K=0 (index 1) and beside several rows (index >= 2),
-    in one q block and in several."""
-    eng = load_reference_engine(*pair, max_batch_size=8, max_seq_len=424, max_draft_len=3, max_num_tokens=512)
-    policies = [DraftSchedule.parse(""), DraftSchedule.parse("2:3,8:1")]
-    eng.capture_whole_graphs(reachable_graphs(policies, 8, True, 512))
+@pytest.mark.parametrize("G,kvh,hd", [(4, 8, 128), (1, 2, 16), (8, 1, 64)])
+def test_item_launches_share_one_set_of_constants(G, kvh, hd):
+    """Any item count, on any SM count: the same constexprs (so the same compiled kernel)."""
+    seen = {tuple(sorted(ragged.launch_shape(False, n, ragged.ITEM_TOKENS, G, kvh, hd, 128, 16, sms).constants.items()))
+            for n in range(1, 400, 7) for sms in (4, 132)}
+    assert len(seen) == 1, seen
+
+
+def test_served_item_launches_use_the_constants_warm_chunks_made(pair, monkeypatch):  # noqa: F811
+    """An engine on the Triton branch with a recorder in the kernel's place (gathered SDPA
+    underneath): the constants of every item-form launch while serving arrivals at K = 0, 3 and 1
+    are among those warm_chunks launched, one set per pool layout (target, draft)."""
+    from dynspec.runtime.driver import closed_loop
+    from dynspec.runtime.engines.reference.attention import sdpa_attention
+
+    seen: list[tuple] = []
+    real_shape = ragged.launch_shape
+
+    def shape(uniform, *a, **k):
+        out = real_shape(uniform, *a, **k)
+        if not uniform:
+            seen.append(tuple(sorted(out.constants.items())))
+        return out
+
+    class Recorder(ragged.RaggedAttention):
+        def __call__(self, q, k, v, batch):
+            if batch.items is not None:           # the constants the launch would take
+                shape(False, batch.items[0].shape[1], ragged.ITEM_TOKENS, q.shape[1] // k.shape[0], k.shape[0],
+                      k.shape[-1], self.block_size, batch.items[1].shape[1], 132)
+            return sdpa_attention(q, k, v, batch)
+
+        def rope_attend(self, *a):
+            return None
+
+    eng = load_reference_engine(*pair, dtype="float64", max_batch_size=4, max_seq_len=128, max_draft_len=3,
+                                max_num_tokens=64)
+    eng.triton = True
+    monkeypatch.setattr(eng, "decode_attention", lambda: Recorder(eng.block_size))
     eng.warm_chunks()
-    warm = counters["stats"]["unique_graphs"]
-    assert warm >= 2                                   # target and draft
-    rng = random.Random(3)
-    lens = [1, 2, 127, 128, 129, 255, 256, 300] + [rng.randint(5, 300) for _ in range(8)]
-    mixed = []
-    for policy in policies:
-        ex = Executor(eng, policy)
-        for n in lens:
-            ex.submit(tuple(rng.randrange(96) for _ in range(n)), rng.randint(2, 12))
-            ex.step()
-            ex.step()
-        ex.run_until_idle()
-        mixed += [s for s in ex.stats if s.prefill_tokens]
-    assert any(not s.decode_rows for s in mixed) and any(s.decode_rows == 1 and s.k == 0 for s in mixed)
-    assert any(s.decode_rows > 1 for s in mixed) and {s.k for s in mixed if s.decode_rows} >= {0, 1, 3}
-    assert counters["stats"]["unique_graphs"] == warm
+    warm = set(seen)
+    assert 1 <= len(warm) <= 2                              # target and draft (one when their layouts agree)
+    rng = random.Random(4)
+    jobs = [(tuple(rng.randrange(96) for _ in range(rng.randint(1, 60))), rng.randint(2, 16)) for _ in range(12)]
+    for policy in ("", "2:3,8:1"):
+        seen.clear()
+        ex = Executor(eng, DraftSchedule.parse(policy))
+        closed_loop(ex, jobs, 4)
+        assert seen and set(seen) <= warm
+    assert any(s.decode_rows and s.prefill_tokens and s.k for s in ex.stats)
 
 
 def test_eager_decode_rows_read_the_graphs_table_width_where_triton_runs(pair, monkeypatch):  # noqa: F811
-    """A CPU engine on the Triton branch (PackedChunks for the chunks, SplitRows for mixed
-    iterations) with a recorder in the paged kernel's place, SDPA underneath: arrivals beside
+    """A CPU engine on the Triton branch with a recorder in the ragged kernel's place, SDPA underneath: arrivals beside
     decode rows at K = 3 and 1 (the eager draft chain, refresh and decode rows of a mixed
     iteration) and pure decode steps. Every decode batch has the whole table's width, where the
     step's own `read` blocks would give a new (PER, SPLITS) and so a new kernel; the tokens equal
@@ -78,7 +87,8 @@ def test_eager_decode_rows_read_the_graphs_table_width_where_triton_runs(pair, m
     widths = []
 
     def recorder(q, k, v, batch):
-        widths.append(batch.tables.shape[1])
+        if batch.items is None:                   # uniform rows (the ragged ones read the whole table)
+            widths.append(batch.tables.shape[1])
         return sdpa_attention(q, k, v, batch)
 
     rng = random.Random(4)

@@ -17,13 +17,11 @@ Worked example, block_size 4, two rows:
 Reads past a row's length land in the row's own blocks or in the scratch block 0, and the
 s <= p rule hides them, so rollback is by length: nothing is cleared.
 
-Three implementations of the same rule, and `SplitRows`, which gives a mixed iteration's decode
-rows and prompt chunks each their own:
+Two implementations of the same rule:
 - `sdpa_attention`: gathers each row's blocks and runs SDPA with a boolean mask (any device;
-  every step on CPU, the oracle of the other two).
-- `paged_decode.PagedDecode`: decode rows through a Triton kernel over the pool (CUDA).
-- `packed.PackedChunks`: FlexAttention with prompt chunks' packed tokens as one query sequence,
-  each block of 128 queries visiting its rows' blocks only (CUDA).
+  every step on CPU, the oracle of the other).
+- `ragged.RaggedAttention`: every row, decode rows and prompt chunks alike, through one Triton
+  kernel over the pool (CUDA; Triton's interpreter in tests).
 """
 from __future__ import annotations
 
@@ -55,6 +53,8 @@ class RaggedBatch:
     block_size: int
     ragged: tuple[Tensor, Tensor] | None = None   # (q_index, out_index) of rows of different lengths;
                                                   # None: uniform, every row Tq tokens packed row-major
+    items: tuple[Tensor, Tensor] | None = None    # (items [3, I], block tables [slots, W]): the ragged
+                                                  # kernel's work items (ragged.plan_items), by slot
 
     @property
     def uniform(self) -> bool:
@@ -129,10 +129,13 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     q_index[row_of, t] = np.arange(n)
     q_pos = np.zeros((R, Tq), dtype=np.int64)
     q_pos[row_of, t] = positions
+    from .ragged import plan_items
+
     slots_a = np.asarray(slots, dtype=np.int64)
-    parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a]
+    items = plan_items(slots_a, lens_a)                                              # [3, I]
+    parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a, items.ravel()]
     flat = to_device(torch.from_numpy(np.concatenate(parts)), dev)                   # the one copy
-    q_index_d, q_pos_d, out_index, positions_d, token_slot, slots_t = flat.split([len(x) for x in parts])
+    q_index_d, q_pos_d, out_index, positions_d, token_slot, slots_t, items_d = flat.split([len(x) for x in parts])
     read = -(-(int(positions.max()) + 1) // block_size)                             # blocks to read
     tables = block_tables[slots_t]
     blk = block_tables[token_slot, positions_d // block_size]
@@ -144,6 +147,7 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
         tables=tables[:, :read],
         block_size=block_size,
         ragged=(q_index_d.view(R, Tq), out_index),
+        items=(items_d.view(3, -1), block_tables),
     )
 
 
@@ -177,60 +181,3 @@ def sdpa_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
     o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask)                       # [R, kvh, g*Tq, hd]
     o = o.view(R, kvh, g, Tq, hd).permute(0, 3, 1, 2, 4).reshape(R * Tq, nh * hd)
     return o[batch.out_index]
-
-
-_compiled_flex = None
-
-
-FLEX_RECOMPILE_LIMIT = 128
-
-
-def _flex():
-    """FlexAttention, compiled on CUDA (eager elsewhere: the reference math). packed_attention
-    marks batch and heads static, so there is one compiled version per pool layout and query
-    length class. Past dynamo's recompile limit (default 8) flex would silently run eagerly,
-    materialising scores over the whole pool, so the limit is raised and fullgraph=True makes
-    any fallback an error instead."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if _compiled_flex is None and torch.cuda.is_available():
-        from torch import _dynamo
-
-        cfg = _dynamo.config
-        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-        setattr(cfg, name, max(getattr(cfg, name), FLEX_RECOMPILE_LIMIT))
-        _compiled_flex = torch.compile(flex_attention, fullgraph=True)
-    return _compiled_flex or flex_attention
-
-
-def sees(owner: Tensor, logical: Tensor, block_size: int, slot, pos, ki):
-    """The one visibility rule of every FlexAttention mask here: pool position ki (block ki //
-    block_size) is visible to a query of `slot` at position `pos` iff its block belongs to that
-    slot and its logical position is <= pos. A slot that owns no block (padding) sees nothing."""
-    blk = ki // block_size
-    return (owner[blk] == slot) & (logical[blk] * block_size + ki % block_size <= pos)
-
-
-@dataclass(frozen=True)
-class SplitRows:
-    """attention(q, k_pool, v_pool, batch) of a mixed iteration's eager forward on CUDA, whose
-    first nd packed tokens are B uniform decode rows (T = K+1 tokens each; rows b..B-1 padding)
-    and the rest prompt chunks:
-        decode rows   `decode` (paged_decode.PagedDecode) over `decode_batch`
-        prompt chunks `chunk` (packed.PackedChunks) over `chunk_batch`
-    Called for `whole` only: the target's layers and the draft's pass over the same packed tokens.
-    Example B=4, T=2: q[:8] go to the decode rows, q[8:] to the chunks."""
-    whole: RaggedBatch
-    nd: int                       # packed tokens of the decode rows (B x T)
-    decode: object                # attention(q, k_pool, v_pool, batch) for the decode rows
-    decode_batch: RaggedBatch     # B uniform rows of T tokens
-    chunk_batch: RaggedBatch
-    chunk: object                 # attention(q, k_pool, v_pool, chunk_batch) for the prompt chunks
-
-    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
-        if batch is not self.whole:
-            raise ValueError("SplitRows attends the batch it was built for only")
-        nd = self.nd
-        return torch.cat([self.decode(q[:nd], k_pool, v_pool, self.decode_batch),
-                          self.chunk(q[nd:], k_pool, v_pool, self.chunk_batch)])           # [N, nh*hd]

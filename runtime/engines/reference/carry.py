@@ -22,7 +22,7 @@ time the device had nothing of ours queued between two steps (0 when the launch 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -70,7 +70,7 @@ def with_device_rows(batch: RaggedBatch, pos, slot, block_tables, B: int, T: int
     positions[:B * T] = q.reshape(-1)
     write[:B * T] = (blk * bs + q % bs).reshape(-1)
     q_pos[:B, :T] = q
-    return RaggedBatch(positions, write, q_pos, batch.slots, batch.tables, bs, batch.ragged)
+    return replace(batch, positions=positions, write_index=write, q_pos=q_pos)
 
 
 @dataclass(frozen=True)

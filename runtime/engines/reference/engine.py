@@ -32,9 +32,9 @@ One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step")
     pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
     mixed         the whole-forward graph of (Np, B, T) (mixed_graphs.py; at K > 0 the graph's
                   target forward, then an eager finish), else eager; eager is also what runs
-                  above the top token bucket or past WholeMixed.LAST last chunks at K = 0
-    attention     CUDA: decode rows through paged_decode.PagedDecode, prompt chunks through
-                  packed.PackedChunks (attention.SplitRows gives each its own); CPU: SDPA
+                  above the top token bucket or past WholeMixed.LAST last chunks
+    attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
+                  of ragged.RaggedAttention's kernel; CPU: SDPA
 Triton's interpreter (TRITON_INTERPRET=1, tests) takes the CUDA attention on CPU.
 """
 from __future__ import annotations
@@ -48,16 +48,15 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy, accepted_prefix, draft_uniforms, rate_of
-from dynspec.runtime.engines.reference.attention import (RaggedBatch, SplitRows, ragged_batch, sdpa_attention,
-                                                         to_device, uniform_batch)
+from dynspec.runtime.engines.reference.attention import (RaggedBatch, ragged_batch, sdpa_attention, to_device,
+                                                         uniform_batch)
 from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, gather_carried, last_chunk_rows,
                                                      save_carried, with_device_rows)
 from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
 from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllocator, available_bytes,
                                                          check_pool_fits, kv_pool_bytes)
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
-from dynspec.runtime.engines.reference.packed import PackedChunks
-from dynspec.runtime.engines.reference.paged_decode import PagedDecode
+from dynspec.runtime.engines.reference.ragged import RaggedAttention
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k, make_plan
 
 
@@ -147,7 +146,7 @@ class ReferenceEngine:
         self.async_launch = on_cuda        # launch returns before the device has run the step (executor.py)
         self.capture = tuple(draft.capture_layers)
         self.vocab_size = target.config.vocab_size
-        # the Triton attention (PagedDecode, PackedChunks) where Triton runs, else SDPA
+        # the Triton attention (RaggedAttention) where Triton runs, else SDPA
         self.triton = on_cuda or os.environ.get("TRITON_INTERPRET") == "1"
         self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)
         self.block_size, self.max_blocks_per_seq = bs, per_seq
@@ -397,9 +396,9 @@ class ReferenceEngine:
         return uniform_batch(self.block_tables, self.slot[:B], q_pos, width, self.block_size)
 
     def decode_attention(self):
-        """The decode rows' attention, graphed or eager: PagedDecode (RoPE and the K/V write
-        inside its launch) where Triton runs, else gathered SDPA."""
-        return PagedDecode(self.block_size) if self.triton else sdpa_attention
+        """Every step's attention, graphed or eager: RaggedAttention (for decode rows with RoPE
+        and the K/V write inside its launch) where Triton runs, else gathered SDPA."""
+        return RaggedAttention(self.block_size) if self.triton else sdpa_attention
 
 
     def _draft_next(self, tokens, hidden, batch, attention=None):
@@ -479,29 +478,24 @@ class ReferenceEngine:
         B, T, chunks = plan.bucket, plan.k + 1, plan.chunks
         key = self._whole_key(plan)
         if key is not None and T == 1:                         # the whole iteration in the graph
-            self.whole.stage(key, chunks, plan.keep_warm)
+            self.whole.stage(key, chunks, plan.keep_warm, plan.slots)
             self.whole.run(key, plan.batch_size, None)
             return self.whole.firsts[:plan.last_chunks]
         m = self._mixed_inputs(plan)
         if key is not None:                  # K > 0 through a graph (pinned copies: they do not wait)
-            self.whole.stage(key, chunks, plan.keep_warm, m.chunk_attention.lists if self.triton else None)
+            self.whole.stage(key, chunks, plan.keep_warm, plan.slots)
         b, K, nd = plan.batch_size, plan.k, m.nd
         if b and K and any(plan.stale):
             self._refresh(B, read)
         D = self._chain(B, K, read) if b and K else None                     # [B, K]
         tokens = torch.cat([self.x[:B, None], D], 1).reshape(-1) if D is not None else self.x[:B]
-        attention = m.chunk_attention
+        attention = self.decode_attention()                                  # one launch over every row
         if b and plan.carried_rows:          # the host laid the decode rows out at upper bounds
             m = replace(m, batch=with_device_rows(m.batch, self.pos, self.slot, self.block_tables, B, T))
-        if b:
-            attention = sdpa_attention                                       # CPU: one SDPA over every row
-            if self.triton:
-                dec_batch = self._rows(B, self.pos[:B, None] + torch.arange(T, device=self.device), read)
-                attention = SplitRows(m.batch, nd, self.decode_attention(), dec_batch, m.c_batch, m.chunk_attention)
         logit_index = torch.cat([torch.arange(nd, device=self.device), m.last_idx])
         if key is not None:
-            h, H = self.whole.run(key, b, D[:b])
-            greedy, H = self.target.head(h[logit_index], greedy=True), H[: nd + m.prompt.shape[0]]
+            g, H = self.whole.run(key, b, D[:b])                             # [nd + LAST], [Np, n*h]
+            greedy, H = g[: nd + plan.last_chunks], H[: nd + m.prompt.shape[0]]
         else:
             greedy, H = self.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
                                         capture=self.capture, logit_index=logit_index, attention=attention,
@@ -516,11 +510,11 @@ class ReferenceEngine:
 
     def _mixed_inputs(self, plan: StepPlan) -> "MixedInputs":
         """The chunks' side of an eager mixed iteration, every host -> device copy issued before
-        the first kernel (the draft's included): a copy from pageable memory (ragged_batch's,
-        PackedChunks') waits for the stream, so one issued later would stall the host until the
-        work queued before it ends; this one is pinned (_to_device).
+        the first kernel (the draft's included): a copy from pageable memory waits for the stream,
+        so one issued later would stall the host until the work queued before it ends; these are
+        pinned (_to_device, ragged_batch).
         One tensor, split: [prompt tokens Nc | their draft inputs Nc | last chunks' packed index |
-        their slot | token slots Nc]. Packed index of chunk token j: B*T + j."""
+        their slot]. Packed index of chunk token j: B*T + j."""
         b, B, T, chunks = plan.batch_size, plan.bucket, plan.k + 1, plan.chunks
         nd = i = plan.padded_decode_tokens
         ends = []
@@ -530,9 +524,8 @@ class ReferenceEngine:
         last_rows = [j for j, c in enumerate(chunks) if c.last]
         host = [[t for c in chunks for t in c.tokens],
                 [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
-                [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
-                [c.slot for c in chunks for _ in c.tokens]]
-        prompt, nxt, last_idx, last_slot, token_slot = self._to_device(
+                [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows]]
+        prompt, nxt, last_idx, last_slot = self._to_device(
             [x for part in host for x in part]).split([len(x) for x in host])
         pad = B - b                                                          # padding rows: slot pad_slot at 1
         slots = list(plan.slots) + [self.pad_slot] * pad + [c.slot for c in chunks]
@@ -540,13 +533,7 @@ class ReferenceEngine:
         lens = [T] * B + [len(c.tokens) for c in chunks]
         c_batch = ragged_batch(self.block_tables, slots[B:], starts[B:], lens[B:], self.block_size)
         batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if B else c_batch
-        chunk_attention = sdpa_attention
-        if self.triton:
-            rows = [(self._table(c.slot), c.start, len(c.tokens)) for c in chunks]
-            chunk_attention = PackedChunks(c_batch, rows, token_slot, self.block_owner, self.block_logical,
-                                           self.block_size)
-            chunk_attention.mask(self.target.k_cache.shape[2])               # its copy, now
-        return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, batch, c_batch, chunk_attention, nd)
+        return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, batch, c_batch, nd)
 
     def _mixed_catch_up(self, plan: StepPlan, D, g, H, m: "MixedInputs", attention) -> None:
         """K > 0: accept over the B rows (g [B*T]), then one draft pass over the rows' catch-up
@@ -571,7 +558,7 @@ class ReferenceEngine:
             self.last_capture[self.slot[:b]] = H[:b]
             self.out_tokens[:b, 0] = g[:b]
             self.out_n[:b] = 0
-        d, h = self._draft_next(m.nxt, H[m.nd:], m.c_batch, m.chunk_attention)
+        d, h = self._draft_next(m.nxt, H[m.nd:], m.c_batch, self.decode_attention())
         self._last_heads(m, d, h, H, m.nd)
 
     def _last_heads(self, m: "MixedInputs", d, h, H, offset: int) -> None:
@@ -603,13 +590,11 @@ class ReferenceEngine:
         return self.blocks.tables.get(slot) or self._scratch_row
 
     def warm_chunks(self) -> int:
-        """Compile the prompt chunks' FlexAttention (PackedChunks) before serving, for the target's
-        and the draft's layouts. Its queries are padded to whole q blocks, at least two
-        (packed.q_blocks), so two lengths make every version it needs: 1 packed token (256
-        queries, compiled specialised) and min(300, max_num_tokens) (384: the query length and
-        the q-block count symbolic), in chunk-only steps on the padding slot (its K/V go to the
-        scratch block; rows of at most max_seq_len - 1 tokens). Without it the first mixed
-        iterations of a run would compile inside the measurement. Returns the steps run."""
+        """Run the eager chunk path before serving: chunk-only steps of 1 and min(300,
+        max_num_tokens) packed tokens on the padding slot (its K/V go to the scratch block; rows of
+        at most max_seq_len - 1 tokens), which compile the ragged kernel's item form (one version a
+        pool layout: target, draft) and the glue at one token and at several. Without it the first
+        mixed iterations of a run would compile inside the measurement. Returns the steps run."""
         per_row = max(1, self.max_seq_len - 1)
         sizes = sorted({1, min(300, self.max_num_tokens)})
         for n in sizes:
@@ -624,8 +609,7 @@ class ReferenceEngine:
         """Mixed iterations at every speculative row shape (bucket B, K) of `keys`, every row on
         the padding slot (K/V into the scratch block): B decode rows and one last chunk of 5
         tokens, one that makes the packed total a multiple of 16 (Triton specialises integer
-        arguments on that), one of 300 tokens (several query blocks of the chunk attention) and
-        two chunks, one not last. A K > 0 mixed iteration finishes eagerly (the accept and the
+        arguments on that), one of 300 tokens (many work items) and two chunks, one not last. A K > 0 mixed iteration finishes eagerly (the accept and the
         draft's pass over rows and chunks), and what that compiles on first use at a (B, K) would
         otherwise stall a served step for seconds. Chunks are capped to the token budget.
         Returns the steps run.
@@ -731,7 +715,6 @@ class MixedInputs:
     last_slot: torch.Tensor       # [n_last] its slot
     batch: RaggedBatch            # every row: B decode rows then the chunks
     c_batch: RaggedBatch          # the chunks alone (their own packing from 0)
-    chunk_attention: object       # PackedChunks (Triton) or sdpa_attention
     nd: int                       # B x T decode tokens ahead of the chunks
 
 

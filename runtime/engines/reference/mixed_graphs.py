@@ -1,33 +1,32 @@
-"""A mixed iteration's whole target forward, attention included, as one chain of CUDA graphs
-per key (Np, B, T): token bucket Np, row bucket B, T = K+1 tokens a decode row. See
-docs/design.md ("Graphs for mixed iterations").
+"""A mixed iteration's target forward as one chain of CUDA graphs per key (Np, B, T): token bucket
+Np, row bucket B, T = K+1 tokens a decode row. See docs/design.md ("Graphs for mixed iterations").
 
-The forward is target_pieces.py's pieces with attention between them; attention reads static
-buffers only, so it is captured with the pieces:
-    decode rows    the decode graphs' attention (engine.decode_attention: paged_decode.py's
-                   Triton kernel on CUDA; its counters reset themselves, so replay is safe)
-    prompt chunks  packed_attention with block lists and per-token (slot, position) in buffers
+The forward is the target's own (`Target.run`, as a decode step's), over one packed batch whose
+attention is one launch a layer of the ragged kernel (ragged.py) for every row: its work items,
+positions and K/V write indices sit in static buffers, so the kernel is captured with the rest.
 
 Packed layout of the Np tokens (the engine's eager mixed path packs the same way):
     [0, B*T)            decode rows, row r's T tokens (pending + K drafts); rows b..B-1 pad
     [B*T, B*T + L)      the chunks' L tokens, in plan order
     [B*T + L, Np)       pad: token 0 at position 0 of the padding slot (K/V into the scratch block)
-Example b=3, B=4, T=2, chunks of 5 and 3 tokens, Np=16: decode 0..7 (6 and 7 pad), chunks 8..15.
+Example b=3, B=4, T=2, chunks of 5 and 3 tokens, Np=16, ITEM_TOKENS 16: decode 0..7 (6 and 7 pad),
+chunks 8..15; items (s0, 0, 2) (s1, 2, 2) (s2, 4, 2) (pad, 6, 2) (c0, 8, 5) (c1, 13, 3), then
+empty ones up to item_cap(16, 4, 2).
 
-Inputs: the chunks' tokens, positions, K/V write indices, slots, draft inputs, last-token
-indices and block lists are laid out on the host (`stage`, numpy) in two pinned buffers and
-reach the device in two copies; the graph copies them on into the pieces' buffers. The decode
-rows' come from the engine's step_in copy. So nothing runs on the device before the launch but
-those copies.
+Inputs: the chunks' tokens, positions, K/V write indices, draft inputs, last-token indices and
+the work items of the whole batch and of the chunks alone are laid out on the host (`stage`,
+numpy) in one pinned buffer and reach the device in one copy; the graph copies them on into the
+forward's buffers. The decode rows' tokens and positions come from the engine's step_in copy.
 
-K = 0 keys (T = 1) run the whole iteration in the graph, not the target alone: the greedy head
-of the decode rows and of each last chunk's last token (at most LAST of them; `key` refuses
-more), the decode rows' outputs and keep-warm K/V (written to the scratch block when the plan
-does not keep warm: one graph serves both), and the draft's pass over the chunks with its
-outputs at the last tokens only. K > 0 keys return (h, H) and the engine finishes eagerly.
+The graph ends with the greedy ids of the decode rows and of each last chunk's last token (at
+most LAST of them; `key` refuses more) and the captures. K = 0 keys (T = 1) run the rest of the
+iteration in the graph too: the decode rows' outputs and keep-warm K/V (written to the scratch
+block when the plan does not keep warm: one graph serves both), and the draft's pass over the
+chunks with its outputs at the last tokens only. K > 0 keys return (g, H) and the engine finishes
+eagerly (acceptance and the draft's catch-up).
 
-Memory: the graphs share one pool and write their outputs into static buffers, so nothing but
-those buffers outlives a replay. On CPU (tests) the same functions run without capture.
+On CPU without Triton (tests) the same functions run uncaptured with gathered SDPA over a batch
+built on the host.
 """
 from __future__ import annotations
 
@@ -37,13 +36,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attention import RaggedBatch, uniform_batch
+from .attention import RaggedBatch, ragged_batch, uniform_batch
+from .carry import with_device_rows
 from .graphs import capture_chain, chain_cuts, no_cut
 from .kv_cache import SCRATCH_BLOCK
-from .packed import PackedChunks, packed_attention, packed_block_mask, packed_kv_blocks, q_blocks
-from .target_pieces import TargetPieces, mixed_buckets
+from .ragged import ITEM_TOKENS, plan_items
 
 Key = tuple[int, int, int]       # (Np, B, T)
+
+# Token buckets up to 1024: above that a forward is GEMM-bound and the launches a graph saves
+# are a small share of it.
+BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 896, 1024)
+
+
+def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...]:
+    """The buckets up to min(max_num_tokens, top), that bound included: 72 -> (16, 32, 64, 72)."""
+    cap = min(max_num_tokens, top)
+    return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
 
 def whole_keys(rows: Iterable[tuple[int, int]], token_buckets: Iterable[int]) -> tuple[Key, ...]:
@@ -53,44 +62,49 @@ def whole_keys(rows: Iterable[tuple[int, int]], token_buckets: Iterable[int]) ->
     return tuple(sorted((n, B, T) for B, T in shapes for n in token_buckets if n > B * T))
 
 
-class WholeMixed:
-    """stage(...) then run(...) -> a mixed iteration from a graph chain per key once `capture` has
-    run (CUDA), else eagerly (CPU, tests)."""
+def item_cap(Np: int, B: int, T: int, max_chunks: int) -> int:
+    """Pure. Work items a key's launch holds: each decode row's, the chunks' L = Np - B*T tokens
+    cut at most once more per chunk (at most min(L, max_chunks) chunks), and the pad's tail.
+    item_cap(16, 4, 2, 8) = 4 + 1 + 8 + 1 = 14."""
+    L = Np - B * T
+    return B * -(-T // ITEM_TOKENS) + -(-L // ITEM_TOKENS) + min(L, max_chunks) + 1
 
-    LAST = 64                 # last chunks a K = 0 graph finishes (1024 tokens of 16-token prompts)
+
+class WholeMixed:
+    """stage(key, plan) then run(key, b, drafts) -> a mixed iteration from a graph chain per key
+    once `capture` has run (CUDA), else eagerly (CPU, tests)."""
+
+    LAST = 64                 # last chunks a graph finishes (1024 tokens of 16-token prompts)
 
     def __init__(self, engine):
         e, t = engine, engine.target
         self.e = e
-        self.pw = pw = TargetPieces(t, mixed_buckets(e.max_num_tokens), e.capture)
-        self.buckets = pw.buckets
-        self.top = top = pw.buckets[-1]
-        self.pool_len = t.k_cache.shape[2]
-        blocks = self.pool_len // e.block_size
+        self.buckets = mixed_buckets(e.max_num_tokens)
+        self.top = top = self.buckets[-1]
+        self.max_chunks = e.max_batch_size + 1
+        I = 2 * top + 1                   # items of any key: item_cap <= B*T + 2 L + 1 <= 2 Np + 1
         like, dev, cuda = t.tok_embeddings.weight, e.device, e.device.type == "cuda"
-        S, q_block = self.LAST, PackedChunks.Q_BLOCK
-        # staged inputs, int64: tokens | positions | write index | slot [top each] | draft inputs
-        # [top + 1: the last is where padding's scatter lands] | last token (chunk-local) |
-        # its place in the draft inputs | its slot [LAST each] | keep-warm flag [1]
-        split = (top, top, top, top, top + 1, S, S, S, 1)
-        n_in = sum(split)
+        S = self.LAST
+        # staged inputs, int64: tokens | positions | write index [top each] | draft inputs [top + 1:
+        # the last is where padding's scatter lands] | last token (chunk-local) | its place in the
+        # draft inputs | its slot [LAST each] | keep-warm flag [1] | items of the whole batch and
+        # of the chunks alone [3 I each, laid out [3, I_key] from the start]
+        split = (top, top, top, top + 1, S, S, S, 1, 3 * I, 3 * I)
         with torch.inference_mode():
             self.dec_tokens = torch.zeros(e.max_batch_size + 1, e.max_draft_len + 1, dtype=torch.long, device=dev)
-            self.inp = torch.zeros(n_in, dtype=torch.long, device=dev)
-            (self.in_tok, self.in_pos, self.in_write, self.in_slot, self.in_nxt, self.in_last, self.in_at,
-             self.in_last_slot, self.in_warm) = self.inp.split(split)
-            # [q blocks, 1 + blocks]: count, then block ids; one tensor, laid out as packed.kv_block_tensors'
-            # (FlexAttention's compiled versions are guarded on strides: the same layout reuses them)
-            kv = torch.zeros(q_blocks(top, q_block), 1 + blocks, dtype=torch.int32, device=dev)
-            self.kv, self.kv_num, self.kv_idx = kv, kv[:, 0], kv[:, 1:]
-            self.h = like.new_zeros(top, t.config.hidden_size)                                   # [Np, h]
-            self.H = like.new_zeros(top, len(pw.capture_layers) * t.config.hidden_size)          # [Np, n*h]
-            self.firsts = torch.zeros(S, dtype=torch.long, device=dev)                           # [LAST]
-        self._host_inp = torch.zeros(n_in, dtype=torch.long, pin_memory=cuda)
-        self._host_kv = torch.zeros(kv.shape, dtype=torch.int32, pin_memory=cuda)
-        self._kv_np = self._host_kv.numpy()
+            self.inp = torch.zeros(sum(split), dtype=torch.long, device=dev)
+            (self.in_tok, self.in_pos, self.in_write, self.in_nxt, self.in_last, self.in_at, self.in_last_slot,
+             self.in_warm, self.in_items, self.in_citems) = self.inp.split(split)
+            self.tokens = torch.zeros(top, dtype=torch.long, device=dev)             # [Np] the forward's inputs
+            self.positions = torch.zeros_like(self.tokens)
+            self.write_index = torch.zeros_like(self.tokens)
+            self.g = torch.zeros(e.max_batch_size * (e.max_draft_len + 1) + S, dtype=torch.long, device=dev)
+            self.H = like.new_zeros(top, len(e.capture) * t.config.hidden_size)      # [Np, n*h]
+            self.firsts = torch.zeros(S, dtype=torch.long, device=dev)               # [LAST]
+        self._host_inp = torch.zeros(sum(split), dtype=torch.long, pin_memory=cuda)
         self._inp_np = np.split(self._host_inp.numpy(), np.cumsum(split)[:-1])   # views, laid out as self.inp
-        self._free = None                     # CUDA event: the last copies out of the host buffers are done
+        self._host_batches: tuple[RaggedBatch, RaggedBatch] | None = None          # CPU without Triton
+        self._free = None                     # CUDA event: the last copy out of the host buffer is done
         self._fns: dict[Key, Callable] = {}
         self.graphs: dict[Key, object] = {}
 
@@ -99,55 +113,61 @@ class WholeMixed:
         self.graphs.clear()
         self._fns.clear()
 
+    def bucket(self, n: int) -> int | None:
+        """The smallest token bucket >= n, or None above the largest."""
+        return next((b for b in self.buckets if b >= n), None)
+
     def key(self, plan) -> Key | None:
         """The key of a mixed StepPlan: (the token bucket of its padded tokens, its row bucket,
-        K+1); None above the top token bucket, or at K = 0 past LAST last chunks.
+        K+1); None above the top token bucket or past LAST last chunks.
         Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2)."""
-        n = self.pw.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
-        if n is None or (plan.k == 0 and plan.last_chunks > self.LAST):
+        n = self.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
+        if n is None or plan.last_chunks > self.LAST:
             return None
         return (n, plan.bucket, plan.k + 1)
 
     # ---- host side ------------------------------------------------------------------------
-    def stage(self, key: Key, chunks: Sequence, keep_warm: bool, lists: list[list[int]] | None = None) -> None:
-        """The chunks' inputs of an iteration of `key`, laid out on the host and copied in two
-        transfers. Chunk token j sits at packed index B*T + j; tokens past the chunks are padding
-        (token 0 at position 0 of the padding slot, K/V into the scratch block). lists: the chunks'
-        `packed_kv_blocks`, when the caller has them already (PackedChunks.lists)."""
-        e, bs, top, S = self.e, self.e.block_size, self.top, self.LAST
+    def stage(self, key: Key, chunks: Sequence, keep_warm: bool, slots: Sequence[int] = ()) -> None:
+        """An iteration of `key`'s inputs, laid out on the host and copied in one transfer: the
+        chunks' tokens from packed index B*T on, every token past them padding (token 0 at position
+        0 of the padding slot, K/V into the scratch block), and the work items of decode rows in
+        `slots` (rows past them on the padding slot), the chunks and the pad."""
+        e, bs, top = self.e, self.e.block_size, self.top
         Np, B, T = key
+        n, L = B * T, Np - B * T
         if self._free is not None:
             self._free.synchronize()
-        tok, pos, write, slot, nxt, last, at, last_slot, warm = self._inp_np
-        tok[:], pos[:], write[:], slot[:] = 0, 0, SCRATCH_BLOCK * bs, e.pad_slot
+        tok, pos, write, nxt, last, at, last_slot, warm, items, citems = self._inp_np
+        tok[:], pos[:], write[:] = 0, 0, SCRATCH_BLOCK * bs
         nxt[:], last[:], at[:], last_slot[:] = 0, 0, top, e.pad_slot
         warm[0] = int(keep_warm)
-        i, m, rows = 0, 0, []
+        i, m = 0, 0
         for c in chunks:
-            n = len(c.tokens)
+            k = len(c.tokens)
             table = e._table(c.slot)
-            p = np.arange(c.start, c.start + n)
-            tok[i:i + n] = c.tokens
-            pos[i:i + n] = p
-            write[i:i + n] = np.asarray(table)[p // bs] * bs + p % bs
-            slot[i:i + n] = c.slot
-            nxt[i:i + n - 1] = c.tokens[1:]
-            nxt[i + n - 1] = c.next_token or 0                 # a last chunk's: its first generated token (graph)
-            if c.last and m < S:
-                last[m], at[m], last_slot[m] = i + n - 1, i + n - 1, c.slot
+            p = np.arange(c.start, c.start + k)
+            tok[i:i + k] = c.tokens
+            pos[i:i + k] = p
+            write[i:i + k] = np.asarray(table)[p // bs] * bs + p % bs
+            nxt[i:i + k - 1] = c.tokens[1:]
+            nxt[i + k - 1] = c.next_token or 0                 # a last chunk's: its first generated token (graph)
+            if c.last:
+                last[m], at[m], last_slot[m] = i + k - 1, i + k - 1, c.slot
                 m += 1
-            rows.append((table, c.start, n))
-            i += n
-        if lists is None:
-            lists = packed_kv_blocks(rows, bs, PackedChunks.Q_BLOCK)
-        nqb = q_blocks(Np - B * T, PackedChunks.Q_BLOCK)
-        kv = self._kv_np
-        kv[:nqb, 0] = 0
-        for j, blocks in enumerate(lists):
-            kv[j, 0] = len(blocks)
-            kv[j, 1:1 + len(blocks)] = blocks
+            i += k
+        # the pad's tail: rows of at most a block (its tokens at 0.. on CPU, all at 0 staged)
+        rows = [(c.slot, len(c.tokens)) for c in chunks] + [(e.pad_slot, min(bs, L - j)) for j in range(i, L, bs)]
+        row_slots = list(slots) + [e.pad_slot] * (B - len(slots))
+        ia, ic = item_cap(Np, B, T, self.max_chunks), item_cap(L, 0, 1, self.max_chunks)
+        items[:3 * ia] = plan_items(row_slots + [s for s, _ in rows], [T] * B + [k for _, k in rows], pad_to=ia).ravel()
+        citems[:3 * ic] = plan_items([s for s, _ in rows], [k for _, k in rows], pad_to=ic).ravel()
         self.inp.copy_(self._host_inp, non_blocking=True)
-        self.kv[:nqb].copy_(self._host_kv[:nqb], non_blocking=True)
+        if not e.triton:                     # gathered SDPA's batches (CPU): decode rows at the host's positions
+            starts = list(e.pos[:B].tolist()) + [c.start for c in chunks] + [0] * (len(rows) - len(chunks))
+            lens = [T] * B + [k for _, k in rows]
+            c_rows = [(s, st, k) for (s, k), st in zip(rows, starts[B:])]
+            whole = ragged_batch(e.block_tables, row_slots + [s for s, _ in rows], starts, lens, bs)
+            self._host_batches = whole, ragged_batch(e.block_tables, *map(list, zip(*c_rows)), bs)
         if e.device.type == "cuda":
             if self._free is None:
                 self._free = torch.cuda.Event()
@@ -159,76 +179,79 @@ class WholeMixed:
             self._fns[key] = self._make(*key)
         return self._fns[key]
 
+    def _batches(self, Np: int, B: int, T: int) -> tuple[RaggedBatch, RaggedBatch]:
+        """(the whole batch, the chunks' alone) over the static buffers, for the ragged kernel."""
+        e, n = self.e, B * T
+        ia, ic = item_cap(Np, B, T, self.max_chunks), item_cap(Np - n, 0, 1, self.max_chunks)
+
+        def batch(lo: int, items: Tensor) -> RaggedBatch:
+            pos = self.positions[lo:Np]
+            return RaggedBatch(pos, self.write_index[lo:Np], pos[None], e.slot[:1], e.block_tables[:1], e.block_size,
+                               items=(items, e.block_tables))
+
+        return batch(0, self.in_items[:3 * ia].view(3, ia)), batch(n, self.in_citems[:3 * ic].view(3, ic))
+
     def _make(self, Np: int, B: int, T: int) -> Callable:
-        e, pw, t = self.e, self.pw, self.e.target
-        out: dict = {}
-        pieces = pw.make(Np, out)
+        e, t, bs, S = self.e, self.e.target, self.e.block_size, self.LAST
         n, L = B * T, Np - B * T
-        nqb = q_blocks(L, PackedChunks.Q_BLOCK)
-        owner, logical, bs, P = e.block_owner, e.block_logical, e.block_size, self.pool_len
-        scratch = SCRATCH_BLOCK * bs
+        rows = torch.arange(n, device=e.device)
 
         def run(cut: Callable[[int], None]) -> None:
-            decode = e.decode_attention()
+            logit_index = torch.cat([rows, n + self.in_last])                              # [n + LAST]
             dec = None
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
                 dec = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, bs)
                 self.dec_tokens[:B, 0].copy_(e.x[:B])                                    # pending tokens, then drafts
-                pw.tokens[:n].copy_(self.dec_tokens[:B, :T].reshape(-1))
-                pw.positions[:n].copy_(dec.positions)
-                pw.write_index[:n].copy_(dec.write_index)
-            pw.tokens[n:Np].copy_(self.in_tok[:L])
-            pw.positions[n:Np].copy_(self.in_pos[:L])
-            pw.write_index[n:Np].copy_(self.in_write[:L])
-            cmask = packed_block_mask(self.kv_num[:nqb], self.kv_idx[:nqb], self.in_slot[:L], pw.positions[n:Np],
-                                      owner, logical, bs, P)
-            pieces[0]()
-            for i in range(len(t.layers)):
-                q, k, v = pw.q[:Np], t.k_cache[i], t.v_cache[i]
-                if n:
-                    pw.o[:n].copy_(decode(q[:n], k, v, dec))
-                pw.o[n:Np].copy_(packed_attention(q[n:Np], k, v, cmask))
-                pieces[i + 1]()
-                cut(i)
-            h, H = out["h"], out["H"]
-            if T == 1:
-                self._finish(h, H, n, B, Np, dec, cmask, scratch)
+                self.tokens[:n].copy_(self.dec_tokens[:B, :T].reshape(-1))
+                self.positions[:n].copy_(dec.positions)
+                self.write_index[:n].copy_(dec.write_index)
+            self.tokens[n:Np].copy_(self.in_tok[:L])
+            self.positions[n:Np].copy_(self.in_pos[:L])
+            self.write_index[n:Np].copy_(self.in_write[:L])
+            if e.triton:
+                whole, chunks = self._batches(Np, B, T)
             else:
-                self.h[:Np].copy_(h)
-                if H is not None:
-                    self.H[:Np].copy_(H)
-            out["state"].clear()           # only the static outputs outlive a graph: its pool serves the next capture
-            del out["h"], out["H"]
+                whole, chunks = self._host_batches
+                if n:
+                    whole = with_device_rows(whole, e.pos, e.slot, e.block_tables, B, T)
+            t.layer_hook = cut
+            try:
+                g, H = t.run(self.tokens[:Np], whole, capture=e.capture, logit_index=logit_index,
+                             attention=e.decode_attention(), greedy=True)                # [n + LAST], [Np, n*h]
+            finally:
+                t.layer_hook = None
+            if T == 1:
+                self._finish(g, H, n, B, Np, dec, chunks)
+            else:
+                self.g[:n + S].copy_(g)
+                self.H[:Np].copy_(H)
 
         return run
 
-    def _finish(self, h: Tensor, H: Tensor, n: int, B: int, Np: int, dec, cmask, scratch: int) -> None:
-        """A K = 0 iteration's end, as the engine's eager path (engine._mixed) does it: greedy ids
-        of the n decode rows and of the last chunks' last tokens; the rows' tokens, captures and
-        keep-warm K/V; the draft's pass over the chunks, its head at the last tokens only."""
-        e, pw = self.e, self.pw
-        last = self.in_last
-        g = e.target.head(h[torch.cat([torch.arange(n, device=h.device), n + last])], greedy=True)   # [n + LAST]
+    def _finish(self, g: Tensor, H: Tensor, n: int, B: int, Np: int, dec, chunks: RaggedBatch) -> None:
+        """A K = 0 iteration's end, as the engine's eager path (engine._mixed) does it: the rows'
+        tokens, captures and keep-warm K/V; the draft's pass over the chunks, its head at the last
+        tokens only."""
+        e = self.e
         firsts = g[n:]
         self.firsts.copy_(firsts)
         if n:
             e.out_tokens[:B, 0] = g[:n]
             e.out_n[:B] = 0
             e.last_capture[e.slot[:B]] = H[:n]
+            scratch = SCRATCH_BLOCK * e.block_size
             warm = torch.where(self.in_warm != 0, dec.write_index, torch.full_like(dec.write_index, scratch))
             e.draft.extend_kv(g[:n], H[:n], RaggedBatch(dec.positions, warm, dec.q_pos, dec.slots, dec.tables,
                                                         dec.block_size))
         # draft entries of the chunks: (x_{p+1}, h_p); a last chunk's x_e is its first generated token
         self.in_nxt.index_copy_(0, self.in_at, firsts)
-        cb = RaggedBatch(pw.positions[n:Np], pw.write_index[n:Np], pw.positions[n:Np][None], self.in_slot[:1],
-                         e.block_tables[:1], e.block_size)
-        d, dh = e.draft.run(self.in_nxt[:Np - n], H[n:Np], cb, lambda q, k, v, _: packed_attention(q, k, v, cmask),
-                            greedy=True, rows=last)                                                    # [LAST]
+        d, dh = e.draft.run(self.in_nxt[:Np - n], H[n:Np], chunks, e.decode_attention(), greedy=True,
+                            rows=self.in_last)                                                     # [LAST]
         slot = self.in_last_slot
         e.next_draft[slot] = e.draft.to_target_ids(d)
         e.draft_hidden[slot] = dh
-        e.last_capture[slot] = H[n + last]
+        e.last_capture[slot] = H[n + self.in_last]
 
     # ---- graphs ---------------------------------------------------------------------------
     def capture(self, keys: Iterable[Key]) -> int:
@@ -256,16 +279,19 @@ class WholeMixed:
 
     def _idle(self) -> None:
         """Buffers that make a warm-up or capture harmless: every token a pad token, every write
-        into the scratch block (padding slot, no keep-warm)."""
+        into the scratch block (padding slot, no keep-warm), every item the pad's."""
         self.dec_tokens.zero_()
-        self.pw.pad()
+        self.tokens.zero_()
+        self.positions.zero_()
+        self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)
         self.stage((self.top, 0, 1), (), keep_warm=False)       # no chunks: every staged input padding
 
     def run(self, key: Key, b: int, drafts: Tensor | None) -> tuple[Tensor, Tensor]:
         """One mixed iteration of `key` after `stage`: b real decode rows (drafts [b, K] or None at
         K=0; pending tokens, positions and slots already in the engine's x / pos / slot, rows
-        b..B-1 padding). K > 0: -> (h [Np, h], H [Np, n*h]), valid until the next run. K = 0
-        (`key` admits it): the iteration is done; its first tokens are self.firsts."""
+        b..B-1 padding). K > 0: -> (greedy ids [B*T + LAST] of the decode rows' tokens and the last
+        chunks' last tokens, captures H [Np, n*h]), valid until the next run. K = 0: the iteration
+        is done; its first tokens are self.firsts."""
         Np, B, T = key
         if T > 1:
             self.dec_tokens[:b, 1:T].copy_(drafts)
@@ -275,5 +301,4 @@ class WholeMixed:
             graph.replay()
         else:
             self._fn(key)(no_cut)
-        return self.h[:Np], self.H[:Np]
-
+        return self.g[:B * T + self.LAST], self.H[:Np]

@@ -363,7 +363,7 @@ class Block(nn.Module):
         -> (x', r'): the stream after the layer is x' + r', left unsummed so that the next layer's
         norm does the all-reduce and the add in its kernel."""
         x, qkv = self.qkv(x, r, f, comm)
-        rope_attend = getattr(attention, "rope_attend", None)          # paged_decode.PagedDecode's fused path
+        rope_attend = getattr(attention, "rope_attend", None)          # ragged.RaggedAttention's fused path
         o = None if rope_attend is None else rope_attend(qkv, cos, sin, k_pool, v_pool, batch, self.n_local_heads)
         if o is None:
             q = f.rope_write(qkv, cos, sin, k_pool, v_pool, batch.write_index, self.n_local_heads,

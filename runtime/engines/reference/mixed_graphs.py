@@ -155,8 +155,9 @@ class WholeMixed:
                 last[m], at[m], last_slot[m] = i + k - 1, i + k - 1, c.slot
                 m += 1
             i += k
-        # the pad's tail: rows of at most a block (its tokens at 0.. on CPU, all at 0 staged)
-        rows = [(c.slot, len(c.tokens)) for c in chunks] + [(e.pad_slot, min(bs, L - j)) for j in range(i, L, bs)]
+        # the pad's tail: rows of one work item each (its tokens at 0.. on CPU, all at 0 staged)
+        rows = [(c.slot, len(c.tokens)) for c in chunks] + [(e.pad_slot, min(ITEM_TOKENS, L - j))
+                                                            for j in range(i, L, ITEM_TOKENS)]
         row_slots = list(slots) + [e.pad_slot] * (B - len(slots))
         ia, ic = item_cap(Np, B, T, self.max_chunks), item_cap(L, 0, 1, self.max_chunks)
         items[:3 * ia] = plan_items(row_slots + [s for s, _ in rows], [T] * B + [k for _, k in rows], pad_to=ia).ravel()

@@ -269,23 +269,26 @@ class WholeMixed:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for key in keys:
+                    self._idle(key)
                     self._fn(key)(no_cut)
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             for key in keys:
+                self._idle(key)
                 self.graphs[key] = capture_chain(self._fn(key), cuts, pool, stream)
             torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         return len(keys)
 
-    def _idle(self) -> None:
-        """Buffers that make a warm-up or capture harmless: every token a pad token, every write
-        into the scratch block (padding slot, no keep-warm), every item the pad's."""
+    def _idle(self, key: Key | None = None) -> None:
+        """Buffers that make a warm-up or capture of `key` harmless: every token a pad token, every
+        write into the scratch block (padding slot, no keep-warm), the work items laid out for the
+        key (its decode rows and the pad's, on the padding slot)."""
         self.dec_tokens.zero_()
         self.tokens.zero_()
         self.positions.zero_()
         self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)
-        self.stage((self.top, 0, 1), (), keep_warm=False)       # no chunks: every staged input padding
+        self.stage(key or (self.top, 0, 1), (), keep_warm=False)     # no chunks: every staged input padding
 
     def run(self, key: Key, b: int, drafts: Tensor | None) -> tuple[Tensor, Tensor]:
         """One mixed iteration of `key` after `stage`: b real decode rows (drafts [b, K] or None at

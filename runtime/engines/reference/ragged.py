@@ -230,7 +230,7 @@ def launch_shape(uniform: bool, items: int, T: int, G: int, kvh: int, hd: int, b
     S = -(-tiles // per)                      # no program without a tile of the table: 18 tiles, 16 -> per 2, S 9
     mq = 1 << (T * G - 1).bit_length()        # the queries an (item, KV head), to a power of two
     p2 = 1 << (S - 1).bit_length()
-    constants = dict(T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=max(16, mq), MQ=mq,
+    constants = dict(T=T, G=G, KVH=kvh, HD=hd, BS=block_size, TILE_N=tile, BLOCK_M=max(16, mq),
                      SPLITS=S if uniform else 0, PER=per if uniform else 0,
                      SPLITS_P2=p2 if uniform else max(ITEM_SPLITS, p2), UNIFORM=uniform)
     return LaunchShape(S, per, tiles, constants)

@@ -18,7 +18,7 @@ def ragged_paged_attention(
         stride_on, stride_oh, stride_xn, stride_cs,
         T: tl.constexpr, G: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BS: tl.constexpr,
         TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-        PER: tl.constexpr, MQ: tl.constexpr, ROPE: tl.constexpr, UNIFORM: tl.constexpr, IEEE: tl.constexpr):
+        PER: tl.constexpr, ROPE: tl.constexpr, UNIFORM: tl.constexpr, IEEE: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
     it = pid // KVH
@@ -115,25 +115,19 @@ def ragged_paged_attention(
         tl.store(ML + (part + offs_m) * 2 + 1, l_i, mask=valid)
         tl.debug_barrier()                                # every thread's partial stored ...
         done = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")   # ... before this release
-        if done == nsplit - 1:                            # the last program merges: every split's (m, l) of
-            offs_s = tl.arange(0, SPLITS_P2)              # all MQ queries in one load, then each query's
-            offs_q = tl.arange(0, MQ)                     # partials, all loads ahead of the one store
-            live = offs_s < nsplit
+        if done == nsplit - 1:                            # the last program merges, query by query: every
+            offs_s = tl.arange(0, SPLITS_P2)              # split's (m, l) and partial of one query, then
+            live = offs_s < nsplit                        # its output (only the item's qn * G queries)
             rows = (pid * nsplit + offs_s) * BLOCK_M                                     # [S2]
-            at = (rows[:, None] + offs_q[None, :]) * 2                                   # [S2, MQ]
-            used = live[:, None] & (offs_q < qn * G)[None, :]
-            ms = tl.load(ML + at, mask=used, other=float("-inf"), cache_modifier=".cg")
-            ls = tl.load(ML + at + 1, mask=used, other=0.0, cache_modifier=".cg")
-            m_all = tl.max(ms, axis=0)                                                   # [MQ]
-            w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])      # [S2, MQ]
-            l_all = tl.sum(w * ls, axis=0)
-            w = w / tl.where(l_all == 0.0, 1.0, l_all)[None, :]
-            out = tl.zeros([MQ, HD], tl.float32)
-            for mi in tl.static_range(MQ):
+            for mi in range(0, qn * G):
+                ms = tl.load(ML + (rows + mi) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")   # [S2]
+                ls = tl.load(ML + (rows + mi) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
                 acc_s = tl.load(PART + (rows + mi)[:, None] * HD + offs_d[None, :], mask=live[:, None],
                                 other=0.0, cache_modifier=".cg")                         # [S2, HD]
-                wm = tl.sum(tl.where(offs_q[None, :] == mi, w, 0.0), axis=1)             # [S2]: w[:, mi]
-                out = tl.where(offs_q[:, None] == mi, tl.sum(wm[:, None] * acc_s, axis=0)[None, :], out)
-            tl.store(O + (q0 + offs_q // G)[:, None] * stride_on + (h * G + offs_q % G)[:, None] * stride_oh
-                     + offs_d[None, :], out.to(O.dtype.element_ty), mask=(offs_q < qn * G)[:, None])
+                m_all = tl.max(ms, axis=0)
+                w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all))             # [S2]
+                l_all = tl.sum(w * ls, axis=0)
+                out = tl.sum(w[:, None] * acc_s, axis=0) / tl.where(l_all == 0.0, 1.0, l_all)   # [HD]
+                tl.store(O + (q0 + mi // G) * stride_on + (h * G + mi % G) * stride_oh + offs_d,
+                         out.to(O.dtype.element_ty))
             tl.atomic_xchg(COUNT + pid, 0)                # ready for the next launch (and graph replay)

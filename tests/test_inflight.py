@@ -264,7 +264,7 @@ def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
     from dynspec.runtime.engines.reference.mixed_graphs import item_cap
     from dynspec.runtime.engines.reference.ragged import item_count
 
-    assert item_cap(16, 4, 2, 8) == 14
+    assert item_cap(16, 4, 2, 8) == 15
     rng = random.Random(3)
     for _ in range(300):
         B, T = rng.choice([(0, 1), (1, 1), (4, 2), (8, 4), (2, 20)])

@@ -22,13 +22,13 @@ def test_splits_for():
 
 def test_plan_items_worked_example():
     """The module docstring's example: decode rows of slots 4 and 9 at K=2, a 40-token chunk of slot 2."""
-    items = ragged.plan_items([4, 9, 2], [3, 3, 40])
+    items = ragged.plan_items([4, 9, 2], [3, 3, 40], 16)
     assert items.tolist() == [[4, 9, 2, 2, 2], [0, 3, 6, 22, 38], [3, 3, 16, 16, 8]]
-    assert ragged.item_count([3, 3, 40]) == 5
-    padded = ragged.plan_items([4, 9, 2], [3, 3, 40], pad_to=7)
+    assert ragged.item_count([3, 3, 40], 16) == 5 and ragged.item_count([3, 3, 40], 4) == 12
+    padded = ragged.plan_items([4, 9, 2], [3, 3, 40], 16, pad_to=7)
     assert padded[:, 5:].tolist() == [[0, 0], [0, 0], [0, 0]] and np.array_equal(padded[:, :5], items)
     with pytest.raises(ValueError, match="5 work items do not fit a launch of 4"):
-        ragged.plan_items([4, 9, 2], [3, 3, 40], pad_to=4)
+        ragged.plan_items([4, 9, 2], [3, 3, 40], 16, pad_to=4)
 
 
 def test_plan_items_covers_every_token_once():

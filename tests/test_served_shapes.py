@@ -20,8 +20,8 @@ from tests.test_executor import pair  # noqa: F401  (fixture)
 def test_launch_shape_worked_example():
     u = ragged.launch_shape(True, 1, 1, 4, 8, 128, 128, 16, 132)
     assert (u.splits, u.per, u.constants["BLOCK_M"], u.constants["SPLITS"]) == (32, 1, 16, 32)
-    i = ragged.launch_shape(False, 9, ragged.ITEM_TOKENS, 4, 8, 128, 128, 16, 132)
-    assert (i.splits, i.per, i.constants["BLOCK_M"], i.constants["SPLITS"]) == (3, 11, 64, 0)
+    i = ragged.launch_shape(False, 2, 4, 4, 8, 128, 128, 16, 132)
+    assert (i.splits, i.per, i.constants["BLOCK_M"], i.constants["SPLITS"]) == (16, 2, 16, 0)
 
 
 @pytest.mark.parametrize("G,kvh,hd", [(4, 8, 128), (1, 2, 16), (8, 1, 64)])

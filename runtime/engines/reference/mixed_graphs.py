@@ -9,9 +9,9 @@ Packed layout of the Np tokens (the engine's eager mixed path packs the same way
     [0, B*T)            decode rows, row r's T tokens (pending + K drafts); rows b..B-1 pad
     [B*T, B*T + L)      the chunks' L tokens, in plan order
     [B*T + L, Np)       pad: token 0 at position 0 of the padding slot (K/V into the scratch block)
-Example b=3, B=4, T=2, chunks of 5 and 3 tokens, Np=16, ITEM_TOKENS 16: decode 0..7 (6 and 7 pad),
-chunks 8..15; items (s0, 0, 2) (s1, 2, 2) (s2, 4, 2) (pad, 6, 2) (c0, 8, 5) (c1, 13, 3), then
-empty ones up to item_cap(16, 4, 2).
+Example b=3, B=4, T=2, chunks of 5 and 3 tokens, Np=16, ITEM_TOKENS 4: decode 0..7 (6 and 7 pad),
+chunks 8..15; items (s0, 0, 2) (s1, 2, 2) (s2, 4, 2) (pad, 6, 2) (c0, 8, 4) (c0, 12, 1) (c1, 13, 3),
+then empty ones up to item_cap(16, 4, 2, max_chunks).
 
 Inputs: the chunks' tokens, positions, K/V write indices, draft inputs, last-token indices and
 the work items of the whole batch and of the chunks alone are laid out on the host (`stage`,
@@ -65,7 +65,7 @@ def whole_keys(rows: Iterable[tuple[int, int]], token_buckets: Iterable[int]) ->
 def item_cap(Np: int, B: int, T: int, max_chunks: int) -> int:
     """Pure. Work items a key's launch holds: each decode row's, the chunks' L = Np - B*T tokens
     cut at most once more per chunk (at most min(L, max_chunks) chunks), and the pad's tail.
-    item_cap(16, 4, 2, 8) = 4 + 1 + 8 + 1 = 14."""
+    item_cap(16, 4, 2, 8) = 4 + 2 + 8 + 1 = 15 (ITEM_TOKENS 4)."""
     L = Np - B * T
     return B * -(-T // ITEM_TOKENS) + -(-L // ITEM_TOKENS) + min(L, max_chunks) + 1
 
@@ -187,9 +187,10 @@ class WholeMixed:
 
         def batch(lo: int, items: Tensor) -> RaggedBatch:
             pos = self.positions[lo:Np]
-            return RaggedBatch(pos, self.write_index[lo:Np], pos[None], e.slot[:1], e.block_tables[:1], e.block_size,
-                               items=(items, e.block_tables))
+            return RaggedBatch(pos, self.write_index[lo:Np], pos[None], e.slot[:rows], e.block_tables[:1],
+                               e.block_size, items=(items, e.block_tables))
 
+        rows = B + 1                      # the decode rows and a chunk: what sizes the kernel's splits
         return batch(0, self.in_items[:3 * ia].view(3, ia)), batch(n, self.in_citems[:3 * ic].view(3, ic))
 
     def _make(self, Np: int, B: int, T: int) -> Callable:

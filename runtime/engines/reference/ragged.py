@@ -9,7 +9,7 @@ head h*G + m % G, and attends its row's keys in split s's share of the table (th
 last token's position; `s <= p` per query inside). With one split it writes its output; with
 more, each program writes a partial (m, l, acc) and the last of an item's programs to finish (an
 atomic counter it resets) merges them.
-Worked example, ITEM_TOKENS 16, packed rows: decode rows of slots 4 and 9 at K=2 (3 tokens each),
+Worked example, items of 16 tokens (ITEM_TOKENS is 4), packed rows: decode rows of slots 4 and 9 at K=2 (3 tokens each),
 then a 40-token chunk of slot 2 at positions 100..139:
     items  (4, 0, 3) (9, 3, 3) (2, 6, 16) (2, 22, 16) (2, 38, 8)          5 items, 5 x kvh programs a split
     item (2, 22, 16) reads the chunk's keys 0..131 (its last token sits at 116 + 15 = 131).
@@ -34,10 +34,10 @@ from torch import Tensor
 from .attention import RaggedBatch, sdpa_attention
 
 TILE = 64                   # keys a tile (divides the CUDA block size, 128)
-ITEM_TOKENS = 16            # tokens of a work item of a ragged batch
+ITEM_TOKENS = 4             # tokens of a work item of a ragged batch (G = 4: 16 queries, tl.dot's least M)
 MAX_QUERIES = 128           # tokens x G of a uniform row above this: the rows go as items
 MAX_SPLITS = 64             # the merge loads [splits, hd] partials at once: bound its registers
-ITEM_SPLITS = 8             # and of a ragged batch's items (one compiled kernel serves every split count)
+ITEM_SPLITS = 16            # and of a ragged batch's items (one compiled kernel serves every split count)
 HEAD_DIMS = (16, 32, 64, 128)
 
 
@@ -78,7 +78,7 @@ def splits_for(programs: int, tiles: int, sms: int) -> int:
 
 
 def item_count(lens, item_tokens: int = ITEM_TOKENS) -> int:
-    """Items of rows of `lens` tokens: sum of ceil(len / item_tokens). item_count([3, 3, 40]) = 5."""
+    """Items of rows of `lens` tokens: sum of ceil(len / item_tokens). item_count([3, 3, 40], 16) = 5."""
     return int(sum(-(-int(n) // item_tokens) for n in lens))
 
 
@@ -86,7 +86,7 @@ def plan_items(slots, lens, item_tokens: int = ITEM_TOKENS, pad_to: int | None =
     """Pure. [3, I] int64: (slot, first packed token, tokens) of each item of rows packed in order,
     row r holding lens[r] tokens of slots[r]; pad_to: I, the items past the rows' (slot 0, first
     token 0, 0 tokens: programs that do nothing), for a launch of a fixed grid (graphs).
-    plan_items([4, 9, 2], [3, 3, 40]) = [[4 9 2 2 2], [0 3 6 22 38], [3 3 16 16 8]]."""
+    plan_items([4, 9, 2], [3, 3, 40], 16) = [[4 9 2 2 2], [0 3 6 22 38], [3 3 16 16 8]]."""
     lens = np.asarray(lens, dtype=np.int64)
     per = -(-lens // item_tokens)                                           # [R] items a row
     I = int(per.sum())
@@ -189,9 +189,12 @@ def _launch(q: Tensor | None, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
     else:
         items, tables = batch.items if batch.items is not None else _uniform_items(batch)
         T, I = ITEM_TOKENS, items.shape[1]
+        R = batch.slots.shape[0]                                  # rows: what sizes the splits (an item
+                                                                  # of a short row takes one of them)
     if sms is None:
         sms = _sms(k_pool.device) if k_pool.is_cuda else 4
-    shape = launch_shape(uniform, I, T, G, kvh, hd, block_size, tables.shape[1], sms, tile, launch.pop("per", None))
+    shape = launch_shape(uniform, I if uniform else R, T, G, kvh, hd, block_size, tables.shape[1], sms, tile,
+                         launch.pop("per", None))
     S, per, block_m = shape.splits, shape.per, shape.constants["BLOCK_M"]
     o = torch.empty(N, nh, hd, dtype=k_pool.dtype, device=k_pool.device)
     rows = I * kvh * S * block_m if S > 1 else 1
@@ -215,18 +218,20 @@ class LaunchShape:
     constants: dict               # the kernel's constexprs but ROPE and IEEE: one compiled version each
 
 
-def launch_shape(uniform: bool, items: int, T: int, G: int, kvh: int, hd: int, block_size: int, width: int,
+def launch_shape(uniform: bool, rows: int, T: int, G: int, kvh: int, hd: int, block_size: int, width: int,
                  sms: int, tile: int = TILE, per: int | None = None) -> LaunchShape:
-    """Pure. The launch of `items` work items (uniform: rows) of T tokens, G queries a token and
-    KV head, over tables `width` blocks wide. Uniform rows get constant splits (static loops);
-    items get runtime ones, so every item count shares the one version of (G, kvh, hd, block
-    size, tile). Example, 8 KV heads, G 4, 132 SMs, tables of 16 blocks of 128 (32 tiles):
+    """Pure. The launch over `rows` rows (uniform: R rows of T tokens; else work items of T =
+    ITEM_TOKENS) with G queries a token and KV head, over tables `width` blocks wide. Splits come
+    from the rows (x kvh programs), about two waves over the SMs. Uniform rows get constant
+    splits (static loops); items get runtime ones, each item taking only the splits that hold its
+    keys, so every item count shares the one version of (G, kvh, hd, block size, tile).
+    Example, 8 KV heads, G 4, 132 SMs, tables of 16 blocks of 128 (32 tiles):
         uniform, 1 row, T 1    splits 32, per 1, BLOCK_M 16
-        items, 9               splits 3 (of at most ITEM_SPLITS), per 11, BLOCK_M 64, SPLITS 0"""
+        items of 2 rows        splits 16 (of at most ITEM_SPLITS), per 2, BLOCK_M 16, SPLITS 0"""
     tile = min(tile, block_size)
     tiles = width * block_size // tile
     cap = MAX_SPLITS if uniform else ITEM_SPLITS
-    per = per or -(-tiles // min(cap, splits_for(items * kvh, tiles, sms)))
+    per = per or -(-tiles // min(cap, splits_for(rows * kvh, tiles, sms)))
     S = -(-tiles // per)                      # no program without a tile of the table: 18 tiles, 16 -> per 2, S 9
     mq = 1 << (T * G - 1).bit_length()        # the queries an (item, KV head), to a power of two
     p2 = 1 << (S - 1).bit_length()

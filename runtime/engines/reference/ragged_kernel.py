@@ -76,6 +76,8 @@ def ragged_paged_attention(
         q = tl.load(Q + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
                     mask=valid[:, None], other=0.0)                              # [M, HD]
     last = tl.max(qpos, axis=0)
+    if not UNIFORM:                                       # the splits that hold a key of this item: an item
+        nsplit = tl.minimum(splits, tl.cdiv(last // TILE_N + 1, per))   # of a short row takes one, no merge
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HD], tl.float32)
@@ -104,11 +106,12 @@ def ragged_paged_attention(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    if nsplit == 1:                                       # the whole row in this program: no merge
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=valid[:, None])
-    else:
+    if nsplit == 1:                                       # the whole row in program 0: no merge
+        if s == 0:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
+                     out.to(O.dtype.element_ty), mask=valid[:, None])
+    elif s < nsplit:
         part = (pid * nsplit + s) * BLOCK_M
         tl.store(PART + (part + offs_m)[:, None] * HD + offs_d[None, :], acc, mask=valid[:, None])
         tl.store(ML + (part + offs_m) * 2, m_i, mask=valid)

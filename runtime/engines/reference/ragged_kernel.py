@@ -28,12 +28,14 @@ def ragged_paged_attention(
         q0 = it * T
         qn = T
         nsplit = SPLITS
+        width = SPLITS
         per = PER
     else:                                             # runtime: one compiled kernel for every item count
         row = tl.load(ITEMS + it)                     # the row's slot: TABLES is the whole block table
         q0 = tl.load(ITEMS + n_items + it)
         qn = tl.load(ITEMS + 2 * n_items + it)
         nsplit = splits
+        width = splits                                # partials laid out by the launch's splits
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HD)
     offs_n = tl.arange(0, TILE_N)
@@ -112,7 +114,7 @@ def ragged_paged_attention(
             tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
                      out.to(O.dtype.element_ty), mask=valid[:, None])
     elif s < nsplit:
-        part = (pid * nsplit + s) * BLOCK_M
+        part = (pid * width + s) * BLOCK_M
         tl.store(PART + (part + offs_m)[:, None] * HD + offs_d[None, :], acc, mask=valid[:, None])
         tl.store(ML + (part + offs_m) * 2, m_i, mask=valid)
         tl.store(ML + (part + offs_m) * 2 + 1, l_i, mask=valid)
@@ -121,7 +123,7 @@ def ragged_paged_attention(
         if done == nsplit - 1:                            # the last program merges, query by query: every
             offs_s = tl.arange(0, SPLITS_P2)              # split's (m, l) and partial of one query, then
             live = offs_s < nsplit                        # its output (only the item's qn * G queries)
-            rows = (pid * nsplit + offs_s) * BLOCK_M                                     # [S2]
+            rows = (pid * width + offs_s) * BLOCK_M                                      # [S2]
             for mi in range(0, qn * G):
                 ms = tl.load(ML + (rows + mi) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")   # [S2]
                 ls = tl.load(ML + (rows + mi) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")

@@ -341,8 +341,10 @@ def test_a_moved_engine_dir_is_refused_before_tritonserver_starts(chain, tmp_pat
 
 def test_a_crashed_server_is_restarted_and_the_restart_is_counted(repo):
     """tritonserver dies by a signal (a hostile request's signal 11, kill -9): the launcher says
-    so in one line, starts it again on the same ports and /metrics counts the restart."""
+    so in one line, starts it again on the same ports and /metrics counts the restart. The admin
+    key is printed once, with the first ready line, and still opens the admin APIs after the restart."""
     import re
+    import urllib.error
     import urllib.request
 
     ports = free_ports()
@@ -353,8 +355,18 @@ def test_a_crashed_server_is_restarted_and_the_restart_is_counted(repo):
         server_pids = [p for p in children(proc.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
         assert len(server_pids) == 1
         os.kill(server_pids[0], signal.SIGSEGV)
-        ok, _ = read_until(proc.stdout, "tritonserver ready", 150)
+        ok, lines = read_until(proc.stdout, "tritonserver ready", 150)
         assert ok and proc.poll() is None
+        keys = [m.group(1) for m in (re.search(r"need the header dynspec-admin-key: (\S+) ", line) for line in lines)
+                if m]
+        assert len(keys) == 1, lines
+        logging = f"http://127.0.0.1:{ports.http}/v2/logging"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(logging, timeout=10)
+        assert refused.value.code == 403
+        with urllib.request.urlopen(urllib.request.Request(logging, headers={"dynspec-admin-key": keys[0]}),
+                                    timeout=10) as r:
+            assert r.status == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{ports.metrics}/metrics", timeout=10) as r:
             text = r.read().decode()
         assert re.search(r'^dynspec_server_restarts\{[^}]*\} 1$', text, re.M), text[-2000:]
@@ -362,11 +374,12 @@ def test_a_crashed_server_is_restarted_and_the_restart_is_counted(repo):
         with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/models/dynspec/generate", body, 60) as r:
             assert len(json.loads(r.read())["output_ids"]) == 2
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert b"dynspec-admin-key: " not in out            # not printed again with the second ready line
     lines = err.decode().strip().splitlines()
     assert lines == ["error: tritonserver exited with signal 11; restarting it (restart 1)"], lines
     assert proc.returncode == 0 and children(proc.pid) == set()

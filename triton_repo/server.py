@@ -19,6 +19,7 @@ import contextlib
 import glob
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -202,10 +203,24 @@ def shm_prefix() -> str:
     return f"dynspec_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
 
 
+ADMIN_APIS = "model-repository,trace,logging"    # tritonserver's APIs that need the admin key
+ADMIN_HEADER = "dynspec-admin-key"              # its header over HTTP; gRPC: triton-grpc-protocol-<this>
+
+
+def admin_key() -> str:
+    """A fresh admin key (256 bits, URL-safe): one per launcher, kept over restarts."""
+    return secrets.token_urlsafe(32)
+
+
 def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports, backends: str | os.PathLike,
                    host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_",
-                   http_host: str | None = None) -> list[str]:
-    """http_host: where tritonserver's own HTTP service listens (127.0.0.1 behind the HTTP front)."""
+                   http_host: str | None = None, key: str | None = None) -> list[str]:
+    """http_host: where tritonserver's own HTTP service listens (127.0.0.1 behind the HTTP front).
+    key: ADMIN_APIS answer only requests that carry it (HTTP header ADMIN_HEADER, gRPC metadata
+    triton-grpc-protocol-ADMIN_HEADER), through tritonserver's --http-restricted-api and
+    --grpc-restricted-protocol; without it they are open."""
+    restricted = [f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={key}",
+                  f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={key}"] if key else []
     return [
         str(install.binary),
         f"--model-repository={Path(repo).resolve()}",
@@ -216,6 +231,7 @@ def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports
         f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
         "--allow-metrics=true", "--allow-gpu-metrics=false",
         f"--exit-timeout-secs={exit_timeout_s}",
+        *restricted,
     ]
 
 
@@ -303,8 +319,10 @@ class TritonServer:
     interpreters that exit without calling it)."""
 
     def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path,
-                 shm_prefix: str = "", tee: _Tee | None = None, front=None, upstream_http: int | None = None):
+                 shm_prefix: str = "", tee: _Tee | None = None, front=None, upstream_http: int | None = None,
+                 admin_key: str | None = None):
         self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
+        self.admin_key = admin_key                  # what ADMIN_APIS need in header ADMIN_HEADER
         self.shm_prefix, self._tee = shm_prefix, tee
         self.front = front                          # the HttpFront on ports.http, or None
         self.upstream_http = ports.http if upstream_http is None else upstream_http   # tritonserver's own
@@ -446,7 +464,8 @@ def _child_setup(die_with_parent: bool):
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
            extra_args: tuple[str, ...] = (), env: Mapping[str, str | None] | None = None,
-           die_with_parent: bool = False, front: bool = True, max_body: int | None = None) -> TritonServer:
+           die_with_parent: bool = False, front: bool = True, max_body: int | None = None,
+           key: str | None = None) -> TritonServer:
     """Start tritonserver on `repo`; with ready_timeout_s, wait until it is ready (stopping it on failure).
     The log goes to log_path (default: a file in the launch's private folder; "-": this process's stdout).
     env: extra environment variables for the server and its python-backend stubs (e.g. OMP_NUM_THREADS);
@@ -455,7 +474,8 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     library caller that launches from a short-lived thread must not).
     front: HTTP goes through triton_repo/front.py's HttpFront on ports.http (request bodies bounded
     by max_body, integers checked against their inputs' types, generate's output_ids always a
-    list); tritonserver's own HTTP service listens on a private loopback port."""
+    list); tritonserver's own HTTP service listens on a private loopback port.
+    key: the admin key of tritonserver's restricted APIs (server_command); default: a fresh one."""
     repo = Path(repo)
     if not repo.is_dir():
         raise DynspecError(f"model repository {repo} does not exist")
@@ -470,8 +490,9 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     backends = backend_dir(install, workdir / "backends")
     prefix = shm_prefix()
     inner = Ports(upstream, ports.grpc, ports.metrics)
+    key = key or admin_key()
     cmd = server_command(install, repo, inner, backends, host, shm_prefix=prefix,
-                         http_host="127.0.0.1" if front else None) + list(extra_args)
+                         http_host="127.0.0.1" if front else None, key=key) + list(extra_args)
     server = http_front = None
     try:
         if front:
@@ -487,7 +508,7 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_child_setup(die_with_parent))
             tee = _Tee(log_path) if to_stdout else None
-            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee, http_front, upstream)
+            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee, http_front, upstream, key)
             atexit.register(server.stop, 5.0)
             if tee is not None:
                 tee.start()
@@ -527,14 +548,17 @@ def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = No
     restart (default: without `watch`, i.e. one process serves): a server that exits by itself
     (a crash: signal 11 on a hostile request, kill -9) is started again on the same ports, with a
     line on stderr and the count in the model's dynspec_server_restarts gauge; more than
-    RESTART_LIMIT restarts within RESTART_WINDOW_S: exit 1."""
+    RESTART_LIMIT restarts within RESTART_WINDOW_S: exit 1. An HTTP front that stops serving is
+    restarted the same way (front_watch). The admin key (server_command) is made once, printed
+    with the first ready line, and kept over restarts."""
     restart = watch is None if restart is None else restart
-    _Stop.seen = _Stop.stopping = False
+    key = admin_key()
+    _Stop.seen = _Stop.stopping = _Stop.key_shown = False
     previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
     crashes: list[float] = []
     try:
         while True:
-            code = _serve_once(args, {**(env or {}), RESTARTS_ENV: str(len(crashes))}, watch, note)
+            code = _serve_once(args, {**(env or {}), RESTARTS_ENV: str(len(crashes))}, watch, note, key)
             if code is None or code == "start":
                 return 0 if code is None else 2
             if code == "watch":
@@ -555,13 +579,27 @@ def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = No
             signal.signal(s, handler)
 
 
-def _serve_once(args, env, watch, note):
+def front_watch(server: TritonServer) -> str | None:
+    """None while the server's HTTP front serves (or it has none); after it stopped: restarted on
+    its port, with a line on stderr. A front that cannot be restarted: why (the launcher stops)."""
+    front = server.front
+    if front is None or front.alive():
+        return None
+    print(f"error: the HTTP front on {server.http_url} stopped; restarting it", file=sys.stderr, flush=True)
+    try:
+        front.restart()
+    except (OSError, RuntimeError) as e:
+        return f"the HTTP front on {server.http_url} could not be restarted: {e}"
+    return None
+
+
+def _serve_once(args, env, watch, note, key):
     """One server's life: None (stopped by a signal, or exited 0), "start" (did not start),
-    "watch" (stopped on watch's message), or why it ended by itself ("signal 11", "code 1")."""
+    "watch" (stopped on watch's or front_watch's message), or why it ended by itself ("signal 11")."""
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     try:
         server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
-                        env=env, die_with_parent=True)
+                        env=env, die_with_parent=True, key=key)
     except DynspecError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return "start"
@@ -569,13 +607,16 @@ def _serve_once(args, env, watch, note):
         return None
     # one write, newline included: tritonserver logs to the same stdout, and print's separate
     # write of the newline (unbuffered output) let a log line land inside the ready line
+    admin = "" if _Stop.key_shown else (f"admin APIs ({ADMIN_APIS}) need the header {ADMIN_HEADER}: {key} "
+                                        f"(gRPC metadata triton-grpc-protocol-{ADMIN_HEADER})\n")
+    _Stop.key_shown = True
     sys.stdout.write(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
-                     f"metrics {server.metrics_url}{note}\n")
+                     f"metrics {server.metrics_url}{note}\n{admin}")
     sys.stdout.flush()
     failure, signalled = None, False
     try:
         while server.proc.poll() is None and failure is None:
-            failure = watch() if watch is not None else None
+            failure = (watch() if watch is not None else None) or front_watch(server)
             if failure is None:
                 time.sleep(WATCH_S)
     except _Stop:
@@ -604,6 +645,7 @@ class _Stop(BaseException):
     """Raised in the main thread by SIGTERM / SIGINT / SIGHUP: stop the server, then exit 0."""
     seen = False
     stopping = False                    # serve() is stopping the server already
+    key_shown = False                   # the admin key went out with a ready line
 
 
 def _raise_stop(signum, frame):

@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from dynspec.errors import DynspecError
+from dynspec.triton_repo.words import OutputWatch, check_word_bounds  # noqa: F401 - model.py calls serving.OutputWatch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -255,12 +256,17 @@ def _min_length(inputs: Mapping[str, np.ndarray]) -> int:
 
 def _words(inputs: Mapping[str, np.ndarray], name: str, info: ModelInfo) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """BYTES [n] words -> ((word, token ids), ...), tokenized without special tokens, as
-    tensorrtllm_backend's preprocessing does. An empty word or one without a tokenizer is an error."""
+    tensorrtllm_backend's preprocessing does. An empty word or one without a tokenizer is an error,
+    and so are more words or bytes than words.check_word_bounds allows (before any is tokenized)."""
     a = inputs.get(name)
     if a is None:
         return ()
     if a.dtype.kind not in "OS":
         raise RequestError(f"input {name!r} has dtype {a.dtype}; expected BYTES")
+    try:
+        check_word_bounds(name, a.reshape(-1))
+    except ValueError as e:
+        raise RequestError(str(e)) from None
     out = []
     for raw in a.reshape(-1):
         try:
@@ -274,42 +280,6 @@ def _words(inputs: Mapping[str, np.ndarray], name: str, info: ModelInfo) -> tupl
             raise RequestError(f"input {name!r} holds {word!r}, which has no tokens")
         out.append((word, ids))
     return tuple(out)
-
-
-class OutputWatch:
-    """Applies a request's output rules to the tokens the executor streams, one token at a time:
-      - end_id (req.stop_ids) before min_length tokens: refused (greedy decoding chose end_id there;
-        honouring min_length would take the runner-up token, which needs logit masking);
-      - a bad word completed by the next token: refused at that token (banning it needs logit masking);
-      - a stop word completed: the output ends after it (the stop word is part of the output).
-    Tokens before the point of refusal are exact, so they are kept.
-    push(chunk) -> (tokens to emit, end): end is None (go on), "stop", or an error message.
-
-    Example: stop_words ((7, 8),), chunk [5, 7, 8, 9] -> ([5, 7, 8], "stop")."""
-
-    def __init__(self, req: GenerateRequest):
-        self.req = req
-        self.out: list[int] = []
-
-    def push(self, chunk: Sequence[int]) -> tuple[list[int], str | None]:
-        keep: list[int] = []
-        for t in chunk:
-            i = len(self.out)
-            if t in self.req.stop_ids and i < self.req.min_length:
-                return keep, (f"min_length={self.req.min_length}: greedy decoding reaches end_id {t} after "
-                              f"{i} tokens, and this model cannot hold end_id back (the reference executor "
-                              "has no logit masking); lower min_length or send end_id -1")
-            for word, ids in self.req.bad_words:
-                n = len(ids)
-                if ids[-1] == t and len(self.out) >= n - 1 and tuple(self.out[len(self.out) - (n - 1):]) == ids[:-1]:
-                    return keep, (f"bad_words: greedy decoding produces {word!r} at output token {i - n + 1}, "
-                                  "and this model cannot ban tokens (the reference executor has no logit "
-                                  "masking)")
-            self.out.append(t)
-            keep.append(t)
-            if any(len(self.out) >= len(w) and tuple(self.out[-len(w):]) == w for w in self.req.stop_words):
-                return keep, "stop"
-        return keep, None
 
 
 class TextStream:

@@ -1,0 +1,188 @@
+"""What the HTTP front (front.py) checks in a request body and rewrites in a reply; no I/O here.
+
+    check_body(path, body, headers, types)   the JSON of a request, checked (Refusal on a bad one)
+    list_output_ids(reply)                   a generate reply or `data: {...}` event, output_ids a list
+    merge(events)                            generate_stream events -> one generate reply
+    Events(rewrite).push(bytes)              server-sent events re-split and rewritten as they arrive
+"""
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from typing import Mapping
+
+import numpy as np
+
+GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/(generate|generate_stream)$")
+INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+INT_RANGES = {"INT8": 8, "INT16": 16, "INT32": 32, "INT64": 64, "UINT8": -8, "UINT16": -16, "UINT32": -32,
+              "UINT64": -64}           # bits; negative: unsigned
+MAX_JSON_DEPTH = 32                    # arrays and objects inside each other (a rank-8 tensor's data needs 11)
+BINARY_HEADER = "inference-header-content-length"   # infer's binary extension: the JSON is this many bytes
+STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+
+
+class Refusal(Exception):
+    """A request answered by the front itself: HTTP status, message, and the reason it is counted under."""
+
+    def __init__(self, status: int, message: str, reason: str = "malformed"):
+        super().__init__(message)
+        self.status, self.reason = status, reason
+
+
+def int_range(datatype: str) -> tuple[int, int]:
+    bits = INT_RANGES[datatype]
+    return (0, (1 << -bits) - 1) if bits < 0 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+
+
+def check_integers(name: str, value, datatype: str) -> None:
+    """Every integer in `value` (a number or nested lists) must fit `datatype`, else Refusal naming it.
+    Example: check_integers("max_tokens", [4294967297], "INT32") -> 400, "... outside INT32 ...". """
+    low, high = int_range(datatype)
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, int) and not isinstance(v, bool) and not low <= v <= high:
+            raise Refusal(400, f"input {name!r} holds {v}, which is outside {datatype} ({low}..{high})",
+                          "integer_out_of_range")
+
+
+def json_depth(text: bytes) -> int:
+    """How deep arrays and objects nest in `text`, brackets inside strings not counted; linear in
+    len(text), without recursion. b'{"a": [[1], "]]"]}' -> 3."""
+    brackets = np.frombuffer(STRING.sub(b"", text), dtype=np.uint8)
+    if brackets.size == 0:
+        return 0
+    step = np.isin(brackets, (ord("["), ord("{"))).astype(np.int32) - np.isin(brackets, (ord("]"), ord("}")))
+    return int(max(np.cumsum(step).max(), 0))
+
+
+def decoded(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """A request body as tritonserver reads it: gzip or deflate (Content-Encoding) undone, up to
+    `limit` bytes (more: 413, a compressed body counts at its decompressed size)."""
+    kind = (encoding or "identity").strip().lower()
+    if kind == "identity":
+        return body
+    if kind not in ("gzip", "deflate"):
+        raise Refusal(415, f"Content-Encoding {encoding!r} is not supported: send gzip, deflate or none",
+                      "malformed")
+    try:
+        d = zlib.decompressobj(31 if kind == "gzip" else 15)
+        out = d.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise Refusal(400, f"the request body is not valid {kind} data ({e})") from None
+    if len(out) > limit:
+        raise Refusal(413, f"the request body decompresses to over this server's limit of {limit} bytes",
+                      "body_too_large")
+    return out
+
+
+def json_part(path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """The JSON of a request body: the whole body, or the first Inference-Header-Content-Length
+    bytes of an infer request that sends its tensors in binary after it."""
+    given = headers.get(BINARY_HEADER)
+    if given is None or not INFER.match(path):
+        return body
+    if not given.isdigit() or int(given) > len(body):
+        raise Refusal(400, f"header Inference-Header-Content-Length is {given!r}; it must be a whole number "
+                           f"of bytes, at most the body's {len(body)}")
+    return body[:int(given)]
+
+
+def check_body(path: str, body: bytes, headers: Mapping[str, str], types: Mapping[str, str]) -> dict | None:
+    """A request body's JSON -> the document (None for an empty body), or Refusal:
+    400 when it is not JSON, nests deeper than MAX_JSON_DEPTH, or holds an integer outside its
+    input's type (generate: `types` maps input names to Triton datatypes; infer bodies name their own).
+    `headers`: the request's, names in lower case."""
+    text = json_part(path, body, headers)
+    if not text:
+        return None
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise Refusal(400, f"the request's JSON nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted",
+                      "json_too_deep")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise Refusal(400, f"the request body is not valid JSON: {e}", "json_invalid") from None
+    if not isinstance(doc, dict):
+        raise Refusal(400, f"the request body is a JSON {type(doc).__name__}; it must be a JSON object",
+                      "json_invalid")
+    if GENERATE.match(path):
+        for name, value in doc.items():
+            if name in types:
+                check_integers(name, value, types[name])
+    elif INFER.match(path):
+        for tensor in doc.get("inputs") or []:
+            if isinstance(tensor, dict) and tensor.get("datatype") in INT_RANGES:
+                check_integers(str(tensor.get("name")), tensor.get("data"), tensor["datatype"])
+    return doc
+
+
+def _json_dict(raw: bytes) -> dict | None:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def list_output_ids(event: bytes) -> bytes:
+    """One generate reply or one `data: {...}` event: a scalar `output_ids` becomes a list.
+    b'data: {"output_ids":7}' -> b'data: {"output_ids":[7]}'; anything else is left as it is."""
+    prefix = b"data: " if event.startswith(b"data: ") else b""
+    doc = _json_dict(event[len(prefix):])
+    if doc is None or not isinstance(doc.get("output_ids"), int):
+        return event
+    doc["output_ids"] = [doc["output_ids"]]
+    return prefix + json.dumps(doc, separators=(",", ":")).encode()
+
+
+def stream_events(raw: bytes) -> list[dict]:
+    """A generate_stream reply body -> its events' JSON objects (a body that is not a stream of
+    events, e.g. tritonserver's error reply: that one object, or an error quoting it)."""
+    events = [_json_dict(e[len(b"data: "):]) or {} for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    return events or [_json_dict(raw) or {"error": raw.decode(errors="replace")[:200]}]
+
+
+def merge(events: list[dict]) -> dict:
+    """Events -> one generate reply: the first error, or the fields of the first event with
+    output_ids and text_output joined.
+    [{"output_ids": [5, 83], "text_output": "%s"}, {"output_ids": 14, "text_output": "."}]
+      -> {"output_ids": [5, 83, 14], "text_output": "%s."}"""
+    for e in events:
+        if "error" in e:
+            return {"error": e["error"]}
+    out = dict(events[0])
+    ids: list = []
+    for e in events:
+        v = e.get("output_ids", [])
+        ids.extend(v if isinstance(v, list) else [v])
+    out["output_ids"] = ids
+    out["text_output"] = "".join(str(e.get("text_output", "")) for e in events)
+    return out
+
+
+class Events:
+    """Server-sent events split on their blank line, each rewritten by list_output_ids.
+    push(b'data: {"output_ids":7}\\n\\nda') -> b'data: {"output_ids":[7]}\\n\\n' (b'da' waits)."""
+
+    def __init__(self, rewrite: bool):
+        self.rewrite, self.buf = rewrite, b""
+
+    def push(self, data: bytes) -> bytes:
+        if not self.rewrite:
+            return data
+        self.buf += data
+        done, sep, rest = self.buf.rpartition(b"\n\n")
+        if not sep:
+            return b""
+        self.buf = rest
+        return b"".join(list_output_ids(e) + b"\n\n" for e in done.split(b"\n\n"))
+
+    def flush(self) -> bytes:
+        out, self.buf = self.buf, b""
+        return list_output_ids(out) if out else b""

@@ -24,7 +24,10 @@ configs of the same work dir read it. Per config:
               and manifest.json (git, GPU, versions, the command, per-stage wall time and rc)
 
 The temp dir is renamed to OUT_ROOT/NAME only when every stage succeeded; a failed config
-leaves OUT_ROOT/NAME as it was and its partial outputs in OUT_ROOT/NAME.incomplete.
+leaves OUT_ROOT/NAME as it was, its partial outputs in OUT_ROOT/NAME.incomplete and nothing
+elsewhere (an install is put back), and its one-line error names the failing stage's last error
+line. What a config may hold (plain names, each tool's own flags spelled in full, outputs inside
+the results dir) is benchmarks/suite_checks.py's.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from dynspec.benchmarks.suite_checks import (check_inside, check_name, check_tool_args, last_error_line, restore,
+                                             saved)
 from dynspec.errors import DynspecError
 
 HERE = Path(__file__).resolve().parent
@@ -207,6 +212,7 @@ def parse_stage(d: Mapping, where: str) -> StageSpec:
     name, tool = _typed(d, "name", str, where), _typed(d, "tool", str, where)
     if not name or tool not in TOOLS:
         raise DynspecError(f"{where}: needs a name and a tool in {sorted(TOOLS)} (got name={name!r}, tool={tool!r})")
+    check_name(name, where)
     repeat, ranks = _typed(d, "repeat", int, where, 1), _typed(d, "ranks", int, where, 1)
     if repeat < 1 or ranks < 1:
         raise DynspecError(f"{where}: repeat {repeat} and ranks {ranks} must be at least 1")
@@ -369,6 +375,7 @@ def needs_cost_model(stages: Sequence[StageSpec]) -> list[str]:
 
 def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
     where = source or name
+    check_name(name, where, "config")
     unknown = set(doc) - {"description", "figures", "budget_s", "estimate_s", "engine", "stages"}
     if unknown:
         raise DynspecError(f"{where}: unknown field(s) {sorted(unknown)}")
@@ -392,8 +399,22 @@ def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
         raise DynspecError(f"{where}: figures {figures!r} read stage(s) {missing}; the stages are {names}")
     engine = parse_engine(doc.get("engine", {}), where)
     check_references(stages, engine, where)
+    check_args(stages, engine, where)
     return Config(name, _typed(doc, "description", str, where, ""), figures, budget, engine, stages,
                   _typed(doc, "estimate_s", int, where, 0), source)
+
+
+def check_args(stages: Sequence[StageSpec], engine: EngineSpec, where: str) -> None:
+    """Each stage's args, and each case's merged args, against its tool's own parser
+    (suite_checks.check_tool_args), on the command line the stage would run."""
+    eng = None if engine.pair == "tiny" else Path("ENGINE_DIR")
+    for i, s in enumerate(stages):
+        at = f"{where} stages[{i}] ({s.name})"
+        sets = [(f"{at}.args", s.args)] + [(f"{at}.cases[{j}] ({c.name}).args", case_args(s, c))
+                                          for j, c in enumerate(s.cases)]
+        for site, args in sets:
+            argv = [*engine_flags(s.tool, engine, eng), *flag_args(args), *out_flags(s.tool, Path("RESULTS") / s.name)]
+            check_tool_args(s.tool, args, argv, SUITE_SET, site)
 
 
 def sweep_stage_names(names) -> list[str]:
@@ -440,6 +461,13 @@ def engine_flags(tool: str, engine: EngineSpec, engine_dir: Path | None) -> list
     return out
 
 
+def out_flags(tool: str, dest: Path) -> list[str]:
+    """Where a stage writes: tune the folder DEST (schedule.txt, tune.json), the others DEST."""
+    if tool == "tune":
+        return ["--out", str(dest / "schedule.txt"), "--report", str(dest / "tune.json")]
+    return ["--out", str(dest)]
+
+
 def mpirun_prefix(ranks: int, env_keys: Sequence[str]) -> list[str]:
     """`mpirun -n R` with every rank given STAGE_ENV and the stage's env (Open MPI; root needs a flag)."""
     exe = Path(sys.executable).parent / "mpirun"
@@ -466,10 +494,8 @@ def stage_commands(cfg: Config, engine_dir: Path | None, results: Path) -> list[
         for name in stage_names(s):
             dest = results / (name if s.tool in ("sweep", "tune") else f"{name}.json")
             args = [(k, resolve_value(v, outs, engine_dir)) for k, v in s.args]
-            tail = ["--out", str(dest / "schedule.txt"), "--report", str(dest / "tune.json")] if s.tool == "tune" \
-                else ["--out", str(dest)]
             argv = [sys.executable, *TOOLS[s.tool], *engine_flags(s.tool, cfg.engine, engine_dir),
-                    *flag_args(args), *tail]
+                    *flag_args(args), *out_flags(s.tool, dest)]
             if s.ranks > 1:
                 argv = mpirun_prefix(s.ranks, [k for k, _ in s.env]) + argv
             install = None if s.install is None or engine_dir is None else str(Path(engine_dir) / s.install)
@@ -584,9 +610,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -> tuple[list[StageResult], str | None]:
+def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None,
+               installed: list | None = None) -> tuple[list[StageResult], str | None]:
     """Run in order under one deadline; stop at the first failure. -> (results, None | why it stopped):
-    "budget 540 s ran out in stage 'sweep' (killed after 531.2 s)"."""
+    "budget 540 s ran out in stage 'sweep' (killed after 531.2 s)", "stage 'sweep' failed with rc 2
+    (log: logs/sweep.log): error: ..." (the log's last error line). Each install's destination as
+    it was before is appended to `installed` (suite_checks.saved), for suite_checks.restore."""
+    installed = [] if installed is None else installed
     deadline = time.monotonic() + budget_s
     done: list[StageResult] = []
     for st in stages:
@@ -606,8 +636,11 @@ def run_stages(stages: Sequence[Stage], budget_s: float, logs: Path, bar=None) -
         if r.timed_out:
             return done, f"budget {budget_s:g} s ran out in stage {st.name!r} (killed after {r.wall_s:.1f} s)"
         if r.rc != 0:
-            return done, f"stage {st.name!r} failed with rc {r.rc} (log: {logs.name}/{st.name}.log)"
+            last = last_error_line(logs / f"{st.name}.log")
+            return done, f"stage {st.name!r} failed with rc {r.rc} (log: {logs.name}/{st.name}.log)" + \
+                (f": {last}" if last else "")
         if st.install:
+            installed.append(saved(st.install))
             try:
                 install_file(st.out, st.install)
             except (DynspecError, OSError) as e:
@@ -738,7 +771,7 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
                 "figures": cfg.figures, "budget_s": cfg.budget_s, "engine": cfg.engine.describe(),
                 "command": command, "start": _now(), **provenance()}
     t0 = time.monotonic()
-    why, results = None, []
+    why, results, installed = None, [], []
     try:
         try:
             prep = prepare(cfg.engine, work, tmp / "logs")
@@ -749,11 +782,14 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
             why = missing_cost_model(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]))
         if why is None:
             stages = stage_commands(cfg, None if prep["engine_dir"] is None else Path(prep["engine_dir"]), tmp)
+            for st in stages:
+                check_inside([st.out, *st.dirs, *(f for f, _ in st.files), tmp / "logs" / f"{st.name}.log"], tmp,
+                             f"{cfg.source or cfg.name} stage {st.name!r}")
             bar = bar_factory(len(stages), cfg.name) if bar_factory else None
             manifest["installs"] = [{"stage": st.name, "from": st.out, "to": st.install} for st in stages if st.install]
             manifest["cases"] = cases_record(cfg.stages)
             try:
-                results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar)
+                results, why = run_stages(stages, cfg.budget_s, tmp / "logs", bar, installed)
             finally:
                 if bar is not None:
                     bar.close()
@@ -766,6 +802,7 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
     manifest.update(end=_now(), wall_s=round(time.monotonic() - t0, 3), complete=why is None, error=why)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if why is not None:
+        restore(installed)                    # nothing of a failed config stays outside its .incomplete
         bad = out_root / f"{cfg.name}.incomplete"
         shutil.rmtree(bad, ignore_errors=True)
         tmp.rename(bad)
@@ -820,7 +857,8 @@ def prepare_only(cfgs: Sequence[Config], work: Path) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.suite", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.suite", description=__doc__.splitlines()[0],
+                                allow_abbrev=False)
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="config names (benchmarks/configs/NAME.toml) or .toml paths")
     p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "dynspec_suite"),
                    help="where prepared engines live, reused across runs (default: %(default)s)")
@@ -828,7 +866,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print every stage's command; run nothing")
     p.add_argument("--prepare-only", action="store_true",
                    help="prepare the configs' engines in --work and stop (a cold machine, before a long config)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 

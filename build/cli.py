@@ -54,11 +54,11 @@ def register(sub) -> None:
     p = sub.add_parser("build", help="engine dir: TRT-LLM LLM-API options + engine.json (+ baseline script)")
     p.add_argument("--target", required=True, metavar="DIR", help="target from `dynspec convert target`")
     p.add_argument("--draft", required=True, metavar="DIR", help="draft from `dynspec convert eagle3`")
-    p.add_argument("--out", metavar="ENGINE_DIR")
-    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--out", metavar="ENGINE_DIR", help="the engine dir (created; required unless --plan)")
+    p.add_argument("--tp", type=int, default=8, help="tensor parallel ranks, as converted")
     add_schedule_args(p)
     p.add_argument("--trtllm-version", default="1.2.1", help="TRT-LLM release the options are rendered for")
-    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--max-batch-size", type=int, default=256, help="TRT-LLM's max_batch_size")
     p.add_argument("--max-seq-len", type=int, help="default: min(4096, the target's max_position_embeddings)")
     p.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="tokens per iteration, decode rows x (K+1) + prompt chunks (TRT-LLM and reference engine;"
@@ -76,7 +76,7 @@ def register(sub) -> None:
                    help="a `dynspec profile` JSON: copied to ENGINE_DIR/cost_model.json and engine.json policy "
                         "'adaptive' (the reference engine picks K from it and the measured acceptance)")
     ref = p.add_argument_group("reference engine settings (engine.json 'reference')")
-    ref.add_argument("--reference-dtype", default="float32", choices=DTYPES)
+    ref.add_argument("--reference-dtype", default="float32", choices=DTYPES, help="the reference engine's dtype")
     ref.add_argument("--reference-max-batch-size", type=int, help="default: min(64, --max-batch-size)")
     ref.add_argument("--reference-max-seq-len", type=int, help="default: min(1024, the max seq len)")
     p.set_defaults(func=_cmd_build)

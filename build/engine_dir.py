@@ -108,6 +108,10 @@ def plan_build(req: BuildRequest) -> BuildPlan:
     if req.max_num_tokens is not None and req.max_num_tokens < window:
         raise DynspecError(f"--max-num-tokens {req.max_num_tokens} is smaller than one verify window: "
                            f"max K + 1 = {window} for schedule {schedule.to_spec()!r}")
+    if req.cost_model:                    # the adaptive policy picks only K the engine is built for
+        from dynspec.runtime.cost_model import CostModel
+
+        CostModel.load(req.cost_model, schedule.max_draft_len, f"--schedule {schedule.to_spec()}")
     warning = trap_warning(req.trtllm_version, schedule, req.max_batch_size)
     settings = LlmApiSettings(req.tp, req.trtllm_version, req.max_batch_size, max_seq_len, req.kv_cache_fraction,
                               req.max_num_tokens)

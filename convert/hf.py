@@ -5,7 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from dynspec.checkpoint.reader import source_file
+from dynspec.checkpoint.config_fields import check_eos
+from dynspec.checkpoint.reader import read_json_file, source_file
+from dynspec.errors import DynspecError
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -23,3 +25,16 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
             shutil.copyfile(source_file(src, name, f"folder {src}"), dst / name)
             copied.append(name)
     return copied
+
+
+def check_generation_config(src: Path, vocab: int) -> None:
+    """src/generation_config.json, when present, is a JSON object whose eos_token_id (it wins over
+    config.json's at serving time) is null, an int or a list of ints in [0, vocab)."""
+    name = "generation_config.json"
+    if not (src / name).exists() and not (src / name).is_symlink():
+        return
+    path = source_file(src, name, f"folder {src}")
+    gen = read_json_file(path)
+    if not isinstance(gen, dict):
+        raise DynspecError(f"{path}: must hold a JSON object, not {type(gen).__name__}")
+    check_eos(gen.get("eos_token_id"), vocab, str(path))

@@ -17,7 +17,7 @@ from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.checkpoint.reader import iter_tensors, read_config, weight_source
 from dynspec.checkpoint.writer import DEFAULT_SHARD_BYTES, ShardWriter
 from dynspec.convert.checks import require_tp
-from dynspec.convert.hf import copy_tokenizer_files
+from dynspec.convert.hf import check_generation_config, copy_tokenizer_files
 from dynspec.convert.manifest import CHECKPOINT_FORMAT, MANIFEST
 from dynspec.convert.shapes import (ModelShape, kv_bytes_per_token_per_rank, param_count,
                                     shape_from_hf_config, weight_bytes_per_rank)
@@ -114,6 +114,7 @@ def convert_target(hf_dir: str | os.PathLike, out: str | os.PathLike, opts: Targ
     arch = _check_model_type(cfg, where)
     shape = shape_from_hf_config(cfg, where)
     report = require_tp(shape, opts.tp, where)
+    check_generation_config(hf_dir, shape.vocab)
     if opts.dtype not in DTYPES:
         raise DynspecError(f"--dtype {opts.dtype!r} is not one of {list(DTYPES)}")
     if opts.quant is not None and opts.quant not in QUANTS:

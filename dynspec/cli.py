@@ -20,6 +20,40 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option's text with its default, "--tp N ... (default: 8)", unless the
+    default is None or a flag's False, or the text already speaks of its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (not action.option_strings or d is None or d is False or d is argparse.SUPPRESS
+                or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every dynspec parser and subcommand parser: flags only as spelled in full (--dtyp is an
+    error, not --dtype) and defaults shown in --help (DefaultsFormatter). Subparsers made from one
+    are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def version() -> str:
+    """The installed dynspec's version, '0.1.0' (from its package metadata)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("dynspec")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def add_schedule_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     """--schedule SPEC | --threshold N --max-draft-len K, shared by every command that takes a policy."""
     p.add_argument("--schedule", "--spec", dest="schedule", metavar="SPEC",
@@ -61,14 +95,15 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dynspec",
         description="TensorRT-LLM + EAGLE-3 deployment kit whose draft length K follows the batch size.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"dynspec {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("schedule", help="show a draft-length schedule and its TRT-LLM rendering")
     add_schedule_args(p)
-    p.add_argument("--trtllm-version", default="1.2.1")
-    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--trtllm-version", default="1.2.1", help="TRT-LLM release the schedule is rendered for")
+    p.add_argument("--max-batch-size", type=int, default=256, help="largest batch size shown")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_schedule)
     for name in SUBCOMMAND_MODULES:

@@ -24,7 +24,7 @@ def register(sub) -> None:
     add_schedule_args(p, required=False)
     p.add_argument("--no-keep-warm", action="store_true", help="do not extend the draft's KV while K=0")
     p.add_argument("--prompts", help="JSONL: {'id', 'input_ids'} or {'id', 'prompt'} (default: built-in code prompts)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt, at most")
     p.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
     p.add_argument("--num-prompts", type=int, default=24, help="built-in prompts to run (without --prompts)")
     p.add_argument("--modes", default="dynamic",
@@ -34,14 +34,16 @@ def register(sub) -> None:
                    help="adaptive mode's cost model, a `dynspec profile` JSON (default: ENGINE_DIR/cost_model.json)")
     p.add_argument("--out", help="output JSONL (of the last mode): {'id', 'output_ids', 'text'}")
     p.add_argument("--stats", help="per-iteration stats JSONL (of the last mode)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", choices=DTYPES, help="float64: CPU only, for exactness tests (TP=N against TP=1)")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor parallel ranks per replica: mpirun -n R*N gives R replicas of N ranks "
                         "(docs/tensor_parallel.md)")
     p.add_argument("--allreduce", choices=("auto", "nccl", "one-shot"), default="auto",
                    help="tensor parallel all-reduce (docs/tensor_parallel.md): auto = the one-shot NVLink kernel on CUDA, NCCL if it cannot be set up; gloo on CPU")
-    p.add_argument("--max-seq-len", type=int, help="cache length per request (default: engine.json or 1024)")
+    p.add_argument("--max-seq-len", type=int,
+                   help="cache length per request (default: engine.json, else the smaller of 1024 and the "
+                        "target's max_position_embeddings)")
     p.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="tokens per iteration: decode rows x (K+1) + prompt chunks (default: engine.json or 8192)")
     p.set_defaults(func=cmd_generate)
@@ -65,11 +67,18 @@ def _engine_config(args):
         cfg = engine_config_for(target, draft, DraftSchedule.parse("4:4,8:2"))
         cfg = replace(cfg, max_batch_size=max(cfg.max_batch_size, args.concurrency))   # a pair: no engine dir limit
     sched = schedule_of(args)
+    if args.engine_dir and sched is not None and sched.max_draft_len > cfg.schedule.max_draft_len:
+        raise DynspecError(f"--schedule {sched.to_spec()}: K={sched.max_draft_len} is above the engine's "
+                           f"max_draft_len {cfg.schedule.max_draft_len} ({_engine_bound(args.engine_dir, cfg)})")
     ref = cfg.reference
     if args.dtype:
         ref = replace(ref, dtype=args.dtype)
     if args.max_seq_len is not None:
         ref = replace(ref, max_seq_len=args.max_seq_len)
+    elif not args.engine_dir:         # a pair: the default, capped by the target's positions
+        from dynspec.runtime.session import target_positions
+
+        ref = replace(ref, max_seq_len=min(ref.max_seq_len, target_positions(cfg.target_dir)))
     if args.max_num_tokens is not None:
         window = (sched or cfg.schedule).max_draft_len + 1
         if args.max_num_tokens < window:
@@ -78,6 +87,11 @@ def _engine_config(args):
         ref = replace(ref, max_num_tokens=args.max_num_tokens)
     ref = replace(ref, max_batch_size=args.concurrency, keep_warm=not args.no_keep_warm)   # the cache for C rows
     return replace(cfg, schedule=sched or cfg.schedule, reference=ref)
+
+
+def _engine_bound(engine_dir: str, cfg) -> str:
+    """Where an engine dir's max_draft_len comes from: 'E/engine.json schedule 4:4'."""
+    return f"{Path(engine_dir) / 'engine.json'} schedule {cfg.schedule.to_spec()}"
 
 
 def _check_flags(args) -> None:
@@ -162,7 +176,9 @@ def _tokenizer(target_dir: str):
 
 def _adaptive(args, cfg):
     """--modes ...,adaptive: the policy on --cost-model, else on the engine dir's cost_model.json."""
-    from dynspec.runtime.adaptive import load_policy
+    from dynspec.runtime.adaptive import AdaptivePolicy
+    from dynspec.runtime.cost_model import CostModel
+    from dynspec.runtime.policy import MAX_DRAFT_LEN
 
     path = args.cost_model or (cfg.cost_model if args.engine_dir else None)
     if path is None:
@@ -171,7 +187,14 @@ def _adaptive(args, cfg):
     if not Path(path).is_file():
         raise DynspecError(f"--modes adaptive: cost model {path} does not exist; write it with "
                            f"`dynspec profile --context-lens ... --out {path}`")
-    return load_policy(path)
+    if args.engine_dir:               # engine.json's own schedule, whatever --schedule says
+        from dynspec.config import EngineConfig
+
+        eng = EngineConfig.load(args.engine_dir)
+        kmax, bound = eng.schedule.max_draft_len, _engine_bound(args.engine_dir, eng)
+    else:                             # a pair: the engine is sized for the policy, up to MAX_DRAFT_LEN
+        kmax, bound = MAX_DRAFT_LEN, "MAX_DRAFT_LEN, the largest K the reference engine runs"
+    return AdaptivePolicy(CostModel.load(path, kmax, bound))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

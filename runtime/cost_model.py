@@ -288,8 +288,17 @@ class CostModel:
         return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms, decode)
 
     @classmethod
-    def load(cls, path) -> "CostModel":
-        return cls.from_profile(Profile.load(path), where=str(path))
+    def load(cls, path, max_draft_len: int | None = None, bound: str = "") -> "CostModel":
+        """The cost model of `path`; with max_draft_len, every profiled K must be at most it (the
+        engine's, which `bound` names): K 0..40 on a 4:4 engine -> DynspecError "cost.json:
+        profiles K=40, above the engine's max_draft_len 4 (engine.json schedule 4:4) ..."."""
+        cost = cls.from_profile(Profile.load(path), where=str(path))
+        over = [k for k in cost.draft_lens if max_draft_len is not None and k > max_draft_len]
+        if over:
+            raise DynspecError(f"{path}: profiles K={over[-1]}, above the engine's max_draft_len {max_draft_len}"
+                               f"{f' ({bound})' if bound else ''}; profile K in 0..{max_draft_len} "
+                               f"(dynspec profile --draft-lens) or use an engine built for K={over[-1]}")
+        return cost
 
 
 def _lerp(y0: float, y1: float, t: float) -> float:

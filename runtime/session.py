@@ -93,10 +93,12 @@ def capture(engine, keys, ref, strict: bool = True) -> int:
 
 def policy_of(cfg: EngineConfig):
     """engine.json's policy: its schedule, or the adaptive policy on its cost model."""
-    if cfg.policy == "adaptive":
-        from dynspec.runtime.adaptive import load_policy
+    if cfg.policy == "adaptive":      # a K above the schedule's max_draft_len is refused, naming the file
+        from dynspec.runtime.adaptive import AdaptivePolicy
+        from dynspec.runtime.cost_model import CostModel
 
-        return load_policy(cfg.cost_model)
+        k = cfg.schedule.max_draft_len
+        return AdaptivePolicy(CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}"))
     return cfg.schedule
 
 

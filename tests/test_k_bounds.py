@@ -1,0 +1,100 @@
+"""Every K is bounded by the engine's max_draft_len (the schedule it was built with): a cost model
+profiling a larger K is refused by `build --cost-model`, by `generate --cost-model` and when an
+engine dir of policy "adaptive" is loaded; a `generate --schedule` above the engine's K likewise.
+Each refusal is exit 2 (or a DynspecError) with one line naming the file or flag and the K."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from tiny_checkpoints import make_eagle3, make_llama  # noqa: E402
+
+from dynspec.cli import main  # noqa: E402
+from dynspec.config import EngineConfig  # noqa: E402
+from dynspec.errors import DynspecError  # noqa: E402
+from dynspec.runtime.cost_model import ContextTable, Profile  # noqa: E402
+from dynspec.runtime.session import policy_of  # noqa: E402
+
+
+def cost_file(path: Path, kmax: int) -> Path:
+    """A one-context profile timing K = 0..kmax at batch sizes 1 and 4."""
+    rows = {b: {k: 10.0 + b + k for k in range(kmax + 1)} for b in (1, 4)}
+    path.write_text(json.dumps(Profile("synthetic", (ContextTable(64, rows),)).to_json()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kpair")
+    make_llama(root / "hf", layers=2)
+    (root / "hf" / "tokenizer_config.json").unlink()       # no tokenizer: generate runs on token ids
+    make_eagle3(root / "eagle", n_capture=2, cfg_extra={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1]}})
+    assert main(["convert", "target", "--hf", str(root / "hf"), "--out", str(root / "target"), "--tp", "1",
+                 "--dtype", "float32"]) == 0
+    assert main(["convert", "eagle3", "--draft", str(root / "eagle"), "--target", str(root / "target"),
+                 "--out", str(root / "draft"), "--tp", "1"]) == 0
+    return root / "target", root / "draft"
+
+
+def build(pair, out: Path, *extra) -> int:
+    return main(["build", "--target", str(pair[0]), "--draft", str(pair[1]), "--out", str(out), "--tp", "1",
+                 "--schedule", "4:4", *extra])
+
+
+def one_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip("\n").splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_build_refuses_a_cost_model_above_the_schedules_k(pair, tmp_path, capsys):
+    big = cost_file(tmp_path / "cost40.json", 40)
+    assert build(pair, tmp_path / "e", "--cost-model", str(big)) == 2
+    line = one_line(capsys)
+    assert str(big) in line and "K=40" in line and "max_draft_len 4" in line, line
+    assert not (tmp_path / "e").exists()
+    assert build(pair, tmp_path / "e", "--cost-model", str(cost_file(tmp_path / "cost4.json", 4))) == 0
+
+
+@pytest.fixture(scope="module")
+def adaptive_engine(pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("kengine") / "e"
+    assert build(pair, out, "--cost-model", str(cost_file(out.parent / "cost4.json", 4))) == 0
+    return out
+
+
+def test_loading_an_engine_whose_cost_model_outgrew_it_is_refused(adaptive_engine, tmp_path):
+    import shutil
+
+    eng = tmp_path / "e"
+    shutil.copytree(adaptive_engine, eng)
+    assert policy_of(EngineConfig.load(eng)).max_draft_len == 4
+    cost_file(eng / "cost_model.json", 40)
+    with pytest.raises(DynspecError, match=r"cost_model.json: profiles K=40, above the engine's max_draft_len 4 "
+                                           r"\(engine.json schedule 4:4\)"):
+        policy_of(EngineConfig.load(eng))
+
+
+def test_generate_refuses_a_cost_model_above_the_engines_k(adaptive_engine, tmp_path, capsys):
+    big = cost_file(tmp_path / "cost40.json", 40)
+    assert main(["generate", "--engine-dir", str(adaptive_engine), "--modes", "adaptive", "--cost-model", str(big),
+                 "--num-prompts", "1", "--max-new-tokens", "2"]) == 2
+    line = one_line(capsys)
+    assert str(big) in line and "K=40" in line and "max_draft_len 4" in line and "engine.json" in line, line
+
+
+def test_generate_on_a_pair_refuses_a_cost_model_above_the_largest_k(tmp_path, capsys):
+    big = cost_file(tmp_path / "cost40.json", 40)
+    assert main(["generate", "--modes", "adaptive", "--cost-model", str(big), "--num-prompts", "1",
+                 "--max-new-tokens", "2"]) == 2
+    line = one_line(capsys)
+    assert str(big) in line and "K=40" in line and "max_draft_len 32" in line, line
+
+
+def test_generate_refuses_a_schedule_above_the_engines_k(adaptive_engine, capsys):
+    assert main(["generate", "--engine-dir", str(adaptive_engine), "--schedule", "4:8", "--num-prompts", "1",
+                 "--max-new-tokens", "2"]) == 2
+    line = one_line(capsys)
+    assert "--schedule 4:8" in line and "K=8" in line and "max_draft_len 4" in line, line

@@ -106,7 +106,7 @@ def test_regime_configs_keep_three_trials_and_the_published_loads(tmp_path, monk
 
 def test_one_h200_configs_fit_the_time_the_readme_gives():
     est = sum(load_config(n).estimate_s for n in ONE_H200)
-    assert est + PREPARE_S <= 25 * 60, est
+    assert est + PREPARE_S <= 26 * 60, est
 
 
 def test_configs_share_one_prepared_engine(tmp_path):

@@ -32,7 +32,7 @@ One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step")
     pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
     mixed         the whole-forward graph of (Np, B, T) (mixed_graphs.py; at K > 0 the graph's
                   target forward, then an eager finish), else eager; eager is also what runs
-                  above the top token bucket or past WholeMixed.LAST last chunks
+                  above the top token bucket or past WholeMixed.CHUNKS chunks
     attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
                   of ragged.RaggedAttention's kernel; CPU: SDPA
 Triton's interpreter (TRITON_INTERPRET=1, tests) takes the CUDA attention on CPU.

@@ -18,9 +18,9 @@ the work items of the whole batch and of the chunks alone are laid out on the ho
 numpy) in one pinned buffer and reach the device in one copy; the graph copies them on into the
 forward's buffers. The decode rows' tokens and positions come from the engine's step_in copy.
 
-The graph ends with the greedy ids of the decode rows and of each last chunk's last token (at
-most LAST of them; `key` refuses more) and the captures. K = 0 keys (T = 1) run the rest of the
-iteration in the graph too: the decode rows' outputs and keep-warm K/V (written to the scratch
+The graph ends with the greedy ids of the decode rows and of each last chunk's last token (of
+at most CHUNKS chunks; `key` refuses more: those iterations run eagerly) and the captures.
+K = 0 keys (T = 1) run the rest of the iteration in the graph too: the decode rows' outputs and keep-warm K/V (written to the scratch
 block when the plan does not keep warm: one graph serves both), and the draft's pass over the
 chunks with its outputs at the last tokens only. K > 0 keys return (g, H) and the engine finishes
 eagerly (acceptance and the draft's catch-up).
@@ -74,14 +74,15 @@ class WholeMixed:
     """stage(key, plan) then run(key, b, drafts) -> a mixed iteration from a graph chain per key
     once `capture` has run (CUDA), else eagerly (CPU, tests)."""
 
-    LAST = 64                 # last chunks a graph finishes (1024 tokens of 16-token prompts)
+    CHUNKS = 16               # chunks a graph takes: its launches hold work items for that many
+    LAST = CHUNKS             # last chunks among them: rows of the head beside the decode rows
 
     def __init__(self, engine):
         e, t = engine, engine.target
         self.e = e
         self.buckets = mixed_buckets(e.max_num_tokens)
         self.top = top = self.buckets[-1]
-        self.max_chunks = e.max_batch_size + 1
+        self.max_chunks = self.CHUNKS
         I = 2 * top + 1                   # items of any key: item_cap <= B*T + 2 L + 1 <= 2 Np + 1
         like, dev, cuda = t.tok_embeddings.weight, e.device, e.device.type == "cuda"
         S = self.LAST
@@ -119,10 +120,10 @@ class WholeMixed:
 
     def key(self, plan) -> Key | None:
         """The key of a mixed StepPlan: (the token bucket of its padded tokens, its row bucket,
-        K+1); None above the top token bucket or past LAST last chunks.
+        K+1); None above the top token bucket or past CHUNKS chunks.
         Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2)."""
         n = self.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
-        if n is None or plan.last_chunks > self.LAST:
+        if n is None or len(plan.chunks) > self.CHUNKS:
             return None
         return (n, plan.bucket, plan.k + 1)
 

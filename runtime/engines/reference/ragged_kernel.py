@@ -78,14 +78,15 @@ def ragged_paged_attention(
         q = tl.load(Q + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
                     mask=valid[:, None], other=0.0)                              # [M, HD]
     last = tl.max(qpos, axis=0)
-    if not UNIFORM:                                       # the splits that hold a key of this item: an item
-        nsplit = tl.minimum(splits, tl.cdiv(last // TILE_N + 1, per))   # of a short row takes one, no merge
+    if not UNIFORM:                                       # the tiles and splits that hold a key of this item:
+        need = tl.where(qn > 0, last // TILE_N + 1, 0)    # an item of a short row takes one split (no merge),
+        nsplit = tl.maximum(1, tl.minimum(splits, tl.cdiv(need, per)))   # an empty one (padding) none
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HD], tl.float32)
     end = s * per + per
     if not UNIFORM:                                       # a chunk's early items stop at their last key
-        end = tl.minimum(end, last // TILE_N + 1)
+        end = tl.minimum(end, need)
     for j in range(s * per, end):
         key = j * TILE_N + offs_n                                                 # [N] logical positions
         page = tl.load(TABLES + row * stride_tr + (j * TILE_N) // BS, mask=j < n_tiles, other=0).to(tl.int64)

@@ -1,7 +1,7 @@
 """The hand-written Triton kernels lowered to Triton IR for the H200 (sm_90) on CPU. The interpreter
-(tests/test_paged_decode.py, test_rope_kernel.py, test_norm_kernel.py) runs a kernel's Python, not
-Triton's type rules: a name reused with another type inside a loop or branch passed there and failed
-only on the GPU (paged_decode's fused RoPE did)."""
+(tests/test_ragged_attention.py, test_rope_kernel.py, test_norm_kernel.py) runs a kernel's Python, not
+Triton's type rules: a name reused with another type inside a loop or branch passes there and fails
+only on the GPU."""
 import pytest
 
 pytest.importorskip("triton")
@@ -27,18 +27,19 @@ def lower(fn, pointers: dict, scalars: dict, const: dict) -> str:
         target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx))
 
 
-@pytest.mark.parametrize("rope", [True, False])
-@pytest.mark.parametrize("T", [1, 4])
-def test_paged_decode_lowers_for_sm90(rope, T):
-    from dynspec.runtime.engines.reference.paged_decode_kernel import paged_decode
+@pytest.mark.parametrize("uniform,rope,T", [(True, True, 1), (True, False, 4), (True, True, 4), (False, False, 4)])
+def test_ragged_attention_lowers_for_sm90(uniform, rope, T):
+    """Uniform rows (decode steps, with and without RoPE inside) and work items (ragged batches)."""
+    from dynspec.runtime.engines.reference.ragged_kernel import ragged_paged_attention as fn
 
     pointers = {a: "*bf16" for a in ("Q", "K", "V", "O", "QKV", "COS", "SIN")}
-    pointers.update(TABLES="*i64", QPOS="*i64", WIDX="*i64", PART="*fp32", ML="*fp32", COUNT="*i32")
-    scalars = {a: "i64" for a in paged_decode.arg_names if a.startswith("stride")}
-    scalars.update(n_tiles="i64", scale="fp32")
-    const = dict(T=T, G=4, KVH=8, HD=128, BS=128, TILE_N=64, BLOCK_M=max(16, 4 * T), SPLITS=17, SPLITS_P2=32,
-                 PER=1, MQ=4 * T, ROPE=rope, IEEE=False)           # the 8B's shapes at b=1, 1024 context
-    assert "tt.func" in lower(paged_decode, pointers, scalars, const)
+    pointers.update(TABLES="*i64", QPOS="*i64", WIDX="*i64", ITEMS="*i64", PART="*fp32", ML="*fp32", COUNT="*i32")
+    scalars = {a: "i64" for a in fn.arg_names if a.startswith("stride")}
+    scalars.update(n_tiles="i64", n_items="i64", splits="i64", per="i64", scale="fp32")
+    const = dict(T=T, G=4, KVH=8, HD=128, BS=128, TILE_N=64, BLOCK_M=max(16, 4 * T),       # the 8B's shapes,
+                 SPLITS=17 if uniform else 0, SPLITS_P2=32 if uniform else 16,             # 1024 context
+                 PER=1 if uniform else 0, ROPE=rope, UNIFORM=uniform, IEEE=False)
+    assert "tt.func" in lower(fn, pointers, scalars, const)
 
 
 def test_rope_write_lowers_for_sm90():

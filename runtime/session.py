@@ -71,7 +71,8 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
 def capture(engine, keys, ref, strict: bool = True) -> int:
     """Prepare a CUDA engine as `ref` (ReferenceSettings) asks: under GraphMode.FULL the decode
     graphs of `keys` (reachable_graphs) and the whole-forward graphs of mixed iterations; in
-    either mode the prompt chunks' FlexAttention compiled (engine.warm_chunks). Returns how many
+    either mode the eager chunk path compiled (engine.warm_chunks: the ragged kernel's item form,
+    the glue at several token counts). Returns how many
     graphs. strict=False (serving): a whole-forward capture that fails is reported on stderr and
     mixed iterations run eagerly; benchmarks keep strict, so a result never carries a label it
     did not run with."""

@@ -265,6 +265,15 @@ def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
     from dynspec.runtime.engines.reference.ragged import item_count
 
     assert item_cap(16, 4, 2, 8) == 15
+    # docs/design.md's worked example: b=3 rows at K=2 (row bucket 4) and a 5-token chunk in token bucket 32
+    from dynspec.runtime.engines.reference.ragged import plan_items
+
+    s0, s1, s2, pad, c = 5, 6, 7, 64, 9
+    items = plan_items([s0, s1, s2, pad, c, pad, pad, pad, pad], [3, 3, 3, 3, 5, 4, 4, 4, 3], pad_to=item_cap(32, 4, 3, 16))
+    assert items.shape == (3, 26) and (items[2, 10:] == 0).all()
+    assert [tuple(x) for x in items[:, :10].T.tolist()] == [
+        (s0, 0, 3), (s1, 3, 3), (s2, 6, 3), (pad, 9, 3), (c, 12, 4), (c, 16, 1),
+        (pad, 17, 4), (pad, 21, 4), (pad, 25, 4), (pad, 29, 3)]
     rng = random.Random(3)
     for _ in range(300):
         B, T = rng.choice([(0, 1), (1, 1), (4, 2), (8, 4), (2, 20)])

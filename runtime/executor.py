@@ -53,6 +53,7 @@ from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
 from dynspec.runtime.gc_heap import pause_seconds
 from dynspec.runtime.overlap import cache_slack, row_inputs
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
+from dynspec.runtime.policy import speculates
 
 
 class Engine(Protocol):
@@ -227,7 +228,9 @@ class Executor:
         if overlap and not (hasattr(engine, "launch") and hasattr(engine, "result")):
             raise DynspecError(f"overlap=True needs an engine with launch/result; {type(engine).__name__} has "
                                f"step only (run it with overlap=False)")
-        self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm, acceptance
+        # a policy that never drafts runs the target alone: no keep-warm, no draft pass over prompts
+        self.draft = speculates(policy)
+        self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm and self.draft, acceptance
         self.overlap = overlap
         self._inflight: _Launched | None = None    # overlap: the iteration launched, result not read
         # serial loop with launch/result: the estimate / calibration update of the last step is
@@ -405,6 +408,7 @@ class Executor:
                 chunks=chunks,
                 from_device=rin.from_device,
                 carry=self.overlap,
+                draft=self.draft,
             )
             t1 = self._clock()
             handle = self.engine.launch(plan, self.acceptance) if self.overlap else None

@@ -54,6 +54,8 @@ class StepPlan:
                                            # per-slot copy (positions[r]: an upper bound); default none
     carry: bool = False             # write each row's next pending token and position (and each last
                                     # chunk's first token and P) to the engine's per-slot copy
+    draft: bool = True              # False: the target alone (a policy that never drafts): no draft
+                                    # pass over prompt chunks, no draft state kept
 
     def __post_init__(self) -> None:
         if not self.slots:
@@ -155,9 +157,11 @@ def make_plan(
     chunks: Sequence[PromptChunk] = (),
     from_device: Sequence[bool] | None = None,
     carry: bool = False,
+    draft: bool = True,
 ) -> StepPlan:
     """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks.
-    from_device / carry: the overlapped loop's rows carried on the device (module docstring)."""
+    from_device / carry: the overlapped loop's rows carried on the device (module docstring).
+    draft False: K must be 0 and keep_warm False (the target alone)."""
     b = len(positions)
     slots = tuple(range(b)) if slots is None else tuple(slots)
     from_device = (False,) * b if from_device is None else tuple(bool(f) for f in from_device)
@@ -166,6 +170,8 @@ def make_plan(
                          f"{len(slots)} slots, {len(from_device)} from_device")
     if b < 1 and not chunks:
         raise ValueError("a plan needs at least one decode row or prompt chunk")
+    if not draft and (k and b or keep_warm):
+        raise ValueError(f"a plan without the draft runs K=0 without keep-warm (K={k}, keep_warm={keep_warm})")
     return StepPlan(
         k=k if b else 0,
         batch_size=b,
@@ -178,4 +184,5 @@ def make_plan(
         chunks=tuple(chunks),
         from_device=from_device,
         carry=carry,
+        draft=draft,
     )

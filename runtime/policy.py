@@ -425,6 +425,15 @@ def _vllm_steps(entries: list[tuple[int, int, int]], cap: int, max_batch_size: i
     return tuple(out)
 
 
+def speculates(policy) -> bool:
+    """Whether `policy` can ever pick K > 0: a schedule with a tier, an adaptive policy whose
+    candidates hold a K > 0, any other callable (taken to). One that cannot runs the target alone
+    (StepPlan.draft False): speculates(DraftSchedule.parse("")) is False."""
+    if isinstance(policy, DraftSchedule):
+        return policy.max_draft_len > 0
+    return max(getattr(policy, "candidates", (1,))) > 0
+
+
 def schedule_from_args(spec: str | None, threshold: int | None, max_draft_len: int | None) -> DraftSchedule:
     """One place that turns the CLI's --schedule / --threshold / --max-draft-len into a schedule."""
     if spec is not None and threshold is not None:

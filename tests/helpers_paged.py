@@ -153,7 +153,7 @@ def run_interpreted() -> None:
 
 
 def run_whole_interpreted() -> None:
-    """The CUDA path's attention under the interpreter (the engine takes it with TRITON_INTERPRET=1):
+    """The CUDA path's attention under the interpreter (attention="triton" with TRITON_INTERPRET=1):
     whole-forward mixed iterations (mixed_graphs.py, uncaptured) and the eager decode and mixed
     steps, every row of every step through the ragged kernel (uniform decode rows, and decode rows
     with chunks as work items): arrivals while others decode, K flipping through 0, a budget that
@@ -188,7 +188,7 @@ def run_whole_interpreted() -> None:
         hf = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float64).eval()
         for whole in (True, False):
             eng = load_reference_engine(str(target), str(draft), dtype=torch.float64, max_batch_size=4,
-                                        max_seq_len=64, max_draft_len=3, max_num_tokens=16)
+                                        max_seq_len=64, max_draft_len=3, max_num_tokens=16, attention="triton")
             assert eng.triton
             policy = DraftSchedule.parse("1:3,2:2,3:0")
             if whole:

@@ -564,7 +564,7 @@ def test_mixed_warm_up_runs_every_speculative_row_shape_and_serving_stays_lossle
     real = eng.whole.run
     eng.whole.run = lambda key, *a: runs.append(key) or real(key, *a)
     assert eng.warm_mixed(keys) == 4 * len(spec)          # 5, to a multiple of 16, 300 (capped), 7 + 3
-    assert max(n for n, _, _ in runs) > eng.block_size    # a padding-slot chunk over several blocks, staged
+    assert max(n for n, _, _, _ in runs) > eng.block_size    # a padding-slot chunk over several blocks, staged
     ps = prompts(8, seed=11)
     res = run_closed_loop(Executor(eng, pol), ps, 16, concurrency=4)
     assert [r.output_ids for r in res] == greedy_many(hf_target, ps, 16)

@@ -124,8 +124,8 @@ def test_whole_mixed_graphs_equal_transformers(pair, monkeypatch):
     lens = [4 + 4 * i for i in range(16)]
     out, eng, ex = _run(pair, DraftSchedule.parse("2:5,4:3,8:1"), True, True, prompts, lens, on_captured=runs.clear)
     assert runs and all(replayed for _, _, replayed in runs) and len(eng.whole.graphs) > 0
-    assert any(b == 0 for _, b, _ in runs) and any(B > b > 0 for (_, B, _), b, _ in runs)
-    assert any(T > 1 for (_, _, T), b, _ in runs if b) and any(T == 1 for (_, _, T), b, _ in runs if b)
+    assert any(b == 0 for _, b, _ in runs) and any(B > b > 0 for (_, B, _, _), b, _ in runs)
+    assert any(T > 1 for (_, _, T, _), b, _ in runs if b) and any(T == 1 for (_, _, T, _), b, _ in runs if b)
     assert_transformers_greedy(pair, prompts, lens, out)
 
 
@@ -286,7 +286,7 @@ def test_whole_k0_graphs_leave_the_eager_state(pair, keep_warm, monkeypatch):
     assert [(s.batch_size, s.k, s.accepted) for s in exs[0].stats] == [(s.batch_size, s.k, s.accepted)
                                                                         for s in exs[1].stats]
     assert sum(agree) >= 0.98 * len(agree)
-    assert sum(1 for (_, _, T), b, replayed in runs if T == 1 and replayed) >= 3 and all(r for _, _, r in runs)
+    assert sum(1 for (_, _, T, _), b, replayed in runs if T == 1 and replayed) >= 3 and all(r for _, _, r in runs)
     assert any(s.k == 0 and s.decode_rows and s.prefill_tokens for s in exs[0].stats)
 
 

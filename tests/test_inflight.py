@@ -299,7 +299,7 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, monkeypatch):
     real = WholeMixed.run
 
     def spy(self, key, b, drafts):
-        Np, B, T = key
+        Np, B, T, _ = key
         ia = item_cap(Np, B, T, self.max_chunks)
         items = self.in_items[:3 * ia].view(3, ia)
         n = int((items[2] > 0).sum())
@@ -322,8 +322,8 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, monkeypatch):
     fits = [s for s in ex.stats if s.prefill_tokens
             and (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens <= top]
     assert len(runs) == len(fits) > 0                      # every mixed iteration that fits went through it
-    assert any(B > b > 0 for (_, B, _), b in runs)          # padded decode rows beside chunks
-    assert any(T > 1 for (_, _, T), b in runs if b) and any(T == 1 for (_, _, T), b in runs if b)
+    assert any(B > b > 0 for (_, B, _, _), b in runs)          # padded decode rows beside chunks
+    assert any(T > 1 for (_, _, T, _), b in runs if b) and any(T == 1 for (_, _, T, _), b in runs if b)
     assert any(b == 0 for _, b in runs)                    # chunk-only iterations
     check_budget(ex, budget)
 
@@ -375,8 +375,10 @@ def test_whole_k0_iterations_leave_the_state_the_eager_path_leaves(pair, keep_wa
 def test_whole_keys_cover_each_row_shape_and_chunk_only_iterations():
     from dynspec.runtime.engines.reference.mixed_graphs import whole_keys
 
-    assert whole_keys([(1, 2)], (16, 32)) == ((16, 0, 1), (16, 1, 2), (32, 0, 1), (32, 1, 2))
-    assert whole_keys([(8, 3)], (16, 32)) == ((16, 0, 1), (32, 0, 1), (32, 8, 3))      # 24 decode tokens fill 16
+    t, f = True, False
+    assert whole_keys([(1, 2, t)], (16, 32)) == ((16, 0, 1, t), (16, 1, 2, t), (32, 0, 1, t), (32, 1, 2, t))
+    assert whole_keys([(8, 3, t)], (16, 32)) == ((16, 0, 1, t), (32, 0, 1, t), (32, 8, 3, t))   # 24 decode tokens fill 16
+    assert whole_keys([(2, 1, f)], (16,)) == ((16, 0, 1, f), (16, 2, 1, f))                       # the target alone
 
 
 def test_ragged_batch_matches_a_row_by_row_layout():

@@ -360,9 +360,8 @@ def test_engine_json_overlap_switch_round_trips_and_generate_honours_it(tmp_path
 # ---- the CUDA path's attention, interpreted ----------------------------------------------------------
 
 def run_overlap_interpreted() -> None:
-    """The overlapped loop on the attention the engine takes on CUDA (decode rows through the
-    Triton kernel, chunks through PackedChunks, eager mixed iterations split by SplitRows), in a
-    process with TRITON_INTERPRET=1: arrivals while carried rows decode, K flipping through 0, a
+    """The overlapped loop on the attention the engine takes on CUDA (every row through the ragged
+    Triton kernel), in a process with TRITON_INTERPRET=1: arrivals while carried rows decode, K flipping through 0, a
     budget that splits prompts; every output equals the serial loop's and transformers greedy."""
     import tempfile
     from pathlib import Path
@@ -380,7 +379,7 @@ def run_overlap_interpreted() -> None:
         ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]
         lens = [rng.randint(3, 8) for _ in ps]
         eng = load_reference_engine(str(target), str(draft), dtype=DT, max_batch_size=4, max_seq_len=64,
-                                    max_draft_len=3, max_num_tokens=16)
+                                    max_draft_len=3, max_num_tokens=16, attention="triton")
         assert eng.triton
         spy = Spy(eng)
         ex = Executor(eng, DraftSchedule.parse("1:3,2:2,3:0"), overlap=True)

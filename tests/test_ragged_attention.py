@@ -142,3 +142,24 @@ def test_chain_cuts_start_with_a_one_layer_graph():
 
     GraphChain((G(0), G(1), G(2))).replay()
     assert seen == [0, 1, 2]
+
+
+def test_the_caller_picks_the_attention(tmp_path):
+    """engine attention: "auto" is SDPA on CPU, "sdpa" always, "triton" on CPU only under Triton's
+    interpreter (a clear error otherwise), anything else refused."""
+    import os
+
+    from dynspec.errors import DynspecError
+    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from tests.helpers_models import make_tiny_pair
+
+    target, draft = make_tiny_pair(tmp_path, vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, seed=1,
+                                   draft_vocab=64, draft_seed=2)
+    kw = dict(max_batch_size=2, max_seq_len=32, max_draft_len=2, max_num_tokens=16)
+    assert not load_reference_engine(target, draft, **kw).triton
+    assert not load_reference_engine(target, draft, attention="sdpa", **kw).triton
+    with pytest.raises(DynspecError, match="attention 'flex': one of auto, triton, sdpa"):
+        load_reference_engine(target, draft, attention="flex", **kw)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(DynspecError, match="Triton's interpreter only"):
+            load_reference_engine(target, draft, attention="triton", **kw)

@@ -35,7 +35,8 @@ One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step")
                   above the top token bucket or past WholeMixed.CHUNKS chunks
     attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
                   of ragged.RaggedAttention's kernel; CPU: SDPA
-Triton's interpreter (TRITON_INTERPRET=1, tests) takes the CUDA attention on CPU.
+The caller picks the attention (`attention`): "auto" (the Triton kernel on CUDA, SDPA elsewhere),
+"triton" (on CPU under Triton's interpreter, TRITON_INTERPRET=1: tests) or "sdpa".
 """
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllo
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
 from dynspec.runtime.engines.reference.ragged import RaggedAttention
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k, make_plan
+from dynspec.runtime.policy import speculates
+
+
+ATTENTIONS = ("auto", "triton", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class GraphKey:
     bucket: int              # padded row count
     k: int = 0               # drafted tokens per row; > 0 only for "spec"
     keep_warm: bool = False  # "decode" only: the draft extends its KV over the new token
+    draft: bool = True       # "decode" only, False: a policy that never drafts (its mixed iterations
+                             # run the target alone; its decode steps share the keep_warm=False graph)
 
 
 def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
@@ -77,10 +84,14 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
         spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
     An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each,
     and its K=0 steps run with or without keep-warm (runtime/adaptive.py, step 4): both decode graphs.
+    A policy that never drafts (policy.speculates) gets decode keys without keep-warm or draft.
     """
     buckets = batch_buckets(max_batch_size)
     keys: set[GraphKey] = set()
     for policy in policies:
+        if not speculates(policy):
+            keys.update(GraphKey("decode", bucket, draft=False) for bucket in buckets)
+            continue
         for b in range(1, max_batch_size + 1):
             bucket = bucket_for(b, buckets)
             ks = policy.candidates if hasattr(policy, "candidates") else (int(policy(b)),)   # AdaptivePolicy: any
@@ -100,7 +111,7 @@ def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
     warms up and captures in this order, so their collectives pair up: a set ordered by (kind,
     bucket, k) alone leaves decode (4, keep_warm) and decode (4) in hash order, which differs per
     process, and the ranks would run different collectives until NCCL's watchdog fires."""
-    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm)))
+    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm, g.draft)))
 
 
 def _flushed(name: str) -> property:
@@ -125,7 +136,8 @@ class ReferenceEngine:
     slot_p = _flushed("_slot_p")                  # [S] Bernoulli p of the slot's request
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
-                 max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None):
+                 max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
+                 attention: str = "auto"):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -146,8 +158,12 @@ class ReferenceEngine:
         self.async_launch = on_cuda        # launch returns before the device has run the step (executor.py)
         self.capture = tuple(draft.capture_layers)
         self.vocab_size = target.config.vocab_size
-        # the Triton attention (RaggedAttention) where Triton runs, else SDPA
-        self.triton = on_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+        if attention not in ATTENTIONS:
+            raise DynspecError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
+        if attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise DynspecError("attention 'triton' on CPU runs under Triton's interpreter only: set TRITON_INTERPRET=1 "
+                               "before triton is imported")
+        self.triton = attention == "triton" or attention == "auto" and on_cuda     # RaggedAttention, else SDPA
         self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)
         self.block_size, self.max_blocks_per_seq = bs, per_seq
         target.setup_pool(n_blocks, bs, per_seq * bs)
@@ -192,6 +208,7 @@ class ReferenceEngine:
         self._acceptance: AcceptanceModel | None = None   # what slot_p/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
+        self.on_dispatch = None                   # hook(GraphKey) at every decode-step dispatch (tp_stats.py)
         self.whole: WholeMixed | None = None      # mixed iterations' whole-forward graphs (capture_whole_graphs)
         self.warm_chunk_steps = 0                 # steps warm_chunks and warm_mixed ran
 
@@ -367,6 +384,8 @@ class ReferenceEngine:
         self._acceptance = acceptance
 
     def _run(self, key: GraphKey, read: int) -> None:
+        if self.on_dispatch is not None:
+            self.on_dispatch(key)
         graph = self._graphs.get(key)
         if graph is not None:
             graph.replay()
@@ -498,8 +517,8 @@ class ReferenceEngine:
             greedy, H = g[: nd + plan.last_chunks], H[: nd + m.prompt.shape[0]]
         else:
             greedy, H = self.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
-                                        capture=self.capture, logit_index=logit_index, attention=attention,
-                                        greedy=True)                         # [nd + n_last]
+                                        capture=self.capture if plan.draft else (), logit_index=logit_index,
+                                        attention=attention, greedy=True)    # [nd + n_last]
         firsts = greedy[nd:]
         m.nxt[m.last_idx - nd] = firsts          # draft entries (x_{p+1}, h_p): a last chunk's x_e is g0
         if b and K:
@@ -550,16 +569,19 @@ class ReferenceEngine:
         self._last_heads(m, d, h, H, 0)
 
     def _mixed_decode_end(self, plan: StepPlan, g, H, m: "MixedInputs", read: int) -> None:
-        """K = 0: the b rows' outputs and keep-warm K/V, then the draft's pass over the chunks."""
+        """K = 0: the b rows' outputs and keep-warm K/V, then the draft's pass over the chunks;
+        without the draft (plan.draft False) the rows' outputs alone (H is None: nothing captured)."""
         b = plan.batch_size
         if b:
             if plan.keep_warm:
                 self.draft.extend_kv(g[:b], H[:b], self._rows(b, self.pos[:b, None], read))
-            self.last_capture[self.slot[:b]] = H[:b]
+            if plan.draft:
+                self.last_capture[self.slot[:b]] = H[:b]
             self.out_tokens[:b, 0] = g[:b]
             self.out_n[:b] = 0
-        d, h = self._draft_next(m.nxt, H[m.nd:], m.c_batch, self.decode_attention())
-        self._last_heads(m, d, h, H, m.nd)
+        if plan.draft:
+            d, h = self._draft_next(m.nxt, H[m.nd:], m.c_batch, self.decode_attention())
+            self._last_heads(m, d, h, H, m.nd)
 
     def _last_heads(self, m: "MixedInputs", d, h, H, offset: int) -> None:
         """The carried state of each last chunk's slot, from its last token (d, h indexed from offset)."""
@@ -653,7 +675,7 @@ class ReferenceEngine:
         capture_order. Decode graphs read every row's whole block table (max_seq_len)."""
         if self.device.type != "cuda":
             return 0
-        keys = capture_order(keys)
+        keys = capture_order(replace(k, draft=True) for k in keys)      # draft is the mixed graphs' concern
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         self._flush_slots()              # not inside a capture: its copy and writes would be baked in
@@ -670,16 +692,16 @@ class ReferenceEngine:
         torch.cuda.synchronize()
         return len(keys)
 
-    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple[int, int, int]] = ()) -> int:
+    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = ()) -> int:
         """Mixed iterations' whole target forward, attention included, as one graph chain per
-        (token bucket, row bucket, T) (mixed_graphs.py): for the row shapes of `keys` with every
-        token bucket, plus chunk-only iterations, plus the `exact` (Np, B, T). Returns how many.
+        (token bucket, row bucket, T, draft) (mixed_graphs.py): for the row shapes of `keys` with every
+        token bucket, plus chunk-only iterations, plus the `exact` keys. Returns how many.
         CPU: WholeMixed is set up and its functions run uncaptured (tests check them there)."""
         if self.whole is None:
             self.whole = WholeMixed(self)
         if self.device.type != "cuda":
             return 0
-        rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1) for g in keys if g.kind != "refresh"}
+        rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
         self._flush_slots()              # not inside a capture (capture_decode_graphs)
         self._pad_rows()
         return self.whole.capture(set(whole_keys(rows, self.whole.buckets) if rows else ()) | set(exact))
@@ -739,7 +761,7 @@ def load_reference_engine(
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
     tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).
-    cache: block_size, num_blocks, passed to ReferenceEngine."""
+    cache: block_size, num_blocks, attention ("auto", "triton", "sdpa"), passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.load import load_draft, load_target
     from dynspec.runtime.engines.reference.model import Kernels
 

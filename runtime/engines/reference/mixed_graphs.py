@@ -1,5 +1,6 @@
-"""A mixed iteration's target forward as one chain of CUDA graphs per key (Np, B, T): token bucket
-Np, row bucket B, T = K+1 tokens a decode row. See docs/design.md ("Graphs for mixed iterations").
+"""A mixed iteration's target forward as one chain of CUDA graphs per key (Np, B, T, draft): token
+bucket Np, row bucket B, T = K+1 tokens a decode row, draft False for a policy that never drafts
+(the target alone: no captured layers, no draft pass). See docs/design.md ("One packed forward").
 
 The forward is the target's own (`Target.run`, as a decode step's), over one packed batch whose
 attention is one launch a layer of the ragged kernel (ragged.py) for every row: its work items,
@@ -42,7 +43,7 @@ from .graphs import capture_chain, chain_cuts, no_cut
 from .kv_cache import SCRATCH_BLOCK
 from .ragged import ITEM_TOKENS, plan_items
 
-Key = tuple[int, int, int]       # (Np, B, T)
+Key = tuple[int, int, int, bool]       # (Np, B, T, draft)
 
 # Token buckets up to 1024: above that a forward is GEMM-bound and the launches a graph saves
 # are a small share of it.
@@ -55,11 +56,12 @@ def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
 
-def whole_keys(rows: Iterable[tuple[int, int]], token_buckets: Iterable[int]) -> tuple[Key, ...]:
-    """Every (Np, B, T) with room for at least one chunk token, for each row shape (B, T) and
-    chunk-only iterations (0, 1). ((1, 2),), buckets (16, 32) -> (16,0,1) (16,1,2) (32,0,1) (32,1,2)."""
-    shapes = set(rows) | {(0, 1)}
-    return tuple(sorted((n, B, T) for B, T in shapes for n in token_buckets if n > B * T))
+def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int]) -> tuple[Key, ...]:
+    """Every (Np, B, T, draft) with room for at least one chunk token, for each row shape (B, T,
+    draft) and chunk-only iterations (0, 1, draft).
+    ((1, 2, True),), buckets (16, 32) -> (16,0,1,T) (16,1,2,T) (32,0,1,T) (32,1,2,T)."""
+    shapes = set(rows) | {(0, 1, d) for _, _, d in rows}
+    return tuple(sorted((n, B, T, d) for B, T, d in shapes for n in token_buckets if n > B * T))
 
 
 def item_cap(Np: int, B: int, T: int, max_chunks: int) -> int:
@@ -120,12 +122,12 @@ class WholeMixed:
 
     def key(self, plan) -> Key | None:
         """The key of a mixed StepPlan: (the token bucket of its padded tokens, its row bucket,
-        K+1); None above the top token bucket or past CHUNKS chunks.
-        Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2)."""
+        K+1, plan.draft); None above the top token bucket or past CHUNKS chunks.
+        Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2, True)."""
         n = self.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
         if n is None or len(plan.chunks) > self.CHUNKS:
             return None
-        return (n, plan.bucket, plan.k + 1)
+        return (n, plan.bucket, plan.k + 1, plan.draft)
 
     # ---- host side ------------------------------------------------------------------------
     def stage(self, key: Key, chunks: Sequence, keep_warm: bool, slots: Sequence[int] = ()) -> None:
@@ -134,7 +136,7 @@ class WholeMixed:
         0 of the padding slot, K/V into the scratch block), and the work items of decode rows in
         `slots` (rows past them on the padding slot), the chunks and the pad."""
         e, bs, top = self.e, self.e.block_size, self.top
-        Np, B, T = key
+        Np, B, T, _ = key
         n, L = B * T, Np - B * T
         if self._free is not None:
             self._free.synchronize()
@@ -194,7 +196,7 @@ class WholeMixed:
         rows = B + 1                      # the decode rows and a chunk: what sizes the kernel's splits
         return batch(0, self.in_items[:3 * ia].view(3, ia)), batch(n, self.in_citems[:3 * ic].view(3, ic))
 
-    def _make(self, Np: int, B: int, T: int) -> Callable:
+    def _make(self, Np: int, B: int, T: int, draft: bool) -> Callable:
         e, t, bs, S = self.e, self.e.target, self.e.block_size, self.LAST
         n, L = B * T, Np - B * T
         rows = torch.arange(n, device=e.device)
@@ -220,11 +222,16 @@ class WholeMixed:
                     whole = with_device_rows(whole, e.pos, e.slot, e.block_tables, B, T)
             t.layer_hook = cut
             try:
-                g, H = t.run(self.tokens[:Np], whole, capture=e.capture, logit_index=logit_index,
+                g, H = t.run(self.tokens[:Np], whole, capture=e.capture if draft else (), logit_index=logit_index,
                              attention=e.decode_attention(), greedy=True)                # [n + LAST], [Np, n*h]
             finally:
                 t.layer_hook = None
-            if T == 1:
+            if T == 1 and not draft:                       # the target alone: the outputs, nothing more
+                self.firsts.copy_(g[n:])
+                if n:
+                    e.out_tokens[:B, 0] = g[:n]
+                    e.out_n[:B] = 0
+            elif T == 1:
                 self._finish(g, H, n, B, Np, dec, chunks)
             else:
                 self.g[:n + S].copy_(g)
@@ -290,7 +297,7 @@ class WholeMixed:
         self.tokens.zero_()
         self.positions.zero_()
         self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)
-        self.stage(key or (self.top, 0, 1), (), keep_warm=False)     # no chunks: every staged input padding
+        self.stage(key or (self.top, 0, 1, True), (), keep_warm=False)     # no chunks: every staged input padding
 
     def run(self, key: Key, b: int, drafts: Tensor | None) -> tuple[Tensor, Tensor]:
         """One mixed iteration of `key` after `stage`: b real decode rows (drafts [b, K] or None at
@@ -298,7 +305,7 @@ class WholeMixed:
         b..B-1 padding). K > 0: -> (greedy ids [B*T + LAST] of the decode rows' tokens and the last
         chunks' last tokens, captures H [Np, n*h]), valid until the next run. K = 0: the iteration
         is done; its first tokens are self.firsts."""
-        Np, B, T = key
+        Np, B, T, _ = key
         if T > 1:
             self.dec_tokens[:b, 1:T].copy_(drafts)
             self.dec_tokens[b:B, 1:T].zero_()

@@ -19,18 +19,14 @@ class RankStep:
 
 class StepRecorder:
     """Wraps one rank's engine: every step() or launch() appends a RankStep; other attributes pass through.
-    Graph keys are those the engine's dispatcher (`_run`) was called with during the step."""
+    Graph keys are those the engine dispatched during the step (its `on_dispatch` hook)."""
 
     def __init__(self, engine):
         self._engine = engine
         self.steps: list[RankStep] = []
         self._keys: list[tuple] = []
-        run = getattr(engine, "_run", None)
-        if run is not None:
-            def recorded(key, *args, **kwargs):
-                self._keys.append(_key_tuple(key))
-                return run(key, *args, **kwargs)
-            engine._run = recorded
+        if hasattr(engine, "on_dispatch"):
+            engine.on_dispatch = lambda key: self._keys.append(_key_tuple(key))
 
     def __getattr__(self, name: str):
         return getattr(self._engine, name)

@@ -402,10 +402,16 @@ def test_ragged_uniform_equals_sdpa(R, T, dtype):
     from tests.helpers_paged import assert_paged_matches
 
     q, k, v, batch, out = assert_paged_matches(ragged_attention, "cuda", dtype, R, T, 32, 8, 128, 128, 9)
-    ragged_attention(q, k, v, batch, 128)              # warm (compiled) before capture
+    assert_replays_equal(lambda: ragged_attention(q, k, v, batch, 128), out)
+
+
+def assert_replays_equal(fn, out) -> None:
+    """fn() captured in a CUDA graph (after an eager warm-up) and replayed twice, each replay's
+    output equal to `out` (the second finds the merge counters reset by the first)."""
+    fn()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        o = ragged_attention(q, k, v, batch, 128)
+        o = fn()
     for _ in range(2):
         o.zero_()
         graph.replay()
@@ -451,14 +457,7 @@ def test_ragged_items_equal_sdpa(lens, dtype):
     from tests.helpers_paged import assert_ragged_matches
 
     q, k, v, batch, out = assert_ragged_matches("cuda", dtype, lens, 32, 8, 128, 128, 9)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o = ragged_attention(q, k, v, batch, 128)
-    for _ in range(2):
-        o.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(o, out)
+    assert_replays_equal(lambda: ragged_attention(q, k, v, batch, 128), out)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -24,15 +24,17 @@ def _command(word: str, args: argparse.Namespace) -> str:
 # ---- profile ----------------------------------------------------------------------------
 def _cmd_profile(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable, write_json
-    from dynspec.benchmarks.engines import apply_bench_env, engine_choice, set_cpu_threads, versions
+    from dynspec.benchmarks.engines import apply_bench_env, check_device, engine_choice, set_cpu_threads, versions
     from dynspec.benchmarks.mpi import log, world
     from dynspec.benchmarks.profile import run_profile
-    from dynspec.benchmarks.sweep import int_list, make_workload
+    from dynspec.benchmarks.flags import int_list
+    from dynspec.benchmarks.sweep_plan import make_workload
     from dynspec.errors import DynspecError
 
     check_apart(args.out, {"--engine-dir": args.engine_dir, "--target": args.target, "--draft": args.draft,
                            "--dataset": args.dataset})
     check_writable(args.out)
+    check_device(args.device)
     apply_bench_env()
     bs = int_list(args.batch_sizes, "--batch-sizes")
     try:
@@ -169,7 +171,7 @@ def _tune_acceptance(args: argparse.Namespace):
 
 # ---- sweep alias ---------------------------------------------------------------
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from dynspec.benchmarks.sweep import run
+    from dynspec.benchmarks.sweep_run import run
 
     argv = sys.argv[1:]
     return run(args, argv[argv.index("sweep") + 1:] if "sweep" in argv else _command("sweep", args).split()[2:])
@@ -235,7 +237,7 @@ def register(sub) -> None:
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")
     t.set_defaults(func=_cmd_tune)
 
-    from dynspec.benchmarks.sweep import make_parser as sweep_parser
+    from dynspec.benchmarks.sweep_args import make_parser as sweep_parser
 
     s = sub.add_parser("sweep", help="concurrency sweep baseline/static/dynamic (= python -m dynspec.benchmarks.sweep)")
     sweep_parser(s)

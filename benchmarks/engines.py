@@ -9,9 +9,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dynspec.config import DTYPES, GraphMode
+from dynspec.config import DTYPES, MAX_TP, GraphMode
 from dynspec.errors import DynspecError
-from dynspec.config import MAX_TP
 from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule
 
 # Any environment the benchmarks build (mpirun children, trtllm workers) keeps NVLink
@@ -158,7 +157,7 @@ def check_row_flags(args: argparse.Namespace, cfg) -> None:
     """Every row count a benchmark's flags ask for fits the engine dir's batch limit
     (dynspec.config.check_batch_limit): `profile --batch-sizes 1,256` on an engine dir of max
     batch size 8 is refused, naming 256 and 8."""
-    from dynspec.benchmarks.sweep import int_list
+    from dynspec.benchmarks.flags import int_list
     from dynspec.config import check_batch_limit
 
     for attr, flag, kind in ROW_FLAGS:
@@ -250,3 +249,35 @@ def device_name(device: str) -> str:
 def graphs_run(cfg, device: str) -> str:
     """The GraphMode value a reference run on `device` ran under: cfg's on CUDA, "eager" elsewhere."""
     return cfg.reference.graphs.value if str(device).startswith("cuda") else GraphMode.EAGER.value
+
+
+def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_draft_len: int, tp=None):
+    """open_reference's engine, or (tp: this rank's TpContext) its shard on tp.device."""
+    from dynspec.runtime.session import open_reference_engine
+
+    sizes = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, max_draft_len=max_draft_len)
+    if tp is None:
+        return open_reference(cfg, device=device, **sizes)
+    return open_reference_engine(replace(cfg, schedule=DraftSchedule()), tp=tp, **sizes)
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """A CUDA --device on a machine without one is refused in one line, before torch is asked
+    for it: `--device cuda` on CPU -> "--device cuda: this machine has no CUDA device (torch 2.x)".
+    cuda:N past the device count and anything not cpu/cuda are refused too."""
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise DynspecError(f"{flag} {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise DynspecError(f"{flag} {device}: this machine has no CUDA device (torch {torch.__version__})")
+        if dev.index is not None and dev.index >= n:
+            raise DynspecError(f"{flag} {device}: this machine has {n} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise DynspecError(f"{flag} {device!r}: the reference engine runs on cpu or cuda")

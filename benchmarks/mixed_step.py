@@ -12,7 +12,7 @@ in all. Modes alternate over --trials passes (order rotated); each trial is the 
       "full_ms": 10.4, "decode_ms": 7.6, "eager_vs_full": 2.7, "trials_ms": {...}}, ...]}
 On CPU, under --graphs eager, and above the largest token bucket (1024) there is no whole
 graph: full_ms is null. --trace DIR (CUDA) adds a Chrome trace per point of 4 mixed steps (full
-where it runs) and 4 decode steps (profile.trace_steps): gaps between kernels under a step are
+where it runs) and 4 decode steps (step_timing.trace_steps): gaps between kernels under a step are
 where the GPU waited for the host.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ import statistics
 import sys
 from contextlib import contextmanager
 
-from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
+from dynspec.benchmarks.engines import (add_engine_args, add_step_timing_args, apply_bench_env, check_device,
+                                        engine_choice)
 from dynspec.errors import DynspecError
 
 
@@ -42,8 +43,11 @@ def parse_points(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.mixed_step", description=__doc__.splitlines()[0])
+def make_parser() -> argparse.ArgumentParser:
+    from dynspec.cli import DefaultsFormatter
+
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.mixed_step", description=__doc__.splitlines()[0],
+                                allow_abbrev=False, formatter_class=DefaultsFormatter)
     add_engine_args(p)
     p.add_argument("--points", default="1:0:128,16:0:128,64:0:128,64:2:64,128:0:256", help="b:K:chunk,...")
     p.add_argument("--context-len", type=int, default=512)
@@ -52,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
                                 "full_kernels, decode_kernels)")
     p.add_argument("--trace", metavar="DIR", help="CUDA: also write a Chrome trace (CPU + kernels) of 4 mixed steps "
                    "and 4 decode steps per point, DIR/trace_<b>_<K>_<chunk>.json.gz")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     try:
         doc = run(args, lambda d: _write(args.out, d))
     except DynspecError as e:
@@ -117,10 +125,12 @@ def run(args, on_point=None) -> dict:
 
     import torch
 
-    from dynspec.benchmarks.profile import open_sized, reserved_rows
+    from dynspec.benchmarks.engines import open_sized
+    from dynspec.benchmarks.step_timing import reserved_rows
     from dynspec.runtime.plan import PromptChunk, make_plan
 
     apply_bench_env()
+    check_device(args.device)
     points = parse_points(args.points)
     cfg = engine_choice(args).config
     ctx = args.context_len
@@ -160,7 +170,7 @@ def _time_point(engine, args, point, mixed, decode, full: bool) -> dict:
     --kernels / --trace their kernel tables and Chrome traces."""
     import os
 
-    from dynspec.benchmarks.profile import _time_plans, step_kernels, trace_steps
+    from dynspec.benchmarks.step_timing import step_kernels, time_plans, trace_steps
     from dynspec.runtime.acceptance import Greedy
 
     b, k, chunk = point
@@ -175,9 +185,9 @@ def _time_point(engine, args, point, mixed, decode, full: bool) -> dict:
 
     for t in range(args.trials):
         for mode in modes[t % len(modes):] + modes[: t % len(modes)]:
-            trials[mode].append(timed(mode, lambda: _time_plans(engine, {mode: mixed}, Greedy(), warmup=2,
+            trials[mode].append(timed(mode, lambda: time_plans(engine, {mode: mixed}, Greedy(), warmup=2,
                                                                 repeats=args.repeats, passes=1, progress=None)[mode]))
-    dec = _time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
+    dec = time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
                       progress=None)["decode"]
     kernels = {m: timed(m, lambda: step_kernels(engine, mixed, args.kernels, top=12))
                if args.kernels and m in modes else None for m in ("eager", "full")}

@@ -64,7 +64,8 @@ def measure(dtype: str, num_prompts: int, max_new: int, concurrency: int, k: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.numerics", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.numerics", description=__doc__.split("\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-prompts", type=int, default=30)
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("num_prompts", "max_new_tokens", "concurrency", "k"):
             if getattr(args, flag) < 1:
                 raise DynspecError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
+        from dynspec.benchmarks.engines import check_device
+
+        check_device(args.device)
         doc = measure(args.dtype, args.num_prompts, args.max_new_tokens, args.concurrency, args.k, args.device)
         if args.out:
             from dynspec.artifacts import write_json

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from dynspec.artifacts import write_json
+from dynspec.benchmarks.figures_common import crossover_concurrency, verdict
 from dynspec.benchmarks.metrics import STEADY_FILL
 
 MODE_ORDER = ("baseline", "static", "dynamic")
 MODE_STYLE = {"baseline": ("tab:gray", "o"), "static": ("tab:orange", "s"), "dynamic": ("tab:blue", "^")}
-OVERLAP = "+overlap"      # a mode's loop suffix (benchmarks/sweep.py): drawn in its base mode's colour
+OVERLAP = "+overlap"      # a mode's loop suffix (benchmarks/sweep_modes.py): drawn in its base mode's colour
 
 
 def _split(mode: str) -> tuple[str, str]:
@@ -58,17 +59,6 @@ def _row_key(row: Mapping) -> tuple:
 
 def _fmt(x, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
-
-
-def verdict(a: Mapping, b: Mapping) -> str:
-    """a against b from their trials: "tie" when the min..max spreads overlap, else "win" / "loss".
-
-    a 100 [95..104] vs b 90 [86..96] -> "tie";  a 100 [98..104] vs b 90 [86..96] -> "win"."""
-    lo_a, hi_a = a.get("tok_per_s_min", a["output_tok_per_s"]), a.get("tok_per_s_max", a["output_tok_per_s"])
-    lo_b, hi_b = b.get("tok_per_s_min", b["output_tok_per_s"]), b.get("tok_per_s_max", b["output_tok_per_s"])
-    if lo_a <= hi_b and lo_b <= hi_a:
-        return "tie"
-    return "win" if lo_a > hi_b else "loss"
 
 
 def _load_label(r: Mapping) -> str:
@@ -147,8 +137,6 @@ def markdown(doc: Mapping) -> str:
                       f" 'vs baseline' is against baseline{OVERLAP}. Engine idle: the share of the run's wall time"
                       " outside the engine's steps (overlapped: the steps' device time)."]
     lines += underfull_note(rows)
-    from dynspec.benchmarks.summary import crossover_concurrency
-
     cross = crossover_concurrency(rows)
     if any(r["mode"] == "static" for r in rows) and base:
         lines += ["", f"Static-vs-baseline crossover (smallest C where baseline beats static): "
@@ -164,7 +152,6 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullLocator
 
     closed = [r for r in doc["rows"] if r.get("concurrency") is not None]
     xkey, xlabel = ("concurrency", "concurrency C (per replica)") if closed else \
@@ -172,6 +159,19 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     rows = closed or [r for r in doc["rows"] if r.get("request_rate") is not None]
     modes = sorted({r["mode"] for r in doc["rows"]}, key=_mode_key)
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
+    _throughput_panel(ax1, doc, rows, modes, xkey, xlabel, bool(closed))
+    _k_panel(ax2, doc, modes)
+    _ttft_panel(ax3, rows, modes, xkey, xlabel)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _throughput_panel(ax1, doc: Mapping, rows: Sequence[Mapping], modes: Sequence[str], xkey: str, xlabel: str,
+                      closed: bool) -> None:
+    """Output tok/s per mode against the load (median, min..max of trials); Poisson rows dotted."""
     for m in modes:
         color, marker, line = _style(m)
         pts = sorted((r[xkey], r["output_tok_per_s"], r.get("tok_per_s_min", r["output_tok_per_s"]),
@@ -196,6 +196,12 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     if rows:
         ax1.legend()
 
+
+def _k_panel(ax2, doc: Mapping, modes: Sequence[str]) -> None:
+    """K per batch size from the rows' k_by_batch (marker area ~ share of iterations, b=0 left
+    out), over each mode's schedule as a step line."""
+    from dynspec.runtime.policy import DraftSchedule
+
     sched = doc["env"].get("schedules") or {}
     max_b = 1
     for i, m in enumerate(modes):
@@ -218,8 +224,6 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
         spec = sched.get(m)
         if spec is None:
             continue
-        from dynspec.runtime.policy import DraftSchedule
-
         s = DraftSchedule.parse(spec)
         xs = list(range(1, max_b + 1))
         ax2.step(xs, [s.draft_len(b) for b in xs], where="mid", color=_style(m)[0],
@@ -233,6 +237,11 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     ax2.grid(True, alpha=0.3)
     if ax2.get_legend_handles_labels()[0]:
         ax2.legend(fontsize=8, loc="best")
+
+
+def _ttft_panel(ax3, rows: Sequence[Mapping], modes: Sequence[str], xkey: str, xlabel: str) -> None:
+    """TTFT p50 (solid) and p99 (dashed) per mode against the load."""
+    from matplotlib.ticker import NullLocator
 
     for m in modes:
         color, marker, _ = _style(m)
@@ -254,11 +263,6 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     ax3.grid(True, alpha=0.3)
     if ax3.get_legend_handles_labels()[0]:
         ax3.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_all(doc: Mapping, out: str | os.PathLike, plot_png: bool = True) -> dict[str, Path]:
@@ -277,75 +281,3 @@ def rows_by(rows: Sequence[Mapping], mode: str) -> dict:
     return {r["concurrency"]: r for r in rows if r["mode"] == mode and r.get("concurrency") is not None}
 
 
-# ---- the suite's summary of one config (benchmarks/suite.py) ---------------------------------
-def suite_markdown(cfg, figs: Mapping, manifest: Mapping) -> str:
-    """# NAME, the description, the figures' table, how it was measured, the stage commands."""
-    t = figs["table"]
-    lines = [f"# {cfg.name}", "", cfg.description.strip(), "",
-             "| " + " | ".join(t["header"]) + " |", "|" + "---|" * len(t["header"])]
-    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in t["rows"]]
-    gpus = manifest.get("gpus") or []
-    for note in t.get("notes", ()):
-        lines += ["", note]
-    lines += ["", f"- device: {cfg.engine.device}" + (f" ({gpus[0]['name']}, SM clock {gpus[0]['clocks_sm']})" if gpus else ""),
-              f"- git commit: {manifest.get('git_commit')} (+{manifest.get('git_changed_paths')} changed paths)"
-              + (f", the files as run: tree {manifest['git_worktree_tree']}" if manifest.get("git_worktree_tree") else "")
-              + f"; torch {manifest.get('torch')}, python {manifest.get('python')}",
-              f"- suite command: `{manifest.get('command')}`", "", "Stages:", ""]
-    cases = manifest.get("cases") or {}
-    for s in manifest.get("stages", []):
-        lines.append(f"- `{s['name']}` ({s['wall_s']:.1f} s, rc {s['rc']}): `{s['command']}`")
-        lines += [f"  - case `{c['name']}`: `{c['args']}`" for c in cases.get(s["name"], [])]
-    return "\n".join(lines) + "\n"
-
-
-def suite_plot(spec: Mapping, path: str | os.PathLike) -> None:
-    """spec "series": {name: [[x, y, lo, hi], ...]} -> lines with error bars; "bars": {name: [y, lo, hi]};
-    "groups": {group: {name: y}} -> grouped bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    if "series" in spec:
-        for name, pts in spec["series"].items():
-            x, y, lo, hi = zip(*sorted(pts))
-            color, marker, line = _style(name) if _split(name)[0] in MODE_STYLE else (None, "o", "-")
-            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
-                        marker=marker, color=color, label=name, capsize=3, linestyle=line)
-        if spec.get("xlog"):
-            ax.set_xscale("log", base=2)
-            xs = sorted({p[0] for pts in spec["series"].values() for p in pts})
-            ax.set_xticks(xs, [f"{x:g}" for x in xs])
-        ax.legend()
-    elif "bars" in spec:
-        names = list(spec["bars"])
-        y = [spec["bars"][n][0] for n in names]
-        err = [[v[0] - v[1] for v in spec["bars"].values()], [v[2] - v[0] for v in spec["bars"].values()]]
-        ax.bar(names, y, yerr=err, capsize=4, color=["tab:blue", "tab:gray"][: len(names)])
-    else:
-        groups = list(spec["groups"])
-        names = sorted({n for g in spec["groups"].values() for n in g})
-        width = 0.8 / max(len(names), 1)
-        for i, n in enumerate(names):
-            ax.bar([j + i * width for j in range(len(groups))], [spec["groups"][g].get(n, 0) for g in groups],
-                   width, label=n)
-        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(groups))], groups)
-        ax.legend(fontsize=8)
-    ax.set_title(spec["title"], fontsize=10)
-    ax.set_xlabel(spec.get("x", ""))
-    ax.set_ylabel(spec.get("y", ""))
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_suite_report(cfg, figs: Mapping, manifest: Mapping, out_dir: str | os.PathLike) -> None:
-    """OUT_DIR/summary.json (the figures), summary.md, summary.png."""
-    d = Path(out_dir)
-    write_json(d / "summary.json", {"config": cfg.name, "description": cfg.description, "figures": cfg.figures,
-                                    "values": figs["values"], "table": figs["table"]})
-    (d / "summary.md").write_text(suite_markdown(cfg, figs, manifest))
-    suite_plot(figs["plot"], d / "summary.png")

@@ -102,11 +102,11 @@ class _CaseParser(argparse.ArgumentParser):
 
 def parse_case(argv: Sequence[str], case: Case, out: str) -> CaseRun:
     """The case's flags = the common argv + its own + --out DIR/NAME_<case>, by the sweep's parser."""
-    from dynspec.benchmarks.sweep import make_parser
+    from dynspec.benchmarks.sweep_args import make_parser
 
     full = [*common_flags(argv), *case.argv, "--out", case_out(out, case.name)]
     try:
-        ns = make_parser(_CaseParser(prog="python -m dynspec.benchmarks.sweep")).parse_args(full)
+        ns = make_parser(_CaseParser(prog="python -m dynspec.benchmarks.sweep", allow_abbrev=False)).parse_args(full)
     except DynspecError as e:
         raise DynspecError(f"case {case.name!r} ({shlex.join(case.argv)}): {e}") from None
     ns.cases = None
@@ -114,9 +114,9 @@ def parse_case(argv: Sequence[str], case: Case, out: str) -> CaseRun:
 
 
 def case_runs(args: argparse.Namespace, argv: Sequence[str]) -> tuple[CaseRun, ...]:
-    """--cases FILE -> one CaseRun per case, each checked as its plain sweep (sweep.check_flags) and
+    """--cases FILE -> one CaseRun per case, each checked as its plain sweep (sweep_plan.check_flags) and
     SHARED_FLAGS equal across them; no --cases -> the one plain sweep of args."""
-    from dynspec.benchmarks.sweep import check_flags
+    from dynspec.benchmarks.sweep_plan import check_flags
 
     if not args.cases:
         check_flags(args)

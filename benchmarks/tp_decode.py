@@ -1,18 +1,18 @@
 """Plain decode at b=1 with 1024 tokens of context under tensor parallelism, beside its floors,
-per all-reduce mode, in one run (issue 12's TP=2 vs TP=1 figures; docs/tensor_parallel.md).
+per all-reduce mode, in one run (the TP=2 vs TP=1 figures of tp_summary; docs/tensor_parallel.md).
 
     python -m dynspec.benchmarks.tp_decode --engine-dir E --device cuda --out tp1.json            # TP=1
     mpirun -n 2 python -m dynspec.benchmarks.tp_decode --engine-dir E --device cuda --tp 2 --out tp2.json
 
 Every rank loads its shard and runs the same steps itself (SPMD: no leader channel, so the
 step is the engine's alone, as at TP=1). For each mode in --modes the b=1 decode graph is
-captured again with that all-reduce, then timed (profile.time_shapes, median); the modes
+captured again with that all-reduce, then timed (step_timing.time_shapes, median); the modes
 rotate over --trials passes so drift hits all of them. Modes: nccl, one-shot
 (runtime/allreduce.py: torch's one-shot kernel, then the norm, as served), one-shot-fused (the sum
 fused into the residual add and RMSNorm after it: fused_allreduce_norm.py, not yet served), skip (no
 communication: wrong sums; the step without its collectives, so comm_fraction = 1 - skip / mode).
 
-Floors, from the same engine in the same run (profile.gemm_floor_ms, one CUDA graph each):
+Floors, from the same engine in the same run (gemm_floor.gemm_floor_ms, one CUDA graph each):
     gemm_floor_ms                 this rank's GEMMs alone (TP=2: half of every matrix)
     gemm_floor_allreduce_ms[mode] the same GEMMs with the 2 all-reduces per layer after o and
                                   down (a [1, hidden] row each), captured in the same graph
@@ -28,18 +28,26 @@ import json
 import statistics
 import sys
 
-from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
-from dynspec.benchmarks.profile import FLOOR_CONTEXT as CONTEXT      # profile --floor's context, 1024
+from dynspec.benchmarks.engines import (add_engine_args, add_step_timing_args, apply_bench_env, check_device,
+                                        engine_choice)
+from dynspec.benchmarks.gemm_floor import FLOOR_CONTEXT as CONTEXT      # profile --floor's context, 1024
 from dynspec.errors import DynspecError
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_decode", description=__doc__.splitlines()[0])
+def make_parser() -> argparse.ArgumentParser:
+    from dynspec.cli import DefaultsFormatter
+
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_decode", description=__doc__.splitlines()[0],
+                                allow_abbrev=False, formatter_class=DefaultsFormatter)
     add_engine_args(p)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--modes", default="nccl,one-shot,one-shot-fused,skip", help="all-reduce modes to time (TP > 1)")
     add_step_timing_args(p, 60, "also list the GPU kernels of STEPS decode steps (torch.profiler), per step")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     from dynspec.runtime.distributed import exit_status
 
     try:
@@ -52,12 +60,16 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> int:
     import torch
 
-    from dynspec.benchmarks.profile import (Shape, _sync, gemm_floor_ms, open_sized, target_gemm_weights,
-                                            time_shapes)
+    from dynspec.benchmarks.engines import open_sized
+    from dynspec.benchmarks.gemm_floor import gemm_floor_ms, target_gemm_weights
+    from dynspec.benchmarks.step_timing import Shape, sync_device, time_shapes
     from dynspec.runtime.distributed import abort_on_error, init_tp, log, shutdown
     from dynspec.runtime.engines.reference.engine import reachable_graphs
 
     apply_bench_env()
+    check_device(args.device)
+    if args.tp < 1:
+        raise DynspecError(f"--tp {args.tp} must be at least 1")
     modes = [m for m in args.modes.split(",") if m] if args.tp > 1 else ["none"]
     one_shot = {"one-shot", "one-shot-fused"}
     ctx = init_tp(args.tp, device=args.device, allreduce="auto" if one_shot & set(modes) else "nccl")
@@ -101,7 +113,7 @@ def run(args) -> int:
         if args.kernels and engine.device.type == "cuda":
             serve_with(modes[0] if modes[0] != "skip" else modes[-1])
             kernels = kernel_table(engine, args.kernels)
-        _sync(engine.device)
+        sync_device(engine.device)
         decode = {m: statistics.median(v) for m, v in trials.items()}
         doc = {
             "tp": args.tp, "context_len": CONTEXT, "batch_size": 1, "device": torch.cuda.get_device_name()
@@ -126,8 +138,8 @@ def run(args) -> int:
 
 
 def kernel_table(engine, steps: int, top: int = 30) -> dict:
-    """profile.step_kernels of `steps` b=1 decode steps (graph replays) with 1024 tokens of context."""
-    from dynspec.benchmarks.profile import Shape, reserved_rows, step_kernels, synthetic_plan
+    """step_timing.step_kernels of `steps` b=1 decode steps (graph replays) with 1024 tokens of context."""
+    from dynspec.benchmarks.step_timing import Shape, reserved_rows, step_kernels, synthetic_plan
 
     with reserved_rows(engine, 1, CONTEXT + 2) as slots:
         return step_kernels(engine, synthetic_plan(engine, Shape(1, 0, False), CONTEXT, slots), steps, top)

@@ -1,4 +1,4 @@
-"""Issue 12's figures on two GPUs from tp_decode, tune and sweep outputs. Pure + a thin CLI.
+"""TP=2 against TP=1 on two GPUs: decode step, floors, crossover and replica scaling, from tp_decode, tune and sweep JSON.
 
     python -m dynspec.benchmarks.tp_summary --decode tp1=tp1_decode.json --decode tp2=tp2_decode.json \\
         --tune tp1=a_tp1_tune.json --scaling-one scaling_1gpu.json --scaling-two scaling_2rep.json \\
@@ -100,7 +100,7 @@ def replica_scaling(one: Mapping, two: Mapping) -> tuple[dict, dict, dict, dict]
 
 def _named(items, flag: str) -> dict[str, str]:
     """summary's NAME=PATH reader, with the names tp1 and tp2 only."""
-    from dynspec.benchmarks.summary import _named as named
+    from dynspec.benchmarks.figures_common import _named as named
 
     out = named(items, flag)
     for name, path in out.items():
@@ -145,13 +145,19 @@ def run(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_summary", description=__doc__.splitlines()[0])
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_summary", description=__doc__.splitlines()[0],
+                                allow_abbrev=False)
     p.add_argument("--decode", action="append", required=True, metavar="tpN=TP_DECODE.json")
     p.add_argument("--tune", action="append", metavar="tpN=TUNE.json", help="regime A's `dynspec tune --report`")
     p.add_argument("--scaling-one", metavar="SWEEP.json", help="the sweep on one GPU")
     p.add_argument("--scaling-two", metavar="SWEEP.json", help="the same sweep under mpirun -n 2 (TP=1 replicas)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the figures, JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = make_parser()
     args = p.parse_args(argv)
     args.argv = argv
     try:

@@ -197,7 +197,10 @@ def _group_alive(pgid):
 
 
 def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: float = 0.05, seed: int = 0,
-         workdir: Path | None = None, reuse_grpc: bool = False) -> dict:
+         workdir: Path | None = None, reuse_grpc: bool = False, progress: bool = False) -> dict:
+    """Launch the tiny pair's Triton model, run the load for `minutes`, stop the server; the result
+    dict (module docstring's JSON keys). progress: a tqdm bar over the run's seconds on stderr, its
+    postfix the requests done, the failures and the last RSS sample."""
     from dynspec.config import EngineConfig, ReferenceSettings
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import tiny_pair_dirs
@@ -226,6 +229,7 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
         for t in threads:
             t.start()
         next_sample = t0
+        bar = _bar(minutes) if progress else None
         while time.monotonic() < deadline:
             if time.monotonic() >= next_sample:
                 stubs = stub_pids(server.proc.pid) or stubs
@@ -233,6 +237,10 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
                                 sum(rss_kb(p) for p in stubs)))
                 next_sample += sample_s
             time.sleep(min(1.0, max(0.0, next_sample - time.monotonic())))
+            if bar is not None:
+                _show(bar, time.monotonic() - t0, tally, samples[-1])
+        if bar is not None:
+            bar.close()
         for t in threads:
             t.join(180)
         samples.append((round(time.monotonic() - t0, 1), rss_kb(server.proc.pid), sum(rss_kb(p) for p in stubs)))
@@ -253,6 +261,21 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
                              "stub": slope_kb_per_min(samples, 2, warmup_s)},
         "left_behind": left,
     }
+
+
+def _bar(minutes: float):
+    from tqdm import tqdm
+
+    return tqdm(total=round(minutes * 60.0), unit="s", desc="soak", dynamic_ncols=True, file=sys.stderr)
+
+
+def _show(bar, elapsed_s: float, tally: Tally, sample: tuple) -> None:
+    """Move the bar to `elapsed_s`; postfix: requests so far, failures, tritonserver and stub RSS (MiB)."""
+    bar.update(max(0, min(bar.total, round(elapsed_s)) - bar.n))
+    with tally.lock:
+        done, failed = sum(tally.counts.values()), len(tally.failures)
+    bar.set_postfix_str(f"{done} requests, {failed} failures, RSS {sample[1] / 1024:.0f}+{sample[2] / 1024:.0f} MiB",
+                        refresh=False)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -279,23 +302,33 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.triton_soak", description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--clients", type=int, default=2)
-    p.add_argument("--sample-s", type=float, default=30.0)
+def make_parser() -> argparse.ArgumentParser:
+    from dynspec.cli import DefaultsFormatter
+
+    p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.triton_soak", allow_abbrev=False,
+                                description=" ".join(__doc__.split("\n\n")[0].split()),
+                                formatter_class=DefaultsFormatter)
+    p.add_argument("--minutes", type=float, default=10.0, help="how long the load runs")
+    p.add_argument("--clients", type=int, default=2, help="client threads, each its own rotation of requests")
+    p.add_argument("--sample-s", type=float, default=30.0, help="seconds between RSS samples")
     p.add_argument("--pause-s", type=float, default=0.05, help="pause of each client between requests")
     p.add_argument("--reuse-grpc", action="store_true",
                    help="one gRPC connection per client (a new stream per request), as perf_analyzer does; "
                         "default: a new connection per gRPC request")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--plot", type=Path)
-    args = p.parse_args(argv)
+    p.add_argument("--out", type=Path, required=True, help="the result JSON")
+    p.add_argument("--plot", type=Path, help="RSS over time, PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = make_parser().parse_args(argv)
     if not (args.minutes > 0 and args.clients >= 1 and args.sample_s > 0):
         print(f"error: --minutes {args.minutes}, --clients {args.clients} and --sample-s {args.sample_s} "
               "must be positive", file=sys.stderr)
         return 2
-    result = soak(args.minutes, args.clients, args.sample_s, args.pause_s, reuse_grpc=args.reuse_grpc)
+    result = soak(args.minutes, args.clients, args.sample_s, args.pause_s, reuse_grpc=args.reuse_grpc,
+                  progress=not args.no_progress)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:

@@ -118,7 +118,7 @@ async def _closed_loop_async(engine, requests, concurrency: int):
 
 
 def _launch_line(argv: Sequence[str]) -> str:
-    from dynspec.benchmarks.sweep import command_line
+    from dynspec.benchmarks.sweep_args import command_line
 
     line = command_line(argv, 1)
     if launched_by_llmapi_launch():
@@ -143,7 +143,8 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     from dynspec.build.llm_api import read_options
     from dynspec.benchmarks.metrics import RunRecord, StepRecord, summarize
     from dynspec.benchmarks.report import write_all
-    from dynspec.benchmarks.sweep import make_row, median_trial, resolve, trial_fields
+    from dynspec.benchmarks.sweep_plan import resolve
+    from dynspec.benchmarks.sweep_rows import make_row, median_trial, trial_fields
     from dynspec.benchmarks.workload import take
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.trtllm import TrtllmEngine, load_options
@@ -166,7 +167,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     trials: dict[tuple, list] = {}                        # (point, mode) -> RunMetrics of each trial
     n = len(spec.modes)
     for t in range(spec.trials):
-        # rotate the mode order per trial, as benchmarks/sweep.py does: trial 1 of (a, b, c) runs b, c, a
+        # rotate the mode order per trial, as benchmarks/sweep_loop.py does: trial 1 of (a, b, c) runs b, c, a
         for m in spec.modes[t % n:] + spec.modes[:t % n]:
             opts = mode_options(base, m, schedules[m], static_k, cfg.trtllm_version)
             log(f"trtllm: starting LLM for mode {m}" + (f" (trial {t + 1}/{spec.trials})" if spec.trials > 1 else ""))

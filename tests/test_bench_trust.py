@@ -1,14 +1,16 @@
-"""Benchmarks users would trust (issue 11.5) and the GEMM floor (11.4): trial spreads and ties,
+"""Benchmarks users would trust and the GEMM floor: trial spreads and ties,
 matched Poisson load, decode_rows / prefill_tokens, the suite's figures, gemm_floor_ms."""
 import json
 from types import SimpleNamespace as NS
 
 import pytest
 
-from dynspec.benchmarks import summary
+from dynspec.benchmarks import figures_profile, figures_sweep, summary
 from dynspec.benchmarks.metrics import StepRecord, step_summary
 from dynspec.benchmarks.report import markdown, verdict, write_all
-from dynspec.benchmarks.sweep import LoadPoint, RequestCount, make_parser, matched_rate, trial_fields
+from dynspec.benchmarks.sweep import make_parser
+from dynspec.benchmarks.sweep_plan import LoadPoint, RequestCount
+from dynspec.benchmarks.sweep_rows import matched_rate, trial_fields
 from dynspec.errors import DynspecError
 
 
@@ -88,18 +90,18 @@ def test_gpu_gaps_split_the_idle_between_steps_by_what_came_next():
 def test_varied_vs_fixed_steady_ratio_and_older_sweeps_without_it():
     varied = [row("baseline", 64, 50, 49, 51, steady_tok_per_s=90.0)]
     fixed = [row("baseline", 64, 100, 99, 101, steady_tok_per_s=100.0), row("baseline", 256, 1, 1, 1)]
-    assert summary.varied_vs_fixed(varied, fixed) == {"64": 0.5, "256": None}
-    assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s") == {"64": pytest.approx(0.9), "256": None}
-    assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s", "output_tok_per_s") == {
+    assert figures_sweep.varied_vs_fixed(varied, fixed) == {"64": 0.5, "256": None}
+    assert figures_sweep.varied_vs_fixed(varied, fixed, "steady_tok_per_s") == {"64": pytest.approx(0.9), "256": None}
+    assert figures_sweep.varied_vs_fixed(varied, fixed, "steady_tok_per_s", "output_tok_per_s") == {
         "64": pytest.approx(0.9), "256": None}
     fixed[0]["output_tok_per_s"] = 80.0
-    assert summary.varied_vs_fixed(varied, fixed, "steady_tok_per_s", "output_tok_per_s")["64"] == pytest.approx(90 / 80)
+    assert figures_sweep.varied_vs_fixed(varied, fixed, "steady_tok_per_s", "output_tok_per_s")["64"] == pytest.approx(90 / 80)
 
 
 def test_floor_of_several_profiles_is_their_median_with_its_spread():
     runs = [{"command": f"profile --floor #{i}", "floor": {"gemm_floor_ms": 4.0, "decode_ms": d}}
             for i, d in enumerate((4.84, 4.80, 4.96))]
-    fl = summary.floor_trials(runs)
+    fl = figures_profile.floor_trials(runs)
     assert fl["ratio"] == pytest.approx(1.21) and (fl["min"], fl["max"]) == pytest.approx((1.20, 1.24))
     assert fl["decode_ms"] == 4.84 and [t["command"] for t in fl["trials"]] == [r["command"] for r in runs]
 
@@ -240,7 +242,7 @@ def test_mixed_figures_take_every_mode_the_points_report():
 def test_gemm_floor_on_cpu_times_every_decode_gemm(tmp_path):
     import torch
 
-    from dynspec.benchmarks.profile import gemm_floor_ms, target_gemm_weights
+    from dynspec.benchmarks.gemm_floor import gemm_floor_ms, target_gemm_weights
     from dynspec.runtime.engines.reference.load import load_target
     from tests.helpers_models import make_tiny_target
 
@@ -292,7 +294,7 @@ def test_sweep_trials_spread_and_matched_poisson(tmp_path):
 
 
 def test_reserved_rows_hold_blocks_while_timing_and_free_them():
-    from dynspec.benchmarks.profile import reserved_rows
+    from dynspec.benchmarks.step_timing import reserved_rows
 
     class Paged:
         def __init__(self, slots):

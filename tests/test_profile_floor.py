@@ -6,7 +6,8 @@ step before it returns there (a CPU time ratio to decode_ms says little on a sha
 import pytest
 
 from dynspec.benchmarks import summary
-from dynspec.benchmarks.profile import measure_floor, open_sized, overlap_decode_ms
+from dynspec.benchmarks.engines import open_sized
+from dynspec.benchmarks.gemm_floor import measure_floor, overlap_decode_ms
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.runtime.session import engine_config_for, tiny_pair_dirs

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.benchmarks import suite
-from dynspec.benchmarks.suite import (CONFIG_DIR, GRAPHS, EngineSpec, Stage, StageSpec, load_config, parse_config,
-                                      run_config, run_stages, stage_commands)
+from dynspec.benchmarks import suite, suite_commands, suite_provenance
+from dynspec.benchmarks.suite import run_config, run_stages
+from dynspec.benchmarks.suite_commands import stage_commands
+from dynspec.benchmarks.suite_config import load_config, parse_config
+from dynspec.benchmarks.suite_spec import CONFIG_DIR, GRAPHS, EngineSpec, Stage, StageSpec
 from dynspec.errors import DynspecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +114,7 @@ def test_one_h200_configs_fit_the_time_the_readme_gives():
 def test_configs_share_one_prepared_engine(tmp_path):
     keys = {load_config(n).engine.key() for n in ONE_H200 + ("overlap",)}
     assert len(keys) == 1
-    cmds = suite.prepare_commands(load_config("regime_a").engine, tmp_path)
+    cmds = suite_commands.prepare_commands(load_config("regime_a").engine, tmp_path)
     from dynspec.cli import make_parser
 
     for st in cmds[1:]:                                  # convert target, convert eagle3, build
@@ -283,8 +285,8 @@ def test_two_configs_end_to_end_on_cpu_share_one_prepared_engine(tmp_path):
         assert m["complete"] is True and m["command"] == "python -m dynspec.benchmarks.suite " + " ".join(argv)
         assert all(s["rc"] == 0 and s["wall_s"] > 0 for s in m["stages"])
     assert [s["name"] for s in fm["stages"]] == ["floor1", "floor2"]
-    assert fm["git_commit"] == suite._out(["git", "rev-parse", "HEAD"])
-    assert fm["git_worktree_tree"] == suite.worktree_tree()      # the files as they are, edits included
+    assert fm["git_commit"] == suite_provenance._out(["git", "rev-parse", "HEAD"])
+    assert fm["git_worktree_tree"] == suite_provenance.worktree_tree()      # the files as they are, edits included
 
     sweep = json.loads((out / "smoke_sweep" / "summary.json").read_text())["values"]
     assert set(sweep["by_concurrency"]) == {"1", "2"}
@@ -410,16 +412,16 @@ def test_worktree_tree_is_the_commits_tree_until_a_file_changes(tmp_path):
     (repo / "a.txt").write_text("one\n")
     git("add", "a.txt")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
-    old = suite.REPO
-    suite.REPO = repo
+    old = suite_provenance.REPO
+    suite_provenance.REPO = repo
     try:
-        assert suite.worktree_tree() == git("rev-parse", "HEAD^{tree}")
+        assert suite_provenance.worktree_tree() == git("rev-parse", "HEAD^{tree}")
         (repo / "b.txt").write_text("two\n")
-        edited = suite.worktree_tree()
+        edited = suite_provenance.worktree_tree()
         assert edited not in (None, git("rev-parse", "HEAD^{tree}"))
         git("add", "b.txt")
         git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b")
-        assert suite.worktree_tree() == edited == git("rev-parse", "HEAD^{tree}")
+        assert suite_provenance.worktree_tree() == edited == git("rev-parse", "HEAD^{tree}")
         assert git("status", "--porcelain") == ""          # the scratch index left the real one alone
     finally:
-        suite.REPO = old
+        suite_provenance.REPO = old

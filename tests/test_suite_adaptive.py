@@ -1,4 +1,4 @@
-"""The adaptive-policy configs (issue 28): sweep modes static:K and adaptive, the suite's tune stages,
+"""The adaptive-policy configs: sweep modes static:K and adaptive, the suite's tune stages,
 {stage:NAME} / {cost_model} references and the cost model's install, and the adaptive figures."""
 import argparse
 import json
@@ -9,22 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.benchmarks import suite, sweep
-from dynspec.benchmarks.suite import load_config, parse_config, stage_commands
-from dynspec.benchmarks.summary import adaptive_sweep, host_cost, settle_iterations, suite_figures
+from dynspec.benchmarks import suite, suite_spec, suite_stages, summary, sweep, sweep_modes, sweep_plan, sweep_rows
+from dynspec.benchmarks.suite_commands import stage_commands
+from dynspec.benchmarks.suite_config import load_config, parse_config
+from dynspec.benchmarks.summary import suite_figures
+from dynspec.benchmarks.figures_adaptive import adaptive_sweep, host_cost, settle_iterations
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 
 ADAPTIVE = ("acceptance", "long_context")
-ISSUE28 = ("cost_model",) + ADAPTIVE
+ADAPTIVE_CONFIGS = ("cost_model",) + ADAPTIVE
 
 
 # ---- sweep modes --------------------------------------------------------------------------------
 def test_static_k_modes_are_modes_of_their_own():
-    modes = sweep.parse_modes("baseline,static:1,static:5,static,dynamic,adaptive")
+    modes = sweep_modes.parse_modes("baseline,static:1,static:5,static,dynamic,adaptive")
     assert modes == ("baseline", "static:1", "static:5", "static", "dynamic", "adaptive")
     dyn = DraftSchedule.parse("24:3,179:1")
-    got = sweep.mode_schedules(modes, dyn, 2, 64)
+    got = sweep_modes.mode_schedules(modes, dyn, 2, 64)
     assert [got[m].draft_len(64) for m in ("baseline", "static:1", "static:5", "static", "dynamic")] == [0, 1, 5, 2, 1]
     assert "adaptive" not in got
 
@@ -32,7 +34,7 @@ def test_static_k_modes_are_modes_of_their_own():
 @pytest.mark.parametrize("text", ["static:0", "static:33", "static:x", "static:", "adaptive,adaptive", "fast"])
 def test_bad_modes_are_refused_naming_them(text):
     with pytest.raises(DynspecError, match="--modes"):
-        sweep.parse_modes(text)
+        sweep_modes.parse_modes(text)
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -41,27 +43,27 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_trtllm_refuses_the_reference_only_modes():
     with pytest.raises(DynspecError, match="--engine trtllm runs baseline, static, dynamic only"):
-        sweep.check_flags(_args("--engine", "trtllm", "--modes", "baseline,static:2"))
+        sweep_plan.check_flags(_args("--engine", "trtllm", "--modes", "baseline,static:2"))
 
 
 def test_adaptive_needs_a_cost_model_and_names_the_path(tmp_path):
     with pytest.raises(DynspecError, match=f"{tmp_path}/cost_model.json does not exist"):
-        sweep.cost_model_path(_args("--engine-dir", str(tmp_path), "--modes", "adaptive"))
+        sweep_modes.cost_model_path(_args("--engine-dir", str(tmp_path), "--modes", "adaptive"))
     with pytest.raises(DynspecError, match="give --cost-model FILE"):
-        sweep.cost_model_path(_args("--modes", "adaptive"))
+        sweep_modes.cost_model_path(_args("--modes", "adaptive"))
     (tmp_path / "cost_model.json").write_text("{}")
-    assert sweep.cost_model_path(_args("--engine-dir", str(tmp_path))) == tmp_path / "cost_model.json"
+    assert sweep_modes.cost_model_path(_args("--engine-dir", str(tmp_path))) == tmp_path / "cost_model.json"
     other = tmp_path / "p.json"
     other.write_text("{}")
-    assert sweep.cost_model_path(_args("--engine-dir", str(tmp_path), "--cost-model", str(other))) == other
+    assert sweep_modes.cost_model_path(_args("--engine-dir", str(tmp_path), "--cost-model", str(other))) == other
 
 
 def test_the_sweep_records_a_resolved_shift_and_nothing_for_other_models():
     from dynspec.runtime.acceptance import Bernoulli, Shift, resolve
 
-    assert sweep.shift_of(resolve(Shift(0.8, 0.2, 0.5), 64)) == {"key": 32, "before": 0.8, "after": 0.2}
-    assert sweep.shift_of(Shift(0.8, 0.2, 0.5)) is None            # a fraction is not a key yet
-    assert sweep.shift_of(Bernoulli(0.5)) is None
+    assert sweep_modes.shift_of(resolve(Shift(0.8, 0.2, 0.5), 64)) == {"key": 32, "before": 0.8, "after": 0.2}
+    assert sweep_modes.shift_of(Shift(0.8, 0.2, 0.5)) is None            # a fraction is not a key yet
+    assert sweep_modes.shift_of(Bernoulli(0.5)) is None
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,11 @@ def test_adaptive_trace_keeps_decode_iterations_compactly():
         def submit(self, *a):
             return "handle"
 
-    tr = sweep.StepTrace(Ex())
+    tr = sweep_rows.StepTrace(Ex())
     assert tr.submit([1], 2) == "handle"
     assert [tr.step() is None for _ in range(3)] == [False, True, False]
     assert tr.steps == [(2, 0.6123, 0, 21.5, 7, 12300.0, 4, 9.2)]          # prompt-only and empty steps left out
-    assert dict(zip(sweep.ADAPTIVE_FIELDS, tr.steps[0]))["oldest_key"] == 7
+    assert dict(zip(sweep_rows.ADAPTIVE_FIELDS, tr.steps[0]))["oldest_key"] == 7
 
 
 # ---- suite: references, tune, install ----------------------------------------------------------
@@ -147,7 +149,7 @@ def test_the_tiny_pair_has_no_engine_to_carry_a_cost_model():
 def test_adaptive_figures_need_a_sweep_stage():
     with pytest.raises(DynspecError, match=r"read stage\(s\) \['sweep or sweep_\*'\]"):
         _cfg([{"name": "mix", "tool": "sweep"}])
-    assert suite.sweep_stage_names(["tune", "sweep_mix", "sweeper", "sweep"]) == ["sweep_mix", "sweep"]
+    assert summary.sweep_stage_names(["tune", "sweep_mix", "sweeper", "sweep"]) == ["sweep_mix", "sweep"]
 
 
 def test_install_copies_atomically_and_refuses_what_is_not_a_profile(tmp_path):
@@ -155,22 +157,22 @@ def test_install_copies_atomically_and_refuses_what_is_not_a_profile(tmp_path):
     dest.parent.mkdir()
     dest.write_text('{"old": 1}')
     src.write_text('{"device": "x"}')
-    suite.install_file(str(src), str(dest))
+    suite_stages.install_file(str(src), str(dest))
     assert json.loads(dest.read_text()) == {"device": "x"} and sorted(os.listdir(dest.parent)) == ["cost_model.json"]
     src.write_text("[1, 2]")
     with pytest.raises(DynspecError, match="must hold a JSON object"):
-        suite.install_file(str(src), str(dest))
+        suite_stages.install_file(str(src), str(dest))
     src.write_text("{not json")
     with pytest.raises(DynspecError):
-        suite.install_file(str(src), str(dest))
+        suite_stages.install_file(str(src), str(dest))
     assert json.loads(dest.read_text()) == {"device": "x"} and sorted(os.listdir(dest.parent)) == ["cost_model.json"]
 
 
 def test_a_failed_install_stops_the_stages_naming_it(tmp_path):
     py = sys.executable
-    st = [suite.Stage("p", (py, "-c", f"open({str(tmp_path / 'p.json')!r}, 'w').write('[]')"), str(tmp_path / "p.json"),
+    st = [suite_spec.Stage("p", (py, "-c", f"open({str(tmp_path / 'p.json')!r}, 'w').write('[]')"), str(tmp_path / "p.json"),
                       install=str(tmp_path / "cost_model.json")),
-          suite.Stage("never", (py, "-c", "print(1)"), "")]
+          suite_spec.Stage("never", (py, "-c", "print(1)"), "")]
     done, why = suite.run_stages(st, 30, tmp_path / "logs")
     assert [r.name for r in done] == ["p"] and "stage 'p': installing" in why and "must hold a JSON object" in why
     assert not (tmp_path / "cost_model.json").exists()
@@ -187,7 +189,7 @@ def test_a_config_that_needs_the_cost_model_is_refused_when_it_is_absent(tmp_pat
     (eng / "cost_model.json").write_text("{}")
     assert suite.missing_cost_model(cfg, eng) is None
     plain = {"name": "sweep", "tool": "sweep", "args": {"modes": "adaptive", "cost-model": "/x.json"}}
-    assert suite.needs_cost_model(_cfg([plain]).stages) == []
+    assert suite_spec.needs_cost_model(_cfg([plain]).stages) == []
 
 
 # ---- the shipped configs -------------------------------------------------------------------------
@@ -210,7 +212,7 @@ def test_adaptive_configs_check_their_modes_and_acceptance(name, tmp_path):
 
     for a in [a for st in stage_commands(load_config(name), tmp_path / "engine", tmp_path / "res")
               if st.argv[2] == "dynspec.benchmarks.sweep" for a in _sweep_args(st).values()]:
-        modes = sweep.parse_modes(a.modes)
+        modes = sweep_modes.parse_modes(a.modes)
         assert "adaptive" in modes and (a.trials, a.warmup_requests) == (3, 2)
         # the engine's installed cost model, or (long_context) one profiled by this config itself
         assert a.cost_model is None or a.cost_model == str(tmp_path / "res" / "profile.json")
@@ -228,7 +230,7 @@ def test_the_must_show_workloads_are_the_configs():
     for case, p in (("p050", "0.5"), ("p090", "0.9")):
         a = acc[f"sweep_{case}"]
         assert a.acceptance == f"bernoulli:{p}" and a.dynamic_schedule == f"@/r/tune_0{p[2]}0/schedule.txt"
-        assert sweep.parse_modes(a.modes) == ("baseline", *[f"static:{k}" for k in range(1, 6)], "dynamic", "adaptive")
+        assert sweep_modes.parse_modes(a.modes) == ("baseline", *[f"static:{k}" for k in range(1, 6)], "dynamic", "adaptive")
     assert acc["sweep_mix"].acceptance == "bernoulli-mix:0.9@0.5,0.2@0.5"
     assert acc["sweep_shift"].acceptance == "shift:0.8,0.2@0.5"
     lc = sweeps("long_context")["sweep"]
@@ -240,7 +242,7 @@ def test_the_must_show_workloads_are_the_configs():
 
 
 def test_the_adaptive_configs_share_one_engine_that_holds_the_long_context():
-    cfgs = [load_config(n) for n in ISSUE28]
+    cfgs = [load_config(n) for n in ADAPTIVE_CONFIGS]
     assert len({c.engine.key() for c in cfgs}) == 1
     eng = cfgs[0].engine
     assert eng.max_seq_len >= 3072 + 512 + 5 + 1 and eng.build_max_seq_len >= eng.max_seq_len
@@ -252,7 +254,7 @@ def test_the_adaptive_configs_share_one_engine_that_holds_the_long_context():
 
 
 # ---- adaptive figures ---------------------------------------------------------------------------
-FIELDS = list(sweep.ADAPTIVE_FIELDS)
+FIELDS = list(sweep_rows.ADAPTIVE_FIELDS)
 
 
 def _row(mode, c, trials, **kw):
@@ -290,7 +292,7 @@ def test_adaptive_figures_against_every_rival_with_host_cost_and_settle():
 
 
 def test_adaptive_summary_from_stage_outputs_with_a_png(tmp_path):
-    from dynspec.benchmarks.report import write_suite_report
+    from dynspec.benchmarks.suite_report import write_suite_report
 
     steps = [[[[1, 0.5, 0, 20.0, 0, 10000.0, 1, 8.0]]]] * 3
     names = [f"sweep_{c}" for c in ("p015", "p050", "p090", "mix", "shift")]      # the acceptance config's cases

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from dynspec.benchmarks import suite
-from dynspec.benchmarks.suite import Stage, parse_config, run_config
+from dynspec.benchmarks.suite import run_config
+from dynspec.benchmarks.suite_config import parse_config
+from dynspec.benchmarks.suite_spec import Stage
 from dynspec.benchmarks.suite_checks import check_inside, last_error_line
 from dynspec.errors import DynspecError
 

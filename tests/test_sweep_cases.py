@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.benchmarks import suite, sweep, sweep_cases
-from dynspec.benchmarks.suite import load_config, parse_config, run_config, stage_commands
+from dynspec.benchmarks import suite, suite_spec, sweep, sweep_cases, sweep_modes
+from dynspec.benchmarks.suite import run_config
+from dynspec.benchmarks.suite_commands import stage_commands
+from dynspec.benchmarks.suite_config import load_config, parse_config
 from dynspec.errors import DynspecError
 from dynspec.runtime.cost_model import ContextTable, Profile
 
@@ -110,8 +112,8 @@ def test_an_adaptive_case_needs_the_engines_cost_model():
     stages = [{"name": "sweep", "tool": "sweep", "args": {"modes": "baseline"},
                "cases": [{"name": "a", "args": {}}, {"name": "b", "args": {"modes": "baseline,adaptive"}}]}]
     cfg = parse_config({"figures": "adaptive", "budget_s": 9, "engine": {"pair": "random"}, "stages": stages}, "c")
-    assert suite.needs_cost_model(cfg.stages) == ["sweep"]
-    assert suite.needs_cost_model(parse_config({"figures": "adaptive", "budget_s": 9, "stages": [
+    assert suite_spec.needs_cost_model(cfg.stages) == ["sweep"]
+    assert suite_spec.needs_cost_model(parse_config({"figures": "adaptive", "budget_s": 9, "stages": [
         {**stages[0], "cases": [{"name": "a", "args": {}}]}]}, "c").stages) == []
 
 
@@ -256,7 +258,7 @@ def test_a_suite_sweep_of_two_cases_opens_one_engine_and_each_case_is_its_plain_
         want = json.loads(plain.with_name(f"{c}.json").read_text())
         assert "shared_engine" not in want["env"] and want["env"]["max_batch_size"] == env["max_batch_size"]
         assert [untimed(r) for r in doc["rows"]] == [untimed(r) for r in want["rows"]]
-        assert {r["mode"] for r in doc["rows"]} == set(sweep.parse_modes(argv[argv.index("--modes") + 1]))
+        assert {r["mode"] for r in doc["rows"]} == set(sweep_modes.parse_modes(argv[argv.index("--modes") + 1]))
     a = json.loads((final / "sweep_a.json").read_text())
     assert {(r["mode"], r["concurrency"], r["num_requests"]) for r in a["rows"]} == {
         (m, c, 3) for m in ("baseline", "static:1", "adaptive") for c in (1, 2)}
@@ -296,7 +298,7 @@ def test_the_acceptance_config_is_the_five_sweeps_it_replaces(tmp_path):
     assert {n: a["acceptance"] for n, a in tunes.items()} == {"tune_015": 0.15, "tune_050": 0.5, "tune_090": 0.9,
                                                               "tune_055": 0.55}
     assert all((a["profile"], a["context"], a["draft-margin"]) == ("{cost_model}", 256, 1.01) for a in tunes.values())
-    assert suite.needs_cost_model(cfg.stages) == ["tune_015", "tune_050", "tune_090", "tune_055", "sweep"]
+    assert suite_spec.needs_cost_model(cfg.stages) == ["tune_015", "tune_050", "tune_090", "tune_055", "sweep"]
 
 
 @pytest.mark.slow

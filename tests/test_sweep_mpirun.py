@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.benchmarks import sweep
+from dynspec.benchmarks import sweep, sweep_modes
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.runtime.session import tiny_pair_dirs
 from tests.helpers_mpi import mpirun
@@ -31,7 +31,7 @@ def tiny_pair():
 
 def check_rows(doc, replicas, requests_per_replica):
     rows = doc["rows"]
-    assert {(r["mode"], r["concurrency"]) for r in rows} == {(m, c) for m in sweep.MODES for c in (1, 4)}
+    assert {(r["mode"], r["concurrency"]) for r in rows} == {(m, c) for m in sweep_modes.MODES for c in (1, 4)}
     dyn = DraftSchedule.parse(SCHEDULE)
     for r in rows:
         where = f"{r['mode']} C={r['concurrency']}"
@@ -91,7 +91,7 @@ def test_mpirun_two_replicas_tiny_pair(tmp_path, tiny_pair):
     png = (out.parent / "smoke.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     md = (out.parent / "smoke.md").read_text()
-    for m in sweep.MODES:
+    for m in sweep_modes.MODES:
         assert f"| {m} | C=1 |" in md and f"| {m} | C=4 |" in md
     assert "acceptance model: **real**" in md
     # only rank 0 logs

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dynspec.benchmarks import summary, sweep
+from dynspec.benchmarks import summary, sweep, sweep_modes, sweep_plan, sweep_run
 from dynspec.errors import DynspecError
 from dynspec.runtime.overlap import cache_slack
 
@@ -39,8 +39,8 @@ def test_overlapped_modes_serve_the_same_tokens_through_the_overlapped_loop(swep
         # K=0 rows run the fewest iterations their closed loop allows (prompts fit one step's budget;
         # at C=4 two requests wait for a slot)
         for m in ("baseline", "baseline+overlap"):
-            assert sweep.closed_loop_floor(doc["env"], rows[(m, c)]) == rows[(m, c)]["iterations"], (m, c)
-        assert sweep.closed_loop_floor(doc["env"], rows[("dynamic", c)]) is None      # drafted: no K=0 bound
+            assert sweep_plan.closed_loop_floor(doc["env"], rows[(m, c)]) == rows[(m, c)]["iterations"], (m, c)
+        assert sweep_plan.closed_loop_floor(doc["env"], rows[("dynamic", c)]) is None      # drafted: no K=0 bound
         assert rows[("dynamic+overlap", 1)]["mean_k"] == 3            # schedule 2:3 at b=1
     assert doc["env"]["schedules"]["dynamic+overlap"] == doc["env"]["schedules"]["dynamic"] == "2:3"
 
@@ -66,16 +66,16 @@ def test_ratios_of_an_overlapped_mode_are_against_its_own_loop(swept):
 
 
 def test_mode_names_with_the_loop_suffix():
-    assert sweep.parse_modes("baseline,static:3+overlap,adaptive+overlap") == (
+    assert sweep_modes.parse_modes("baseline,static:3+overlap,adaptive+overlap") == (
         "baseline", "static:3+overlap", "adaptive+overlap")
-    assert [sweep.base_mode(m) for m in ("static:3+overlap", "dynamic")] == ["static:3", "dynamic"]
-    s = sweep.mode_schedules(("static:3+overlap", "baseline+overlap"), sweep.DraftSchedule.parse("4:2"), None, 8)
+    assert [sweep_modes.base_mode(m) for m in ("static:3+overlap", "dynamic")] == ["static:3", "dynamic"]
+    s = sweep_modes.mode_schedules(("static:3+overlap", "baseline+overlap"), sweep_modes.DraftSchedule.parse("4:2"), None, 8)
     assert s["static:3+overlap"].draft_len(8) == 3 and s["baseline+overlap"].max_draft_len == 0
     for text, msg in (("baseline+overlap,baseline+overlap", "repeats a mode"),
                       ("turbo+overlap", "unknown mode(s) ['turbo+overlap']"),
                       ("baseline+overlap+overlap", "unknown mode(s)"), ("static:40+overlap", "unknown mode(s)")):
         with pytest.raises(DynspecError) as e:
-            sweep.parse_modes(text)
+            sweep_modes.parse_modes(text)
         assert msg in str(e.value)
 
 
@@ -141,7 +141,7 @@ def test_varied_over_fixed_per_loop():
 def test_closed_loop_floor_is_none_where_the_row_has_no_k0_bound_or_its_command_does_not_parse(capsys):
     cmd = "mpirun -n 1 python -m dynspec.benchmarks.sweep --engine-dir e --concurrency 4 --waves 2 --out o"
     row = {"mode": "baseline", "loop": "serial", "concurrency": 4, "replicas": 1, "mean_k": 0.0}
-    n = sweep.closed_loop_floor({"command": cmd}, row)
+    n = sweep_plan.closed_loop_floor({"command": cmd}, row)
     assert n is not None and n >= 224 / 4                      # 8 requests of 32..224 tokens over 4 slots
     for env, r in (({"command": cmd + " --dataset=d.jsonl"}, row), ({"command": cmd + " --data d.jsonl"}, row),
                    ({"command": cmd + " --no-such-flag"}, row), ({"command": cmd.replace(" --out o", "")}, row),
@@ -149,7 +149,7 @@ def test_closed_loop_floor_is_none_where_the_row_has_no_k0_bound_or_its_command_
                    ({"command": cmd}, {k: v for k, v in row.items() if k != "mean_k"}),
                    ({"command": cmd}, {**row, "replicas": 2}), ({"command": cmd}, {**row, "concurrency": None}),
                    ({"command": "python -m something.else --concurrency 4"}, row)):
-        assert sweep.closed_loop_floor(env, r) is None, (env, r)
+        assert sweep_plan.closed_loop_floor(env, r) is None, (env, r)
     assert capsys.readouterr().err == ""                      # a refused command prints no usage text
 
 
@@ -159,25 +159,26 @@ def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_p
     fit the shared --max-seq-len at the engine's K; one position less is refused."""
     from dynspec.benchmarks import sweep_cases
     from dynspec.benchmarks.mpi import World
-    from dynspec.benchmarks.suite import load_config, stage_commands
+    from dynspec.benchmarks.suite_commands import stage_commands
+    from dynspec.benchmarks.suite_config import load_config
     from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
 
     st = next(s for s in stage_commands(load_config("overlap"), tmp_path / "e", tmp_path / "r") if s.files)
     (path, text), = st.files
     cases = [sweep_cases.Case(c["name"], tuple(c["args"])) for c in json.loads(text)["cases"]]
     argv = [a for a in st.argv[3:] if a not in ("--engine-dir", str(tmp_path / "e"))]
-    cfg = engine_config_for(*tiny_pair_dirs(), sweep.DraftSchedule.parse("24:3,179:1"))
+    cfg = engine_config_for(*tiny_pair_dirs(), sweep_modes.DraftSchedule.parse("24:3,179:1"))
 
     def plans(extra=()):
         runs = [sweep_cases.parse_case([*argv, *extra], c, st.out) for c in cases]
-        return [sweep.PlannedSweep(r, cfg, "tiny", sweep.resolve(r.args, World(0, 1, 0), cfg)) for r in runs]
+        return [sweep_run.PlannedSweep(r, cfg, "tiny", sweep_plan.resolve(r.args, World(0, 1, 0), cfg)) for r in runs]
 
     got = plans()
     assert [p.case.name for p in got] == ["varied", "fixed", "regime_b"]
-    assert all(any(sweep.overlapped(m) for m in p.spec.modes) for p in got)
+    assert all(any(sweep_modes.overlapped(m) for m in p.spec.modes) for p in got)
     assert sweep_cases.engine_sizes([p.spec for p in got])["max_draft_len"] == 7
-    sweep.check_engine_overlap(got)
+    sweep_run.check_engine_overlap(got)
     need = max(r.input_len + r.output_tokens for p in got for r in p.spec.requests) + cache_slack(7, True)
     assert need <= 432 == 192 + 224 + cache_slack(7, True)           # the lengths' bound, 416 + 16
     with pytest.raises(DynspecError, match=f"--max-seq-len {need - 1} is too short .* give --max-seq-len {need}$"):
-        sweep.check_engine_overlap(plans(["--max-seq-len", str(need - 1)]))
+        sweep_run.check_engine_overlap(plans(["--max-seq-len", str(need - 1)]))

@@ -1,4 +1,4 @@
-"""benchmarks/tp_summary.py: issue 12's figures from hand-made documents with known answers."""
+"""benchmarks/tp_summary.py: the TP=2 vs TP=1 figures from hand-made documents with known answers."""
 import json
 
 import pytest

@@ -267,7 +267,7 @@ def test_profile_flag_errors(tmp_path, capsys):
     assert "--draft-lens" in capsys.readouterr().err
 
 
-# ---- the token budget (issue 11) and bad inputs (issue 14.11/14.12) ---------------------------
+# ---- the token budget and bad inputs ----------------------------------------------------------
 @pytest.mark.parametrize("budget", [5, 16, 100, 513])
 def test_flat_cost_under_a_token_budget_takes_the_largest_k_that_fits(budget):
     """Flat cost: the best K is the largest allowed, so K(b) = min(4, budget // b - 1), floored at 0."""

@@ -3,14 +3,13 @@ import json
 
 import pytest
 
-from dynspec.benchmarks import summary
+from dynspec.benchmarks import figures_common, summary
 from dynspec.benchmarks.loadgen import closed_loop, open_loop, poisson_arrivals
 from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord, percentile, step_summary, summarize
 from dynspec.benchmarks.report import markdown, out_paths, write_all
-from dynspec.benchmarks.sweep import (LoadPoint, mode_schedules, parse_modes, parse_waves_at, read_schedule_arg,
-                                      RequestCount)
-from dynspec.benchmarks.workload import (BenchRequest, LengthDist, check_fits, closed_loop_iterations, load_jsonl,
-                                         synthetic, synthetic_lengths, take, write_jsonl)
+from dynspec.benchmarks.sweep_modes import mode_schedules, parse_modes, read_schedule_arg
+from dynspec.benchmarks.sweep_plan import LoadPoint, parse_waves_at, RequestCount
+from dynspec.benchmarks.workload import BenchRequest, LengthDist, check_fits, closed_loop_iterations, load_jsonl, synthetic, synthetic_lengths, take, write_jsonl
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import Bernoulli
 from dynspec.runtime.executor import Executor
@@ -297,15 +296,15 @@ def test_summary_figures():
     doc = fake_doc({"baseline": {1: 10, 2: 20, 4: 40, 8: 80}, "static": {1: 20, 2: 30, 4: 35, 8: 50},
                     "dynamic": {1: 19, 2: 33, 4: 41, 8: 79}})
     rows = doc["rows"]
-    assert summary.crossover_concurrency(rows) == 4
-    r = summary.dynamic_ratio_by_concurrency(rows)
+    assert figures_common.crossover_concurrency(rows) == 4
+    r = figures_common.dynamic_ratio_by_concurrency(rows)
     assert r == pytest.approx({"1": 0.95, "2": 1.1, "4": 41 / 40, "8": 79 / 80})
     fig = summary.sweep_figures(doc)
     assert {c: e["dynamic_vs_best"]["of_medians"] for c, e in fig["by_concurrency"].items()} == pytest.approx(r)
     assert fig["by_concurrency"]["1"]["dynamic_vs_baseline"]["median"] == pytest.approx(1.9)
     assert fig["by_concurrency"]["1"]["acceptance"]["static"]["acceptance_rate"] == 0.5
     assert fig["crossover_concurrency"] == 4
-    assert summary.crossover_concurrency(fake_doc({"baseline": {1: 1}, "static": {1: 2}})["rows"]) is None
+    assert figures_common.crossover_concurrency(fake_doc({"baseline": {1: 1}, "static": {1: 2}})["rows"]) is None
 
 
 def test_report_files(tmp_path):
@@ -327,7 +326,7 @@ def test_bernoulli_is_refused_outside_benchmarks():
 def test_median_trial():
     from types import SimpleNamespace as NS
 
-    from dynspec.benchmarks.sweep import median_trial
+    from dynspec.benchmarks.sweep_rows import median_trial
 
     mets = [NS(output_tok_per_s=v) for v in (5.0, 1.0, 9.0, 3.0)]
     assert median_trial(mets).output_tok_per_s == 3.0

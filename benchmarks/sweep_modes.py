@@ -1,0 +1,128 @@
+"""The sweep's modes and the draft policy each one runs.
+
+    baseline   K = 0 always                 static     one K (--static-k) for every batch size
+    static:K   that K for every batch size  dynamic    the engine's (or a tuned) schedule
+    adaptive   the cost model's policy (runtime/adaptive.py)
+Any mode may carry the loop suffix '+overlap': the same policy through the overlapped executor loop.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy import DraftSchedule
+
+
+MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
+ALL_MODES = MODES + ("adaptive",)                     # and static:K, K in 1..MAX_STATIC_K
+TRTLLM_MODES = MODES
+OVERLAP = "+overlap"          # a mode's loop suffix: 'dynamic+overlap' runs Executor(overlap=True)
+MAX_STATIC_K = 32
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """'baseline,static:1,static:3,dynamic,adaptive' -> those five modes; each static:K is a mode of
+    its own (K in 1..32), plain 'static' takes --static-k. Any of them may carry the loop suffix
+    '+overlap' ('baseline,baseline+overlap'): the same policy through the overlapped executor loop."""
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if base_mode(m) not in ALL_MODES and static_k_of(base_mode(m)) is None]
+    if bad or not modes:
+        raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(ALL_MODES)} or static:K"
+                           f" (K in 1..{MAX_STATIC_K}), each optionally with {OVERLAP}")
+    if len(set(modes)) != len(modes):
+        raise DynspecError(f"--modes {text!r} repeats a mode")
+    return modes
+
+
+def base_mode(mode: str) -> str:
+    """The policy part of a mode: 'static:3+overlap' -> 'static:3'; 'dynamic' -> 'dynamic'."""
+    return mode[: -len(OVERLAP)] if mode.endswith(OVERLAP) else mode
+
+
+def overlapped(mode: str) -> bool:
+    """Does the mode run the overlapped executor loop ('dynamic+overlap')?"""
+    return mode.endswith(OVERLAP)
+
+
+def loop_of(mode: str) -> str:
+    """'dynamic+overlap' -> 'overlap'; 'dynamic' -> 'serial' (the row's `loop`)."""
+    return "overlap" if overlapped(mode) else "serial"
+
+
+def static_k_of(mode: str) -> int | None:
+    """'static:3' -> 3; anything else (plain 'static' too) -> None."""
+    head, sep, k = mode.partition(":")
+    if head != "static" or not sep or not k.isdigit() or not 1 <= int(k) <= MAX_STATIC_K:
+        return None
+    return int(k)
+
+
+def read_schedule_arg(text: str) -> DraftSchedule:
+    """'4:4,8:2' or '@schedule.txt' (the file `dynspec tune --out` writes)."""
+    if text.startswith("@"):
+        p = Path(text[1:])
+        if not p.is_file():
+            raise DynspecError(f"schedule file {p} does not exist")
+        return DraftSchedule.parse(p.read_text().strip())
+    return DraftSchedule.parse(text)
+
+
+def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None,
+                   max_batch_size: int) -> dict[str, DraftSchedule]:
+    """baseline: K=0 always; static: K for every batch size; static:K that K; dynamic: the engine's
+    (or a tuned) schedule; a mode with the loop suffix ('static:3+overlap') its base mode's.
+    Adaptive is not a schedule (adaptive_policy).
+
+    static_k defaults to the dynamic schedule's max_draft_len: 'what if we never switched'."""
+    out = {}
+    for mode in modes:
+        m = base_mode(mode)
+        if m == "baseline":
+            out[mode] = DraftSchedule()
+        elif m == "static":
+            k = dynamic.max_draft_len if static_k is None else static_k
+            if k < 1:
+                raise DynspecError("static mode needs --static-k K >= 1 (the dynamic schedule never speculates)")
+            out[mode] = DraftSchedule.static(k, max_batch_size)
+        elif static_k_of(m) is not None:
+            out[mode] = DraftSchedule.static(static_k_of(m), max_batch_size)
+        elif m == "dynamic":
+            out[mode] = dynamic
+    return out
+
+
+def cost_model_path(args: argparse.Namespace) -> Path:
+    """--cost-model, else ENGINE_DIR/cost_model.json; the adaptive mode's one source."""
+    if args.cost_model:
+        p = Path(args.cost_model)
+    elif getattr(args, "engine_dir", None):
+        p = Path(args.engine_dir) / "cost_model.json"
+    else:
+        raise DynspecError("adaptive mode needs a cost model: give --cost-model FILE (no --engine-dir to find"
+                           " cost_model.json in)")
+    if not p.is_file():
+        raise DynspecError(f"adaptive mode needs a cost model and {p} does not exist: write it with"
+                           f" `dynspec profile ... --out {p}` or give --cost-model FILE")
+    return p
+
+
+def adaptive_policy(path: Path, max_draft_len: int | None):
+    """The adaptive mode's policy (runtime/adaptive.py): the cost model at `path`, K at most
+    max_draft_len (None: every K the cost model profiled)."""
+    from dynspec.runtime.adaptive import load_policy
+
+    return load_policy(path, max_draft_len)
+
+
+def policy_label(policy) -> str:
+    """A schedule's CLI form ('24:3,179:1'); 'adaptive' for the adaptive policy."""
+    return policy.to_spec() if isinstance(policy, DraftSchedule) else "adaptive"
+
+
+def shift_of(model) -> dict | None:
+    """{"key": K, "before": p0, "after": p1} of a shift resolved at a key; None for other models."""
+    if all(hasattr(model, f) for f in ("before", "after", "at")) and isinstance(model.at, int):
+        return {"key": model.at, "before": model.before, "after": model.after}
+    return None

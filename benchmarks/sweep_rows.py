@@ -1,0 +1,99 @@
+"""A sweep's result rows: one per (load point, mode), the median trial with the spread over
+trials, and the adaptive mode's per-iteration records (StepTrace)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from dynspec.benchmarks.sweep_modes import loop_of, policy_label, shift_of
+from dynspec.runtime.policy import DraftSchedule
+
+if TYPE_CHECKING:
+    from dynspec.benchmarks.sweep_plan import LoadPoint, SweepSpec
+
+
+def matched_rate(trial_metrics: Sequence, world_size: int) -> float:
+    """Poisson rate per replica at the closed loop's mean load: the median trial's requests/s
+    over all replicas / replicas. Trials at 10.0, 12.0, 11.0 req/s on 2 replicas -> 5.5 req/s."""
+    return median_trial(trial_metrics).requests_per_s / world_size
+
+
+# one adaptive iteration: K, the acceptance estimate's position 1 the decision used (None before any),
+# 1 for a probe step, the policy's host time (us), the smallest request key among the decode rows,
+# the engine step (us), the decode rows
+ADAPTIVE_FIELDS = ("k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size", "policy_exposed_us")
+
+
+class StepTrace:
+    """Wraps an Executor: forwards everything; step() counts the iterations the overlapped loop
+    ran (`overlapped`) and, with adaptive=True, keeps each decode iteration's ADAPTIVE_FIELDS
+    (IterationStats of the adaptive policy) in `steps`, compact tuples."""
+
+    def __init__(self, executor, adaptive: bool = True):
+        self._ex, self._adaptive = executor, adaptive
+        self.steps: list[tuple] = []
+        self.overlapped = 0
+
+    def __getattr__(self, name):
+        return getattr(self._ex, name)
+
+    def step(self):
+        st = self._ex.step()
+        if st is not None:
+            self.overlapped += bool(getattr(st, "overlapped", False))
+            if self._adaptive and st.batch_size > 0:
+                self.steps.append(adaptive_record(st))
+        return st
+
+
+def adaptive_record(st) -> tuple:
+    """IterationStats -> (k, acceptance1, probe, policy_us, oldest_key, step_us, batch_size,
+    policy_exposed_us): K=2, acceptance (0.61234, 0.4), probe False, policy 21.5e-6 s, oldest 7,
+    step 0.0123 s, b=4, exposed 9.25e-6 s -> (2, 0.6123, 0, 21.5, 7, 12300.0, 4, 9.2)."""
+    acc = tuple(getattr(st, "acceptance", ()) or ())
+    return (st.k, round(float(acc[0]), 4) if acc else None, int(bool(getattr(st, "probe", False))),
+            round(1e6 * float(getattr(st, "policy_seconds", 0.0)), 1), getattr(st, "oldest_key", None),
+            round(1e6 * st.seconds, 1), st.batch_size,
+            round(1e6 * float(getattr(st, "policy_exposed_seconds", getattr(st, "policy_seconds", 0.0))), 1))
+
+
+def adaptive_fields(trial_steps: Sequence, acceptance) -> dict:
+    """The adaptive row's per-iteration records: {"adaptive_steps": {"fields", "trials": [trial
+    [replica [iteration record]]]}} and, under a shift, "shift": its key and rates at this point."""
+    out = {"adaptive_steps": {"fields": list(ADAPTIVE_FIELDS), "trials": [list(t) for t in trial_steps]}}
+    sh = shift_of(acceptance)
+    if sh is not None:
+        out["shift"] = sh
+    return out
+
+
+def trial_fields(mets: Sequence) -> dict:
+    """Per-mode spread over trials: tok/s of every trial, min and max (the row itself is the median trial).
+
+    Trials at 90, 100, 95 tok/s -> output_tok_per_s 95 (median run), tok_per_s_min 90, tok_per_s_max 100."""
+    tps = [x.output_tok_per_s for x in mets]
+    return {"trials": len(mets), "trial_tok_per_s": tps, "tok_per_s_min": min(tps), "tok_per_s_max": max(tps),
+            "trial_p99_ttft_s": [x.p99_ttft_s for x in mets],
+            "trial_steady_tok_per_s": [x.steady_tok_per_s for x in mets],
+            "trial_sustained_tok_per_s": [x.sustained_tok_per_s for x in mets]}
+
+
+def median_trial(mets: Sequence):
+    """The trial with the median throughput (the lower middle one for an even count)."""
+    return sorted(mets, key=lambda x: x.output_tok_per_s)[(len(mets) - 1) // 2]
+
+
+def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, keep_warm: bool, met, world_size: int) -> dict:
+    row = {
+        "mode": mode,
+        "loop": loop_of(mode),             # serial | overlap: the executor loop the mode ran
+        "concurrency": p.concurrency,
+        "total_concurrency": None if p.concurrency is None else p.concurrency * world_size,
+        "request_rate": p.request_rate,
+        "matched_concurrency": p.matched_concurrency,
+        "acceptance_model": str(spec.acceptance),
+        "schedule": policy_label(schedule),
+        "policy": "schedule" if isinstance(schedule, DraftSchedule) else "adaptive",
+        "keep_warm": keep_warm,
+    }
+    row.update(met.to_json())
+    return row

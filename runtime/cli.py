@@ -4,24 +4,39 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
 
 MODES = ("baseline", "static", "dynamic", "adaptive")
+PAIR_SCHEDULE = "4:4,8:2"     # a pair's schedule when --schedule is not given and none is tuned
+TUNE_PROMPTS = 4              # tuning at start: acceptance is measured on this many of the job's prompts,
+TUNE_NEW_TOKENS = 64          # generating at most this many tokens each (at most --max-new-tokens) at static K=max
+TUNE_PASSES, TUNE_STEPS = 8, 3     # profiled (b, K): passes over the grid, consecutive timed steps per pass
 
 
 def register(sub) -> None:
     from dynspec.cli import add_schedule_args
 
-    p = sub.add_parser("generate", help="generate with the reference engine (default: the embedded tiny pair)")
+    p = sub.add_parser(
+        "generate", help="generate with the reference engine (default: the embedded tiny pair)",
+        description="Run prompts through the reference engine under each --modes policy and print tok/s, "
+                    "accepted drafts and the K each batch size got. The first stdout line names the schedule "
+                    "and the policy. Schedule: --schedule, else engine.json's; on the embedded pair in one "
+                    f"process it is tuned at start for this machine (acceptance on {TUNE_PROMPTS} of the prompts, "
+                    "iteration ms of b = 1, 2, 4, ..., --concurrency x K = 0..4, then the `dynspec tune` rule; "
+                    f"a few seconds); under mpirun, or with --target/--draft, {PAIR_SCHEDULE}.")
     src = p.add_argument_group("model (default: the embedded tiny trained pair)")
     src.add_argument("--engine-dir", help="ENGINE_DIR from `dynspec build` (reads its engine.json)")
     src.add_argument("--target", help="HF target folder (instead of --engine-dir)")
     src.add_argument("--draft", help="EAGLE-3 draft folder (with --target)")
     add_schedule_args(p, required=False)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    p.add_argument("--trials", type=int, default=3, metavar="N",
+                   help="runs of every mode, their order rotated from trial to trial; tok/s: the median trial's")
     p.add_argument("--no-keep-warm", action="store_true", help="do not extend the draft's KV while K=0")
     p.add_argument("--prompts", help="JSONL: {'id', 'input_ids'} or {'id', 'prompt'} (default: built-in code prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt, at most")
@@ -64,7 +79,7 @@ def _engine_config(args):
         if bool(args.target) != bool(args.draft):
             raise DynspecError("--target and --draft go together")
         target, draft = (args.target, args.draft) if args.target else tiny_pair_dirs()
-        cfg = engine_config_for(target, draft, DraftSchedule.parse("4:4,8:2"))
+        cfg = engine_config_for(target, draft, DraftSchedule.parse(PAIR_SCHEDULE))
         cfg = replace(cfg, max_batch_size=max(cfg.max_batch_size, args.concurrency))   # a pair: no engine dir limit
     sched = schedule_of(args)
     if args.engine_dir and sched is not None and sched.max_draft_len > cfg.schedule.max_draft_len:
@@ -100,7 +115,7 @@ def _check_flags(args) -> None:
 
     for flag, v in (("--max-new-tokens", args.max_new_tokens), ("--concurrency", args.concurrency),
                     ("--num-prompts", args.num_prompts), ("--max-seq-len", args.max_seq_len),
-                    ("--max-num-tokens", args.max_num_tokens), ("--tp", args.tp)):
+                    ("--max-num-tokens", args.max_num_tokens), ("--tp", args.tp), ("--trials", args.trials)):
         if v is not None and v < 1:
             raise DynspecError(f"{flag}={v} must be at least 1")
     inputs = {"--prompts": args.prompts, "--engine-dir": args.engine_dir, "--target": args.target,
@@ -197,14 +212,22 @@ def _adaptive(args, cfg):
     return AdaptivePolicy(CostModel.load(path, kmax, bound))
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+def _prompts(args, lines, tok, n_default: int):
+    """(token ids, names, where each came from) of --prompts or of the built-in prompts."""
     from dynspec.pairs.corpus import default_prompts
-    from dynspec.runtime.driver import read_prompt_lines, run_closed_loop, tokenized
+    from dynspec.runtime.driver import tokenized
+
+    if lines is not None:
+        prompts = tokenized(lines, (lambda s: tok(s)["input_ids"]) if tok else None)
+        return [p.input_ids for p in prompts], [p.id for p in prompts], [ln.where for ln in lines]
+    ids = default_prompts(tok, n=n_default)
+    names = [str(i) for i in range(len(ids))]
+    return ids, names, [f"built-in prompt {n}" for n in names]
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dynspec.runtime.driver import read_prompt_lines
     from dynspec.runtime.distributed import run_replica
-    from dynspec.runtime.executor import Executor
-    from dynspec.runtime.gc_heap import freeze_heap
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import open_reference_engine
 
@@ -216,13 +239,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     cfg = _engine_config(args)
     lines = read_prompt_lines(args.prompts) if args.prompts else None      # the whole file, before any work
     tok = _tokenizer(cfg.target_dir)
-    if lines is not None:
-        prompts = tokenized(lines, (lambda s: tok(s)["input_ids"]) if tok else None)
-        ids, names, wheres = [p.input_ids for p in prompts], [p.id for p in prompts], [ln.where for ln in lines]
-    else:
-        ids = default_prompts(tok, n=args.num_prompts)
-        names = [str(i) for i in range(len(ids))]
-        wheres = [f"built-in prompt {n}" for n in names]
+    ids, names, wheres = _prompts(args, lines, tok, args.num_prompts)
     kmax = max(cfg.schedule.max_draft_len, 1)
     policies = {
         "baseline": DraftSchedule(),
@@ -237,6 +254,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
                             max_draft_len=engine_k, max_new_tokens=args.max_new_tokens,
                             overlap=cfg.reference.loop_overlap(args.device))
+    source = _schedule_source(args, modes)
 
     def load(ctx):
         # a world of one keeps --device as given; under mpirun each rank takes its TpContext's device
@@ -248,20 +266,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return engine
 
     def lead(engine, ctx):
-        """This replica's share of the prompts under every mode -> {mode: (results, stats)}."""
+        """This replica's share of the prompts under every mode -> {mode: [(results, stats) per trial]}."""
         mine = ids[ctx.layout.replica::ctx.layout.replicas]
-        out = {}
-        if mine:
-            run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
-        for mode in modes:
-            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
-                          overlap=cfg.reference.loop_overlap(engine.device))  # whole run
-            freeze_heap()             # runtime/gc_heap.py: what the run meets is built; no full collection walks it
-            with tqdm(total=len(mine), desc=f"{mode:>8}", file=sys.stderr, leave=False,
-                      disable=ctx.layout.rank != 0) as bar:
-                results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)
-            out[mode] = (results, list(ex.stats))
-        return out
+        nonlocal source
+        if source == "tune" and ctx.layout.size > 1:
+            source = "the pair's default; tuned only when one process runs"
+        elif source == "tune":
+            tuned = tune_here(engine, mine, concurrency=args.concurrency, max_k=kmax,
+                              new_tokens=min(TUNE_NEW_TOKENS, args.max_new_tokens),
+                              context=_typical_context(mine, args.max_new_tokens), keep_warm=cfg.reference.keep_warm)
+            if tuned is not None:
+                policies["dynamic"], source = tuned.schedule, str(tuned)
+            else:
+                source = f"the pair's default; the prompts ran no K={kmax} step to tune from"
+        if ctx.layout.rank == 0:
+            print(header(policies, modes, args.concurrency, source, args.cost_model or cfg.cost_model), flush=True)
+        return _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop)
 
     stop = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
     ctx, _, mine = run_replica(args.tp, load, lead, device=args.device, allreduce=args.allreduce)
@@ -269,21 +289,193 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if ctx.layout.rank != 0:
         return 0
     shares = [shares[r * args.tp] for r in range(ctx.layout.replicas)]          # leaders, in replica order
-    report = {mode: summarize([s for sh in shares for s in sh[mode][1]], [x for sh in shares for x in sh[mode][0]])
-              for mode in modes}
-    last = modes[-1]
-    results = interleave([sh[last][0] for sh in shares], len(ids))
+    _write_outputs(args, modes, shares, names, len(ids), tok)
+    return 0
+
+
+def _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop) -> dict:
+    """Every mode over this replica's prompts, --trials times, after a short warm-up; trial t runs the
+    modes from modes[t % M] on, so drift falls on every mode -> {mode: [(results, stats) per trial]}."""
+    from tqdm import tqdm
+
+    from dynspec.runtime.driver import run_closed_loop
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.gc_heap import freeze_heap
+
+    out: dict = {mode: [] for mode in modes}
+    if mine:
+        run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
+    for t in range(args.trials):
+        for mode in modes[t % len(modes):] + modes[:t % len(modes)]:
+            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
+                          overlap=cfg.reference.loop_overlap(engine.device))  # whole run
+            freeze_heap()         # runtime/gc_heap.py: what the run meets is built; no full collection walks it
+            desc = f"{mode:>8}" + (f" {t + 1}/{args.trials}" if args.trials > 1 else "")
+            with tqdm(total=len(mine), desc=desc, file=sys.stderr, leave=False,
+                      disable=ctx.layout.rank != 0 or args.no_progress) as bar:
+                results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)
+            out[mode].append((results, list(ex.stats)))
+    return out
+
+
+def _write_outputs(args, modes, shares, names, n: int, tok) -> None:
+    """World rank 0: --out and --stats of the last mode's last trial, and the report of every mode on
+    stdout (tok/s per trial over every replica; iterations, K and acceptance of the last trial)."""
+    report = {}
+    for mode in modes:
+        trials = [(sum((sh[mode][t][1] for sh in shares), []), sum((sh[mode][t][0] for sh in shares), []))
+                  for t in range(args.trials)]
+        report[mode] = summarize(*trials[-1])
+        report[mode]["trials_tok_per_s"] = [summarize(st, res)["tok_per_s"] for st, res in trials]
+    last = [sh[modes[-1]][-1] for sh in shares]
+    results = interleave([res for res, _ in last], n)
     if args.out:
-        _write_jsonl(args.out, ({"id": n, "output_ids": list(r.output_ids),
+        _write_jsonl(args.out, ({"id": name, "output_ids": list(r.output_ids),
                                  **({"text": tok.decode(list(r.output_ids))} if tok else {})}
-                                for n, r in zip(names, results)))
+                                for name, r in zip(names, results)))
     if args.stats:
         from dataclasses import asdict
 
         tag = (lambda r: {"replica": r}) if len(shares) > 1 else (lambda r: {})
-        _write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, sh in enumerate(shares) for s in sh[last][1]))
-    print(format_report(cfg.schedule, report, args.concurrency))
-    return 0
+        _write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, (_, stats) in enumerate(last) for s in stats))
+    print(format_report(report))
+
+
+def _schedule_source(args, modes) -> str:
+    """Where the dynamic mode's schedule comes from: '--schedule', 'ENGINE_DIR/engine.json', 'tune'
+    (the embedded pair, no --schedule, a dynamic mode: tune_here decides, in a world of one process)
+    or "the pair's default"."""
+    from dynspec.cli import schedule_of
+
+    if schedule_of(args) is not None:
+        return "--schedule" if args.schedule is not None else "--threshold / --max-draft-len"
+    if args.engine_dir:
+        return str(Path(args.engine_dir) / "engine.json")
+    if args.target is None and "dynamic" in modes:
+        return "tune"
+    return "the pair's default"
+
+
+def header(policies: dict, modes, concurrency: int, source: str, cost_model) -> str:
+    """The first stdout line: the resolved schedule and policy, e.g.
+    'schedule 4:4,8:2  concurrency 8  (K=4 for b<=4, K=2 for b<=8, K=0 above); policy: schedule (--schedule)'.
+    The schedule shown is the dynamic mode's (static runs its largest K at every batch size);
+    with an adaptive mode the policy names its cost model and K range."""
+    from dynspec.runtime.driver import describe_policy, schedule_words
+
+    sched = policies["dynamic"]
+    kinds = []
+    if any(m != "adaptive" for m in modes):
+        kinds.append(f"schedule ({source})")
+    if "adaptive" in modes:
+        kinds.append(describe_policy(policies["adaptive"], cost_model))
+    return f"schedule {sched}  concurrency {concurrency}  ({schedule_words(sched)}); policy: {' + '.join(kinds)}"
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A schedule tuned at start (tune_here) and what it was tuned from."""
+    schedule: object                      # DraftSchedule
+    batch_sizes: tuple[int, ...]
+    max_k: int
+    context: int
+    acceptance: tuple[float, ...]         # per draft position, measured
+    prompts: int                          # prompts the acceptance was measured on
+    host_ms: float                        # the executor's time per iteration outside engine.step
+    seconds: float
+
+    def __str__(self) -> str:
+        rates = ", ".join(f"{a:.2f}" for a in self.acceptance)
+        return (f"tuned here in {self.seconds:.1f} s: acceptance per draft position {rates} on {self.prompts} prompts, "
+                f"iteration ms of b={','.join(map(str, self.batch_sizes))} x K=0..{self.max_k} at context "
+                f"{self.context} + {self.host_ms:.2f} ms executor time, `dynspec tune` rule")
+
+
+def fastest_step_ms(engine, batch_sizes, ks, context: int, *, keep_warm: bool = True,
+                    passes: int = TUNE_PASSES, steps: int = TUNE_STEPS) -> dict[int, dict[int, float]]:
+    """{b: {K: ms}}: the fastest engine.step of each (b, K) on synthetic rows at `context` (K=0 with
+    keep-warm when the engine keeps the draft warm, as a schedule serves it). Each pass runs every
+    shape for one untimed and `steps` timed consecutive steps. On a shared machine other processes
+    only ever add time to a step, so the minimum, not the median, is the step's own cost."""
+    from dynspec.benchmarks.step_timing import Shape, reserved_rows, sync_device, synthetic_plan
+    from dynspec.runtime.acceptance import Greedy
+
+    shapes = [Shape(b, k, keep_warm and k == 0) for b in batch_sizes for k in ks]
+    best = {s: float("inf") for s in shapes}
+    acc = Greedy()
+    with reserved_rows(engine, max(batch_sizes), context + max(ks) + 1) as slots:
+        plans = {s: synthetic_plan(engine, s, context, slots) for s in shapes}
+        for _ in range(passes):
+            for s in shapes:
+                engine.step(plans[s], acc)                      # untimed: back to this shape
+                sync_device(engine.device)
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    engine.step(plans[s], acc)
+                    sync_device(engine.device)
+                    best[s] = min(best[s], time.perf_counter() - t0)
+    return {b: {k: 1e3 * best[Shape(b, k, keep_warm and k == 0)] for k in ks} for b in batch_sizes}
+
+
+def _typical_context(prompts, max_new_tokens: int) -> int:
+    """The KV length a decode row has on average: mean prompt length + half the new tokens."""
+    return max(1, round(sum(map(len, prompts)) / max(len(prompts), 1)) + max_new_tokens // 2)
+
+
+def tune_here(engine, prompts, *, concurrency: int, max_k: int, context: int, new_tokens: int,
+              keep_warm: bool = True) -> Tuned | None:
+    """`dynspec profile` then `dynspec tune` on the open engine, in seconds.
+    1. Sample: the first TUNE_PROMPTS prompts (new_tokens tokens each) served at static K=max_k give
+       the per-position acceptance and the executor's own time per iteration outside engine.step.
+    2. Profile: the fastest engine step of every (b, K), b in {1, 2, 4, ..., concurrency} and K in
+       0..max_k, at `context` (capped by the cache), plus that per-iteration time: what a served
+       iteration costs.
+    3. Tune: the goodput rule of benchmarks/tune.py (no draft margin: the acceptance is this job's own).
+    The engine's cache is left as it was. None when no prompt leaves room for the sample or the
+    sample ran no K=max_k step."""
+    from dynspec.benchmarks.profile import per_position_rates
+    from dynspec.benchmarks.tune import tune
+    from dynspec.runtime.driver import run_closed_loop
+    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.policy import DraftSchedule
+
+    t0 = time.perf_counter()
+    room = engine.max_seq_len - max_k - 1
+    sample = [p for p in prompts if len(p) + new_tokens <= room][:TUNE_PROMPTS]
+    if not sample or max_k < 1:
+        return None
+    rec = _StepRecorder(engine)
+    ex = Executor(rec, DraftSchedule.static(max_k, engine.max_batch_size), keep_warm=keep_warm, stats_limit=None)
+    t1 = time.perf_counter()
+    run_closed_loop(ex, sample, new_tokens, min(concurrency, len(sample)))
+    wall = time.perf_counter() - t1
+    try:
+        acceptance = per_position_rates(rec.steps, max_k)
+    except DynspecError:                  # every row finished before a K=max_k step
+        return None
+    host_ms = 1e3 * max(0.0, wall - sum(s.seconds for s in ex.stats)) / max(len(ex.stats), 1)
+    batch_sizes = sorted({1 << i for i in range(concurrency.bit_length())} | {concurrency})
+    context = min(context, room)
+    table = fastest_step_ms(engine, batch_sizes, range(max_k + 1), context, keep_warm=keep_warm)
+    served = {b: {k: ms + host_ms for k, ms in row.items()} for b, row in table.items()}
+    res = tune(served, acceptance, max_k, max_num_tokens=getattr(engine, "max_num_tokens", None))
+    return Tuned(res.schedule, tuple(batch_sizes), max_k, context, tuple(acceptance), len(sample), host_ms,
+                 time.perf_counter() - t0)
+
+
+class _StepRecorder:
+    """Wraps an engine: forwards everything, keeps each step's (K, per-row accepted drafts)."""
+
+    def __init__(self, engine):
+        self._engine, self.steps = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def step(self, plan, acceptance):
+        res = self._engine.step(plan, acceptance)
+        self.steps.append((plan.k, tuple(res.accepted)))
+        return res
 
 
 def interleave(shares: list[list], n: int) -> list:
@@ -312,13 +504,25 @@ def summarize(stats, results) -> dict:
     }
 
 
-def format_report(schedule, report: dict, concurrency: int) -> str:
-    lines = [f"schedule {schedule}  concurrency {concurrency}"]
+def format_report(report: dict) -> str:
+    """Per mode: tok/s (the median trial's, with the range over trials), tokens, iterations, mean
+    accepted drafts per step and the K each batch size got; with baseline, static and dynamic, the
+    median over trials of dynamic / max(baseline, static), trial by trial."""
+    from statistics import median
+
+    lines = []
     for mode, r in report.items():
+        tps = r.get("trials_tok_per_s") or [r["tok_per_s"]]
+        spread = f" [{min(tps):.1f}..{max(tps):.1f}, {len(tps)} trials]" if len(tps) > 1 else ""
         ks = ", ".join(f"b={b}:K={'/'.join(map(str, k))}" for b, k in r["k_by_batch_size"].items())
-        lines.append(f"{mode:>8}: {r['tok_per_s']:8.1f} tok/s  {r['tokens']} tokens in {r['iterations']} iterations"
-                     f"  mean accepted drafts/step {r['mean_accepted_len']:.2f}")
+        lines.append(f"{mode:>8}: {median(tps):8.1f} tok/s{spread}  {r['tokens']} tokens in {r['iterations']} "
+                     f"iterations  mean accepted drafts/step {r['mean_accepted_len']:.2f}")
         lines.append(f"{'':>10}K per batch size: {ks}")
+    if {"baseline", "static", "dynamic"} <= set(report):
+        per = [d / max(b, s) for b, s, d in zip(*(report[m].get("trials_tok_per_s") or [report[m]["tok_per_s"]]
+                                                  for m in ("baseline", "static", "dynamic")))]
+        lines.append(f"dynamic / max(baseline, static): {median(per):.3f} (median of per-trial ratios "
+                     f"{', '.join(f'{x:.3f}' for x in per)})")
     return "\n".join(lines)
 
 

@@ -160,3 +160,28 @@ def run_closed_loop(executor, prompts: Sequence[Sequence[int]], max_new_tokens: 
     handles = closed_loop(executor, [(p, max_new_tokens) for p in prompts], concurrency, stop_ids,
                           on_done=on_done)
     return [h.result() for h in handles]
+
+
+def describe_schedule(schedule) -> str:
+    """A DraftSchedule in words, for startup logs:
+    4:4,8:2 -> '4:4,8:2 (K=4 for b<=4, K=2 for b<=8, K=0 above)'; no tiers -> 'none (K=0 at every batch size)'."""
+    return f"{schedule.to_spec()} ({schedule_words(schedule)})" if schedule.tiers else f"none ({schedule_words(schedule)})"
+
+
+def schedule_words(schedule) -> str:
+    """4:4,8:2 -> 'K=4 for b<=4, K=2 for b<=8, K=0 above'; no tiers -> 'K=0 at every batch size'."""
+    if not schedule.tiers:
+        return "K=0 at every batch size"
+    return ", ".join(f"K={k} for b<={b}" for b, k in schedule.tiers) + ", K=0 above"
+
+
+def describe_policy(policy, cost_model: str | Path | None = None) -> str:
+    """The policy kind in words: a DraftSchedule -> 'schedule'; an AdaptivePolicy (it has
+    `candidates`, the K's it may pick) -> 'adaptive (cost model FILE, K 0..4)' ('K 0,2,4' when
+    the K's are not consecutive)."""
+    ks = getattr(policy, "candidates", None)
+    if ks is None:
+        return "schedule"
+    ks = sorted(ks)
+    span = f"{ks[0]}..{ks[-1]}" if ks == list(range(ks[0], ks[-1] + 1)) and len(ks) > 1 else ",".join(map(str, ks))
+    return f"adaptive (cost model {cost_model}, K {span})"

@@ -30,7 +30,6 @@ Ending, each bounded in time:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -294,13 +293,19 @@ def run_worker(launch: RepoLaunch, endpoint: str, rank: int, comm, timeout_s: fl
 
 # ----------------------------------------------------------------------------- the CLI
 
+def make_parser():
+    """The TP launcher's parser: the server CLI's flags plus --tp."""
+    from dynspec.triton_repo import server
+
+    p = server.make_parser("python -m dynspec.triton_repo.launch", __doc__.splitlines()[0])
+    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel ranks (default: the MPI world size)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     from dynspec.triton_repo import server
 
-    p = argparse.ArgumentParser(prog="python -m dynspec.triton_repo.launch", description=__doc__.splitlines()[0])
-    server.add_server_args(p)
-    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel ranks (default: the MPI world size)")
-    args = p.parse_args(argv)
+    args = make_parser().parse_args(argv)
 
     from dynspec.runtime.distributed import host_rendezvous, local_rank, mpi_world, timeout_from_env
 

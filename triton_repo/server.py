@@ -528,11 +528,12 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
 def add_server_args(p: argparse.ArgumentParser) -> None:
     """The launcher's own flags (this CLI's and the TP launcher's, triton_repo/launch.py)."""
     p.add_argument("repo", help="model repository written by `dynspec triton`")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--host", default="127.0.0.1", help="address HTTP, gRPC and metrics listen on")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP (through the bounded front)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics")
+    p.add_argument("--ready-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds to wait for /v2/health/ready (and, under --tp, for the ranks to join)")
 
 
 WATCH_S = 0.5
@@ -635,10 +636,17 @@ def _serve_once(args, env, watch, note, key):
     return f"signal {-code}" if code < 0 else f"code {code}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dynspec.triton_repo.server", description=__doc__.splitlines()[0])
+def make_parser(prog: str = "python -m dynspec.triton_repo.server", description: str | None = None):
+    """The launcher's parser: flags only as spelled in full, defaults in --help (dynspec.cli.Parser)."""
+    from dynspec.cli import Parser
+
+    p = Parser(prog=prog, description=description or __doc__.splitlines()[0])
     add_server_args(p)
-    return serve(p.parse_args(argv))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(make_parser().parse_args(argv))
 
 
 class _Stop(BaseException):

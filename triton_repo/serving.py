@@ -56,6 +56,17 @@ def longest_token_bytes(tokenizer) -> int:
     return max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1)
 
 
+def policy_line(cfg, policy) -> str:
+    """What decides K in the served model (engine.json's schedule and policy), for the one log line
+    at model load:
+        'schedule 4:4 (K=4 for b<=4, K=0 above); policy: schedule'
+        'schedule 4:4 (K=4 for b<=4, K=0 above) bounds K; policy: adaptive (cost model E/cost_model.json, K 0..4)'"""
+    from dynspec.runtime.driver import describe_policy, describe_schedule
+
+    kind = describe_policy(policy, cfg.cost_model)
+    return f"schedule {describe_schedule(cfg.schedule)}{' bounds K' if kind != 'schedule' else ''}; policy: {kind}"
+
+
 def with_prompt_bound(info: ModelInfo, max_seq_len: int) -> ModelInfo:
     """info, refusing text_input of more than max_seq_len x longest_token_bytes bytes untokenized."""
     if info.tokenizer is None or not hasattr(info.tokenizer, "get_vocab"):

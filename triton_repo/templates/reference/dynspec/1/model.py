@@ -162,7 +162,7 @@ class TritonPythonModel:
         self.info = serving.with_prompt_bound(serving.load_model_info(cfg.target_dir), cfg.reference.max_seq_len)
         device = params.get("device") or "cpu"
         # The monitor reads only iterations newer than its cursor, so a short stats log is enough
-        # (an unbounded one was the stub's RSS creep in benchmarks/results/triton_soak.json).
+        # (serving.STATS_KEPT): an unbounded one grows the stub by ~2 KB per served request.
         tp = launch.TpLaunch.from_env(os.environ)
         self.tp = None if tp is None else launch.TpLeader(tp, cfg, params["engine_dir"], device, serving.STATS_KEPT)
         self.executor = self.tp.executor if self.tp is not None else \
@@ -174,10 +174,10 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.interval = float(params.get("monitor_interval_ms") or 50) / 1000.0
-        pb_utils.Logger.log_info(
-            f"dynspec: engine {params['engine_dir']} on {device}, "
-            + (f"policy {self.executor.policy}" if cfg.policy == "adaptive" else f"schedule {cfg.schedule}")
-            + (f", TP rank 0 of {tp.tp} (rendezvous {tp.endpoint})" if tp is not None else "")
+        pb_utils.Logger.log_info(          # once per model load: what decides K
+            f"dynspec: engine {params['engine_dir']} on {device}: "
+            + serving.policy_line(cfg, self.executor.policy)
+            + (f"; TP rank 0 of {tp.tp} (rendezvous {tp.endpoint})" if tp is not None else "")
         )
         self.executor.start()
         self.monitor = threading.Thread(target=self._monitor, name="dynspec-monitor", daemon=True)

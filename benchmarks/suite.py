@@ -48,6 +48,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from dynspec.benchmarks.engines import check_device
 from dynspec.benchmarks.suite_checks import check_inside, restore
 from dynspec.benchmarks.suite_commands import flag_args, stage_commands
 from dynspec.benchmarks.suite_config import load_config
@@ -222,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         for cfg in cfgs:
             print("\n".join(dry_run(cfg, work, out_root)))
         return 0
+    try:                                  # a GPU config on a machine without one: one line, nothing prepared
+        for cfg in cfgs:
+            check_device(cfg.engine.device, f"config {cfg.name}: engine device")
+    except DynspecError as e:
+        print(f"dynspec suite: error: {e}", file=sys.stderr)
+        return 2
     if args.prepare_only:
         return prepare_only(cfgs, work)
     bars = None

@@ -217,9 +217,7 @@ class Eagle3Draft(nn.Module):
         cos = self.rope_cos[batch.positions][None, None]                     # [1, 1, N, hd/2]
         sin = self.rope_sin[batch.positions][None, None]
         q, k, v = (t[0].transpose(0, 1) for t in self.qkv(x[None], cos, sin))   # [N, heads, hd]
-        # row-major as the target's q: compiled FlexAttention guards strides, so the two models and
-        # a mixed iteration's slices of either share versions instead of compiling while serving
-        q = q.contiguous()
+        q = q.contiguous()                                                   # row-major, as the target's q
         write_kv(self.k_cache, self.v_cache, k, v, batch)
         attn = (attention or self.attention)(q, self.k_cache, self.v_cache, batch)      # [N, nh*hd]
         if rows is not None:

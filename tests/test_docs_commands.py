@@ -57,6 +57,7 @@ CHECKS = (
     (r"benchmarks/scripts/genai_perf\.sh$", "parse", "needs genai-perf and perf_analyzer"),
     (r"^python -m pytest tests/", "parse", "the Triton tests take minutes"),
     (r"^(export |python3 -m venv |/opt/genai-perf/bin/pip |apt-get |kill %1)", "shell", ""),
+    (r"^genai-perf profile ", "shell", ""),                   # genai-perf is not in the dev extra
 )
 
 

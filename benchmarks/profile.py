@@ -44,6 +44,7 @@ from typing import Mapping, Sequence
 
 from dynspec.benchmarks.engines import open_sized
 from dynspec.benchmarks.gemm_floor import FLOOR_CONTEXT, measure_floor
+from dynspec.runtime.session import target_positions
 from dynspec.benchmarks.step_timing import Shape, time_shapes
 from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
@@ -129,7 +130,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
 
     max_seq_len: the cache length (default: just enough for the largest context). Give the sweep's
     when comparing with it: captured graphs are sized for the whole cache, so it sets part of their cost.
-    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context) on the same engine;
+    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context, or as much as the
+    target's max_position_embeddings leaves) on the same engine;
     under TP its GEMMs are one rank's shard, without the collectives.
     tp: under `mpirun -n R*tp`, every rank loads its shard and the R leaders time (each step
     broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
@@ -147,8 +149,14 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
     seq = context_lens[-1] + kmax + 1
-    if floor:                                  # the overlapped decode's verify windows past FLOOR_CONTEXT
-        seq = max(seq, FLOOR_CONTEXT + cache_slack(max(kmax, 1), True))
+    floor_context = FLOOR_CONTEXT
+    if floor:                                  # the overlapped decode's verify windows past the floor's context
+        slack = cache_slack(max(kmax, 1), True)
+        floor_context = min(FLOOR_CONTEXT, target_positions(cfg.target_dir) - slack)   # a short model: what fits
+        if floor_context < 1:
+            raise DynspecError(f"--floor: the target's max_position_embeddings leaves no context beside the "
+                               f"overlapped loop's {slack} positions of slack")
+        seq = max(seq, floor_context + slack)
     if acceptance_requests:
         seq = max(seq, max(r.input_len + r.output_tokens for r in acceptance_requests) + kmax + 1)
     if max_seq_len is not None:
@@ -169,7 +177,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
 
     if tp == 1:
         return _measure(load(), cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup,
-                        repeats, acceptance_requests, acceptance_concurrency, meta, progress, floor)
+                        repeats, acceptance_requests, acceptance_concurrency, meta, progress,
+                        floor_context if floor else None)
     from dynspec.benchmarks.mpi import split_leaders, world
     from dynspec.runtime.distributed import run_replica
 
@@ -177,7 +186,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     meta = dict(meta or {}, tp=tp)
     ctx, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
         engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
-        acceptance_requests, acceptance_concurrency, meta, progress, floor), device=device, allreduce=allreduce)
+        acceptance_requests, acceptance_concurrency, meta, progress, floor_context if floor else None), device=device,
+        allreduce=allreduce)
     if leaders is None:
         return None
     every = leaders.gather([t.decode_ms for t in prof.tables])          # per replica: one dict per context
@@ -190,8 +200,9 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
 
 
 def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
-             acceptance_requests, acceptance_concurrency, meta, progress, floor) -> Profile:
-    """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP)."""
+             acceptance_requests, acceptance_concurrency, meta, progress, floor: int | None) -> Profile:
+    """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP); floor:
+    the context of measure_floor's decode step, or None (no floor)."""
     from dynspec.benchmarks.engines import device_name, graphs_run
 
     kmax = max(draft_lens)
@@ -209,8 +220,8 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_wa
     budget = getattr(cfg.reference, "max_num_tokens", None)
     if budget is not None:
         info["max_num_tokens"] = budget          # the token budget `dynspec tune` must respect
-    if floor:
-        fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20))
+    if floor is not None:
+        fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20), context_len=floor)
         info.update(gemm_floor_ms=fl["gemm_floor_ms"], floor=fl)
     info.update(meta or {})
     return Profile(device_name(device), tuple(tables), pp, info)

@@ -46,3 +46,19 @@ def test_floor_figures_carry_the_overlapped_step_over_three_runs():
     assert "overlap_vs_graph" in [r[0] for r in summary.floor_table(fig)["rows"]]
     cpu = [{"floor": dict(r["floor"], decode_graph_ms=None)} for r in runs]
     assert "overlap_vs_graph" not in summary.floor_figures(cpu) and "overlap_ms" in summary.floor_figures(cpu)
+
+
+def test_the_floor_of_a_short_model_takes_the_context_it_has(tmp_path):
+    """`dynspec profile --floor` on the embedded pair (1024 positions): the floor's decode runs at the
+    context its positions leave beside the overlapped loop's slack, where 1024 + slack was refused."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "floor.json"
+    r = subprocess.run([sys.executable, "-m", "dynspec.cli", "profile", "--floor", "--batch-sizes", "1",
+                        "--draft-lens", "0,1", "--context-lens", "32", "--repeats", "2", "--warmup", "1",
+                        "--out", str(out), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    floor = json.loads(out.read_text())["floor"]
+    assert 1000 <= floor["context_len"] < 1024 and floor["decode_ms"] > 0

@@ -24,7 +24,8 @@ def _command(word: str, args: argparse.Namespace) -> str:
 # ---- profile ----------------------------------------------------------------------------
 def _cmd_profile(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable, write_json
-    from dynspec.benchmarks.engines import apply_bench_env, check_device, engine_choice, set_cpu_threads, versions
+    from dynspec.benchmarks.engines import apply_bench_env, engine_choice, set_cpu_threads, versions
+    from dynspec.runtime.session import check_device
     from dynspec.benchmarks.mpi import log, world
     from dynspec.benchmarks.profile import run_profile
     from dynspec.benchmarks.flags import int_list

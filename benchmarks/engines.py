@@ -259,25 +259,3 @@ def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_d
     if tp is None:
         return open_reference(cfg, device=device, **sizes)
     return open_reference_engine(replace(cfg, schedule=DraftSchedule()), tp=tp, **sizes)
-
-
-def check_device(device: str, flag: str = "--device") -> None:
-    """A CUDA --device on a machine without one is refused in one line, before torch is asked
-    for it: `--device cuda` on CPU -> "--device cuda: this machine has no CUDA device (torch 2.x)".
-    cuda:N past the device count and anything not cpu/cuda are refused too."""
-    if device == "cpu":
-        return
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise DynspecError(f"{flag} {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise DynspecError(f"{flag} {device}: this machine has no CUDA device (torch {torch.__version__})")
-        if dev.index is not None and dev.index >= n:
-            raise DynspecError(f"{flag} {device}: this machine has {n} CUDA device(s)")
-    elif dev.type != "cpu":
-        raise DynspecError(f"{flag} {device!r}: the reference engine runs on cpu or cuda")

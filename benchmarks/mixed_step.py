@@ -23,9 +23,9 @@ import statistics
 import sys
 from contextlib import contextmanager
 
-from dynspec.benchmarks.engines import (add_engine_args, add_step_timing_args, apply_bench_env, check_device,
-                                        engine_choice)
+from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
 from dynspec.errors import DynspecError
+from dynspec.runtime.session import check_device
 
 
 def parse_points(text: str) -> tuple[tuple[int, int, int], ...]:

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("num_prompts", "max_new_tokens", "concurrency", "k"):
             if getattr(args, flag) < 1:
                 raise DynspecError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
-        from dynspec.benchmarks.engines import check_device
+        from dynspec.runtime.session import check_device
 
         check_device(args.device)
         doc = measure(args.dtype, args.num_prompts, args.max_new_tokens, args.concurrency, args.k, args.device)

@@ -48,7 +48,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from dynspec.benchmarks.engines import check_device
 from dynspec.benchmarks.suite_checks import check_inside, restore
 from dynspec.benchmarks.suite_commands import flag_args, stage_commands
 from dynspec.benchmarks.suite_config import load_config
@@ -56,6 +55,7 @@ from dynspec.benchmarks.suite_provenance import REPO, _now, provenance
 from dynspec.benchmarks.suite_spec import COST_MODEL, Config, StageSpec, figure_stages, output_names
 from dynspec.benchmarks.suite_stages import StageFailure, missing_cost_model, prepare, run_stages
 from dynspec.errors import DynspecError
+from dynspec.runtime.session import check_device
 
 def default_out_root() -> Path:
     """Where results go unless --out-root says otherwise: $XDG_CACHE_HOME/dynspec/results, else

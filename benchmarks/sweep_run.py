@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dynspec.benchmarks.engines import BENCH_ENV, apply_bench_env, check_device
+from dynspec.benchmarks.engines import BENCH_ENV, apply_bench_env
+from dynspec.runtime.session import check_device
 from dynspec.benchmarks.mpi import World, log, world
 from dynspec.benchmarks.sweep_args import command_line
 from dynspec.benchmarks.sweep_loop import open_for_rank, open_engine, run_reference

@@ -28,10 +28,10 @@ import json
 import statistics
 import sys
 
-from dynspec.benchmarks.engines import (add_engine_args, add_step_timing_args, apply_bench_env, check_device,
-                                        engine_choice)
+from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
 from dynspec.benchmarks.gemm_floor import FLOOR_CONTEXT as CONTEXT      # profile --floor's context, 1024
 from dynspec.errors import DynspecError
+from dynspec.runtime.session import check_device
 
 
 def make_parser() -> argparse.ArgumentParser:

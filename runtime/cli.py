@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
+from dynspec.runtime.session import check_device
 
 MODES = ("baseline", "static", "dynamic", "adaptive")
 PAIR_SCHEDULE = "4:4,8:2"     # a pair's schedule when --schedule is not given and none is tuned
@@ -129,26 +130,7 @@ def _check_flags(args) -> None:
     if args.dtype == "float64" and args.device != "cpu":
         raise DynspecError(f"--dtype float64 is for CPU exactness tests; --device {args.device} takes "
                            f"float32, bfloat16 or float16")
-    _check_device(args.device)
-
-
-def _check_device(device: str) -> None:
-    if device == "cpu":
-        return
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise DynspecError(f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise DynspecError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__})")
-        if dev.index is not None and dev.index >= n:
-            raise DynspecError(f"--device {device}: this machine has {n} CUDA device(s)")
-    elif dev.type != "cpu":
-        raise DynspecError(f"--device {device!r}: the reference engine runs on cpu or cuda")
+    check_device(args.device)
 
 
 def check_prompt_bounds(ids, wheres, *, vocab: int, max_seq_len: int, max_draft_len: int, max_new_tokens: int,

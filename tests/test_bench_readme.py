@@ -12,29 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_readme_commands import page_commands
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
 PREFIXES = ("mpirun", "trtllm-llmapi-launch")
 
 
 def commands() -> list[tuple[str, bool]]:
-    """(command, cpu) of every ```bash block line, continuation lines joined; cpu False after `# needs`."""
-    out = []
-    for block in re.findall(r"^```bash\n(.*?)^```", README.read_text(), re.S | re.M):
-        cpu, pending = True, ""
-        for line in block.splitlines():
-            if line.startswith("# needs"):
-                cpu = False
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            pending += line
-            if line.endswith("\\"):
-                pending = pending[:-1] + " "
-                continue
-            out.append((" ".join(pending.split()), cpu))
-            pending = ""
-        assert not pending, f"a continuation line ends its block: {pending!r}"
-    return out
+    """(command, cpu) of every ```bash block line, continuation lines joined; cpu False after `# needs`
+    (the README test's reader, on this page)."""
+    return [(c.text, c.cpu) for c in page_commands("benchmarks/README.md")]
 
 
 def tool_argv(text: str) -> tuple[str, list[str]]:

@@ -96,6 +96,10 @@ class _Connection(RequestHandler):
     def log_exception(self, *args, **kwargs) -> None:
         pass                            # each one is answered and counted by handle_error
 
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.front.open_connections -= 1
+        super().connection_lost(exc)
+
 
 class _Busy(asyncio.Protocol):
     """A connection over the bound: 503 and closed."""
@@ -204,10 +208,15 @@ class HttpFront:
                          access_log=None, **HEAD_LIMITS)
         handler = web.Server(self._handle, handler_cancellation=True, **conn_args)
 
+        # counted from the protocol's making, not from connection_made: asyncio accepts a whole
+        # backlog (up to 100 sockets) before any of them is made, and the bound must hold for those
+        self.open_connections = 0
+
         def protocol():
-            if len(handler.connections) >= self.max_connections:
+            if self.open_connections >= self.max_connections:
                 self.count("connections_over_limit")
                 return _Busy()
+            self.open_connections += 1
             conn = _Connection(handler, loop=loop, **conn_args)
             conn.front = self
             return conn

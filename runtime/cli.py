@@ -4,19 +4,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
+from dynspec.runtime.generate_report import format_report, interleave, summarize, write_jsonl
 from dynspec.runtime.session import check_device
+from dynspec.runtime.tune_at_start import TUNE_NEW_TOKENS, TUNE_PROMPTS, tune_here, typical_context
 
 MODES = ("baseline", "static", "dynamic", "adaptive")
 PAIR_SCHEDULE = "4:4,8:2"     # a pair's schedule when --schedule is not given and none is tuned
-TUNE_PROMPTS = 4              # tuning at start: acceptance is measured on this many of the job's prompts,
-TUNE_NEW_TOKENS = 64          # generating at most this many tokens each (at most --max-new-tokens) at static K=max
-TUNE_PASSES, TUNE_STEPS = 8, 3     # profiled (b, K): passes over the grid, consecutive timed steps per pass
 
 
 def register(sub) -> None:
@@ -256,7 +254,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         elif source == "tune":
             tuned = tune_here(engine, mine, concurrency=args.concurrency, max_k=kmax,
                               new_tokens=min(TUNE_NEW_TOKENS, args.max_new_tokens),
-                              context=_typical_context(mine, args.max_new_tokens), keep_warm=cfg.reference.keep_warm)
+                              context=typical_context(mine, args.max_new_tokens), keep_warm=cfg.reference.keep_warm)
             if tuned is not None:
                 policies["dynamic"], source = tuned.schedule, str(tuned)
             else:
@@ -312,14 +310,14 @@ def _write_outputs(args, modes, shares, names, n: int, tok) -> None:
     last = [sh[modes[-1]][-1] for sh in shares]
     results = interleave([res for res, _ in last], n)
     if args.out:
-        _write_jsonl(args.out, ({"id": name, "output_ids": list(r.output_ids),
+        write_jsonl(args.out, ({"id": name, "output_ids": list(r.output_ids),
                                  **({"text": tok.decode(list(r.output_ids))} if tok else {})}
                                 for name, r in zip(names, results)))
     if args.stats:
         from dataclasses import asdict
 
         tag = (lambda r: {"replica": r}) if len(shares) > 1 else (lambda r: {})
-        _write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, (_, stats) in enumerate(last) for s in stats))
+        write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, (_, stats) in enumerate(last) for s in stats))
     print(format_report(report))
 
 
@@ -352,163 +350,3 @@ def header(policies: dict, modes, concurrency: int, source: str, cost_model) -> 
     if "adaptive" in modes:
         kinds.append(describe_policy(policies["adaptive"], cost_model))
     return f"schedule {sched}  concurrency {concurrency}  ({schedule_words(sched)}); policy: {' + '.join(kinds)}"
-
-
-@dataclass(frozen=True)
-class Tuned:
-    """A schedule tuned at start (tune_here) and what it was tuned from."""
-    schedule: object                      # DraftSchedule
-    batch_sizes: tuple[int, ...]
-    max_k: int
-    context: int
-    acceptance: tuple[float, ...]         # per draft position, measured
-    prompts: int                          # prompts the acceptance was measured on
-    host_ms: float                        # the executor's time per iteration outside engine.step
-    seconds: float
-
-    def __str__(self) -> str:
-        rates = ", ".join(f"{a:.2f}" for a in self.acceptance)
-        return (f"tuned here in {self.seconds:.1f} s: acceptance per draft position {rates} on {self.prompts} prompts, "
-                f"iteration ms of b={','.join(map(str, self.batch_sizes))} x K=0..{self.max_k} at context "
-                f"{self.context} + {self.host_ms:.2f} ms executor time, `dynspec tune` rule")
-
-
-def fastest_step_ms(engine, batch_sizes, ks, context: int, *, keep_warm: bool = True,
-                    passes: int = TUNE_PASSES, steps: int = TUNE_STEPS) -> dict[int, dict[int, float]]:
-    """{b: {K: ms}}: the fastest engine.step of each (b, K) on synthetic rows at `context` (K=0 with
-    keep-warm when the engine keeps the draft warm, as a schedule serves it). Each pass runs every
-    shape for one untimed and `steps` timed consecutive steps. On a shared machine other processes
-    only ever add time to a step, so the minimum, not the median, is the step's own cost."""
-    from dynspec.benchmarks.step_timing import Shape, reserved_rows, sync_device, synthetic_plan
-    from dynspec.runtime.acceptance import Greedy
-
-    shapes = [Shape(b, k, keep_warm and k == 0) for b in batch_sizes for k in ks]
-    best = {s: float("inf") for s in shapes}
-    acc = Greedy()
-    with reserved_rows(engine, max(batch_sizes), context + max(ks) + 1) as slots:
-        plans = {s: synthetic_plan(engine, s, context, slots) for s in shapes}
-        for _ in range(passes):
-            for s in shapes:
-                engine.step(plans[s], acc)                      # untimed: back to this shape
-                sync_device(engine.device)
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    engine.step(plans[s], acc)
-                    sync_device(engine.device)
-                    best[s] = min(best[s], time.perf_counter() - t0)
-    return {b: {k: 1e3 * best[Shape(b, k, keep_warm and k == 0)] for k in ks} for b in batch_sizes}
-
-
-def _typical_context(prompts, max_new_tokens: int) -> int:
-    """The KV length a decode row has on average: mean prompt length + half the new tokens."""
-    return max(1, round(sum(map(len, prompts)) / max(len(prompts), 1)) + max_new_tokens // 2)
-
-
-def tune_here(engine, prompts, *, concurrency: int, max_k: int, context: int, new_tokens: int,
-              keep_warm: bool = True) -> Tuned | None:
-    """`dynspec profile` then `dynspec tune` on the open engine, in seconds.
-    1. Sample: the first TUNE_PROMPTS prompts (new_tokens tokens each) served at static K=max_k give
-       the per-position acceptance and the executor's own time per iteration outside engine.step.
-    2. Profile: the fastest engine step of every (b, K), b in {1, 2, 4, ..., concurrency} and K in
-       0..max_k, at `context` (capped by the cache), plus that per-iteration time: what a served
-       iteration costs.
-    3. Tune: the goodput rule of benchmarks/tune.py (no draft margin: the acceptance is this job's own).
-    The engine's cache is left as it was. None when no prompt leaves room for the sample or the
-    sample ran no K=max_k step."""
-    from dynspec.benchmarks.profile import per_position_rates
-    from dynspec.benchmarks.tune import tune
-    from dynspec.runtime.driver import run_closed_loop
-    from dynspec.runtime.executor import Executor
-    from dynspec.runtime.policy import DraftSchedule
-
-    t0 = time.perf_counter()
-    room = engine.max_seq_len - max_k - 1
-    sample = [p for p in prompts if len(p) + new_tokens <= room][:TUNE_PROMPTS]
-    if not sample or max_k < 1:
-        return None
-    rec = _StepRecorder(engine)
-    ex = Executor(rec, DraftSchedule.static(max_k, engine.max_batch_size), keep_warm=keep_warm, stats_limit=None)
-    t1 = time.perf_counter()
-    run_closed_loop(ex, sample, new_tokens, min(concurrency, len(sample)))
-    wall = time.perf_counter() - t1
-    try:
-        acceptance = per_position_rates(rec.steps, max_k)
-    except DynspecError:                  # every row finished before a K=max_k step
-        return None
-    host_ms = 1e3 * max(0.0, wall - sum(s.seconds for s in ex.stats)) / max(len(ex.stats), 1)
-    batch_sizes = sorted({1 << i for i in range(concurrency.bit_length())} | {concurrency})
-    context = min(context, room)
-    table = fastest_step_ms(engine, batch_sizes, range(max_k + 1), context, keep_warm=keep_warm)
-    served = {b: {k: ms + host_ms for k, ms in row.items()} for b, row in table.items()}
-    res = tune(served, acceptance, max_k, max_num_tokens=getattr(engine, "max_num_tokens", None))
-    return Tuned(res.schedule, tuple(batch_sizes), max_k, context, tuple(acceptance), len(sample), host_ms,
-                 time.perf_counter() - t0)
-
-
-class _StepRecorder:
-    """Wraps an engine: forwards everything, keeps each step's (K, per-row accepted drafts)."""
-
-    def __init__(self, engine):
-        self._engine, self.steps = engine, []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def step(self, plan, acceptance):
-        res = self._engine.step(plan, acceptance)
-        self.steps.append((plan.k, tuple(res.accepted)))
-        return res
-
-
-def interleave(shares: list[list], n: int) -> list:
-    """Replica r served prompts r, r+R, r+2R, ...: [[a0, a2], [a1]] (R=2, n=3) -> [a0, a1, a2]."""
-    out: list = [None] * n
-    for r, share in enumerate(shares):
-        out[r::len(shares)] = share
-    return out
-
-
-def summarize(stats, results) -> dict:
-    """K per batch size as it happened, mean accepted length, tokens per second."""
-    k_by_b: dict[int, set] = {}
-    for s in stats:
-        if s.batch_size:                       # prompt-only iterations (b=0) decide no K
-            k_by_b.setdefault(s.batch_size, set()).add(s.k)
-    spec = [s for s in stats if s.k > 0]
-    tokens = sum(len(r.output_ids) for r in results)
-    wall = max(r.finish_s for r in results) - min(r.submit_s for r in results)
-    return {
-        "k_by_batch_size": {b: sorted(ks) for b, ks in sorted(k_by_b.items())},
-        "mean_accepted_len": (sum(s.accepted for s in spec) / sum(s.batch_size for s in spec)) if spec else 0.0,
-        "tokens": tokens,
-        "tok_per_s": tokens / wall if wall > 0 else float("nan"),
-        "iterations": len(stats),
-    }
-
-
-def format_report(report: dict) -> str:
-    """Per mode: tok/s (the median trial's, with the range over trials), tokens, iterations, mean
-    accepted drafts per step and the K each batch size got; with baseline, static and dynamic, the
-    median over trials of dynamic / max(baseline, static), trial by trial."""
-    from statistics import median
-
-    lines = []
-    for mode, r in report.items():
-        tps = r.get("trials_tok_per_s") or [r["tok_per_s"]]
-        spread = f" [{min(tps):.1f}..{max(tps):.1f}, {len(tps)} trials]" if len(tps) > 1 else ""
-        ks = ", ".join(f"b={b}:K={'/'.join(map(str, k))}" for b, k in r["k_by_batch_size"].items())
-        lines.append(f"{mode:>8}: {median(tps):8.1f} tok/s{spread}  {r['tokens']} tokens in {r['iterations']} "
-                     f"iterations  mean accepted drafts/step {r['mean_accepted_len']:.2f}")
-        lines.append(f"{'':>10}K per batch size: {ks}")
-    if {"baseline", "static", "dynamic"} <= set(report):
-        per = [d / max(b, s) for b, s, d in zip(*(report[m].get("trials_tok_per_s") or [report[m]["tok_per_s"]]
-                                                  for m in ("baseline", "static", "dynamic")))]
-        lines.append(f"dynamic / max(baseline, static): {median(per):.3f} (median of per-trial ratios "
-                     f"{', '.join(f'{x:.3f}' for x in per)})")
-    return "\n".join(lines)
-
-
-def _write_jsonl(path, rows) -> None:
-    from dynspec.artifacts import write_text
-
-    write_text(path, "".join(json.dumps(row) + "\n" for row in rows))

@@ -25,7 +25,7 @@ def test_read_prompts_keeps_integer_ids(tmp_path):
 
 def test_generate_report_leaves_prompt_only_iterations_out_of_k_per_batch():
     """An iteration that only carried prompt chunks (b=0) chose no K; the report must not show b=0."""
-    from dynspec.runtime.cli import summarize
+    from dynspec.runtime.generate_report import summarize
     from dynspec.runtime.executor import IterationStats, RequestResult
 
     stats = [IterationStats(0, 0, 0, 0, 0, 0, 0.01, 0.0, decode_rows=0, prefill_tokens=9),
@@ -116,7 +116,7 @@ def test_trials_below_one_are_refused(capsys):
 
 
 def test_report_gives_the_median_trial_and_the_trial_by_trial_ratio():
-    from dynspec.runtime.cli import format_report
+    from dynspec.runtime.generate_report import format_report
 
     row = {"k_by_batch_size": {8: [4]}, "mean_accepted_len": 3.0, "tokens": 96, "iterations": 9}
     report = {"baseline": dict(row, tok_per_s=0, trials_tok_per_s=[100.0, 90.0, 110.0]),

@@ -192,7 +192,7 @@ def test_open_executor_bounds_its_stats_log(pair):
 
 
 def test_interleave_puts_replica_shares_back_in_prompt_order():
-    from dynspec.runtime.cli import interleave
+    from dynspec.runtime.generate_report import interleave
 
     assert interleave([["a0", "a2", "a4"], ["a1", "a3"]], 5) == ["a0", "a1", "a2", "a3", "a4"]
     assert interleave([["a0"]], 1) == ["a0"]

@@ -37,24 +37,15 @@ def fastest_step_ms(engine, batch_sizes, ks, context: int, *, keep_warm: bool = 
     keep-warm when the engine keeps the draft warm, as a schedule serves it). Each pass runs every
     shape for one untimed and `steps` timed consecutive steps. On a shared machine other processes
     only ever add time to a step, so the minimum, not the median, is the step's own cost."""
-    from dynspec.benchmarks.step_timing import Shape, reserved_rows, sync_device, synthetic_plan
+    from dynspec.benchmarks.step_timing import Shape, reserved_rows, synthetic_plan, time_plans
     from dynspec.runtime.acceptance import Greedy
 
     shapes = [Shape(b, k, keep_warm and k == 0) for b in batch_sizes for k in ks]
-    best = {s: float("inf") for s in shapes}
-    acc = Greedy()
     with reserved_rows(engine, max(batch_sizes), context + max(ks) + 1) as slots:
         plans = {s: synthetic_plan(engine, s, context, slots) for s in shapes}
-        for _ in range(passes):
-            for s in shapes:
-                engine.step(plans[s], acc)                      # untimed: back to this shape
-                sync_device(engine.device)
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    engine.step(plans[s], acc)
-                    sync_device(engine.device)
-                    best[s] = min(best[s], time.perf_counter() - t0)
-    return {b: {k: 1e3 * best[Shape(b, k, keep_warm and k == 0)] for k in ks} for b in batch_sizes}
+        ms = time_plans(engine, plans, Greedy(), warmup=0, repeats=passes * steps, passes=passes, progress=None,
+                        statistic=min)
+    return {b: {k: ms[Shape(b, k, keep_warm and k == 0)] for k in ks} for b in batch_sizes}
 
 
 def typical_context(prompts, max_new_tokens: int) -> int:

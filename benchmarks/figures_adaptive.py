@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from dynspec.benchmarks.figures_common import _closed, _commands, _fmt_ratio, _trials, paired_ratio, spread
+from dynspec.benchmarks.figures_common import _closed, _commands, _fmt_ratio, _trials, figure_rows, paired_ratio, spread
 
 
 SETTLE_TOLERANCE = 0.05
@@ -93,8 +93,9 @@ def adaptive_sweep(doc: Mapping) -> dict:
     best of (every static:K, static and dynamic present), adaptive / dynamic (paired_ratio: per-trial
     median [min..max]), the policy's host cost per step, its K histogram and probe share, and the
     settle iterations under a shift."""
-    modes = list(dict.fromkeys(r["mode"] for r in doc["rows"]))
-    rows = {m: _closed(doc["rows"], m) for m in modes}
+    named = figure_rows(doc["rows"])
+    modes = list(dict.fromkeys(r["mode"] for r in named))
+    rows = {m: _closed(named, m) for m in modes}
     rivals = [m for m in modes if m == "dynamic" or m == "static" or m.startswith("static:")]
     by_c: dict = {}
     for c in sorted(rows.get("adaptive", {})):

@@ -61,7 +61,37 @@ def paired_ratio(top: Mapping, bottoms: Sequence[Mapping]) -> dict:
     return out
 
 
-OVERLAP = "+overlap"        # a sweep mode's loop suffix (benchmarks/sweep_modes.py): 'dynamic+overlap'
+OVERLAP = "+overlap"        # the figures' name of a mode's overlapped-loop twin: 'dynamic+overlap' (figure_rows)
+
+
+def row_loop(row: Mapping) -> str:
+    """A sweep row's executor loop, "serial" | "overlap": its `loop`, else (rows that do not record
+    it) its mode's suffix: {"mode": "dynamic+overlap"} -> "overlap"; {"mode": "dynamic"} -> "serial"."""
+    return row.get("loop") or ("overlap" if row["mode"].endswith(OVERLAP) else "serial")
+
+
+def overlap_twins(rows: Sequence[Mapping]) -> set[str]:
+    """The modes (as the rows name them) run by the overlapped loop of a sweep that ran the serial
+    loop too: their figures are their serial twins' with OVERLAP ({"baseline+serial": serial,
+    "baseline": overlap} -> {"baseline"}); empty when one loop ran every mode."""
+    loops = {r["mode"]: row_loop(r) for r in rows}
+    return {m for m, loop in loops.items() if loop == "overlap"} if set(loops.values()) == {"serial", "overlap"} else set()
+
+
+def figure_rows(rows: Sequence[Mapping]) -> list[Mapping]:
+    """The rows under the names the figures key on: each mode's policy part (sweep_modes.split_mode),
+    and OVERLAP after it for the overlapped loop's modes of a sweep that ran both loops. Serial
+    beside overlapped ('baseline+serial', 'baseline+overlap' or, on CPU, 'baseline',
+    'baseline+overlap') -> 'baseline', 'baseline+overlap'; one loop ('baseline', 'dynamic+overlap')
+    -> 'baseline', 'dynamic'."""
+    from dynspec.benchmarks.sweep_modes import split_mode
+
+    twins = overlap_twins(rows)
+    out = []
+    for r in rows:
+        name = split_mode(r["mode"])[0] + (OVERLAP if r["mode"] in twins else "")
+        out.append(r if name == r["mode"] else {**r, "mode": name})
+    return out
 
 
 SWEEP_MODES = ("baseline", "static", "dynamic")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from dynspec.benchmarks.figures_common import OVERLAP, _commands, _fmt_ratio, spread
+from dynspec.benchmarks.figures_common import OVERLAP, _commands, _fmt_ratio, figure_rows, spread
 from dynspec.benchmarks.figures_profile import decode_vs_gemm_floor, floor_figures
 from dynspec.benchmarks.figures_sweep import _fmt_iterations, _loops, sweep_figures, varied_fixed_figures
 
@@ -32,7 +32,8 @@ def overlap_figures(varied: Mapping, fixed: Mapping, regime: Mapping, floors: Se
              "step_ms": {"serial": fl["decode_ms"], "overlap": fl.get("overlap_ms")}}
     out = {"idle": idle, "varied_vs_fixed": vf, "regime_b": regime_b, "floor": floor, "floor_figures": fl,
            "commands": _commands(varied) + _commands(fixed) + _commands(regime) + fl["commands"]}
-    rows = {(r["mode"], r["concurrency"]): r for r in varied["rows"] if r.get("gpu_gap_fraction") is not None}
+    rows = {(r["mode"], r["concurrency"]): r for r in figure_rows(varied["rows"])
+            if r.get("gpu_gap_fraction") is not None}
     if rows:            # sweeps that record the device's own gaps between steps (metrics.gpu_gaps)
         out["gaps"] = {c: {loop: {k: rows[(m, int(c))][k] for k in ("gpu_gap_fraction", "gpu_gap_mixed_share",
                                                                      "gc_pause_fraction") if k in rows[(m, int(c))]}

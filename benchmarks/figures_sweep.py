@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from dynspec.benchmarks.figures_common import (OVERLAP, SWEEP_MODES, _closed, _commands, _fmt_ratio, _tps,
-                                               _trials, crossover_concurrency, paired_ratio, spread, verdict)
+                                               _trials, crossover_concurrency, figure_rows, paired_ratio, spread,
+                                               verdict)
 from dynspec.benchmarks.sweep_plan import closed_loop_floor
 
 
@@ -20,8 +21,8 @@ def varied_vs_fixed(varied_rows: Sequence[Mapping], fixed_rows: Sequence[Mapping
 
 
 def loop_ratios(here: Mapping[str, Mapping], suffix: str = "") -> dict:
-    """The ratios of one executor loop at one C, its modes named with `suffix` ('' serial,
-    '+overlap'): static / baseline, dynamic / baseline, dynamic / max(baseline, static) and its
+    """The ratios of one executor loop at one C, its modes named with `suffix` (figure_rows: '' the
+    sweep's serial loop, or its only loop; '+overlap' the overlapped loop beside it): static / baseline, dynamic / baseline, dynamic / max(baseline, static) and its
     verdict, each mode against its own loop's rivals (dynamic+overlap / baseline+overlap, ...)."""
     base, stat, dyn = (here.get(m + suffix) for m in SWEEP_MODES)
     e: dict = {}
@@ -38,11 +39,13 @@ def loop_ratios(here: Mapping[str, Mapping], suffix: str = "") -> dict:
 def sweep_figures(doc: Mapping) -> dict:
     """Per closed-loop C: tok/s per mode (median, min, max over trials), static / baseline and
     dynamic / baseline, dynamic / max(baseline, static) with its verdict, acceptance per mode.
-    Modes of the overlapped loop ('baseline+overlap', ...) get the same ratios among themselves
-    under "overlap", each one over its serial twin under "overlap_vs_serial", and (then) every mode
-    its engine_idle_fraction under "idle"."""
+    Modes are named as figure_rows names them: with both executor loops in the sweep, the
+    overlapped loop's ('baseline+overlap', ...) get the same ratios among themselves under
+    "overlap", each one over its serial twin under "overlap_vs_serial", and (then) every mode its
+    engine_idle_fraction under "idle"."""
+    named = figure_rows(doc["rows"])
     names = SWEEP_MODES + tuple(m + OVERLAP for m in SWEEP_MODES)
-    modes = {m: _closed(doc["rows"], m) for m in names}
+    modes = {m: _closed(named, m) for m in names}
     by_c: dict = {}
     for c in sorted({c for rows in modes.values() for c in rows}):
         here = {m: rows[c] for m, rows in modes.items() if c in rows}
@@ -56,7 +59,7 @@ def sweep_figures(doc: Mapping) -> dict:
             e["overlap_vs_serial"] = {m: paired_ratio(here[m + OVERLAP], [here[m]]) for m in SWEEP_MODES
                                       if m in here and m + OVERLAP in here}
         by_c[str(c)] = e
-    return {"by_concurrency": by_c, "crossover_concurrency": crossover_concurrency(doc["rows"]),
+    return {"by_concurrency": by_c, "crossover_concurrency": crossover_concurrency(named),
             "schedules": doc["env"].get("schedules"), "acceptance_model": doc["env"].get("acceptance_model"),
             "workload": doc["env"].get("workload"), "commands": _commands(doc)}
 
@@ -107,7 +110,8 @@ def sweep_plot(fig: Mapping) -> dict:
 def varied_fixed_figures(varied: Mapping, fixed: Mapping, mode: str = "baseline") -> dict:
     """Per C: `mode`'s tok/s with varied / with fixed lengths (ratio of medians), bounded by the
     trials' spreads (varied min / fixed max .. varied max / fixed min; the two runs' trials are not
-    paired). With the serial baseline, a baseline+overlap in both runs gets the same under "overlap".
+    paired). Modes as figure_rows names them: with the serial baseline, a baseline of the overlapped
+    loop beside it in both runs (baseline+overlap) gets the same under "overlap".
     engine_ratio: the same ratio on the steps' time alone (tokens / (iterations x mean step)): equal
     to the ratio when the host adds nothing; decode_rows: (varied, fixed) mean decode rows a step;
     iterations: (varied, fixed) each as [run, the workload's minimum] (sweep_plan.closed_loop_floor), and
@@ -115,7 +119,8 @@ def varied_fixed_figures(varied: Mapping, fixed: Mapping, mode: str = "baseline"
     cost the same). Example: 49586 tokens in 917 steps of 7.10 ms against 49152 in 773 of 7.32 ->
     engine ratio (49586 / 6.511) / (49152 / 5.658) = 0.877; minima 917 and 773 -> floor rows ratio
     (49586 / 917) / (49152 / 773) = 0.850."""
-    v, f = _closed(varied["rows"], mode), _closed(fixed["rows"], mode)
+    varied_rows, fixed_rows = figure_rows(varied["rows"]), figure_rows(fixed["rows"])
+    v, f = _closed(varied_rows, mode), _closed(fixed_rows, mode)
     out = {}
     for c in sorted(set(v) & set(f)):
         vt, ft = _trials(v[c]), _trials(f[c])
@@ -136,7 +141,7 @@ def varied_fixed_figures(varied: Mapping, fixed: Mapping, mode: str = "baseline"
     fig = {"by_concurrency": out, "varied_workload": varied["env"].get("workload"),
            "fixed_workload": fixed["env"].get("workload"), "commands": _commands(varied) + _commands(fixed)}
     over = mode + OVERLAP
-    if not mode.endswith(OVERLAP) and _closed(varied["rows"], over) and _closed(fixed["rows"], over):
+    if not mode.endswith(OVERLAP) and _closed(varied_rows, over) and _closed(fixed_rows, over):
         fig["overlap"] = varied_fixed_figures(varied, fixed, over)["by_concurrency"]
     return fig
 

@@ -106,30 +106,29 @@ def graph_replay_ms(engine, shape: Shape, context_len: int, *, repeats: int, pas
     return statistics.median(times[1:])
 
 
-def overlap_decode_ms(engine, context_len: int, *, warmup: int, repeats: int) -> dict | None:
-    """Plain decode at b=1 through the overlapped executor loop (Executor(overlap=True), K=0, no
+def overlap_decode_ms(engine, context_len: int, *, warmup: int, repeats: int) -> dict:
+    """Plain decode at b=1 through the overlapped executor loop (Executor(loop=Loop.OVERLAPPED), K=0, no
     keep-warm): one request whose decode steps end at position context_len, its prompt prefilled
     first. Each step launches iteration i+1, then reads iteration i's result (the loop's one host
     sync), so the wall time between consecutive results is the served step in steady state, the
     host's work hidden behind the GPU's wherever it is shorter. The first `warmup` intervals are
     dropped. {"ms": median interval, "mean_ms": their mean, "steps": intervals, "first_position",
-    "last_position"}; None for an engine without launch/result."""
+    "last_position"}."""
     import random
 
     from dynspec.runtime.executor import Executor
+    from dynspec.runtime.loop import Loop
     from dynspec.runtime.overlap import cache_slack
     from dynspec.runtime.policy import DraftSchedule
 
-    if not (hasattr(engine, "launch") and hasattr(engine, "result")):
-        return None
     n_new = warmup + repeats + 2               # the first token comes with the prefill, one more to close
     prompt_len = context_len - n_new
-    need = context_len + cache_slack(engine.max_draft_len, True)
+    need = context_len + cache_slack(engine.max_draft_len, Loop.OVERLAPPED)
     if prompt_len < 1 or need > engine.max_seq_len:
         raise DynspecError(f"--floor times overlapped decode up to context {context_len}: it needs max_seq_len"
                            f" {need} (the engine has {engine.max_seq_len}) and a context above its {n_new} decode steps")
     rng = random.Random(0)
-    ex = Executor(engine, DraftSchedule(), keep_warm=False, overlap=True)
+    ex = Executor(engine, DraftSchedule(), keep_warm=False, loop=Loop.OVERLAPPED)
     h = ex.submit([rng.randrange(2, engine.vocab_size) for _ in range(prompt_len)], n_new)
     ends = []
     while not h.done:
@@ -164,13 +163,13 @@ def measure_floor(engine, *, warmup: int = 5, repeats: int = 50, context_len: in
     decode = time_shapes(engine, [bare], context_len, warmup=warmup, repeats=repeats)[bare]
     graphs = graph_replay_ms(engine, bare, context_len, repeats=repeats)
     over = overlap_decode_ms(engine, context_len, warmup=warmup, repeats=repeats)
-    ov = None if over is None else over["ms"]
+    ov = over["ms"]
     wbytes = sum(w.numel() * w.element_size() for w in ws)
     return {"gemm_floor_ms": floor, "decode_ms": decode, "batch_size": 1, "context_len": context_len,
             "decode_vs_gemm_floor": decode / floor, "method": method, "gemm_weight_bytes": wbytes,
             "decode_graph_ms": graphs, "decode_graph_vs_gemm_floor": None if graphs is None else graphs / floor,
-            "decode_overlap_ms": ov, "decode_overlap_vs_gemm_floor": None if ov is None else ov / floor,
-            "decode_overlap_vs_graph": None if ov is None or graphs is None else ov / graphs,
+            "decode_overlap_ms": ov, "decode_overlap_vs_gemm_floor": ov / floor,
+            "decode_overlap_vs_graph": None if graphs is None else ov / graphs,
             "decode_overlap": over,
             "gemm_tb_per_s": wbytes / (floor / 1e3) / 1e12, "engine_max_seq_len": engine.max_seq_len,
             "device_kind": engine.device.type}

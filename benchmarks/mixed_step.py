@@ -18,6 +18,7 @@ where the GPU waited for the host.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -93,6 +94,7 @@ def capture(engine, points, cfg) -> tuple[set, str | None]:
     from dynspec.config import GraphMode
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.plan import PromptChunk, make_plan
+    from dynspec.runtime.policy import ConstantK
 
     if engine.device.type != "cuda":
         return set(), None
@@ -101,7 +103,7 @@ def capture(engine, points, cfg) -> tuple[set, str | None]:
         return set(), None
     keys = set()
     for b, k, _ in points:
-        keys |= set(reachable_graphs([lambda n, k=k: k], b, True, engine.max_num_tokens))
+        keys |= set(reachable_graphs([ConstantK(k)], b, True, engine.max_num_tokens))
     engine.capture_decode_graphs(keys)
     engine.warm_chunks()
     try:
@@ -147,6 +149,7 @@ def run(args, on_point=None) -> dict:
            "dtype": cfg.reference.dtype, "graphs": cfg.reference.graphs.value if engine.device.type == "cuda" else "eager",
            "mixed_graph_buckets": list(engine.whole.buckets) if engine.whole else None,
            "whole_error": whole_error, "points": rows,
+           "capture": {name: dataclasses.asdict(c) for name, c in getattr(engine, "capture_costs", {}).items()},
            "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
            "command": " ".join(["python -m dynspec.benchmarks.mixed_step", *sys.argv[1:]])}
     with reserved_rows(engine, max_b + 1, max(ctx + kmax + 1, longest)) as slots:
@@ -189,9 +192,9 @@ def _time_point(engine, args, point, mixed, decode, full: bool) -> dict:
                                                                 repeats=args.repeats, passes=1, progress=None)[mode]))
     dec = time_plans(engine, {"decode": decode}, Greedy(), warmup=2, repeats=args.repeats, passes=1,
                       progress=None)["decode"]
-    kernels = {m: timed(m, lambda: step_kernels(engine, mixed, args.kernels, top=12))
+    kernels = {m: timed(m, lambda: step_kernels(engine, mixed, args.kernels, top=100))
                if args.kernels and m in modes else None for m in ("eager", "full")}
-    kernels["decode"] = step_kernels(engine, decode, args.kernels, top=12) if args.kernels else None
+    kernels["decode"] = step_kernels(engine, decode, args.kernels, top=100) if args.kernels else None
     trace = None
     if getattr(args, "trace", None) and engine.device.type == "cuda":
         os.makedirs(args.trace, exist_ok=True)

@@ -25,7 +25,7 @@ weight streaming alone takes. decode_ms is plain decode (K=0, no keep-warm) at b
 tokens of context, timed like every other shape; decode_graph_ms is that step's CUDA graphs
 replayed back to back (None without graphs: CPU, eager, TP leaders), the step less the host's
 serial part. decode_overlap_ms (ms) is the same plain decode served by the overlapped executor loop
-(Executor(overlap=True)): the median wall time between consecutive step results of one request
+(Executor(loop=Loop.OVERLAPPED)): the median wall time between consecutive step results of one request
 decoding up to position 1023, the host's planning hidden behind the GPU's step (overlap_decode_ms);
 decode_overlap_vs_graph near 1.0 means nothing of the host's part is left. Every ratio is of two
 times from the same engine in the same process; a None time gives a None ratio.
@@ -78,7 +78,8 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
 
 
 class _Recorder:
-    """Wraps an engine: forwards everything, remembers each step's (K, per-row accepted)."""
+    """Wraps an engine: forwards everything, remembers each step's (K, per-row accepted), whether
+    the executor runs it whole (step) or launches it and reads it back (launch / result)."""
 
     def __init__(self, engine):
         self._engine = engine
@@ -88,8 +89,15 @@ class _Recorder:
         return getattr(self._engine, name)
 
     def step(self, plan, acceptance):
-        res = self._engine.step(plan, acceptance)
-        self.accepted.append((plan.k, tuple(res.accepted)))
+        return self.result(self.launch(plan, acceptance))
+
+    def launch(self, plan, acceptance):
+        return plan.k, self._engine.launch(plan, acceptance)       # (K, the engine's handle)
+
+    def result(self, handle):
+        k, inner = handle
+        res = self._engine.result(inner)
+        self.accepted.append((k, tuple(res.accepted)))
         return res
 
 
@@ -137,7 +145,9 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
     replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.loop import Loop
     from dynspec.runtime.overlap import cache_slack
+    from dynspec.runtime.policy import ConstantK
 
     batch_sizes = sorted(set(batch_sizes))
     draft_lens = sorted(set(draft_lens))
@@ -151,7 +161,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     seq = context_lens[-1] + kmax + 1
     floor_context = FLOOR_CONTEXT
     if floor:                                  # the overlapped decode's verify windows past the floor's context
-        slack = cache_slack(max(kmax, 1), True)
+        slack = cache_slack(max(kmax, 1), Loop.OVERLAPPED)
         floor_context = min(FLOOR_CONTEXT, target_positions(cfg.target_dir) - slack)   # a short model: what fits
         if floor_context < 1:
             raise DynspecError(f"--floor: the target's max_position_embeddings leaves no context beside the "
@@ -169,9 +179,9 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
         engine = open_sized(cfg, device=device, tp=ctx, max_batch_size=max_b, max_seq_len=seq,
                             max_draft_len=max(kmax, 1))
         if device.startswith("cuda") and cfg.reference.graphs is GraphMode.FULL:
-            policies = [(lambda b, k=k: k) for k in draft_lens]
+            policies = [ConstantK(k) for k in draft_lens]
             keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
-                    | set(reachable_graphs([lambda b: 0], max_b, False, engine.max_num_tokens)))
+                    | set(reachable_graphs([ConstantK(0)], max_b, False, engine.max_num_tokens)))
             engine.capture_decode_graphs(keys)          # timed steps are pure decode
         return engine
 

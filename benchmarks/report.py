@@ -13,25 +13,26 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from dynspec.artifacts import write_json
-from dynspec.benchmarks.figures_common import crossover_concurrency, verdict
+from dynspec.benchmarks.figures_common import OVERLAP, crossover_concurrency, figure_rows, overlap_twins, row_loop, verdict
 from dynspec.benchmarks.metrics import STEADY_FILL
+from dynspec.benchmarks.sweep_modes import OVERLAP as OVERLAP_SUFFIX, SERIAL, split_mode
 
 MODE_ORDER = ("baseline", "static", "dynamic")
 MODE_STYLE = {"baseline": ("tab:gray", "o"), "static": ("tab:orange", "s"), "dynamic": ("tab:blue", "^")}
-OVERLAP = "+overlap"      # a mode's loop suffix (benchmarks/sweep_modes.py): drawn in its base mode's colour
+SUFFIX_ORDER = ("", SERIAL, OVERLAP_SUFFIX)     # a mode's loop suffixes (benchmarks/sweep_modes.py), in table order
 
 
 def _split(mode: str) -> tuple[str, str]:
     """'dynamic+overlap' -> ('dynamic', '+overlap'); 'static:3' -> ('static:3', '')."""
-    return (mode[: -len(OVERLAP)], OVERLAP) if mode.endswith(OVERLAP) else (mode, "")
+    return split_mode(mode)
 
 
-def _style(mode: str) -> tuple:
-    """(colour, marker, line style): a mode of the overlapped loop its base mode's colour, hollow
-    marker, dashed line: 'baseline+overlap' -> ('tab:gray', 'o', '--')."""
-    base, loop = _split(mode)
-    color, marker = MODE_STYLE.get(base, (None, "x"))
-    return color, marker, "--" if loop else "-"
+def _style(mode: str, dashed: bool | None = None) -> tuple:
+    """(colour, marker, line style): its base mode's colour and marker, a dashed line for the
+    overlapped loop's twin of a serial mode (dashed None: a figure name, whose OVERLAP suffix says
+    so): 'baseline+overlap' -> ('tab:gray', 'o', '--')."""
+    color, marker = MODE_STYLE.get(_split(mode)[0], (None, "x"))
+    return color, marker, "--" if (mode.endswith(OVERLAP) if dashed is None else dashed) else "-"
 
 
 def out_paths(out: str | os.PathLike) -> dict[str, Path]:
@@ -48,8 +49,8 @@ def _load_key(row: Mapping) -> tuple:
 
 
 def _mode_key(mode: str) -> tuple:
-    base, loop = _split(mode)
-    return (MODE_ORDER.index(base) if base in MODE_ORDER else len(MODE_ORDER), base, loop)
+    base, suffix = _split(mode)
+    return (MODE_ORDER.index(base) if base in MODE_ORDER else len(MODE_ORDER), base, SUFFIX_ORDER.index(suffix))
 
 
 def _row_key(row: Mapping) -> tuple:
@@ -104,14 +105,14 @@ def markdown(doc: Mapping) -> str:
              "- schedules: " + ", ".join(f"{m}=`{s or 'K=0'}`" for m, s in (env.get('schedules') or {}).items()),
              f"- command: `{env.get('command')}`", ""]
     # "vs baseline": against the baseline of the row's own loop (dynamic+overlap / baseline+overlap)
-    base = {(_load_key(r), _split(r["mode"])[1]): r for r in rows if _split(r["mode"])[0] == "baseline"}
+    base = {(_load_key(r), row_loop(r)): r for r in rows if _split(r["mode"])[0] == "baseline"}
     lines.append("| mode | load | output tok/s | trials min..max | vs baseline | p50 lat s | p99 lat s | TTFT p50 ms"
                  " | TTFT p99 ms | TPOT ms | mean K | mean accepted len | acceptance | engine idle |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ms = lambda x: None if x is None else 1e3 * x      # noqa: E731
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"      # noqa: E731
     for r in sorted(rows, key=_row_key):
-        b = base.get((_load_key(r), _split(r["mode"])[1]))
+        b = base.get((_load_key(r), row_loop(r)))
         vs = "-"
         if b and b["output_tok_per_s"] > 0:
             vs = f"{r['output_tok_per_s'] / b['output_tok_per_s']:.2f}x"
@@ -132,13 +133,18 @@ def markdown(doc: Mapping) -> str:
     if any(r.get("matched_concurrency") is not None for r in rows):
         lines += ["", "Poisson rows: open-loop arrivals at the rate the baseline sustained in the closed loop"
                       " at that C (median trial), so both loops carry the same mean load."]
-    if any(_split(r["mode"])[1] for r in rows):
-        lines += ["", f"Modes ending {OVERLAP} ran the overlapped executor loop (Executor(overlap=True)); their"
-                      f" 'vs baseline' is against baseline{OVERLAP}. Engine idle: the share of the run's wall time"
-                      " outside the engine's steps (overlapped: the steps' device time)."]
+    over = sorted({r["mode"] for r in rows if row_loop(r) == "overlap"}, key=_mode_key)
+    if over:
+        both = len({row_loop(r) for r in rows}) > 1
+        lines += ["", f"Ran the overlapped executor loop (Executor(loop=Loop.OVERLAPPED)): {', '.join(over)}"
+                      + ("; the other modes the serial loop, and each mode's 'vs baseline' is against the baseline"
+                         " of its own loop" if both else "")
+                      + ". Engine idle: the share of the run's wall time outside the engine's steps (overlapped:"
+                        " the steps' device time)."]
     lines += underfull_note(rows)
-    cross = crossover_concurrency(rows)
-    if any(r["mode"] == "static" for r in rows) and base:
+    named = figure_rows(rows)
+    cross = crossover_concurrency(named)
+    if any(r["mode"] == "static" for r in named) and base:
         lines += ["", f"Static-vs-baseline crossover (smallest C where baseline beats static): "
                       f"{'none in this sweep' if cross is None else f'C={cross}'}"]
     return "\n".join(lines) + "\n"
@@ -158,10 +164,12 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
         ("request_rate", "request rate (req/s per replica, open loop)")
     rows = closed or [r for r in doc["rows"] if r.get("request_rate") is not None]
     modes = sorted({r["mode"] for r in doc["rows"]}, key=_mode_key)
+    twins = overlap_twins(doc["rows"])
+    styles = {m: _style(m, m in twins) for m in modes}
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.5))
-    _throughput_panel(ax1, doc, rows, modes, xkey, xlabel, bool(closed))
-    _k_panel(ax2, doc, modes)
-    _ttft_panel(ax3, rows, modes, xkey, xlabel)
+    _throughput_panel(ax1, doc, rows, modes, styles, xkey, xlabel, bool(closed))
+    _k_panel(ax2, doc, modes, styles)
+    _ttft_panel(ax3, rows, modes, styles, xkey, xlabel)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,11 +177,11 @@ def plot(doc: Mapping, path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
-def _throughput_panel(ax1, doc: Mapping, rows: Sequence[Mapping], modes: Sequence[str], xkey: str, xlabel: str,
-                      closed: bool) -> None:
+def _throughput_panel(ax1, doc: Mapping, rows: Sequence[Mapping], modes: Sequence[str], styles: Mapping,
+                      xkey: str, xlabel: str, closed: bool) -> None:
     """Output tok/s per mode against the load (median, min..max of trials); Poisson rows dotted."""
     for m in modes:
-        color, marker, line = _style(m)
+        color, marker, line = styles[m]
         pts = sorted((r[xkey], r["output_tok_per_s"], r.get("tok_per_s_min", r["output_tok_per_s"]),
                       r.get("tok_per_s_max", r["output_tok_per_s"])) for r in rows if r["mode"] == m)
         if pts:
@@ -197,7 +205,7 @@ def _throughput_panel(ax1, doc: Mapping, rows: Sequence[Mapping], modes: Sequenc
         ax1.legend()
 
 
-def _k_panel(ax2, doc: Mapping, modes: Sequence[str]) -> None:
+def _k_panel(ax2, doc: Mapping, modes: Sequence[str], styles: Mapping) -> None:
     """K per batch size from the rows' k_by_batch (marker area ~ share of iterations, b=0 left
     out), over each mode's schedule as a step line."""
     from dynspec.runtime.policy import DraftSchedule
@@ -205,7 +213,7 @@ def _k_panel(ax2, doc: Mapping, modes: Sequence[str]) -> None:
     sched = doc["env"].get("schedules") or {}
     max_b = 1
     for i, m in enumerate(modes):
-        color, marker, _ = _style(m)
+        color, marker, _ = styles[m]
         counts: dict[tuple[int, int], int] = {}
         for r in doc["rows"]:
             if r["mode"] == m:
@@ -226,7 +234,7 @@ def _k_panel(ax2, doc: Mapping, modes: Sequence[str]) -> None:
             continue
         s = DraftSchedule.parse(spec)
         xs = list(range(1, max_b + 1))
-        ax2.step(xs, [s.draft_len(b) for b in xs], where="mid", color=_style(m)[0],
+        ax2.step(xs, [s.draft_len(b) for b in xs], where="mid", color=styles[m][0],
                  alpha=0.5, linestyle="--", label=f"{m} policy")
     ax2.set_xscale("log", base=2)
     ticks = [2 ** i for i in range(max_b.bit_length() + 1) if 2 ** i <= max(max_b, 1) * 1.01]
@@ -239,12 +247,12 @@ def _k_panel(ax2, doc: Mapping, modes: Sequence[str]) -> None:
         ax2.legend(fontsize=8, loc="best")
 
 
-def _ttft_panel(ax3, rows: Sequence[Mapping], modes: Sequence[str], xkey: str, xlabel: str) -> None:
+def _ttft_panel(ax3, rows: Sequence[Mapping], modes: Sequence[str], styles: Mapping, xkey: str, xlabel: str) -> None:
     """TTFT p50 (solid) and p99 (dashed) per mode against the load."""
     from matplotlib.ticker import NullLocator
 
     for m in modes:
-        color, marker, _ = _style(m)
+        color, marker, _ = styles[m]
         pts = sorted((r[xkey], 1e3 * r["p50_ttft_s"], 1e3 * r["p99_ttft_s"]) for r in rows
                      if r["mode"] == m and r.get("p50_ttft_s") is not None)
         if pts:

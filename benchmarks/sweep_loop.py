@@ -7,9 +7,10 @@ from dataclasses import replace
 from typing import Sequence
 
 from dynspec.benchmarks.mpi import World, log
-from dynspec.benchmarks.sweep_modes import base_mode, overlapped
+from dynspec.benchmarks.sweep_modes import base_mode
 from dynspec.benchmarks.sweep_plan import LoadPoint, SweepSpec
-from dynspec.benchmarks.sweep_rows import StepTrace, adaptive_fields, make_row, matched_rate, median_trial, trial_fields
+from dynspec.benchmarks.sweep_rows import (StepTrace, adaptive_fields, capture_fields, make_row, matched_rate, median_trial,
+                                           padding_share, trial_fields)
 
 
 def open_engine(specs: Sequence[SweepSpec], cfg, device: str, tp=None):
@@ -67,18 +68,18 @@ class ReferenceSweep:
 
     def __init__(self, spec: SweepSpec, engine, w: World):
         self.spec, self.engine, self.w = spec, engine, w
-        self.schedules, self.warm = dict(spec.schedules), dict(spec.keep_warm)
+        self.schedules, self.warm, self.loops = dict(spec.schedules), dict(spec.keep_warm), dict(spec.loops)
         self.bar = None
 
     def executor(self, mode: str, n: int) -> StepTrace:
         """A fresh executor (its request ids, the acceptance keys, count from 0) for a run of n
-        requests, through the mode's loop (serial, or overlapped for a '+overlap' mode)."""
+        requests, through the mode's executor loop (SweepSpec.loops)."""
         from dynspec.runtime.acceptance import resolve as resolve_acceptance
         from dynspec.runtime.executor import Executor
 
         return StepTrace(Executor(self.engine, self.schedules[mode], keep_warm=self.warm[mode],
                                   acceptance=resolve_acceptance(self.spec.acceptance, n), allow_lossy=True,
-                                  overlap=overlapped(mode)), adaptive=base_mode(mode) == "adaptive")
+                                  loop=self.loops[mode]), adaptive=base_mode(mode) == "adaptive")
 
     def warm_up(self) -> None:
         """Untimed: every mode at batch 1 and at the largest concurrency (short outputs), so
@@ -159,7 +160,12 @@ class ReferenceSweep:
         trials: dict[tuple, list] = {}
         steps: dict[tuple, list] = {}
         overlapped_its: dict[tuple, list] = {}
+        pads: dict[tuple, list] = {}
+        forward = getattr(self.engine, "forward_tokens", None)
         for i, (p, m, t, *_) in enumerate(records):
+            if forward is not None:
+                pads.setdefault((p, m), []).append(
+                    padding_share([s for rank_records in gathered for s in rank_records[i][3].steps], forward))
             trials.setdefault((p, m), []).append(summarize((rank_records[i][3] for rank_records in gathered),
                                                            p.concurrency))
             steps.setdefault((p, m), []).append([list(rank_records[i][4]) for rank_records in gathered])
@@ -171,6 +177,9 @@ class ReferenceSweep:
                 med = median_trial(mets)
                 row = make_row(p, m, spec, self.schedules[m], self.warm[m], med, w.size)
                 row.update(trial_fields(mets), overlapped_iterations=overlapped_its[(p, m)][mets.index(med)])
+                if forward is not None:
+                    row["padding_share"] = pads[(p, m)][mets.index(med)]
+                row.update(capture_fields(self.engine))
                 if base_mode(m) == "adaptive":
                     row.update(adaptive_fields(steps[(p, m)], resolve_acceptance(spec.acceptance, spec.count.at(p))))
                 rows.append(row)

@@ -3,7 +3,10 @@
     baseline   K = 0 always                 static     one K (--static-k) for every batch size
     static:K   that K for every batch size  dynamic    the engine's (or a tuned) schedule
     adaptive   the cost model's policy (runtime/adaptive.py)
-Any mode may carry the loop suffix '+overlap': the same policy through the overlapped executor loop.
+A mode runs through the executor's serving loop (runtime/loop.py serving_loop: overlapped on CUDA,
+serial on CPU, or as engine.json reference.overlap pins it), unless it names one with a suffix:
+    'dynamic+serial'    the serial loop          'dynamic+overlap'   the overlapped loop
+So on CUDA 'baseline+serial,baseline' runs the target alone through both loops.
 """
 from __future__ import annotations
 
@@ -12,43 +15,69 @@ from pathlib import Path
 from typing import Sequence
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.policy import DraftSchedule
 
 
 MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
 ALL_MODES = MODES + ("adaptive",)                     # and static:K, K in 1..MAX_STATIC_K
 TRTLLM_MODES = MODES
-OVERLAP = "+overlap"          # a mode's loop suffix: 'dynamic+overlap' runs Executor(overlap=True)
+SERIAL = "+serial"            # a mode's loop suffixes: 'dynamic+serial' runs Executor(loop=Loop.SERIAL),
+OVERLAP = "+overlap"          # 'dynamic+overlap' Executor(loop=Loop.OVERLAPPED); no suffix: the serving loop
+LOOP_SUFFIXES = {SERIAL: Loop.SERIAL, OVERLAP: Loop.OVERLAPPED}
+LOOP_LABELS = {Loop.SERIAL: "serial", Loop.OVERLAPPED: "overlap"}    # a row's `loop`
 MAX_STATIC_K = 32
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
     """'baseline,static:1,static:3,dynamic,adaptive' -> those five modes; each static:K is a mode of
-    its own (K in 1..32), plain 'static' takes --static-k. Any of them may carry the loop suffix
-    '+overlap' ('baseline,baseline+overlap'): the same policy through the overlapped executor loop."""
+    its own (K in 1..32), plain 'static' takes --static-k. Any of them may name its executor loop
+    with a suffix, '+serial' or '+overlap' ('baseline+serial,baseline+overlap'); without one it
+    runs the serving loop (mode_loop)."""
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
     bad = [m for m in modes if base_mode(m) not in ALL_MODES and static_k_of(base_mode(m)) is None]
     if bad or not modes:
         raise DynspecError(f"--modes {text!r}: unknown mode(s) {bad}; choose from {','.join(ALL_MODES)} or static:K"
-                           f" (K in 1..{MAX_STATIC_K}), each optionally with {OVERLAP}")
+                           f" (K in 1..{MAX_STATIC_K}), each optionally with {SERIAL} or {OVERLAP}")
     if len(set(modes)) != len(modes):
         raise DynspecError(f"--modes {text!r} repeats a mode")
     return modes
 
 
+def split_mode(mode: str) -> tuple[str, str]:
+    """(policy part, loop suffix): 'static:3+overlap' -> ('static:3', '+overlap');
+    'dynamic+serial' -> ('dynamic', '+serial'); 'dynamic' -> ('dynamic', '')."""
+    for suffix in LOOP_SUFFIXES:
+        if mode.endswith(suffix):
+            return mode[: -len(suffix)], suffix
+    return mode, ""
+
+
 def base_mode(mode: str) -> str:
     """The policy part of a mode: 'static:3+overlap' -> 'static:3'; 'dynamic' -> 'dynamic'."""
-    return mode[: -len(OVERLAP)] if mode.endswith(OVERLAP) else mode
+    return split_mode(mode)[0]
 
 
-def overlapped(mode: str) -> bool:
-    """Does the mode run the overlapped executor loop ('dynamic+overlap')?"""
-    return mode.endswith(OVERLAP)
+def mode_loop(mode: str, default: Loop) -> Loop:
+    """The executor loop a mode runs: its suffix's, else `default` (the serving loop of the
+    sweep's device, ReferenceSettings.loop): 'baseline' -> default (OVERLAPPED on CUDA, SERIAL on
+    CPU); 'baseline+serial' -> SERIAL; 'baseline+overlap' -> OVERLAPPED."""
+    return LOOP_SUFFIXES.get(split_mode(mode)[1], default)
 
 
-def loop_of(mode: str) -> str:
-    """'dynamic+overlap' -> 'overlap'; 'dynamic' -> 'serial' (the row's `loop`)."""
-    return "overlap" if overlapped(mode) else "serial"
+def mode_loops(modes: Sequence[str], default: Loop) -> dict[str, Loop]:
+    """{mode: its loop} (mode_loop), refusing two modes that run one policy through one loop:
+    ('baseline', 'baseline+overlap') with default OVERLAPPED -> "... both run baseline through the
+    overlapped loop ..."."""
+    loops = {m: mode_loop(m, default) for m in modes}
+    seen: dict[tuple[str, Loop], str] = {}
+    for m, loop in loops.items():
+        other = seen.setdefault((base_mode(m), loop), m)
+        if other != m:
+            raise DynspecError(f"--modes: {other} and {m} both run {base_mode(m)} through the {loop.value} loop"
+                               f" (a mode without a suffix runs the serving loop, {default.value} here); name the"
+                               f" loops with {SERIAL} and {OVERLAP}")
+    return loops
 
 
 def static_k_of(mode: str) -> int | None:
@@ -72,7 +101,7 @@ def read_schedule_arg(text: str) -> DraftSchedule:
 def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None,
                    max_batch_size: int) -> dict[str, DraftSchedule]:
     """baseline: K=0 always; static: K for every batch size; static:K that K; dynamic: the engine's
-    (or a tuned) schedule; a mode with the loop suffix ('static:3+overlap') its base mode's.
+    (or a tuned) schedule; a mode with a loop suffix ('static:3+overlap') its base mode's.
     Adaptive is not a schedule (adaptive_policy).
 
     static_k defaults to the dynamic schedule's max_draft_len: 'what if we never switched'."""

@@ -12,9 +12,10 @@ from typing import Mapping, Sequence
 from dynspec.benchmarks.flags import float_list, int_list
 from dynspec.benchmarks.mpi import World
 from dynspec.benchmarks.sweep_args import make_parser
-from dynspec.benchmarks.sweep_modes import (OVERLAP, TRTLLM_MODES, adaptive_policy, base_mode, cost_model_path,
-                                            mode_schedules, overlapped, parse_modes, read_schedule_arg)
+from dynspec.benchmarks.sweep_modes import (LOOP_SUFFIXES, TRTLLM_MODES, adaptive_policy, base_mode, cost_model_path,
+                                            mode_loops, mode_schedules, parse_modes, read_schedule_arg, split_mode)
 from dynspec.errors import DynspecError
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
 from dynspec.runtime.policy import DraftSchedule
 
@@ -100,6 +101,7 @@ class SweepSpec:
     points: tuple[LoadPoint, ...]
     schedules: tuple[tuple[str, DraftSchedule], ...]
     keep_warm: tuple[tuple[str, bool], ...]
+    loops: tuple[tuple[str, Loop], ...]       # the executor loop each mode runs (sweep_modes.mode_loop)
     acceptance: object
     requests: tuple               # the whole seeded workload (BenchRequest)
     workload: str                 # description for the env block
@@ -120,9 +122,11 @@ def check_flags(args: argparse.Namespace) -> None:
     from dynspec.runtime.acceptance import parse_acceptance
 
     modes = parse_modes(args.modes)
-    if args.engine == "trtllm" and any(overlapped(m) for m in modes):
-        raise DynspecError(f"--modes {args.modes!r}: {OVERLAP} is the reference executor's overlapped loop;"
-                           f" --engine trtllm runs its own loop (modes {', '.join(TRTLLM_MODES)})")
+    named = [split_mode(m)[1] for m in modes if split_mode(m)[1]]
+    if args.engine == "trtllm" and named:
+        raise DynspecError(f"--modes {args.modes!r}: {named[0]} is the reference executor's "
+                           f"{LOOP_SUFFIXES[named[0]].value} loop; --engine trtllm runs its own loop"
+                           f" (modes {', '.join(TRTLLM_MODES)})")
     if args.engine == "trtllm" and set(modes) - set(TRTLLM_MODES):
         raise DynspecError(f"--modes {args.modes!r}: --engine trtllm runs {', '.join(TRTLLM_MODES)} only")
     if any(base_mode(m) == "adaptive" for m in modes):
@@ -199,6 +203,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
     keep_warm = {m: (False if base_mode(m) == "baseline" else engine_warm) for m in modes}
+    # a mode without a loop suffix runs the executor's serving loop on this device (TensorRT-LLM: its own)
+    loops = mode_loops(modes, Loop.SERIAL if args.engine == "trtllm" else cfg.reference.loop(args.device))
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
 
     per_point = max(count.at(p) for p in points)
@@ -212,27 +218,35 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         write_jsonl(args.save_workload, reqs)
     desc += f"; {count} requests per replica per load point"
     longest = max(r.input_len + r.output_tokens for r in reqs)
-    max_seq = longest + cache_slack(kmax, any(overlapped(m) for m in modes))
+    max_seq = longest + cache_slack(kmax, widest_loop(loops))
     if args.max_seq_len is not None:
-        check_overlap_fits(modes, longest, kmax, args.max_seq_len)
+        check_overlap_fits(loops, longest, kmax, args.max_seq_len)
         if args.max_seq_len < max_seq:
             raise DynspecError(f"--max-seq-len {args.max_seq_len} is below the {max_seq} positions the workload needs")
         max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
-    return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()), acceptance,
+    return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()),
+                     tuple(loops.items()), acceptance,
                      reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
                      None if cost_model is None else str(cost_model))
 
 
-def check_overlap_fits(modes: Sequence[str], longest: int, max_draft_len: int, max_seq_len: int) -> None:
-    """An overlapped mode's requests need cache_slack(K, True) = 2 (K + 1) positions past prompt +
-    output (runtime/overlap.py), K the engine's max_draft_len: longest 416, K 7, --max-seq-len 424 ->
-    "... needs --max-seq-len 432 ...". One line, before anything runs."""
-    over = [m for m in modes if overlapped(m)]
-    need = longest + cache_slack(max_draft_len, True)
+def widest_loop(loops: Mapping[str, Loop]) -> Loop:
+    """The loop whose cache slack the engine needs (runtime/overlap.py): OVERLAPPED if any mode runs it."""
+    return Loop.OVERLAPPED if Loop.OVERLAPPED in loops.values() else Loop.SERIAL
+
+
+def check_overlap_fits(loops: Mapping[str, Loop], longest: int, max_draft_len: int, max_seq_len: int) -> None:
+    """A mode of the overlapped loop (loops: mode -> its loop) needs cache_slack(K, OVERLAPPED) =
+    2 (K + 1) positions past prompt + output (runtime/overlap.py), K the engine's max_draft_len:
+    longest 416, K 7, --max-seq-len 424 -> "... needs --max-seq-len 432 ...". One line, before
+    anything runs."""
+    over = [m for m, loop in loops.items() if loop is Loop.OVERLAPPED]
+    slack = cache_slack(max_draft_len, Loop.OVERLAPPED)
+    need = longest + slack
     if over and max_seq_len < need:
         raise DynspecError(f"--max-seq-len {max_seq_len} is too short for the overlapped loop of {over[0]}: its requests"
-                           f" need prompt + output {longest} + {cache_slack(max_draft_len, True)} (2 x (K {max_draft_len}"
+                           f" need prompt + output {longest} + {slack} (2 x (K {max_draft_len}"
                            f" + 1)) = {need} positions; give --max-seq-len {need}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from dynspec.benchmarks.sweep_modes import loop_of, policy_label, shift_of
+from dynspec.benchmarks.sweep_modes import LOOP_LABELS, policy_label, shift_of
 from dynspec.runtime.policy import DraftSchedule
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def median_trial(mets: Sequence):
 def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, keep_warm: bool, met, world_size: int) -> dict:
     row = {
         "mode": mode,
-        "loop": loop_of(mode),             # serial | overlap: the executor loop the mode ran
+        "loop": LOOP_LABELS[dict(spec.loops)[mode]],   # serial | overlap: the executor loop the mode ran
         "concurrency": p.concurrency,
         "total_concurrency": None if p.concurrency is None else p.concurrency * world_size,
         "request_rate": p.request_rate,
@@ -97,3 +97,26 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
     }
     row.update(met.to_json())
     return row
+
+
+def padding_share(steps, forward_tokens) -> float | None:
+    """Pure. The padding of the mixed iterations' forwards: sum(forward - real) / sum(forward)
+    over iterations with prompt tokens, real = decode rows x (K+1) + prompt tokens, forward =
+    forward_tokens(decode rows, K, prompt tokens) (the engine's padded size); None without any.
+    Rows 3 at K=1 + 9 prompt tokens, forward 32 (a 4-row bucket in a 32-token graph):
+    (32 - 15) / 32 = 0.53."""
+    mixed = [s for s in steps if s.prefill_tokens]
+    total = sum(forward_tokens(s.decode_rows, s.k, s.prefill_tokens) for s in mixed)
+    real = sum(s.decode_rows * (s.k + 1) + s.prefill_tokens for s in mixed)
+    return (total - real) / total if total else None
+
+
+def capture_fields(engine) -> dict:
+    """What the engine's graph captures took (ReferenceEngine.capture_costs): seconds and device
+    bytes, decode and whole-forward graphs together; {} for an engine that reports none."""
+    costs = getattr(engine, "capture_costs", None) or {}
+    if not costs:
+        return {}
+    return {"graphs_captured": sum(c.graphs for c in costs.values()),
+            "graph_capture_s": sum(c.seconds for c in costs.values()),
+            "graph_capture_bytes": sum(c.bytes for c in costs.values())}

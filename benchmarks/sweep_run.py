@@ -28,7 +28,8 @@ def check_engine_overlap(plans: Sequence["PlannedSweep"]) -> None:
     seq = max(p.spec.max_seq_len for p in plans)
     for p in plans:
         try:
-            check_overlap_fits(p.spec.modes, max(r.input_len + r.output_tokens for r in p.spec.requests), kmax, seq)
+            check_overlap_fits(dict(p.spec.loops), max(r.input_len + r.output_tokens for r in p.spec.requests), kmax,
+                               seq)
         except DynspecError as e:
             raise DynspecError(f"case {p.case.name!r}: {e}" if p.case.name else str(e)) from None
 

@@ -65,6 +65,7 @@ def run(args) -> int:
     from dynspec.benchmarks.step_timing import Shape, sync_device, time_shapes
     from dynspec.runtime.distributed import abort_on_error, init_tp, log, shutdown
     from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.policy import ConstantK
 
     apply_bench_env()
     check_device(args.device)
@@ -81,7 +82,7 @@ def run(args) -> int:
         cfg = engine_choice(args).config
         engine = open_sized(cfg, device=args.device, tp=ctx if args.tp > 1 else None, max_batch_size=1,
                             max_seq_len=CONTEXT + 2, max_draft_len=1)
-        keys = reachable_graphs([lambda b: 0], 1, False, engine.max_num_tokens)
+        keys = reachable_graphs([ConstantK(0)], 1, False, engine.max_num_tokens)
         bare = Shape(1, 0, False)
         reducer = ctx.reducer
 

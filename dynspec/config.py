@@ -33,7 +33,8 @@ reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mix
 CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
 
 reference.overlap (true, false or "auto", the default: true on CUDA, false elsewhere): the
-executor's overlapped loop (Executor(overlap=True); docs/design.md, "The overlapped loop"):
+executor's overlapped loop (Executor(loop=Loop.OVERLAPPED), runtime/loop.py serving_loop;
+docs/design.md, "The overlapped loop"):
 iteration i+1 is planned and launched while iteration i runs. Each request's cache then holds two
 verify windows past its last token instead of one. The serial loop stays the CPU's and the oracle.
 """
@@ -47,6 +48,7 @@ from typing import Any, Mapping
 
 from dynspec.artifacts import read_json, write_json
 from dynspec.errors import DynspecError
+from dynspec.runtime.loop import Loop, serving_loop
 from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule
 
 ENGINE_FORMAT = "dynspec-engine/1"
@@ -85,11 +87,10 @@ class ReferenceSettings:
     graphs: GraphMode = GraphMode.FULL
     overlap: bool | str = "auto"   # the executor's overlapped loop: true, false, "auto" (module docstring)
 
-    def loop_overlap(self, device) -> bool:
-        """Whether the executor on `device` runs the overlapped loop ("auto": on CUDA only)."""
-        if isinstance(self.overlap, bool):
-            return self.overlap
-        return str(device).startswith("cuda")
+    def loop(self, device) -> Loop:
+        """The executor's loop on `device` (runtime/loop.py serving_loop): "auto" -> OVERLAPPED on
+        CUDA, SERIAL elsewhere; true / false pin it."""
+        return serving_loop(device, self.overlap)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

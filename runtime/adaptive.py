@@ -244,9 +244,24 @@ class AdaptivePolicy:
         self.cost, self.settings, self.candidates = cost, settings, ks
         self._rows: dict = {}
 
+    # ---- Policy (runtime/policy.py) -------------------------------------------------------
     @property
     def max_draft_len(self) -> int:
         return self.candidates[-1]
+
+    @property
+    def drafts(self) -> bool:
+        """Its candidates hold a K > 0 (the constructor asks for one)."""
+        return self.candidates[-1] > 0
+
+    @property
+    def chooses_keep_warm(self) -> bool:
+        """A K=0 step keeps the draft warm only while K=0 is held against a better K (step 5)."""
+        return True
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        """Any candidate at any batch size: K in (0, 1, 2) -> (0, 1, 2)."""
+        return self.candidates
 
     def initial_estimate(self) -> AcceptanceEstimate:
         prior = self.settings.prior

@@ -10,6 +10,7 @@ from pathlib import Path
 from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
 from dynspec.runtime.generate_report import format_report, interleave, summarize, write_jsonl
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.session import check_device
 from dynspec.runtime.tune_at_start import TUNE_NEW_TOKENS, TUNE_PROMPTS, tune_here, typical_context
 
@@ -132,13 +133,13 @@ def _check_flags(args) -> None:
 
 
 def check_prompt_bounds(ids, wheres, *, vocab: int, max_seq_len: int, max_draft_len: int, max_new_tokens: int,
-                        overlap: bool = False) -> None:
+                        loop: Loop = Loop.SERIAL) -> None:
     """Every prompt fits the engine with the user's --max-new-tokens; the error names FILE:LINE.
-    Room needed: prompt + max_new_tokens + one verify window (max K + 1; two with engine.json
-    reference.overlap: runtime/overlap.py) <= max_seq_len."""
+    Room needed: prompt + max_new_tokens + one verify window (max K + 1; two in the overlapped
+    loop, engine.json reference.overlap: runtime/overlap.py) <= max_seq_len."""
     from dynspec.runtime.overlap import cache_slack
 
-    slack = cache_slack(max_draft_len, overlap)
+    slack = cache_slack(max_draft_len, loop)
     for where, p in zip(wheres, ids):
         if not p:
             raise DynspecError(f"{where}: the prompt tokenizes to no tokens")
@@ -233,7 +234,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
         check_prompt_bounds(ids, wheres, vocab=vocab, max_seq_len=cfg.reference.max_seq_len,
                             max_draft_len=engine_k, max_new_tokens=args.max_new_tokens,
-                            overlap=cfg.reference.loop_overlap(args.device))
+                            loop=cfg.reference.loop(args.device))
     source = _schedule_source(args, modes)
 
     def load(ctx):
@@ -242,7 +243,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                        tp=ctx if ctx.layout.size > 1 else None)
         check_prompt_bounds(ids, wheres, vocab=engine.vocab_size, max_seq_len=engine.max_seq_len,
                             max_draft_len=engine.max_draft_len, max_new_tokens=args.max_new_tokens,
-                            overlap=cfg.reference.loop_overlap(engine.device))
+                            loop=cfg.reference.loop(engine.device))
         return engine
 
     def lead(engine, ctx):
@@ -288,7 +289,7 @@ def _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop) -> dict:
     for t in range(args.trials):
         for mode in modes[t % len(modes):] + modes[:t % len(modes)]:
             ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
-                          overlap=cfg.reference.loop_overlap(engine.device))  # whole run
+                          loop=cfg.reference.loop(engine.device))  # whole run
             freeze_heap()         # runtime/gc_heap.py: what the run meets is built; no full collection walks it
             desc = f"{mode:>8}" + (f" {t + 1}/{args.trials}" if args.trials > 1 else "")
             with tqdm(total=len(mine), desc=desc, file=sys.stderr, leave=False,

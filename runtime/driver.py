@@ -176,12 +176,12 @@ def schedule_words(schedule) -> str:
 
 
 def describe_policy(policy, cost_model: str | Path | None = None) -> str:
-    """The policy kind in words: a DraftSchedule -> 'schedule'; an AdaptivePolicy (it has
-    `candidates`, the K's it may pick) -> 'adaptive (cost model FILE, K 0..4)' ('K 0,2,4' when
-    the K's are not consecutive)."""
-    ks = getattr(policy, "candidates", None)
-    if ks is None:
+    """The policy kind in words: a DraftSchedule -> 'schedule'; an AdaptivePolicy -> 'adaptive
+    (cost model FILE, K 0..4)', its candidates ('K 0,2,4' when they are not consecutive)."""
+    from dynspec.runtime.adaptive import AdaptivePolicy
+
+    if not isinstance(policy, AdaptivePolicy):
         return "schedule"
-    ks = sorted(ks)
+    ks = sorted(policy.candidates)
     span = f"{ks[0]}..{ks[-1]}" if ks == list(range(ks[0], ks[-1] + 1)) and len(ks) > 1 else ",".join(map(str, ks))
     return f"adaptive (cost model {cost_model}, K {span})"

@@ -18,8 +18,8 @@ Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
        the acceptance estimate (runtime/acceptance_estimate.py), kept under every policy; a pure
        decode step's time updates the adaptive policy's cost calibration (runtime/cost_calibration.py)
 
-Deferred update (the serial loop on an engine whose launch returns before the device has run
-the step, engine.async_launch: the reference engine on CUDA): step 6 is engine.launch, then the
+Deferred update (Loop.SERIAL on an engine whose launch returns before the device has run the
+step, engine.async_launch: the reference engine on CUDA): step 6 is engine.launch, then the
 update of step 7 for the previous iteration, then engine.result, so that update runs while the
 device runs the step. Iteration i+1's K then reads the estimate and
 calibration through i-1, as the overlapped loop's does; a retirement applies the pending
@@ -30,10 +30,15 @@ Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 2   A: 3 tokens   B: prompt[5:9], its last chunk -> B's first token
     it 3   A, B: 3 tokens each
 
-Overlapped (overlap=True; docs/design.md, "The overlapped loop"): steps 1-5 of iteration i+1
+Overlapped (Loop.OVERLAPPED; docs/design.md, "The overlapped loop"): steps 1-5 of iteration i+1
 run, and it is launched (engine.launch), before step 7 of iteration i reads i's result
 (engine.result, the one host sync); i+1's rows take i's tokens and positions on the device
-(runtime/overlap.py). The serial loop (the default) is the oracle.
+(runtime/overlap.py). The serial loop (Loop.SERIAL, the default) is the oracle.
+
+The loop is chosen once, in __init__: step() is bound there to one of
+    _step_serial      engine.step                                  Loop.SERIAL, synchronous engine
+    _step_deferred    engine.launch, the pending update, result    Loop.SERIAL, engine.async_launch
+    _step_overlapped  launch i+1, then result(i)                   Loop.OVERLAPPED
 """
 from __future__ import annotations
 
@@ -51,9 +56,10 @@ from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
 from dynspec.runtime.gc_heap import pause_seconds
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack, row_inputs
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
-from dynspec.runtime.policy import speculates
+from dynspec.runtime.policy import Policy, speculates
 
 
 class Engine(Protocol):
@@ -68,8 +74,10 @@ class Engine(Protocol):
     def reserve(self, tokens: int, key: int = 0) -> int | None: ...   # a cache slot for positions 0..tokens-1, or None;
                                                                       # key: the request's id (Bernoulli draws)
     def release(self, slot: int) -> None: ...
-    def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...
-    # overlap=True also needs launch(plan, acceptance) -> handle and result(handle) -> StepResult
+    def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...    # = result(launch(plan))
+    def launch(self, plan: StepPlan, acceptance: AcceptanceModel) -> object: ...      # queue the step -> a handle
+    def result(self, handle: object) -> StepResult: ...                               # wait for that step's result
+    # optional: async_launch (bool, default False): launch returns before the device has run the step
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,21 @@ class RequestResult:
 _DONE = object()
 
 
+def _no_launch(plan: StepPlan) -> None:
+    """Loop.SERIAL's start of a planned step: none (step() runs it whole) -> no handle."""
+    return None
+
+
+def _no_advance(launched: "_Launched", result: StepResult) -> None:
+    """Loop.OVERLAPPED's fold moves no host state: the launch did (Executor._planned)."""
+
+
+def _device_seconds(launched: "_Launched", result: StepResult) -> float:
+    """An overlapped step's time: its device time where the engine reports it, else the launch's
+    wall time (the CPU runs the step inside the launch)."""
+    return result.device_s if result.device_s is not None else launched.launch_s
+
+
 @dataclass
 class _Request:
     id: int
@@ -149,7 +172,7 @@ class _Launched:
     plan: StepPlan
     rows: tuple["_Request", ...]         # [b] the plan's decode rows, in plan order
     chunked: tuple["_Request", ...]      # [chunks] the request of each prompt chunk
-    handle: object                       # engine.launch's handle (overlapped), else None
+    handle: object                       # engine.launch's handle (Loop.OVERLAPPED), else None
     decision: Decision | None
     context: float                       # mean KV length the policy read
     rates: tuple[float, ...]             # the acceptance estimate the policy read
@@ -158,7 +181,7 @@ class _Launched:
     t1: float                            # the launch began
     t_policy: float                      # the K decision's share of planning
     t_policy_exposed: float              # ... of it, with no step in flight on an asynchronous device
-    launch_s: float                      # time inside engine.launch (overlapped; 0 serial)
+    launch_s: float                      # time inside engine.launch (Loop.OVERLAPPED; ~0 serial: no launch)
 
     def requests(self) -> list["_Request"]:
         return list(self.rows) + list(self.chunked)
@@ -205,7 +228,7 @@ class Executor:
     def __init__(
         self,
         engine: Engine,
-        policy: Callable[[int], int] | AdaptivePolicy,
+        policy: Policy,
         *,
         keep_warm: bool = True,
         acceptance: AcceptanceModel = Greedy(),
@@ -217,26 +240,32 @@ class Executor:
         # record steps through on_step, so neither needs more; a one-shot run that summarizes
         # every iteration of a long job passes None.
         stats_limit: int | None = 65536,
-        # the overlapped loop (docs/design.md, "The overlapped loop"): plan and launch iteration
-        # i+1 before reading iteration i's result; needs an engine with launch/result (reference)
-        overlap: bool = False,
+        # Loop.OVERLAPPED (docs/design.md, "The overlapped loop"): plan and launch iteration i+1
+        # before reading iteration i's result (runtime/loop.py)
+        loop: Loop = Loop.SERIAL,
     ):
         if not acceptance.lossless and not allow_lossy:
             raise DynspecError(
                 f"acceptance model {acceptance} does not reproduce the target's output; only benchmarks may use it"
             )
-        if overlap and not (hasattr(engine, "launch") and hasattr(engine, "result")):
-            raise DynspecError(f"overlap=True needs an engine with launch/result; {type(engine).__name__} has "
-                               f"step only (run it with overlap=False)")
         # a policy that never drafts runs the target alone: no keep-warm, no draft pass over prompts
         self.draft = speculates(policy)
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm and self.draft, acceptance
-        self.overlap = overlap
-        self._inflight: _Launched | None = None    # overlap: the iteration launched, result not read
-        # serial loop with launch/result: the estimate / calibration update of the last step is
-        # applied after the next launch (module docstring, "Deferred update")
+        self.loop = loop
+        self._overlapped = loop is Loop.OVERLAPPED
+        self._inflight: _Launched | None = None    # overlapped: the iteration launched, result not read
         self._async = bool(getattr(engine, "async_launch", False))   # launch returns before the device is done
-        self._defer = not overlap and self._async and hasattr(engine, "launch") and hasattr(engine, "result")
+        # the loop, once (module docstring): serial on an asynchronous engine applies the estimate /
+        # calibration update of the last step after the next launch ("Deferred update")
+        self._defer = loop is Loop.SERIAL and self._async
+        # step(): one iteration; _begin(plan): what starts a planned step (overlapped: its launch;
+        # serial: nothing, the step runs whole in step()); _advance(launched, result): the host
+        # state a fold moves on (serial; the overlapped loop moves it at the launch: _planned)
+        if self._overlapped:
+            self._step, self._begin, self._advance = self._step_overlapped, self._launch_plan, _no_advance
+        else:
+            self._step = self._step_deferred if self._defer else self._step_serial
+            self._begin, self._advance = _no_launch, self._advance_folded
         self._pending: tuple | None = None         # (k, accepted, calibration slot or None, measured ms, predicted ms)
         self._clock = clock
         self._ids = itertools.count()
@@ -272,7 +301,7 @@ class Executor:
         if max_new_tokens < 1:
             raise DynspecError(f"max_new_tokens={max_new_tokens} must be at least 1")
         # room for the prompt, the new tokens, and the verify windows past the last one (overlap.py)
-        slack = cache_slack(self.engine.max_draft_len, self.overlap)
+        slack = cache_slack(self.engine.max_draft_len, self.loop)
         need = len(prompt) + max_new_tokens + slack
         if need > self.engine.max_seq_len:
             raise DynspecError(
@@ -329,28 +358,39 @@ class Executor:
         """Run one iteration. Returns None when there was nothing to run. If the engine
         raises, the requests of this iteration end as "error" and the error is re-raised;
         the executor itself stays usable.
-        Overlapped (overlap=True): launch the next iteration, then fold the one launched by the
-        previous call; returns that one's stats, None when no iteration was folded (nothing to
-        run, or only the first of a run launched)."""
-        if self.overlap:
-            return self._step_overlapped()
+        Loop.OVERLAPPED: launch the next iteration, then fold the one launched by the previous
+        call; returns that one's stats, None when no iteration was folded (nothing to run, or
+        only the first of a run launched)."""
+        return self._step()
+
+    def _step_serial(self) -> IterationStats | None:
+        """Plan, engine.step (launch and result in one call), fold."""
+        return self._run_serial(lambda plan: (self.engine.step(plan, self.acceptance), 0.0))
+
+    def _step_deferred(self) -> IterationStats | None:
+        """Plan, engine.launch, the previous step's estimate / calibration update while this one
+        runs on the device, engine.result, fold (module docstring, "Deferred update")."""
+        def run(plan: StepPlan) -> tuple[StepResult, float]:
+            handle = self.engine.launch(plan, self.acceptance)
+            update_s = self._apply_pending()
+            return self.engine.result(handle), update_s
+
+        return self._run_serial(run)
+
+    def _run_serial(self, run: Callable[[StepPlan], tuple[StepResult, float]]) -> IterationStats | None:
+        """One serial iteration; run(plan) -> (its result, seconds of the update applied during it:
+        none of them exposed, the engine being asynchronous whenever there are any)."""
         self._retire()
-        launched = self._launch(None)
+        launched = self._plan(None)
         if launched is None:
             return None
-        update_s = exposed_s = 0.0
         try:
-            if self._defer:
-                handle = self.engine.launch(launched.plan, self.acceptance)
-                update_s = self._apply_pending()     # the previous step's, while this one runs
-                exposed_s = 0.0 if self._async else update_s
-                result = self.engine.result(handle)
-            else:
-                result = self.engine.step(launched.plan, self.acceptance)
+            result, update_s = run(launched.plan)
         except BaseException:
             self._fail(launched.requests())
             raise
-        st = self._fold(launched, result, self._clock(), update_s, exposed_s)
+        t2 = self._clock()
+        st = self._fold(launched, result, t2, t2 - launched.t1, update_s)
         self._retire()                  # free finished requests' blocks now, not at the next call
         return st
 
@@ -360,7 +400,10 @@ class Executor:
         self._retire()
         prev, self._inflight = self._inflight, None
         try:
-            self._inflight = self._launch(prev)
+            nxt = self._plan(prev)
+            if nxt is not None:
+                self._planned(nxt)
+            self._inflight = nxt
         except BaseException:
             if prev is not None:        # i+1 was to continue from it: its requests end too
                 self._fail(prev.requests())
@@ -373,14 +416,19 @@ class Executor:
             nxt, self._inflight = self._inflight, None
             self._fail(prev.requests() + (nxt.requests() if nxt is not None else []))
             raise
-        st = self._fold(prev, result, self._clock())
+        st = self._fold(prev, result, self._clock(), _device_seconds(prev, result),
+                        hidden=self._async and self._inflight is not None)
         self._retire()
         return st
 
-    def _launch(self, prev: "_Launched | None") -> "_Launched | None":
-        """Plan the next iteration and start it: engine.launch when overlapped (prev: the one in
-        flight, whose rows continue on the device), else just plan (step() runs engine.step).
-        None when there is nothing to run. A failure ends this iteration's requests."""
+    def _launch_plan(self, plan: StepPlan) -> object:
+        """Loop.OVERLAPPED's start of a planned step: engine.launch -> its handle."""
+        return self.engine.launch(plan, self.acceptance)
+
+    def _plan(self, prev: "_Launched | None") -> "_Launched | None":
+        """Plan the next iteration and start it (_begin: engine.launch in the overlapped loop, prev
+        the one in flight, whose rows continue on the device; nothing in the serial loop, whose
+        step() runs it). None when there is nothing to run. A failure ends this iteration's requests."""
         if self._estimate is None:
             self._estimate = AcceptanceEstimate(positions=max(self.engine.max_draft_len, 1))
         t0 = self._clock()
@@ -407,20 +455,16 @@ class Executor:
                 slots=[r.slot for r in rows],
                 chunks=chunks,
                 from_device=rin.from_device,
-                carry=self.overlap,
+                carry=self._overlapped,
                 draft=self.draft,
             )
             t1 = self._clock()
-            handle = self.engine.launch(plan, self.acceptance) if self.overlap else None
+            handle = self._begin(plan)
         except BaseException:
             self._fail(rows + (list(self._prefilling) if chunked is None else chunked))   # None: admission failed
             raise
-        launched = _Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
-                             t0, t1, t_policy, 0.0 if hidden else t_policy,
-                             self._clock() - t1 if self.overlap else 0.0)
-        if self.overlap:
-            self._planned(launched)
-        return launched
+        return _Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
+                         t0, t1, t_policy, 0.0 if hidden else t_policy, self._clock() - t1)
 
     def _row_inputs(self, rows: Sequence[_Request], prev: "_Launched | None"):
         """Each decode row's plan inputs (runtime/overlap.py): exact when nothing is in flight."""
@@ -462,32 +506,34 @@ class Executor:
                 self._rows.append(req)
                 req.draft_warm = True
 
-    def _fold(self, launched: "_Launched", result: StepResult, t2: float,
-              update_s: float = 0.0, update_exposed_s: float = 0.0) -> IterationStats:
+    def _advance_folded(self, launched: "_Launched", result: StepResult) -> None:
+        """Serial (in _fold, self._lock held): the host state the overlapped loop moves at the
+        launch (_planned), from the result: draft heads, prompt progress, the previous K."""
+        for req in launched.rows:
+            req.draft_warm = result.draft_warm
+        self._advance_prompts(launched.chunked, launched.plan.chunks)
+        if launched.plan.batch_size:
+            self._count_k(launched.plan.k, launched.decision)
+
+    def _fold(self, launched: "_Launched", result: StepResult, t2: float, seconds: float,
+              update_s: float = 0.0, update_exposed_s: float = 0.0, hidden: bool = False) -> IterationStats:
         """Fold a step's result into its requests, the estimate and the calibration (deferred:
         into self._pending; update_s, update_exposed_s: the previous one's, run during this step)
-        -> its stats. Serial: t2 - t1 is the step's wall time. Overlapped: the device time where
-        the engine reports it, else the launch's wall time (the CPU runs the step inside the launch)."""
+        -> its stats. seconds: the step's time (serial: t2 - t1, its wall time; overlapped: its
+        device time). hidden: a step of this executor runs on an asynchronous device meanwhile,
+        so the update applied here is not exposed."""
         plan, rows = launched.plan, launched.rows
         b, k = plan.batch_size, plan.k
         emitted = 0
         with self._lock:                # cancel() holds it too: no token lands after cancel() returns
+            self._advance(launched, result)
             for req, toks in zip(rows, result.emitted):
-                if not self.overlap:
-                    req.draft_warm = result.draft_warm
                 emitted += self._append(req, toks, t2)
-            if not self.overlap:
-                self._advance_prompts(launched.chunked, plan.chunks)
             for req, chunk, first in zip(launched.chunked, plan.chunks, result.first_tokens):
                 if chunk.last:
                     emitted += self._append(req, (first,), t2)
-        seconds = t2 - launched.t1
-        if self.overlap:
-            seconds = result.device_s if result.device_s is not None else launched.launch_s
         decision = launched.decision
         if b:
-            if not self.overlap:
-                self._count_k(k, decision)
             slot = None
             if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
                 slot = self._calibration.slot(k, plan.keep_warm, True in plan.stale)
@@ -495,7 +541,7 @@ class Executor:
             if not self._defer:
                 t = self._apply_pending()
                 update_s += t
-                update_exposed_s += 0.0 if self.overlap and self._async and self._inflight is not None else t
+                update_exposed_s += 0.0 if hidden else t
         gc_now = pause_seconds()
         gc_s, self._gc_mark = gc_now - self._gc_mark, gc_now
         st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, seconds,
@@ -509,7 +555,7 @@ class Executor:
                             policy_exposed_seconds=launched.t_policy_exposed + update_exposed_s,
                             oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
                             cost_scale=launched.scale, device_seconds=result.device_s, gpu_idle_s=result.idle_s,
-                            fold_seconds=self._clock() - t2, overlapped=self.overlap, gc_seconds=gc_s)
+                            fold_seconds=self._clock() - t2, overlapped=self._overlapped, gc_seconds=gc_s)
         self._iterations += 1
         with self._stats_lock:
             self._stats.append(st)
@@ -560,7 +606,7 @@ class Executor:
                    and len(self._rows) + len(self._prefilling) < limit):
                 req = self._waiting[0]
                 try:
-                    slot = eng.reserve(len(req.prompt) + req.max_new + cache_slack(eng.max_draft_len, self.overlap),
+                    slot = eng.reserve(len(req.prompt) + req.max_new + cache_slack(eng.max_draft_len, self.loop),
                                        key=req.id)
                 except BaseException:             # a failed reserve (e.g. a TP peer gone) ends this request
                     self._waiting.popleft()       # too, or every later step would retry it and fail again
@@ -597,7 +643,8 @@ class Executor:
         if launched is None:
             return
         try:
-            self._fold(launched, self.engine.result(launched.handle), self._clock())
+            result = self.engine.result(launched.handle)
+            self._fold(launched, result, self._clock(), _device_seconds(launched, result))
         except Exception:
             pass
 

@@ -14,19 +14,47 @@ vLLM `speculative_token_schedule`, inclusive [start, end, K] ranges with a closi
 or, one schedule per context bucket (to_vllm_grid), [bs_lo, bs_hi, ctx_lo, ctx_hi, K] entries.
 
 Bounds: K <= MAX_DRAFT_LEN and every batch-size bound <= MAX_BATCH_SIZE (see below).
+
+Every policy the executor runs implements `Policy` (below): DraftSchedule, ConstantK and
+runtime/adaptive.py's AdaptivePolicy.
 """
 from __future__ import annotations
 
 import bisect
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from dynspec.errors import DynspecError
 
 
 class ScheduleError(DynspecError):
     """A draft schedule that cannot exist or cannot be rendered; the message names the value."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the executor, the engine's sizing and its graph capture read of a draft-length policy:
+
+        policy                  max_draft_len  drafts  choices(6)     chooses_keep_warm
+        DraftSchedule "4:4,8:2" 4              True    (2,)           False
+        DraftSchedule ""        0              False   (0,)           False
+        ConstantK(0)            0              True    (0,)           False
+        AdaptivePolicy K 0..3   3              True    (0, 1, 2, 3)   True
+
+    A policy with chooses_keep_warm False is also called with the batch size for its K
+    (`policy(b)`); AdaptivePolicy decides from the executor's measurements (its `decide`)."""
+
+    @property
+    def max_draft_len(self) -> int: ...            # the largest K it may pick: the engine is sized for it
+
+    @property
+    def drafts(self) -> bool: ...                  # its plans carry the draft (False: the target alone)
+
+    @property
+    def chooses_keep_warm(self) -> bool: ...       # its K=0 steps run with or without keep-warm, its choice
+
+    def choices(self, batch_size: int) -> tuple[int, ...]: ...   # every K it may pick at that batch size
 
 
 # major.minor -> meaning of the keys of `draft_len_schedule`.
@@ -136,6 +164,21 @@ class DraftSchedule:
         return self.tiers[i][1] if i < len(self.tiers) else 0
 
     __call__ = draft_len
+
+    # ---- Policy -------------------------------------------------------------------------
+    @property
+    def drafts(self) -> bool:
+        """A schedule with a tier drafts; one without runs the target alone."""
+        return self.max_draft_len > 0
+
+    @property
+    def chooses_keep_warm(self) -> bool:
+        """Every K=0 step keeps the draft warm when the executor does."""
+        return False
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        """The one K of that batch size: "4:4,8:2".choices(6) == (2,)."""
+        return (self.draft_len(batch_size),)
 
     def ranges(self, max_batch_size: int) -> tuple[tuple[int, int, int], ...]:
         """(first, last, K) runs covering 1..max_batch_size; O(tiers), not O(max_batch_size).
@@ -425,13 +468,43 @@ def _vllm_steps(entries: list[tuple[int, int, int]], cap: int, max_batch_size: i
     return tuple(out)
 
 
-def speculates(policy) -> bool:
-    """Whether `policy` can ever pick K > 0: a schedule with a tier, an adaptive policy whose
-    candidates hold a K > 0, any other callable (taken to). One that cannot runs the target alone
-    (StepPlan.draft False): speculates(DraftSchedule.parse("")) is False."""
-    if isinstance(policy, DraftSchedule):
-        return policy.max_draft_len > 0
-    return max(getattr(policy, "candidates", (1,))) > 0
+@dataclass(frozen=True)
+class ConstantK:
+    """K at every batch size, the draft in every plan: ConstantK(0) is a speculating policy's
+    plain-decode step (K=0, the draft loaded), what `dynspec profile` times as its K=0 rows;
+    ConstantK(3)(100) == 3. DraftSchedule.static(3, B) is K=3 up to b=B only, and a schedule
+    of K=0 runs the target alone."""
+
+    k: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 0 <= self.k <= MAX_DRAFT_LEN:
+            raise ScheduleError(f"constant draft length K={self.k!r} is outside 0..{MAX_DRAFT_LEN}")
+
+    def __call__(self, batch_size: int) -> int:
+        return self.k
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.k
+
+    @property
+    def drafts(self) -> bool:
+        return True
+
+    @property
+    def chooses_keep_warm(self) -> bool:
+        return False
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        return (self.k,)
+
+
+def speculates(policy: Policy) -> bool:
+    """Whether `policy`'s plans carry the draft (Policy.drafts): a schedule with a tier, an
+    adaptive policy, a ConstantK. One that does not runs the target alone (StepPlan.draft False):
+    speculates(DraftSchedule.parse("")) is False."""
+    return policy.drafts
 
 
 def schedule_from_args(spec: str | None, threshold: int | None, max_draft_len: int | None) -> DraftSchedule:

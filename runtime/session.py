@@ -4,12 +4,11 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from dynspec.config import EngineConfig, GraphMode, ReferenceSettings
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy import DraftSchedule, Policy
 
 def tiny_pair_dirs() -> tuple[str, str]:
     """The embedded tiny target + EAGLE-3 draft (committed under dynspec/assets/tiny)."""
@@ -103,12 +102,7 @@ def policy_of(cfg: EngineConfig):
     return cfg.schedule
 
 
-def policy_draft_len(policy) -> int | None:
-    """The largest K an AdaptivePolicy may pick (the engine is sized for it); None for a schedule."""
-    return getattr(policy, "max_draft_len", None) if hasattr(policy, "candidates") else None
-
-
-def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[int], int] | None = None,
+def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | None = None,
                   keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
                   allow_lossy: bool = False, stats_limit: int | None = None, **overrides):
     """Engine + Executor for cfg. On CUDA (session.capture) with reference.graphs "full", graphs
@@ -119,13 +113,13 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Callable[[i
 
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
     policy = policy or policy_of(cfg)
-    engine = open_reference_engine(cfg, device=device, max_draft_len=policy_draft_len(policy), **overrides)
+    engine = open_reference_engine(cfg, device=device, max_draft_len=policy.max_draft_len, **overrides)
     if device.startswith("cuda"):
         capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
                 strict=False)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
     return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy,
-                    overlap=cfg.reference.loop_overlap(engine.device), **limit)
+                    loop=cfg.reference.loop(engine.device), **limit)
 
 
 def check_device(device: str, flag: str = "--device") -> None:

@@ -95,7 +95,8 @@ def tune_here(engine, prompts, *, concurrency: int, max_k: int, context: int, ne
 
 
 class _StepRecorder:
-    """Wraps an engine: forwards everything, keeps each step's (K, per-row accepted drafts)."""
+    """Wraps an engine: forwards everything, keeps each step's (K, per-row accepted drafts),
+    whether the executor runs it whole (step) or launches it and reads it back (launch / result)."""
 
     def __init__(self, engine):
         self._engine, self.steps = engine, []
@@ -104,6 +105,13 @@ class _StepRecorder:
         return getattr(self._engine, name)
 
     def step(self, plan, acceptance):
-        res = self._engine.step(plan, acceptance)
-        self.steps.append((plan.k, tuple(res.accepted)))
+        return self.result(self.launch(plan, acceptance))
+
+    def launch(self, plan, acceptance):
+        return plan.k, self._engine.launch(plan, acceptance)       # (K, the engine's handle)
+
+    def result(self, handle):
+        k, inner = handle
+        res = self._engine.result(inner)
+        self.steps.append((k, tuple(res.accepted)))
         return res

@@ -103,6 +103,28 @@ def assert_ragged_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks, **kw
     return q, k_pool, v_pool, batch, out
 
 
+def assert_ragged_rope_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks, **kw):
+    """RaggedAttention.rope_attend over work items (rows of `lens` at consecutive positions; each
+    row's new keys read from qkv, older ones from the pool) == model.rope_write (float64, on a copy
+    of the pool), then sdpa_attention: the output, and the pool with every new K/V written."""
+    from dynspec.runtime.engines.reference.model import rope_tables, rope_write
+
+    _, k_pool, v_pool, batch = ragged_case(device, dtype, lens, nh, kvh, hd, bs, max_blocks)
+    g = torch.Generator().manual_seed(sum(lens))
+    n = batch.positions.shape[0]
+    qkv = torch.randn(n, (nh + 2 * kvh) * hd, generator=g).to(device, dtype)
+    cos, sin = rope_tables(hd, 500000.0, None, max_blocks * bs, device, dtype)
+    cos, sin = cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)    # [N, 1, hd/2]
+    k_ref, v_ref = k_pool.double(), v_pool.double()
+    q_ref = rope_write(qkv.double(), cos.double(), sin.double(), k_ref, v_ref, batch.write_index, nh, kvh)
+    ref = sdpa_attention(q_ref, k_ref, v_ref, batch)
+    out = rope_attention(qkv, cos, sin, k_pool, v_pool, batch, bs, nh, **kw)
+    assert_attention_close(out, ref, dtype)
+    torch.testing.assert_close(k_pool.double(), k_ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v_pool.double(), v_ref)
+    return out
+
+
 RAGGED_CASES = [          # lens, nh, kvh, hd, bs, blocks, sms
     ((1, 1, 1), 8, 2, 32, 16, 4, 4),               # length-1 rows, as items
     ((3, 17, 1, 16), 8, 2, 32, 16, 4, 2),          # decode rows and chunks over the item edge (16, 17)
@@ -146,6 +168,8 @@ def run_interpreted() -> None:
         assert int(ragged._counters[q.device][-1].abs().sum()) == 0, "counters not reset"
         assert torch.equal(ragged.ragged_attention(q, k, v, batch, bs, sms=sms), out)
         print("ok ragged", lens)
+        assert_ragged_rope_matches("cpu", torch.float32, lens, nh, kvh, hd, bs, blocks, sms=sms)
+        print("ok ragged rope", lens)
     R, T, nh, kvh, hd, bs, blocks, sms, starts = ROPE_CROSSING
     assert ragged.splits_for((R + 1) * kvh, blocks, sms) == 2        # tiles = blocks here (tile = bs)
     assert_rope_paged_matches("cpu", torch.float32, R, T, nh, kvh, hd, bs, blocks, starts=starts, sms=sms)

@@ -115,10 +115,10 @@ def test_engine_accept_reads_the_slot_rate(pair):
     g = torch.ones(B, K + 1, dtype=torch.long)                     # greedy would accept nothing
     u = draft_uniforms(eng.accept_seed, eng.slot_key[eng.slot[:B]], eng.pos[:B, None] + torch.arange(1, K + 1))
     want = (u < eng.slot_p[eng.slot[:B]][:, None]).long().cumprod(1).sum(1)
-    n, _ = eng._accept(D, g)
+    n, _ = eng.accept(D, g)
     assert torch.equal(n, want)
     eng.slot_p[rows[0]], eng.slot_p[rows[1]] = 1.0, 0.0
-    n, _ = eng._accept(D, g)
+    n, _ = eng.accept(D, g)
     assert n[0].item() == K and n[1].item() == 0 and torch.equal(n[2:], want[2:])
 
 
@@ -133,7 +133,7 @@ def test_engine_bernoulli_draws_are_unchanged(pair):
     eng.pos[:6] = torch.arange(6) + 3
     u = draft_uniforms(5, torch.arange(6), eng.pos[:6, None] + torch.arange(1, 4))
     scalar = (u < torch.tensor(0.7, dtype=torch.float32)).long().cumprod(1).sum(1)
-    n, _ = eng._accept(torch.zeros(6, 3, dtype=torch.long), torch.ones(6, 4, dtype=torch.long))
+    n, _ = eng.accept(torch.zeros(6, 3, dtype=torch.long), torch.ones(6, 4, dtype=torch.long))
     assert torch.equal(n, scalar)
 
 

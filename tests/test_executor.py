@@ -485,12 +485,17 @@ def test_a_failing_policy_ends_its_requests_and_the_loop_serves_on(pair):
     the loop retried forever; now the iteration's requests end as "error"."""
     target, draft = pair
     eng = load_reference_engine(target, draft, dtype="float64", max_batch_size=4, max_seq_len=96, max_draft_len=4)
-    calls = []
+    class Faulty:
+        """Claims K <= 4 (runtime/policy.py Policy), gives 7 > max_draft_len at b=2."""
+        max_draft_len, drafts, chooses_keep_warm = 4, True, False
 
-    def policy(b):
-        calls.append(b)
-        return 7 if b == 2 else 4                                       # 7 > max_draft_len
-    ex = Executor(eng, policy)
+        def __call__(self, b: int) -> int:
+            return 7 if b == 2 else 4
+
+        def choices(self, b: int) -> tuple[int, ...]:
+            return (self(b),)
+
+    ex = Executor(eng, Faulty())
     h1, h2 = ex.submit([1, 2, 3], 8), ex.submit([4, 5, 6], 8)
     with pytest.raises(DynspecError, match="policy gave K=7 for batch 2"):
         ex.run_until_idle()

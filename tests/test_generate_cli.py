@@ -44,18 +44,23 @@ from dynspec.runtime.policy import DraftSchedule  # noqa: E402
 SMALL = ["--num-prompts", "4", "--max-new-tokens", "8", "--trials", "1"]
 
 
+def adaptive(*ks: int):
+    """An AdaptivePolicy whose candidates are ks (a synthetic cost model profiling those K)."""
+    from dynspec.runtime.adaptive import AdaptivePolicy
+    from dynspec.runtime.cost_model import CostModel
+
+    row = tuple(10.0 + k for k in ks)
+    return AdaptivePolicy(CostModel("synthetic", (64,), (1, 16), tuple(ks), None, ((row, row),)))
+
+
 def test_schedule_and_policy_in_words():
     from dynspec.runtime.driver import describe_policy, describe_schedule
 
     assert describe_schedule(DraftSchedule.parse("4:4,8:2")) == "4:4,8:2 (K=4 for b<=4, K=2 for b<=8, K=0 above)"
     assert describe_schedule(DraftSchedule()) == "none (K=0 at every batch size)"
     assert describe_policy(DraftSchedule.parse("4:4")) == "schedule"
-
-    class Adaptive:
-        candidates = (0, 1, 2, 3)
-    assert describe_policy(Adaptive(), "c.json") == "adaptive (cost model c.json, K 0..3)"
-    Adaptive.candidates = (0, 2, 4)
-    assert describe_policy(Adaptive(), "c.json") == "adaptive (cost model c.json, K 0,2,4)"
+    assert describe_policy(adaptive(0, 1, 2, 3), "c.json") == "adaptive (cost model c.json, K 0..3)"
+    assert describe_policy(adaptive(0, 2, 4), "c.json") == "adaptive (cost model c.json, K 0,2,4)"
 
 
 def test_served_model_logs_schedule_and_policy_in_one_line():
@@ -66,9 +71,8 @@ def test_served_model_logs_schedule_and_policy_in_one_line():
 
     cfg = SimpleNamespace(schedule=DraftSchedule.parse("4:4"), cost_model="/e/cost_model.json")
     assert policy_line(cfg, cfg.schedule) == "schedule 4:4 (K=4 for b<=4, K=0 above); policy: schedule"
-    adaptive = SimpleNamespace(candidates=(0, 1, 2, 3, 4))
-    assert policy_line(cfg, adaptive) == ("schedule 4:4 (K=4 for b<=4, K=0 above) bounds K; "
-                                          "policy: adaptive (cost model /e/cost_model.json, K 0..4)")
+    assert policy_line(cfg, adaptive(0, 1, 2, 3, 4)) == ("schedule 4:4 (K=4 for b<=4, K=0 above) bounds K; "
+                                                         "policy: adaptive (cost model /e/cost_model.json, K 0..4)")
 
 
 def test_header_names_the_given_schedule_and_no_progress_hides_the_bars(capsys):

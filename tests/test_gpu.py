@@ -15,6 +15,7 @@ import torch
 
 from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
 from dynspec.runtime.executor import Executor
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_lockstep import serve_in_lockstep
 from tests.helpers_models import make_tiny_pair
@@ -90,7 +91,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
     assert n_whole == len(fits)                     # every mixed iteration that fits replayed its graph
     assert eng.eager_fallbacks == 0
     assert all(len(g.graphs) == (1 if k.kind == "refresh" else 3) for k, g in eng._graphs.items())   # chains
-    assert eng.whole.buckets == (16, 32, 64)
+    assert eng.whole.buckets == (16, 32, 48, 64)
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
@@ -110,8 +111,12 @@ def _spy_whole(monkeypatch) -> list:
 
     runs = []
     real = WholeMixed.run
-    monkeypatch.setattr(WholeMixed, "run", lambda self, key, b, *a: runs.append((key, b, key in self.graphs))
-                        or real(self, key, b, *a))
+    def run(self, key):
+        b = int((self.e.slot[:key[1]] != self.e.pad_slot).sum())       # real decode rows (the rest pad)
+        runs.append((key, b, key in self.graphs))
+        return real(self, key)
+
+    monkeypatch.setattr(WholeMixed, "run", run)
     return runs
 
 
@@ -234,7 +239,7 @@ def test_the_overlapped_loop_serves_arrivals_with_no_hidden_sync(pair):
                                 max_draft_len=5, max_num_tokens=64)
     eng.capture_graphs(reachable_graphs([policy], 16, True, 64))
     serial = [h.result().output_ids for h in closed_loop(Executor(eng, policy), jobs, 12)]
-    ex = Executor(eng, policy, overlap=True)
+    ex = Executor(eng, policy, loop=Loop.OVERLAPPED)
     torch.cuda.set_sync_debug_mode("error")
     try:
         handles = closed_loop(ex, jobs, 12)

@@ -137,9 +137,20 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
 def test_mixed_buckets_end_at_the_budget_or_1024():
     from dynspec.runtime.engines.reference.mixed_graphs import BUCKETS, mixed_buckets
 
-    assert mixed_buckets(72) == (16, 32, 64, 72)
-    assert mixed_buckets(64) == (16, 32, 64)
+    assert mixed_buckets(72) == (16, 32, 48, 64, 72)
+    assert mixed_buckets(64) == (16, 32, 48, 64)
     assert mixed_buckets(8192) == BUCKETS and BUCKETS[-1] == 1024
+
+
+def test_token_buckets_pad_a_tenth_or_less():
+    """Padding of the whole graphs' token buckets: at most 1/5 of a step past 128 tokens, and
+    under a tenth on average over every size 16..1024 (a workload spread over them)."""
+    from dynspec.runtime.engines.reference.mixed_graphs import BUCKETS
+
+    bucket = [next(b for b in BUCKETS if b >= n) for n in range(1, 1025)]
+    pad = [(b - n) / b for n, b in zip(range(1, 1025), bucket)]
+    assert max(pad[128:]) <= 0.2 and max(pad[15:]) < 0.5
+    assert sum(b - n for n, b in zip(range(16, 1025), bucket[15:])) / sum(bucket[15:]) < 0.1
 
 
 def serve_arrivals_and_check(ex, hf_target, seed: int) -> None:
@@ -270,10 +281,10 @@ def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
 
     s0, s1, s2, pad, c = 5, 6, 7, 64, 9
     items = plan_items([s0, s1, s2, pad, c, pad, pad, pad, pad], [3, 3, 3, 3, 5, 4, 4, 4, 3], pad_to=item_cap(32, 4, 3, 16))
-    assert items.shape == (3, 26) and (items[2, 10:] == 0).all()
+    assert items.shape == (4, 26) and (items[2, 10:] == 0).all()
     assert [tuple(x) for x in items[:, :10].T.tolist()] == [
-        (s0, 0, 3), (s1, 3, 3), (s2, 6, 3), (pad, 9, 3), (c, 12, 4), (c, 16, 1),
-        (pad, 17, 4), (pad, 21, 4), (pad, 25, 4), (pad, 29, 3)]
+        (s0, 0, 3, 0), (s1, 3, 3, 3), (s2, 6, 3, 6), (pad, 9, 3, 9), (c, 12, 4, 12), (c, 16, 1, 12),
+        (pad, 17, 4, 17), (pad, 21, 4, 21), (pad, 25, 4, 25), (pad, 29, 3, 29)]
     rng = random.Random(3)
     for _ in range(300):
         B, T = rng.choice([(0, 1), (1, 1), (4, 2), (8, 4), (2, 20)])
@@ -286,34 +297,35 @@ def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
         assert item_count([T] * B + chunks + pad) <= item_cap(Np, B, T, 6), (B, T, Np, chunks)
 
 
-def test_whole_mixed_forward_equals_transformers(pair, hf_target, monkeypatch):
+def test_whole_mixed_forward_equals_transformers(pair, hf_target):
     """Mixed iterations through mixed_graphs.py (the whole target forward with attention on
     static buffers; on CUDA one graph per (token bucket, row bucket, T), here the same functions
     eagerly): row buckets padded, K flipping through 0, arrivals while others decode, and
     transformers' tokens. Each run's staged work items cover every packed token once, in order,
     each decode row with an item of its own."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, item_cap
+    from dynspec.runtime.engines.reference.mixed_graphs import item_cap
 
     runs = []
-    real = WholeMixed.run
+    budget = 20
+    eng = engine(pair, budget=budget, max_batch=6)
+    pad_rows_to_buckets(eng)
 
-    def spy(self, key, b, drafts):
+    def spy(key) -> None:
+        if not isinstance(key, tuple):                     # a decode step's GraphKey
+            return
         Np, B, T, _ = key
-        ia = item_cap(Np, B, T, self.max_chunks)
-        items = self.in_items[:3 * ia].view(3, ia)
+        w = eng.whole
+        ia = item_cap(Np, B, T, w.max_chunks)
+        items = w.in_items[:4 * ia].view(4, ia)
         n = int((items[2] > 0).sum())
         assert (items[2, n:] == 0).all()
         covered = torch.cat([torch.arange(int(q0), int(q0 + k)) for q0, k in zip(items[1, :n], items[2, :n])])
         assert covered.tolist() == list(range(Np))
         assert items[1, :B].tolist() == [r * T for r in range(B)] and (items[2, :B] == T).all()
-        runs.append((key, b))
-        return real(self, key, b, drafts)
+        runs.append((key, int((eng.slot[:B] != eng.pad_slot).sum())))     # real decode rows, the rest pad
 
-    monkeypatch.setattr(WholeMixed, "run", spy)
-    budget = 20
-    eng = engine(pair, budget=budget, max_batch=6)
-    pad_rows_to_buckets(eng)
+    eng.on_dispatch = spy
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
     assert eng.capture_graphs(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
     ex = Executor(eng, policy)
@@ -329,25 +341,23 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target, monkeypatch):
 
 
 @pytest.mark.parametrize("keep_warm", [True, False])
-def test_whole_k0_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm):
-    """A K = 0 whole-graph iteration ends the step in the graph (mixed_graphs.WholeMixed._finish):
+def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm):
+    """A whole-graph mixed iteration ends the step in the graph (at K = 0 mixed_graphs.WholeMixed._finish:
     greedy head, the rows' captures, keep-warm K/V, the draft's pass over the chunks with its head
-    at the last tokens only. Two engines serve the same arrivals in lockstep, one through it, one
-    eagerly; after every step their carried state (next draft, draft hidden, last capture) and
-    both caches match outside the scratch block. A wrong draft state would not change the tokens
-    (drafts are verified), so tokens alone could not catch it."""
+    at the last tokens only; at K > 0 _verify: the draft chain, acceptance, one draft pass over
+    the rows' catch-up entries and the chunks). Two engines serve the same arrivals in lockstep,
+    one through it, one eagerly; after every step their carried state (next draft, draft hidden,
+    last capture) and both caches match outside the scratch block. A wrong draft state would not
+    change the tokens (drafts are verified), so tokens alone could not catch it."""
     from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
-    from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 
-    finished = []
-    real = WholeMixed.run
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(WholeMixed, "run", lambda self, key, b, d: (finished.append(key[2] == 1), real(self, key, b, d))[1])
+    ts = []
     policy = DraftSchedule.parse("1:3,2:2,3:0")          # K = 0 from 3 decode rows up
     engines = [engine(pair, budget=20, max_batch=6) for _ in range(2)]
     for e in engines:
         pad_rows_to_buckets(e)
     engines[0].capture_whole_graphs()
+    engines[0].on_dispatch = lambda key: isinstance(key, tuple) and ts.append(key[2] if key[1] else 0)   # T of rows
     exs = [Executor(e, policy, keep_warm=keep_warm) for e in engines]
     rng = random.Random(41)
     ps = prompts(10, seed=41, lo=4, hi=30)
@@ -364,11 +374,8 @@ def test_whole_k0_iterations_leave_the_state_the_eager_path_leaves(pair, keep_wa
                      (a.target.k_cache, b.target.k_cache)):
             torch.testing.assert_close(x[..., live, :], y[..., live, :], rtol=1e-9, atol=1e-9)
 
-    try:
-        serve_in_lockstep(exs, ps, lens, rng, check)
-    finally:
-        monkeypatch.undo()
-    assert sum(finished) >= 3 and [s.batch_size for s in exs[0].stats] == [s.batch_size for s in exs[1].stats]
+    serve_in_lockstep(exs, ps, lens, rng, check)
+    assert ts.count(1) >= 3 and sum(t > 1 for t in ts) >= 2 and [s.batch_size for s in exs[0].stats] == [s.batch_size for s in exs[1].stats]
     assert any(s.k == 0 and s.decode_rows and s.prefill_tokens for s in exs[0].stats)
 
 
@@ -408,3 +415,20 @@ def test_ragged_batch_matches_a_row_by_row_layout():
     assert got.write_index.tolist() == write and got.slots.tolist() == slots
     assert torch.equal(got.tables, tables[slots][:, :read]) and got.kv_index.shape == (R, read * bs)
     assert not got.uniform
+
+
+def test_padding_share_counts_the_whole_graphs_padding(pair):
+    """The sweep's padding share of mixed iterations from the engine's padded forward size:
+    row bucket and token bucket (engine.forward_tokens), decode-only iterations left out."""
+    from types import SimpleNamespace
+
+    from dynspec.benchmarks.sweep_rows import padding_share
+
+    eng = engine(pair, budget=64, max_batch=8)
+    pad_rows_to_buckets(eng)
+    assert eng.forward_tokens(3, 1, 9) == 17                      # no whole graphs: rows padded only
+    eng.capture_whole_graphs()
+    assert eng.forward_tokens(3, 1, 9) == 32 and eng.forward_tokens(3, 2, 0) == 12
+    steps = [SimpleNamespace(decode_rows=3, k=1, prefill_tokens=9), SimpleNamespace(decode_rows=5, k=0, prefill_tokens=0)]
+    assert padding_share(steps, eng.forward_tokens) == (32 - 15) / 32
+    assert padding_share(steps[1:], eng.forward_tokens) is None

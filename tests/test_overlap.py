@@ -1,4 +1,4 @@
-"""The overlapped executor loop (Executor(overlap=True); docs/design.md, "The overlapped loop"):
+"""The overlapped executor loop (Executor(loop=Loop.OVERLAPPED); docs/design.md, "The overlapped loop"):
 iteration i+1 is planned and launched before iteration i's result is read, its rows continuing
 from i's tokens and positions on the device. Every output equals the serial executor's and transformers greedy
 (float64, CPU), through arrivals, K flips, chunked prompts, cancels, stop ids and max_new_tokens
@@ -15,6 +15,7 @@ from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import load_reference_engine
 from dynspec.runtime.executor import Executor
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack, row_inputs
 from dynspec.runtime.plan import batch_buckets
 from dynspec.runtime.policy import DraftSchedule
@@ -73,15 +74,7 @@ def test_row_inputs_bound_each_row_and_the_cache_slack_covers_two_windows():
     assert exact.positions == exact.context == (40, 11) and exact.pending == (7, 9) and not any(exact.from_device)
     with pytest.raises(ValueError, match="without a token"):
         row_inputs([40], [None], None)
-    assert cache_slack(4, False) == 5 and cache_slack(4, True) == 10
-
-
-def test_overlap_needs_an_engine_that_launches(pair):
-    class StepOnly:
-        max_draft_len = 2
-
-    with pytest.raises(DynspecError, match="overlap=True needs an engine with launch/result; StepOnly"):
-        Executor(StepOnly(), DraftSchedule(), overlap=True)
+    assert cache_slack(4, Loop.SERIAL) == 5 and cache_slack(4, Loop.OVERLAPPED) == 10
 
 
 # ---- lossless against the serial executor and transformers --------------------------------------
@@ -94,16 +87,16 @@ def test_arrivals_k_flips_and_chunked_prompts_equal_serial_and_transformers(pair
     ps = prompts(14, seed=34, lo=4, hi=30)
     lens = [random.Random(34 + i).randint(2, 14) for i in range(len(ps))]
     outs = {}
-    for overlap in (False, True):
+    for loop in Loop:
         eng = engine(pair, budget=20, max_batch=6)
         if padded:
             eng.buckets = batch_buckets(eng.max_batch_size)
         spy = Spy(eng)
-        ex = Executor(eng, DraftSchedule.parse("1:5,2:3,3:2,4:1"), overlap=overlap)
-        outs[overlap] = [h.result().output_ids for h in serve(ex, ps, lens, seed=34)]
+        ex = Executor(eng, DraftSchedule.parse("1:5,2:3,3:2,4:1"), loop=loop)
+        outs[loop] = [h.result().output_ids for h in serve(ex, ps, lens, seed=34)]
     refs = greedy_many(hf_target, ps, 14)
-    assert outs[False] == [r[:n] for r, n in zip(refs, lens)]
-    assert outs[True] == outs[False]
+    assert outs[Loop.SERIAL] == [r[:n] for r, n in zip(refs, lens)]
+    assert outs[Loop.OVERLAPPED] == outs[Loop.SERIAL]
     ks = [p.k for p in spy.plans if p.batch_size]
     assert {0, 1, 2, 3, 5} <= set(ks)
     carried_mixed = [p for p in spy.plans if p.chunks and p.carried_rows]
@@ -123,12 +116,12 @@ def test_whole_mixed_forwards_take_the_carried_rows(pair, hf_target):
     eng.capture_whole_graphs()
     runs = []
     real = eng.whole.run
-    eng.whole.run = lambda *a: runs.append(a) or real(*a)
-    ex = Executor(eng, DraftSchedule.parse("2:4,4:0"), overlap=True)
+    eng.whole.run = lambda key: runs.append(key) or real(key)
+    ex = Executor(eng, DraftSchedule.parse("2:4,4:0"), loop=Loop.OVERLAPPED)
     out = [h.result().output_ids for h in serve(ex, ps, lens, seed=35)]
     refs = greedy_many(hf_target, ps, max(lens))
     assert out == [r[:n] for r, n in zip(refs, lens)]
-    assert any(b for _, b, _ in runs)                                    # with decode rows in the forward
+    assert any(B for _, B, _, _ in runs)                                 # with decode rows in the forward
 
 
 def test_the_adaptive_policy_overlapped_is_lossless_and_moves_k():
@@ -142,7 +135,7 @@ def test_the_adaptive_policy_overlapped_is_lossless_and_moves_k():
     rng = random.Random(1)
     ps = [tuple(rng.randrange(eng.vocab_size) for _ in range(24)) for _ in range(8)]
     policy = AdaptivePolicy(linear_cost(), AdaptiveSettings(calibrate=False))
-    ex = Executor(eng, policy, stats_limit=None, overlap=True)
+    ex = Executor(eng, policy, stats_limit=None, loop=Loop.OVERLAPPED)
     res = run_closed_loop(ex, ps, 24, concurrency=3)
     assert [r.output_ids for r in res] == greedy_many(hf, ps, 24)
     stats = [s for s in ex.stats if s.batch_size]
@@ -202,7 +195,7 @@ def test_stop_id_and_max_new_tokens_inside_a_verify_window(tiny):
 
     eng = tiny_engine(tiny)
     spy = Spy(eng)
-    ex = Executor(eng, DraftSchedule.static(4, 4), overlap=True)
+    ex = Executor(eng, DraftSchedule.static(4, 4), loop=Loop.OVERLAPPED)
     h0, h1 = ex.submit(ps[0], 30, [stop]), ex.submit(ps[1], max_new)
     ex.run_until_idle()
     r0, r1 = h0.result(), h1.result()
@@ -223,7 +216,7 @@ def test_a_finished_row_emits_nothing_in_the_extra_iteration(pair, hf_target):
     j+1 with A in it; j+1's stats count B's token only and A streams exactly its 3 tokens."""
     eng = engine(pair)
     spy = Spy(eng)
-    ex = Executor(eng, DraftSchedule(), overlap=True)
+    ex = Executor(eng, DraftSchedule(), loop=Loop.OVERLAPPED)
     pa, pb = prompts(2, seed=40)
     a, b = ex.submit(pa, 3), ex.submit(pb, 8)
     ex.run_until_idle()
@@ -249,7 +242,7 @@ def test_cancel_mid_stream_from_a_client_thread(pair, hf_target):
     """The background loop overlapped: a streaming client cancels after its second chunk; it keeps
     a prefix of its greedy output and nothing after cancel() returns; the others finish exactly."""
     eng = engine(pair)
-    ex = Executor(eng, DraftSchedule.static(2, 8), overlap=True)
+    ex = Executor(eng, DraftSchedule.static(2, 8), loop=Loop.OVERLAPPED)
     ps = prompts(4, seed=41)
     hs = [ex.submit(p, 30) for p in ps]
     ex.start()
@@ -281,7 +274,8 @@ def test_one_host_read_per_iteration_and_none_inside_a_launch(pair, monkeypatch)
 
     eng = engine(pair)
     spy = Spy(eng)
-    ex = Executor(eng, DraftSchedule.static(3, 16), acceptance=Bernoulli(0.6), allow_lossy=True, overlap=True)
+    ex = Executor(eng, DraftSchedule.static(3, 16), acceptance=Bernoulli(0.6), allow_lossy=True,
+                  loop=Loop.OVERLAPPED)
     for p in prompts(3, seed=26):
         ex.submit(p, 30)
     ex.step()                                   # admission and the first launch
@@ -301,7 +295,7 @@ def test_one_host_read_per_iteration_and_none_inside_a_launch(pair, monkeypatch)
 
 def test_iteration_stats_record_device_time_and_idle(pair):
     eng = engine(pair)
-    ex = Executor(eng, DraftSchedule.static(2, 8), overlap=True)
+    ex = Executor(eng, DraftSchedule.static(2, 8), loop=Loop.OVERLAPPED)
     for p in prompts(3, seed=42):
         ex.submit(p, 10)
     ex.run_until_idle()
@@ -314,14 +308,15 @@ def test_iteration_stats_record_device_time_and_idle(pair):
 
 def test_a_failing_launch_ends_its_and_the_in_flight_requests_and_the_loop_serves_on(pair, hf_target):
     eng = engine(pair, max_batch=2)
-    serves_on_after_a_failing(Executor(eng, DraftSchedule.static(2, 2), overlap=True), eng, "launch", 3, hf_target)
+    serves_on_after_a_failing(Executor(eng, DraftSchedule.static(2, 2), loop=Loop.OVERLAPPED), eng, "launch", 3,
+                              hf_target)
 
 
 def test_the_cache_bound_at_submit_counts_two_windows(pair):
     eng = engine(pair, max_seq=40, kmax=4)
     Executor(eng, DraftSchedule.static(4, 8)).submit([1] * 20, 15)              # 20 + 15 + 5 = 40
     with pytest.raises(DynspecError, match=r"\+10 verify slack\) = 45 exceeds the cache length max_seq_len=40"):
-        Executor(eng, DraftSchedule.static(4, 8), overlap=True).submit([1] * 20, 15)
+        Executor(eng, DraftSchedule.static(4, 8), loop=Loop.OVERLAPPED).submit([1] * 20, 15)
 
 
 # ---- the one switch: engine.json reference.overlap ------------------------------------------------
@@ -338,8 +333,9 @@ def test_engine_json_overlap_switch_round_trips_and_generate_honours_it(tmp_path
     from dynspec.runtime.session import engine_config_for
 
     auto = ReferenceSettings()
-    assert auto.overlap == "auto" and auto.loop_overlap("cuda:0") and not auto.loop_overlap("cpu")
-    assert not ReferenceSettings(overlap=False).loop_overlap("cuda")
+    assert auto.overlap == "auto" and auto.loop("cuda:0") is Loop.OVERLAPPED and auto.loop("cpu") is Loop.SERIAL
+    assert ReferenceSettings(overlap=False).loop("cuda") is Loop.SERIAL
+    assert ReferenceSettings(overlap=True).loop("cpu") is Loop.OVERLAPPED
     with pytest.raises(DynspecError, match=r'^reference.overlap=.yes. must be true, false or "auto"$'):
         ReferenceSettings(overlap="yes")
     cfg = engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("4:3"), ReferenceSettings(dtype="float64"))
@@ -382,7 +378,7 @@ def run_overlap_interpreted() -> None:
                                     max_draft_len=3, max_num_tokens=16, attention="triton")
         assert eng.triton
         spy = Spy(eng)
-        ex = Executor(eng, DraftSchedule.parse("1:3,2:2,3:0"), overlap=True)
+        ex = Executor(eng, DraftSchedule.parse("1:3,2:2,3:0"), loop=Loop.OVERLAPPED)
         out = [h.result().output_ids for h in serve(ex, ps, lens, seed=5)]
         refs = greedy_many(hf, ps, 8)
         assert out == [r[:n] for r, n in zip(refs, lens)]

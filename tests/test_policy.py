@@ -257,3 +257,32 @@ def test_our_build_folder_does_not_shadow_pypa_build(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "site-packages" in proc.stdout and "dynspec" not in proc.stdout.split("site-packages")[-1]
+
+
+# ---- the Policy protocol -------------------------------------------------------------------------
+def test_every_policy_class_is_a_policy():
+    """DraftSchedule (parsed, static, threshold, empty), ConstantK and AdaptivePolicy answer the
+    protocol's questions (runtime/policy.py's table); a bare callable does not."""
+    from dynspec.runtime.adaptive import AdaptivePolicy
+    from dynspec.runtime.policy import ConstantK, Policy, speculates
+    from tests.test_adaptive_lossless import linear_cost
+
+    table = [  # policy, max_draft_len, drafts, choices at b=6, chooses_keep_warm
+        (DraftSchedule.parse("4:4,8:2"), 4, True, (2,), False),
+        (DraftSchedule.static(3, 4), 3, True, (0,), False),
+        (DraftSchedule.threshold(5, 8), 5, True, (5,), False),
+        (DraftSchedule(), 0, False, (0,), False),
+        (ConstantK(0), 0, True, (0,), False),
+        (ConstantK(3), 3, True, (3,), False),
+        (AdaptivePolicy(linear_cost(kmax=3)), 3, True, (0, 1, 2, 3), True),
+    ]
+    for policy, kmax, drafts, choices, warm in table:
+        assert isinstance(policy, Policy), policy
+        assert (policy.max_draft_len, policy.drafts, policy.choices(6), policy.chooses_keep_warm) == (
+            kmax, drafts, choices, warm), policy
+        assert speculates(policy) is drafts
+        if not warm:                                   # a schedule-like policy: K = policy(b)
+            assert policy(6) == choices[0]
+    assert not isinstance(lambda b: 0, Policy)
+    with pytest.raises(ScheduleError, match="outside 0..32"):
+        ConstantK(MAX_DRAFT_LEN + 1)

@@ -1,5 +1,5 @@
 """profile --floor's overlapped decode (benchmarks/profile.py overlap_decode_ms): plain decode at b=1
-served by Executor(overlap=True), timed as the wall time between its step results, beside the same
+served by Executor(loop=Loop.OVERLAPPED), timed as the wall time between its step results, beside the same
 step through engine.step (decode_ms) and the GEMM floor, on one engine. On CPU there are no CUDA
 graphs, so decode_graph_ms and every ratio to it are None; the reference engine's launch runs the
 step before it returns there (a CPU time ratio to decode_ms says little on a shared machine)."""

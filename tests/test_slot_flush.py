@@ -17,6 +17,7 @@ from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import load_reference_engine
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
 from dynspec.runtime.executor import Executor
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.plan import make_plan
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_pair
@@ -275,8 +276,8 @@ def test_served_with_arrivals_and_retirements_is_lossless(pair):
     unflushed after a launch."""
     ps = [tuple(random.Random(i).randrange(96) for _ in range(3 + i % 9)) for i in range(14)]
     outs = []
-    for policy, overlap in ((DraftSchedule(), False), (DraftSchedule.static(3, 64), False),
-                            (DraftSchedule.static(3, 64), True)):
+    for policy, loop in ((DraftSchedule(), Loop.SERIAL), (DraftSchedule.static(3, 64), Loop.SERIAL),
+                         (DraftSchedule.static(3, 64), Loop.OVERLAPPED)):
         eng = engine(pair, max_batch=4, max_seq=64, num_blocks=9)
         launch = eng.launch
 
@@ -286,7 +287,7 @@ def test_served_with_arrivals_and_retirements_is_lossless(pair):
             return handle
 
         eng.launch = checked
-        res = run_closed_loop(Executor(eng, policy, overlap=overlap), ps, 12, concurrency=4)
+        res = run_closed_loop(Executor(eng, policy, loop=loop), ps, 12, concurrency=4)
         outs.append([r.output_ids for r in res])
     assert outs[0] == outs[1] == outs[2]
     assert all(len(o) == 12 for o in outs[0])

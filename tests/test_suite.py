@@ -427,12 +427,17 @@ def test_worktree_tree_is_the_commits_tree_until_a_file_changes(tmp_path):
         suite_provenance.REPO = old
 
 
-def test_the_serving_config_runs_the_sustained_load_through_the_serving_loop(tmp_path, monkeypatch):
-    """Regime B's lengths and acceptance, six waves at C = 16, 64, 256 plus Poisson at each C, the
-    target alone, the tuned schedule and adaptive, every mode in the overlapped loop, 3 trials."""
-    tune, sweep = stage_commands(load_config("serving"), tmp_path / "e", tmp_path / "r")
-    a = parsed(sweep, monkeypatch)
-    assert (a.concurrency, a.poisson_at, a.waves, a.trials) == ("16,64,256", "16,64,256", 6, 3)
-    assert a.modes == "baseline+overlap,dynamic+overlap,adaptive+overlap"
-    assert (a.input_len, a.output_len, a.acceptance) == ("64:192", "32:224", "bernoulli:0.5")
-    assert a.dynamic_schedule.endswith("tune_050/schedule.txt") and tune.name == "tune_050"
+def test_the_serving_configs_run_the_sustained_load_through_the_serving_loop(tmp_path, monkeypatch):
+    """Regime B's lengths and acceptance, six waves at C = 16 and 64 (serving, which profiles and
+    installs the engine's cost model first) and 256 (serving_256, on the same engine), Poisson at
+    each C, the target alone, the tuned schedule and adaptive in the serving loop, 3 trials."""
+    profile, tune, sweep = stage_commands(load_config("serving"), tmp_path / "e", tmp_path / "r")
+    assert profile.name == "profile" and str(profile.install).endswith("/e/cost_model.json")
+    for (tune, sweep), cs in (((tune, sweep), "16,64"),
+                              (stage_commands(load_config("serving_256"), tmp_path / "e", tmp_path / "r"), "256")):
+        a = parsed(sweep, monkeypatch)
+        assert (a.concurrency, a.poisson_at, a.waves, a.trials) == (cs, cs, 6, 3)
+        assert a.modes == "baseline,dynamic,adaptive"            # no suffix: the serving loop (overlapped on CUDA)
+        assert (a.input_len, a.output_len, a.acceptance) == ("64:192", "32:224", "bernoulli:0.5")
+        assert a.dynamic_schedule.endswith("tune_050/schedule.txt") and tune.name == "tune_050"
+    assert load_config("serving").engine == load_config("serving_256").engine

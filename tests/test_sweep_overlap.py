@@ -1,5 +1,6 @@
-"""Sweep modes of the overlapped executor loop (`--modes baseline,baseline+overlap`): each runs the
-serial mode's policy through Executor(overlap=True), side by side with it in one trial rotation.
+"""Sweep modes of the overlapped executor loop (`--modes baseline,baseline+overlap` on CPU, where a
+mode without a suffix runs the serial loop): each runs the serial mode's policy through
+Executor(loop=Loop.OVERLAPPED), side by side with it in one trial rotation.
 Oracles: the serial twin (the same requests, the same lossless greedy acceptance on the embedded
 tiny pair, so the same output tokens) and the row's own per-loop arithmetic."""
 import json
@@ -8,6 +9,7 @@ import pytest
 
 from dynspec.benchmarks import summary, sweep, sweep_modes, sweep_plan, sweep_run
 from dynspec.errors import DynspecError
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
 
 MODES = "baseline,baseline+overlap,dynamic,dynamic+overlap"
@@ -66,8 +68,8 @@ def test_ratios_of_an_overlapped_mode_are_against_its_own_loop(swept):
 
 
 def test_mode_names_with_the_loop_suffix():
-    assert sweep_modes.parse_modes("baseline,static:3+overlap,adaptive+overlap") == (
-        "baseline", "static:3+overlap", "adaptive+overlap")
+    assert sweep_modes.parse_modes("baseline,static:3+overlap,adaptive+overlap,dynamic+serial") == (
+        "baseline", "static:3+overlap", "adaptive+overlap", "dynamic+serial")
     assert [sweep_modes.base_mode(m) for m in ("static:3+overlap", "dynamic")] == ["static:3", "dynamic"]
     s = sweep_modes.mode_schedules(("static:3+overlap", "baseline+overlap"), sweep_modes.DraftSchedule.parse("4:2"), None, 8)
     assert s["static:3+overlap"].draft_len(8) == 3 and s["baseline+overlap"].max_draft_len == 0
@@ -79,18 +81,19 @@ def test_mode_names_with_the_loop_suffix():
         assert msg in str(e.value)
 
 
-def test_trtllm_refuses_the_overlapped_loop(tmp_path, capsys):
-    rc = sweep.main(["--engine", "trtllm", "--engine-dir", str(tmp_path), "--modes", "baseline,dynamic+overlap",
-                     "--out", str(tmp_path / "x")])
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "+overlap is the reference executor's overlapped loop; --engine trtllm runs its own loop" in err
+def test_trtllm_refuses_the_reference_executors_loops(tmp_path, capsys):
+    for mode, loop in (("dynamic+overlap", "overlapped"), ("dynamic+serial", "serial")):
+        rc = sweep.main(["--engine", "trtllm", "--engine-dir", str(tmp_path), "--modes", f"baseline,{mode}",
+                         "--out", str(tmp_path / "x")])
+        assert rc == 2
+        err = capsys.readouterr().err
+        assert f"{mode[7:]} is the reference executor's {loop} loop; --engine trtllm runs its own loop" in err
 
 
 def test_a_cache_too_short_for_the_overlapped_loop_names_the_length_it_needs(tmp_path, capsys):
     # prompts 8, outputs 6 -> 14 positions; schedule K 3: serial +4 = 18, overlapped +8 = 22
     flags = [*FLAGS[:6], "--input-len", "8", "--output-len", "6", "--concurrency", "1", "--no-progress"]
-    assert cache_slack(3, False) == 4 and cache_slack(3, True) == 8
+    assert cache_slack(3, Loop.SERIAL) == 4 and cache_slack(3, Loop.OVERLAPPED) == 8
     rc = sweep.main([*flags, "--modes", "dynamic,dynamic+overlap", "--max-seq-len", "20", "--out", str(tmp_path / "a")])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -175,10 +178,10 @@ def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_p
 
     got = plans()
     assert [p.case.name for p in got] == ["varied", "fixed", "regime_b"]
-    assert all(any(sweep_modes.overlapped(m) for m in p.spec.modes) for p in got)
+    assert all(set(dict(p.spec.loops).values()) == {Loop.SERIAL, Loop.OVERLAPPED} for p in got)   # both loops named
     assert sweep_cases.engine_sizes([p.spec for p in got])["max_draft_len"] == 7
     sweep_run.check_engine_overlap(got)
-    need = max(r.input_len + r.output_tokens for p in got for r in p.spec.requests) + cache_slack(7, True)
-    assert need <= 432 == 192 + 224 + cache_slack(7, True)           # the lengths' bound, 416 + 16
+    need = max(r.input_len + r.output_tokens for p in got for r in p.spec.requests) + cache_slack(7, Loop.OVERLAPPED)
+    assert need <= 432 == 192 + 224 + cache_slack(7, Loop.OVERLAPPED)           # the lengths' bound, 416 + 16
     with pytest.raises(DynspecError, match=f"--max-seq-len {need - 1} is too short .* give --max-seq-len {need}$"):
         sweep_run.check_engine_overlap(plans(["--max-seq-len", str(need - 1)]))

@@ -8,19 +8,18 @@ import torch
 from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import PromptChunk, make_plan
-from dynspec.runtime.policy import DraftSchedule, speculates
+from dynspec.runtime.adaptive import AdaptivePolicy
+from dynspec.runtime.policy import ConstantK, DraftSchedule, speculates
 from tests.test_executor import hf_target, pair  # noqa: F401  (fixtures)
 from tests.test_inflight import engine, pad_rows_to_buckets, serve_arrivals_and_check
 
 
 def test_speculates():
+    from tests.test_adaptive_lossless import linear_cost
+
     assert not speculates(DraftSchedule.parse(""))
-    assert speculates(DraftSchedule.parse("4:4")) and speculates(lambda b: 0)   # any other callable: taken to
-
-    class Adaptive:
-        candidates = (0, 1, 2)
-
-    assert speculates(Adaptive())
+    assert speculates(DraftSchedule.parse("4:4")) and speculates(ConstantK(0))     # K=0 with the draft loaded
+    assert speculates(AdaptivePolicy(linear_cost(kmax=2)))
 
 
 def test_a_plan_without_the_draft_runs_k0_without_keep_warm():

@@ -89,12 +89,17 @@ class PhasePolicy:
     """Test-only policy driven by the iteration count (concurrency 1): K for `spec_first`
     iterations, 0 for `pause`, then K again. The product policy is a pure function of b."""
 
+    max_draft_len, drafts, chooses_keep_warm = K, True, False      # runtime/policy.py Policy
+
     def __init__(self, spec_first: int, pause: int):
         self.i, self.a, self.b = 0, spec_first, spec_first + pause
 
     def __call__(self, b: int) -> int:
         self.i += 1
         return 0 if self.a < self.i <= self.b else K
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        return (0, K)
 
 
 def _resume_window(tiny, prompts, keep_warm: bool | None, n=160, spec_first=6, pause=30):

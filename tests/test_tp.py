@@ -534,9 +534,9 @@ def test_every_rank_captures_graphs_in_the_same_order():
     bucket, and ordering by (kind, bucket, k) alone left those in hash order (2 H200s: NCCL
     watchdog timeout in warm-up, the ranks one collective apart)."""
     code = ("from dynspec.runtime.engines.reference.engine import capture_order, reachable_graphs\n"
-            "from dynspec.runtime.policy import DraftSchedule\n"
+            "from dynspec.runtime.policy import ConstantK, DraftSchedule\n"
             "keys = set(reachable_graphs([DraftSchedule.parse('4:3')], 64, True))"
-            " | set(reachable_graphs([lambda b: 0], 64, False))\n"
+            " | set(reachable_graphs([ConstantK(0)], 64, False))\n"
             "print([tuple(vars(k).values()) for k in capture_order(keys)])")
     orders = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}

@@ -188,6 +188,12 @@ class FakeEngine:
                           emitted=tuple(tuple(range(plan.k + 1)) for _ in range(plan.batch_size)), draft_warm=True,
                           first_tokens=tuple(1 if c.last else None for c in plan.chunks))
 
+    def launch(self, plan, acceptance):
+        return plan, acceptance            # the handle: what result runs
+
+    def result(self, handle):
+        return self.step(*handle)
+
 
 def test_closed_loop_keeps_c_in_flight():
     eng = FakeEngine()

@@ -164,10 +164,10 @@ def open_rank(cfg, ctx):
     graphs of every (bucket, K) the engine's policy reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.session import capture, open_reference_engine, policy_draft_len, policy_of
+    from dynspec.runtime.session import capture, open_reference_engine, policy_of
 
     policy = policy_of(cfg)
-    engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy_draft_len(policy))
+    engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy.max_draft_len)
     if ctx.device.type == "cuda":
         capture(engine, reachable_graphs([policy], engine.max_batch_size, cfg.reference.keep_warm,
                                          engine.max_num_tokens), cfg.reference, strict=False)
@@ -205,7 +205,7 @@ class TpLeader:
         from dynspec.runtime.session import policy_of
 
         self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm,
-                                 overlap=cfg.reference.loop_overlap(engine.device), **limit)
+                                 loop=cfg.reference.loop(engine.device), **limit)
         # the launcher's store: where report() leaves a fault (it lives and dies with the launcher)
         self._store = dist.TCPStore(*parse_endpoint(launch.endpoint), None, False,
                                     timeout=datetime.timedelta(seconds=launch.timeout_s))

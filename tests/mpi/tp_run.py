@@ -21,6 +21,7 @@ from dynspec.runtime.distributed import LeaderEngine, TpFault, exit_status, log,
 from dynspec.runtime.engines.reference.tp import load_tp_engine
 from dynspec.runtime.engines.reference.tp_stats import StepRecorder
 from dynspec.runtime.executor import Executor
+from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
 from dynspec.runtime.policy import DraftSchedule
 
@@ -52,6 +53,11 @@ class FaultAt:
         return self._engine.launch(*args, **kwargs)
 
 
+def loop_of(a) -> Loop:
+    """--overlap -> Loop.OVERLAPPED, else Loop.SERIAL."""
+    return Loop.OVERLAPPED if a.overlap else Loop.SERIAL
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, required=True)
@@ -68,7 +74,7 @@ def main() -> None:
     ap.add_argument("--no-keep-warm", action="store_true")
     ap.add_argument("--whole-mixed", action="store_true",
                     help="mixed iterations through mixed_graphs.py's functions (uncaptured on CPU)")
-    ap.add_argument("--overlap", action="store_true", help="the executor's overlapped loop (Executor(overlap=True))")
+    ap.add_argument("--overlap", action="store_true", help="the executor's overlapped loop (Executor(loop=Loop.OVERLAPPED))")
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang", "raise"))
     ap.add_argument("--fault-at", type=int, default=3)
@@ -87,7 +93,7 @@ def main() -> None:
     def load(ctx):
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
                                 max_seq_len=max(len(j.ids) + j.max_new for j in jobs)
-                                + cache_slack(sched.max_draft_len, a.overlap) + 1,
+                                + cache_slack(sched.max_draft_len, loop_of(a)) + 1,
                                 max_draft_len=max(sched.max_draft_len, 1))
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.engine import reachable_graphs
@@ -136,7 +142,7 @@ def drive(ex: Executor, jobs: list[Job]) -> list:
 
 
 def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
-    ex = Executor(engine, sched, keep_warm=not a.no_keep_warm, overlap=a.overlap)
+    ex = Executor(engine, sched, keep_warm=not a.no_keep_warm, loop=loop_of(a))
     if a.fault:
         ex.start()                                   # the serving loop, as Triton runs it
         handles = [ex.submit(j.ids, j.max_new) for j in jobs[: a.concurrency]]

@@ -30,9 +30,9 @@ copy however many requests came and went (_flush_slots).
 
 One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step"):
     pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
-    mixed         the whole-forward graph of (Np, B, T) (mixed_graphs.py; at K > 0 the graph's
-                  target forward, then an eager finish), else eager; eager is also what runs
-                  above the top token bucket or past WholeMixed.CHUNKS chunks
+    mixed         the whole-forward graph of (Np, B, T, draft) (mixed_graphs.py: draft chain,
+                  forward, acceptance and the draft's pass, all in it), else eager; eager is
+                  also what runs above the top token bucket or past WholeMixed.CHUNKS chunks
     attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
                   of ragged.RaggedAttention's kernel; CPU: SDPA
 The caller picks the attention (`attention`): "auto" (the Triton kernel on CUDA, SDPA elsewhere),
@@ -53,7 +53,7 @@ from dynspec.runtime.engines.reference.attention import (RaggedBatch, ragged_bat
                                                          uniform_batch)
 from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, gather_carried, last_chunk_rows,
                                                      save_carried, with_device_rows)
-from dynspec.runtime.engines.reference.graphs import GraphChain, capture_chain, chain_cuts
+from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain, capture_chain, chain_cuts, timed_capture
 from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllocator, available_bytes,
                                                          check_pool_fits, kv_pool_bytes)
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
@@ -94,14 +94,14 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
             continue
         for b in range(1, max_batch_size + 1):
             bucket = bucket_for(b, buckets)
-            ks = policy.candidates if hasattr(policy, "candidates") else (int(policy(b)),)   # AdaptivePolicy: any
+            ks = policy.choices(b)                          # AdaptivePolicy: every candidate at every b
             for k in {k if max_num_tokens is None else cap_k(k, b, max_num_tokens) for k in ks}:
                 if k > 0:
                     keys.add(GraphKey("spec", bucket, k))
                     keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
                 else:
                     keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
-                    if keep_warm and hasattr(policy, "candidates"):
+                    if keep_warm and policy.chooses_keep_warm:
                         keys.add(GraphKey("decode", bucket, keep_warm=False))
     return capture_order(keys)
 
@@ -208,9 +208,11 @@ class ReferenceEngine:
         self._acceptance: AcceptanceModel | None = None   # what slot_p/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
-        self.on_dispatch = None                   # hook(GraphKey) at every decode-step dispatch (tp_stats.py)
+        self.on_dispatch = None                   # hook(key) at every dispatch: a GraphKey, or a whole-forward
+                                                  # key (Np, B, T, draft) (tp_stats.py)
         self.whole: WholeMixed | None = None      # mixed iterations' whole-forward graphs (capture_whole_graphs)
         self.warm_chunk_steps = 0                 # steps warm_chunks and warm_mixed ran
+        self.capture_costs: dict[str, CaptureCost] = {}   # "decode", "whole": what their captures took (CUDA)
 
     # ---- the paged cache ------------------------------------------------------------------
     @property
@@ -432,7 +434,7 @@ class ReferenceEngine:
         d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self.decode_attention())
         self.next_draft[slot], self.draft_hidden[slot] = d, h
 
-    def _chain(self, B: int, K: int, read) -> torch.Tensor:
+    def draft_chain(self, B: int, K: int, read: int | None = None) -> torch.Tensor:
         """K-1 chain steps from the carried head -> drafts [B, K]."""
         slot, pos = self.slot[:B], self.pos[:B]
         drafts, h = [self.next_draft[slot]], self.draft_hidden[slot]
@@ -441,7 +443,7 @@ class ReferenceEngine:
             drafts.append(d)
         return torch.stack(drafts, dim=1)                                    # [B, K]
 
-    def _accept(self, D, g):
+    def accept(self, D, g):
         """drafts D [B, K] of rows 0..B-1, target greedy g [B, K+1] -> (accepted n [B], tokens
         E [B, K+1]): E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1].
         Bernoulli models: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p of the
@@ -455,13 +457,13 @@ class ReferenceEngine:
         return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
 
     def _speculate(self, B: int, K: int, read) -> None:
-        D = self._chain(B, K, read)                                          # [B, K]
+        D = self.draft_chain(B, K, read)                                     # [B, K]
         vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
         batch = self._rows(B, vpos, read)
         tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
         attention = self.decode_attention()          # the verify's and the draft's catch-up
         g, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=attention, greedy=True)
-        n, E = self._accept(D, g.view(B, K + 1))
+        n, E = self.accept(D, g.view(B, K + 1))
         self._catch_up(E, H.view(B, K + 1, -1), batch, n, attention)
         self.out_tokens[:B, : K + 1] = E
         self.out_n[:B] = n
@@ -493,32 +495,31 @@ class ReferenceEngine:
     # ---- mixed iterations: decode rows + prompt chunks in one target forward ---------------
     def _mixed(self, plan: StepPlan, read: int) -> torch.Tensor:
         """Returns the first generated token of each last chunk [n_last]. Packing (as mixed_graphs.py):
-        the B = plan.bucket decode rows' T tokens (rows b..B-1 padding), then the chunks' tokens."""
-        B, T, chunks = plan.bucket, plan.k + 1, plan.chunks
+        the B = plan.bucket decode rows' T tokens (rows b..B-1 padding), then the chunks' tokens.
+        Through a whole-forward graph where one holds the iteration (stale rows refreshed first,
+        by the refresh graph), else eagerly."""
+        b, B, K = plan.batch_size, plan.bucket, plan.k
         key = self._whole_key(plan)
-        if key is not None and T == 1:                         # the whole iteration in the graph
-            self.whole.stage(key, chunks, plan.keep_warm, plan.slots)
-            self.whole.run(key, plan.batch_size, None)
-            return self.whole.firsts[:plan.last_chunks]
+        if key is not None:
+            self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots)
+            if b and K and any(plan.stale):
+                self._run(GraphKey("refresh", B), None)
+            if self.on_dispatch is not None:
+                self.on_dispatch(key)
+            return self.whole.run(key)[:plan.last_chunks]
         m = self._mixed_inputs(plan)
-        if key is not None:                  # K > 0 through a graph (pinned copies: they do not wait)
-            self.whole.stage(key, chunks, plan.keep_warm, plan.slots)
-        b, K, nd = plan.batch_size, plan.k, m.nd
+        nd = m.nd
         if b and K and any(plan.stale):
             self._refresh(B, read)
-        D = self._chain(B, K, read) if b and K else None                     # [B, K]
+        D = self.draft_chain(B, K, read) if b and K else None                 # [B, K]
         tokens = torch.cat([self.x[:B, None], D], 1).reshape(-1) if D is not None else self.x[:B]
         attention = self.decode_attention()                                  # one launch over every row
         if b and plan.carried_rows:          # the host laid the decode rows out at upper bounds
-            m = replace(m, batch=with_device_rows(m.batch, self.pos, self.slot, self.block_tables, B, T))
+            m = replace(m, batch=with_device_rows(m.batch, self.pos, self.slot, self.block_tables, B, K + 1))
         logit_index = torch.cat([torch.arange(nd, device=self.device), m.last_idx])
-        if key is not None:
-            g, H = self.whole.run(key, b, D[:b])                             # [nd + LAST], [Np, n*h]
-            greedy, H = g[: nd + plan.last_chunks], H[: nd + m.prompt.shape[0]]
-        else:
-            greedy, H = self.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
-                                        capture=self.capture if plan.draft else (), logit_index=logit_index,
-                                        attention=attention, greedy=True)    # [nd + n_last]
+        greedy, H = self.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
+                                    capture=self.capture if plan.draft else (), logit_index=logit_index,
+                                    attention=attention, greedy=True)        # [nd + n_last]
         firsts = greedy[nd:]
         m.nxt[m.last_idx - nd] = firsts          # draft entries (x_{p+1}, h_p): a last chunk's x_e is g0
         if b and K:
@@ -558,7 +559,7 @@ class ReferenceEngine:
         """K > 0: accept over the B rows (g [B*T]), then one draft pass over the rows' catch-up
         entries and the chunks' entries; the b real rows and the last chunks keep their heads."""
         b, B, T, dev = plan.batch_size, plan.bucket, plan.k + 1, self.device
-        n, E = self._accept(D, g.view(B, T))
+        n, E = self.accept(D, g.view(B, T))
         self.out_tokens[:b, :T] = E[:b]
         self.out_n[:b] = n[:b]
         d, h = self._draft_next(torch.cat([E.reshape(-1), m.nxt]), H, m.batch, attention)
@@ -589,6 +590,17 @@ class ReferenceEngine:
             self.next_draft[m.last_slot] = d[m.last_idx - offset]
             self.draft_hidden[m.last_slot] = h[m.last_idx - offset]
             self.last_capture[m.last_slot] = H[m.last_idx]
+
+    def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int) -> int:
+        """Tokens the target forward of an iteration runs, padding included: decode rows padded to
+        their row bucket at K+1 tokens each, plus prompt tokens, padded to the token bucket of a
+        whole-forward graph where one holds them (mixed iterations with whole graphs set up).
+        Buckets (1, 2, 4, 8), token buckets (16, 32, 64): 3 rows at K=2 -> 12; 3 rows at K=1 and
+        9 prompt tokens -> 4 x 2 + 9 = 17 -> 32."""
+        n = (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
+        if prefill_tokens and self.whole is not None:
+            return self.whole.bucket(n) or n
+        return n
 
     def _whole_key(self, plan: StepPlan):
         """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
@@ -631,9 +643,10 @@ class ReferenceEngine:
         """Mixed iterations at every speculative row shape (bucket B, K) of `keys`, every row on
         the padding slot (K/V into the scratch block): B decode rows and one last chunk of 5
         tokens, one that makes the packed total a multiple of 16 (Triton specialises integer
-        arguments on that), one of 300 tokens (many work items) and two chunks, one not last. A K > 0 mixed iteration finishes eagerly (the accept and the
-        draft's pass over rows and chunks), and what that compiles on first use at a (B, K) would
-        otherwise stall a served step for seconds. Chunks are capped to the token budget.
+        arguments on that), one of 300 tokens (many work items) and two chunks, one not last.
+        Mixed iterations past the whole graphs (above the top token bucket, more than
+        WholeMixed.CHUNKS chunks) run eagerly, and what that compiles on first use at a (B, K)
+        would otherwise stall a served step for seconds. Chunks are capped to the token budget.
         Returns the steps run.
         Key spec (4, K=2) (3 tokens a row, budget 64): chunks [5], [4], [52], [7, 3]."""
         pad, steps = self.pad_slot, 0
@@ -675,6 +688,11 @@ class ReferenceEngine:
         capture_order. Decode graphs read every row's whole block table (max_seq_len)."""
         if self.device.type != "cuda":
             return 0
+        n, cost = timed_capture(lambda: self._capture_decode(keys))
+        self.capture_costs["decode"] = self.capture_costs.get("decode", CaptureCost()) + cost
+        return n
+
+    def _capture_decode(self, keys: Iterable[GraphKey]) -> int:
         keys = capture_order(replace(k, draft=True) for k in keys)      # draft is the mixed graphs' concern
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
@@ -704,7 +722,10 @@ class ReferenceEngine:
         rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
         self._flush_slots()              # not inside a capture (capture_decode_graphs)
         self._pad_rows()
-        return self.whole.capture(set(whole_keys(rows, self.whole.buckets) if rows else ()) | set(exact))
+        wanted = set(whole_keys(rows, self.whole.buckets) if rows else ()) | set(exact)
+        n, cost = timed_capture(lambda: self.whole.capture(wanted))
+        self.capture_costs["whole"] = self.capture_costs.get("whole", CaptureCost()) + cost
+        return n
 
     def drop_whole(self) -> None:
         """Mixed iterations back to the eager path (e.g. after a failed whole-graph capture)."""

@@ -8,6 +8,7 @@ first graph, the GPU runs while the host submits the rest. Example, 32 layers (c
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,3 +65,24 @@ def capture_chain(fn: Callable[[Callable[[int], None]], None], cuts: frozenset[i
 
 def no_cut(i: int) -> None:
     """The cut points of an uncaptured run (capture_chain's are real)."""
+
+
+@dataclass(frozen=True)
+class CaptureCost:
+    """What captures took: graph chains, wall seconds (warm-ups included) and the device memory
+    reserved meanwhile (graph pools and the warm-ups' allocations)."""
+    graphs: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+
+    def __add__(self, other: "CaptureCost") -> "CaptureCost":
+        return CaptureCost(self.graphs + other.graphs, self.seconds + other.seconds, self.bytes + other.bytes)
+
+
+def timed_capture(fn: Callable[[], int]) -> tuple[int, CaptureCost]:
+    """fn() -> graphs captured, run between two device syncs -> (that count, its CaptureCost)."""
+    torch.cuda.synchronize()
+    t0, m0 = time.perf_counter(), torch.cuda.memory_reserved()
+    n = fn()
+    torch.cuda.synchronize()
+    return n, CaptureCost(n, time.perf_counter() - t0, torch.cuda.memory_reserved() - m0)

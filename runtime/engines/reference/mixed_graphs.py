@@ -19,12 +19,13 @@ the work items of the whole batch and of the chunks alone are laid out on the ho
 numpy) in one pinned buffer and reach the device in one copy; the graph copies them on into the
 forward's buffers. The decode rows' tokens and positions come from the engine's step_in copy.
 
-The graph ends with the greedy ids of the decode rows and of each last chunk's last token (of
-at most CHUNKS chunks; `key` refuses more: those iterations run eagerly) and the captures.
-K = 0 keys (T = 1) run the rest of the iteration in the graph too: the decode rows' outputs and keep-warm K/V (written to the scratch
-block when the plan does not keep warm: one graph serves both), and the draft's pass over the
-chunks with its outputs at the last tokens only. K > 0 keys return (g, H) and the engine finishes
-eagerly (acceptance and the draft's catch-up).
+The graph holds the whole iteration (at most CHUNKS chunks; `key` refuses more: those
+iterations run eagerly). K = 0 keys (T = 1): the forward, the decode rows' outputs and keep-warm
+K/V (written to the scratch block when the plan does not keep warm: one graph serves both), and
+the draft's pass over the chunks with its outputs at the last tokens only. K > 0 keys: the
+draft chain of the decode rows first (their K drafts from the carried heads), the forward,
+acceptance, and one draft pass over every packed token, its outputs at each row's accepted
+index and each last chunk's last token. Stale rows are refreshed before, by the refresh graph.
 
 On CPU without Triton (tests) the same functions run uncaptured with gathered SDPA over a batch
 built on the host.
@@ -41,17 +42,19 @@ from .attention import RaggedBatch, ragged_batch, uniform_batch
 from .carry import with_device_rows
 from .graphs import capture_chain, chain_cuts, no_cut
 from .kv_cache import SCRATCH_BLOCK
-from .ragged import ITEM_TOKENS, plan_items
+from .ragged import ITEM_FIELDS, ITEM_TOKENS, plan_items
 
 Key = tuple[int, int, int, bool]       # (Np, B, T, draft)
 
-# Token buckets up to 1024: above that a forward is GEMM-bound and the launches a graph saves
-# are a small share of it.
-BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 896, 1024)
+# Token buckets up to 1024 (above that a forward is GEMM-bound and the launches a graph saves are
+# a small share of it), 16 apart up to 128, 32 up to 512, 64 up to 1024: at most a gap of 1/5 past
+# 128 tokens (129 -> 160), so a step pads about a tenth or less. A whole graph costs ~35 ms to
+# capture (H200, 8B pair) and shares one memory pool with the rest.
+BUCKETS = tuple(range(16, 129, 16)) + tuple(range(160, 513, 32)) + tuple(range(576, 1025, 64))
 
 
 def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...]:
-    """The buckets up to min(max_num_tokens, top), that bound included: 72 -> (16, 32, 64, 72)."""
+    """The buckets up to min(max_num_tokens, top), that bound included: 72 -> (16, 32, 48, 64, 72)."""
     cap = min(max_num_tokens, top)
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
@@ -86,13 +89,13 @@ class WholeMixed:
         self.top = top = self.buckets[-1]
         self.max_chunks = self.CHUNKS
         I = 2 * top + 1                   # items of any key: item_cap <= B*T + 2 L + 1 <= 2 Np + 1
-        like, dev, cuda = t.tok_embeddings.weight, e.device, e.device.type == "cuda"
+        dev, cuda = e.device, e.device.type == "cuda"
         S = self.LAST
         # staged inputs, int64: tokens | positions | write index [top each] | draft inputs [top + 1:
         # the last is where padding's scatter lands] | last token (chunk-local) | its place in the
         # draft inputs | its slot [LAST each] | keep-warm flag [1] | items of the whole batch and
-        # of the chunks alone [3 I each, laid out [3, I_key] from the start]
-        split = (top, top, top, top + 1, S, S, S, 1, 3 * I, 3 * I)
+        # of the chunks alone [4 I each, laid out [4, I_key] from the start]
+        split = (top, top, top, top + 1, S, S, S, 1, ITEM_FIELDS * I, ITEM_FIELDS * I)
         with torch.inference_mode():
             self.dec_tokens = torch.zeros(e.max_batch_size + 1, e.max_draft_len + 1, dtype=torch.long, device=dev)
             self.inp = torch.zeros(sum(split), dtype=torch.long, device=dev)
@@ -101,8 +104,6 @@ class WholeMixed:
             self.tokens = torch.zeros(top, dtype=torch.long, device=dev)             # [Np] the forward's inputs
             self.positions = torch.zeros_like(self.tokens)
             self.write_index = torch.zeros_like(self.tokens)
-            self.g = torch.zeros(e.max_batch_size * (e.max_draft_len + 1) + S, dtype=torch.long, device=dev)
-            self.H = like.new_zeros(top, len(e.capture) * t.config.hidden_size)      # [Np, n*h]
             self.firsts = torch.zeros(S, dtype=torch.long, device=dev)               # [LAST]
         self._host_inp = torch.zeros(sum(split), dtype=torch.long, pin_memory=cuda)
         self._inp_np = np.split(self._host_inp.numpy(), np.cumsum(split)[:-1])   # views, laid out as self.inp
@@ -163,8 +164,8 @@ class WholeMixed:
                                                             for j in range(i, L, ITEM_TOKENS)]
         row_slots = list(slots) + [e.pad_slot] * (B - len(slots))
         ia, ic = item_cap(Np, B, T, self.max_chunks), item_cap(L, 0, 1, self.max_chunks)
-        items[:3 * ia] = plan_items(row_slots + [s for s, _ in rows], [T] * B + [k for _, k in rows], pad_to=ia).ravel()
-        citems[:3 * ic] = plan_items([s for s, _ in rows], [k for _, k in rows], pad_to=ic).ravel()
+        items[:ITEM_FIELDS * ia] = plan_items(row_slots + [s for s, _ in rows], [T] * B + [k for _, k in rows], pad_to=ia).ravel()
+        citems[:ITEM_FIELDS * ic] = plan_items([s for s, _ in rows], [k for _, k in rows], pad_to=ic).ravel()
         self.inp.copy_(self._host_inp, non_blocking=True)
         if not e.triton:                     # gathered SDPA's batches (CPU): decode rows at the host's positions
             starts = list(e.pos[:B].tolist()) + [c.start for c in chunks] + [0] * (len(rows) - len(chunks))
@@ -194,7 +195,8 @@ class WholeMixed:
                                e.block_size, items=(items, e.block_tables))
 
         rows = B + 1                      # the decode rows and a chunk: what sizes the kernel's splits
-        return batch(0, self.in_items[:3 * ia].view(3, ia)), batch(n, self.in_citems[:3 * ic].view(3, ic))
+        F = ITEM_FIELDS
+        return batch(0, self.in_items[:F * ia].view(F, ia)), batch(n, self.in_citems[:F * ic].view(F, ic))
 
     def _make(self, Np: int, B: int, T: int, draft: bool) -> Callable:
         e, t, bs, S = self.e, self.e.target, self.e.block_size, self.LAST
@@ -203,11 +205,14 @@ class WholeMixed:
 
         def run(cut: Callable[[int], None]) -> None:
             logit_index = torch.cat([rows, n + self.in_last])                              # [n + LAST]
-            dec = None
+            dec = D = None
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
                 dec = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, bs)
                 self.dec_tokens[:B, 0].copy_(e.x[:B])                                    # pending tokens, then drafts
+                if T > 1:
+                    D = e.draft_chain(B, T - 1)                                          # [B, K]
+                    self.dec_tokens[:B, 1:T].copy_(D)
                 self.tokens[:n].copy_(self.dec_tokens[:B, :T].reshape(-1))
                 self.positions[:n].copy_(dec.positions)
                 self.write_index[:n].copy_(dec.write_index)
@@ -234,10 +239,31 @@ class WholeMixed:
             elif T == 1:
                 self._finish(g, H, n, B, Np, dec, chunks)
             else:
-                self.g[:n + S].copy_(g)
-                self.H[:Np].copy_(H)
+                self._verify(g, H, D, B, T, Np, whole)
 
         return run
+
+    def _verify(self, g: Tensor, H: Tensor, D: Tensor | None, B: int, T: int, Np: int, whole: RaggedBatch) -> None:
+        """A K > 0 iteration's end, as the decode graphs' spec step does it: acceptance over the B
+        rows, then one draft pass over every packed token (the rows' catch-up entries (E_i, H_i)
+        and the chunks' entries (x_{p+1}, h_p)), its head at each row's accepted index and at each
+        last chunk's last token. g [B*T + LAST], H [Np, n*h].
+        Example B=2, T=3, accepted n = (1, 2), one last chunk ending at chunk index 4:
+            heads = [0*3 + 1, 1*3 + 2, 6 + 4] = [1, 5, 10]."""
+        e, n = self.e, B * T
+        firsts = g[n:]
+        self.firsts.copy_(firsts)
+        self.in_nxt.index_copy_(0, self.in_at, firsts)       # a last chunk's x_e is its first generated token
+        acc, E = e.accept(D, g[:n].view(B, T))                                             # [B], [B, T]
+        e.out_tokens[:B, :T] = E
+        e.out_n[:B] = acc
+        tokens = torch.cat([E.reshape(-1), self.in_nxt[:Np - n]])                          # [Np]
+        heads = torch.cat([torch.arange(B, device=e.device) * T + acc, n + self.in_last])  # [B + LAST]
+        slot = torch.cat([e.slot[:B], self.in_last_slot])
+        d, dh = e.draft.run(tokens, H[:Np], whole, e.decode_attention(), greedy=True, rows=heads)
+        e.next_draft[slot] = e.draft.to_target_ids(d)
+        e.draft_hidden[slot] = dh
+        e.last_capture[slot] = H[heads]
 
     def _finish(self, g: Tensor, H: Tensor, n: int, B: int, Np: int, dec, chunks: RaggedBatch) -> None:
         """A K = 0 iteration's end, as the engine's eager path (engine._mixed) does it: the rows'
@@ -299,19 +325,14 @@ class WholeMixed:
         self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)
         self.stage(key or (self.top, 0, 1, True), (), keep_warm=False)     # no chunks: every staged input padding
 
-    def run(self, key: Key, b: int, drafts: Tensor | None) -> tuple[Tensor, Tensor]:
-        """One mixed iteration of `key` after `stage`: b real decode rows (drafts [b, K] or None at
-        K=0; pending tokens, positions and slots already in the engine's x / pos / slot, rows
-        b..B-1 padding). K > 0: -> (greedy ids [B*T + LAST] of the decode rows' tokens and the last
-        chunks' last tokens, captures H [Np, n*h]), valid until the next run. K = 0: the iteration
-        is done; its first tokens are self.firsts."""
-        Np, B, T, _ = key
-        if T > 1:
-            self.dec_tokens[:b, 1:T].copy_(drafts)
-            self.dec_tokens[b:B, 1:T].zero_()
+    def run(self, key: Key) -> Tensor:
+        """One whole mixed iteration of `key` after `stage` (pending tokens, positions and slots of
+        its decode rows already in the engine's x / pos / slot, padding rows past the real ones;
+        stale rows refreshed before): its outputs in the engine's out_tokens / out_n and carried
+        state, and the first generated token of each last chunk, in the returned self.firsts [LAST]."""
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
         else:
             self._fn(key)(no_cut)
-        return self.g[:B * T + self.LAST], self.H[:Np]
+        return self.firsts

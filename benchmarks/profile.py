@@ -77,30 +77,6 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
     return table, decode
 
 
-class _Recorder:
-    """Wraps an engine: forwards everything, remembers each step's (K, per-row accepted), whether
-    the executor runs it whole (step) or launches it and reads it back (launch / result)."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.accepted: list[tuple[int, tuple[int, ...]]] = []
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def step(self, plan, acceptance):
-        return self.result(self.launch(plan, acceptance))
-
-    def launch(self, plan, acceptance):
-        return plan.k, self._engine.launch(plan, acceptance)       # (K, the engine's handle)
-
-    def result(self, handle):
-        k, inner = handle
-        res = self._engine.result(inner)
-        self.accepted.append((k, tuple(res.accepted)))
-        return res
-
-
 def per_position_rates(steps: Sequence[tuple[int, Sequence[int]]], k: int) -> tuple[float, ...]:
     """Conditional acceptance per draft position from per-row accepted counts of K=k steps.
 
@@ -119,10 +95,12 @@ def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[floa
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
 
-    rec = _Recorder(engine)
+    from dynspec.runtime.tune_at_start import AcceptanceRecorder
+
+    rec = AcceptanceRecorder(engine)
     ex = Executor(rec, DraftSchedule.static(k, engine.max_batch_size), keep_warm=True)
     closed_loop(ex, requests, concurrency)
-    return per_position_rates(rec.accepted, k)
+    return per_position_rates(rec.steps, k)
 
 
 def weight_bytes(module) -> int:

@@ -75,7 +75,7 @@ def tune_here(engine, prompts, *, concurrency: int, max_k: int, context: int, ne
     sample = [p for p in prompts if len(p) + new_tokens <= room][:TUNE_PROMPTS]
     if not sample or max_k < 1:
         return None
-    rec = _StepRecorder(engine)
+    rec = AcceptanceRecorder(engine)
     ex = Executor(rec, DraftSchedule.static(max_k, engine.max_batch_size), keep_warm=keep_warm, stats_limit=None)
     t1 = time.perf_counter()
     run_closed_loop(ex, sample, new_tokens, min(concurrency, len(sample)))
@@ -94,7 +94,7 @@ def tune_here(engine, prompts, *, concurrency: int, max_k: int, context: int, ne
                  time.perf_counter() - t0)
 
 
-class _StepRecorder:
+class AcceptanceRecorder:
     """Wraps an engine: forwards everything, keeps each step's (K, per-row accepted drafts),
     whether the executor runs it whole (step) or launches it and reads it back (launch / result)."""
 

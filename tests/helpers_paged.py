@@ -47,24 +47,9 @@ def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, 
     pool: every row's new K/V written, nothing else touched (K to about one bf16 ulp, V exact).
     starts: row r's window at starts[r] (a window across two programs' keys: the one program that
     holds each key must write it). -> (qkv, cos, sin, k_pool, v_pool, batch, out, (k, v) before)"""
-    from dynspec.runtime.engines.reference.model import rope_tables, rope_write
-    from dynspec.runtime.engines.reference.ragged import RaggedAttention
-
     _, k_pool, v_pool, batch = paged_case(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, starts=starts)
     before = k_pool.clone(), v_pool.clone()
-    g = torch.Generator().manual_seed(R * 100 + T)
-    n = batch.positions.shape[0]
-    qkv = torch.randn(n, (nh + 2 * kvh) * hd, generator=g).to(device, dtype)
-    cos, sin = rope_tables(hd, 500000.0, None, max_blocks * bs, device, dtype)
-    cos, sin = cos[batch.positions].unsqueeze(1), sin[batch.positions].unsqueeze(1)    # [N, 1, hd/2]
-    k_ref, v_ref = k_pool.double(), v_pool.double()
-    q_ref = rope_write(qkv.double(), cos.double(), sin.double(), k_ref, v_ref, batch.write_index, nh, kvh)
-    ref = sdpa_attention(q_ref, k_ref, v_ref, batch)
-    out = rope_attention(qkv, cos, sin, k_pool, v_pool, batch, bs, nh, **kw)
-    assert_attention_close(out, ref, dtype)
-    close = dict(rtol=2 ** -7, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(k_pool.double(), k_ref, **close)
-    assert torch.equal(v_pool.double(), v_ref)
+    qkv, cos, sin, out = check_rope(device, dtype, k_pool, v_pool, batch, nh, kvh, hd, bs, max_blocks, R * 100 + T, **kw)
     return qkv, cos, sin, k_pool, v_pool, batch, out, before
 
 
@@ -103,14 +88,13 @@ def assert_ragged_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks, **kw
     return q, k_pool, v_pool, batch, out
 
 
-def assert_ragged_rope_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks, **kw):
-    """RaggedAttention.rope_attend over work items (rows of `lens` at consecutive positions; each
-    row's new keys read from qkv, older ones from the pool) == model.rope_write (float64, on a copy
-    of the pool), then sdpa_attention: the output, and the pool with every new K/V written."""
+def check_rope(device, dtype, k_pool, v_pool, batch, nh, kvh, hd, bs, max_blocks, seed, **kw):
+    """rope_attend's launch on random unrotated qkv against model.rope_write (float64, on a copy of
+    the pool) then sdpa_attention: the output, and the pool (K to about one bf16 ulp, V exact).
+    -> (qkv, cos, sin, out)"""
     from dynspec.runtime.engines.reference.model import rope_tables, rope_write
 
-    _, k_pool, v_pool, batch = ragged_case(device, dtype, lens, nh, kvh, hd, bs, max_blocks)
-    g = torch.Generator().manual_seed(sum(lens))
+    g = torch.Generator().manual_seed(seed)
     n = batch.positions.shape[0]
     qkv = torch.randn(n, (nh + 2 * kvh) * hd, generator=g).to(device, dtype)
     cos, sin = rope_tables(hd, 500000.0, None, max_blocks * bs, device, dtype)
@@ -120,9 +104,17 @@ def assert_ragged_rope_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks,
     ref = sdpa_attention(q_ref, k_ref, v_ref, batch)
     out = rope_attention(qkv, cos, sin, k_pool, v_pool, batch, bs, nh, **kw)
     assert_attention_close(out, ref, dtype)
-    torch.testing.assert_close(k_pool.double(), k_ref, rtol=1e-6, atol=1e-6)
+    close = dict(rtol=2 ** -7, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_pool.double(), k_ref, **close)
     assert torch.equal(v_pool.double(), v_ref)
-    return out
+    return qkv, cos, sin, out
+
+
+def assert_ragged_rope_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks, **kw):
+    """RaggedAttention.rope_attend over work items (rows of `lens` at consecutive positions; each
+    row's new keys read from qkv, older ones from the pool) == rope_write then SDPA (check_rope)."""
+    _, k_pool, v_pool, batch = ragged_case(device, dtype, lens, nh, kvh, hd, bs, max_blocks)
+    return check_rope(device, dtype, k_pool, v_pool, batch, nh, kvh, hd, bs, max_blocks, sum(lens), **kw)[3]
 
 
 RAGGED_CASES = [          # lens, nh, kvh, hd, bs, blocks, sms

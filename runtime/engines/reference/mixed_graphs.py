@@ -97,7 +97,6 @@ class WholeMixed:
         # of the chunks alone [4 I each, laid out [4, I_key] from the start]
         split = (top, top, top, top + 1, S, S, S, 1, ITEM_FIELDS * I, ITEM_FIELDS * I)
         with torch.inference_mode():
-            self.dec_tokens = torch.zeros(e.max_batch_size + 1, e.max_draft_len + 1, dtype=torch.long, device=dev)
             self.inp = torch.zeros(sum(split), dtype=torch.long, device=dev)
             (self.in_tok, self.in_pos, self.in_write, self.in_nxt, self.in_last, self.in_at, self.in_last_slot,
              self.in_warm, self.in_items, self.in_citems) = self.inp.split(split)
@@ -209,11 +208,11 @@ class WholeMixed:
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
                 dec = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, bs)
-                self.dec_tokens[:B, 0].copy_(e.x[:B])                                    # pending tokens, then drafts
-                if T > 1:
+                if T > 1:                                                                # pending tokens, then drafts
                     D = e.draft_chain(B, T - 1)                                          # [B, K]
-                    self.dec_tokens[:B, 1:T].copy_(D)
-                self.tokens[:n].copy_(self.dec_tokens[:B, :T].reshape(-1))
+                    self.tokens[:n].copy_(torch.cat([e.x[:B, None], D], 1).reshape(-1))
+                else:
+                    self.tokens[:n].copy_(e.x[:B])
                 self.positions[:n].copy_(dec.positions)
                 self.write_index[:n].copy_(dec.write_index)
             self.tokens[n:Np].copy_(self.in_tok[:L])
@@ -319,7 +318,6 @@ class WholeMixed:
         """Buffers that make a warm-up or capture of `key` harmless: every token a pad token, every
         write into the scratch block (padding slot, no keep-warm), the work items laid out for the
         key (its decode rows and the pad's, on the padding slot)."""
-        self.dec_tokens.zero_()
         self.tokens.zero_()
         self.positions.zero_()
         self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)

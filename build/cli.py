@@ -57,7 +57,8 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="ENGINE_DIR", help="the engine dir (created; required unless --plan)")
     p.add_argument("--tp", type=int, default=8, help="tensor parallel ranks, as converted")
     add_schedule_args(p)
-    p.add_argument("--trtllm-version", default="1.2.1", help="TRT-LLM release the options are rendered for")
+    p.add_argument("--trtllm-version", default="1.2.1",
+                   help="TRT-LLM release the options are rendered for: 1.2.x (the default pin 1.2.1), 1.3.x or 1.4.x")
     p.add_argument("--max-batch-size", type=int, default=256, help="TRT-LLM's max_batch_size")
     p.add_argument("--max-seq-len", type=int, help="default: min(4096, the target's max_position_embeddings)")
     p.add_argument("--max-num-tokens", type=int, metavar="N",

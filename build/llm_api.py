@@ -19,6 +19,7 @@ Rendered for TRT-LLM 1.2.1, schedule "4:4,8:2" (max batch 64), capture layers (1
       eagle3_one_model: false             # 1.2.x: only the two-model drafter honours a schedule
       eagle3_layers_to_capture: [1, 39, 76]
       draft_len_schedule: {1: 4, 5: 2, 9: 0}
+Newer pins change only speculative_config (render_speculative_config).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from typing import Sequence
 
 import yaml
 
+from dynspec.build.trtllm_release import SpeculationGate, gate_options, release
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
+from dynspec.runtime.policy import DraftSchedule
 
 OPTIONS_FILE = "llm_api_options.yaml"
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's own default; also bounds one prefill chunk
@@ -49,6 +51,7 @@ class LlmApiSettings:
     max_seq_len: int
     kv_cache_fraction: float
     max_num_tokens: int | None = None   # None: max(8192, decode_tokens(...))
+    gate: SpeculationGate | None = None  # rendered under the release's own knob names (trtllm_release.py)
 
 
 def graph_batch_sizes(schedule: DraftSchedule, rendered: dict[int, int], max_batch_size: int) -> list[int]:
@@ -68,11 +71,12 @@ def graph_batch_sizes(schedule: DraftSchedule, rendered: dict[int, int], max_bat
 def decode_tokens(schedule: DraftSchedule, max_batch_size: int, version: str) -> int:
     """Most tokens one decode iteration feeds the target: max over b of b * (1 + K_eff(b)).
 
-    K_eff = K on 1.3.x. On 1.2.x the two-model drafter pads every drafting request to the
-    static max_draft_len for CUDA graphs, so K_eff = max_draft_len whenever K > 0.
+    K_eff = K on 1.3.x and 1.4.x (one-model graphs per (b, K)). On 1.2.x the two-model drafter
+    pads every drafting request to the static max_draft_len for CUDA graphs, so K_eff =
+    max_draft_len whenever K > 0.
     Example 1.2.x, "4:4,8:2", max batch 64: max(4*5, 8*5, 64*1) = 64.
     """
-    pad = trtllm_dialect(version) == "lower"
+    pad = release(version).dialect == "lower"
     best = 0
     for b in {*schedule.bounds, max_batch_size}:
         if b > max_batch_size:
@@ -83,20 +87,40 @@ def decode_tokens(schedule: DraftSchedule, max_batch_size: int, version: str) ->
     return best
 
 
-def render_options(target_dir: str, draft_dir: str, schedule: DraftSchedule,
-                   capture_layers: Sequence[int], s: LlmApiSettings) -> dict:
-    """The LLM-API options dict for one engine dir. Pure."""
-    dialect = trtllm_dialect(s.trtllm_version)
-    rendered = schedule.to_trtllm(s.trtllm_version)
+def rendered_schedule(schedule: DraftSchedule, version: str) -> dict[int, int]:
+    """The draft_len_schedule dict for `version`, in its release's dialect. "4:4,8:2":
+        1.2.1 -> {1: 4, 5: 2, 9: 0}      1.3.0 / 1.4.0 -> {4: 4, 8: 2}"""
+    rendered = schedule.to_trtllm(release(version).schedule_version)
+    return {int(k): int(v) for k, v in rendered.items()}
+
+
+def render_speculative_config(draft_dir: str, schedule: DraftSchedule, capture_layers: Sequence[int],
+                              version: str, gate: SpeculationGate | None = None) -> dict:
+    """speculative_config for `version`. Pure. The keys per release, "4:4,8:2", no gate:
+        1.2.x  decoding_type, max_draft_len, speculative_model_dir, eagle3_one_model (false),
+               eagle3_layers_to_capture, draft_len_schedule {1: 4, 5: 2, 9: 0}
+        1.3.x  the same without eagle3_one_model (one-model is the default), draft_len_schedule {4: 4, 8: 2}
+        1.4.x  as 1.3.x; eagle3_one_model is not a key there at all (PRs 17366, 18721)
+    A gate adds the release's two knobs (PR 12905 renamed them in 1.3)."""
+    rel = release(version)
     spec: dict = {
         "decoding_type": "Eagle3",
         "max_draft_len": schedule.max_draft_len,
         DRAFT_KEY: str(draft_dir),
     }
-    if dialect == "lower":
+    if rel.one_model_key == "false":
         spec["eagle3_one_model"] = False
     spec["eagle3_layers_to_capture"] = [int(i) for i in capture_layers]
-    spec["draft_len_schedule"] = {int(k): int(v) for k, v in rendered.items()}
+    spec["draft_len_schedule"] = rendered_schedule(schedule, version)
+    spec.update(gate_options(gate, rel))
+    return spec
+
+
+def render_options(target_dir: str, draft_dir: str, schedule: DraftSchedule,
+                   capture_layers: Sequence[int], s: LlmApiSettings) -> dict:
+    """The LLM-API options dict for one engine dir. Pure."""
+    spec = render_speculative_config(draft_dir, schedule, capture_layers, s.trtllm_version, s.gate)
+    rendered = spec["draft_len_schedule"]
     return {
         "model": str(target_dir),
         "backend": "pytorch",

@@ -7,16 +7,17 @@ shrinks and speculation resumes. How it happens differs by drafter (docs/design.
 - 1.2.x, two-model drafter (eagle3_one_model: false): PyExecutor turns spec decode off for the
   iteration and skips the drafter, while the draft KV cache still allocates each new token's
   position; on resume ModelDrafter feeds the draft only the newest token, no catch-up prefill.
-- 1.3.x, one-engine drafter: the skip-drafting path, as TRT-LLM PR 16888 describes it; the PR
-  (a floor of 1 on resolved draft lengths) is open, so no release carries it.
+- 1.3.x and 1.4.x, one-engine drafter: the skip-drafting path, as TRT-LLM PR 16888 describes it;
+  the PR (a floor of 1 on resolved draft lengths) is open, so no release carries it.
 
 Floor example, min_k=1, max_batch_size=64:
     tiers ((4, 4), (8, 2))  ->  ((4, 4), (8, 2), (64, 1))     K never reaches 0 up to 64
 """
 from __future__ import annotations
 
+from dynspec.build.trtllm_release import release
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
+from dynspec.runtime.policy import DraftSchedule
 
 # major.minor -> what happens to the draft while K = 0 on that release, and the source. Every
 # dialect dynspec renders has the trap.
@@ -34,13 +35,17 @@ STALE_DRAFT_TRAP = {
         "acceptance collapses",
         "TRT-LLM PR 16888, still open",
     ),
+    (1, 4): (
+        "every EAGLE-3 config runs one-engine (PRs 17366, 18721), and its drafter takes the skip-drafting path "
+        "while K=0: draft positions keep being allocated while nothing writes them, and when speculation resumes "
+        "the drafter attends to those uninitialized rows and acceptance collapses",
+        "TRT-LLM PR 16888, still open",
+    ),
 }
 
 
 def _release(version: str) -> tuple[int, int]:
-    trtllm_dialect(version)  # rejects unknown versions with a clear message
-    major, minor = (int(x) for x in version.split(".")[:2])
-    return major, minor
+    return release(version).series   # rejects unknown versions with a clear message
 
 
 def has_stale_draft_trap(version: str) -> bool:

@@ -66,9 +66,11 @@ class AcceptanceEstimate:
         """Decayed count of rows drafted at position 1 (how much the estimate rests on data)."""
         return self.trials[0]
 
-    def update(self, k: int, accepted: Sequence[int]) -> "AcceptanceEstimate":
+    def update(self, k: int, accepted: Sequence[int], row_k: Sequence[int] | None = None) -> "AcceptanceEstimate":
         """The estimate after one verify step at K with these per-row accepted counts (K=0 or no
-        rows: unchanged). Accepted counts beyond `positions` are clipped to it."""
+        rows: unchanged). Accepted counts beyond `positions` are clipped to it. row_k: each row's
+        own K_i (a per-request step); a row that accepted all K_i < K was not tried at K_i + 1.
+        k 3, accepted (1, 2), row_k (3, 2): position 1 tried 2, hit 2; 2: tried 2, hit 1; 3: none."""
         rows = len(accepted)
         if k <= 0 or rows == 0:
             return self
@@ -77,10 +79,21 @@ class AcceptanceEstimate:
         if not isinstance(accepted, (tuple, list)):
             accepted = tuple(accepted)
         hits, trials = [h * f for h in self.hits], [t * f for t in self.trials]   # positions past K: decay only
+        if row_k is not None and any(x != k for x in row_k):
+            stop = [n if n < kr else kr for n, kr in zip(accepted, row_k)]    # capped rows: counted as row_k
+            censored = [n >= kr for n, kr in zip(accepted, row_k)]
+        else:
+            stop, censored = accepted, None
         reached = rows                        # #rows with n_r >= j at position j + 1
         for j in range(depth):
             trials[j] += reached
-            reached -= accepted.count(j)      # C-level count, however many rows
+            ended = stop.count(j)             # C-level count, however many rows
+            if censored is not None:          # rows at their own K_i = j leave untried, not rejected
+                cut = sum(1 for s, c in zip(stop, censored) if c and s == j)
+                trials[j] -= cut
+                reached -= cut
+                ended -= cut
+            reached -= ended
             hits[j] += reached
         new = object.__new__(AcceptanceEstimate)        # same settings, new counts: no re-validation per step
         new.__dict__.update(prior=self.prior, positions=self.positions, half_life=self.half_life,

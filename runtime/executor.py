@@ -58,6 +58,8 @@ from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
 from dynspec.runtime.gc_heap import pause_seconds
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack, row_inputs
+from dynspec.runtime.per_request import RowDecision, RowInputs, RowPolicy
+from dynspec.runtime.row_table import RowTable
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
 from dynspec.runtime.policy import Policy, speculates
 
@@ -85,7 +87,7 @@ class IterationStats:
     iteration: int
     batch_size: int
     k: int
-    drafted: int            # b * K
+    drafted: int            # sum of the rows' K_i (b * K at one K)
     accepted: int           # accepted draft tokens, summed over rows
     emitted: int            # tokens appended to requests (after truncation at max/stop)
     seconds: float          # engine step wall time (includes the device sync)
@@ -94,7 +96,7 @@ class IterationStats:
     prefill_tokens: int = 0  # prompt tokens riding in the same forward
     end_s: float | None = None   # the executor's clock when the step's results were in
     # what chose K (runtime/adaptive.py): the estimate is kept under every policy
-    policy: str = "schedule"     # "schedule" | "adaptive"
+    policy: str = "schedule"     # "schedule" | "adaptive" | "per-request"
     context: float = 0.0         # mean KV length of the decode rows
     acceptance: tuple[float, ...] = ()   # a_1.. the estimate before this step
     predicted_gain: float | None = None  # adaptive: predicted speedup of K over plain decode
@@ -123,9 +125,27 @@ class RequestResult:
     submit_s: float
     first_token_s: float | None
     finish_s: float
+    accepted_drafts: int = 0     # draft tokens of this request the target accepted
+    drafted: int = 0             # draft tokens verified for it (sum of its K_i)
+    decode_steps: int = 0        # iterations it ran as a decode row
+
+    @property
+    def mean_k(self) -> float:
+        """Its mean draft length per decode iteration."""
+        return self.drafted / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted / drafted, None before it drafted."""
+        return self.accepted_drafts / self.drafted if self.drafted else None
 
 
 _DONE = object()
+
+
+def _policy_name(decision) -> str:
+    """What chose K: "per-request" (a RowDecision), "adaptive" (a Decision) or "schedule" (none)."""
+    return "per-request" if isinstance(decision, RowDecision) else "adaptive" if decision else "schedule"
 
 
 def _no_launch(plan: StepPlan) -> None:
@@ -158,6 +178,10 @@ class _Request:
     draft_warm: bool = True
     slot: int | None = None          # cache slot while admitted
     prefilled: int = 0               # prompt tokens already in the cache
+    accepted: int = 0                # its accepted drafts, drafted tokens, decode iterations (RequestResult)
+    drafted: int = 0
+    decode_steps: int = 0
+    idle: int = 0                    # iterations since it last drafted (row policies' probes)
     chunks: "queue.SimpleQueue" = field(default_factory=queue.SimpleQueue)   # C-implemented: one put per row per step
 
     @property
@@ -221,7 +245,7 @@ class RequestHandle:
         if r.finish_reason is None:
             raise RuntimeError(f"request {r.id} has not finished")
         return RequestResult(r.id, len(r.prompt), tuple(r.out), r.finish_reason, r.submit_s, r.first_token_s,
-                             r.finish_s)
+                             r.finish_s, r.accepted, r.drafted, r.decode_steps)
 
 
 class Executor:
@@ -266,7 +290,7 @@ class Executor:
         else:
             self._step = self._step_deferred if self._defer else self._step_serial
             self._begin, self._advance = _no_launch, self._advance_folded
-        self._pending: tuple | None = None         # (k, accepted, calibration slot or None, measured ms, predicted ms)
+        self._pending: tuple | None = None         # (k, accepted, row_k or None, calibration slot or None, measured ms, predicted ms)
         self._clock = clock
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
@@ -282,6 +306,8 @@ class Executor:
         self._prev_k = 0                           # K of the last iteration with decode rows
         self._since_spec = 0                       # iterations with rows since the last one at K > 0
         self._probes = 0                           # probes since the last speculative step that was not one
+        # each request's own acceptance counts by slot (a row policy's inputs: runtime/row_table.py)
+        self._row_table = RowTable(engine.max_batch_size + 1, max(engine.max_draft_len, 1))
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -439,7 +465,10 @@ class Executor:
             rin = self._row_inputs(rows, prev)            # planning's, shared with make_plan
             tp0 = self._clock()
             rates = self._estimate.rates() if b else ()
-            k, decision, context, scale = self._decide(rin.context, rates)
+            if isinstance(self.policy, RowPolicy):
+                k, decision, context, scale = self._decide_rows(rows, rin.context, rates)
+            else:
+                k, decision, context, scale = self._decide(rin.context, rates)
             t_policy = self._clock() - tp0
             hidden = self._async and prev is not None      # overlapped: i is running meanwhile
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
@@ -457,6 +486,7 @@ class Executor:
                 from_device=rin.from_device,
                 carry=self._overlapped,
                 draft=self.draft,
+                row_k=decision.ks if isinstance(decision, RowDecision) else None,
             )
             t1 = self._clock()
             handle = self._begin(plan)
@@ -534,20 +564,28 @@ class Executor:
                     emitted += self._append(req, (first,), t2)
         decision = launched.decision
         if b:
+            self._row_table.update(plan.slots, plan.row_k, result.accepted)
+            for req, ki, a in zip(rows, plan.row_k, result.accepted):
+                req.accepted += a
+                req.drafted += ki
+                req.decode_steps += 1
+                req.idle = 0 if ki else req.idle + 1
             slot = None
-            if decision and decision.predicted_ms and not plan.chunks and self._calibration is not None:
+            if (decision and decision.predicted_ms and not plan.chunks and not plan.per_row
+                    and self._calibration is not None):
                 slot = self._calibration.slot(k, plan.keep_warm, True in plan.stale)
-            self._pending = (k, result.accepted, slot, seconds * 1e3, decision.predicted_ms if decision else None)
+            self._pending = (k, result.accepted, plan.row_k if plan.per_row else None, slot, seconds * 1e3,
+                             decision.predicted_ms if decision else None)
             if not self._defer:
                 t = self._apply_pending()
                 update_s += t
                 update_exposed_s += 0.0 if hidden else t
         gc_now = pause_seconds()
         gc_s, self._gc_mark = gc_now - self._gc_mark, gc_now
-        st = IterationStats(self._iterations, b, k, b * k, sum(result.accepted), emitted, seconds,
+        st = IterationStats(self._iterations, b, k, plan.decode_tokens - b, sum(result.accepted), emitted, seconds,
                             launched.t1 - launched.t0,
                             decode_rows=b, prefill_tokens=plan.prefill_tokens, end_s=t2,
-                            policy="adaptive" if decision else "schedule", context=launched.context,
+                            policy=_policy_name(decision), context=launched.context,
                             acceptance=launched.rates,
                             predicted_gain=decision.gain if decision else None,
                             probe=bool(decision and decision.probe),
@@ -567,9 +605,9 @@ class Executor:
         if self._pending is None:
             return 0.0
         t = self._clock()
-        k, accepted, slot, measured_ms, predicted_ms = self._pending
+        k, accepted, row_k, slot, measured_ms, predicted_ms = self._pending
         self._pending = None
-        self._estimate = self._estimate.update(k, accepted)
+        self._estimate = self._estimate.update(k, accepted, row_k)
         if slot is not None:
             self._calibration = self._calibration.update(slot, measured_ms, predicted_ms)
         return self._clock() - t
@@ -596,6 +634,23 @@ class Executor:
             raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{eng.max_draft_len}")
         return cap_k(k, b, eng.max_num_tokens), None, context, ()
 
+    def _decide_rows(self, rows: Sequence[_Request], positions: Sequence[int],
+                     rates: tuple[float, ...]) -> tuple[int, RowDecision | None, float, tuple[float, ...]]:
+        """A row policy's (max K_i, its RowDecision, mean context, no cost scales): each row's rates
+        are its own counts shrunk toward the pool (row_table.py)."""
+        b = len(rows)
+        if not b:
+            return 0, None, 0.0, ()
+        eng = self.engine
+        context = sum(positions) / b
+        slots = [r.slot for r in rows]
+        d = self.policy.decide_rows(RowInputs(
+            b, context, rates, self._row_table.rates(slots, rates, self.policy.shrinkage),
+            [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm))
+        if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
+            raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
+        return d.k, d, context, ()
+
     def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[_Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
         ones, admitted while a slot, their blocks and a decode row at K=0 are free."""
@@ -616,6 +671,7 @@ class Executor:
                     break                         # blocks are short: wait for a retirement
                 self._waiting.popleft()
                 req.slot = slot
+                self._row_table.reset(slot)
                 self._prefilling.append(req)
         reqs = list(self._prefilling)
         sizes = chunk_sizes(left, [len(r.prompt) - r.prefilled for r in reqs])

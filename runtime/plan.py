@@ -2,7 +2,9 @@
 that shape an iteration under the token budget `max_num_tokens`.
 
 K is decided once, from b = the number of decode rows, before anything is shaped. Each decode
-row carries K+1 tokens; prompt chunks take what is left of the budget.
+row carries K+1 tokens; prompt chunks take what is left of the budget. A per-request policy gives
+each row its own K_i <= K (`row_k`; K = max K_i): row i verifies at most K_i drafts and accepts
+at most K_i of them (docs/design.md, "Per-request draft length").
 
 Worked example, budget 16, decode rows b=3 at lengths (5, 9, 7), policy(3) = 4, a 20-token
 prompt waiting:
@@ -56,12 +58,20 @@ class StepPlan:
                                     # chunk's first token and P) to the engine's per-slot copy
     draft: bool = True              # False: the target alone (a policy that never drafts): no draft
                                     # pass over prompt chunks, no draft state kept
+    row_k: tuple[int, ...] = ()     # [b] each row's own K_i <= k (a per-request policy); default all k
 
     def __post_init__(self) -> None:
         if not self.slots:
             object.__setattr__(self, "slots", tuple(range(self.batch_size)))
         if not self.from_device:
             object.__setattr__(self, "from_device", (False,) * self.batch_size)
+        if not self.row_k:
+            object.__setattr__(self, "row_k", (self.k,) * self.batch_size)
+
+    @property
+    def per_row(self) -> bool:
+        """Rows at different K (some K_i < k)."""
+        return any(k != self.k for k in self.row_k)
 
     @property
     def carried_rows(self) -> int:
@@ -74,7 +84,8 @@ class StepPlan:
 
     @property
     def decode_tokens(self) -> int:
-        return self.batch_size * (self.k + 1)
+        """Verify tokens of the decode rows: sum of K_i + 1 (b x (K+1) at one K)."""
+        return sum(self.row_k) + self.batch_size
 
     @property
     def prefill_tokens(self) -> int:
@@ -158,11 +169,16 @@ def make_plan(
     from_device: Sequence[bool] | None = None,
     carry: bool = False,
     draft: bool = True,
+    row_k: Sequence[int] | None = None,
 ) -> StepPlan:
     """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks.
     from_device / carry: the overlapped loop's rows carried on the device (module docstring).
-    draft False: K must be 0 and keep_warm False (the target alone)."""
+    draft False: K must be 0 and keep_warm False (the target alone).
+    row_k: each row's K_i (a per-request policy), K = max(row_k); None: every row at K."""
     b = len(positions)
+    row_k = (k,) * b if row_k is None or not b else tuple(int(x) for x in row_k)
+    if b and (len(row_k) != b or min(row_k) < 0 or max(row_k) != k):
+        raise ValueError(f"row_k {row_k} must give each of the {b} rows a K_i in 0..K with max K = {k}")
     slots = tuple(range(b)) if slots is None else tuple(slots)
     from_device = (False,) * b if from_device is None else tuple(bool(f) for f in from_device)
     if not (b == len(pending) == len(stale) == len(slots) == len(from_device)):
@@ -185,4 +201,5 @@ def make_plan(
         from_device=from_device,
         carry=carry,
         draft=draft,
+        row_k=row_k,
     )

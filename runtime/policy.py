@@ -58,7 +58,7 @@ class Policy(Protocol):
 
 
 # major.minor -> meaning of the keys of `draft_len_schedule`.
-TRTLLM_DIALECTS = {(1, 2): "lower", (1, 3): "upper"}
+TRTLLM_DIALECTS = {(1, 2): "lower", (1, 3): "upper", (1, 4): "upper"}   # build/trtllm_release.py
 
 # TRT-LLM keeps batch sizes in SizeType32 (int32), so no runtime batch exceeds 2**31 - 1; it is
 # also the open end vLLM itself uses for unbounded ranges (_CTX_INFINITY in the file cited at

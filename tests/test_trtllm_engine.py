@@ -228,6 +228,18 @@ def test_open_passes_the_engine_dir_options(fake_trtllm, engine_dir):
     assert FakeLLM.instances[-1].closed
 
 
+def test_open_refuses_per_request_k_before_starting_an_llm(fake_trtllm, engine_dir):
+    """TRT-LLM decides one K per iteration (docs/design.md, "Per-request draft length on TensorRT-LLM")."""
+    from dynspec.runtime.engines.trtllm import TrtllmEngine
+
+    before = len(FakeLLM.instances)
+    with pytest.raises(DynspecError, match="per-request draft length is a reference-engine feature: TRT-LLM 1.2.1"):
+        TrtllmEngine.open(engine_dir, granularity="request")
+    assert len(FakeLLM.instances) == before
+    TrtllmEngine.open(engine_dir, granularity="batch").close()
+    assert len(FakeLLM.instances) == before + 1
+
+
 def test_load_options_keeps_the_draft_key_the_yaml_uses(engine_dir, tmp_path):
     """An options file edited to the post-PR-10099 name keeps that one key; both keys never appear."""
     import shutil

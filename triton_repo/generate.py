@@ -18,7 +18,8 @@ from dynspec.build.engine_dir import options_file
 from dynspec.build.llm_api import read_options
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import DraftSchedule, trtllm_dialect
+from dynspec.build.trtllm_release import release
+from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.fill import fill_tree, pbtxt_string
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -84,14 +85,12 @@ def rendered_speculative_config(cfg: EngineConfig) -> dict | None:
     sched = cfg.schedule
     if not sched.tiers:
         return None
-    one_model = trtllm_dialect(cfg.trtllm_version) == "upper"
-    return {
-        "decoding_type": "Eagle3",
-        "max_draft_len": sched.max_draft_len,
-        "speculative_model_dir": cfg.draft_dir,
-        "eagle3_one_model": one_model,
-        "draft_len_schedule": sched.to_trtllm(cfg.trtllm_version),
-    }
+    spec = {"decoding_type": "Eagle3", "max_draft_len": sched.max_draft_len, "speculative_model_dir": cfg.draft_dir}
+    key = release(cfg.trtllm_version).one_model_key      # build/trtllm_release.py: per release
+    if key != "rejected":                                  # 1.4 takes no eagle3_one_model key (PR 17366)
+        spec["eagle3_one_model"] = key != "false"
+    spec["draft_len_schedule"] = sched.to_trtllm(cfg.trtllm_version)
+    return spec
 
 
 def _check_schedule(spec: Mapping, cfg: EngineConfig, where: str) -> None:

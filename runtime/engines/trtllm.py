@@ -6,6 +6,10 @@ per-iteration record {b, K, drafted, accepted} that the reference engine's execu
 
 `import tensorrt_llm` happens in `TrtllmEngine.start` only; nothing else here needs it.
 
+K is one value per iteration for the whole batch on every TRT-LLM release dynspec renders for
+(1.2.x-1.4.x, both drafter paths; docs/design.md, "Per-request draft length on TensorRT-LLM"), so
+a per-request K is a reference-engine feature: `check_draft_granularity` refuses it here.
+
 One `LLM.get_stats()` entry (C++ IterationStats as JSON; 1.2-era builds may hand back the JSON
 string instead of the dict) + the DraftLengths the LLM was started with -> one IterationStats,
 by `iteration_record`, the one parser of these entries in dynspec (the engine and
@@ -49,6 +53,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 from dynspec.build.llm_api import DRAFT_KEY, DRAFT_KEYS, read_options
+from dynspec.build.trtllm_release import release
 from dynspec.config import EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.executor import IterationStats
@@ -80,7 +85,28 @@ def draft_lengths(options: Mapping, version: str) -> DraftLengths:
     sched = spec.get("draft_len_schedule")
     if sched is None:
         return DraftLengths(DraftSchedule.static(kmax, MAX_BATCH_SIZE), kmax)
-    return DraftLengths(DraftSchedule.from_trtllm(sched, version), kmax)
+    return DraftLengths(DraftSchedule.from_trtllm(sched, release(version).schedule_version), kmax)
+
+
+# How many draft lengths one iteration may carry: "batch" (one K for every decode row) or
+# "request" (a K per row, the reference engine's ragged verify).
+DRAFT_GRANULARITIES = ("batch", "request")
+
+
+def check_draft_granularity(granularity: str, version: str) -> None:
+    """Refuse what TRT-LLM `version` cannot run. Pure.
+        ("batch", "1.2.1")   -> None
+        ("request", "1.4.0") -> DynspecError naming the reason and the engine that can"""
+    rel = release(version)
+    if granularity not in DRAFT_GRANULARITIES:
+        raise DynspecError(f"draft length granularity {granularity!r} is not one of {list(DRAFT_GRANULARITIES)}")
+    if granularity == "request":
+        raise DynspecError(
+            f"per-request draft length is a reference-engine feature: TRT-LLM {version} ({rel.name}) decides one K "
+            f"per iteration for the whole batch and pads every request's drafts to it (PyExecutor "
+            f"max_total_draft_tokens / runtime_draft_len, Drafter.pad_draft_tokens_for_cuda_graph); run this "
+            f"engine dir with the reference engine, or with granularity 'batch'"
+        )
 
 
 def load_options(engine_dir: str | Path) -> tuple[EngineConfig, dict]:
@@ -209,16 +235,18 @@ class TrtllmEngine:
         self._stats: list[IterationStats] = []
 
     @classmethod
-    def open(cls, engine_dir: str | Path, **overrides) -> "TrtllmEngine":
+    def open(cls, engine_dir: str | Path, granularity: str = "batch", **overrides) -> "TrtllmEngine":
         """LLM(**options) for engine_dir; overrides replace top-level option keys."""
         cfg, options = load_options(engine_dir)
         options.update(overrides)
-        return cls.start(options, cfg)
+        return cls.start(options, cfg, granularity)
 
     @classmethod
-    def start(cls, options: Mapping, config: EngineConfig) -> "TrtllmEngine":
+    def start(cls, options: Mapping, config: EngineConfig, granularity: str = "batch") -> "TrtllmEngine":
         """LLM(**options) for LLM-API options as written in llm_api_options.yaml (with "model");
-        no speculative_config runs the target alone."""
+        no speculative_config runs the target alone. granularity "request" is refused before
+        anything is imported or started (check_draft_granularity)."""
+        check_draft_granularity(granularity, config.trtllm_version)
         try:
             import tensorrt_llm
             from tensorrt_llm import LLM, SamplingParams

@@ -184,14 +184,15 @@ class ReferenceEngine:
         self.draft_hidden = torch.zeros(n, draft.config.hidden_size, dtype=p.dtype, device=dev)   # [S, h_draft]
         self.last_capture = torch.zeros(n, fused, dtype=p.dtype, device=dev)   # [S, n_capture*h_target]
         # static step inputs / outputs per decode row (also the CUDA-graph I/O). The inputs are the
-        # rows of one [6, R] tensor, filled from a pinned host twin in one copy a step:
+        # rows of one [7, R] tensor, filled from a pinned host twin in one copy a step:
         #   x [R] pending tokens | pos [R] their positions | slot [R] their slots |
         #   from_dev [R] 1: take x, pos from the carried copy | last_slot, last_pos [R]: the last
-        #   chunks' slots and prompt lengths (carry.py; the last three only for carried plans)
-        self.step_in = torch.zeros(6, n, dtype=torch.long, device=dev)
-        self.x, self.pos, self.slot, self.from_dev, self.last_slot, self.last_pos = self.step_in
-        self._host_in = torch.zeros(6, n, dtype=torch.long, pin_memory=on_cuda)
-        self._host_np = self._host_in.numpy()         # [6, R], shares its memory
+        #   chunks' slots and prompt lengths (carry.py; the last three only for carried plans) |
+        #   row_k [R] the most drafts each row may accept (plan.row_k; K for padding rows)
+        self.step_in = torch.zeros(7, n, dtype=torch.long, device=dev)
+        self.x, self.pos, self.slot, self.from_dev, self.last_slot, self.last_pos, self.row_k = self.step_in
+        self._host_in = torch.zeros(7, n, dtype=torch.long, pin_memory=on_cuda)
+        self._host_np = self._host_in.numpy()         # [7, R], shares its memory
         # the carried copy per slot (carry.py): next pending token and its position
         self.slot_tok = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
         self.slot_pos = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
@@ -356,6 +357,7 @@ class ReferenceEngine:
         h = self._host_np
         h[0, :b], h[1, :b], h[2, :b], h[3, :b] = plan.pending, plan.positions, plan.slots, plan.from_device
         h[0, b:], h[1, b:], h[2, b:], h[3, b:] = 0, 1, self.pad_slot, 0
+        h[6, :b], h[6, b:] = plan.row_k, plan.k
         if plan.carry:
             slots, lens = last_chunk_rows(plan)
             h[4, :len(slots)], h[5, :len(slots)] = slots, lens
@@ -446,6 +448,8 @@ class ReferenceEngine:
     def accept(self, D, g):
         """drafts D [B, K] of rows 0..B-1, target greedy g [B, K+1] -> (accepted n [B], tokens
         E [B, K+1]): E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1].
+        n <= row_k[r]: a row at K_r < K takes the target's token at index K_r at the latest, which
+        followed only accepted drafts (lossless; the drafts past K_r are verified and dropped).
         Bernoulli models: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p of the
         row's request (slot_p[slot], set from rate_of(model, key))."""
         B, K = D.shape
@@ -454,6 +458,7 @@ class ReferenceEngine:
         u = draft_uniforms(self.accept_seed, self.slot_key[slot], self.pos[:B, None] + steps[None, 1:])
         rand = u < self.slot_p[slot][:, None]                                            # [B, K]
         n = accepted_prefix(torch.where(self.bernoulli, rand, D == g[:, :K]))           # [B]
+        n = torch.minimum(n, self.row_k[:B])          # row r accepts at most its own K_r (plan.row_k)
         return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
 
     def _speculate(self, B: int, K: int, read) -> None:
@@ -616,6 +621,7 @@ class ReferenceEngine:
         self.x.zero_()
         self.pos.fill_(1)
         self.slot.fill_(self.pad_slot)
+        self.row_k.fill_(self.max_draft_len)
 
     def _table(self, slot: int) -> tuple[int, ...]:
         """The slot's block table on the host; a slot without blocks (the padding slot) has its

@@ -1,0 +1,350 @@
+"""Per-request draft length: each decode row i gets its own K_i, decided once per iteration.
+
+Three pure parts (numpy, no torch):
+
+1. RowAcceptance: one request's per-position hit/trial counts, its rates shrunk toward the pool's
+       r_j = (hits_j + w * prior_j) / (trials_j + w)
+   prior 0.6, w 4, a row with 10 trials and 9 hits at position 1: (9 + 2.4) / 14 = 0.814; with no
+   counts it is the prior, with many it is its own 9/10. `shrunk_rates` does the same for [b, L]
+   count arrays at once.
+
+2. SplitCost: the step's time split into verify tokens and chain depth,
+       ms(V, m) = f(V) + chain(m)      V = sum_i (K_i + 1) tokens verified, m = max_i K_i
+   f(n) = the plain target step (CostModel's decode_ms, else K=0) at batch size n, interpolated in
+   b and context as CostModel does, the last segment extended past the profiled b (slope >= 0);
+   chain(m) = ms_uniform(b, m) - f(b * (m + 1)), chain(0) the keep-warm cost at K=0. At K_i = m for
+   every row, ms(b(m+1), m) = ms_uniform(b, m): the profiled table, exactly. ms is floored at the
+   cheapest profiled step at b (SplitCost.floor_ms), so a split gone negative prices nothing at <= 0.
+   Example, f(n) = 10 + 0.5 n, b = 3, ms_uniform(3, K) = 12.0, 14.0, 16.5 for K = 0, 1, 2:
+       chain = 12.0 - f(3), 14.0 - f(6), 16.5 - f(9) = 0.5, 1.0, 2.0
+       K = (2, 2, 0): ms(7, 2) = f(7) + 2.0 = 15.5     (uniform K=2 verifies 9 tokens: 16.5)
+
+3. allocate: maximise sum_i E_i(K_i) / ms(V, m), E_i(k) = 1 + sum_{j<=k} g_ij, g_ij = prod_{l<=j} r_il.
+   g_ij falls with j within a row, so the best c positions of depth <= m are the top c gains in
+   row-prefix order; for each m the sorted gains are scanned for every c with cumsums, each
+   candidate priced at its own deepest position. Exact (any f) when chain(m) does not fall with
+   m. Where it falls (chain(m) < chain(d), d < m: noise), a set of depth exactly m with fewer
+   positions than the first top-c prefix reaching m is no prefix; those are scanned too, row q at
+   K=m for the FORCED_ROWS rows of largest g_qm (exact for b <= FORCED_ROWS; beyond, the best
+   forced row may be missed), and only when a bound says they can win.
+   Worked example, the f and chain above, rates (0.9, 0.9), (0.5, 0.5), (0.1, 0.1):
+       gains, sorted: .9 (row 0, j 1), .81 (0, 2), .5 (1, 1), .25 (1, 2), .1 (2, 1), .01 (2, 2)
+       c   ks         E      ms                    E / ms
+       0   (0, 0, 0)  3      f(3) + 0.5  = 12.0   .250    (plain decode, 11.5 ms: .261)
+       2   (1, 1, 0)  4.4    f(5) + 1.0  = 13.5   .326    (best at m = 1)
+       4   (2, 2, 0)  5.46   f(7) + 2.0  = 15.5   .352    <- chosen
+       5   (2, 2, 1)  5.56   f(8) + 2.0  = 16.0   .348    (row 2's .1 is not worth 0.5 ms)
+       6   (2, 2, 2)  5.57   f(9) + 2.0  = 16.5   .338    (uniform K=2; uniform K=1: 4.5 / 14 = .321)
+   Guarantees: K_i <= cap, V <= token_budget, and all zeros (plain decode) when b / decode_ms is
+   at least the best. probe_rows at K=0 get K=1 afterwards (within the budget, priced in).
+   Host time, b=256, cap 4, 2-core CPU host busy with other jobs (not asserted):
+       >>> cost = SplitCost.at(cost_model, 256, 1024)      # ~50 us
+       >>> allocate(rates, cost, 4, 4096, cost.decode_ms)  # ~150 us (rates [256, 4])
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.adaptive import expected_tokens
+from dynspec.runtime.cost_model import CostModel, _segment
+
+
+# ---- 1. shrinkage ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowAcceptance:
+    """One request's counts per draft position j = 1..L (conditional: j is tried after j-1 hit)."""
+    hits: tuple[float, ...]          # [L]
+    trials: tuple[float, ...]        # [L]
+
+    def __post_init__(self) -> None:
+        h, t = tuple(self.hits), tuple(self.trials)
+        if not h or len(h) != len(t):
+            raise DynspecError(f"row acceptance: hits ({len(h)}) and trials ({len(t)}) need the same "
+                               f"length >= 1 (max_draft_len)")
+        for name, xs in (("hits", h), ("trials", t)):
+            for j, x in enumerate(xs):
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+                    raise DynspecError(f"row acceptance: {name}[{j}] = {x!r} is not a finite count >= 0")
+        for j, (x, n) in enumerate(zip(h, t)):
+            if x > n:
+                raise DynspecError(f"row acceptance: hits[{j}] = {x} exceeds trials[{j}] = {n}")
+        object.__setattr__(self, "hits", tuple(float(x) for x in h))
+        object.__setattr__(self, "trials", tuple(float(x) for x in t))
+
+    @classmethod
+    def empty(cls, max_draft_len: int) -> "RowAcceptance":
+        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
+            raise DynspecError(f"row acceptance: max_draft_len {max_draft_len!r} is not an integer >= 1")
+        return cls((0.0,) * max_draft_len, (0.0,) * max_draft_len)
+
+    def update(self, k: int, accepted: int) -> "RowAcceptance":
+        """After drafting k and accepting n: trials at 1..min(n+1, k), hits at 1..n.
+        k=3, n=1: trials += (1, 1, 0), hits += (1, 0, 0); k=3, n=3: both += (1, 1, 1)."""
+        L = len(self.hits)
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= L:
+            raise DynspecError(f"row acceptance update: k {k!r} is not an integer in 0..{L}")
+        if isinstance(accepted, bool) or not isinstance(accepted, int) or not 0 <= accepted <= k:
+            raise DynspecError(f"row acceptance update: accepted {accepted!r} is not an integer in 0..k={k}")
+        tried = min(accepted + 1, k)
+        return RowAcceptance(tuple(x + (j < accepted) for j, x in enumerate(self.hits)),
+                             tuple(x + (j < tried) for j, x in enumerate(self.trials)))
+
+    def rates(self, prior: Sequence[float], weight: float) -> tuple[float, ...]:
+        """[L] conditional rates shrunk toward the pooled `prior` with `weight` pseudo-trials."""
+        p, w = _check_prior(prior, weight, len(self.hits))
+        return tuple((h + w * a) / (n + w) for h, n, a in zip(self.hits, self.trials, p))
+
+
+def shrunk_rates(hits: np.ndarray, trials: np.ndarray, prior: Sequence[float], weight: float) -> np.ndarray:
+    """RowAcceptance.rates for every row: hits, trials [b, L] -> rates [b, L]."""
+    h, n = np.asarray(hits, dtype=float), np.asarray(trials, dtype=float)
+    if h.ndim != 2 or h.shape != n.shape:
+        raise DynspecError(f"shrunk rates: hits {h.shape} and trials {n.shape} must both be [b, L]")
+    if not (np.all(np.isfinite(n)) and np.all(h >= 0) and np.all(h <= n)):
+        raise DynspecError("shrunk rates: counts must be finite with 0 <= hits <= trials")
+    p, w = _check_prior(prior, weight, h.shape[1])
+    return (h + w * np.asarray(p)) / (n + w)
+
+
+def _check_prior(prior: Sequence[float], weight: float, L: int) -> tuple[tuple[float, ...], float]:
+    p = tuple(prior)
+    if len(p) != L:
+        raise DynspecError(f"row acceptance: prior has {len(p)} positions, the counts {L}")
+    for j, a in enumerate(p):
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+            raise DynspecError(f"row acceptance: prior[{j}] = {a!r} is not a rate in [0, 1]")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+        raise DynspecError(f"row acceptance: weight {weight!r} is not a finite number > 0")
+    return tuple(float(a) for a in p), float(weight)
+
+
+# ---- 2. step cost ---------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class SplitCost:
+    """ms(V, m) = max(f(V) + chain(m), floor_ms) at one (b, context); see the module docstring.
+    floor_ms, the cheapest profiled step at b, only bites where the split goes below it (a profile
+    in which a K > 0 step verifies its tokens for less than f charges); the table is kept exactly."""
+    b: int
+    context: float
+    f_ms: np.ndarray                 # [b * (max K + 1) + 1] plain step at n = 0.. tokens (read-only)
+    chain_ms: np.ndarray             # [max K + 1] chain(m); inf where K=m was not profiled
+    uniform_ms: tuple[float, ...]    # ms_uniform(b, K) for K in draft_lens
+    draft_lens: tuple[int, ...]
+    decode_ms: float | None          # plain step without keep-warm at b (None: not profiled)
+    floor_ms: float
+    extrapolated: bool = False       # the row at (b, context), or f up to b * (max K + 1), left the profile
+
+    @classmethod
+    def at(cls, cost_model: CostModel, b: int, context: float) -> "SplitCost":
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise DynspecError(f"split cost: batch size {b!r} is not an integer >= 1")
+        uniform, decode, extrap = cost_model.row(b, context)
+        ks, top = cost_model.draft_lens, b * (cost_model.draft_lens[-1] + 1)
+        f = _plain_curve(cost_model, np.arange(top + 1, dtype=float), context)
+        chain = np.full(ks[-1] + 1, np.inf)
+        for k, ms in zip(ks, uniform):
+            chain[k] = ms - f[b * (k + 1)]
+        f.flags.writeable = chain.flags.writeable = False
+        floor = min(float(f[b]), min(uniform))
+        return cls(b, float(context), f, chain, tuple(uniform), ks, decode, floor,
+                   extrap or top > cost_model.batch_sizes[-1])
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.chain_ms) - 1
+
+    def ms(self, verify_tokens: int, depth: int) -> float:
+        """Predicted step ms at V verify tokens, deepest chain m (inf: m not profiled)."""
+        if not 0 <= depth <= self.max_depth or not self.b + depth <= verify_tokens <= self.b * (depth + 1):
+            raise DynspecError(f"split cost: V={verify_tokens}, m={depth} is not a step of b={self.b} rows "
+                               f"(b + m <= V <= b(m+1), m in 0..{self.max_depth})")
+        return self.step_ms(verify_tokens, depth)
+
+    def step_ms(self, verify_tokens: int, depth: int) -> float:
+        """ms without the argument check."""
+        return max(float(self.f_ms[verify_tokens] + self.chain_ms[depth]), self.floor_ms)
+
+
+def _plain_curve(cm: CostModel, ns: np.ndarray, context: float) -> np.ndarray:
+    """f(n) for every n in ns [N]: CostModel.row's interpolation of decode_ms (else K=0), vectorised."""
+    grid = cm.decode if cm.decode is not None else tuple(tuple(r[0] for r in t) for t in cm.ms)
+    xs = np.asarray(cm.batch_sizes, dtype=float)
+    (ci, ct), _ = _segment(cm.context_lens, float(context), "context")
+
+    def in_b(ys: Sequence[float]) -> np.ndarray:
+        if len(xs) == 1:
+            return np.full(ns.shape, float(ys[0]))
+        i = np.clip(np.searchsorted(xs, ns, side="right") - 1, 0, len(xs) - 2)
+        t = np.maximum((ns - xs[i]) / (xs[i + 1] - xs[i]), 0.0)
+        y = np.asarray(ys, dtype=float)
+        return _lerp(y[i], y[i + 1], t)
+
+    y0 = in_b(grid[ci])
+    return _lerp(y0, in_b(grid[ci + 1]), ct) if ct else y0
+
+
+def _lerp(y0: np.ndarray, y1: np.ndarray, t) -> np.ndarray:
+    """cost_model._lerp elementwise: past y1 (t > 1) the slope is floored at 0."""
+    return np.where(t <= 1.0, y0 + t * (y1 - y0), y1 + (t - 1.0) * np.maximum(0.0, y1 - y0))
+
+
+# ---- 3. allocation --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Allocation:
+    ks: tuple[int, ...]              # [b] K_i
+    expected_tokens: float           # sum_i E_i(K_i)
+    predicted_ms: float              # ms(V, m), or decode_ms for plain decode
+    tokens_per_ms: float
+    reason: str = "best"             # "best" | "plain decode" (b / decode_ms >= the best) | "probe"
+    probed: tuple[int, ...] = ()     # rows raised from K=0 to K=1 by probe_rows
+
+    @property
+    def verify_tokens(self) -> int:
+        return sum(self.ks) + len(self.ks)
+
+    @property
+    def depth(self) -> int:
+        return max(self.ks, default=0)
+
+
+def allocate(rates: np.ndarray, cost: SplitCost, cap: int, token_budget: int,
+             decode_ms: float | None = None, probe_rows: Sequence[int] = ()) -> Allocation:
+    """The K vector maximising predicted tokens per ms (module docstring, part 3).
+    rates [b, L] per-row conditional rates, L >= cap; cap above the profiled K is lowered to it.
+    Probes: the optimisation keeps one verify token per probe row in reserve (as far as the budget
+    allows), then the probe rows still at K=0 take K=1 in the order given."""
+    r = _check_rates(rates, cost.b, cap)
+    b, cap = cost.b, min(cap, cost.max_depth)
+    if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < b:
+        raise DynspecError(f"allocate: token_budget {token_budget!r} is below b={b} (one token per row)")
+    if decode_ms is not None and not (isinstance(decode_ms, (int, float)) and 0 < decode_ms < math.inf):
+        raise DynspecError(f"allocate: decode_ms {decode_ms!r} is not a positive number of ms")
+    probes = tuple(dict.fromkeys(_check_probes(probe_rows, b))) if cap >= 1 else ()
+    ks, tokens, ms = _search(r, cost, cap, token_budget - min(len(probes), token_budget - b))
+    reason = "best"
+    if decode_ms is not None and b / decode_ms >= tokens / ms:
+        ks, tokens, ms, reason = np.zeros(b, dtype=np.int64), float(b), float(decode_ms), "plain decode"
+    room = token_budget - b - int(ks.sum())
+    raised = tuple(i for i in probes if ks[i] == 0)[:max(room, 0)]
+    if raised:
+        ks = ks.copy()
+        ks[list(raised)] = 1
+        depth = int(ks.max())
+        if not math.isfinite(cost.chain_ms[depth]):
+            raise DynspecError(f"allocate: probes need K={depth} profiled (profiled K: {list(cost.draft_lens)})")
+        tokens = tokens + float(r[list(raised), 0].sum())
+        ms, reason = cost.ms(b + int(ks.sum()), depth), "probe"
+    return Allocation(tuple(ks.tolist()), float(tokens), float(ms), float(tokens / ms), reason, raised)
+
+
+FORCED_ROWS = 16      # rows tried at the full depth m where chain(m) is below a shallower chain(d)
+
+
+def _search(r: np.ndarray, cost: SplitCost, cap: int, budget: int) -> tuple[np.ndarray, float, float]:
+    """(ks [b], expected tokens, ms) of the best top-c prefix over depths m = 1..cap and all zeros,
+    and of the forced sets (_forced) where chain falls with m."""
+    b = r.shape[0]
+    zero = cost.step_ms(b, 0)
+    best = (b / zero, 0, 0, float(b), zero, None)          # (tokens/ms, m, c, E, ms, forced ks or None)
+    if cap == 0 or budget <= b:
+        return np.zeros(b, dtype=np.int64), best[3], best[4]
+    g2 = np.cumprod(r[:, :cap], axis=1)                            # [b, cap] gains g_ij
+    order = np.argsort(-g2.ravel(), kind="stable")                 # descending; ties keep j ascending
+    gs, js, rows = g2.ravel()[order], order % cap + 1, order // cap   # [b * cap] gain, j, row
+    chain = cost.chain_ms.tolist()
+    for m in range(1, cap + 1):
+        if not math.isfinite(chain[m]):
+            continue
+        keep = js <= m if m < cap else slice(None)                 # the list filtered to depth <= m
+        gm, jm = (gs[keep], js[keep]) if m < cap else (gs, js)
+        n = min(len(gm), budget - b)
+        gm, jm = gm[:n], jm[:n]
+        tokens = b + np.cumsum(gm)                                 # [n] E at c = 1..n
+        deepest = np.maximum.accumulate(jm)                        # [n] priced at the actual deepest j
+        ms = np.maximum(cost.f_ms[b + 1:b + n + 1] + cost.chain_ms[deepest], cost.floor_ms)
+        tpm = tokens / ms
+        i = int(np.argmax(tpm))
+        if tpm[i] > best[0]:
+            best = (float(tpm[i]), m, i + 1, float(tokens[i]), float(ms[i]), None)
+        if m > 1 and max(chain[1:m]) > chain[m] and n >= m:
+            p = int(np.argmax(jm == m)) if deepest[-1] == m else n   # prefixes from p + 1 on reach m
+            bound = tokens[m - 1:p] / np.maximum(cost.f_ms[b + m:b + p + 1] + chain[m], cost.floor_ms)
+            if bound.size and bound.max() > best[0]:               # a forced set of c holds <= the top c
+                forced = _forced(g2[:, m - 1], g2[:, :m].sum(axis=1), gm[:p], rows[keep][:p], m, cost, budget)
+                if forced[0] > best[0]:
+                    best = (forced[0], m, 0, forced[2], forced[3], forced[1])
+    _, m, c, tokens, ms, ks = best
+    if ks is None:
+        ks = np.bincount(rows[js <= m][:c], minlength=b) if c else np.zeros(b, dtype=np.int64)
+    return ks, tokens, ms
+
+
+def _forced(deep: np.ndarray, whole: np.ndarray, gm: np.ndarray, rm: np.ndarray, m: int,
+            cost: SplitCost, budget: int) -> tuple:
+    """Sets of depth exactly m: row q at K=m plus the top k of the other rows' gains (gm, rm [p]:
+    the list filtered to j <= m, up to its first j = m), for the FORCED_ROWS rows q of largest g_qm;
+    whole [b] = sum_{j<=m} g_qj. A top-c prefix misses these only below its first j = m and only
+    when chain(m) < chain(d) for some d < m; exact for b <= FORCED_ROWS."""
+    b = len(whole)
+    q = np.argsort(-deep, kind="stable")[:FORCED_ROWS]             # [R] rows forced to depth m
+    others = rm[None, :] != q[:, None]                             # [R, n]
+    count = m + np.cumsum(others, axis=1)                          # [R, n] c
+    tokens = b + whole[q][:, None] + np.cumsum(np.where(others, gm, 0.0), axis=1)
+    ms = np.maximum(cost.f_ms[b + np.minimum(count, budget - b)] + cost.chain_ms[m], cost.floor_ms)
+    tpm = np.where(others & (count <= budget - b), tokens / ms, -np.inf)
+    alone_ms = cost.step_ms(b + m, m)                              # k = 0: row q alone
+    a = int(np.argmax(whole[q]))
+    if tpm.size == 0 or (b + whole[q][a]) / alone_ms >= tpm.max():
+        ks = np.zeros(b, dtype=np.int64)
+        ks[q[a]] = m
+        return (float((b + whole[q][a]) / alone_ms), ks, float(b + whole[q][a]), alone_ms)
+    i, p = divmod(int(np.argmax(tpm)), tpm.shape[1])
+    ks = np.bincount(rm[:p + 1][others[i, :p + 1]], minlength=b)
+    ks[q[i]] = m
+    return (float(tpm[i, p]), ks, float(tokens[i, p]), float(ms[i, p]))
+
+
+def brute_force(rates: np.ndarray, cost: SplitCost, cap: int, token_budget: int) -> Allocation:
+    """The optimum over every K vector in 0..cap^b (small b only): E by adaptive.expected_tokens,
+    ms by SplitCost.ms; the first best in lexicographic order of ks."""
+    r = _check_rates(rates, cost.b, cap)
+    b, cap = cost.b, min(cap, cost.max_depth)
+    if (cap + 1) ** b > 1_000_000:
+        raise DynspecError(f"brute force: {(cap + 1) ** b} K vectors is too many (b={b}, cap={cap})")
+    best = None
+    for ks in itertools.product(range(cap + 1), repeat=b):
+        v = b + sum(ks)
+        if v > token_budget or not math.isfinite(cost.chain_ms[max(ks)]):
+            continue
+        tokens = sum(expected_tokens(k, r[i].tolist()) for i, k in enumerate(ks))
+        ms = cost.ms(v, max(ks))
+        if best is None or tokens / ms > best.tokens_per_ms:
+            best = Allocation(tuple(ks), tokens, ms, tokens / ms)
+    if best is None:
+        raise DynspecError(f"brute force: token_budget {token_budget} is below b={b}")
+    return best
+
+
+def _check_rates(rates: np.ndarray, b: int, cap: int) -> np.ndarray:
+    r = np.asarray(rates, dtype=float)
+    if r.ndim != 2 or r.shape[0] != b:
+        raise DynspecError(f"allocate: rates has shape {r.shape}; it must be [b={b}, max_draft_len]")
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= r.shape[1]:
+        raise DynspecError(f"allocate: cap {cap!r} is not an integer in 0..{r.shape[1]} (rates' positions)")
+    if not np.all((r >= 0.0) & (r <= 1.0)):
+        raise DynspecError("allocate: rates must all be in [0, 1] (nan included)")
+    return r
+
+
+def _check_probes(rows: Sequence[int], b: int) -> tuple[int, ...]:
+    out = tuple(rows)
+    for i in out:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < b:
+            raise DynspecError(f"allocate: probe_rows entry {i!r} is not a row index in 0..{b - 1}")
+    return tuple(int(i) for i in out)

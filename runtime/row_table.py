@@ -1,0 +1,65 @@
+"""Per-request acceptance counts of the requests in flight, one row per cache slot, and their
+shrunk per-position rates (docs/design.md, "Per-request draft length").
+
+A row that drafted K_i and accepted n_i was tried at positions 1..min(n_i + 1, K_i) and accepted
+at 1..n_i: position j is tried only once j - 1 were accepted, so hits / trials at j estimates the
+conditional rate a_j. The counts are numpy arrays updated for every row of a step at once (a
+policy decided every iteration at b = 256 rows cannot afford an object per row).
+
+Shrinkage toward the pool (the executor's AcceptanceEstimate) with `weight` pseudo-trials:
+    r_j = (hits_j + weight * pool_j) / (trials_j + weight)
+Worked example, pool (0.6, 0.5), weight 4, a request that drafted K=2 four times and accepted
+2, 2, 2, 0: position 1 tried 4 times, 3 hits; position 2 tried 3 times, 3 hits;
+    r_1 = (3 + 2.4) / 8 = 0.675        r_2 = (3 + 2.0) / 7 = 0.714
+A request just admitted has no counts: r = pool.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from dynspec.errors import DynspecError
+
+
+class RowTable:
+    """hits / trials [slots, positions] (float64): counts of the request holding each slot."""
+
+    def __init__(self, slots: int, positions: int):
+        if slots < 1 or positions < 1:
+            raise DynspecError(f"row table needs slots >= 1 and positions >= 1 (got {slots}, {positions})")
+        self.hits = np.zeros((slots, positions))
+        self.trials = np.zeros((slots, positions))
+        self._j = np.arange(1, positions + 1)                          # [P] positions 1..P
+
+    @property
+    def positions(self) -> int:
+        return self.hits.shape[1]
+
+    def reset(self, slot: int) -> None:
+        """A new request took `slot`: no counts (it starts at the pool's rates)."""
+        self.hits[slot] = 0.0
+        self.trials[slot] = 0.0
+
+    def update(self, slots: Sequence[int], ks: Sequence[int], accepted: Sequence[int]) -> None:
+        """One step's rows: slot, K_i drafted, n_i accepted (n_i <= K_i).
+        slots (3, 5), ks (2, 1), accepted (1, 1): slot 3 tried at 1, 2, hit at 1; slot 5 tried
+        and hit at 1."""
+        s = np.asarray(slots, dtype=np.int64)
+        k = np.asarray(ks, dtype=np.int64)[:, None]
+        n = np.asarray(accepted, dtype=np.int64)[:, None]
+        if np.any(n > k):
+            raise DynspecError(f"accepted {list(accepted)} exceeds the drafted {list(ks)}")
+        j = self._j[None, :]                                           # [1, P]
+        np.add.at(self.trials, s, (j <= np.minimum(n + 1, k)).astype(np.float64))
+        np.add.at(self.hits, s, (j <= n).astype(np.float64))
+
+    def rates(self, slots: Sequence[int], pool: Sequence[float], weight: float) -> np.ndarray:
+        """[b, P] each slot's per-position rates shrunk toward `pool` ([P] conditional rates)."""
+        if weight <= 0:
+            raise DynspecError(f"shrinkage weight {weight} must be > 0")
+        p = np.asarray(pool, dtype=np.float64)[: self.positions]
+        if p.shape[0] < self.positions:
+            p = np.concatenate([p, np.full(self.positions - p.shape[0], p[-1] if p.size else 0.5)])
+        s = np.asarray(slots, dtype=np.int64)
+        return (self.hits[s] + weight * p) / (self.trials[s] + weight)

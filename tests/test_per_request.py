@@ -1,0 +1,157 @@
+"""Per-request draft length in the executor and the reference engine: each row verifies and
+accepts at most its own K_i, and the output stays transformers greedy (float64, CPU), with K_i
+flipping every iteration, arrivals and prompt chunks in flight, serial and overlapped loops, the
+eager path and the whole-forward functions; plus the row table and the censored pooled update."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.executor import Executor
+from dynspec.runtime.loop import Loop
+from dynspec.runtime.per_request import RowDecision, RowInputs, RowPolicy
+from dynspec.runtime.plan import make_plan
+from dynspec.runtime.row_table import RowTable
+from dynspec.runtime.session import tiny_pair_dirs
+from tests.test_executor import greedy_many
+
+DT = torch.float64
+
+
+class FlipRows:
+    """A row policy for tests: each row's K_i drawn afresh every iteration from 0..max_k (seeded),
+    so K_i < K rows, K = 0 iterations and every mix between them occur."""
+    shrinkage = 4.0
+
+    def __init__(self, max_draft_len: int, seed: int = 0):
+        self.max_draft_len, self.rng, self.seen = max_draft_len, random.Random(seed), []
+
+    drafts = True
+    chooses_keep_warm = False
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        return tuple(range(self.max_draft_len + 1))
+
+    def decide_rows(self, x: RowInputs) -> RowDecision:
+        assert x.rates.shape == (x.batch_size, self.max_draft_len) and len(x.idle) == x.batch_size
+        ks = tuple(self.rng.randint(0, x.max_k) for _ in range(x.batch_size))
+        self.seen.append(x)
+        return RowDecision(ks, keep_warm=True, predicted_ms=None, gain=None)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    target, draft = tiny_pair_dirs()
+    return target, draft, AutoTokenizer.from_pretrained(target), LlamaForCausalLM.from_pretrained(target, dtype=DT).eval()
+
+
+def serve(ex, ps, lens, seed):
+    """Prompts arriving 0..2 an iteration while others decode; the handles in prompt order."""
+    rng, handles, i = random.Random(seed), [], 0
+    while i < len(ps) or ex.active or ex.waiting:
+        for _ in range(rng.randint(0, 2)):
+            if i < len(ps):
+                handles.append(ex.submit(ps[i], lens[i]))
+                i += 1
+        ex.step()
+    ex.run_until_idle()
+    return handles
+
+
+@pytest.mark.parametrize("loop,whole", [(Loop.SERIAL, False), (Loop.OVERLAPPED, False), (Loop.SERIAL, True)],
+                         ids=["serial", "overlapped", "whole"])
+def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
+    from dynspec.pairs.corpus import default_prompts
+
+    target, draft, tok, hf = tiny
+    eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=128, max_draft_len=4,
+                                max_num_tokens=24)
+    if whole:
+        eng.capture_whole_graphs()           # CPU: the whole-forward functions, run uncaptured
+    ps = default_prompts(tok, n=8, length=28)
+    lens = [random.Random(i).randint(8, 24) for i in range(len(ps))]
+    policy = FlipRows(4, seed=3)
+    ex = Executor(eng, policy, stats_limit=None, loop=loop)
+    assert isinstance(policy, RowPolicy)
+    handles = serve(ex, ps, lens, seed=7)
+    refs = greedy_many(hf, ps, 24)
+    assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
+
+    stats = [s for s in ex.stats if s.batch_size]
+    assert all(s.policy == "per-request" for s in stats)
+    mixed_k = [s for s in stats if s.drafted not in (0, s.batch_size * s.k)]
+    assert len(mixed_k) >= 5                                   # rows at different K in one step
+    assert any(s.prefill_tokens for s in mixed_k)              # ... with prompt chunks riding along
+    res = [h.result() for h in handles]
+    assert all(r.drafted >= r.accepted_drafts and r.decode_steps >= 1 for r in res)
+    assert sum(r.accepted_drafts for r in res) == sum(s.accepted for s in stats)
+    assert sum(r.drafted for r in res) == sum(s.drafted for s in stats)
+    assert 0.0 < sum(r.accepted_drafts for r in res) / sum(r.drafted for r in res) <= 1.0
+
+
+def test_a_row_accepts_no_more_than_its_own_k(tiny):
+    """One step, two rows on the same prompt (the draft agrees with the target on it), K = 3 with
+    row_k (3, 1): the second row accepts at most 1, and both emit transformers' tokens."""
+    from dynspec.pairs.corpus import default_prompts
+    from dynspec.runtime.acceptance import Greedy
+
+    target, draft, tok, hf = tiny
+    eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=2, max_seq_len=96, max_draft_len=3)
+    prompt = default_prompts(tok, n=1, length=24)[0]
+    ref = greedy_many(hf, [prompt], 8)[0]
+    slots = [eng.reserve(len(prompt) + 8, key=i) for i in range(2)]
+    from dynspec.runtime.plan import PromptChunk
+
+    first = make_plan(0, (), (), (), False, eng.buckets,
+                      chunks=[PromptChunk(s, 0, tuple(prompt), None) for s in slots])
+    out = eng.step(first, Greedy())
+    assert out.first_tokens == (ref[0], ref[0])
+    step = make_plan(3, (len(prompt),) * 2, (ref[0],) * 2, (False, False), False, eng.buckets, slots=slots,
+                     row_k=(3, 1))
+    res = eng.step(step, Greedy())
+    assert res.accepted[0] >= 2, "the tiny pair's draft should agree here"     # else the cap goes unseen
+    assert res.accepted[1] == 1
+    for n, em in zip(res.accepted, res.emitted):
+        assert len(em) == n + 1 and tuple(em) == tuple(ref[1:2 + n])
+
+
+def test_make_plan_checks_row_k():
+    with pytest.raises(ValueError, match="row_k"):
+        make_plan(2, (5, 6), (1, 1), (False, False), False, (1, 2), row_k=(1, 1))     # max is not K
+    with pytest.raises(ValueError, match="row_k"):
+        make_plan(2, (5, 6), (1, 1), (False, False), False, (1, 2), row_k=(2,))
+    p = make_plan(2, (5, 6), (1, 1), (False, False), False, (1, 2), row_k=(0, 2))
+    assert p.per_row and p.decode_tokens == 4
+    assert not make_plan(2, (5, 6), (1, 1), (False, False), False, (1, 2)).per_row
+
+
+def test_row_table_counts_and_shrinkage():
+    """The module docstring's worked example, then a row admitted again starts at the pool."""
+    t = RowTable(slots=4, positions=2)
+    for n in (2, 2, 2, 0):
+        t.update([1], [2], [n])
+    assert t.trials[1].tolist() == [4, 3] and t.hits[1].tolist() == [3, 3]
+    r = t.rates([1, 2], (0.6, 0.5), 4.0)
+    assert r[0] == pytest.approx([5.4 / 8, 5.0 / 7]) and r[1] == pytest.approx([0.6, 0.5])
+    t.update([2, 2], [1, 2], [1, 0])                 # one slot twice in a step: both counted
+    assert t.trials[2].tolist() == [2, 0] and t.hits[2].tolist() == [1, 0]
+    t.reset(1)
+    assert t.rates([1], (0.6, 0.5), 4.0)[0] == pytest.approx([0.6, 0.5])
+    with pytest.raises(Exception, match="exceeds"):
+        t.update([0], [1], [2])
+
+
+def test_pooled_update_does_not_count_a_row_capped_at_its_k_as_a_rejection():
+    est = AcceptanceEstimate(prior=0.5, positions=3, half_life=1e12)
+    per_row = est.update(3, (1, 2), row_k=(3, 2))
+    assert [round(x, 9) for x in per_row.trials] == [2, 2, 0] and [round(x, 9) for x in per_row.hits] == [2, 1, 0]
+    uniform = est.update(3, (1, 2))                  # both rows at K=3: the second rejected at 3
+    assert [round(x, 9) for x in uniform.trials] == [2, 2, 1] and [round(x, 9) for x in uniform.hits] == [2, 1, 0]
+    np.testing.assert_allclose(est.update(2, (1, 2), row_k=(2, 2)).trials, est.update(2, (1, 2)).trials)

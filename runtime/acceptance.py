@@ -24,13 +24,27 @@ Per-request benchmark models draw like Bernoulli, each request at its own rate (
     Shift(0.8, 0.2, at=0.5)                 `at` a fraction of a run's requests: `resolve(model,
                                             n_requests=40)` -> Shift(0.8, 0.2, at=20)
 The engine keeps one rate per cache slot, set when the slot is reserved for a request key.
+
+`TraceReplay("benchmarks/traces/tiny_pair.json")` replays recorded real acceptance
+(runtime/acceptance_trace.py): request key k replays recorded request
+i = floor(key_uniform(seed, k) * n_requests), and a row of that request at output offset t
+(the index in its output of the last emitted token; the first verify step is at t = 0)
+drafting K accepts min(r_t, K), the same for every K, mode and trial. Offsets past the end of
+a recorded request wrap around: t -> t mod length. The engine's per-slot copy is a row of
+`trace_table`; `rate_of` gives the request's share of offsets with r_t >= 1, so a consumer of
+per-slot rates sees the recorded request's first-draft acceptance.
 """
 from __future__ import annotations
 
+import functools
+import os
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from dynspec.errors import DynspecError
+from dynspec.runtime.acceptance_trace import Trace, read_trace
 
 
 @dataclass(frozen=True)
@@ -143,11 +157,86 @@ class Shift:
         return f"shift:{_num(self.before)},{_num(self.after)}@{self.at if self.resolved else _num(self.at)}"
 
 
-AcceptanceModel = Greedy | Bernoulli | BernoulliMix | Shift
+@functools.lru_cache(maxsize=8)
+def _read_cached(path: str, mtime_ns: int, size: int) -> Trace:
+    return read_trace(path)
+
+
+def _load(path: str) -> Trace:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise DynspecError(f"{path}: cannot read the acceptance trace: {e.strerror or e}") from None
+    return _read_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """Recorded acceptance: path_or_trace a trace file (read and checked here) or a Trace."""
+    path_or_trace: str | Trace
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.path_or_trace, os.PathLike):
+            object.__setattr__(self, "path_or_trace", os.fspath(self.path_or_trace))
+        if not isinstance(self.path_or_trace, (str, Trace)):
+            raise DynspecError(f"trace replay needs a trace file or a Trace, not {type(self.path_or_trace).__name__}")
+        if isinstance(self.path_or_trace, str):
+            _load(self.path_or_trace)                       # a bad file fails here, naming it
+
+    @property
+    def trace(self) -> Trace:
+        t = self.path_or_trace
+        return t if isinstance(t, Trace) else _load(t)
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    def index(self, key: int) -> int:
+        """The recorded request key `key` replays: floor(key_uniform(seed, key) * n_requests)."""
+        return min(int(key_uniform(self.seed, key) * len(self.trace.requests)), len(self.trace.requests) - 1)
+
+    def rate(self, key: int) -> float:
+        return float(self.trace.rates[self.index(key)])
+
+    def __str__(self) -> str:
+        t = self.path_or_trace
+        return "trace:" + (t if isinstance(t, str) else t.path or "<in-memory>")
+
+
+def accept_lengths(model: TraceReplay, key: int, offset, k: int):
+    """Accepted drafts of request `key`'s row at output offset(s) `offset` drafting k: min(r, k),
+    offsets wrapping at the recorded length. Recorded r = [3, 0, 2]: offset 4 -> r_1 = 0;
+    accept_lengths(m, key, [0, 2], 2) -> array([2, 2]). An int offset gives an int."""
+    r = np.asarray(model.trace.requests[model.index(key)], dtype=np.int64)
+    out = np.minimum(r[np.asarray(offset) % r.size], k)
+    return int(out) if out.ndim == 0 else out
+
+
+def accept_bits(model: TraceReplay, key: int, offset: int, k: int) -> np.ndarray:
+    """[k] bool: draft i (1-based i+1) of the row at `offset` is accepted iff i < r_offset; the
+    per-position form of accept_lengths. r_offset = 2, k = 4 -> [True, True, False, False]."""
+    return np.arange(k) < accept_lengths(model, key, offset, k)
+
+
+def trace_table(model: TraceReplay, keys) -> tuple[np.ndarray, np.ndarray]:
+    """(table [n_keys, L] int8, lengths [n_keys] int64): row j is the recorded r sequence of
+    keys[j], zero-padded to L, the longest of them. A device reads r of row j at output offset
+    t as table[j, t % lengths[j]]; draft i (0-based) is accepted iff i < r."""
+    idx = np.array([model.index(k) for k in keys], dtype=np.int64)
+    t = model.trace
+    lengths = t.lengths[idx]
+    L = int(lengths.max()) if idx.size else 0
+    return t.table[idx, :L].copy(), lengths.copy()
+
+
+AcceptanceModel = Greedy | Bernoulli | BernoulliMix | Shift | TraceReplay
 
 
 def rate_of(model: AcceptanceModel, key: int) -> float | None:
-    """The Bernoulli rate of the request with this key; None for Greedy (real acceptance)."""
+    """The Bernoulli rate of the request with this key; None for Greedy (real acceptance); for
+    TraceReplay the replayed request's share of offsets whose first draft is accepted."""
     if isinstance(model, Greedy):
         return None
     if isinstance(model, Bernoulli):
@@ -171,7 +260,16 @@ _NUM = r"([0-9]*\.?[0-9]+)"
 def parse_acceptance(text: str, seed: int = 0) -> AcceptanceModel:
     """'real' -> Greedy(); 'bernoulli:0.7' -> Bernoulli(0.7);
     'bernoulli-mix:0.9@0.5,0.2@0.5' -> BernoulliMix(((0.9, 0.5), (0.2, 0.5)));
-    'shift:0.8,0.2@0.5' -> Shift(0.8, 0.2, 0.5) (a fraction); 'shift:0.8,0.2@100' -> at key 100."""
+    'shift:0.8,0.2@0.5' -> Shift(0.8, 0.2, 0.5) (a fraction); 'shift:0.8,0.2@100' -> at key 100;
+    'trace:benchmarks/traces/tiny_pair.json' -> TraceReplay of that file (the path as written)."""
+    if text.strip()[:6].lower() == "trace:":
+        path = text.strip()[6:].strip()
+        if not path:
+            raise DynspecError(f"acceptance model {text!r}: 'trace:' needs a trace file path")
+        try:
+            return TraceReplay(path, seed)
+        except DynspecError as e:
+            raise DynspecError(f"acceptance model {text!r}: {e}") from None
     t = text.strip().lower()
     if t in ("real", "greedy"):
         return Greedy()
@@ -188,8 +286,8 @@ def parse_acceptance(text: str, seed: int = 0) -> AcceptanceModel:
     except DynspecError as e:
         raise DynspecError(f"acceptance model {text!r}: {e}") from None
     raise DynspecError(f"acceptance model {text!r} is not 'real', 'bernoulli:P', 'bernoulli-mix:P1@W1,P2@W2,...'"
-                       " or 'shift:BEFORE,AFTER@AT' (e.g. bernoulli:0.7, bernoulli-mix:0.9@0.5,0.2@0.5,"
-                       " shift:0.8,0.2@0.5)")
+                       ", 'shift:BEFORE,AFTER@AT' or 'trace:PATH' (e.g. bernoulli:0.7,"
+                       " bernoulli-mix:0.9@0.5,0.2@0.5, shift:0.8,0.2@0.5, trace:benchmarks/traces/tiny_pair.json)")
 
 
 _M64 = (1 << 64) - 1

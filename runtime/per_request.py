@@ -12,6 +12,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from dynspec.errors import DynspecError
+from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
+from dynspec.runtime.cost_model import CostModel
+from dynspec.runtime.per_row import SplitCost, allocate
+
 
 @dataclass(frozen=True)
 class RowInputs:
@@ -49,3 +54,59 @@ class RowPolicy(Protocol):
     shrinkage: float                 # pseudo-trials of the pool in each row's rates (row_table.py)
 
     def decide_rows(self, inputs: RowInputs) -> RowDecision: ...
+
+
+PROBE_EVERY = 32       # iterations a row may sit at K=0 before it drafts one token to re-measure
+
+
+class PerRequestPolicy(AdaptivePolicy):
+    """Each row's K from its own shrunk rates, jointly with the batch's cost (runtime/per_row.py:
+    SplitCost prices V verify tokens and the deepest chain m; allocate picks the K vector with the
+    most expected tokens per predicted ms). Keeps the adaptive policy's pooled estimate (the rows'
+    prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the schedule's K at b.
+    Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
+    cap), a row at K=0 for PROBE_EVERY iterations drafts one token."""
+
+    def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
+                 max_draft_len: int | None = None, cap=None, shrinkage: float = 8.0):
+        super().__init__(cost, settings, max_draft_len)
+        if not shrinkage > 0:
+            raise DynspecError(f"per-request policy: shrinkage {shrinkage} must be > 0 pseudo-trials")
+        self.cap, self.shrinkage = cap, float(shrinkage)
+        self._splits: dict = {}
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        """Any candidate up to the cap at b (a uniform vector runs the pure-decode graphs)."""
+        top = self._cap(batch_size, self.max_draft_len)
+        return tuple(k for k in self.candidates if k <= top)
+
+    def _cap(self, b: int, max_k: int) -> int:
+        return min(max_k, self.max_draft_len, self.cap.draft_len(b) if self.cap is not None else max_k)
+
+    def decide_rows(self, x: RowInputs) -> RowDecision:
+        b = x.batch_size
+        cap = self._cap(b, x.max_k)
+        context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
+        cost = self._split(b, context)
+        if cap == 0:
+            return RowDecision((0,) * b, keep_warm=False, predicted_ms=cost.decode_ms, gain=1.0, reason="cap")
+        idle = np.asarray(x.idle)
+        probes = tuple(np.flatnonzero(idle >= PROBE_EVERY).tolist())
+        a = allocate(x.rates[:, :cap], cost, cap, b * (cap + 1), cost.decode_ms, probes)
+        plain = b / cost.decode_ms if cost.decode_ms else None
+        warm = x.keep_warm and a.reason != "plain decode"
+        return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=a.predicted_ms,
+                           gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason)
+
+    def _split(self, b: int, context: int) -> SplitCost:
+        hit = self._splits.get((b, context))
+        if hit is None:
+            if len(self._splits) >= 65536:
+                self._splits.clear()
+            hit = self._splits[(b, context)] = SplitCost.at(self.cost, b, context)
+        return hit
+
+    def __str__(self) -> str:
+        ctx = ",".join(str(c) for c in self.cost.context_lens)
+        return (f"per-request (K_i in {list(self.candidates)}, cost model of {self.cost.device} at context {ctx}, "
+                f"shrinkage {self.shrinkage:g})")

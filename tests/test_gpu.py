@@ -86,8 +86,8 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
     assert len(runs) == n_whole and eager.whole is None     # the eager engine never ran a whole graph
     assert any(fused)                               # eager decode steps: the same kernel
     assert n_whole > 0 and all(replayed for _, _, replayed in runs)
-    top = eng.whole.buckets[-1]                     # padded rows can push an iteration past it: eager
-    fits = [s for s in ex.stats if s.prefill_tokens and _padded_tokens(eng, s) <= top]
+    top = eng.whole.buckets[-1]                     # past it: eager
+    fits = [s for s in ex.stats if s.prefill_tokens and s.decode_rows * (s.k + 1) + s.prefill_tokens <= top]
     assert n_whole == len(fits)                     # every mixed iteration that fits replayed its graph
     assert eng.eager_fallbacks == 0
     assert all(len(g.graphs) == (1 if k.kind == "refresh" else 3) for k, g in eng._graphs.items())   # chains
@@ -96,13 +96,6 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)
     assert graph_out == eager_out
     assert_transformers_greedy(pair, prompts[-6:], lens[-6:], graph_out[-6:])
-
-
-def _padded_tokens(eng, s) -> int:
-    """Tokens of a mixed iteration in the whole graphs' packing: B x (K+1) decode rows + chunks."""
-    from dynspec.runtime.plan import bucket_for
-
-    return (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens
 
 
 def _spy_whole(monkeypatch) -> list:

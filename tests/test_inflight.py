@@ -275,26 +275,26 @@ def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
     from dynspec.runtime.engines.reference.mixed_graphs import item_cap
     from dynspec.runtime.engines.reference.ragged import item_count
 
-    assert item_cap(16, 4, 2, 8) == 15
-    # docs/design.md's worked example: b=3 rows at K=2 (row bucket 4) and a 5-token chunk in token bucket 32
+    assert item_cap(16, 4, 2, 8) == 17
+    # docs/design.md's worked example: b=3 rows at K=2 (row bucket 4) and a 5-token chunk: 14 tokens, bucket 16
     from dynspec.runtime.engines.reference.ragged import plan_items
 
     s0, s1, s2, pad, c = 5, 6, 7, 64, 9
-    items = plan_items([s0, s1, s2, pad, c, pad, pad, pad, pad], [3, 3, 3, 3, 5, 4, 4, 4, 3], pad_to=item_cap(32, 4, 3, 16))
-    assert items.shape == (4, 26) and (items[2, 10:] == 0).all()
-    assert [tuple(x) for x in items[:, :10].T.tolist()] == [
-        (s0, 0, 3, 0), (s1, 3, 3, 3), (s2, 6, 3, 6), (pad, 9, 3, 9), (c, 12, 4, 12), (c, 16, 1, 12),
-        (pad, 17, 4, 17), (pad, 21, 4, 21), (pad, 25, 4, 25), (pad, 29, 3, 29)]
+    items = plan_items([s0, s1, s2, c, pad], [3, 3, 3, 5, 2], pad_to=item_cap(16, 4, 3, 16))
+    assert items.shape == (4, 25) and (items[2, 6:] == 0).all()
+    assert [tuple(x) for x in items[:, :6].T.tolist()] == [
+        (s0, 0, 3, 0), (s1, 3, 3, 3), (s2, 6, 3, 6), (c, 9, 4, 9), (c, 13, 1, 9), (pad, 14, 2, 14)]
     rng = random.Random(3)
     for _ in range(300):
         B, T = rng.choice([(0, 1), (1, 1), (4, 2), (8, 4), (2, 20)])
-        Np = rng.choice([16, 32, 64, 128]) + B * T
-        L, left, chunks = Np - B * T, Np - B * T, []
+        rows = [rng.randint(1, T) for _ in range(rng.randint(min(B, 1), B))]      # b <= B rows of K_r + 1 <= T
+        Np = rng.choice([16, 32, 64, 128]) + sum(rows)
+        left, chunks = Np - sum(rows), []
         while left and len(chunks) < 6 and rng.random() < 0.8:
             chunks.append(rng.randint(1, left))
             left -= chunks[-1]
-        pad = [min(16, left - j) for j in range(0, left, 16)]
-        assert item_count([T] * B + chunks + pad) <= item_cap(Np, B, T, 6), (B, T, Np, chunks)
+        pad = [min(4, left - j) for j in range(0, left, 4)]
+        assert item_count(rows + chunks + pad) <= item_cap(Np, B, T, 6), (B, T, Np, rows, chunks)
 
 
 def test_whole_mixed_forward_equals_transformers(pair, hf_target):
@@ -322,17 +322,17 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
         assert (items[2, n:] == 0).all()
         covered = torch.cat([torch.arange(int(q0), int(q0 + k)) for q0, k in zip(items[1, :n], items[2, :n])])
         assert covered.tolist() == list(range(Np))
-        assert items[1, :B].tolist() == [r * T for r in range(B)] and (items[2, :B] == T).all()
-        runs.append((key, int((eng.slot[:B] != eng.pad_slot).sum())))     # real decode rows, the rest pad
+        b = int((eng.slot[:B] != eng.pad_slot).sum())          # real decode rows (unpadded), the rest pad
+        assert items[1, :b].tolist() == [r * T for r in range(b)] and (items[2, :b] == T).all()
+        runs.append((key, b))
 
     eng.on_dispatch = spy
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
     assert eng.capture_graphs(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
     ex = Executor(eng, policy)
     serve_arrivals_and_check(ex, hf_target, seed=35)
-    top = eng.whole.buckets[-1]                            # padded rows can push an iteration past it: eager
-    fits = [s for s in ex.stats if s.prefill_tokens
-            and (bucket_for(s.decode_rows, eng.buckets) * (s.k + 1) if s.decode_rows else 0) + s.prefill_tokens <= top]
+    top = eng.whole.buckets[-1]                            # past it: eager
+    fits = [s for s in ex.stats if s.prefill_tokens and s.decode_rows * (s.k + 1) + s.prefill_tokens <= top]
     assert len(runs) == len(fits) > 0                      # every mixed iteration that fits went through it
     assert any(B > b > 0 for (_, B, _, _), b in runs)          # padded decode rows beside chunks
     assert any(T > 1 for (_, _, T, _), b in runs if b) and any(T == 1 for (_, _, T, _), b in runs if b)
@@ -428,7 +428,9 @@ def test_padding_share_counts_the_whole_graphs_padding(pair):
     pad_rows_to_buckets(eng)
     assert eng.forward_tokens(3, 1, 9) == 17                      # no whole graphs: rows padded only
     eng.capture_whole_graphs()
-    assert eng.forward_tokens(3, 1, 9) == 32 and eng.forward_tokens(3, 2, 0) == 12
+    # whole graphs: the rows unpadded, 3 x 2 + 9 = 15 tokens in the 16-token bucket; decode-only at one K: row buckets
+    assert eng.forward_tokens(3, 1, 9) == 16 and eng.forward_tokens(3, 2, 0) == 12
+    assert eng.forward_tokens(3, 2, 0, verify_tokens=5) == 16     # per-row K: a whole graph
     steps = [SimpleNamespace(decode_rows=3, k=1, prefill_tokens=9), SimpleNamespace(decode_rows=5, k=0, prefill_tokens=0)]
-    assert padding_share(steps, eng.forward_tokens) == (32 - 15) / 32
+    assert padding_share(steps, eng.forward_tokens) == (16 - 15) / 16
     assert padding_share(steps[1:], eng.forward_tokens) is None

@@ -73,8 +73,10 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
     target, draft, tok, hf = tiny
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=128, max_draft_len=4,
                                 max_num_tokens=24)
+    wholes = []
     if whole:
-        eng.capture_whole_graphs()           # CPU: the whole-forward functions, run uncaptured
+        eng.capture_whole_graphs(per_row=True)     # CPU: the whole-forward functions, run uncaptured
+        eng.on_dispatch = lambda key: isinstance(key, tuple) and wholes.append(key)
     ps = default_prompts(tok, n=8, length=28)
     lens = [random.Random(i).randint(8, 24) for i in range(len(ps))]
     policy = FlipRows(4, seed=3)
@@ -89,6 +91,10 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
     mixed_k = [s for s in stats if s.drafted not in (0, s.batch_size * s.k)]
     assert len(mixed_k) >= 5                                   # rows at different K in one step
     assert any(s.prefill_tokens for s in mixed_k)              # ... with prompt chunks riding along
+    if whole:                                                  # every mixed or per-row iteration: rows unpadded
+        assert len(wholes) == sum(1 for s in ex.stats if s.prefill_tokens or s in mixed_k)
+        assert all(Np == eng.whole.bucket(s.drafted + s.batch_size + s.prefill_tokens)
+                   for (Np, *_), s in zip(wholes, [s for s in ex.stats if s.prefill_tokens or s in mixed_k]))
     res = [h.result() for h in handles]
     assert all(r.drafted >= r.accepted_drafts and r.decode_steps >= 1 for r in res)
     assert sum(r.accepted_drafts for r in res) == sum(s.accepted for s in stats)
@@ -155,3 +161,48 @@ def test_pooled_update_does_not_count_a_row_capped_at_its_k_as_a_rejection():
     uniform = est.update(3, (1, 2))                  # both rows at K=3: the second rejected at 3
     assert [round(x, 9) for x in uniform.trials] == [2, 2, 1] and [round(x, 9) for x in uniform.hits] == [2, 1, 0]
     np.testing.assert_allclose(est.update(2, (1, 2), row_k=(2, 2)).trials, est.update(2, (1, 2)).trials)
+
+
+def linear_split_cost(kmax=4, base=10.0, per_token=0.5, per_draft=0.6):
+    """ms(b, K) = base + per_token x b(K+1) + per_draft x K at every b and context; decode_ms
+    the same at K=0 without the keep-warm (per_draft x 0.25 less)."""
+    from dynspec.runtime.cost_model import ContextTable, CostModel, Profile
+
+    bs = (1, 2, 4, 8, 16)
+    tables = tuple(ContextTable(c, {b: {k: base + per_token * b * (k + 1) + per_draft * k + (0.15 if k == 0 else 0)
+                                        for k in range(kmax + 1)} for b in bs},
+                                {b: base + per_token * b for b in bs}) for c in (64, 512))
+    return CostModel.from_profile(Profile("synthetic", tables))
+
+
+def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
+    """Bernoulli acceptance, half the requests at 0.9 and half at 0.1 (a benchmark model: random
+    weights), verify tokens at 0.5 ms each: each request's mean K follows its own rate, the hard
+    ones near 0, the easy ones at 2 and more; the batch-level adaptive policy gives both the same K
+    (low: the hard rows' drafts cost as much as the easy rows')."""
+    from dynspec.runtime.acceptance import BernoulliMix, rate_of
+    from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
+    from dynspec.runtime.driver import run_closed_loop
+    from dynspec.runtime.per_request import PerRequestPolicy
+    from tests.helpers_models import make_tiny_pair
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t, d = make_tiny_pair(tmp, vocab=96, hidden=32, layers=3, heads=2, kv_heads=1, seed=1, draft_vocab=64,
+                              draft_seed=2)
+        model = BernoulliMix(((0.9, 0.5), (0.1, 0.5)), seed=4)
+        ps = [tuple(random.Random(i).randrange(96) for _ in range(8)) for i in range(16)]
+        out = {}
+        for name, policy in (("per-request", PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))),
+                             ("adaptive", AdaptivePolicy(linear_split_cost(), AdaptiveSettings(calibrate=False)))):
+            eng = load_reference_engine(t, d, dtype=torch.float32, max_batch_size=8, max_seq_len=160, max_draft_len=4)
+            ex = Executor(eng, policy, acceptance=model, allow_lossy=True, stats_limit=None)
+            res = run_closed_loop(ex, ps, 96, concurrency=8)
+            by_rate = {}
+            for r in res:
+                by_rate.setdefault(rate_of(model, r.request_id), []).append(r.mean_k)
+            out[name] = {p: sum(v) / len(v) for p, v in by_rate.items()}
+        easy, hard = out["per-request"][0.9], out["per-request"][0.1]
+        assert easy >= 1.8 and hard <= 0.5, out
+        assert abs(out["adaptive"][0.9] - out["adaptive"][0.1]) < 0.5, out       # one K for both

@@ -56,7 +56,7 @@ from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, g
 from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain, capture_chain, chain_cuts, timed_capture
 from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllocator, available_bytes,
                                                          check_pool_fits, kv_pool_bytes)
-from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, whole_keys
+from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, least_tokens, whole_keys
 from dynspec.runtime.engines.reference.ragged import RaggedAttention
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k, make_plan
 from dynspec.runtime.policy import speculates
@@ -325,7 +325,7 @@ class ReferenceEngine:
         if plan.carried_rows:
             gather_carried(self.x, self.pos, self.slot, self.from_dev, self.slot_tok, self.slot_pos, b)
         read = -(-(plan.max_position + 1) // self.block_size)     # blocks this step reads (eager)
-        if plan.chunks:
+        if plan.chunks or plan.per_row and self._whole_key(plan) is not None:
             firsts = self._mixed(plan, read)
         else:
             firsts = self.out_n[:0]
@@ -506,7 +506,7 @@ class ReferenceEngine:
         b, B, K = plan.batch_size, plan.bucket, plan.k
         key = self._whole_key(plan)
         if key is not None:
-            self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots)
+            self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots, plan.row_k)
             if b and K and any(plan.stale):
                 self._run(GraphKey("refresh", B), None)
             if self.on_dispatch is not None:
@@ -596,16 +596,20 @@ class ReferenceEngine:
             self.draft_hidden[m.last_slot] = h[m.last_idx - offset]
             self.last_capture[m.last_slot] = H[m.last_idx]
 
-    def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int) -> int:
-        """Tokens the target forward of an iteration runs, padding included: decode rows padded to
-        their row bucket at K+1 tokens each, plus prompt tokens, padded to the token bucket of a
-        whole-forward graph where one holds them (mixed iterations with whole graphs set up).
+    def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:
+        """Tokens the target forward of an iteration runs, padding included. A pure-decode step at
+        one K: decode rows padded to their row bucket at K+1 tokens each. An iteration through a
+        whole-forward graph (mixed iterations, and per-row K when whole graphs are set up): the
+        rows' own tokens (verify_tokens, default rows x (K+1)) plus prompt tokens, padded to the
+        token bucket; eager mixed iterations: the rows padded to their bucket, plus the prompt.
         Buckets (1, 2, 4, 8), token buckets (16, 32, 64): 3 rows at K=2 -> 12; 3 rows at K=1 and
-        9 prompt tokens -> 4 x 2 + 9 = 17 -> 32."""
-        n = (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
-        if prefill_tokens and self.whole is not None:
-            return self.whole.bucket(n) or n
-        return n
+        9 prompt tokens -> 3 x 2 + 9 = 15 -> 16."""
+        verify = decode_rows * (k + 1) if verify_tokens is None else verify_tokens
+        if (prefill_tokens or verify != decode_rows * (k + 1)) and self.whole is not None:
+            n = self.whole.bucket(verify + prefill_tokens)
+            if n is not None:
+                return n
+        return (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
 
     def _whole_key(self, plan: StepPlan):
         """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
@@ -674,17 +678,18 @@ class ReferenceEngine:
         return steps
 
     # ---- CUDA graphs ------------------------------------------------------------------------
-    def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
+    def capture_graphs(self, keys: Iterable[GraphKey], per_row: bool = False) -> int:
         """Every graph of GraphMode.FULL for the pure-decode `keys` (reachable_graphs): their
         decode graphs, then (CUDA) the eager path's chunk attention compiled (warm_chunks: its
         chunk-only steps run before a whole graph could take them), then the whole-forward graphs
         of their row shapes (capture_whole_graphs), then mixed iterations at every speculative row
-        shape (warm_mixed). Returns how many graphs."""
+        shape (warm_mixed). per_row: a policy that sets each row's K (capture_whole_graphs).
+        Returns how many graphs."""
         keys = tuple(keys)
         n = self.capture_decode_graphs(keys)
         if self.device.type == "cuda":
             self.warm_chunks()
-        n += self.capture_whole_graphs(keys)
+        n += self.capture_whole_graphs(keys, per_row=per_row)
         if self.device.type == "cuda":
             self.warm_mixed(keys)
         return n
@@ -716,10 +721,13 @@ class ReferenceEngine:
         torch.cuda.synchronize()
         return len(keys)
 
-    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = ()) -> int:
+    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = (),
+                             per_row: bool = False) -> int:
         """Mixed iterations' whole target forward, attention included, as one graph chain per
         (token bucket, row bucket, T, draft) (mixed_graphs.py): for the row shapes of `keys` with every
-        token bucket, plus chunk-only iterations, plus the `exact` keys. Returns how many.
+        token bucket they can reach (mixed_graphs.least_tokens; per_row: a policy that sets each
+        row's K, whose iterations without chunks run there too), plus chunk-only iterations, plus
+        the `exact` keys. Returns how many.
         CPU: WholeMixed is set up and its functions run uncaptured (tests check them there)."""
         if self.whole is None:
             self.whole = WholeMixed(self)
@@ -728,7 +736,9 @@ class ReferenceEngine:
         rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
         self._flush_slots()              # not inside a capture (capture_decode_graphs)
         self._pad_rows()
-        wanted = set(whole_keys(rows, self.whole.buckets) if rows else ()) | set(exact)
+        below = dict(zip(self.buckets, (0,) + self.buckets[:-1]))          # row bucket -> the one below it
+        least = lambda B, T: least_tokens(B, T, below[B], per_row)          # noqa: E731
+        wanted = set(whole_keys(rows, self.whole.buckets, least) if rows else ()) | set(exact)
         n, cost = timed_capture(lambda: self.whole.capture(wanted))
         self.capture_costs["whole"] = self.capture_costs.get("whole", CaptureCost()) + cost
         return n

@@ -6,26 +6,33 @@ The forward is the target's own (`Target.run`, as a decode step's), over one pac
 attention is one launch a layer of the ragged kernel (ragged.py) for every row: its work items,
 positions and K/V write indices sit in static buffers, so the kernel is captured with the rest.
 
-Packed layout of the Np tokens (the engine's eager mixed path packs the same way):
-    [0, B*T)            decode rows, row r's T tokens (pending + K drafts); rows b..B-1 pad
-    [B*T, B*T + L)      the chunks' L tokens, in plan order
-    [B*T + L, Np)       pad: token 0 at position 0 of the padding slot (K/V into the scratch block)
-Example b=3, B=4, T=2, chunks of 5 and 3 tokens, Np=16, ITEM_TOKENS 4: decode 0..7 (6 and 7 pad),
-chunks 8..15; items (s0, 0, 2) (s1, 2, 2) (s2, 4, 2) (pad, 6, 2) (c0, 8, 4) (c0, 12, 1) (c1, 13, 3),
-then empty ones up to item_cap(16, 4, 2, max_chunks).
+Packed layout of the Np tokens (the real decode rows unpadded, each at its own K_i + 1 tokens):
+    [0, n)              decode rows r < b, row r's K_r + 1 tokens (pending + K_r drafts); n = sum(K_r + 1)
+    [n, n + L)          the chunks' L tokens, in plan order
+    [n + L, Np)         pad: token 0 at position 0 of the padding slot (K/V into the scratch block)
+Rows b..B-1 of the row bucket take no tokens: they run the draft chain (on the padding slot) only.
+The grid [B, T] (T = max K_r + 1) is the acceptance's view: cell r*T + j is row r's token j; a
+staged map takes cells to packed tokens and back, so the layout is data and the graph is keyed
+by (Np, B, T, draft) only.
+Example b=3 in row bucket 4 at K = (2, 0, 1), T=3, chunks of 5 and 3 tokens, Np=16, ITEM_TOKENS 4:
+    packed  a0 a1 a2 | b0 | c0 c1 | x0..x4 | y0 y1 y2 | pad pad          n = 6, L = 8
+    cells   row a: 0 1 2, row b: 3, row c: 6 7  (cells 4, 5, 8 and row 3's verify nothing)
+    items   (sa, 0, 3) (sb, 3, 1) (sc, 4, 2) (sx, 6, 4) (sx, 10, 1) (sy, 11, 3) (pad, 14, 2), then empty ones
 
-Inputs: the chunks' tokens, positions, K/V write indices, draft inputs, last-token indices and
-the work items of the whole batch and of the chunks alone are laid out on the host (`stage`,
-numpy) in one pinned buffer and reach the device in one copy; the graph copies them on into the
-forward's buffers. The decode rows' tokens and positions come from the engine's step_in copy.
+Inputs: the chunks' tokens, positions, K/V write indices and draft inputs at their packed
+places, the cell map both ways, the last-token indices and the work items are laid out on the
+host (`stage`, numpy) in one pinned buffer and reach the device in one copy; the graph merges the
+decode rows' tokens and positions (from the engine's step_in copy and the draft chain) into the
+forward's buffers through the cell map.
 
 The graph holds the whole iteration (at most CHUNKS chunks; `key` refuses more: those
-iterations run eagerly). K = 0 keys (T = 1): the forward, the decode rows' outputs and keep-warm
-K/V (written to the scratch block when the plan does not keep warm: one graph serves both), and
-the draft's pass over the chunks with its outputs at the last tokens only. K > 0 keys: the
-draft chain of the decode rows first (their K drafts from the carried heads), the forward,
-acceptance, and one draft pass over every packed token, its outputs at each row's accepted
-index and each last chunk's last token. Stale rows are refreshed before, by the refresh graph.
+iterations run eagerly). K = 0 keys (T = 1): the forward, the decode rows' outputs, and one draft
+pass over every packed token: the chunks' entries and the rows' keep-warm entries (their K/V
+into the scratch block when the plan does not keep warm), its outputs at the last chunks' last
+tokens only. K > 0 keys: the draft chain of the decode rows first (their K drafts from the
+carried heads), the forward, acceptance (row r accepts at most K_r), and one draft pass over every
+packed token, its outputs at each row's accepted index and each last chunk's last token. Stale
+rows are refreshed before, by the refresh graph.
 
 On CPU without Triton (tests) the same functions run uncaptured with gathered SDPA over a batch
 built on the host.
@@ -39,7 +46,6 @@ import torch
 from torch import Tensor
 
 from .attention import RaggedBatch, ragged_batch, uniform_batch
-from .carry import with_device_rows
 from .graphs import capture_chain, chain_cuts, no_cut
 from .kv_cache import SCRATCH_BLOCK
 from .ragged import ITEM_FIELDS, ITEM_TOKENS, plan_items
@@ -59,54 +65,87 @@ def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
 
-def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int]) -> tuple[Key, ...]:
-    """Every (Np, B, T, draft) with room for at least one chunk token, for each row shape (B, T,
-    draft) and chunk-only iterations (0, 1, draft).
+def least_tokens(B: int, T: int, below: int, per_row: bool) -> int:
+    """Pure. The fewest packed tokens an iteration of row bucket B (the bucket below it: `below`)
+    at T = K+1 can have: b = below + 1 rows at K each plus one chunk token, or, where rows may
+    run at their own K (per_row), one row at K, the others at 0, and no chunk.
+    least_tokens(8, 3, 4, False) = 5 x 3 + 1 = 16; least_tokens(8, 3, 4, True) = 3 + 4 = 7."""
+    if B == 0:
+        return 1
+    return below + T if per_row else (below + 1) * T + 1
+
+
+def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int],
+               least=lambda B, T: B * T + 1) -> tuple[Key, ...]:
+    """Every (Np, B, T, draft) some iteration can reach, for each row shape (B, T, draft) and
+    chunk-only iterations (0, 1, draft): the token buckets from least(B, T) (least_tokens) up.
     ((1, 2, True),), buckets (16, 32) -> (16,0,1,T) (16,1,2,T) (32,0,1,T) (32,1,2,T)."""
     shapes = set(rows) | {(0, 1, d) for _, _, d in rows}
-    return tuple(sorted((n, B, T, d) for B, T, d in shapes for n in token_buckets if n > B * T))
+    buckets = sorted(token_buckets)
+    out = set()
+    for B, T, d in shapes:
+        lo = least(B, T) if B else 1
+        first = next((n for n in buckets if n >= lo), None)
+        out.update((n, B, T, d) for n in buckets if first is not None and n >= first)
+    return tuple(sorted(out))
 
 
 def item_cap(Np: int, B: int, T: int, max_chunks: int) -> int:
-    """Pure. Work items a key's launch holds: each decode row's, the chunks' L = Np - B*T tokens
-    cut at most once more per chunk (at most min(L, max_chunks) chunks), and the pad's tail.
-    item_cap(16, 4, 2, 8) = 4 + 2 + 8 + 1 = 15 (ITEM_TOKENS 4)."""
-    L = Np - B * T
-    return B * -(-T // ITEM_TOKENS) + -(-L // ITEM_TOKENS) + min(L, max_chunks) + 1
+    """Pure. Work items a key's launch holds: each decode row's (at most T tokens), the other
+    tokens (chunks and pad, at most Np) cut at most once more per chunk, and the pad's tail.
+    item_cap(16, 4, 2, 8) = 4 + 4 + 8 + 1 = 17 (ITEM_TOKENS 4)."""
+    return B * -(-T // ITEM_TOKENS) + -(-Np // ITEM_TOKENS) + min(Np, max_chunks) + 1
+
+
+def cell_map(row_k: Sequence[int], B: int, T: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Pure. The decode rows' packing: (cell of each packed decode token [n], packed token of each
+    cell [B*T] (cells that verify nothing: 0), n). row_k (2, 0, 1), B 4, T 3:
+    cells [0 1 2 3 6 7], packed [0 1 2 3 0 0 4 5 0 0 0 0], n 6."""
+    lens = np.asarray(row_k, dtype=np.int64) + 1
+    n = int(lens.sum())
+    row = np.repeat(np.arange(len(lens)), lens)                             # [n] row of each token
+    j = np.arange(n) - (np.cumsum(lens) - lens)[row]                        # [n] its index in the row
+    cells = row * T + j
+    packed = np.zeros(B * T, dtype=np.int64)
+    packed[cells] = np.arange(n)
+    return cells, packed, n
 
 
 class WholeMixed:
-    """stage(key, plan) then run(key, b, drafts) -> a mixed iteration from a graph chain per key
-    once `capture` has run (CUDA), else eagerly (CPU, tests)."""
+    """stage(key, plan) then run(key) -> a mixed iteration from a graph chain per key once
+    `capture` has run (CUDA), else eagerly (CPU, tests)."""
 
     CHUNKS = 16               # chunks a graph takes: its launches hold work items for that many
     LAST = CHUNKS             # last chunks among them: rows of the head beside the decode rows
 
     def __init__(self, engine):
-        e, t = engine, engine.target
+        e = engine
         self.e = e
         self.buckets = mixed_buckets(e.max_num_tokens)
         self.top = top = self.buckets[-1]
         self.max_chunks = self.CHUNKS
-        I = 2 * top + 1                   # items of any key: item_cap <= B*T + 2 L + 1 <= 2 Np + 1
+        Tm = e.max_draft_len + 1
+        G = max(e.buckets) * Tm                       # grid cells of the largest row shape
+        I = item_cap(top, max(e.buckets), Tm, self.max_chunks)       # items of any key
         dev, cuda = e.device, e.device.type == "cuda"
         S = self.LAST
-        # staged inputs, int64: tokens | positions | write index [top each] | draft inputs [top + 1:
-        # the last is where padding's scatter lands] | last token (chunk-local) | its place in the
-        # draft inputs | its slot [LAST each] | keep-warm flag [1] | items of the whole batch and
-        # of the chunks alone [4 I each, laid out [4, I_key] from the start]
-        split = (top, top, top, top + 1, S, S, S, 1, ITEM_FIELDS * I, ITEM_FIELDS * I)
+        # staged inputs, int64, each at its packed place (decode tokens' entries unused):
+        #   tokens | positions | write index [top each] | draft inputs [top + 1: the last is where
+        #   padding's scatter lands] | cell of each packed token (-1: not a decode token) [top] |
+        #   packed token of each cell [G] | last token (packed) | its place in the draft inputs |
+        #   its slot [LAST each] | keep-warm flag [1] | work items [4 I, laid out [4, I_key]]
+        split = (top, top, top, top + 1, top, G, S, S, S, 1, ITEM_FIELDS * I)
         with torch.inference_mode():
             self.inp = torch.zeros(sum(split), dtype=torch.long, device=dev)
-            (self.in_tok, self.in_pos, self.in_write, self.in_nxt, self.in_last, self.in_at, self.in_last_slot,
-             self.in_warm, self.in_items, self.in_citems) = self.inp.split(split)
+            (self.in_tok, self.in_pos, self.in_write, self.in_nxt, self.in_cell, self.in_cellp, self.in_last,
+             self.in_at, self.in_last_slot, self.in_warm, self.in_items) = self.inp.split(split)
             self.tokens = torch.zeros(top, dtype=torch.long, device=dev)             # [Np] the forward's inputs
             self.positions = torch.zeros_like(self.tokens)
             self.write_index = torch.zeros_like(self.tokens)
             self.firsts = torch.zeros(S, dtype=torch.long, device=dev)               # [LAST]
         self._host_inp = torch.zeros(sum(split), dtype=torch.long, pin_memory=cuda)
         self._inp_np = np.split(self._host_inp.numpy(), np.cumsum(split)[:-1])   # views, laid out as self.inp
-        self._host_batches: tuple[RaggedBatch, RaggedBatch] | None = None          # CPU without Triton
+        self._host_batch: RaggedBatch | None = None                                 # CPU without Triton
         self._free = None                     # CUDA event: the last copy out of the host buffer is done
         self._fns: dict[Key, Callable] = {}
         self.graphs: dict[Key, object] = {}
@@ -121,30 +160,33 @@ class WholeMixed:
         return next((b for b in self.buckets if b >= n), None)
 
     def key(self, plan) -> Key | None:
-        """The key of a mixed StepPlan: (the token bucket of its padded tokens, its row bucket,
-        K+1, plan.draft); None above the top token bucket or past CHUNKS chunks.
-        Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 16 tokens -> (16, 4, 2, True)."""
-        n = self.bucket(plan.padded_decode_tokens + plan.prefill_tokens)
+        """The key of a StepPlan: (the token bucket of its tokens, its row bucket, K+1, plan.draft);
+        None above the top token bucket or past CHUNKS chunks.
+        Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 14 tokens -> (16, 4, 2, True)."""
+        n = self.bucket(plan.decode_tokens + plan.prefill_tokens)
         if n is None or len(plan.chunks) > self.CHUNKS:
             return None
         return (n, plan.bucket, plan.k + 1, plan.draft)
 
     # ---- host side ------------------------------------------------------------------------
-    def stage(self, key: Key, chunks: Sequence, keep_warm: bool, slots: Sequence[int] = ()) -> None:
+    def stage(self, key: Key, chunks: Sequence, keep_warm: bool, slots: Sequence[int] = (),
+              row_k: Sequence[int] = ()) -> None:
         """An iteration of `key`'s inputs, laid out on the host and copied in one transfer: the
-        chunks' tokens from packed index B*T on, every token past them padding (token 0 at position
-        0 of the padding slot, K/V into the scratch block), and the work items of decode rows in
-        `slots` (rows past them on the padding slot), the chunks and the pad."""
+        decode rows in `slots` at row_k[r] + 1 tokens each (default T), the chunks' tokens after
+        them, every token past them padding (token 0 at position 0 of the padding slot, K/V into
+        the scratch block), the cell map and the work items."""
         e, bs, top = self.e, self.e.block_size, self.top
         Np, B, T, _ = key
-        n, L = B * T, Np - B * T
         if self._free is not None:
             self._free.synchronize()
-        tok, pos, write, nxt, last, at, last_slot, warm, items, citems = self._inp_np
+        tok, pos, write, nxt, cell, cellp, last, at, last_slot, warm, items = self._inp_np
+        row_k = tuple(row_k) or (T - 1,) * len(slots)
+        cells, packed, n = cell_map(row_k, B, T)
         tok[:], pos[:], write[:] = 0, 0, SCRATCH_BLOCK * bs
-        nxt[:], last[:], at[:], last_slot[:] = 0, 0, top, e.pad_slot
+        nxt[:], cell[:], last[:], at[:], last_slot[:] = 0, -1, 0, top, e.pad_slot
+        cell[:n], cellp[:B * T] = cells, packed
         warm[0] = int(keep_warm)
-        i, m = 0, 0
+        i, m = n, 0
         for c in chunks:
             k = len(c.tokens)
             table = e._table(c.slot)
@@ -158,20 +200,15 @@ class WholeMixed:
                 last[m], at[m], last_slot[m] = i + k - 1, i + k - 1, c.slot
                 m += 1
             i += k
-        # the pad's tail: rows of one work item each (its tokens at 0.. on CPU, all at 0 staged)
-        rows = [(c.slot, len(c.tokens)) for c in chunks] + [(e.pad_slot, min(ITEM_TOKENS, L - j))
-                                                            for j in range(i, L, ITEM_TOKENS)]
-        row_slots = list(slots) + [e.pad_slot] * (B - len(slots))
-        ia, ic = item_cap(Np, B, T, self.max_chunks), item_cap(L, 0, 1, self.max_chunks)
-        items[:ITEM_FIELDS * ia] = plan_items(row_slots + [s for s, _ in rows], [T] * B + [k for _, k in rows], pad_to=ia).ravel()
-        citems[:ITEM_FIELDS * ic] = plan_items([s for s, _ in rows], [k for _, k in rows], pad_to=ic).ravel()
+        # rows: the decode rows, the chunks, the pad's tail in rows of one work item each
+        tail = [(e.pad_slot, min(ITEM_TOKENS, Np - j)) for j in range(i, Np, ITEM_TOKENS)]
+        rows = ([(s, k + 1) for s, k in zip(slots, row_k)] + [(c.slot, len(c.tokens)) for c in chunks] + tail)
+        ia = item_cap(Np, B, T, self.max_chunks)
+        items[:ITEM_FIELDS * ia] = plan_items([s for s, _ in rows], [k for _, k in rows], pad_to=ia).ravel()
         self.inp.copy_(self._host_inp, non_blocking=True)
-        if not e.triton:                     # gathered SDPA's batches (CPU): decode rows at the host's positions
-            starts = list(e.pos[:B].tolist()) + [c.start for c in chunks] + [0] * (len(rows) - len(chunks))
-            lens = [T] * B + [k for _, k in rows]
-            c_rows = [(s, st, k) for (s, k), st in zip(rows, starts[B:])]
-            whole = ragged_batch(e.block_tables, row_slots + [s for s, _ in rows], starts, lens, bs)
-            self._host_batches = whole, ragged_batch(e.block_tables, *map(list, zip(*c_rows)), bs)
+        if not e.triton:                     # gathered SDPA's batch (CPU): decode rows at the host's positions
+            starts = list(e.pos[:len(slots)].tolist()) + [c.start for c in chunks] + [0] * len(tail)
+            self._host_batch = ragged_batch(e.block_tables, [s for s, _ in rows], starts, [k for _, k in rows], bs)
         if e.device.type == "cuda":
             if self._free is None:
                 self._free = torch.cuda.Event()
@@ -183,110 +220,109 @@ class WholeMixed:
             self._fns[key] = self._make(*key)
         return self._fns[key]
 
-    def _batches(self, Np: int, B: int, T: int) -> tuple[RaggedBatch, RaggedBatch]:
-        """(the whole batch, the chunks' alone) over the static buffers, for the ragged kernel."""
-        e, n = self.e, B * T
-        ia, ic = item_cap(Np, B, T, self.max_chunks), item_cap(Np - n, 0, 1, self.max_chunks)
-
-        def batch(lo: int, items: Tensor) -> RaggedBatch:
-            pos = self.positions[lo:Np]
-            return RaggedBatch(pos, self.write_index[lo:Np], pos[None], e.slot[:rows], e.block_tables[:1],
-                               e.block_size, items=(items, e.block_tables))
-
-        rows = B + 1                      # the decode rows and a chunk: what sizes the kernel's splits
-        F = ITEM_FIELDS
-        return batch(0, self.in_items[:F * ia].view(F, ia)), batch(n, self.in_citems[:F * ic].view(F, ic))
+    def _batch(self, Np: int, B: int, T: int) -> RaggedBatch:
+        """The whole batch over the static buffers, for the ragged kernel."""
+        e = self.e
+        ia = item_cap(Np, B, T, self.max_chunks)
+        pos = self.positions[:Np]
+        return RaggedBatch(pos, self.write_index[:Np], pos[None], e.slot[:B + 1], e.block_tables[:1],
+                           e.block_size, items=(self.in_items[:ITEM_FIELDS * ia].view(ITEM_FIELDS, ia),
+                                                e.block_tables))     # B + 1 rows: what sizes the kernel's splits
 
     def _make(self, Np: int, B: int, T: int, draft: bool) -> Callable:
-        e, t, bs, S = self.e, self.e.target, self.e.block_size, self.LAST
-        n, L = B * T, Np - B * T
-        rows = torch.arange(n, device=e.device)
+        e, t = self.e, self.e.target
+        n = B * T                                   # grid cells
 
         def run(cut: Callable[[int], None]) -> None:
-            logit_index = torch.cat([rows, n + self.in_last])                              # [n + LAST]
-            dec = D = None
+            cell = self.in_cell[:Np]
+            dec = cell >= 0                                                              # [Np] decode tokens
+            cell = cell.clamp(min=0)
+            D = None
             if n:
                 vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
-                dec = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, bs)
+                grid = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, e.block_size)
                 if T > 1:                                                                # pending tokens, then drafts
                     D = e.draft_chain(B, T - 1)                                          # [B, K]
-                    self.tokens[:n].copy_(torch.cat([e.x[:B, None], D], 1).reshape(-1))
+                    toks = torch.cat([e.x[:B, None], D], 1).reshape(-1)                 # [B*T]
                 else:
-                    self.tokens[:n].copy_(e.x[:B])
-                self.positions[:n].copy_(dec.positions)
-                self.write_index[:n].copy_(dec.write_index)
-            self.tokens[n:Np].copy_(self.in_tok[:L])
-            self.positions[n:Np].copy_(self.in_pos[:L])
-            self.write_index[n:Np].copy_(self.in_write[:L])
-            if e.triton:
-                whole, chunks = self._batches(Np, B, T)
+                    toks = e.x[:B]
+                self.tokens[:Np].copy_(torch.where(dec, toks[cell], self.in_tok[:Np]))
+                self.positions[:Np].copy_(torch.where(dec, grid.positions[cell], self.in_pos[:Np]))
+                self.write_index[:Np].copy_(torch.where(dec, grid.write_index[cell], self.in_write[:Np]))
             else:
-                whole, chunks = self._host_batches
-                if n:
-                    whole = with_device_rows(whole, e.pos, e.slot, e.block_tables, B, T)
+                self.tokens[:Np].copy_(self.in_tok[:Np])
+                self.positions[:Np].copy_(self.in_pos[:Np])
+                self.write_index[:Np].copy_(self.in_write[:Np])
+            whole = self._batch(Np, B, T) if e.triton else self._device_rows(Np)
+            logit_index = torch.cat([self.in_cellp[:n], self.in_last])                   # [B*T + LAST]
             t.layer_hook = cut
             try:
                 g, H = t.run(self.tokens[:Np], whole, capture=e.capture if draft else (), logit_index=logit_index,
-                             attention=e.decode_attention(), greedy=True)                # [n + LAST], [Np, n*h]
+                             attention=e.decode_attention(), greedy=True)                # [B*T + LAST], [Np, w]
             finally:
                 t.layer_hook = None
-            if T == 1 and not draft:                       # the target alone: the outputs, nothing more
-                self.firsts.copy_(g[n:])
+            self.firsts.copy_(g[n:])
+            if T == 1:
                 if n:
                     e.out_tokens[:B, 0] = g[:n]
                     e.out_n[:B] = 0
-            elif T == 1:
-                self._finish(g, H, n, B, Np, dec, chunks)
+                if draft:
+                    self._finish(g, H, B, Np, dec, cell, whole)
             else:
-                self._verify(g, H, D, B, T, Np, whole)
+                self._verify(g, H, D, B, T, Np, dec, cell, whole)
 
         return run
 
-    def _verify(self, g: Tensor, H: Tensor, D: Tensor | None, B: int, T: int, Np: int, whole: RaggedBatch) -> None:
+    def _device_rows(self, Np: int) -> RaggedBatch:
+        """CPU (SDPA): the host-built batch with the decode tokens' positions and K/V write
+        indices from the device buffers (the overlapped loop's carried rows get theirs there)."""
+        b = self._host_batch
+        rows = (self.in_cell[:Np] >= 0).nonzero().squeeze(1)                     # [n] decode tokens
+        positions, write = b.positions.clone(), b.write_index.clone()
+        positions[rows], write[rows] = self.positions[rows], self.write_index[rows]
+        q_pos = b.q_pos.clone()
+        q_pos.view(-1)[b.out_index[rows]] = self.positions[rows]
+        return RaggedBatch(positions, write, q_pos, b.slots, b.tables, b.block_size, b.ragged, b.items)
+
+    def _verify(self, g: Tensor, H: Tensor, D: Tensor, B: int, T: int, Np: int, dec: Tensor, cell: Tensor,
+                whole: RaggedBatch) -> None:
         """A K > 0 iteration's end, as the decode graphs' spec step does it: acceptance over the B
-        rows, then one draft pass over every packed token (the rows' catch-up entries (E_i, H_i)
-        and the chunks' entries (x_{p+1}, h_p)), its head at each row's accepted index and at each
-        last chunk's last token. g [B*T + LAST], H [Np, n*h].
-        Example B=2, T=3, accepted n = (1, 2), one last chunk ending at chunk index 4:
-            heads = [0*3 + 1, 1*3 + 2, 6 + 4] = [1, 5, 10]."""
+        rows' grid (row r at most K_r: engine.accept), then one draft pass over every packed token
+        (the rows' catch-up entries (E_i, H_i) and the chunks' entries (x_{p+1}, h_p)), its head at
+        each row's accepted cell and at each last chunk's last token. g [B*T + LAST], H [Np, w].
+        Example rows at K = (2, 0, 1), T = 3, packed cells as in the module docstring, accepted
+        (1, 0, 1), one last chunk ending at packed 10: heads = packed of cells (1, 3, 7) + [10] = [1, 3, 5, 10]."""
         e, n = self.e, B * T
-        firsts = g[n:]
-        self.firsts.copy_(firsts)
-        self.in_nxt.index_copy_(0, self.in_at, firsts)       # a last chunk's x_e is its first generated token
+        self.in_nxt.index_copy_(0, self.in_at, g[n:])       # a last chunk's x_e is its first generated token
         acc, E = e.accept(D, g[:n].view(B, T))                                             # [B], [B, T]
         e.out_tokens[:B, :T] = E
         e.out_n[:B] = acc
-        tokens = torch.cat([E.reshape(-1), self.in_nxt[:Np - n]])                          # [Np]
-        heads = torch.cat([torch.arange(B, device=e.device) * T + acc, n + self.in_last])  # [B + LAST]
+        tokens = torch.where(dec, E.reshape(-1)[cell], self.in_nxt[:Np])                  # [Np]
+        heads = torch.cat([self.in_cellp[torch.arange(B, device=e.device) * T + acc], self.in_last])   # [B + LAST]
         slot = torch.cat([e.slot[:B], self.in_last_slot])
         d, dh = e.draft.run(tokens, H[:Np], whole, e.decode_attention(), greedy=True, rows=heads)
         e.next_draft[slot] = e.draft.to_target_ids(d)
         e.draft_hidden[slot] = dh
         e.last_capture[slot] = H[heads]
 
-    def _finish(self, g: Tensor, H: Tensor, n: int, B: int, Np: int, dec, chunks: RaggedBatch) -> None:
-        """A K = 0 iteration's end, as the engine's eager path (engine._mixed) does it: the rows'
-        tokens, captures and keep-warm K/V; the draft's pass over the chunks, its head at the last
-        tokens only."""
+    def _finish(self, g: Tensor, H: Tensor, B: int, Np: int, dec: Tensor, cell: Tensor, whole: RaggedBatch) -> None:
+        """A K = 0 iteration's end: the rows' captures, then one draft pass over every packed token,
+        the rows' keep-warm entries (g_r, h_r) (K/V into the scratch block unless the plan keeps
+        warm) and the chunks' (x_{p+1}, h_p), its head at the last chunks' last tokens only."""
         e = self.e
-        firsts = g[n:]
-        self.firsts.copy_(firsts)
-        if n:
-            e.out_tokens[:B, 0] = g[:n]
-            e.out_n[:B] = 0
-            e.last_capture[e.slot[:B]] = H[:n]
-            scratch = SCRATCH_BLOCK * e.block_size
-            warm = torch.where(self.in_warm != 0, dec.write_index, torch.full_like(dec.write_index, scratch))
-            e.draft.extend_kv(g[:n], H[:n], RaggedBatch(dec.positions, warm, dec.q_pos, dec.slots, dec.tables,
-                                                        dec.block_size))
-        # draft entries of the chunks: (x_{p+1}, h_p); a last chunk's x_e is its first generated token
-        self.in_nxt.index_copy_(0, self.in_at, firsts)
-        d, dh = e.draft.run(self.in_nxt[:Np - n], H[n:Np], chunks, e.decode_attention(), greedy=True,
-                            rows=self.in_last)                                                     # [LAST]
+        if B:
+            e.last_capture[e.slot[:B]] = H[self.in_cellp[:B]]
+        self.in_nxt.index_copy_(0, self.in_at, g[B:])      # a last chunk's x_e is its first generated token
+        tokens = torch.where(dec, g[:B][cell], self.in_nxt[:Np]) if B else self.in_nxt[:Np]     # [Np]
+        scratch = torch.full_like(whole.write_index, SCRATCH_BLOCK * e.block_size)
+        write = torch.where(dec & (self.in_warm == 0), scratch, whole.write_index)
+        batch = RaggedBatch(whole.positions, write, whole.q_pos, whole.slots, whole.tables, whole.block_size,
+                            whole.ragged, whole.items)
+        d, dh = e.draft.run(tokens, H[:Np], batch, e.decode_attention(), greedy=True, rows=self.in_last)   # [LAST]
         slot = self.in_last_slot
         e.next_draft[slot] = e.draft.to_target_ids(d)
         e.draft_hidden[slot] = dh
-        e.last_capture[slot] = H[n + self.in_last]
+        e.last_capture[slot] = H[self.in_last]
 
     # ---- graphs ---------------------------------------------------------------------------
     def capture(self, keys: Iterable[Key]) -> int:
@@ -321,10 +357,10 @@ class WholeMixed:
         self.tokens.zero_()
         self.positions.zero_()
         self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)
-        self.stage(key or (self.top, 0, 1, True), (), keep_warm=False)     # no chunks: every staged input padding
+        self.stage(key or (self.top, 0, 1, True), (), keep_warm=False)     # no rows, no chunks: every input padding
 
     def run(self, key: Key) -> Tensor:
-        """One whole mixed iteration of `key` after `stage` (pending tokens, positions and slots of
+        """One whole iteration of `key` after `stage` (pending tokens, positions and slots of
         its decode rows already in the engine's x / pos / slot, padding rows past the real ones;
         stale rows refreshed before): its outputs in the engine's out_tokens / out_n and carried
         state, and the first generated token of each last chunk, in the returned self.firsts [LAST]."""

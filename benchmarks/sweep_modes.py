@@ -3,6 +3,7 @@
     baseline   K = 0 always                 static     one K (--static-k) for every batch size
     static:K   that K for every batch size  dynamic    the engine's (or a tuned) schedule
     adaptive   the cost model's policy (runtime/adaptive.py)
+    per-request  each row's own K from its acceptance and the cost model (runtime/per_request.py)
 A mode runs through the executor's serving loop (runtime/loop.py serving_loop: overlapped on CUDA,
 serial on CPU, or as engine.json reference.overlap pins it), unless it names one with a suffix:
     'dynamic+serial'    the serial loop          'dynamic+overlap'   the overlapped loop
@@ -20,7 +21,8 @@ from dynspec.runtime.policy import DraftSchedule
 
 
 MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
-ALL_MODES = MODES + ("adaptive",)                     # and static:K, K in 1..MAX_STATIC_K
+COST_MODES = ("adaptive", "per-request")              # the modes that read a cost model
+ALL_MODES = MODES + COST_MODES                        # and static:K, K in 1..MAX_STATIC_K
 TRTLLM_MODES = MODES
 SERIAL = "+serial"            # a mode's loop suffixes: 'dynamic+serial' runs Executor(loop=Loop.SERIAL),
 OVERLAP = "+overlap"          # 'dynamic+overlap' Executor(loop=Loop.OVERLAPPED); no suffix: the serving loop
@@ -102,7 +104,7 @@ def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int |
                    max_batch_size: int) -> dict[str, DraftSchedule]:
     """baseline: K=0 always; static: K for every batch size; static:K that K; dynamic: the engine's
     (or a tuned) schedule; a mode with a loop suffix ('static:3+overlap') its base mode's.
-    Adaptive is not a schedule (adaptive_policy).
+    Adaptive and per-request are not schedules (cost_policy).
 
     static_k defaults to the dynamic schedule's max_draft_len: 'what if we never switched'."""
     out = {}
@@ -123,16 +125,16 @@ def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int |
 
 
 def cost_model_path(args: argparse.Namespace) -> Path:
-    """--cost-model, else ENGINE_DIR/cost_model.json; the adaptive mode's one source."""
+    """--cost-model, else ENGINE_DIR/cost_model.json; the adaptive and per-request modes' one source."""
     if args.cost_model:
         p = Path(args.cost_model)
     elif getattr(args, "engine_dir", None):
         p = Path(args.engine_dir) / "cost_model.json"
     else:
-        raise DynspecError("adaptive mode needs a cost model: give --cost-model FILE (no --engine-dir to find"
+        raise DynspecError("adaptive and per-request modes need a cost model: give --cost-model FILE (no --engine-dir to find"
                            " cost_model.json in)")
     if not p.is_file():
-        raise DynspecError(f"adaptive mode needs a cost model and {p} does not exist: write it with"
+        raise DynspecError(f"adaptive and per-request modes need a cost model and {p} does not exist: write it with"
                            f" `dynspec profile ... --out {p}` or give --cost-model FILE")
     return p
 
@@ -145,9 +147,23 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
     return load_policy(path, max_draft_len)
 
 
+def cost_policy(mode: str, path: Path, max_draft_len: int | None):
+    """The policy of a cost-model mode ('adaptive' or 'per-request'), K at most max_draft_len."""
+    if base_mode(mode) == "adaptive":
+        return adaptive_policy(path, max_draft_len)
+    from dynspec.runtime.cost_model import CostModel
+    from dynspec.runtime.per_request import PerRequestPolicy
+
+    return PerRequestPolicy(CostModel.load(path), max_draft_len=max_draft_len)
+
+
 def policy_label(policy) -> str:
-    """A schedule's CLI form ('24:3,179:1'); 'adaptive' for the adaptive policy."""
-    return policy.to_spec() if isinstance(policy, DraftSchedule) else "adaptive"
+    """A schedule's CLI form ('24:3,179:1'); 'adaptive' or 'per-request' for the cost-model policies."""
+    from dynspec.runtime.per_request import RowPolicy
+
+    if isinstance(policy, DraftSchedule):
+        return policy.to_spec()
+    return "per-request" if isinstance(policy, RowPolicy) else "adaptive"
 
 
 def shift_of(model) -> dict | None:

@@ -15,8 +15,9 @@ engine.json (written by `dynspec build`):
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
                 "keep_warm": true, "max_num_tokens": 8192, "graphs": "full", "overlap": "auto"},
   "llm_api_options": "llm_api_options.yaml",
-  "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance
-  "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is "adaptive"
+  "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance,
+                                           # or "per-request": each row's own K (runtime/per_request.py)
+  "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is not "schedule"
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
 }
@@ -58,7 +59,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 MAX_TP = 1024                   # ranks per replica
 MAX_ENGINE_JSON_BYTES = 64 * 2**20   # engine.json with both manifests is a few kB
 STR_FIELDS = ("target_dir", "draft_dir", "trtllm_version", "llm_api_options", "cost_model")
-POLICIES = ("schedule", "adaptive")       # runtime/policy.py's DraftSchedule | runtime/adaptive.py
+POLICIES = ("schedule", "adaptive", "per-request")   # runtime/policy.py | runtime/adaptive.py | runtime/per_request.py
 COST_MODEL_JSON = "cost_model.json"
 INT_FIELDS = ("tp", "max_batch_size", "max_seq_len")
 MAP_FIELDS = ("manifests", "build")
@@ -249,8 +250,8 @@ class EngineConfig:
             draft_dir=str((engine_dir / cfg.draft_dir).resolve()),
             cost_model=str((engine_dir / cfg.cost_model).resolve()),
         )
-        if cfg.policy == "adaptive" and not Path(cfg.cost_model).is_file():
-            raise DynspecError(f"{path}: field 'policy' is 'adaptive' but its cost model {cfg.cost_model} does not "
+        if cfg.policy != "schedule" and not Path(cfg.cost_model).is_file():
+            raise DynspecError(f"{path}: field 'policy' is '{cfg.policy}' but its cost model {cfg.cost_model} does not "
                                f"exist; write it with `dynspec profile --context-lens ... --out {cfg.cost_model}`")
         return cfg
 

@@ -67,21 +67,22 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     return load_reference_engine(cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype, **sizes)
 
 
-def capture(engine, keys, ref, strict: bool = True) -> int:
+def capture(engine, keys, ref, strict: bool = True, per_row: bool = False) -> int:
     """Prepare a CUDA engine as `ref` (ReferenceSettings) asks: under GraphMode.FULL the decode
     graphs of `keys` (reachable_graphs) and the whole-forward graphs of mixed iterations; in
     either mode the eager chunk path compiled (engine.warm_chunks: the ragged kernel's item form,
     the glue at several token counts). Returns how many
     graphs. strict=False (serving): a whole-forward capture that fails is reported on stderr and
     mixed iterations run eagerly; benchmarks keep strict, so a result never carries a label it
-    did not run with."""
+    did not run with. per_row: a policy that sets each row's K (its iterations take whole graphs
+    of fewer tokens: engine.capture_whole_graphs)."""
     if ref.graphs is not GraphMode.FULL:
         engine.warm_chunks()
         return 0
     n = engine.capture_decode_graphs(keys)
     engine.warm_chunks()                 # before the whole graphs: its chunk-only steps run eagerly then
     try:
-        n += engine.capture_whole_graphs(keys)
+        n += engine.capture_whole_graphs(keys, per_row=per_row)
     except Exception as e:
         if strict:
             raise
@@ -92,13 +93,16 @@ def capture(engine, keys, ref, strict: bool = True) -> int:
 
 
 def policy_of(cfg: EngineConfig):
-    """engine.json's policy: its schedule, or the adaptive policy on its cost model."""
-    if cfg.policy == "adaptive":      # a K above the schedule's max_draft_len is refused, naming the file
+    """engine.json's policy: its schedule, or the adaptive or per-request policy on its cost model
+    (per-request: each K_i capped by the schedule's K at b)."""
+    if cfg.policy in ("adaptive", "per-request"):   # a K above the schedule's max_draft_len is refused, naming the file
         from dynspec.runtime.adaptive import AdaptivePolicy
         from dynspec.runtime.cost_model import CostModel
+        from dynspec.runtime.per_request import PerRequestPolicy
 
         k = cfg.schedule.max_draft_len
-        return AdaptivePolicy(CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}"))
+        cost = CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}")
+        return AdaptivePolicy(cost) if cfg.policy == "adaptive" else PerRequestPolicy(cost, cap=cfg.schedule)
     return cfg.schedule
 
 
@@ -110,13 +114,14 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | No
     stats_limit: the Executor's bound on its per-iteration stats log (None: its default)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.executor import Executor
+    from dynspec.runtime.per_request import RowPolicy
 
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
     policy = policy or policy_of(cfg)
     engine = open_reference_engine(cfg, device=device, max_draft_len=policy.max_draft_len, **overrides)
     if device.startswith("cuda"):
         capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
-                strict=False)
+                strict=False, per_row=isinstance(policy, RowPolicy))
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
     return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy,
                     loop=cfg.reference.loop(engine.device), **limit)

@@ -5,6 +5,7 @@ eager path and the whole-forward functions; plus the row table and the censored 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,3 +207,34 @@ def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
         easy, hard = out["per-request"][0.9], out["per-request"][0.1]
         assert easy >= 1.8 and hard <= 0.5, out
         assert abs(out["adaptive"][0.9] - out["adaptive"][0.1]) < 0.5, out       # one K for both
+
+
+def test_trace_replay_on_the_engine_accepts_the_recorded_runs(tmp_path):
+    """TraceReplay on the reference engine: each row accepts min(r, K_i), r its request's recorded
+    run at its pending position (acceptance.accept_lengths, the host's reading of the trace)."""
+    from dynspec.runtime.acceptance import TraceReplay, accept_lengths
+    from dynspec.runtime.plan import PromptChunk
+    from tests.helpers_models import make_tiny_pair
+
+    trace = TraceReplay(str(Path(__file__).parents[1] / "benchmarks" / "traces" / "tiny_pair.json"), seed=1)
+    t, d = make_tiny_pair(tmp_path, vocab=96, hidden=32, layers=3, heads=2, kv_heads=1, seed=1, draft_vocab=64,
+                          draft_seed=2)
+    eng = load_reference_engine(t, d, dtype=torch.float32, max_batch_size=6, max_seq_len=96, max_draft_len=4)
+    keys = [3, 11, 12, 40, 41, 77]
+    slots = [eng.reserve(80, key=k) for k in keys]
+    lens = [5, 9, 6, 12, 7, 10]
+    first = make_plan(0, (), (), (), False, eng.buckets,
+                      chunks=[PromptChunk(s, 0, tuple(range(1, n + 1)), None) for s, n in zip(slots, lens)])
+    firsts = eng.step(first, trace).first_tokens
+    pos, pend, seen = list(lens), list(firsts), set()
+    for step in range(12):
+        row_k = tuple((step + i) % 5 for i in range(6))
+        plan = make_plan(max(row_k), pos, pend, (True,) * 6 if step == 0 else (False,) * 6, False, eng.buckets,
+                         slots=slots, row_k=row_k)
+        res = eng.step(plan, trace)
+        want = [accept_lengths(trace, k, p, kk) for k, p, kk in zip(keys, pos, row_k)]
+        assert list(res.accepted) == want, (step, res.accepted, want)
+        seen.update(want)
+        pos = [p + n + 1 for p, n in zip(pos, res.accepted)]
+        pend = [em[-1] for em in res.emitted]
+    assert len(seen) >= 3                                    # runs of several lengths replayed

@@ -48,7 +48,8 @@ import numpy as np
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Greedy, accepted_prefix, draft_uniforms, rate_of
+from dynspec.runtime.acceptance import (AcceptanceModel, Greedy, TraceReplay, accepted_prefix, draft_uniforms, rate_of,
+                                        trace_table)
 from dynspec.runtime.engines.reference.attention import (RaggedBatch, ragged_batch, sdpa_attention, to_device,
                                                          uniform_batch)
 from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, gather_carried, last_chunk_rows,
@@ -63,6 +64,7 @@ from dynspec.runtime.policy import speculates
 
 
 ATTENTIONS = ("auto", "triton", "sdpa")
+TRACE_LEN = 512           # recorded offsets a replayed request may hold (acceptance.TraceReplay)
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,9 @@ class ReferenceEngine:
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
         self._slot_p = torch.zeros(n, dtype=torch.float32, device=dev)         # [S] Bernoulli p of the slot's request
         self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
+        self.replay = torch.zeros((), dtype=torch.bool, device=dev)            # a trace instead (benchmarks)
+        self.slot_trace = torch.zeros(n, TRACE_LEN, dtype=torch.long, device=dev)   # [S, TRACE_LEN] recorded r
+        self.slot_trace_len = torch.ones(n, dtype=torch.long, device=dev)           # [S] its length
         self.accept_seed = torch.zeros((), dtype=torch.long, device=dev)       # Bernoulli seed
         self._slot_key = torch.zeros(n, dtype=torch.long, device=dev)          # [S] request key (reserve)
         self._keys: dict[int, int] = {}          # host copy of slot_key for the reserved slots
@@ -296,6 +301,8 @@ class ReferenceEngine:
         self._slot_key.index_copy_(0, live_d, keys_d)
         if self._acceptance is not None:
             self._slot_p.index_copy_(0, live_d, rates_d.view(torch.float64).to(torch.float32))
+        if isinstance(self._acceptance, TraceReplay) and live:
+            self._write_traces(live, keys)
         self._block_owner.index_copy_(0, owned_d, owner_d)
         self._block_logical.index_copy_(0, owned_d, logical_d)
         self._block_owner.index_fill_(0, freed_d, -1)
@@ -384,8 +391,25 @@ class ReferenceEngine:
         bern = not isinstance(acceptance, Greedy)
         self.accept_seed.fill_(getattr(acceptance, "seed", 0))
         self.bernoulli.fill_(bern)
+        self.replay.fill_(isinstance(acceptance, TraceReplay))
+        if isinstance(acceptance, TraceReplay) and self._keys:
+            self._acceptance = acceptance
+            self._write_traces(list(self._keys), list(self._keys.values()))
         self.slot_p.copy_(to_device(rates, self.device))          # pinned: the host does not wait
         self._acceptance = acceptance
+
+    def _write_traces(self, slots: list[int], keys: list[int]) -> None:
+        """Each slot's replayed sequence (acceptance.trace_table) into slot_trace, in one copy."""
+        table, lengths = trace_table(self._acceptance, keys)                  # [n, L] int8, [n]
+        if table.shape[1] > TRACE_LEN:
+            raise DynspecError(f"acceptance {self._acceptance}: recorded sequences of {table.shape[1]} offsets; "
+                               f"the reference engine replays up to {TRACE_LEN}")
+        rows = np.zeros((len(slots), TRACE_LEN + 2), dtype=np.int64)
+        rows[:, 0], rows[:, 1] = slots, lengths
+        rows[:, 2:2 + table.shape[1]] = table
+        d = to_device(torch.from_numpy(rows), self.device)
+        self.slot_trace.index_copy_(0, d[:, 0], d[:, 2:])
+        self.slot_trace_len.index_copy_(0, d[:, 0], d[:, 1])
 
     def _run(self, key: GraphKey, read: int) -> None:
         if self.on_dispatch is not None:
@@ -451,12 +475,15 @@ class ReferenceEngine:
         n <= row_k[r]: a row at K_r < K takes the target's token at index K_r at the latest, which
         followed only accepted drafts (lossless; the drafts past K_r are verified and dropped).
         Bernoulli models: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p of the
-        row's request (slot_p[slot], set from rate_of(model, key))."""
+        row's request (slot_p[slot], set from rate_of(model, key)). TraceReplay: d_i is accepted iff
+        i <= r, r the request's recorded run length at its pending position (wrapping at its length)."""
         B, K = D.shape
         steps = torch.arange(K + 1, device=D.device)
         slot = self.slot[:B]
         u = draft_uniforms(self.accept_seed, self.slot_key[slot], self.pos[:B, None] + steps[None, 1:])
         rand = u < self.slot_p[slot][:, None]                                            # [B, K]
+        r = self.slot_trace[slot, self.pos[:B] % self.slot_trace_len[slot]]                # [B] recorded run
+        rand = torch.where(self.replay, steps[None, 1:] <= r[:, None], rand)
         n = accepted_prefix(torch.where(self.bernoulli, rand, D == g[:, :K]))           # [B]
         n = torch.minimum(n, self.row_k[:B])          # row r accepts at most its own K_r (plan.row_k)
         return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)

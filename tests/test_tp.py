@@ -423,6 +423,20 @@ def test_tp2_with_whole_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_tp2_per_row_k_through_whole_forwards_and_the_overlapped_loop_equals_transformers(tmp_path, pair, tp1_outputs):
+    """Each row's own K drawn afresh every iteration (runtime/per_request.py), the rows packed
+    unpadded in the whole forwards, the overlapped loop, mpirun -n 2: every rank runs the same
+    steps and the tokens are transformers' greedy ones."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--per-row", "5", "--whole-mixed", "--overlap")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["outputs"] == tp1_outputs[0]
+    check_same_steps(doc, range(2))
+    assert doc["per_row_steps"] > 10 and doc["whole_runs"][0] == doc["whole_runs"][1] > doc["per_row_steps"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_tp2_overlapped_loop_equals_tp1_and_transformers(tmp_path, pair, tp1_outputs):
     """The overlapped executor loop under mpirun -n 2: the leader broadcasts the plan of i+1 (rows
     carried on the device) before reading i's result; every rank runs the same launches, through

@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--whole-mixed", action="store_true",
                     help="mixed iterations through mixed_graphs.py's functions (uncaptured on CPU)")
     ap.add_argument("--overlap", action="store_true", help="the executor's overlapped loop (Executor(loop=Loop.OVERLAPPED))")
+    ap.add_argument("--per-row", type=int, metavar="SEED",
+                    help="each row's K drawn afresh every iteration (FlipRows, seeded), up to the schedule's max K")
     ap.add_argument("--out")
     ap.add_argument("--fault", choices=("kill", "hang", "raise"))
     ap.add_argument("--fault-at", type=int, default=3)
@@ -101,7 +103,7 @@ def main() -> None:
             captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
                                                                  engine.max_num_tokens))
         if a.whole_mixed:
-            engine.capture_whole_graphs()
+            engine.capture_whole_graphs(per_row=a.per_row is not None)
         rec = StepRecorder(engine)
         return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
 
@@ -141,8 +143,27 @@ def drive(ex: Executor, jobs: list[Job]) -> list:
     return [h.result() for h in handles]
 
 
+class FlipRows:
+    """A row policy (runtime/per_request.py) drawing each row's K afresh every iteration."""
+    shrinkage, drafts, chooses_keep_warm = 4.0, True, False
+
+    def __init__(self, max_draft_len: int, seed: int):
+        import random
+
+        self.max_draft_len, self.rng = max_draft_len, random.Random(seed)
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        return tuple(range(self.max_draft_len + 1))
+
+    def decide_rows(self, x):
+        from dynspec.runtime.per_request import RowDecision
+
+        return RowDecision(tuple(self.rng.randint(0, x.max_k) for _ in range(x.batch_size)), True, None, None)
+
+
 def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
-    ex = Executor(engine, sched, keep_warm=not a.no_keep_warm, loop=loop_of(a))
+    policy = sched if a.per_row is None else FlipRows(sched.max_draft_len, a.per_row)
+    ex = Executor(engine, policy, keep_warm=not a.no_keep_warm, loop=loop_of(a))
     if a.fault:
         ex.start()                                   # the serving loop, as Triton runs it
         handles = [ex.submit(j.ids, j.max_new) for j in jobs[: a.concurrency]]
@@ -156,7 +177,8 @@ def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
     results = drive(ex, jobs)
     ex.run_until_idle()                              # overlapped: the last launched iteration's result
     return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results],
-            "overlapped": sum(s.overlapped for s in ex.stats), "iterations": len(ex.stats)}
+            "overlapped": sum(s.overlapped for s in ex.stats), "iterations": len(ex.stats),
+            "per_row_steps": sum(1 for s in ex.stats if s.drafted not in (0, s.batch_size * s.k))}
 
 
 if __name__ == "__main__":

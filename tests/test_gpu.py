@@ -483,3 +483,27 @@ def test_first_max_equals_argmax_on_cuda(rows):
     x[0, 128255], x[0, 70000] = 1, 1
     assert torch.equal(first_max(x)[1], x.argmax(dim=-1))
     assert first_max(x)[1][0] == 70000
+
+
+def test_per_row_k_through_captured_whole_graphs_equals_transformers(pair, monkeypatch):
+    """Each row's K drawn afresh every iteration (tests/test_per_request.py's FlipRows): the rows
+    packed unpadded at K_i + 1 tokens in captured whole graphs (per_row keys), every per-row and
+    mixed iteration within the top token bucket replayed from a graph, and transformers' tokens."""
+    from tests.test_per_request import FlipRows
+
+    runs = _spy_whole(monkeypatch)
+    policy = FlipRows(4, seed=2)
+    eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
+                                max_draft_len=4, max_num_tokens=64)
+    eng.capture_graphs(reachable_graphs([policy], 16, True, 64), per_row=True)
+    runs.clear()
+    rng = random.Random(4)
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]
+    lens = [4 + 3 * i for i in range(16)]
+    ex = Executor(eng, policy, loop=Loop.OVERLAPPED)
+    handles = [ex.submit(p, n) for p, n in zip(prompts, lens)]
+    ex.run_until_idle()
+    per_row = [s for s in ex.stats if s.drafted not in (0, s.batch_size * s.k)]
+    assert per_row and runs and all(replayed for _, _, replayed in runs)
+    assert eng.eager_fallbacks == 0
+    assert_transformers_greedy(pair, prompts, lens, [h.result().output_ids for h in handles])

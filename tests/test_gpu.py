@@ -505,5 +505,5 @@ def test_per_row_k_through_captured_whole_graphs_equals_transformers(pair, monke
     ex.run_until_idle()
     per_row = [s for s in ex.stats if s.drafted not in (0, s.batch_size * s.k)]
     assert per_row and runs and all(replayed for _, _, replayed in runs)
-    assert eng.eager_fallbacks == 0
+    assert len(runs) >= len(per_row) and eng.eager_fallbacks == 0      # no per-row step ran eagerly
     assert_transformers_greedy(pair, prompts, lens, [h.result().output_ids for h in handles])

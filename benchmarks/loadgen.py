@@ -14,6 +14,7 @@ latency is measured from its scheduled arrival, not from when the loop got to su
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -77,8 +78,7 @@ def open_loop(executor, requests: Sequence[BenchRequest], rate: float, *, seed: 
         still = []
         for h, t_arr in inflight:
             if h.done:
-                res = RequestTiming.of(h.result())
-                finished.append(RequestTiming(res.prompt_len, res.output_len, t_arr, res.first_token_s, res.finish_s))
+                finished.append(replace(RequestTiming.of(h.result()), submit_s=t_arr))   # latency from its arrival
             else:
                 still.append((h, t_arr))
         if progress is not None and len(still) < len(inflight):

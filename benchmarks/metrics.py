@@ -48,6 +48,22 @@ class RequestTiming:
     submit_s: float
     first_token_s: float | None
     finish_s: float
+    # its drafting (RequestResult); None: the engine does not report it per request (TRT-LLM)
+    accepted_drafts: int | None = None      # draft tokens the target accepted
+    drafted: int | None = None              # draft tokens verified for it (sum of its K_i)
+    decode_steps: int | None = None         # iterations it ran as a decode row
+
+    @property
+    def mean_k(self) -> float | None:
+        """drafted / decode_steps: 12 drafted over 3 decode iterations -> 4.0 (0.0 before any)."""
+        if self.drafted is None or self.decode_steps is None:
+            return None
+        return self.drafted / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """accepted_drafts / drafted; None when not reported or it never drafted."""
+        return self.accepted_drafts / self.drafted if self.drafted and self.accepted_drafts is not None else None
 
     @property
     def latency_s(self) -> float:
@@ -66,7 +82,25 @@ class RequestTiming:
     @classmethod
     def of(cls, result) -> "RequestTiming":
         """From the executor's RequestResult."""
-        return cls(result.prompt_len, len(result.output_ids), result.submit_s, result.first_token_s, result.finish_s)
+        return cls(result.prompt_len, len(result.output_ids), result.submit_s, result.first_token_s, result.finish_s,
+                   result.accepted_drafts, result.drafted, result.decode_steps)
+
+
+# a sweep row's per-request table (request_table): one list of these per request
+REQUEST_FIELDS = ("output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance")
+
+
+def request_row(r: RequestTiming) -> list:
+    """REQUEST_FIELDS of one request, the ratios to 4 digits:
+    32 tokens, 5 of 12 drafts accepted over 3 decode iterations -> [32, 5, 12, 3, 4.0, 0.4167]."""
+    ratio = lambda x: None if x is None else round(x, 4)   # noqa: E731
+    return [r.output_len, r.accepted_drafts, r.drafted, r.decode_steps, ratio(r.mean_k), ratio(r.acceptance)]
+
+
+def request_table(records: Iterable[RunRecord]) -> dict:
+    """The replicas' requests of one run as {"fields": REQUEST_FIELDS, "replicas": [[request_row, ...], ...]},
+    each replica's in the order its requests finished."""
+    return {"fields": list(REQUEST_FIELDS), "replicas": [[request_row(r) for r in rec.requests] for rec in records]}
 
 
 @dataclass(frozen=True)

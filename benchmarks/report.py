@@ -4,7 +4,11 @@ NAME.json:
     {"env": {"device", "versions", "command", "acceptance_model", "world_size", ...},
      "rows": [{"mode": "dynamic", "concurrency": 4, "output_tok_per_s": 812.5, "p50_latency_s": ...,
                "p99_latency_s", "ttft_s", "tpot_s", "mean_k", "mean_accepted_len", "acceptance_model",
-               "schedule", ...}, ...]}
+               "schedule", ...,
+               "per_request": {"fields": ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k",
+                                          "acceptance"],
+                               "replicas": [[[32, 5, 12, 3, 4.0, 0.4167], ...], ...]}}, ...]}
+    per_request: the median trial's requests (metrics.request_table), each replica's in finishing order.
 """
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ class ReferenceSweep:
 
     def point_rows(self, records: list) -> list[dict]:
         """Rows of the finished load points (rank 0; [] elsewhere): the median trial + spread per mode."""
-        from dynspec.benchmarks.metrics import summarize
+        from dynspec.benchmarks.metrics import request_table, summarize
         from dynspec.runtime.acceptance import resolve as resolve_acceptance
 
         spec, w = self.spec, self.w
@@ -161,6 +161,7 @@ class ReferenceSweep:
         steps: dict[tuple, list] = {}
         overlapped_its: dict[tuple, list] = {}
         pads: dict[tuple, list] = {}
+        tables: dict[tuple, list] = {}          # per trial: request_table over the replicas
         forward = getattr(self.engine, "forward_tokens", None)
         for i, (p, m, t, *_) in enumerate(records):
             if forward is not None:
@@ -170,13 +171,15 @@ class ReferenceSweep:
                                                            p.concurrency))
             steps.setdefault((p, m), []).append([list(rank_records[i][4]) for rank_records in gathered])
             overlapped_its.setdefault((p, m), []).append(sum(rank_records[i][5] for rank_records in gathered))
+            tables.setdefault((p, m), []).append(request_table(rank_records[i][3] for rank_records in gathered))
         rows = []
         for p in dict.fromkeys(p for p, _ in trials):
             for m in spec.modes:
                 mets = trials[(p, m)]
                 med = median_trial(mets)
                 row = make_row(p, m, spec, self.schedules[m], self.warm[m], med, w.size)
-                row.update(trial_fields(mets), overlapped_iterations=overlapped_its[(p, m)][mets.index(med)])
+                row.update(trial_fields(mets), overlapped_iterations=overlapped_its[(p, m)][mets.index(med)],
+                           per_request=tables[(p, m)][mets.index(med)])    # the median trial's requests
                 if forward is not None:
                     row["padding_share"] = pads[(p, m)][mets.index(med)]
                 row.update(capture_fields(self.engine))

@@ -47,6 +47,26 @@ def test_overlapped_modes_serve_the_same_tokens_through_the_overlapped_loop(swep
     assert doc["env"]["schedules"]["dynamic+overlap"] == doc["env"]["schedules"]["dynamic"] == "2:3"
 
 
+def test_rows_carry_the_median_trials_per_request_acceptance(swept):
+    doc, _ = swept
+    for r in doc["rows"]:
+        table = r["per_request"]
+        assert table["fields"] == ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance"]
+        reqs = [dict(zip(table["fields"], q)) for rep in table["replicas"] for q in rep]
+        assert len(reqs) == r["num_requests"] and sum(q["output_len"] for q in reqs) == r["output_tokens"]
+        drafted = sum(q["drafted"] for q in reqs)
+        rate = sum(q["accepted_drafts"] for q in reqs) / drafted if drafted else None
+        if r["loop"] == "serial":
+            assert rate == r["acceptance_rate"]
+        # overlapped: a request's numbers are read when it finishes; the iteration launched for it
+        # before its end was known is folded later and counts in the iterations' sums only
+        for q in reqs:
+            assert 0 <= q["accepted_drafts"] <= q["drafted"] and q["decode_steps"] >= 1
+            assert q["mean_k"] == round(q["drafted"] / q["decode_steps"], 4)
+            assert q["acceptance"] == (round(q["accepted_drafts"] / q["drafted"], 4) if q["drafted"] else None)
+        assert all(q["drafted"] == 0 for q in reqs) == r["mode"].startswith("baseline")
+
+
 def test_ratios_of_an_overlapped_mode_are_against_its_own_loop(swept):
     doc, md = swept
     rows = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}

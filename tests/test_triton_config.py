@@ -23,7 +23,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.fill import Template, fill_tree, pbtxt_string
 from dynspec.triton_repo.generate import REPO_MANIFEST, generate_repo
-from dynspec.triton_repo.serving import INPUT_NAMES
+from dynspec.triton_repo.serving import ACCEPTANCE_OUTPUTS, INPUT_NAMES
 
 FIELDS = json.loads((Path(__file__).parent / "fixtures" / "trtllm_1_2_1_llm_args.json").read_text())
 
@@ -129,7 +129,12 @@ def test_reference_config_parses_into_triton_model_config(tmp_path):
     }
     assert set(tensors(cfg.input)) == set(INPUT_NAMES)
     assert tensors(cfg.output) == {"text_output": ("TYPE_STRING", [1], False),
-                                   "output_ids": ("TYPE_INT32", [-1], False)}
+                                   "output_ids": ("TYPE_INT32", [-1], False),
+                                   "accepted_drafts": ("TYPE_INT32", [1], False),
+                                   "drafted": ("TYPE_INT32", [1], False),
+                                   "decode_steps": ("TYPE_INT32", [1], False),
+                                   "mean_k": ("TYPE_FP32", [1], False)}
+    assert [t.name for t in cfg.output][2:] == list(ACCEPTANCE_OUTPUTS)     # what model.py fills
     assert [(g.count, mc.ModelInstanceGroup.Kind.Name(g.kind)) for g in cfg.instance_group] == [(1, "KIND_CPU")]
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     assert params["engine_dir"] == str(eng.resolve()) and params["device"] == "cpu"

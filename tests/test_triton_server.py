@@ -21,9 +21,11 @@ import pytest
 from dynspec.config import EngineConfig, ReferenceSettings
 from dynspec.runtime.executor import IterationStats
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.triton_repo.serving import (ModelInfo, OutputWatch, RequestError, StatsCursor, TextStream,
-                                         check_parameters, load_model_info, parse_request)
+from dynspec.triton_repo.serving import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, ModelInfo, OutputWatch, RequestError,
+                                         StatsCursor, TextStream, check_parameters, load_model_info, mean_k_buckets,
+                                         parse_request)
 from tests.helpers_metrics import metric, metrics, settle
+from tests.test_request_acceptance import delta, expected_buckets, histogram
 
 MODEL = "dynspec"
 SCHEDULE = DraftSchedule.threshold(max_draft_len=4, disable_above=4)
@@ -259,7 +261,8 @@ def oracle(engine):
     def run(jobs):
         handles = [ex.submit(p, n, stop) for p, n, stop in jobs]
         ex.run_until_idle()
-        return [tuple(h.result().output_ids) for h in handles]
+        run.results = [h.result() for h in handles]      # the RequestResults, for their counts
+        return [tuple(r.output_ids) for r in run.results]
 
     try:
         yield run
@@ -273,6 +276,8 @@ class Reply:
     texts: list = field(default_factory=list)
     error: str | None = None
     responses: int = 0
+    counts: dict = field(default_factory=dict)     # the final response's ACCEPTANCE_OUTPUTS
+    early_counts: int = 0                           # ... found on an earlier response (none should be)
 
 
 def tensor(name, value, dtype):
@@ -318,8 +323,11 @@ def call(server, inputs, timeout=120.0) -> Reply:
                 return reply
             reply.ids += result.as_numpy("output_ids").tolist()
             reply.texts += [t.decode() for t in result.as_numpy("text_output")]
+            counts = {name: result.as_numpy(name) for name in ACCEPTANCE_OUTPUTS}
             if result.get_response().parameters["triton_final_response"].bool_param:
+                reply.counts = {name: a.item() for name, a in counts.items() if a is not None}
                 return reply
+            reply.early_counts += sum(a is not None for a in counts.values())
     finally:
         client.stop_stream()
         client.close()
@@ -561,3 +569,69 @@ def test_what_greedy_decoding_cannot_give_is_refused_over_grpc_and_http(server, 
     status, body = http_generate(server, {"input_ids": prompt, "max_tokens": 4})
     assert status == 200 and len(body["output_ids"]) == 4
     assert server.proc.poll() is None
+
+
+def consistent(counts: dict, n_ids: int) -> None:
+    """A final response's counts: all four, accepted <= drafted, mean_k in [0, K max] and equal to
+    drafted / decode_steps (FP32), and no more tokens than the iterations can have emitted."""
+    assert set(counts) == set(ACCEPTANCE_OUTPUTS), counts
+    assert 0 <= counts["accepted_drafts"] <= counts["drafted"] and counts["decode_steps"] >= 1, counts
+    assert 0.0 <= counts["mean_k"] <= SCHEDULE.max_draft_len, counts
+    assert counts["mean_k"] == pytest.approx(counts["drafted"] / counts["decode_steps"], rel=1e-6), counts
+    assert n_ids <= 1 + counts["decode_steps"] + counts["accepted_drafts"], (counts, n_ids)
+
+
+@pytest.mark.slow
+def test_responses_report_their_requests_acceptance_and_metrics_histogram_it(server, info, oracle):
+    """Each answered request's final response (gRPC, streamed or not) and HTTP generate reply carry
+    its counts; a lone request's equal the offline executor's for it (the same steps at K=4); the
+    /metrics histograms grow by exactly the answered requests, bucket by bucket."""
+    families = ("dynspec_request_acceptance", "dynspec_request_mean_k")
+    before = {f: histogram(server.metrics(), f) for f in families}
+    texts, id_prompts = prompts(info, 0, 7, seed=7)
+    lone = id_prompts[0]
+    reply = call(server, request(prompt_ids=lone))
+    assert reply.error is None and reply.early_counts == 0 and reply.responses >= 2
+    oracle([(lone, NEW_TOKENS, info.eos_ids)])
+    want = oracle.results[0]
+    assert reply.counts == {"accepted_drafts": want.accepted_drafts, "drafted": want.drafted,
+                            "decode_steps": want.decode_steps, "mean_k": pytest.approx(want.mean_k, rel=1e-6)}
+    assert want.drafted > 0
+    answered = [reply.counts]
+    # six at once, half streamed (batch 6 > 4: K drops to 0 for a while), then one over HTTP generate
+    jobs = [dict(prompt_ids=p, stream=i % 2 == 0) for i, p in enumerate(id_prompts[1:])]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        replies = list(pool.map(lambda kw: call(server, request(**kw)), jobs))
+    for r in replies:
+        assert r.error is None and r.early_counts == 0, r
+        consistent(r.counts, len(r.ids))
+        answered.append(r.counts)
+    status, body = http_generate(server, {"input_ids": lone, "max_tokens": NEW_TOKENS})
+    assert status == 200 and body["output_ids"] == list(want.output_ids), body
+    assert {k: body[k] for k in ("accepted_drafts", "drafted", "decode_steps")} == \
+        {k: reply.counts[k] for k in ("accepted_drafts", "drafted", "decode_steps")}
+    assert body["mean_k"] == want.mean_k and body["acceptance"] == want.acceptance
+    answered.append({k: body[k] for k in ACCEPTANCE_OUTPUTS})
+
+    acceptance = [c["accepted_drafts"] / c["drafted"] for c in answered if c["drafted"]]
+    mean_k = [c["drafted"] / c["decode_steps"] for c in answered if c["decode_steps"]]
+    # observed just before the final response is sent: read until the last one is in
+    deadline = time.monotonic() + 10
+    while True:
+        after = {f: histogram(server.metrics(), f) for f in families}
+        grew = after["dynspec_request_mean_k"].count - before["dynspec_request_mean_k"].count
+        if grew >= len(mean_k) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    a, b = after["dynspec_request_acceptance"], before["dynspec_request_acceptance"]
+    assert a.count - b.count == len(acceptance) and a.sum - b.sum == pytest.approx(sum(acceptance), abs=1e-9)
+    assert delta(a, b) == expected_buckets(acceptance, ACCEPTANCE_BUCKETS)
+    m, mb = after["dynspec_request_mean_k"], before["dynspec_request_mean_k"]
+    assert m.count - mb.count == len(mean_k) and m.sum - mb.sum == pytest.approx(sum(mean_k), abs=1e-9)
+    assert delta(m, mb) == expected_buckets(mean_k, mean_k_buckets(SCHEDULE.max_draft_len))
+    # a bad request afterwards is answered and observes nothing; the server keeps serving
+    bad = call(server, request(prompt_ids=[1, info.vocab_size], max_tokens=4), timeout=30)
+    assert bad.error is not None and bad.counts == {}
+    ok = call(server, request(prompt_ids=lone, max_tokens=4))
+    assert ok.error is None and len(ok.ids) == 4
+    consistent(ok.counts, 4)

@@ -2,6 +2,7 @@
 
     check_body(path, body, headers, types)   the JSON of a request, checked (Refusal on a bad one)
     list_output_ids(reply)                   a generate reply or `data: {...}` event, output_ids a list
+                                             (and acceptance_fields on a final one)
     merge(events)                            generate_stream events -> one generate reply
     Events(rewrite).push(bytes)              server-sent events re-split and rewritten as they arrive
 """
@@ -130,15 +131,42 @@ def _json_dict(raw: bytes) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+ACCEPTANCE_COUNTS = ("accepted_drafts", "drafted", "decode_steps")   # the model's final-response outputs (ints)
+
+
+def _one(value):
+    """A [1] output as tritonserver may write it: 5 or [5] -> 5."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def acceptance_fields(doc: dict) -> dict:
+    """A reply or event with the model's per-request counts (its final one) -> the counts as
+    numbers, mean_k exact (drafted / decode_steps, not the model's FP32) and `acceptance` =
+    accepted_drafts / drafted, null for a request that never drafted. Others are returned as they are.
+    {"accepted_drafts": 5, "drafted": 12, "decode_steps": 3, "mean_k": 4.0}
+      -> {..., "mean_k": 4.0, "acceptance": 0.4166666666666667}"""
+    counts = {name: _one(doc.get(name)) for name in ACCEPTANCE_COUNTS}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
+        return doc
+    accepted, drafted, steps = counts["accepted_drafts"], counts["drafted"], counts["decode_steps"]
+    return {**doc, **counts, "mean_k": drafted / steps if steps else 0.0,
+            "acceptance": accepted / drafted if drafted else None}
+
+
 def list_output_ids(event: bytes) -> bytes:
-    """One generate reply or one `data: {...}` event: a scalar `output_ids` becomes a list.
+    """One generate reply or one `data: {...}` event: a scalar `output_ids` becomes a list, and a
+    final one's counts get acceptance_fields.
     b'data: {"output_ids":7}' -> b'data: {"output_ids":[7]}'; anything else is left as it is."""
     prefix = b"data: " if event.startswith(b"data: ") else b""
     doc = _json_dict(event[len(prefix):])
-    if doc is None or not isinstance(doc.get("output_ids"), int):
+    if doc is None:
         return event
-    doc["output_ids"] = [doc["output_ids"]]
-    return prefix + json.dumps(doc, separators=(",", ":")).encode()
+    out = acceptance_fields(doc)
+    if isinstance(out.get("output_ids"), int):
+        out = {**out, "output_ids": [out["output_ids"]]}
+    if out is doc:
+        return event
+    return prefix + json.dumps(out, separators=(",", ":")).encode()
 
 
 def stream_events(raw: bytes) -> list[dict]:
@@ -149,21 +177,24 @@ def stream_events(raw: bytes) -> list[dict]:
 
 
 def merge(events: list[dict]) -> dict:
-    """Events -> one generate reply: the first error, or the fields of the first event with
-    output_ids and text_output joined.
+    """Events -> one generate reply: the first error, or the fields of the events (a later one's
+    value wins: the final event's per-request counts) with output_ids and text_output joined, and
+    acceptance_fields.
     [{"output_ids": [5, 83], "text_output": "%s"}, {"output_ids": 14, "text_output": "."}]
       -> {"output_ids": [5, 83, 14], "text_output": "%s."}"""
     for e in events:
         if "error" in e:
             return {"error": e["error"]}
-    out = dict(events[0])
+    out: dict = {}
+    for e in events:
+        out.update(e)
     ids: list = []
     for e in events:
         v = e.get("output_ids", [])
         ids.extend(v if isinstance(v, list) else [v])
     out["output_ids"] = ids
     out["text_output"] = "".join(str(e.get("text_output", "")) for e in events)
-    return out
+    return acceptance_fields(out)
 
 
 class Events:

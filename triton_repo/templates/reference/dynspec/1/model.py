@@ -9,10 +9,19 @@ Under `mpirun -n N python -m dynspec.triton_repo.launch REPO --tp N` the launche
 DYNSPEC_TP_* in this process's environment: the executor is then TP rank 0 of N
 (dynspec.triton_repo.launch.TpLeader), the MPI ranks 1..N-1 run the other shards, and a fault of
 the group fails every open and new request with its message.
+
+Per-request acceptance: the final response of a request answered with its output (finish
+"length" or "stop") carries accepted_drafts, drafted, decode_steps (INT32 [1]) and mean_k (FP32
+[1]), the request's whole counts (serving.RequestAcceptance); the earlier responses of a stream
+carry output_ids and text_output only. A request ended here by a stop word waits for the executor
+to retire it (one iteration) so its counts are final. Those requests are also observed in
+/metrics: dynspec_request_acceptance (accepted / drafted; requests that never drafted are not
+observed) and dynspec_request_mean_k (requests with at least one decode iteration).
 """
 import importlib.util
 import json
 import os
+import queue
 import site
 import threading
 import time
@@ -47,17 +56,23 @@ def _error(message, code):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
-def _response(ids, text):
+FINISH_WAIT_S = 10.0     # a request cut short here (stop word): its wait for the executor to retire it
+
+
+def _response(ids, text, acceptance=None):
+    """output_ids + text_output, and on a final response the request's RequestAcceptance outputs."""
+    extra = [] if acceptance is None else [pb_utils.Tensor(name, value) for name, value in acceptance.outputs().items()]
     return pb_utils.InferenceResponse(output_tensors=[
         pb_utils.Tensor("output_ids", np.asarray(ids, dtype=np.int32)),
         pb_utils.Tensor("text_output", np.asarray([text.encode("utf-8")], dtype=np.object_)),
+        *extra,
     ])
 
 
 class _Metrics:
     """Custom metrics on Triton's /metrics endpoint. Not thread-safe: callers hold the model's lock."""
 
-    def __init__(self, labels):
+    def __init__(self, labels, acceptance_buckets, mean_k_buckets):
         family = pb_utils.MetricFamily
         self._labels = labels
         self._families = {
@@ -85,6 +100,15 @@ class _Metrics:
             "cancelled": family("dynspec_requests_cancelled_total", "Requests cancelled by their client or "
                                 "ended because their client went away", family.COUNTER),
         }
+        self._families["request_acceptance"] = family(
+            "dynspec_request_acceptance", "Per finished request: accepted / drafted draft tokens (requests answered "
+            "with their output that drafted at least one token)", family.HISTOGRAM)
+        self._families["request_mean_k"] = family(
+            "dynspec_request_mean_k", "Per finished request: mean draft length K over its decode iterations "
+            "(requests answered with their output that decoded at least once)", family.HISTOGRAM)
+        self.request_acceptance = self._families["request_acceptance"].Metric(labels=labels,
+                                                                              buckets=list(acceptance_buckets))
+        self.request_mean_k = self._families["request_mean_k"].Metric(labels=labels, buckets=list(mean_k_buckets))
         self._families["restarts"] = family("dynspec_server_restarts",
                                             "Times the launcher restarted tritonserver after it crashed", family.GAUGE)
         self.restarts = self._families["restarts"].Metric(labels=labels)
@@ -131,6 +155,15 @@ class _Metrics:
     def rejected(self, reason):
         self._labelled("rejected", "reason", reason).increment(1)
 
+    def observe(self, acceptance):
+        """One answered request's RequestAcceptance (None: its counts are unknown) into the histograms."""
+        if acceptance is None:
+            return
+        if acceptance.acceptance is not None:
+            self.request_acceptance.observe(acceptance.acceptance)
+        if acceptance.decode_steps:
+            self.request_mean_k.observe(acceptance.mean_k)
+
 
 REJECTED = {"refused": "output_rule", "tp_fault": "tp_fault", "dropped": "internal"}   # finish reason -> label
 
@@ -168,7 +201,9 @@ class TritonPythonModel:
         self.executor = self.tp.executor if self.tp is not None else \
             open_executor(cfg, device=device, stats_limit=serving.STATS_KEPT)
         freeze_heap()        # the served heap out of the collector's walk (runtime/gc_heap.py)
-        self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
+        max_draft_len = getattr(self.executor.engine, "max_draft_len", cfg.schedule.max_draft_len)
+        self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]},
+                                serving.ACCEPTANCE_BUCKETS, serving.mean_k_buckets(max_draft_len))
         self.cursor = serving.StatsCursor()
         self.live = {}
         self.lock = threading.Lock()
@@ -275,6 +310,7 @@ class TritonPythonModel:
             if end is not None:
                 handle.cancel()             # a stop word or a refusal ends it before the executor would
             reason = "stop" if end == "stop" else "refused" if end else handle.result().finish_reason
+            counts = self._acceptance(handle) if reason in ("length", "stop") else None
             fault = self._fault() if reason in ("error", "cancelled") else None
             if fault is not None:
                 reason = "tp_fault"
@@ -287,11 +323,13 @@ class TritonPythonModel:
             elif reason not in ("length", "stop"):
                 self._send(live, _error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL), final=True)
             elif req.stream:
-                self._send(live, _response(ids, text.flush()), final=True)
+                self._send(live, _response(ids, text.flush(), counts), final=True)
             else:
-                self._send(live, _response(ids, self.info.decode(ids)), final=True)
+                self._send(live, _response(ids, self.info.decode(ids), counts), final=True)
             with self.lock:
                 self.metrics.finished(reason)
+                if reason in ("length", "stop"):
+                    self.metrics.observe(counts)
         except Exception as e:
             handle.cancel()
             with self.lock:
@@ -301,6 +339,26 @@ class TritonPythonModel:
                 self._send(live, _error(f"request dropped: {e}", pb_utils.TritonError.INTERNAL), final=True)
             except Exception:
                 pass
+
+    def _acceptance(self, handle):
+        """The finished request's serving.RequestAcceptance; one cut short here (stop word, cancelled)
+        first waits for the executor to retire it. None if it is not retired within FINISH_WAIT_S."""
+        try:
+            if not handle.done:             # its stream still open: read up to its end
+                for _ in handle.stream(timeout=FINISH_WAIT_S):
+                    pass
+        except queue.Empty:
+            return None
+        result = handle.result()
+        # a request the executor ended at a step ("length", "stop"): it puts the last tokens (and
+        # ends the stream) before it adds that step's drafts to the request's counts, then records
+        # the step's stats (end_s = finish_s); once those are in, the counts are whole. One
+        # cancelled here (a stop word) holds its counts already.
+        deadline = time.monotonic() + (FINISH_WAIT_S if result.finish_reason in ("length", "stop") else 0.0)
+        while time.monotonic() < deadline and \
+                not self.serving.folded(self.executor.stats_since(max(0, self.cursor.next - 1)), result.finish_s):
+            time.sleep(0.0005)
+        return self.serving.RequestAcceptance.of(handle.result())
 
     def _monitor(self):
         reported = None

@@ -52,6 +52,7 @@ class RequestTiming:
     accepted_drafts: int | None = None      # draft tokens the target accepted
     drafted: int | None = None              # draft tokens verified for it (sum of its K_i)
     decode_steps: int | None = None         # iterations it ran as a decode row
+    key: int | None = None                  # its request key (the acceptance models' key), where known
 
     @property
     def mean_k(self) -> float | None:
@@ -83,18 +84,18 @@ class RequestTiming:
     def of(cls, result) -> "RequestTiming":
         """From the executor's RequestResult."""
         return cls(result.prompt_len, len(result.output_ids), result.submit_s, result.first_token_s, result.finish_s,
-                   result.accepted_drafts, result.drafted, result.decode_steps)
+                   result.accepted_drafts, result.drafted, result.decode_steps, result.request_id)
 
 
 # a sweep row's per-request table (request_table): one list of these per request
-REQUEST_FIELDS = ("output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance")
+REQUEST_FIELDS = ("output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance", "key")
 
 
 def request_row(r: RequestTiming) -> list:
     """REQUEST_FIELDS of one request, the ratios to 4 digits:
-    32 tokens, 5 of 12 drafts accepted over 3 decode iterations -> [32, 5, 12, 3, 4.0, 0.4167]."""
+    32 tokens, 5 of 12 drafts accepted over 3 decode iterations, key 7 -> [32, 5, 12, 3, 4.0, 0.4167, 7]."""
     ratio = lambda x: None if x is None else round(x, 4)   # noqa: E731
-    return [r.output_len, r.accepted_drafts, r.drafted, r.decode_steps, ratio(r.mean_k), ratio(r.acceptance)]
+    return [r.output_len, r.accepted_drafts, r.drafted, r.decode_steps, ratio(r.mean_k), ratio(r.acceptance), r.key]
 
 
 def request_table(records: Iterable[RunRecord]) -> dict:

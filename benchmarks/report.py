@@ -6,8 +6,8 @@ NAME.json:
                "p99_latency_s", "ttft_s", "tpot_s", "mean_k", "mean_accepted_len", "acceptance_model",
                "schedule", ...,
                "per_request": {"fields": ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k",
-                                          "acceptance"],
-                               "replicas": [[[32, 5, 12, 3, 4.0, 0.4167], ...], ...]}}, ...]}
+                                          "acceptance", "key"],
+                               "replicas": [[[32, 5, 12, 3, 4.0, 0.4167, 7], ...], ...]}}, ...]}
     per_request: the median trial's requests (metrics.request_table), each replica's in finishing order.
 """
 from __future__ import annotations

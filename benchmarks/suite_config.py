@@ -10,8 +10,8 @@ from typing import Mapping, Sequence
 from dynspec.benchmarks.suite_checks import check_name, check_tool_args
 from dynspec.benchmarks.suite_commands import engine_flags, flag_args, out_flags
 from dynspec.benchmarks.suite_spec import (CONFIG_DIR, COST_MODEL, FIGURE_STAGES, FIGURES, GRAPHS, INSTALLABLE,
-                                           SUITE_SET, TOOLS, CaseSpec, Config, EngineSpec, StageSpec, case_args,
-                                           figure_stages, output_names, references)
+                                           SUITE_SET, SWEEP_STAGE_FIGURES, TOOLS, CaseSpec, Config, EngineSpec,
+                                           StageSpec, case_args, figure_stages, output_names, references)
 from dynspec.benchmarks.summary import sweep_stage_names
 from dynspec.errors import DynspecError
 
@@ -192,7 +192,7 @@ def parse_config(doc: Mapping, name: str, source: str = "") -> Config:
         raise DynspecError(f"{where}: stage names {names} repeat (a case's outputs count as stage STAGE_CASE)")
     names = list(figure_stages(stages))
     missing = [n for n in FIGURE_STAGES[figures] if n not in names]
-    if figures == "adaptive" and not sweep_stage_names(names):
+    if figures in SWEEP_STAGE_FIGURES and not sweep_stage_names(names):
         missing = ["sweep or sweep_*"]
     if missing:
         raise DynspecError(f"{where}: figures {figures!r} read stage(s) {missing}; the stages are {names}")

@@ -34,7 +34,11 @@ def suite_markdown(cfg, figs: Mapping, manifest: Mapping) -> str:
 
 def suite_plot(spec: Mapping, path: str | os.PathLike) -> None:
     """spec "series": {name: [[x, y, lo, hi], ...]} -> lines with error bars; "bars": {name: [y, lo, hi]};
-    "groups": {group: {name: y}} -> grouped bars."""
+    "groups": {group: {name: y}} -> grouped bars; "panels" (the per_request figures): their scatter."""
+    if "panels" in spec:
+        from dynspec.benchmarks.figures_per_request import per_request_png
+
+        return per_request_png(spec, path)
     import matplotlib
 
     matplotlib.use("Agg")

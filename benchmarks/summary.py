@@ -11,13 +11,18 @@ benchmarks/suite.py calls suite_figures(kind, results_dir, repeats) after a conf
     adaptive         per sweep stage (sweep, sweep_*) and C: adaptive / baseline, / best of every static K and
                      dynamic, / dynamic (per-trial median, min, max), the policy's host cost per step,
                      settle iterations after a shift
+    per_request      per sweep stage (sweep, sweep_*) and load point (closed-loop C, Poisson): per-request /
+                     adaptive, / baseline, adaptive / baseline, each / the best static K (per-trial median,
+                     min, max), the per-request policy's host cost per step (where its rows record steps);
+                     plot: each request's mean K against its true acceptance rate (figures_per_request)
     cost_model       the installed profile's iteration ms per (context, b, K)
     overlap          the serial executor loop beside the overlapped one: baseline engine idle share and
                      varied / fixed per C, regime B dynamic / max(baseline, static) per loop, the b=1
                      step over its graphs alone and over the GEMM floor per loop
 Each kind also gives a table (summary.md) and a plot spec (summary.png), benchmarks/suite_report.py.
-The figures live in figures_sweep, figures_profile, figures_adaptive and figures_overlap (shared
-parts: figures_common); this module reads a config's stage outputs and picks the kind.
+The figures live in figures_sweep, figures_profile, figures_adaptive, figures_per_request and
+figures_overlap (shared parts: figures_common); this module reads a config's stage outputs and
+picks the kind.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Mapping
 
 from dynspec.benchmarks.figures_adaptive import adaptive_figures, adaptive_plot, adaptive_table
+from dynspec.benchmarks.figures_per_request import per_request_figures, per_request_plot, per_request_table
 from dynspec.benchmarks.figures_overlap import overlap_figures, overlap_plot, overlap_table
 from dynspec.benchmarks.figures_profile import (cost_model_figures, cost_model_plot, cost_model_table, floor_figures,
                                                 floor_plot, floor_table, mixed_figures, mixed_plot, mixed_table,
@@ -35,7 +41,7 @@ from dynspec.errors import DynspecError
 
 
 def sweep_stage_names(names) -> list[str]:
-    """The stages the adaptive figures read: 'sweep' and 'sweep_*', in order."""
+    """The stages the adaptive and per_request figures read: 'sweep' and 'sweep_*', in order."""
     return [n for n in names if n == "sweep" or n.startswith("sweep_")]
 
 
@@ -74,6 +80,9 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
     if kind == "adaptive":
         fig = adaptive_figures({n: _read(d / f"{n}.json") for n in sweep_stage_names(repeats)})
         return {"values": fig, "table": adaptive_table(fig), "plot": adaptive_plot(fig)}
+    if kind == "per_request":
+        fig = per_request_figures({n: _read(d / f"{n}.json") for n in sweep_stage_names(repeats)})
+        return {"values": fig, "table": per_request_table(fig), "plot": per_request_plot(fig)}
     if kind == "cost_model":
         fig = cost_model_figures(_read(d / "profile.json"), d / "profile.json")
         return {"values": fig, "table": cost_model_table(fig), "plot": cost_model_plot(fig)}

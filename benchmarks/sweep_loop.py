@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from dynspec.benchmarks.mpi import World, log
-from dynspec.benchmarks.sweep_modes import base_mode
+from dynspec.benchmarks.sweep_modes import COST_MODES, base_mode
 from dynspec.benchmarks.sweep_plan import LoadPoint, SweepSpec
 from dynspec.benchmarks.sweep_rows import (StepTrace, adaptive_fields, capture_fields, make_row, matched_rate, median_trial,
                                            padding_share, trial_fields)
@@ -27,7 +27,9 @@ def open_engine(specs: Sequence[SweepSpec], cfg, device: str, tp=None):
     log(f"opened the reference engine: max batch {sizes['max_batch_size']}, cache {sizes['max_seq_len']} positions,"
         f" K <= {sizes['max_draft_len']}" + (f", for {len(specs)} sweeps" if len(specs) > 1 else ""))
     if str(engine.device).startswith("cuda"):
-        n = capture(engine, graph_keys(specs, engine.max_batch_size, engine.max_num_tokens), cfg.reference)
+        per_row = any(base_mode(m) == "per-request" for spec in specs for m in spec.modes)
+        n = capture(engine, graph_keys(specs, engine.max_batch_size, engine.max_num_tokens), cfg.reference,
+                    per_row=per_row)
         log(f"captured {n} CUDA graphs per replica")
     return engine
 
@@ -79,7 +81,7 @@ class ReferenceSweep:
 
         return StepTrace(Executor(self.engine, self.schedules[mode], keep_warm=self.warm[mode],
                                   acceptance=resolve_acceptance(self.spec.acceptance, n), allow_lossy=True,
-                                  loop=self.loops[mode]), adaptive=base_mode(mode) == "adaptive")
+                                  loop=self.loops[mode]), adaptive=base_mode(mode) in COST_MODES)
 
     def warm_up(self) -> None:
         """Untimed: every mode at batch 1 and at the largest concurrency (short outputs), so
@@ -183,7 +185,7 @@ class ReferenceSweep:
                 if forward is not None:
                     row["padding_share"] = pads[(p, m)][mets.index(med)]
                 row.update(capture_fields(self.engine))
-                if base_mode(m) == "adaptive":
+                if base_mode(m) in COST_MODES:
                     row.update(adaptive_fields(steps[(p, m)], resolve_acceptance(spec.acceptance, spec.count.at(p))))
                 rows.append(row)
         return rows

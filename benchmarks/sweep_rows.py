@@ -92,7 +92,7 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
         "matched_concurrency": p.matched_concurrency,
         "acceptance_model": str(spec.acceptance),
         "schedule": policy_label(schedule),
-        "policy": "schedule" if isinstance(schedule, DraftSchedule) else "adaptive",
+        "policy": "schedule" if isinstance(schedule, DraftSchedule) else policy_label(schedule),   # or adaptive, per-request
         "keep_warm": keep_warm,
     }
     row.update(met.to_json())

@@ -14,7 +14,8 @@ from dynspec.runtime.loop import Loop
 from dynspec.runtime.session import check_device
 from dynspec.runtime.tune_at_start import TUNE_NEW_TOKENS, TUNE_PROMPTS, tune_here, typical_context
 
-MODES = ("baseline", "static", "dynamic", "adaptive")
+MODES = ("baseline", "static", "dynamic", "adaptive", "per-request")
+COST_MODES = ("adaptive", "per-request")      # the modes that read a cost model
 PAIR_SCHEDULE = "4:4,8:2"     # a pair's schedule when --schedule is not given and none is tuned
 
 
@@ -44,9 +45,11 @@ def register(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=24, help="built-in prompts to run (without --prompts)")
     p.add_argument("--modes", default="dynamic",
                    help="comma list of baseline (K=0), static (K=max everywhere), dynamic (the schedule), "
-                        "adaptive (K from the cost model and the measured acceptance: runtime/adaptive.py)")
+                        "adaptive (K from the cost model and the measured acceptance: runtime/adaptive.py), "
+                        "per-request (each row's own K: runtime/per_request.py)")
     p.add_argument("--cost-model", metavar="FILE",
-                   help="adaptive mode's cost model, a `dynspec profile` JSON (default: ENGINE_DIR/cost_model.json)")
+                   help="adaptive and per-request modes' cost model, a `dynspec profile` JSON "
+                        "(default: ENGINE_DIR/cost_model.json)")
     p.add_argument("--out", help="output JSONL (of the last mode): {'id', 'output_ids', 'text'}")
     p.add_argument("--stats", help="per-iteration stats JSONL (of the last mode)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
@@ -170,18 +173,20 @@ def _tokenizer(target_dir: str):
     return AutoTokenizer.from_pretrained(target_dir)
 
 
-def _adaptive(args, cfg):
-    """--modes ...,adaptive: the policy on --cost-model, else on the engine dir's cost_model.json."""
+def _adaptive(args, cfg, mode: str = "adaptive"):
+    """--modes ...,adaptive (or per-request): the policy on --cost-model, else on the engine dir's
+    cost_model.json."""
     from dynspec.runtime.adaptive import AdaptivePolicy
     from dynspec.runtime.cost_model import CostModel
+    from dynspec.runtime.per_request import PerRequestPolicy
     from dynspec.runtime.policy import MAX_DRAFT_LEN
 
     path = args.cost_model or (cfg.cost_model if args.engine_dir else None)
     if path is None:
-        raise DynspecError("--modes adaptive needs --cost-model FILE (a `dynspec profile` JSON) or an --engine-dir "
+        raise DynspecError(f"--modes {mode} needs --cost-model FILE (a `dynspec profile` JSON) or an --engine-dir "
                            "that carries cost_model.json")
     if not Path(path).is_file():
-        raise DynspecError(f"--modes adaptive: cost model {path} does not exist; write it with "
+        raise DynspecError(f"--modes {mode}: cost model {path} does not exist; write it with "
                            f"`dynspec profile --context-lens ... --out {path}`")
     if args.engine_dir:               # engine.json's own schedule, whatever --schedule says
         from dynspec.config import EngineConfig
@@ -190,7 +195,8 @@ def _adaptive(args, cfg):
         kmax, bound = eng.schedule.max_draft_len, _engine_bound(args.engine_dir, eng)
     else:                             # a pair: the engine is sized for the policy, up to MAX_DRAFT_LEN
         kmax, bound = MAX_DRAFT_LEN, "MAX_DRAFT_LEN, the largest K the reference engine runs"
-    return AdaptivePolicy(CostModel.load(path, kmax, bound))
+    cost = CostModel.load(path, kmax, bound)
+    return AdaptivePolicy(cost) if mode == "adaptive" else PerRequestPolicy(cost)
 
 
 def _prompts(args, lines, tok, n_default: int):
@@ -227,8 +233,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "static": DraftSchedule.static(kmax, cfg.reference.max_batch_size),
         "dynamic": cfg.schedule,
     }
-    if "adaptive" in modes:
-        policies["adaptive"] = _adaptive(args, cfg)
+    for m in COST_MODES:
+        if m in modes:
+            policies[m] = _adaptive(args, cfg, m)
     engine_k = max(kmax, *(p.max_draft_len for p in policies.values()))
     vocab = _config_vocab(cfg.target_dir)
     if vocab is not None:          # before the weights load; the same numbers open_reference_engine uses
@@ -346,8 +353,9 @@ def header(policies: dict, modes, concurrency: int, source: str, cost_model) -> 
 
     sched = policies["dynamic"]
     kinds = []
-    if any(m != "adaptive" for m in modes):
+    if any(m not in COST_MODES for m in modes):
         kinds.append(f"schedule ({source})")
-    if "adaptive" in modes:
-        kinds.append(describe_policy(policies["adaptive"], cost_model))
+    for m in COST_MODES:
+        if m in modes:
+            kinds.append(describe_policy(policies[m], cost_model))
     return f"schedule {sched}  concurrency {concurrency}  ({schedule_words(sched)}); policy: {' + '.join(kinds)}"

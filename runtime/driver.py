@@ -179,9 +179,11 @@ def describe_policy(policy, cost_model: str | Path | None = None) -> str:
     """The policy kind in words: a DraftSchedule -> 'schedule'; an AdaptivePolicy -> 'adaptive
     (cost model FILE, K 0..4)', its candidates ('K 0,2,4' when they are not consecutive)."""
     from dynspec.runtime.adaptive import AdaptivePolicy
+    from dynspec.runtime.per_request import RowPolicy
 
     if not isinstance(policy, AdaptivePolicy):
         return "schedule"
     ks = sorted(policy.candidates)
     span = f"{ks[0]}..{ks[-1]}" if ks == list(range(ks[0], ks[-1] + 1)) and len(ks) > 1 else ",".join(map(str, ks))
-    return f"adaptive (cost model {cost_model}, K {span})"
+    kind = "per-request" if isinstance(policy, RowPolicy) else "adaptive"
+    return f"{kind} (cost model {cost_model}, K {span})"

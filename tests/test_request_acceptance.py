@@ -225,13 +225,13 @@ def test_the_benchmark_records_carry_the_same_numbers(pair, acceptance):
 
 
 def test_request_rows_and_engines_that_do_not_report_them():
-    r = RequestTiming(4, 32, 0.0, 0.1, 1.0, accepted_drafts=5, drafted=12, decode_steps=3)
+    r = RequestTiming(4, 32, 0.0, 0.1, 1.0, accepted_drafts=5, drafted=12, decode_steps=3, key=7)
     assert (r.mean_k, r.acceptance) == (4.0, 5 / 12)
-    assert request_row(r) == [32, 5, 12, 3, 4.0, 0.4167]
+    assert request_row(r) == [32, 5, 12, 3, 4.0, 0.4167, 7]
     never = RequestTiming(4, 1, 0.0, 0.1, 0.1, accepted_drafts=0, drafted=0, decode_steps=0)
     assert (never.mean_k, never.acceptance) == (0.0, None)
     trtllm = RequestTiming(4, 32, 0.0, 0.1, 1.0)             # TRT-LLM: no per-request counts
-    assert request_row(trtllm) == [32, None, None, None, None, None]
+    assert request_row(trtllm) == [32, None, None, None, None, None, None]
 
 
 # ---- what the served model returns and the front writes ------------------------------------------

@@ -49,7 +49,7 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     """Load cfg's pair into a ReferenceEngine sized by cfg.reference (overrides: its fields).
     tp: this rank's TpContext (runtime/distributed.py): the engine holds its shard of the pair
     and runs on tp.device (docs/tensor_parallel.md); None: the whole pair on `device`."""
-    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from dynspec.runtime.engines.reference.load import load_reference_engine
 
     ref = replace(cfg.reference, **overrides)
     dev = str(tp.device) if tp is not None else device
@@ -112,7 +112,7 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | No
     """Engine + Executor for cfg. On CUDA (session.capture) with reference.graphs "full", graphs
     for every (bucket, K) the policy can reach are captured here, before the first request.
     stats_limit: the Executor's bound on its per-iteration stats log (None: its default)."""
-    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.per_request import RowPolicy
 

@@ -181,7 +181,8 @@ def run_whole_interpreted() -> None:
     from transformers import LlamaForCausalLM
 
     from dynspec.runtime.engines.reference import ragged
-    from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
+    from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
     from tests.helpers_models import make_tiny_draft, make_tiny_target

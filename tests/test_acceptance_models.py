@@ -10,7 +10,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import (Bernoulli, BernoulliMix, Greedy, Shift, draft_uniforms, key_uniform,
                                         parse_acceptance, rate_of, resolve)
 from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_pair

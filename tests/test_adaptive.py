@@ -337,7 +337,7 @@ def test_retirement_forgets_the_rows_share_and_moves_the_prior():
 def test_adaptive_graphs_cover_every_k_and_both_plain_decodes():
     """Max batch 4 (buckets 1, 2, 4), K in 0..2: spec and refresh at every bucket, and decode with
     and without keep-warm (step 4 picks either); without keep-warm in the engine, only the cold one."""
-    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
 
     pol = AdaptivePolicy(cost(), max_draft_len=2)
     keys = set(reachable_graphs([pol], 4, keep_warm=True))

@@ -16,7 +16,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.session import tiny_pair_dirs
 from tests.test_executor import greedy_many, hf_target, pair  # noqa: F401  (fixtures)

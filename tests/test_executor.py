@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_pair
@@ -458,7 +458,7 @@ def test_one_host_read_per_step(pair, monkeypatch):
 
 def test_graph_keys_name_one_thing_per_field():
     """Issue 13.12: GraphKey.k is the draft count only; keep-warm has its own field."""
-    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
 
     keys = reachable_graphs([DraftSchedule.threshold(4, 5)], 8, keep_warm=True)
     assert GraphKey("decode", 8, 0, keep_warm=True) in keys
@@ -557,7 +557,7 @@ def test_reference_graphs_setting_round_trips_and_retired_keys_are_refused(tmp_p
 def test_mixed_warm_up_runs_every_speculative_row_shape_and_serving_stays_lossless(pair, hf_target):
     """warm_mixed: one mixed iteration per spec (bucket, K) on the padding slot (and a long chunk
     once per K); the requests served afterwards match transformers greedy token for token."""
-    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
 
     eng = engine(pair, max_batch=4, max_seq=96, kmax=3)
     pol = DraftSchedule.parse("2:3,4:1")

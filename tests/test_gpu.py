@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from dynspec.runtime.engines.reference.engine import load_reference_engine, reachable_graphs
+from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.policy import DraftSchedule
@@ -341,7 +342,8 @@ def test_decode_b1_1024_context_timing():
     eager steps, then the decode graph chain. Prints the figures; asserts only that a graphed
     step is no slower than an eager one."""
     from dynspec.runtime.acceptance import Greedy
-    from dynspec.runtime.engines.reference.engine import GraphKey, ReferenceEngine
+    from dynspec.runtime.engines.reference.graph_keys import GraphKey
+    from dynspec.runtime.engines.reference.engine import ReferenceEngine
     from dynspec.runtime.plan import PromptChunk, make_plan
 
     target, draft = _llama8b_shaped_pair()

@@ -7,7 +7,7 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
@@ -135,7 +135,7 @@ def test_arrivals_while_others_decode_ride_in_the_decode_iterations(pair, hf_tar
 
 
 def test_mixed_buckets_end_at_the_budget_or_1024():
-    from dynspec.runtime.engines.reference.mixed_graphs import BUCKETS, mixed_buckets
+    from dynspec.runtime.engines.reference.mixed_layout import BUCKETS, mixed_buckets
 
     assert mixed_buckets(72) == (16, 32, 48, 64, 72)
     assert mixed_buckets(64) == (16, 32, 48, 64)
@@ -145,7 +145,7 @@ def test_mixed_buckets_end_at_the_budget_or_1024():
 def test_token_buckets_pad_a_tenth_or_less():
     """Padding of the whole graphs' token buckets: at most 1/5 of a step past 128 tokens, and
     under a tenth on average over every size 16..1024 (a workload spread over them)."""
-    from dynspec.runtime.engines.reference.mixed_graphs import BUCKETS
+    from dynspec.runtime.engines.reference.mixed_layout import BUCKETS
 
     bucket = [next(b for b in BUCKETS if b >= n) for n in range(1, 1025)]
     pad = [(b - n) / b for n, b in zip(range(1, 1025), bucket)]
@@ -262,7 +262,7 @@ def test_the_paged_ragged_forward_equals_transformers_logits(pair, hf_target):
 
 def test_reachable_graphs_follow_the_budget_cap():
     """Under a 12-token budget, K=4 at b=3 is capped to 3 (3 x 4 = 12): that graph is captured."""
-    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
 
     keys = reachable_graphs([DraftSchedule.static(4, 8)], 4, True, max_num_tokens=12)
     assert {g.k for g in keys if g.kind == "spec"} == {4, 3, 2}       # b=1,2 -> 4; b=3 -> 3; b=4 -> 2
@@ -272,7 +272,7 @@ def test_reachable_graphs_follow_the_budget_cap():
 def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
     """A key's launch holds every layout of its tokens: decode rows, up to max_chunks chunks of any
     lengths, and the pad's tail in rows of at most a block."""
-    from dynspec.runtime.engines.reference.mixed_graphs import item_cap
+    from dynspec.runtime.engines.reference.mixed_layout import item_cap
     from dynspec.runtime.engines.reference.ragged import item_count
 
     assert item_cap(16, 4, 2, 8) == 17
@@ -303,8 +303,8 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
     eagerly): row buckets padded, K flipping through 0, arrivals while others decode, and
     transformers' tokens. Each run's staged work items cover every packed token once, in order,
     each decode row with an item of its own."""
-    from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.engines.reference.mixed_graphs import item_cap
+    from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
+    from dynspec.runtime.engines.reference.mixed_layout import item_cap
 
     runs = []
     budget = 20
@@ -380,7 +380,7 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm)
 
 
 def test_whole_keys_cover_each_row_shape_and_chunk_only_iterations():
-    from dynspec.runtime.engines.reference.mixed_graphs import whole_keys
+    from dynspec.runtime.engines.reference.mixed_layout import whole_keys
 
     t, f = True, False
     assert whole_keys([(1, 2, t)], (16, 32)) == ((16, 0, 1, t), (16, 1, 2, t), (32, 0, 1, t), (32, 1, 2, t))

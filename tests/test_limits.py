@@ -165,7 +165,7 @@ def test_generate_refuses_a_cache_larger_than_memory(tmp_path, capsys):
 
 
 def test_kv_estimate_is_what_the_engine_allocates():
-    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from dynspec.runtime.engines.reference.load import load_reference_engine
 
     target, draft = tiny_pair_dirs()
     eng = load_reference_engine(target, draft, max_batch_size=3, max_seq_len=100, max_draft_len=2)

@@ -13,7 +13,7 @@ import torch
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack, row_inputs

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.per_request import RowDecision, RowInputs, RowPolicy
@@ -98,8 +98,10 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
                    for (Np, *_), s in zip(wholes, [s for s in ex.stats if s.prefill_tokens or s in mixed_k]))
     res = [h.result() for h in handles]
     assert all(r.drafted >= r.accepted_drafts and r.decode_steps >= 1 for r in res)
-    assert sum(r.accepted_drafts for r in res) == sum(s.accepted for s in stats)
-    assert sum(r.drafted for r in res) == sum(s.drafted for s in stats)
+    # overlapped: the step launched before a request's end was known counts in the stats only
+    same = (lambda a, b: a == b) if loop is Loop.SERIAL else (lambda a, b: a <= b)
+    assert same(sum(r.accepted_drafts for r in res), sum(s.accepted for s in stats))
+    assert same(sum(r.drafted for r in res), sum(s.drafted for s in stats))
     assert 0.0 < sum(r.accepted_drafts for r in res) / sum(r.drafted for r in res) <= 1.0
 
 

@@ -111,7 +111,7 @@ def test_serving_capture_runs_mixed_iterations_eagerly_when_whole_graphs_fail(ca
         def warm_chunks(self):
             self.calls.append("warm")
 
-        def capture_whole_graphs(self, keys):
+        def capture_whole_graphs(self, keys, per_row=False):
             self.calls.append("whole")
             raise RuntimeError("NoValidChoicesError")
 
@@ -152,7 +152,7 @@ def test_the_caller_picks_the_attention(tmp_path):
     import os
 
     from dynspec.errors import DynspecError
-    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from dynspec.runtime.engines.reference.load import load_reference_engine
     from tests.helpers_models import make_tiny_pair
 
     target, draft = make_tiny_pair(tmp_path, vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, seed=1,

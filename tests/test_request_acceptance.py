@@ -23,10 +23,10 @@ from dynspec.benchmarks.metrics import REQUEST_FIELDS, RequestTiming, request_ro
 from dynspec.benchmarks.workload import BenchRequest
 from dynspec.runtime.acceptance import Bernoulli, Greedy
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor, IterationStats, RequestResult
+from dynspec.runtime.executor import Executor, RequestResult
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.http_rules import Events, acceptance_fields, list_output_ids, merge
-from dynspec.triton_repo.serving import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, RequestAcceptance, folded,
+from dynspec.triton_repo.serving import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, RequestAcceptance,
                                          mean_k_buckets)
 from tests.helpers_models import make_tiny_pair
 
@@ -253,10 +253,25 @@ def test_the_model_outputs_of_a_finished_request():
     assert mean_k_buckets(4) == (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0) and mean_k_buckets(0) == (0.0,)
 
 
-def test_counts_are_whole_once_the_finishing_iteration_is_in_the_stats():
-    st = lambda end: IterationStats(0, 1, 4, 4, 2, 3, 0.01, 0.0, end_s=end)  # noqa: E731
-    assert folded((st(0.5), st(1.0)), 1.0) and not folded((st(0.5),), 1.0) and not folded((), 1.0)
-    assert not folded((st(None),), 1.0)
+def test_a_request_holds_its_whole_counts_when_it_ends(pair, monkeypatch):
+    """The executor counts a step's drafts before it appends the step's tokens, so a reader woken
+    by the end of a stream reads whole counts: at finish() they already equal the final ones."""
+    from dynspec.runtime import requests
+
+    at_end, real = {}, requests.finish
+
+    def finish(req, reason, now):
+        at_end.setdefault(req.id, (req.accepted, req.drafted, req.decode_steps))
+        real(req, reason, now)
+
+    monkeypatch.setattr(requests, "finish", finish)
+    eng = load_reference_engine(*pair, dtype=torch.float64, max_batch_size=4, max_seq_len=96, max_draft_len=3)
+    ex = Executor(eng, DraftSchedule.static(3, 4), acceptance=Bernoulli(0.7), allow_lossy=True)
+    handles = [ex.submit(p, 9) for p in prompts(4, seed=3)]
+    ex.run_until_idle()
+    for h in handles:
+        r = h.result()
+        assert at_end[h.id] == (r.accepted_drafts, r.drafted, r.decode_steps) and r.decode_steps > 0
 
 
 def test_the_front_writes_the_counts_with_the_acceptance_rate_or_null():

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from dynspec.runtime.engines.reference import ragged
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_executor import pair  # noqa: F401  (fixture)

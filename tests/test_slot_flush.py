@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import dynspec.runtime.engines.reference.engine as engine_mod
+import dynspec.runtime.engines.reference.slot_state as engine_mod
 from dynspec.runtime.acceptance import BernoulliMix, Greedy, Shift, rate_of
 from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.engines.reference.engine import load_reference_engine
+from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop

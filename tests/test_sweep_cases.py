@@ -199,7 +199,7 @@ def test_cases_run_on_the_reference_engine_only(tmp_path, capsys):
 
 def test_graph_keys_are_each_cases_own_in_the_shared_engines_buckets(cost_model):
     """A case of C <= 2 on an engine of 8 rows gets the graphs of buckets 1, 2; C <= 8 all of 1, 2, 4, 8."""
-    from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+    from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
     from dynspec.runtime.policy import DraftSchedule
 
     class Spec:

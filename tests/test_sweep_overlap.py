@@ -51,7 +51,8 @@ def test_rows_carry_the_median_trials_per_request_acceptance(swept):
     doc, _ = swept
     for r in doc["rows"]:
         table = r["per_request"]
-        assert table["fields"] == ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance"]
+        assert table["fields"] == ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance",
+                                   "key"]
         reqs = [dict(zip(table["fields"], q)) for rep in table["replicas"] for q in rep]
         assert len(reqs) == r["num_requests"] and sum(q["output_len"] for q in reqs) == r["output_tokens"]
         drafted = sum(q["drafted"] for q in reqs)

@@ -5,7 +5,7 @@ draft's cache is never written."""
 import pytest
 import torch
 
-from dynspec.runtime.engines.reference.engine import GraphKey, reachable_graphs
+from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import PromptChunk, make_plan
 from dynspec.runtime.adaptive import AdaptivePolicy

@@ -547,7 +547,7 @@ def test_every_rank_captures_graphs_in_the_same_order():
     a keep_warm mode and a plain one holds decode (b, keep_warm) beside decode (b) at every
     bucket, and ordering by (kind, bucket, k) alone left those in hash order (2 H200s: NCCL
     watchdog timeout in warm-up, the ranks one collective apart)."""
-    code = ("from dynspec.runtime.engines.reference.engine import capture_order, reachable_graphs\n"
+    code = ("from dynspec.runtime.engines.reference.graph_keys import capture_order, reachable_graphs\n"
             "from dynspec.runtime.policy import ConstantK, DraftSchedule\n"
             "keys = set(reachable_graphs([DraftSchedule.parse('4:3')], 64, True))"
             " | set(reachable_graphs([ConstantK(0)], 64, False))\n"

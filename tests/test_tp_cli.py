@@ -141,7 +141,7 @@ def test_engine_takes_every_argmax_through_the_collectives(pair):
     """The engine asks Collectives.argmax for every greedy id (so a TP engine can use the
     vocabulary-parallel argmax); the tokens stay those of the plain argmax."""
     from dynspec.runtime.driver import run_closed_loop
-    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.engines.reference.model import Collectives
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.policy import DraftSchedule

@@ -408,10 +408,3 @@ def mean_k_buckets(max_draft_len: int) -> tuple[float, ...]:
     """le bounds of the per-request mean K histogram, in steps of 0.5: 4 -> (0.0, 0.5, ..., 4.0)."""
     return tuple(i / 2 for i in range(2 * max(0, int(max_draft_len)) + 1))
 
-
-def folded(stats: Sequence, finish_s: float) -> bool:
-    """True once `stats` (the executor's newest IterationStats) hold an iteration that ended at or
-    after finish_s: the one that finished a request has folded its drafts into the request's counts.
-    A request retired by cancel() holds its counts already, and ended at no step's end: None of
-    those comes, so callers bound their wait."""
-    return any(st.end_s is not None and st.end_s >= finish_s for st in stats)

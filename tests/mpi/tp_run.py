@@ -98,7 +98,7 @@ def main() -> None:
                                 + cache_slack(sched.max_draft_len, loop_of(a)) + 1,
                                 max_draft_len=max(sched.max_draft_len, 1))
         if a.graphs:                                  # every rank captures the same keys in the same order
-            from dynspec.runtime.engines.reference.engine import reachable_graphs
+            from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
 
             captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
                                                                  engine.max_num_tokens))

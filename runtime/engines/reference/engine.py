@@ -24,15 +24,15 @@ with x_e the next prompt token, or for the last chunk (e = P) the target's first
 token g0; the last chunk also sets the carried state from position P-1.
 
 Cache: paged (kv_cache.py); target and draft share one block table per slot. reserve / release
-change the host's bookkeeping only; the device's copy of the slot state (block_tables,
-block_owner, block_logical, slot_key, slot_p) is brought up to date by the next launch, in one
-copy however many requests came and went (_flush_slots).
+change the host's bookkeeping only; the device's copy of the slot state (slot_state.py) is
+brought up to date by the next launch, in one copy however many requests came and went.
 
 One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step"):
     pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
+                  (draft_chain.py; keys: graph_keys.py; capture: capture.py)
     mixed         the whole-forward graph of (Np, B, T, draft) (mixed_graphs.py: draft chain,
-                  forward, acceptance and the draft's pass, all in it), else eager; eager is
-                  also what runs above the top token bucket or past WholeMixed.CHUNKS chunks
+                  forward, acceptance and the draft's pass, all in it), else eager (eager_mixed.py),
+                  as above the top token bucket or past WholeMixed.CHUNKS chunks
     attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
                   of ragged.RaggedAttention's kernel; CPU: SDPA
 The caller picks the attention (`attention`): "auto" (the Triton kernel on CUDA, SDPA elsewhere),
@@ -41,101 +41,44 @@ The caller picks the attention (`attention`): "auto" (the Triton kernel on CUDA,
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
 from typing import Iterable
 
-import numpy as np
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import (AcceptanceModel, Greedy, TraceReplay, accepted_prefix, draft_uniforms, rate_of,
-                                        trace_table)
-from dynspec.runtime.engines.reference.attention import (RaggedBatch, ragged_batch, sdpa_attention, to_device,
-                                                         uniform_batch)
-from dynspec.runtime.engines.reference.carry import (ResultReader, StepHandle, gather_carried, last_chunk_rows,
-                                                     save_carried, with_device_rows)
-from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain, capture_chain, chain_cuts, timed_capture
-from dynspec.runtime.engines.reference.kv_cache import (SCRATCH_BLOCK, BlockAllocator, available_bytes,
-                                                         check_pool_fits, kv_pool_bytes)
-from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed, least_tokens, whole_keys
+from dynspec.runtime.acceptance import AcceptanceModel
+from dynspec.runtime.engines.reference import capture, draft_chain, eager_mixed
+from dynspec.runtime.engines.reference.attention import sdpa_attention
+from dynspec.runtime.engines.reference.carry import ResultReader, StepHandle, gather_carried, last_chunk_rows, save_carried
+from dynspec.runtime.engines.reference.graph_keys import GraphKey, capture_order, reachable_graphs
+from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain
+from dynspec.runtime.engines.reference.kv_cache import BlockAllocator, available_bytes, check_pool_fits, kv_pool_bytes
+from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 from dynspec.runtime.engines.reference.ragged import RaggedAttention
-from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, batch_buckets, bucket_for, cap_k, make_plan
-from dynspec.runtime.policy import speculates
+from dynspec.runtime.engines.reference.slot_state import SlotState
+from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for
 
+__all__ = ["ATTENTIONS", "GraphKey", "ReferenceEngine", "capture_order", "reachable_graphs"]
 
 ATTENTIONS = ("auto", "triton", "sdpa")
-TRACE_LEN = 512           # recorded offsets a replayed request may hold (acceptance.TraceReplay)
-
-
-@dataclass(frozen=True)
-class GraphKey:
-    kind: str                # "spec" | "decode" | "refresh"
-    bucket: int              # padded row count
-    k: int = 0               # drafted tokens per row; > 0 only for "spec"
-    keep_warm: bool = False  # "decode" only: the draft extends its KV over the new token
-    draft: bool = True       # "decode" only, False: a policy that never drafts (its mixed iterations
-                             # run the target alone; its decode steps share the keep_warm=False graph)
-
-
-def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
-                     max_num_tokens: int | None = None) -> tuple[GraphKey, ...]:
-    """Every graph some batch size 1..max_batch_size can reach under any of the policies,
-    with K capped to the token budget as the executor caps it (plan.cap_k).
-
-    Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
-        spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
-    An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each,
-    and its K=0 steps run with or without keep-warm (runtime/adaptive.py, step 4): both decode graphs.
-    A policy that never drafts (policy.speculates) gets decode keys without keep-warm or draft.
-    """
-    buckets = batch_buckets(max_batch_size)
-    keys: set[GraphKey] = set()
-    for policy in policies:
-        if not speculates(policy):
-            keys.update(GraphKey("decode", bucket, draft=False) for bucket in buckets)
-            continue
-        for b in range(1, max_batch_size + 1):
-            bucket = bucket_for(b, buckets)
-            ks = policy.choices(b)                          # AdaptivePolicy: every candidate at every b
-            for k in {k if max_num_tokens is None else cap_k(k, b, max_num_tokens) for k in ks}:
-                if k > 0:
-                    keys.add(GraphKey("spec", bucket, k))
-                    keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
-                else:
-                    keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
-                    if keep_warm and policy.chooses_keep_warm:
-                        keys.add(GraphKey("decode", bucket, keep_warm=False))
-    return capture_order(keys)
-
-
-def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
-    """The keys once each, in one total order (kind, bucket, k, keep_warm). Under TP every rank
-    warms up and captures in this order, so their collectives pair up: a set ordered by (kind,
-    bucket, k) alone leaves decode (4, keep_warm) and decode (4) in hash order, which differs per
-    process, and the ranks would run different collectives until NCCL's watchdog fires."""
-    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm, g.draft)))
 
 
 def _flushed(name: str) -> property:
-    """Read access to one of the device tensors of the slot state, flushed first
-    (ReferenceEngine._flush_slots), so a reader outside launch (a test, a warm-up) sees what
-    reserve / release left. Writes go into the tensor returned, in place."""
-    def get(self) -> torch.Tensor:
-        if self._dirty_slots:
-            self._flush_slots()
-        return getattr(self, name)
-    return property(get)
+    """Read access to one of the device tensors of the slot state, flushed first (SlotState.flush),
+    so a reader outside launch (a test, a warm-up) sees what reserve / release left. Writes go
+    into the tensor returned, in place."""
+    return property(lambda self: getattr(self.slots.flushed(), name))
 
 
 class ReferenceEngine:
     """Executor-facing engine: reserve(tokens) / release(slot) a sequence's cache, step(plan)."""
 
-    # the slot state on the device, written by _flush_slots only (and slot_p by _set_acceptance)
-    block_tables = _flushed("_block_tables")      # [slots+1, max_blocks] block ids, scratch past a table
-    block_owner = _flushed("_block_owner")        # [blocks] slot or -1
-    block_logical = _flushed("_block_logical")    # [blocks] index in its owner's table
-    slot_key = _flushed("_slot_key")              # [S] request key (reserve)
-    slot_p = _flushed("_slot_p")                  # [S] Bernoulli p of the slot's request
+    # the slot state on the device (slot_state.py)
+    block_tables = _flushed("block_tables")      # [slots+1, max_blocks] block ids, scratch past a table
+    block_owner = _flushed("block_owner")        # [blocks] slot or -1
+    block_logical = _flushed("block_logical")    # [blocks] index in its owner's table
+    slot_key = _flushed("slot_key")              # [S] request key (reserve)
+    slot_p = _flushed("slot_p")                  # [S] Bernoulli p of the slot's request
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
@@ -160,26 +103,20 @@ class ReferenceEngine:
         self.async_launch = on_cuda        # launch returns before the device has run the step (executor.py)
         self.capture = tuple(draft.capture_layers)
         self.vocab_size = target.config.vocab_size
-        if attention not in ATTENTIONS:
-            raise DynspecError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
-        if attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise DynspecError("attention 'triton' on CPU runs under Triton's interpreter only: set TRITON_INTERPRET=1 "
-                               "before triton is imported")
-        self.triton = attention == "triton" or attention == "auto" and on_cuda     # RaggedAttention, else SDPA
+        self.triton = _use_triton(attention, on_cuda)          # RaggedAttention, else SDPA
         self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)
         self.block_size, self.max_blocks_per_seq = bs, per_seq
         target.setup_pool(n_blocks, bs, per_seq * bs)
         draft.setup_pool(n_blocks, bs, per_seq * bs)
         n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
         self.pad_slot = max_batch_size
-        # what reserve / release changed since the last _flush_slots (host): a changed slot's row,
-        # key and rate, and the blocks it took or freed (owner, logical index)
-        self._dirty_slots: set[int] = set()
-        self._dirty_blocks: set[int] = set()
-        self._block_tables = torch.full((n, per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev)  # [slots+1, blocks]
-        self._scratch_row = (SCRATCH_BLOCK,) * per_seq       # a row of it without blocks, on the host (_table)
-        self._block_owner = torch.full((n_blocks,), -1, dtype=torch.long, device=dev)    # [blocks] slot or -1
-        self._block_logical = torch.zeros(n_blocks, dtype=torch.long, device=dev)        # [blocks] index in its table
+        self.slots = s = SlotState(self.blocks, n, n_blocks, per_seq, dev)
+        # the slot state's tensors by their engine names (the same tensors: written in place)
+        self._dirty_slots, self._dirty_blocks = s.dirty_slots, s.dirty_blocks
+        self._block_tables, self._block_owner, self._block_logical = s.block_tables, s.block_owner, s.block_logical
+        self._slot_key, self._slot_p = s.slot_key, s.slot_p
+        self.bernoulli, self.replay, self.accept_seed = s.bernoulli, s.replay, s.accept_seed
+        self.slot_trace, self.slot_trace_len = s.slot_trace, s.slot_trace_len
         fused = len(self.capture) * target.config.hidden_size
         # carried per-slot state (see module docstring)
         self.next_draft = torch.zeros(n, dtype=torch.long, device=dev)                             # [S]
@@ -203,15 +140,6 @@ class ReferenceEngine:
         self._pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
-        self._slot_p = torch.zeros(n, dtype=torch.float32, device=dev)         # [S] Bernoulli p of the slot's request
-        self.bernoulli = torch.zeros((), dtype=torch.bool, device=dev)         # use it? (benchmarks)
-        self.replay = torch.zeros((), dtype=torch.bool, device=dev)            # a trace instead (benchmarks)
-        self.slot_trace = torch.zeros(n, TRACE_LEN, dtype=torch.long, device=dev)   # [S, TRACE_LEN] recorded r
-        self.slot_trace_len = torch.ones(n, dtype=torch.long, device=dev)           # [S] its length
-        self.accept_seed = torch.zeros((), dtype=torch.long, device=dev)       # Bernoulli seed
-        self._slot_key = torch.zeros(n, dtype=torch.long, device=dev)          # [S] request key (reserve)
-        self._keys: dict[int, int] = {}          # host copy of slot_key for the reserved slots
-        self._acceptance: AcceptanceModel | None = None   # what slot_p/bernoulli hold (host copy: no sync)
         self._graphs: dict[GraphKey, GraphChain] = {}
         self.eager_fallbacks = 0
         self.on_dispatch = None                   # hook(key) at every dispatch: a GraphKey, or a whole-forward
@@ -236,82 +164,22 @@ class ReferenceEngine:
         """A slot whose blocks hold positions 0..tokens-1, or None while blocks or slots are short.
         key: the request's key, which with the position fixes its Bernoulli draws (acceptance.py).
         Host bookkeeping only: the device sees the slot from the next launch on (_flush_slots)."""
-        slot = self.blocks.reserve(tokens)
-        if slot is not None:
-            self._keys[slot] = key
-            self._dirty_slots.add(slot)
-            self._dirty_blocks.update(self.blocks.tables[slot])
-        return slot
+        return self.slots.reserve(tokens, key)
 
     def release(self, slot: int) -> None:
         """Free the slot's blocks (no K/V is copied or cleared). Host bookkeeping only, as reserve."""
-        self._dirty_blocks.update(self.blocks.release(slot))
-        self._keys.pop(slot, None)
-        self._dirty_slots.add(slot)
+        self.slots.release(slot)
 
     def _flush_slots(self) -> None:
-        """The device's slot state brought up to date with the host's: the slots reserve / release
-        touched since the last flush and the blocks they took or freed, in one host -> device copy
-        (pinned on CUDA, to_device) and a fixed number of index kernels, however many changed.
-        Read from the allocator's state now, not replayed, so a slot released and reserved again
-        (or its blocks handed to another slot) ends as the immediate writes would have left it:
-            slot   reserved: its table padded with the scratch block, its key, and its rate
-                   rate_of(model, key) once an acceptance model is set; released: the scratch row
-            block  owned: its slot and its index in that slot's table; freed: owner -1
-        What nothing reads stays as the last flush left it: a free slot's key and rate, a free
-        block's logical index (the immediate writes left there whatever the history last wrote).
-        An owned dirty block is in a dirty slot's table: it was handed out since the last flush,
-        by a reserve that marked its slot. No index repeats within a write (index_copy_ is then
-        deterministic): dirty slots are a set and tables are disjoint.
-        Example, block_size 16, 3 blocks a table: slot 0 holds blocks (1, 2, 3) on the device;
-        release(0), then reserve(20, key=9) takes slot 0 again, with blocks (1, 2):
-            dirty  slots {0}, blocks {1, 2, 3}
-            flush  block_tables[0] = [1, 2, 0], slot_key[0] = 9, slot_p[0] = rate_of(model, 9)
-                   block_owner[[1, 2]] = 0, block_logical[[1, 2]] = [0, 1], block_owner[[3]] = -1
-        Called first thing in launch (docs/design.md, "The overlapped loop": queued in stream
-        order behind the step in flight, as the writes of reserve / release were), before a
-        graph capture, and by every read of these tensors through the engine's attributes."""
-        if not self._dirty_slots:
-            return
-        W, tables = self.max_blocks_per_seq, self.blocks.tables
-        slots = sorted(self._dirty_slots)
-        rows = np.full((len(slots), W), SCRATCH_BLOCK, dtype=np.int64)            # [n_dirty_slots, max_blocks]
-        live = []                                          # [n_live] the reserved ones of them
-        owned, owner, logical = [], [], []                 # [n_owned] their blocks: slot, index in its table
-        for i, s in enumerate(slots):
-            table = tables.get(s)
-            if table is None:                              # released: the scratch row
-                continue
-            rows[i, :len(table)] = table
-            live.append(s)
-            owned += table
-            owner += [s] * len(table)
-            logical += range(len(table))
-        freed = sorted(self._dirty_blocks.difference(owned))                      # [n_freed]
-        keys = [self._keys[s] for s in live]                                      # [n_live]
-        rates = [rate_of(self._acceptance, k) or 0.0 for k in keys] if self._acceptance is not None else []
-        # one int64 array: slots | their rows | live slots | keys | rates (float64 bits) | owned | owner | logical | freed
-        parts = [np.asarray(x, dtype=np.int64) for x in (slots, rows.ravel(), live, keys)]
-        parts += [np.asarray(rates, dtype=np.float64).view(np.int64)]
-        parts += [np.asarray(x, dtype=np.int64) for x in (owned, owner, logical, freed)]
-        flat = to_device(torch.from_numpy(np.concatenate(parts)), self.device)   # the one copy
-        slots_d, rows_d, live_d, keys_d, rates_d, owned_d, owner_d, logical_d, freed_d = flat.split(
-            [len(x) for x in parts])
-        self._block_tables.index_copy_(0, slots_d, rows_d.view(len(slots), W))
-        self._slot_key.index_copy_(0, live_d, keys_d)
-        if self._acceptance is not None:
-            self._slot_p.index_copy_(0, live_d, rates_d.view(torch.float64).to(torch.float32))
-        if isinstance(self._acceptance, TraceReplay) and live:
-            self._write_traces(live, keys)
-        self._block_owner.index_copy_(0, owned_d, owner_d)
-        self._block_logical.index_copy_(0, owned_d, logical_d)
-        self._block_owner.index_fill_(0, freed_d, -1)
-        self._dirty_slots.clear()
-        self._dirty_blocks.clear()
+        """The device's slot state brought up to date with the host's (SlotState.flush)."""
+        self.slots.flush()
 
-    def _to_device(self, values) -> torch.Tensor:
-        """A list of ints as a long tensor on the device, without holding the host (to_device)."""
-        return to_device(torch.tensor(values, dtype=torch.long), self.device)
+    def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
+        """The acceptance model's device state (SlotState.set_acceptance)."""
+        self.slots.set_acceptance(acceptance)
+
+    def _table(self, slot: int) -> tuple[int, ...]:
+        return self.slots.table(slot)
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
@@ -378,40 +246,8 @@ class ReferenceEngine:
         """The captured plain-decode graphs of (bucket, keep_warm), or None (eager, not captured)."""
         return self._graphs.get(GraphKey("decode", bucket, keep_warm=keep_warm))
 
-    def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
-        """Device flag, seed and every reserved slot's rate follow the host copy, set when the
-        model changes (in place: graphs read these buffers); _flush_slots sets a new slot's rate,
-        from the model as of the flush (a slot reserved before a model change is rewritten here
-        with the rest, from the host's keys, whichever of the two runs first)."""
-        if acceptance == self._acceptance:
-            return
-        rates = torch.zeros(self.slot_p.shape[0], dtype=torch.float32)
-        for slot, key in self._keys.items():
-            rates[slot] = rate_of(acceptance, key) or 0.0
-        bern = not isinstance(acceptance, Greedy)
-        self.accept_seed.fill_(getattr(acceptance, "seed", 0))
-        self.bernoulli.fill_(bern)
-        self.replay.fill_(isinstance(acceptance, TraceReplay))
-        if isinstance(acceptance, TraceReplay) and self._keys:
-            self._acceptance = acceptance
-            self._write_traces(list(self._keys), list(self._keys.values()))
-        self.slot_p.copy_(to_device(rates, self.device))          # pinned: the host does not wait
-        self._acceptance = acceptance
-
-    def _write_traces(self, slots: list[int], keys: list[int]) -> None:
-        """Each slot's replayed sequence (acceptance.trace_table) into slot_trace, in one copy."""
-        table, lengths = trace_table(self._acceptance, keys)                  # [n, L] int8, [n]
-        if table.shape[1] > TRACE_LEN:
-            raise DynspecError(f"acceptance {self._acceptance}: recorded sequences of {table.shape[1]} offsets; "
-                               f"the reference engine replays up to {TRACE_LEN}")
-        rows = np.zeros((len(slots), TRACE_LEN + 2), dtype=np.int64)
-        rows[:, 0], rows[:, 1] = slots, lengths
-        rows[:, 2:2 + table.shape[1]] = table
-        d = to_device(torch.from_numpy(rows), self.device)
-        self.slot_trace.index_copy_(0, d[:, 0], d[:, 2:])
-        self.slot_trace_len.index_copy_(0, d[:, 0], d[:, 1])
-
-    def _run(self, key: GraphKey, read: int) -> None:
+    def _run(self, key: GraphKey, read: int | None) -> None:
+        """A pure-decode key: its graph chain where captured, else its device function eagerly."""
         if self.on_dispatch is not None:
             self.on_dispatch(key)
         graph = self._graphs.get(key)
@@ -420,208 +256,47 @@ class ReferenceEngine:
             return
         if self._graphs:
             self.eager_fallbacks += 1     # a shape the schedule was not expected to reach
-        self._device_fn(key, read)
+        draft_chain.device_fn(self, key, read)
 
-    def _device_fn(self, key: GraphKey, read: int | None) -> None:
-        B = key.bucket
-        if key.kind == "spec":
-            self._speculate(B, key.k, read)
-        elif key.kind == "decode":
-            self._decode(B, key.keep_warm, read)
-        else:
-            self._refresh(B, read)
+    def _mixed(self, plan: StepPlan, read: int) -> torch.Tensor:
+        """A mixed iteration -> the first generated token of each last chunk [n_last]: through a
+        whole-forward graph where one holds it (stale rows refreshed first, by the refresh graph),
+        else eagerly (eager_mixed.py)."""
+        key = self._whole_key(plan)
+        if key is None:
+            return eager_mixed.eager_mixed(self, plan, read)
+        self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots, plan.row_k)
+        if plan.batch_size and plan.k and any(plan.stale):
+            self._run(GraphKey("refresh", plan.bucket), None)
+        if self.on_dispatch is not None:
+            self.on_dispatch(key)
+        return self.whole.run(key)[:plan.last_chunks]
 
-    # ---- device functions: static buffers in, static buffers out; graph-capturable ----------
-    def _rows(self, B: int, q_pos: torch.Tensor, read: int | None) -> RaggedBatch:
-        """Decode rows 0..B-1, row r's tokens at q_pos[r] ([B, T]), over `read` blocks of their
-        tables (None: all). Where Triton runs always all, as in the decode graphs: the paged
-        kernel's launch constants (PER, SPLITS) follow the table width, so an eager step at its
-        own `read` (a K > 0 mixed iteration's draft chain and decode rows) compiled a kernel of its
-        own on first use, 1-2 s inside a served step on the H200; at the graphs' width it runs
-        theirs. Tiles past a row's last position load nothing. SDPA (CPU) gathers `read` blocks."""
-        width = self.max_blocks_per_seq if self.triton or not read else read
-        return uniform_batch(self.block_tables, self.slot[:B], q_pos, width, self.block_size)
+    def _mixed_inputs(self, plan: StepPlan) -> eager_mixed.MixedInputs:
+        """An eager mixed iteration's device inputs (eager_mixed.mixed_inputs)."""
+        return eager_mixed.mixed_inputs(self, plan)
 
+    def _whole_key(self, plan: StepPlan):
+        """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
+        captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests)."""
+        if self.whole is None:
+            return None
+        key = self.whole.key(plan)
+        return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
+
+    # ---- the step's device functions (draft_chain.py) ----------------------------------------
     def decode_attention(self):
         """Every step's attention, graphed or eager: RaggedAttention (for decode rows with RoPE
         and the K/V write inside its launch) where Triton runs, else gathered SDPA."""
         return RaggedAttention(self.block_size) if self.triton else sdpa_attention
 
-
-    def _draft_next(self, tokens, hidden, batch, attention=None):
-        """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
-        ids, dh = self.draft.run(tokens, hidden, batch, attention, greedy=True)
-        return self.draft.to_target_ids(ids), dh
-
-    def _refresh(self, B: int, read) -> None:
-        """Rebuild entry L of stale rows: (x_L, h_{L-1}) at draft position L-1."""
-        slot = self.slot[:B]
-        batch = self._rows(B, (self.pos[:B] - 1)[:, None], read)
-        d, h = self._draft_next(self.x[:B], self.last_capture[slot], batch, self.decode_attention())
-        self.next_draft[slot], self.draft_hidden[slot] = d, h
-
     def draft_chain(self, B: int, K: int, read: int | None = None) -> torch.Tensor:
-        """K-1 chain steps from the carried head -> drafts [B, K]."""
-        slot, pos = self.slot[:B], self.pos[:B]
-        drafts, h = [self.next_draft[slot]], self.draft_hidden[slot]
-        for i in range(1, K):                                                # entries L+1..L+K-1
-            d, h = self._draft_next(drafts[-1], h, self._rows(B, (pos + i - 1)[:, None], read), self.decode_attention())
-            drafts.append(d)
-        return torch.stack(drafts, dim=1)                                    # [B, K]
+        """K-1 chain steps from the carried head -> drafts [B, K] (draft_chain.draft_chain)."""
+        return draft_chain.draft_chain(self, B, K, read)
 
     def accept(self, D, g):
-        """drafts D [B, K] of rows 0..B-1, target greedy g [B, K+1] -> (accepted n [B], tokens
-        E [B, K+1]): E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1].
-        n <= row_k[r]: a row at K_r < K takes the target's token at index K_r at the latest, which
-        followed only accepted drafts (lossless; the drafts past K_r are verified and dropped).
-        Bernoulli models: d_i (at position pos + i) is accepted iff draft_uniforms(...) < p of the
-        row's request (slot_p[slot], set from rate_of(model, key)). TraceReplay: d_i is accepted iff
-        i <= r, r the request's recorded run length at its pending position (wrapping at its length)."""
-        B, K = D.shape
-        steps = torch.arange(K + 1, device=D.device)
-        slot = self.slot[:B]
-        u = draft_uniforms(self.accept_seed, self.slot_key[slot], self.pos[:B, None] + steps[None, 1:])
-        rand = u < self.slot_p[slot][:, None]                                            # [B, K]
-        r = self.slot_trace[slot, self.pos[:B] % self.slot_trace_len[slot]]                # [B] recorded run
-        rand = torch.where(self.replay, steps[None, 1:] <= r[:, None], rand)
-        n = accepted_prefix(torch.where(self.bernoulli, rand, D == g[:, :K]))           # [B]
-        n = torch.minimum(n, self.row_k[:B])          # row r accepts at most its own K_r (plan.row_k)
-        return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
-
-    def _speculate(self, B: int, K: int, read) -> None:
-        D = self.draft_chain(B, K, read)                                     # [B, K]
-        vpos = self.pos[:B, None] + torch.arange(K + 1, device=D.device)     # [B, K+1]
-        batch = self._rows(B, vpos, read)
-        tokens = torch.cat([self.x[:B, None], D], 1)                         # [B, K+1]
-        attention = self.decode_attention()          # the verify's and the draft's catch-up
-        g, H = self.target.run(tokens.reshape(-1), batch, capture=self.capture, attention=attention, greedy=True)
-        n, E = self.accept(D, g.view(B, K + 1))
-        self._catch_up(E, H.view(B, K + 1, -1), batch, n, attention)
-        self.out_tokens[:B, : K + 1] = E
-        self.out_n[:B] = n
-
-    def _decode(self, B: int, keep_warm: bool, read) -> None:
-        """Plain decode. Keep-warm writes only the draft's K/V for the new entry (no draft
-        attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
-        `_refresh` when speculation resumes, so every later draft step sees a complete cache."""
-        batch = self._rows(B, self.pos[:B, None], read)
-        g, H = self.target.run(self.x[:B], batch, capture=self.capture, attention=self.decode_attention(),
-                               greedy=True)                                  # [B]
-        if keep_warm:
-            self.draft.extend_kv(g, H, batch)                                # entry L+1 @ draft pos L
-        self.last_capture[self.slot[:B]] = H
-        self.out_tokens[:B, 0] = g
-        self.out_n[:B] = 0
-
-    def _catch_up(self, E, H, batch, n, attention) -> None:
-        """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n.
-        E [B, T], H [B, T, w]."""
-        B, T = E.shape
-        d, h = self._draft_next(E.reshape(-1), H.reshape(B * T, -1), batch, attention)
-        rows = torch.arange(B, device=E.device)
-        slot = self.slot[:B]
-        self.next_draft[slot] = d.view(B, T)[rows, n]
-        self.draft_hidden[slot] = h.view(B, T, -1)[rows, n]
-        self.last_capture[slot] = H[rows, n]
-
-    # ---- mixed iterations: decode rows + prompt chunks in one target forward ---------------
-    def _mixed(self, plan: StepPlan, read: int) -> torch.Tensor:
-        """Returns the first generated token of each last chunk [n_last]. Packing (as mixed_graphs.py):
-        the B = plan.bucket decode rows' T tokens (rows b..B-1 padding), then the chunks' tokens.
-        Through a whole-forward graph where one holds the iteration (stale rows refreshed first,
-        by the refresh graph), else eagerly."""
-        b, B, K = plan.batch_size, plan.bucket, plan.k
-        key = self._whole_key(plan)
-        if key is not None:
-            self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots, plan.row_k)
-            if b and K and any(plan.stale):
-                self._run(GraphKey("refresh", B), None)
-            if self.on_dispatch is not None:
-                self.on_dispatch(key)
-            return self.whole.run(key)[:plan.last_chunks]
-        m = self._mixed_inputs(plan)
-        nd = m.nd
-        if b and K and any(plan.stale):
-            self._refresh(B, read)
-        D = self.draft_chain(B, K, read) if b and K else None                 # [B, K]
-        tokens = torch.cat([self.x[:B, None], D], 1).reshape(-1) if D is not None else self.x[:B]
-        attention = self.decode_attention()                                  # one launch over every row
-        if b and plan.carried_rows:          # the host laid the decode rows out at upper bounds
-            m = replace(m, batch=with_device_rows(m.batch, self.pos, self.slot, self.block_tables, B, K + 1))
-        logit_index = torch.cat([torch.arange(nd, device=self.device), m.last_idx])
-        greedy, H = self.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
-                                    capture=self.capture if plan.draft else (), logit_index=logit_index,
-                                    attention=attention, greedy=True)        # [nd + n_last]
-        firsts = greedy[nd:]
-        m.nxt[m.last_idx - nd] = firsts          # draft entries (x_{p+1}, h_p): a last chunk's x_e is g0
-        if b and K:
-            self._mixed_catch_up(plan, D, greedy[:nd], H, m, attention)
-        else:
-            self._mixed_decode_end(plan, greedy[:nd], H, m, read)
-        return firsts
-
-    def _mixed_inputs(self, plan: StepPlan) -> "MixedInputs":
-        """The chunks' side of an eager mixed iteration, every host -> device copy issued before
-        the first kernel (the draft's included): a copy from pageable memory waits for the stream,
-        so one issued later would stall the host until the work queued before it ends; these are
-        pinned (_to_device, ragged_batch).
-        One tensor, split: [prompt tokens Nc | their draft inputs Nc | last chunks' packed index |
-        their slot]. Packed index of chunk token j: B*T + j."""
-        b, B, T, chunks = plan.batch_size, plan.bucket, plan.k + 1, plan.chunks
-        nd = i = plan.padded_decode_tokens
-        ends = []
-        for c in chunks:
-            i += len(c.tokens)
-            ends.append(i - 1)                                               # packed index of its last token
-        last_rows = [j for j, c in enumerate(chunks) if c.last]
-        host = [[t for c in chunks for t in c.tokens],
-                [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
-                [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows]]
-        prompt, nxt, last_idx, last_slot = self._to_device(
-            [x for part in host for x in part]).split([len(x) for x in host])
-        pad = B - b                                                          # padding rows: slot pad_slot at 1
-        slots = list(plan.slots) + [self.pad_slot] * pad + [c.slot for c in chunks]
-        starts = list(plan.positions) + [1] * pad + [c.start for c in chunks]
-        lens = [T] * B + [len(c.tokens) for c in chunks]
-        c_batch = ragged_batch(self.block_tables, slots[B:], starts[B:], lens[B:], self.block_size)
-        batch = ragged_batch(self.block_tables, slots, starts, lens, self.block_size) if B else c_batch
-        return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, batch, c_batch, nd)
-
-    def _mixed_catch_up(self, plan: StepPlan, D, g, H, m: "MixedInputs", attention) -> None:
-        """K > 0: accept over the B rows (g [B*T]), then one draft pass over the rows' catch-up
-        entries and the chunks' entries; the b real rows and the last chunks keep their heads."""
-        b, B, T, dev = plan.batch_size, plan.bucket, plan.k + 1, self.device
-        n, E = self.accept(D, g.view(B, T))
-        self.out_tokens[:b, :T] = E[:b]
-        self.out_n[:b] = n[:b]
-        d, h = self._draft_next(torch.cat([E.reshape(-1), m.nxt]), H, m.batch, attention)
-        rows, slot = torch.arange(b, device=dev), self.slot[:b]
-        self.next_draft[slot] = d[: m.nd].view(B, T)[rows, n[:b]]
-        self.draft_hidden[slot] = h[: m.nd].view(B, T, -1)[rows, n[:b]]
-        self.last_capture[slot] = H[: m.nd].view(B, T, -1)[rows, n[:b]]
-        self._last_heads(m, d, h, H, 0)
-
-    def _mixed_decode_end(self, plan: StepPlan, g, H, m: "MixedInputs", read: int) -> None:
-        """K = 0: the b rows' outputs and keep-warm K/V, then the draft's pass over the chunks;
-        without the draft (plan.draft False) the rows' outputs alone (H is None: nothing captured)."""
-        b = plan.batch_size
-        if b:
-            if plan.keep_warm:
-                self.draft.extend_kv(g[:b], H[:b], self._rows(b, self.pos[:b, None], read))
-            if plan.draft:
-                self.last_capture[self.slot[:b]] = H[:b]
-            self.out_tokens[:b, 0] = g[:b]
-            self.out_n[:b] = 0
-        if plan.draft:
-            d, h = self._draft_next(m.nxt, H[m.nd:], m.c_batch, self.decode_attention())
-            self._last_heads(m, d, h, H, m.nd)
-
-    def _last_heads(self, m: "MixedInputs", d, h, H, offset: int) -> None:
-        """The carried state of each last chunk's slot, from its last token (d, h indexed from offset)."""
-        if m.last_idx.numel():
-            self.next_draft[m.last_slot] = d[m.last_idx - offset]
-            self.draft_hidden[m.last_slot] = h[m.last_idx - offset]
-            self.last_capture[m.last_slot] = H[m.last_idx]
+        """(accepted n [B], tokens E [B, K+1]) of drafts D, target greedy g (draft_chain.accept)."""
+        return draft_chain.accept(self, D, g)
 
     def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:
         """Tokens the target forward of an iteration runs, padding included. A pure-decode step at
@@ -638,14 +313,6 @@ class ReferenceEngine:
                 return n
         return (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
 
-    def _whole_key(self, plan: StepPlan):
-        """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
-        captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests)."""
-        if self.whole is None:
-            return None
-        key = self.whole.key(plan)
-        return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
-
     def _pad_rows(self) -> None:
         """Every step row a padding row (token 0 at position 1 of the padding slot): what graph
         warm-ups and captures run on, writing only into the scratch block."""
@@ -654,121 +321,22 @@ class ReferenceEngine:
         self.slot.fill_(self.pad_slot)
         self.row_k.fill_(self.max_draft_len)
 
-    def _table(self, slot: int) -> tuple[int, ...]:
-        """The slot's block table on the host; a slot without blocks (the padding slot) has its
-        row of block_tables, the scratch block at every index, so any position of its chunk writes
-        there (which it owns no more than any other slot: its tokens see nothing)."""
-        return self.blocks.tables.get(slot) or self._scratch_row
-
-    def warm_chunks(self) -> int:
-        """Run the eager chunk path before serving: chunk-only steps of 1 and min(300,
-        max_num_tokens) packed tokens on the padding slot (its K/V go to the scratch block; rows of
-        at most max_seq_len - 1 tokens), which compile the ragged kernel's item form (one version a
-        pool layout: target, draft) and the glue at one token and at several. Without it the first
-        mixed iterations of a run would compile inside the measurement. Returns the steps run."""
-        per_row = max(1, self.max_seq_len - 1)
-        sizes = sorted({1, min(300, self.max_num_tokens)})
-        for n in sizes:
-            rows = [min(per_row, n - i) for i in range(0, n, per_row)]
-            plan = StepPlan(k=0, batch_size=0, bucket=0, positions=(), pending=(), stale=(), keep_warm=False,
-                            slots=(), chunks=tuple(PromptChunk(self.pad_slot, 0, (0,) * r, None) for r in rows))
-            self.step(plan, Greedy())
-        self.warm_chunk_steps += len(sizes)
-        return len(sizes)
-
-    def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
-        """Mixed iterations at every speculative row shape (bucket B, K) of `keys`, every row on
-        the padding slot (K/V into the scratch block): B decode rows and one last chunk of 5
-        tokens, one that makes the packed total a multiple of 16 (Triton specialises integer
-        arguments on that), one of 300 tokens (many work items) and two chunks, one not last.
-        Mixed iterations past the whole graphs (above the top token bucket, more than
-        WholeMixed.CHUNKS chunks) run eagerly, and what that compiles on first use at a (B, K)
-        would otherwise stall a served step for seconds. Chunks are capped to the token budget.
-        Returns the steps run.
-        Key spec (4, K=2) (3 tokens a row, budget 64): chunks [5], [4], [52], [7, 3]."""
-        pad, steps = self.pad_slot, 0
-        for bucket, k in sorted({(g.bucket, g.k) for g in keys if g.kind == "spec"}):
-            rows = bucket * (k + 1)
-            room = min(self.max_num_tokens - rows, self.max_seq_len - 1)
-            shapes = [(5,), (16 - rows % 16,), (300,), (7, 3)]
-            for sizes in shapes:
-                if room < sum(sizes) and len(sizes) > 1 or room < 1:
-                    continue
-                lens = [min(n, room) for n in sizes]
-                chunks = tuple(PromptChunk(pad, 0, (0,) * n, None if j == len(lens) - 1 else 0)
-                               for j, n in enumerate(lens))
-                self.step(make_plan(k, positions=(1,) * bucket, pending=(0,) * bucket, stale=(False,) * bucket,
-                                    keep_warm=False, buckets=self.buckets, slots=(pad,) * bucket, chunks=chunks),
-                          Greedy())
-                steps += 1
-        self.warm_chunk_steps += steps
-        return steps
-
-    # ---- CUDA graphs ------------------------------------------------------------------------
+    # ---- CUDA graphs and warm-ups (capture.py) --------------------------------------------------
     def capture_graphs(self, keys: Iterable[GraphKey], per_row: bool = False) -> int:
-        """Every graph of GraphMode.FULL for the pure-decode `keys` (reachable_graphs): their
-        decode graphs, then (CUDA) the eager path's chunk attention compiled (warm_chunks: its
-        chunk-only steps run before a whole graph could take them), then the whole-forward graphs
-        of their row shapes (capture_whole_graphs), then mixed iterations at every speculative row
-        shape (warm_mixed). per_row: a policy that sets each row's K (capture_whole_graphs).
-        Returns how many graphs."""
-        keys = tuple(keys)
-        n = self.capture_decode_graphs(keys)
-        if self.device.type == "cuda":
-            self.warm_chunks()
-        n += self.capture_whole_graphs(keys, per_row=per_row)
-        if self.device.type == "cuda":
-            self.warm_mixed(keys)
-        return n
+        return capture.capture_graphs(self, keys, per_row)
 
     def capture_decode_graphs(self, keys: Iterable[GraphKey]) -> int:
-        """One graph chain per pure-decode key (CUDA; 0 on CPU), warmed up and captured in
-        capture_order. Decode graphs read every row's whole block table (max_seq_len)."""
-        if self.device.type != "cuda":
-            return 0
-        n, cost = timed_capture(lambda: self._capture_decode(keys))
-        self.capture_costs["decode"] = self.capture_costs.get("decode", CaptureCost()) + cost
-        return n
-
-    def _capture_decode(self, keys: Iterable[GraphKey]) -> int:
-        keys = capture_order(replace(k, draft=True) for k in keys)      # draft is the mixed graphs' concern
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        self._flush_slots()              # not inside a capture: its copy and writes would be baked in
-        self._pad_rows()
-        with torch.inference_mode():
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for key in keys:                       # warm up every shape once (allocator, kernels)
-                    self._device_fn(key, None)
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            for key in keys:
-                self._graphs[key] = self._capture_chain(key, pool, stream)
-        torch.cuda.synchronize()
-        return len(keys)
+        return capture.capture_decode_graphs(self, keys)
 
     def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = (),
                              per_row: bool = False) -> int:
-        """Mixed iterations' whole target forward, attention included, as one graph chain per
-        (token bucket, row bucket, T, draft) (mixed_graphs.py): for the row shapes of `keys` with every
-        token bucket they can reach (mixed_graphs.least_tokens; per_row: a policy that sets each
-        row's K, whose iterations without chunks run there too), plus chunk-only iterations, plus
-        the `exact` keys. Returns how many.
-        CPU: WholeMixed is set up and its functions run uncaptured (tests check them there)."""
-        if self.whole is None:
-            self.whole = WholeMixed(self)
-        if self.device.type != "cuda":
-            return 0
-        rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
-        self._flush_slots()              # not inside a capture (capture_decode_graphs)
-        self._pad_rows()
-        below = dict(zip(self.buckets, (0,) + self.buckets[:-1]))          # row bucket -> the one below it
-        least = lambda B, T: least_tokens(B, T, below[B], per_row)          # noqa: E731
-        wanted = set(whole_keys(rows, self.whole.buckets, least) if rows else ()) | set(exact)
-        n, cost = timed_capture(lambda: self.whole.capture(wanted))
-        self.capture_costs["whole"] = self.capture_costs.get("whole", CaptureCost()) + cost
-        return n
+        return capture.capture_whole_graphs(self, keys, exact, per_row)
+
+    def warm_chunks(self) -> int:
+        return capture.warm_chunks(self)
+
+    def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
+        return capture.warm_mixed(self, keys)
 
     def drop_whole(self) -> None:
         """Mixed iterations back to the eager path (e.g. after a failed whole-graph capture)."""
@@ -780,61 +348,12 @@ class ReferenceEngine:
         if self.whole is not None:
             self.whole.drop()
 
-    def _capture_chain(self, key: GraphKey, pool, stream) -> GraphChain:
-        """The key's device function captured as a graph chain (graphs.capture_chain)."""
-        def fn(cut) -> None:
-            self.target.layer_hook = cut
-            try:
-                self._device_fn(key, None)
-            finally:
-                self.target.layer_hook = None
 
-        return capture_chain(fn, chain_cuts(len(self.target.layers)), pool, stream)
-
-
-@dataclass(frozen=True)
-class MixedInputs:
-    """An eager mixed iteration's device inputs (ReferenceEngine._mixed_inputs)."""
-    prompt: torch.Tensor          # [Nc] the chunks' tokens
-    nxt: torch.Tensor             # [Nc] their draft inputs x_{p+1} (a last chunk's last: set to g0)
-    last_idx: torch.Tensor        # [n_last] packed index of each last chunk's last token
-    last_slot: torch.Tensor       # [n_last] its slot
-    batch: RaggedBatch            # every row: B decode rows then the chunks
-    c_batch: RaggedBatch          # the chunks alone (their own packing from 0)
-    nd: int                       # B x T decode tokens ahead of the chunks
-
-
-def load_reference_engine(
-    target_dir: str,
-    draft_dir: str,
-    *,
-    device: str = "cpu",
-    dtype: str | torch.dtype = "float32",
-    max_batch_size: int = 64,
-    max_seq_len: int = 1024,
-    max_draft_len: int = 8,
-    max_num_tokens: int = 8192,
-    fused_kernels: bool | None = None,
-    prepare=None,
-    target_part=None,
-    draft_part=None,
-    **cache,
-) -> ReferenceEngine:
-    """fused_kernels: the per-layer elementwise glue compiled, with Triton's rope_write and norms
-    on CUDA (model.Kernels; default: on CUDA only).
-    target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
-    tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
-    before the caches are sized (tp.apply_tp sets the local heads and collectives there).
-    cache: block_size, num_blocks, attention ("auto", "triton", "sdpa"), passed to ReferenceEngine."""
-    from dynspec.runtime.engines.reference.load import load_draft, load_target
-    from dynspec.runtime.engines.reference.model import Kernels
-
-    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    target = load_target(target_dir, device=device, dtype=dt, part=target_part)
-    if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
-        target.kernels = Kernels(compiled=True)
-    draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
-    if prepare is not None:
-        prepare(target, draft)
-    return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                           max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)
+def _use_triton(attention: str, on_cuda: bool) -> bool:
+    """The attention a caller asked for: RaggedAttention's Triton kernel (True) or SDPA."""
+    if attention not in ATTENTIONS:
+        raise DynspecError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
+    if attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DynspecError("attention 'triton' on CPU runs under Triton's interpreter only: set TRITON_INTERPRET=1 "
+                           "before triton is imported")
+    return attention == "triton" or attention == "auto" and on_cuda

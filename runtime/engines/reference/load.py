@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +30,10 @@ from dynspec.checkpoint.reader import TensorReader, read_config, weight_source
 from dynspec.errors import DynspecError
 
 from .draft import Eagle3Config, Eagle3Draft
-from .model import Target, TargetConfig
+from .model import Kernels, Target, TargetConfig
+
+if TYPE_CHECKING:
+    from .engine import ReferenceEngine
 
 
 # part(rule, full_shape) -> (index into the full tensor, zero rows to append): one rank's shard
@@ -189,3 +192,38 @@ def load_draft(model_dir: str | os.PathLike, target: Target, *, device="cpu", dt
         m.t2d.copy_(t2d.bool())
     _check_filled(m, "draft", model_dir)
     return m.eval()
+
+
+def load_reference_engine(
+    target_dir: str,
+    draft_dir: str,
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    max_batch_size: int = 64,
+    max_seq_len: int = 1024,
+    max_draft_len: int = 8,
+    max_num_tokens: int = 8192,
+    fused_kernels: bool | None = None,
+    prepare=None,
+    target_part=None,
+    draft_part=None,
+    **cache,
+) -> "ReferenceEngine":
+    """fused_kernels: the per-layer elementwise glue compiled, with Triton's rope_write and norms
+    on CUDA (model.Kernels; default: on CUDA only).
+    target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
+    tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
+    before the caches are sized (tp.apply_tp sets the local heads and collectives there).
+    cache: block_size, num_blocks, attention ("auto", "triton", "sdpa"), passed to ReferenceEngine."""
+    from dynspec.runtime.engines.reference.engine import ReferenceEngine
+
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    target = load_target(target_dir, device=device, dtype=dt, part=target_part)
+    if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
+        target.kernels = Kernels(compiled=True)
+    draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
+    if prepare is not None:
+        prepare(target, draft)
+    return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                           max_draft_len=max_draft_len, max_num_tokens=max_num_tokens, **cache)

@@ -336,7 +336,7 @@ def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: st
 
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
-    from dynspec.runtime.engines.reference.engine import load_reference_engine
+    from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.engines.reference.model import TargetConfig
 
     twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")

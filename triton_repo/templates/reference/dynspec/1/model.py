@@ -349,15 +349,8 @@ class TritonPythonModel:
                     pass
         except queue.Empty:
             return None
-        result = handle.result()
-        # a request the executor ended at a step ("length", "stop"): it puts the last tokens (and
-        # ends the stream) before it adds that step's drafts to the request's counts, then records
-        # the step's stats (end_s = finish_s); once those are in, the counts are whole. One
-        # cancelled here (a stop word) holds its counts already.
-        deadline = time.monotonic() + (FINISH_WAIT_S if result.finish_reason in ("length", "stop") else 0.0)
-        while time.monotonic() < deadline and \
-                not self.serving.folded(self.executor.stats_since(max(0, self.cursor.next - 1)), result.finish_s):
-            time.sleep(0.0005)
+        # the executor counts a step's drafts before it appends the step's tokens: a finished
+        # request's counts are whole
         return self.serving.RequestAcceptance.of(handle.result())
 
     def _monitor(self):

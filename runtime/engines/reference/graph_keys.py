@@ -1,0 +1,57 @@
+"""The keys of the pure-decode graphs: which (kind, bucket, K) shapes a schedule can reach, and
+the one order every rank captures them in."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k
+from dynspec.runtime.policy import speculates
+
+@dataclass(frozen=True)
+class GraphKey:
+    kind: str                # "spec" | "decode" | "refresh"
+    bucket: int              # padded row count
+    k: int = 0               # drafted tokens per row; > 0 only for "spec"
+    keep_warm: bool = False  # "decode" only: the draft extends its KV over the new token
+    draft: bool = True       # "decode" only, False: a policy that never drafts (its mixed iterations
+                             # run the target alone; its decode steps share the keep_warm=False graph)
+
+
+def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
+                     max_num_tokens: int | None = None) -> tuple[GraphKey, ...]:
+    """Every graph some batch size 1..max_batch_size can reach under any of the policies,
+    with K capped to the token budget as the executor caps it (plan.cap_k).
+
+    Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
+        spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
+    An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each,
+    and its K=0 steps run with or without keep-warm (runtime/adaptive.py, step 4): both decode graphs.
+    A policy that never drafts (policy.speculates) gets decode keys without keep-warm or draft.
+    """
+    buckets = batch_buckets(max_batch_size)
+    keys: set[GraphKey] = set()
+    for policy in policies:
+        if not speculates(policy):
+            keys.update(GraphKey("decode", bucket, draft=False) for bucket in buckets)
+            continue
+        for b in range(1, max_batch_size + 1):
+            bucket = bucket_for(b, buckets)
+            ks = policy.choices(b)                          # AdaptivePolicy: every candidate at every b
+            for k in {k if max_num_tokens is None else cap_k(k, b, max_num_tokens) for k in ks}:
+                if k > 0:
+                    keys.add(GraphKey("spec", bucket, k))
+                    keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
+                else:
+                    keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
+                    if keep_warm and policy.chooses_keep_warm:
+                        keys.add(GraphKey("decode", bucket, keep_warm=False))
+    return capture_order(keys)
+
+
+def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
+    """The keys once each, in one total order (kind, bucket, k, keep_warm). Under TP every rank
+    warms up and captures in this order, so their collectives pair up: a set ordered by (kind,
+    bucket, k) alone leaves decode (4, keep_warm) and decode (4) in hash order, which differs per
+    process, and the ranks would run different collectives until NCCL's watchdog fires."""
+    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm, g.draft)))

@@ -1,0 +1,70 @@
+"""The host layout of a mixed iteration's whole-forward graphs (mixed_graphs.py): the token
+buckets, which keys an iteration can reach, and the packed layout's cell map and work items.
+Pure functions of shapes."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .ragged import ITEM_TOKENS
+
+Key = tuple[int, int, int, bool]       # (Np, B, T, draft)
+
+# Token buckets up to 1024 (above that a forward is GEMM-bound and the launches a graph saves are
+# a small share of it), 16 apart up to 128, 32 up to 512, 64 up to 1024: at most a gap of 1/5 past
+# 128 tokens (129 -> 160), so a step pads about a tenth or less. A whole graph costs ~35 ms to
+# capture (H200, 8B pair) and shares one memory pool with the rest.
+BUCKETS = tuple(range(16, 129, 16)) + tuple(range(160, 513, 32)) + tuple(range(576, 1025, 64))
+
+
+def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...]:
+    """The buckets up to min(max_num_tokens, top), that bound included: 72 -> (16, 32, 48, 64, 72)."""
+    cap = min(max_num_tokens, top)
+    return tuple(b for b in BUCKETS if b < cap) + (cap,)
+
+
+def least_tokens(B: int, T: int, below: int, per_row: bool) -> int:
+    """Pure. The fewest packed tokens an iteration of row bucket B (the bucket below it: `below`)
+    at T = K+1 can have: b = below + 1 rows at K each plus one chunk token, or, where rows may
+    run at their own K (per_row), one row at K, the others at 0, and no chunk.
+    least_tokens(8, 3, 4, False) = 5 x 3 + 1 = 16; least_tokens(8, 3, 4, True) = 3 + 4 = 7."""
+    if B == 0:
+        return 1
+    return below + T if per_row else (below + 1) * T + 1
+
+
+def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int],
+               least=lambda B, T: B * T + 1) -> tuple[Key, ...]:
+    """Every (Np, B, T, draft) some iteration can reach, for each row shape (B, T, draft) and
+    chunk-only iterations (0, 1, draft): the token buckets from least(B, T) (least_tokens) up.
+    ((1, 2, True),), buckets (16, 32) -> (16,0,1,T) (16,1,2,T) (32,0,1,T) (32,1,2,T)."""
+    shapes = set(rows) | {(0, 1, d) for _, _, d in rows}
+    buckets = sorted(token_buckets)
+    out = set()
+    for B, T, d in shapes:
+        lo = least(B, T) if B else 1
+        first = next((n for n in buckets if n >= lo), None)
+        out.update((n, B, T, d) for n in buckets if first is not None and n >= first)
+    return tuple(sorted(out))
+
+
+def item_cap(Np: int, B: int, T: int, max_chunks: int) -> int:
+    """Pure. Work items a key's launch holds: each decode row's (at most T tokens), the other
+    tokens (chunks and pad, at most Np) cut at most once more per chunk, and the pad's tail.
+    item_cap(16, 4, 2, 8) = 4 + 4 + 8 + 1 = 17 (ITEM_TOKENS 4)."""
+    return B * -(-T // ITEM_TOKENS) + -(-Np // ITEM_TOKENS) + min(Np, max_chunks) + 1
+
+
+def cell_map(row_k: Sequence[int], B: int, T: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Pure. The decode rows' packing: (cell of each packed decode token [n], packed token of each
+    cell [B*T] (cells that verify nothing: 0), n). row_k (2, 0, 1), B 4, T 3:
+    cells [0 1 2 3 6 7], packed [0 1 2 3 0 0 4 5 0 0 0 0], n 6."""
+    lens = np.asarray(row_k, dtype=np.int64) + 1
+    n = int(lens.sum())
+    row = np.repeat(np.arange(len(lens)), lens)                             # [n] row of each token
+    j = np.arange(n) - (np.cumsum(lens) - lens)[row]                        # [n] its index in the row
+    cells = row * T + j
+    packed = np.zeros(B * T, dtype=np.int64)
+    packed[cells] = np.arange(n)
+    return cells, packed, n

@@ -4,26 +4,21 @@ Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
     1. retire finished / cancelled requests (their cache blocks go back to the free list)
     2. b = decode rows (requests whose prompt is all in the cache)
     3. K = policy(b), capped so that b x (K+1) fits the budget (plan.cap_k); an AdaptivePolicy
-       decides from b (and its bucket), the rows' mean context, the acceptance estimate, the
-       served/profiled step-time ratios, the previous K and the iterations since the last
-       speculation (runtime/adaptive.py), within that cap; it also says whether a K=0 step keeps
-       the draft warm
+       decides from b, the context, the acceptance estimate and the served step times
+       (runtime/adaptive.py) and whether a K=0 step keeps the draft warm; a row policy gives each
+       row its own K_i from its own acceptance (runtime/per_request.py, planning.py)
     4. prompt chunks take what is left: partly prefilled requests first, then waiting ones,
        each admitted only if its blocks can be reserved and b + prefilling stays within
        min(max_batch_size, max_num_tokens) (every decode row must fit at K=0)
     5. plan = make_plan(K, rows..., chunks)     a StepPlan value
     6. result = engine.step(plan)               one target forward: decode rows + chunks
-    7. fold result (a StepResult value) into the requests; a request whose last chunk ran
-       gets its first token and joins the decode rows next iteration; the accepted counts update
-       the acceptance estimate (runtime/acceptance_estimate.py), kept under every policy; a pure
-       decode step's time updates the adaptive policy's cost calibration (runtime/cost_calibration.py)
+    7. fold result (a StepResult value) into the requests (a last chunk's request joins the
+       decode rows next iteration); the accepted counts update the acceptance estimate, a pure
+       decode step's time the adaptive policy's cost calibration (runtime/planning.py)
 
-Deferred update (Loop.SERIAL on an engine whose launch returns before the device has run the
-step, engine.async_launch: the reference engine on CUDA): step 6 is engine.launch, then the
-update of step 7 for the previous iteration, then engine.result, so that update runs while the
-device runs the step. Iteration i+1's K then reads the estimate and
-calibration through i-1, as the overlapped loop's does; a retirement applies the pending
-update first (the estimate forgets the retired rows' share of it too).
+Deferred update (Loop.SERIAL on an engine.async_launch engine, the reference engine on CUDA):
+step 6 is engine.launch, then step 7's update of the previous iteration while the device runs,
+then engine.result; K then reads the estimate through i-1, as the overlapped loop does.
 
 Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
@@ -44,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel, Greedy
@@ -53,7 +48,7 @@ from dynspec.runtime.executor_thread import LoopThread
 from dynspec.runtime.gc_heap import pause_seconds
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
-from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult
+from dynspec.runtime.plan import Engine, PromptChunk, StepPlan, StepResult
 from dynspec.runtime.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
 from dynspec.runtime.policy import Policy, speculates
 from dynspec.runtime.request_pool import RequestPool
@@ -61,26 +56,6 @@ from dynspec.runtime.requests import (IterationStats, Launched, Request, Request
                                       checked_prompt, emit, iteration_stats)
 
 __all__ = ["Engine", "Executor", "IterationStats", "RequestHandle", "RequestResult"]
-
-
-class Engine(Protocol):
-    max_batch_size: int
-    max_seq_len: int
-    max_draft_len: int          # largest K the engine was set up for
-    max_num_tokens: int         # tokens per iteration: decode rows x (K+1) + prompt chunks
-    max_reservation: int        # the most tokens one request's cache can ever hold (pool and table)
-    vocab_size: int             # prompt ids must lie in 0..vocab_size-1
-    buckets: tuple[int, ...]
-
-    def reserve(self, tokens: int, key: int = 0) -> int | None: ...   # a cache slot for positions 0..tokens-1, or None;
-                                                                      # key: the request's id (Bernoulli draws)
-    def release(self, slot: int) -> None: ...
-    def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult: ...    # = result(launch(plan))
-    def launch(self, plan: StepPlan, acceptance: AcceptanceModel) -> object: ...      # queue the step -> a handle
-    def result(self, handle: object) -> StepResult: ...                               # wait for that step's result
-    # optional: async_launch (bool, default False): launch returns before the device has run the step
-
-
 
 
 def _no_launch(plan: StepPlan) -> None:

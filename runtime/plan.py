@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from dynspec.runtime.acceptance import AcceptanceModel
 
 
 @dataclass(frozen=True)
@@ -203,3 +206,22 @@ def make_plan(
         draft=draft,
         row_k=row_k,
     )
+
+
+class Engine(Protocol):
+    """What the executor asks of an engine (the reference engine, TP's LeaderEngine)."""
+    max_batch_size: int
+    max_seq_len: int
+    max_draft_len: int          # largest K the engine was set up for
+    max_num_tokens: int         # tokens per iteration: decode rows x (K+1) + prompt chunks
+    max_reservation: int        # the most tokens one request's cache can ever hold (pool and table)
+    vocab_size: int             # prompt ids must lie in 0..vocab_size-1
+    buckets: tuple[int, ...]
+
+    def reserve(self, tokens: int, key: int = 0) -> int | None: ...   # a cache slot for positions 0..tokens-1, or None;
+                                                                      # key: the request's id (Bernoulli draws)
+    def release(self, slot: int) -> None: ...
+    def step(self, plan: StepPlan, acceptance: "AcceptanceModel") -> StepResult: ...    # = result(launch(plan))
+    def launch(self, plan: StepPlan, acceptance: "AcceptanceModel") -> object: ...      # queue the step -> a handle
+    def result(self, handle: object) -> StepResult: ...                               # wait for that step's result
+    # optional: async_launch (bool, default False): launch returns before the device has run the step

@@ -1,6 +1,25 @@
 """The pure-decode step's device functions: static buffers in, static buffers out, graph-capturable.
-The draft chain, the target's verify, acceptance and the draft's catch-up (the engine module's
-docstring has the bookkeeping), on the engine `e`'s step buffers and carried state."""
+The draft chain, the target's verify, acceptance and the draft's catch-up, on the engine `e`'s
+step buffers and carried state.
+
+Token/hidden bookkeeping for one row (x_j = token at position j, h_j = target capture at j):
+    target cache   positions 0..L-1 hold x_0..x_{L-1};  x_L (pending) is not in it yet
+    draft entry j  = (x_j, h_{j-1}) -> predicts x_{j+1}; stored at draft cache position j-1
+    carried state  next_draft[r]   = draft's guess for x_{L+1} (from entry L)
+                   draft_hidden[r] = that entry's output hidden (fed to the next chain step)
+                   last_capture[r] = h_{L-1} (to rebuild entry L when the draft went stale)
+
+Speculative step, K drafts, worked for K=2, accepted n=1:
+    chain      entry L   -> d1 = next_draft     entry L+1 = (d1, draft_hidden) -> d2   [B, 1] each
+    verify     target([x_L, d1, d2] @ L..L+2)  -> g0 g1 g2, H_L..H_{L+2}        [B, K+1]
+    accept     d1 == g0, d2 != g1  -> n = 1;  emitted = [d1, g1]  (E[:, :n+1])
+    catch-up   draft entries L+1..L+3 = (E_i, H_{L+i}) @ draft positions L..L+2   [B, K+1]
+               entries up to L+n+1 are right; the one at index n is the next step's entry L'
+               -> new next_draft, draft_hidden, last_capture = H_{L+n}.  Later entries are
+               overwritten before they are read.
+Plain decode (K=0): target([x_L]) -> g0. Keep-warm writes the draft K/V of entry L+1 only;
+the first speculative step after a K=0 stretch rebuilds the draft head from (x_L, last_capture) first.
+"""
 from __future__ import annotations
 
 import torch

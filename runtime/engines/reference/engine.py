@@ -1,22 +1,6 @@
 """The reference engine: batched EAGLE-3 chain drafting + greedy verification, in PyTorch.
 
-Token/hidden bookkeeping for one row (x_j = token at position j, h_j = target capture at j):
-    target cache   positions 0..L-1 hold x_0..x_{L-1};  x_L (pending) is not in it yet
-    draft entry j  = (x_j, h_{j-1}) -> predicts x_{j+1}; stored at draft cache position j-1
-    carried state  next_draft[r]   = draft's guess for x_{L+1} (from entry L)
-                   draft_hidden[r] = that entry's output hidden (fed to the next chain step)
-                   last_capture[r] = h_{L-1} (to rebuild entry L when the draft went stale)
-
-Speculative step, K drafts, worked for K=2, accepted n=1:
-    chain      entry L   -> d1 = next_draft     entry L+1 = (d1, draft_hidden) -> d2   [B, 1] each
-    verify     target([x_L, d1, d2] @ L..L+2)  -> g0 g1 g2, H_L..H_{L+2}        [B, K+1]
-    accept     d1 == g0, d2 != g1  -> n = 1;  emitted = [d1, g1]  (E[:, :n+1])
-    catch-up   draft entries L+1..L+3 = (E_i, H_{L+i}) @ draft positions L..L+2   [B, K+1]
-               entries up to L+n+1 are right; the one at index n is the next step's entry L'
-               -> new next_draft, draft_hidden, last_capture = H_{L+n}.  Later entries are
-               overwritten before they are read.
-Plain decode (K=0): target([x_L]) -> g0. Keep-warm writes the draft K/V of entry L+1 only;
-the first speculative step after a K=0 stretch rebuilds the draft head from (x_L, last_capture) first.
+The token and hidden bookkeeping of a row (carried state, chain, verify, catch-up): draft_chain.py.
 
 Prompt chunk [s, e) of a prompt of P tokens rides in the same target forward as the decode
 rows. Its draft entries are the prompt's own: draft positions s..e-1 take (x_{p+1}, h_p),
@@ -33,6 +17,8 @@ One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step")
     mixed         the whole-forward graph of (Np, B, T, draft) (mixed_graphs.py: draft chain,
                   forward, acceptance and the draft's pass, all in it), else eager (eager_mixed.py),
                   as above the top token bucket or past WholeMixed.CHUNKS chunks
+    per-row K     (plan.row_k) the whole-forward graph with every row at its own K_i + 1 tokens
+                  where whole graphs are set up, else the paths above with acceptance capped
     attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
                   of ragged.RaggedAttention's kernel; CPU: SDPA
 The caller picks the attention (`attention`): "auto" (the Triton kernel on CUDA, SDPA elsewhere),

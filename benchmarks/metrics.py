@@ -40,6 +40,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from dynspec.runtime.requests import acceptance, mean_k
+
 
 @dataclass(frozen=True)
 class RequestTiming:
@@ -56,15 +58,15 @@ class RequestTiming:
 
     @property
     def mean_k(self) -> float | None:
-        """drafted / decode_steps: 12 drafted over 3 decode iterations -> 4.0 (0.0 before any)."""
+        """runtime/requests.mean_k; None when the engine does not report it."""
         if self.drafted is None or self.decode_steps is None:
             return None
-        return self.drafted / self.decode_steps if self.decode_steps else 0.0
+        return mean_k(self.drafted, self.decode_steps)
 
     @property
     def acceptance(self) -> float | None:
-        """accepted_drafts / drafted; None when not reported or it never drafted."""
-        return self.accepted_drafts / self.drafted if self.drafted and self.accepted_drafts is not None else None
+        """runtime/requests.acceptance; None when not reported or it never drafted."""
+        return None if self.accepted_drafts is None else acceptance(self.accepted_drafts, self.drafted)
 
     @property
     def latency_s(self) -> float:

@@ -21,3 +21,17 @@ def serve_in_lockstep(exs: Sequence, prompts: Sequence, lens: Sequence[int], rng
         steps += 1
         check(steps)
     return steps
+
+
+def serve_arrivals(ex, prompts: Sequence, lens: Sequence[int], rng: random.Random) -> list:
+    """Prompt i submitted as others decode, 0..2 arrivals a step (drawn from rng), until every
+    request is done -> the handles in prompt order."""
+    handles, i = [], 0
+    while i < len(prompts) or ex.active or ex.waiting:
+        for _ in range(rng.randint(0, 2)):
+            if i < len(prompts):
+                handles.append(ex.submit(prompts[i], lens[i]))
+                i += 1
+        ex.step()
+    ex.run_until_idle()
+    return handles

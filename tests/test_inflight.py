@@ -12,7 +12,7 @@ from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
 from dynspec.runtime.policy import DraftSchedule
-from tests.helpers_lockstep import serve_in_lockstep
+from tests.helpers_lockstep import serve_arrivals, serve_in_lockstep
 from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
 
 
@@ -159,13 +159,7 @@ def serve_arrivals_and_check(ex, hf_target, seed: int) -> None:
     rng = random.Random(seed)
     ps = prompts(14, seed=seed, lo=4, hi=30)
     lens = [rng.randint(2, 14) for _ in ps]
-    handles, i = [], 0
-    while i < len(ps) or ex.active or ex.waiting:
-        for _ in range(rng.randint(0, 2)):
-            if i < len(ps):
-                handles.append(ex.submit(ps[i], lens[i]))
-                i += 1
-        ex.step()
+    handles = serve_arrivals(ex, ps, lens, rng)
     refs = greedy_many(hf_target, ps, 14)
     assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
 

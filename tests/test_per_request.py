@@ -19,6 +19,7 @@ from dynspec.runtime.per_request import RowDecision, RowInputs, RowPolicy
 from dynspec.runtime.plan import make_plan
 from dynspec.runtime.row_table import RowTable
 from dynspec.runtime.session import tiny_pair_dirs
+from tests.helpers_lockstep import serve_arrivals
 from tests.test_executor import greedy_many
 
 DT = torch.float64
@@ -53,19 +54,6 @@ def tiny():
     return target, draft, AutoTokenizer.from_pretrained(target), LlamaForCausalLM.from_pretrained(target, dtype=DT).eval()
 
 
-def serve(ex, ps, lens, seed):
-    """Prompts arriving 0..2 an iteration while others decode; the handles in prompt order."""
-    rng, handles, i = random.Random(seed), [], 0
-    while i < len(ps) or ex.active or ex.waiting:
-        for _ in range(rng.randint(0, 2)):
-            if i < len(ps):
-                handles.append(ex.submit(ps[i], lens[i]))
-                i += 1
-        ex.step()
-    ex.run_until_idle()
-    return handles
-
-
 @pytest.mark.parametrize("loop,whole", [(Loop.SERIAL, False), (Loop.OVERLAPPED, False), (Loop.SERIAL, True)],
                          ids=["serial", "overlapped", "whole"])
 def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
@@ -83,7 +71,7 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
     policy = FlipRows(4, seed=3)
     ex = Executor(eng, policy, stats_limit=None, loop=loop)
     assert isinstance(policy, RowPolicy)
-    handles = serve(ex, ps, lens, seed=7)
+    handles = serve_arrivals(ex, ps, lens, random.Random(7))
     refs = greedy_many(hf, ps, 24)
     assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
 

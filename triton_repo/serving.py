@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from dynspec.errors import DynspecError
+from dynspec.runtime import requests
 from dynspec.triton_repo.words import OutputWatch, check_word_bounds  # noqa: F401 - model.py calls serving.OutputWatch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -389,12 +390,12 @@ class RequestAcceptance:
 
     @property
     def mean_k(self) -> float:
-        return self.drafted / self.decode_steps if self.decode_steps else 0.0
+        return requests.mean_k(self.drafted, self.decode_steps)
 
     @property
     def acceptance(self) -> float | None:
-        """accepted / drafted; None for a request that never drafted (not observed in the histogram)."""
-        return self.accepted_drafts / self.drafted if self.drafted else None
+        """None for a request that never drafted (not observed in the histogram)."""
+        return requests.acceptance(self.accepted_drafts, self.drafted)
 
     def outputs(self) -> dict[str, np.ndarray]:
         """ACCEPTANCE_OUTPUTS -> [1] arrays: {"accepted_drafts": int32[1], ..., "mean_k": float32[1]}."""

@@ -26,8 +26,8 @@ from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor, RequestResult
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.http_rules import Events, acceptance_fields, list_output_ids, merge
-from dynspec.triton_repo.serving import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, RequestAcceptance,
-                                         mean_k_buckets)
+from dynspec.triton_repo.request_acceptance import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, RequestAcceptance,
+                                                    mean_k_buckets)
 from tests.helpers_models import make_tiny_pair
 
 KMAX = 4

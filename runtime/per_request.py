@@ -27,6 +27,7 @@ class RowInputs:
     idle: np.ndarray                 # [b] iterations since each row last drafted (0: it drafted last time)
     max_k: int                       # the largest K_i the engine and the token budget allow
     keep_warm: bool = True           # the engine may keep the draft warm at K=0
+    since_spec: int = 0              # iterations with rows since the last one with any K_i > 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ class PerRequestPolicy(AdaptivePolicy):
     most expected tokens per predicted ms). Keeps the adaptive policy's pooled estimate (the rows'
     prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the schedule's K at b.
     Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
-    cap), a row at K=0 for PROBE_EVERY iterations drafts one token."""
+    cap), a row at K=0 for PROBE_EVERY iterations drafts one token: in a step that drafts anyway
+    (one more verify token each), or, when the whole batch has sat at K=0 that long, all such
+    rows in one step (the chain's cost once every PROBE_EVERY iterations, not in every step)."""
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None, cap=None, shrinkage: float = 8.0):
@@ -90,9 +93,11 @@ class PerRequestPolicy(AdaptivePolicy):
         cost = self._split(b, context)
         if cap == 0:
             return RowDecision((0,) * b, keep_warm=False, predicted_ms=cost.decode_ms, gain=1.0, reason="cap")
-        idle = np.asarray(x.idle)
-        probes = tuple(np.flatnonzero(idle >= PROBE_EVERY).tolist())
-        a = allocate(x.rates[:, :cap], cost, cap, b * (cap + 1), cost.decode_ms, probes)
+        due = tuple(np.flatnonzero(np.asarray(x.idle) >= PROBE_EVERY).tolist())
+        rates, budget = x.rates[:, :cap], b * (cap + 1)
+        a = allocate(rates, cost, cap, budget, cost.decode_ms, due if x.since_spec >= PROBE_EVERY else ())
+        if due and not a.probed and any(a.ks):          # the step drafts anyway: the due rows ride along
+            a = allocate(rates, cost, cap, budget, cost.decode_ms, due)
         plain = b / cost.decode_ms if cost.decode_ms else None
         warm = x.keep_warm and a.reason != "plain decode"
         return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=a.predicted_ms,

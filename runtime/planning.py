@@ -76,7 +76,8 @@ class KDecider:
         slots = [r.slot for r in rows]
         d = self.policy.decide_rows(RowInputs(
             b, context, rates, self.row_table.rates(slots, rates, self.policy.shrinkage),
-            [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm))
+            [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
+            self.since_spec))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
             raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
         return d.k, d, context, ()

@@ -228,3 +228,27 @@ def test_trace_replay_on_the_engine_accepts_the_recorded_runs(tmp_path):
         pos = [p + n + 1 for p, n in zip(pos, res.accepted)]
         pend = [em[-1] for em in res.emitted]
     assert len(seen) >= 3                                    # runs of several lengths replayed
+
+
+def test_probes_ride_along_a_drafting_step_or_come_together():
+    """Rows at K=0 for PROBE_EVERY iterations draft one token: beside rows that draft anyway, or
+    all in one step once the whole batch has sat at K=0 that long, never one row a step alone."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.per_request import PROBE_EVERY, PerRequestPolicy
+
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+    low = np.full((4, 4), 0.02)
+    due, fresh = [PROBE_EVERY, PROBE_EVERY + 3, 0, 0], [0, 0, 0, 0]
+
+    def decide(rates, idle, since):
+        return policy.decide_rows(RowInputs(4, 100.0, (0.5,) * 4, rates, np.asarray(idle), 4, True, since))
+
+    assert decide(low, due, PROBE_EVERY - 1).ks == (0, 0, 0, 0)             # plain decode, nobody probes yet
+    d = decide(low, due, PROBE_EVERY)
+    assert d.ks == (1, 1, 0, 0) and d.probes == (0, 1) and d.probe
+    assert decide(low, fresh, PROBE_EVERY).ks == (0, 0, 0, 0)               # no row is due
+    mixed = low.copy()
+    mixed[2:] = 0.95
+    d = decide(mixed, due, 0)                                               # rows 2, 3 draft: 0, 1 ride along
+    assert d.ks[0] == d.ks[1] == 1 and min(d.ks[2:]) >= 2 and d.probes == (0, 1)
+    assert decide(mixed, fresh, 0).ks[:2] == (0, 0)

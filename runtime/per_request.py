@@ -28,6 +28,7 @@ class RowInputs:
     max_k: int                       # the largest K_i the engine and the token budget allow
     keep_warm: bool = True           # the engine may keep the draft warm at K=0
     since_spec: int = 0              # iterations with rows since the last one with any K_i > 0
+    cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: the profile alone)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class PerRequestPolicy(AdaptivePolicy):
         b = x.batch_size
         cap = self._cap(b, x.max_k)
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
-        cost = self._split(b, context)
+        raw = self._split(b, context)
+        cost = raw.calibrated(x.cost_scale)
         if cap == 0:
             return RowDecision((0,) * b, keep_warm=False, predicted_ms=cost.decode_ms, gain=1.0, reason="cap")
         due = tuple(np.flatnonzero(np.asarray(x.idle) >= PROBE_EVERY).tolist())
@@ -100,7 +102,12 @@ class PerRequestPolicy(AdaptivePolicy):
             a = allocate(rates, cost, cap, budget, cost.decode_ms, due)
         plain = b / cost.decode_ms if cost.decode_ms else None
         warm = x.keep_warm and a.reason != "plain decode"
-        return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=a.predicted_ms,
+        # the profile's time of the chosen option, unscaled (what the calibration compares with)
+        if any(a.ks):
+            profiled = raw.step_ms(a.verify_tokens, a.depth)
+        else:
+            profiled = raw.step_ms(b, 0) if warm or raw.decode_ms is None else raw.decode_ms
+        return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
                            gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason)
 
     def _split(self, b: int, context: int) -> SplitCost:

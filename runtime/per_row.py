@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -158,6 +158,24 @@ class SplitCost:
     @property
     def max_depth(self) -> int:
         return len(self.chain_ms) - 1
+
+    def calibrated(self, scales) -> "SplitCost":
+        """Served / profiled step-time ratios (cost_calibration.CostCalibration.scales(): [K = 0..,
+        keep-warm K=0, cold]) as an excess in ms on each depth's chain, chain(m) + (s_m - 1) x
+        ms_uniform(b, m), so every uniform step costs s_m times its profile and allocate stays
+        exact; plain decode (decode_ms) scales by s_0. Depth 0 takes the keep-warm slot.
+        ms_uniform (12.0, 14.0), chain (0.5, 1.0), scales (1.0, 1.1, keep-warm 1.05, cold):
+        chain -> (0.5 + 0.6, 1.0 + 1.4) = (1.1, 2.4)."""
+        if not scales:
+            return self
+        chain = self.chain_ms.copy()
+        top = len(scales) - 3                       # slots: K = 0..top, keep-warm, cold
+        for k, ms in zip(self.draft_lens, self.uniform_ms):
+            s = scales[top + 1] if k == 0 else scales[min(k, top)]
+            chain[k] += (s - 1.0) * ms
+        chain.flags.writeable = False
+        decode = None if self.decode_ms is None else self.decode_ms * scales[0]
+        return replace(self, chain_ms=chain, decode_ms=decode)
 
     def ms(self, verify_tokens: int, depth: int) -> float:
         """Predicted step ms at V verify tokens, deepest chain m (inf: m not profiled)."""

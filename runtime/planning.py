@@ -66,7 +66,7 @@ class KDecider:
 
     def _decide_rows(self, rows: Sequence[Request], positions: Sequence[int],
                      rates: tuple[float, ...]) -> tuple[int, RowDecision | None, float, tuple[float, ...]]:
-        """A row policy's (max K_i, its RowDecision, mean context, no cost scales): each row's rates
+        """A row policy's (max K_i, its RowDecision, mean context, the cost scales it read): each row's rates
         are its own counts shrunk toward the pool (row_table.py)."""
         b = len(rows)
         if not b:
@@ -74,13 +74,14 @@ class KDecider:
         eng = self.engine
         context = sum(positions) / b
         slots = [r.slot for r in rows]
+        scale = self.calibration.scales() if self.calibration is not None else ()
         d = self.policy.decide_rows(RowInputs(
             b, context, rates, self.row_table.rates(slots, rates, self.policy.shrinkage),
             [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
-            self.since_spec))
+            self.since_spec, scale))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
             raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
-        return d.k, d, context, ()
+        return d.k, d, context, scale
 
     def count_k(self, k: int, decision: "Decision | None") -> None:
         """The memory of an iteration with decode rows run at K (serial: when it is folded;
@@ -111,8 +112,7 @@ class KDecider:
         """A folded step with decode rows: the estimate / calibration update pending (apply_pending)."""
         plan, decision = launched.plan, launched.decision
         slot = None
-        if (decision and decision.predicted_ms and not plan.chunks and not plan.per_row
-                and self.calibration is not None):
+        if decision and decision.predicted_ms and not plan.chunks and self.calibration is not None:
             slot = self.calibration.slot(plan.k, plan.keep_warm, True in plan.stale)
         self.pending = (plan.k, result.accepted, plan.row_k if plan.per_row else None, slot, seconds * 1e3,
                         decision.predicted_ms if decision else None)

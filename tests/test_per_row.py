@@ -311,3 +311,22 @@ def test_runs_at_256_rows():
         a = allocate(ties, lin, 4, budget)
         assert a.verify_tokens == budget and a.depth >= 1
         check_consistent(a, ties, lin, 4, budget)
+
+
+def test_calibrated_split_cost_scales_each_uniform_step_and_plain_decode():
+    """calibrated(scales): every profiled uniform (b, K) costs s_K times its profile (K=0: the
+    keep-warm slot), plain decode s_0 times; an empty scale tuple changes nothing."""
+    from dynspec.runtime.cost_model import ContextTable, CostModel, Profile
+    from dynspec.runtime.per_row import SplitCost
+
+    bs = (1, 4, 16)
+    tables = tuple(ContextTable(c, {b: {k: 5 + 0.3 * b * (k + 1) + 0.7 * k for k in range(4)} for b in bs},
+                                {b: 4.8 + 0.3 * b for b in bs}) for c in (64, 256))
+    cost = SplitCost.at(CostModel.from_profile(Profile("synthetic", tables)), 4, 100.0)
+    scales = (1.02, 1.10, 1.07, 1.04, 1.05, 1.3)          # K = 0..3, keep-warm, cold
+    cal = cost.calibrated(scales)
+    for k, ms in zip(cost.draft_lens, cost.uniform_ms):
+        s = scales[4] if k == 0 else scales[k]
+        assert cal.ms(4 * (k + 1), k) == pytest.approx(s * ms)
+    assert cal.decode_ms == pytest.approx(1.02 * cost.decode_ms)
+    assert cost.calibrated(()) is cost

@@ -100,14 +100,17 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
 
 
 def padding_share(steps, forward_tokens) -> float | None:
-    """Pure. The padding of the mixed iterations' forwards: sum(forward - real) / sum(forward)
-    over iterations with prompt tokens, real = decode rows x (K+1) + prompt tokens, forward =
-    forward_tokens(decode rows, K, prompt tokens) (the engine's padded size); None without any.
-    Rows 3 at K=1 + 9 prompt tokens, forward 32 (a 4-row bucket in a 32-token graph):
-    (32 - 15) / 32 = 0.53."""
-    mixed = [s for s in steps if s.prefill_tokens]
-    total = sum(forward_tokens(s.decode_rows, s.k, s.prefill_tokens) for s in mixed)
-    real = sum(s.decode_rows * (s.k + 1) + s.prefill_tokens for s in mixed)
+    """Pure. The padding of the mixed and per-row iterations' forwards: sum(forward - real) /
+    sum(forward) over iterations with prompt tokens or rows at their own K, real = the rows'
+    verify tokens (drafted + rows) + prompt tokens, forward = forward_tokens(decode rows, K,
+    prompt tokens, verify tokens) (the engine's padded size); None without any.
+    Rows 3 at K=1 + 9 prompt tokens, forward 16 (a 16-token graph): (16 - 15) / 16 = 0.0625."""
+    def verify(s) -> int:
+        return s.drafted + s.decode_rows
+
+    mixed = [s for s in steps if s.prefill_tokens or verify(s) != s.decode_rows * (s.k + 1)]
+    total = sum(forward_tokens(s.decode_rows, s.k, s.prefill_tokens, verify(s)) for s in mixed)
+    real = sum(verify(s) + s.prefill_tokens for s in mixed)
     return (total - real) / total if total else None
 
 

@@ -425,6 +425,9 @@ def test_padding_share_counts_the_whole_graphs_padding(pair):
     # whole graphs: the rows unpadded, 3 x 2 + 9 = 15 tokens in the 16-token bucket; decode-only at one K: row buckets
     assert eng.forward_tokens(3, 1, 9) == 16 and eng.forward_tokens(3, 2, 0) == 12
     assert eng.forward_tokens(3, 2, 0, verify_tokens=5) == 16     # per-row K: a whole graph
-    steps = [SimpleNamespace(decode_rows=3, k=1, prefill_tokens=9), SimpleNamespace(decode_rows=5, k=0, prefill_tokens=0)]
+    steps = [SimpleNamespace(decode_rows=3, k=1, drafted=3, prefill_tokens=9),
+             SimpleNamespace(decode_rows=5, k=0, drafted=0, prefill_tokens=0)]
     assert padding_share(steps, eng.forward_tokens) == (16 - 15) / 16
     assert padding_share(steps[1:], eng.forward_tokens) is None
+    per_row = SimpleNamespace(decode_rows=3, k=2, drafted=2, prefill_tokens=0)      # K = (2, 0, 0): 5 tokens
+    assert padding_share([per_row], eng.forward_tokens) == (16 - 5) / 16

@@ -204,8 +204,8 @@ def per_request_table(fig: Mapping) -> dict:
     recorded = [e for sw in fig["sweeps"].values() for e in sw["by_load"].values() if e.get("host_cost")]
     notes.append("Host cost: median policy time / median step time over the per-request iterations, the exposed part"
                  " then all of it (figures_adaptive.host_cost)." if recorded else
-                 "Host cost: not recorded — the sweep keeps per-iteration policy records (adaptive_steps) for the"
-                 " adaptive mode alone (benchmarks/sweep_loop.py), so the per-request rows have none.")
+                 "Host cost: not recorded — these per-request rows carry no per-iteration policy records"
+                 " (adaptive_steps).")
     notes += [scatter_note(name, sw["scatter"]) for name, sw in fig["sweeps"].items() if sw.get("scatter")]
     return {"header": HEADER, "rows": rows, "notes": notes}
 

@@ -40,7 +40,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from dynspec.runtime.requests import acceptance, mean_k
+from dynspec.runtime.draft_counts import acceptance, mean_k
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,14 @@ class RequestTiming:
 
     @property
     def mean_k(self) -> float | None:
-        """runtime/requests.mean_k; None when the engine does not report it."""
+        """runtime/draft_counts.mean_k; None when the engine does not report it."""
         if self.drafted is None or self.decode_steps is None:
             return None
         return mean_k(self.drafted, self.decode_steps)
 
     @property
     def acceptance(self) -> float | None:
-        """runtime/requests.acceptance; None when not reported or it never drafted."""
+        """runtime/draft_counts.acceptance; None when not reported or it never drafted."""
         return None if self.accepted_drafts is None else acceptance(self.accepted_drafts, self.drafted)
 
     @property

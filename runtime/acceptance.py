@@ -30,9 +30,10 @@ The engine keeps one rate per cache slot, set when the slot is reserved for a re
 i = floor(key_uniform(seed, k) * n_requests), and a row of that request at output offset t
 (the index in its output of the last emitted token; the first verify step is at t = 0)
 drafting K accepts min(r_t, K), the same for every K, mode and trial. Offsets past the end of
-a recorded request wrap around: t -> t mod length. The engine's per-slot copy is a row of
-`trace_table`; `rate_of` gives the request's share of offsets with r_t >= 1, so a consumer of
-per-slot rates sees the recorded request's first-draft acceptance.
+a recorded request wrap around: t -> t mod length. The reference engine's per-slot copy is a row
+of `trace_table`, read at the row's cache position (t = position mod length: the recorded
+sequence from phase P mod length for a prompt of P tokens); `rate_of` gives the request's share
+of offsets with r_t >= 1, so a consumer of per-slot rates sees its first-draft acceptance.
 """
 from __future__ import annotations
 
@@ -222,8 +223,9 @@ def accept_bits(model: TraceReplay, key: int, offset: int, k: int) -> np.ndarray
 
 def trace_table(model: TraceReplay, keys) -> tuple[np.ndarray, np.ndarray]:
     """(table [n_keys, L] int8, lengths [n_keys] int64): row j is the recorded r sequence of
-    keys[j], zero-padded to L, the longest of them. A device reads r of row j at output offset
-    t as table[j, t % lengths[j]]; draft i (0-based) is accepted iff i < r."""
+    keys[j], zero-padded to L, the longest of them. A device reads r of row j at offset t as
+    table[j, t % lengths[j]] (the reference engine: t its cache position); draft i (0-based) is
+    accepted iff i < r."""
     idx = np.array([model.index(k) for k in keys], dtype=np.int64)
     t = model.trace
     lengths = t.lengths[idx]

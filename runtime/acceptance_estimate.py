@@ -75,7 +75,8 @@ class AcceptanceEstimate:
         if k <= 0 or rows == 0:
             return self
         depth = min(k, self.positions)
-        f = 0.5 ** (rows / self.half_life)
+        drafting = rows if row_k is None else sum(1 for x in row_k if x > 0)   # the clock: rows drafted at 1
+        f = 0.5 ** (drafting / self.half_life)
         if not isinstance(accepted, (tuple, list)):
             accepted = tuple(accepted)
         hits, trials = [h * f for h in self.hits], [t * f for t in self.trials]   # positions past K: decay only

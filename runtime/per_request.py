@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import math
+
 import numpy as np
 
 from dynspec.errors import DynspecError
@@ -69,7 +71,8 @@ class PerRequestPolicy(AdaptivePolicy):
     Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
     cap), a row at K=0 for PROBE_EVERY iterations drafts one token: in a step that drafts anyway
     (one more verify token each), or, when the whole batch has sat at K=0 that long, all such
-    rows in one step (the chain's cost once every PROBE_EVERY iterations, not in every step)."""
+    rows in one step (the chain's cost once every PROBE_EVERY iterations, not in every step);
+    not where the cap at b is 0 (the schedule's K=0 tier) or the profile has no K=1."""
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None, cap=None, shrinkage: float = 8.0):
@@ -93,9 +96,13 @@ class PerRequestPolicy(AdaptivePolicy):
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
         raw = self._split(b, context)
         cost = raw.calibrated(x.cost_scale)
-        if cap == 0:
-            return RowDecision((0,) * b, keep_warm=False, predicted_ms=cost.decode_ms, gain=1.0, reason="cap")
-        due = tuple(np.flatnonzero(np.asarray(x.idle) >= PROBE_EVERY).tolist())
+        if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
+            warm = x.keep_warm
+            return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap",
+                               predicted_ms=raw.step_ms(b, 0) if warm or raw.decode_ms is None else raw.decode_ms)
+        # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown)
+        due = tuple(np.flatnonzero(np.asarray(x.idle) >= PROBE_EVERY).tolist()) if math.isfinite(
+            cost.chain_ms[1]) else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
         a = allocate(rates, cost, cap, budget, cost.decode_ms, due if x.since_spec >= PROBE_EVERY else ())
         if due and not a.probed and any(a.ks):          # the step drafts anyway: the due rows ride along

@@ -1,12 +1,8 @@
 """Per-request draft length: each decode row i gets its own K_i, decided once per iteration.
 
-Three pure parts (numpy, no torch):
+Pure (numpy, no torch):
 
-1. RowAcceptance: one request's per-position hit/trial counts, its rates shrunk toward the pool's
-       r_j = (hits_j + w * prior_j) / (trials_j + w)
-   prior 0.6, w 4, a row with 10 trials and 9 hits at position 1: (9 + 2.4) / 14 = 0.814; with no
-   counts it is the prior, with many it is its own 9/10. `shrunk_rates` does the same for [b, L]
-   count arrays at once.
+1. (The rows' rates: each request's counts shrunk toward the pool, runtime/row_table.py.)
 
 2. SplitCost: the step's time split into verify tokens and chain depth,
        ms(V, m) = f(V) + chain(m)      V = sum_i (K_i + 1) tokens verified, m = max_i K_i
@@ -53,75 +49,6 @@ import numpy as np
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import expected_tokens
 from dynspec.runtime.cost_model import CostModel, _segment
-
-
-# ---- 1. shrinkage ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RowAcceptance:
-    """One request's counts per draft position j = 1..L (conditional: j is tried after j-1 hit)."""
-    hits: tuple[float, ...]          # [L]
-    trials: tuple[float, ...]        # [L]
-
-    def __post_init__(self) -> None:
-        h, t = tuple(self.hits), tuple(self.trials)
-        if not h or len(h) != len(t):
-            raise DynspecError(f"row acceptance: hits ({len(h)}) and trials ({len(t)}) need the same "
-                               f"length >= 1 (max_draft_len)")
-        for name, xs in (("hits", h), ("trials", t)):
-            for j, x in enumerate(xs):
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-                    raise DynspecError(f"row acceptance: {name}[{j}] = {x!r} is not a finite count >= 0")
-        for j, (x, n) in enumerate(zip(h, t)):
-            if x > n:
-                raise DynspecError(f"row acceptance: hits[{j}] = {x} exceeds trials[{j}] = {n}")
-        object.__setattr__(self, "hits", tuple(float(x) for x in h))
-        object.__setattr__(self, "trials", tuple(float(x) for x in t))
-
-    @classmethod
-    def empty(cls, max_draft_len: int) -> "RowAcceptance":
-        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
-            raise DynspecError(f"row acceptance: max_draft_len {max_draft_len!r} is not an integer >= 1")
-        return cls((0.0,) * max_draft_len, (0.0,) * max_draft_len)
-
-    def update(self, k: int, accepted: int) -> "RowAcceptance":
-        """After drafting k and accepting n: trials at 1..min(n+1, k), hits at 1..n.
-        k=3, n=1: trials += (1, 1, 0), hits += (1, 0, 0); k=3, n=3: both += (1, 1, 1)."""
-        L = len(self.hits)
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= L:
-            raise DynspecError(f"row acceptance update: k {k!r} is not an integer in 0..{L}")
-        if isinstance(accepted, bool) or not isinstance(accepted, int) or not 0 <= accepted <= k:
-            raise DynspecError(f"row acceptance update: accepted {accepted!r} is not an integer in 0..k={k}")
-        tried = min(accepted + 1, k)
-        return RowAcceptance(tuple(x + (j < accepted) for j, x in enumerate(self.hits)),
-                             tuple(x + (j < tried) for j, x in enumerate(self.trials)))
-
-    def rates(self, prior: Sequence[float], weight: float) -> tuple[float, ...]:
-        """[L] conditional rates shrunk toward the pooled `prior` with `weight` pseudo-trials."""
-        p, w = _check_prior(prior, weight, len(self.hits))
-        return tuple((h + w * a) / (n + w) for h, n, a in zip(self.hits, self.trials, p))
-
-
-def shrunk_rates(hits: np.ndarray, trials: np.ndarray, prior: Sequence[float], weight: float) -> np.ndarray:
-    """RowAcceptance.rates for every row: hits, trials [b, L] -> rates [b, L]."""
-    h, n = np.asarray(hits, dtype=float), np.asarray(trials, dtype=float)
-    if h.ndim != 2 or h.shape != n.shape:
-        raise DynspecError(f"shrunk rates: hits {h.shape} and trials {n.shape} must both be [b, L]")
-    if not (np.all(np.isfinite(n)) and np.all(h >= 0) and np.all(h <= n)):
-        raise DynspecError("shrunk rates: counts must be finite with 0 <= hits <= trials")
-    p, w = _check_prior(prior, weight, h.shape[1])
-    return (h + w * np.asarray(p)) / (n + w)
-
-
-def _check_prior(prior: Sequence[float], weight: float, L: int) -> tuple[tuple[float, ...], float]:
-    p = tuple(prior)
-    if len(p) != L:
-        raise DynspecError(f"row acceptance: prior has {len(p)} positions, the counts {L}")
-    for j, a in enumerate(p):
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
-            raise DynspecError(f"row acceptance: prior[{j}] = {a!r} is not a rate in [0, 1]")
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
-        raise DynspecError(f"row acceptance: weight {weight!r} is not a finite number > 0")
-    return tuple(float(a) for a in p), float(weight)
 
 
 # ---- 2. step cost ---------------------------------------------------------------------------------

@@ -96,8 +96,9 @@ class StepPlan:
 
     @property
     def padded_decode_tokens(self) -> int:
-        """The decode rows' tokens padded to the row bucket, bucket x (K+1): where a mixed
-        iteration's chunk tokens start in the engine's packing (chunk token j at this + j)."""
+        """The decode rows' tokens padded to the row bucket, bucket x (K+1): where an eager mixed
+        iteration's chunk tokens start (chunk token j at this + j; whole graphs start them at
+        decode_tokens)."""
         return self.bucket * (self.k + 1)
 
     @property

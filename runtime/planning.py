@@ -99,10 +99,11 @@ class KDecider:
         when it ends. A request already ended keeps its counts (the overlapped loop launched this
         step before its end was known; the iteration's stats still count the work)."""
         plan = launched.plan
-        self.row_table.update(plan.slots, plan.row_k, result.accepted)
-        for req, ki, a in zip(launched.rows, plan.row_k, result.accepted):
-            if req.finish_reason is not None:
-                continue
+        live = [i for i, req in enumerate(launched.rows) if req.finish_reason is None]
+        self.row_table.update([plan.slots[i] for i in live], [plan.row_k[i] for i in live],   # an ended
+                              [result.accepted[i] for i in live])      # request's slot may be another's now
+        for i in live:
+            req, ki, a = launched.rows[i], plan.row_k[i], result.accepted[i]
             req.accepted += a
             req.drafted += ki
             req.decode_steps += 1
@@ -129,7 +130,6 @@ class KDecider:
         if slot is not None:
             self.calibration = self.calibration.update(slot, measured_ms, predicted_ms)
         return clock() - t
-
 
     def rows_leave(self, kept: float, clock) -> None:
         """Decode rows ended: their share of the estimate goes too (the pending update first)."""

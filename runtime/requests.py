@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import Decision
+from dynspec.runtime.draft_counts import acceptance, mean_k
 from dynspec.runtime.per_request import RowDecision
 from dynspec.runtime.plan import StepPlan, StepResult
 
@@ -68,15 +69,6 @@ class RequestResult:
     def acceptance(self) -> float | None:
         return acceptance(self.accepted_drafts, self.drafted)
 
-
-def mean_k(drafted: int, decode_steps: int) -> float:
-    """A request's mean draft length per decode iteration: 12 drafted over 3 -> 4.0 (0.0 before any)."""
-    return drafted / decode_steps if decode_steps else 0.0
-
-
-def acceptance(accepted_drafts: int, drafted: int) -> float | None:
-    """Accepted / drafted: 5 of 12 -> 0.4167; None for a request that never drafted."""
-    return accepted_drafts / drafted if drafted else None
 
 
 DONE = object()

@@ -252,3 +252,32 @@ def test_probes_ride_along_a_drafting_step_or_come_together():
     d = decide(mixed, due, 0)                                               # rows 2, 3 draft: 0, 1 ride along
     assert d.ks[0] == d.ks[1] == 1 and min(d.ks[2:]) >= 2 and d.probes == (0, 1)
     assert decide(mixed, fresh, 0).ks[:2] == (0, 0)
+
+
+def test_no_probes_without_a_profiled_k1_and_the_cap_0_tier_runs_as_the_schedule():
+    """A profile without K=1 leaves rows at K=0 unprobed (a probe's cost is unknown) instead of
+    failing the iteration; at a b the schedule caps at K=0 the policy keeps the draft warm as the
+    schedule does and reports the profile's own (unscaled) time."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.cost_model import ContextTable, CostModel, Profile
+    from dynspec.runtime.per_request import PROBE_EVERY, PerRequestPolicy
+    from dynspec.runtime.policy import DraftSchedule
+
+    bs = (1, 4, 16)
+    tables = tuple(ContextTable(c, {b: {k: 10 + 0.5 * b * (k + 1) + 0.6 * k for k in (0, 2, 4)} for b in bs},
+                                {b: 10 + 0.5 * b for b in bs}) for c in (64, 512))
+    no_k1 = PerRequestPolicy(CostModel.from_profile(Profile("synthetic", tables)), AdaptiveSettings(calibrate=False))
+    x = RowInputs(2, 100.0, (0.5,) * 4, np.full((2, 4), 0.02), np.array([PROBE_EVERY + 8] * 2), 4, True, PROBE_EVERY + 8)
+    assert no_k1.decide_rows(x).ks == (0, 0)
+    capped = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False), cap=DraftSchedule.parse("1:4"))
+    x = RowInputs(2, 100.0, (0.9,) * 4, np.full((2, 4), 0.9), np.zeros(2), 4, True, 0, (1.5,) * 7)
+    d = capped.decide_rows(x)
+    raw = capped._split(2, 96)
+    assert d.ks == (0, 0) and d.keep_warm and d.predicted_ms == pytest.approx(raw.step_ms(2, 0))
+
+
+def test_the_pooled_estimate_decays_by_the_rows_that_drafted():
+    est = AcceptanceEstimate(prior=0.5, positions=2, half_life=1.0)
+    seeded = est.update(1, (1,))                                      # one trial at position 1
+    per_row = seeded.update(1, (0, 0, 1), row_k=(0, 0, 1))            # one row drafted: one half-life
+    assert per_row.trials[0] == pytest.approx(seeded.trials[0] * 0.5 + 1)

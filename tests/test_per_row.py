@@ -12,8 +12,8 @@ import pytest
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.cost_model import PROFILE_FORMAT, CostModel, Profile
-from dynspec.runtime.per_row import (Allocation, RowAcceptance, SplitCost, allocate, brute_force,
-                                     shrunk_rates)
+from dynspec.runtime.per_row import Allocation, SplitCost, allocate, brute_force
+from dynspec.runtime.row_table import RowTable
 
 
 def cost_model(tables: dict, decode: dict | None = None) -> CostModel:
@@ -70,68 +70,62 @@ def test_worked_example_split_and_allocation():
     assert allocate(WORKED_RATES, sc, 1, 100, sc.decode_ms).ks == (1, 1, 0)   # 4.4 / 13.5
 
 
-# ---- 1. shrinkage -------------------------------------------------------------------------------------
-def test_new_request_is_the_prior_and_the_docstring_example():
-    assert RowAcceptance.empty(3).rates((0.6, 0.5, 0.4), 4.0) == (0.6, 0.5, 0.4)
-    row = RowAcceptance((9.0, 0.0), (10.0, 0.0))
-    assert row.rates((0.6, 0.6), 4.0) == pytest.approx(((9 + 2.4) / 14, 0.6))
-    assert row.rates((0.6, 0.6), 4.0)[0] == pytest.approx(0.814, abs=5e-4)
+# ---- 1. shrinkage (runtime/row_table.py) -----------------------------------------------------------
+def rates_after(steps, prior, weight, positions=None):
+    """One slot's shrunk rates after (k, accepted) steps."""
+    t = RowTable(2, positions or len(prior))
+    for k, n in steps:
+        t.update([1], [k], [n])
+    return tuple(t.rates([1], prior, weight)[0])
+
+
+def test_new_request_is_the_prior_and_a_worked_example():
+    assert rates_after([], (0.6, 0.5, 0.4), 4.0) == pytest.approx((0.6, 0.5, 0.4))
+    # 10 steps at K=1, 9 accepted: (9 + 4 x 0.6) / (10 + 4) = 0.814 at position 1; position 2 never tried
+    r = rates_after([(1, 1)] * 9 + [(1, 0)], (0.6, 0.6), 4.0)
+    assert r == pytest.approx(((9 + 2.4) / 14, 0.6)) and r[0] == pytest.approx(0.814, abs=5e-4)
 
 
 def test_converges_to_its_own_rate_as_counts_grow():
     errs = []
-    for n in (10, 100, 1000, 100000):
-        r = RowAcceptance((0.9 * n,), (float(n),)).rates((0.3,), 4.0)[0]
+    for n in (10, 100, 1000):
+        r = rates_after([(1, 1)] * (9 * n // 10) + [(1, 0)] * (n // 10), (0.3,), 4.0)[0]
         errs.append(abs(r - 0.9))
-    assert errs == sorted(errs, reverse=True) and errs[-1] < 1e-4 and errs[0] > 0.1
+    assert errs == sorted(errs, reverse=True) and errs[-1] < 1e-2 and errs[0] > 0.1
 
 
 def test_update_counts_the_positions_tried_and_hit():
-    row = RowAcceptance.empty(4)
-    assert row.update(0, 0) == row
-    one = row.update(3, 1)                          # tried 1, 2 (2 rejected), 3 never tried
-    assert one.hits == (1.0, 0.0, 0.0, 0.0) and one.trials == (1.0, 1.0, 0.0, 0.0)
-    full = one.update(3, 3)                         # all three accepted: position 4 not drafted
-    assert full.hits == (2.0, 1.0, 1.0, 0.0) and full.trials == (2.0, 2.0, 1.0, 0.0)
-    assert full.update(2, 0).trials == (3.0, 2.0, 1.0, 0.0)
+    t = RowTable(2, 4)
+    t.update([1], [0], [0])
+    assert t.trials[1].tolist() == [0, 0, 0, 0]
+    t.update([1], [3], [1])                         # tried 1, 2 (2 rejected), 3 never tried
+    assert t.hits[1].tolist() == [1, 0, 0, 0] and t.trials[1].tolist() == [1, 1, 0, 0]
+    t.update([1], [3], [3])                         # all three accepted: position 4 not drafted
+    assert t.hits[1].tolist() == [2, 1, 1, 0] and t.trials[1].tolist() == [2, 2, 1, 0]
+    t.update([1], [2], [0])
+    assert t.trials[1].tolist() == [3, 2, 1, 0]
 
 
 def test_update_matches_the_pooled_estimate_for_one_row():
     rnd = random.Random(7)
-    row, est = RowAcceptance.empty(4), AcceptanceEstimate(positions=4, half_life=1e300)
+    t, est = RowTable(2, 4), AcceptanceEstimate(positions=4, half_life=1e300)
     for _ in range(200):
         k = rnd.randint(0, 4)
         n = rnd.randint(0, k)
-        row, est = row.update(k, n), est.update(k, [n])
-    assert row.hits == pytest.approx(est.hits) and row.trials == pytest.approx(est.trials)
-
-
-def test_shrunk_rates_is_rates_for_every_row():
-    rows = [RowAcceptance((3.0, 1.0), (5.0, 3.0)), RowAcceptance.empty(2), RowAcceptance((0.0, 0.0), (7.0, 0.0))]
-    m = shrunk_rates(np.array([r.hits for r in rows]), np.array([r.trials for r in rows]), (0.7, 0.5), 2.0)
-    assert m.shape == (3, 2)
-    for got, row in zip(m, rows):
-        assert tuple(got) == pytest.approx(row.rates((0.7, 0.5), 2.0))
+        t.update([1], [k], [n])
+        est = est.update(k, [n])
+    assert t.hits[1] == pytest.approx(est.hits) and t.trials[1] == pytest.approx(est.trials)
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: RowAcceptance((1.0,), (1.0, 2.0)), "hits \\(1\\) and trials \\(2\\)"),
-    (lambda: RowAcceptance((), ()), "length >= 1"),
-    (lambda: RowAcceptance((2.0,), (1.0,)), r"hits\[0\] = 2.0 exceeds trials\[0\]"),
-    (lambda: RowAcceptance((float("nan"),), (1.0,)), r"hits\[0\] = nan"),
-    (lambda: RowAcceptance((0.0,), (-1.0,)), r"trials\[0\] = -1.0"),
-    (lambda: RowAcceptance.empty(0), "max_draft_len 0"),
-    (lambda: RowAcceptance.empty(2).update(3, 0), "k 3 is not an integer in 0..2"),
-    (lambda: RowAcceptance.empty(2).update(2, 3), "accepted 3 is not an integer in 0..k=2"),
-    (lambda: RowAcceptance.empty(2).update(True, 0), "k True"),
-    (lambda: RowAcceptance.empty(2).rates((0.5,), 4.0), "prior has 1 positions, the counts 2"),
-    (lambda: RowAcceptance.empty(1).rates((1.5,), 4.0), r"prior\[0\] = 1.5"),
-    (lambda: RowAcceptance.empty(1).rates((0.5,), 0.0), "weight 0.0"),
-    (lambda: shrunk_rates(np.ones((2, 2)), np.zeros((2, 2)), (0.5, 0.5), 1.0), "0 <= hits <= trials"),
+    (lambda: RowTable(0, 2), "slots >= 1"),
+    (lambda: RowTable(2, 2).update([0], [1], [2]), "exceeds the drafted"),
+    (lambda: RowTable(2, 2).rates([0], (0.5, 0.5), 0.0), "weight 0.0"),
 ])
 def test_bad_inputs_name_the_field(call, match):
     with pytest.raises(DynspecError, match=match):
         call()
+
 
 
 # ---- 2. split cost ------------------------------------------------------------------------------------

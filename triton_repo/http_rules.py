@@ -15,6 +15,8 @@ from typing import Mapping
 
 import numpy as np
 
+from dynspec.runtime.draft_counts import acceptance, mean_k
+
 GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/(generate|generate_stream)$")
 INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 INT_RANGES = {"INT8": 8, "INT16": 16, "INT32": 32, "INT64": 64, "UINT8": -8, "UINT16": -16, "UINT32": -32,
@@ -149,8 +151,7 @@ def acceptance_fields(doc: dict) -> dict:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
         return doc
     accepted, drafted, steps = counts["accepted_drafts"], counts["drafted"], counts["decode_steps"]
-    return {**doc, **counts, "mean_k": drafted / steps if steps else 0.0,
-            "acceptance": accepted / drafted if drafted else None}
+    return {**doc, **counts, "mean_k": mean_k(drafted, steps), "acceptance": acceptance(accepted, drafted)}
 
 
 def list_output_ids(event: bytes) -> bytes:

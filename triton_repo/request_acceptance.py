@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynspec.runtime import requests
+from dynspec.runtime import draft_counts
 
 # Output tensors of a finished request (config.pbtxt's outputs after output_ids), each of shape [1]:
 #   accepted_drafts INT32  draft tokens of the request the target accepted
@@ -31,12 +31,12 @@ class RequestAcceptance:
 
     @property
     def mean_k(self) -> float:
-        return requests.mean_k(self.drafted, self.decode_steps)
+        return draft_counts.mean_k(self.drafted, self.decode_steps)
 
     @property
     def acceptance(self) -> float | None:
         """None for a request that never drafted (not observed in the histogram)."""
-        return requests.acceptance(self.accepted_drafts, self.drafted)
+        return draft_counts.acceptance(self.accepted_drafts, self.drafted)
 
     def outputs(self) -> dict[str, np.ndarray]:
         """ACCEPTANCE_OUTPUTS -> [1] arrays: {"accepted_drafts": int32[1], ..., "mean_k": float32[1]}."""

@@ -365,6 +365,3 @@ class StatsCursor:
             self._b = 0
         return MetricsSample(self._k, self._b, sum(s.drafted for s in new), sum(s.accepted for s in new), by_k,
                              self._a1, sum(s.probe for s in decoding), sum(s.gc_seconds for s in new))
-
-
-# ---- per-request acceptance: the final response's outputs and the /metrics histograms ----------

@@ -82,7 +82,11 @@ def capture_whole_graphs(e, keys: Iterable[GraphKey] = (), exact: Iterable[tuple
     token bucket they can reach (mixed_graphs.least_tokens; per_row: a policy that sets each
     row's K, whose iterations without chunks run there too), plus chunk-only iterations, plus
     the `exact` keys. Returns how many.
-    CPU: WholeMixed is set up and its functions run uncaptured (tests check them there)."""
+    CPU: WholeMixed is set up and its functions run uncaptured (tests check them there). CUDA with
+    SDPA attention (attention="sdpa"): none; its batches are built on the host each step, so
+    those iterations run eagerly."""
+    if e.device.type == "cuda" and not e.triton:
+        return 0
     if e.whole is None:
         e.whole = WholeMixed(e)
     if e.device.type != "cuda":

@@ -1,7 +1,8 @@
 """A mixed iteration (decode rows + prompt chunks in one target forward) run eagerly: what runs
 above the top token bucket, past WholeMixed.CHUNKS chunks, or before capture_whole_graphs.
-Packing as mixed_graphs.py: the B = plan.bucket decode rows' T tokens (rows b..B-1 padding),
-then the chunks' tokens."""
+Packing: the B = plan.bucket decode rows' T tokens (rows b..B-1 padding; every row at T, its
+acceptance capped at its own K_i), then the chunks' tokens; the whole graphs pack the rows
+unpadded (mixed_graphs.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

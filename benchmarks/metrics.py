@@ -59,9 +59,7 @@ class RequestTiming:
     @property
     def mean_k(self) -> float | None:
         """runtime/draft_counts.mean_k; None when the engine does not report it."""
-        if self.drafted is None or self.decode_steps is None:
-            return None
-        return mean_k(self.drafted, self.decode_steps)
+        return None if self.drafted is None or self.decode_steps is None else mean_k(self.drafted, self.decode_steps)
 
     @property
     def acceptance(self) -> float | None:

@@ -238,6 +238,15 @@ def test_open_refuses_per_request_k_before_starting_an_llm(fake_trtllm, engine_d
     assert len(FakeLLM.instances) == before
     TrtllmEngine.open(engine_dir, granularity="batch").close()
     assert len(FakeLLM.instances) == before + 1
+    from dataclasses import replace
+
+    from dynspec.config import EngineConfig
+    from dynspec.runtime.engines.trtllm import load_options
+
+    cfg, options = load_options(engine_dir)
+    with pytest.raises(DynspecError, match="per-request draft length is a reference-engine feature"):
+        TrtllmEngine.start(options, replace(cfg, policy="per-request"))     # engine.json's policy says so
+    assert len(FakeLLM.instances) == before + 1 and isinstance(cfg, EngineConfig)
 
 
 def test_load_options_keeps_the_draft_key_the_yaml_uses(engine_dir, tmp_path):

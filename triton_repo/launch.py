@@ -164,13 +164,15 @@ def open_rank(cfg, ctx):
     graphs of every (bucket, K) the engine's policy reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.per_request import RowPolicy
     from dynspec.runtime.session import capture, open_reference_engine, policy_of
 
     policy = policy_of(cfg)
     engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy.max_draft_len)
     if ctx.device.type == "cuda":
         capture(engine, reachable_graphs([policy], engine.max_batch_size, cfg.reference.keep_warm,
-                                         engine.max_num_tokens), cfg.reference, strict=False)
+                                         engine.max_num_tokens), cfg.reference, strict=False,
+                per_row=isinstance(policy, RowPolicy))
     return engine
 
 

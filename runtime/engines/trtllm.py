@@ -245,8 +245,9 @@ class TrtllmEngine:
     def start(cls, options: Mapping, config: EngineConfig, granularity: str = "batch") -> "TrtllmEngine":
         """LLM(**options) for LLM-API options as written in llm_api_options.yaml (with "model");
         no speculative_config runs the target alone. granularity "request" is refused before
-        anything is imported or started (check_draft_granularity)."""
-        check_draft_granularity(granularity, config.trtllm_version)
+        anything is imported or started (check_draft_granularity), as is engine.json's
+        "policy": "per-request"."""
+        check_draft_granularity("request" if config.policy == "per-request" else granularity, config.trtllm_version)
         try:
             import tensorrt_llm
             from tensorrt_llm import LLM, SamplingParams

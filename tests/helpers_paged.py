@@ -187,6 +187,7 @@ def run_whole_interpreted() -> None:
     from dynspec.runtime.policy import DraftSchedule
     from tests.helpers_models import make_tiny_draft, make_tiny_target
     from tests.test_executor import greedy_many
+    from tests.test_per_request import FlipRows
 
     launches = []                  # (uniform rows T or None: items, items with decode rows and a chunk)
     real = ragged._launch
@@ -203,13 +204,14 @@ def run_whole_interpreted() -> None:
         target = make_tiny_target(root / "target", vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, seed=1)
         draft = make_tiny_draft(root / "draft", target, draft_vocab=64, seed=2)
         hf = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float64).eval()
-        for whole in (True, False):
+        for mode in ("whole", "eager", "per-row"):
+            whole = mode != "eager"
             eng = load_reference_engine(str(target), str(draft), dtype=torch.float64, max_batch_size=4,
                                         max_seq_len=64, max_draft_len=3, max_num_tokens=16, attention="triton")
             assert eng.triton
-            policy = DraftSchedule.parse("1:3,2:2,3:0")
+            policy = FlipRows(3, seed=1) if mode == "per-row" else DraftSchedule.parse("1:3,2:2,3:0")
             if whole:
-                eng.capture_graphs(reachable_graphs([policy], 4, True, 16))
+                eng.capture_graphs(reachable_graphs([policy], 4, True, 16), per_row=mode == "per-row")
             ex = Executor(eng, policy)
             rng = random.Random(5)
             ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]
@@ -222,11 +224,13 @@ def run_whole_interpreted() -> None:
             refs = greedy_many(hf, ps, 8)
             assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
             mixed = [s for s in ex.stats if s.decode_rows and s.prefill_tokens]
-            assert mixed and any(s.k for s in mixed) and any(not s.k for s in mixed), [(s.k, s.decode_rows) for s in mixed]
+            assert mixed and any(s.k for s in mixed) and (mode == "per-row" or any(not s.k for s in mixed)), \
+                [(s.k, s.decode_rows) for s in mixed]
             assert {1, 2, 3, 4} & set(launches) and 1 in launches               # uniform rows at T = K+1 and 1
             assert ("items", True) in launches                                  # decode rows and chunks in one launch
-            print("ok whole" if whole else "ok eager", len(mixed), "mixed iterations,", len(launches),
-                  "kernel launches")
+            if mode == "per-row":                                               # rows at their own K, unpadded
+                assert sum(1 for s in ex.stats if s.drafted not in (0, s.decode_rows * s.k)) >= 3
+            print("ok", mode, len(mixed), "mixed iterations,", len(launches), "kernel launches")
             launches.clear()
 
 

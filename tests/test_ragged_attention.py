@@ -76,7 +76,7 @@ def test_whole_and_eager_mixed_iterations_with_the_triton_kernel_equal_transform
     one launch), whole-forward mixed iterations and eager ones: interpreted, float64, token for
     token against transformers (helpers_paged.run_whole_interpreted)."""
     out = _interpreted("run_whole_interpreted")
-    assert "ok whole" in out and "ok eager" in out, out
+    assert "ok whole" in out and "ok eager" in out and "ok per-row" in out, out
 
 
 def test_rope_attend_refuses_what_the_kernel_cannot_take():

@@ -210,9 +210,9 @@ def test_start_refuses_per_request_before_importing_tensorrt_llm(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)      # an import would fail with another message
     with pytest.raises(DynspecError, match="per-request draft length is a reference-engine feature"):
-        TrtllmEngine.start(render("1.4.0"), SimpleNamespace(trtllm_version="1.4.0"), granularity="request")
+        TrtllmEngine.start(render("1.4.0"), SimpleNamespace(trtllm_version="1.4.0", policy="schedule"), granularity="request")
     with pytest.raises(DynspecError, match="needs TensorRT-LLM"):
-        TrtllmEngine.start(render("1.4.0"), SimpleNamespace(trtllm_version="1.4.0"))
+        TrtllmEngine.start(render("1.4.0"), SimpleNamespace(trtllm_version="1.4.0", policy="schedule"))
 
 
 @pytest.mark.parametrize("version", ["1.3.0", "1.4.0"])

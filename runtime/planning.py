@@ -81,6 +81,8 @@ class KDecider:
             self.since_spec, scale))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
             raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
+        for r, k in zip(rows, d.ks):          # at the decision: the overlapped loop plans before it folds
+            r.idle = 0 if k else r.idle + 1
         return d.k, d, context, scale
 
     def count_k(self, k: int, decision: "Decision | None") -> None:
@@ -107,7 +109,6 @@ class KDecider:
             req.accepted += a
             req.drafted += ki
             req.decode_steps += 1
-            req.idle = 0 if ki else req.idle + 1
 
     def record(self, launched: Launched, result: StepResult, seconds: float) -> None:
         """A folded step with decode rows: the estimate / calibration update pending (apply_pending)."""

@@ -147,7 +147,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _vllm_grid(results) -> dict:
     """vLLM's speculative_config fragment from [(ContextTable, TuneResult)], one per profiled context."""
     from dynspec.errors import DynspecError
-    from dynspec.runtime.policy import to_vllm_grid
+    from dynspec.runtime.schedule_vllm import to_vllm_grid
 
     if any(t.context_len is None for t, _ in results):
         raise DynspecError("--vllm-grid needs each table's context_len; the profile does not record it")

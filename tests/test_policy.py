@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynspec.cli import main
-from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError, trtllm_dialect
+from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError
+from dynspec.runtime.schedule_trtllm import trtllm_dialect
 from tests.test_vllm_schedule import vllm_dense_lookup
 
 

@@ -81,7 +81,7 @@ class Reducer:
     def add_rms_norm(self, part: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
                      norm) -> tuple[torch.Tensor, torch.Tensor]:
         """(r + the sum of part over the ranks, its RMSNorm): the fused kernel where fuses_norm,
-        else this reducer's sum, then `norm` (model.add_rms_norm's signature: Kernels.add_rms_norm,
+        else this reducer's sum, then `norm` (layer_ops.add_rms_norm's signature: Kernels.add_rms_norm,
         the Triton one on CUDA). skip: r + part."""
         if not self.fuses_norm(part, r, weight):
             return norm(r, self(part), weight, eps)

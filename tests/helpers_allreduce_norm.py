@@ -1,12 +1,12 @@
 """The check of fused_allreduce_norm.py's kernel under Triton's interpreter (one process standing in
 for N ranks): the oracle is the unfused path, the partial sums added in rank order at the dtype,
-then model.add_rms_norm. Run with TRITON_INTERPRET=1 set before Triton is imported
+then layer_ops.add_rms_norm. Run with TRITON_INTERPRET=1 set before Triton is imported
 (tests/test_allreduce_norm.py)."""
 from __future__ import annotations
 
 import torch
 
-from dynspec.runtime.engines.reference.model import add_rms_norm, rms_norm
+from dynspec.runtime.engines.reference.layer_ops import add_rms_norm, rms_norm
 
 CASES = [(1, 4096), (5, 64), (3, 80), (70, 32)]  # rows, n: the 8B's b=1 row, a tiny model's, not a power of two,
                                                  # more rows than programs (70 > MAX_PROGRAMS: rows p, p + 64)

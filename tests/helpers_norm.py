@@ -1,10 +1,10 @@
 """The check shared by the Triton RMSNorm tests (test_norm_kernel.py on CPU under Triton's
-interpreter, test_gpu.py on CUDA): model.add_rms_norm / model.rms_norm, eager, are the oracle."""
+interpreter, test_gpu.py on CUDA): layer_ops.add_rms_norm / layer_ops.rms_norm, eager, are the oracle."""
 from __future__ import annotations
 
 import torch
 
-from dynspec.runtime.engines.reference.model import add_rms_norm, rms_norm
+from dynspec.runtime.engines.reference.layer_ops import add_rms_norm, rms_norm
 
 
 def assert_norm_matches(add_fn, norm_fn, device: str, dtype: torch.dtype, rows: int, n: int) -> None:

@@ -1,5 +1,5 @@
 """The checks of ragged.ragged_attention (uniform rows, ragged rows, and the fused-RoPE form)
-against attention.sdpa_attention (the oracle, after model.rope_write for the fused form), shared
+against attention.sdpa_attention (the oracle, after layer_ops.rope_write for the fused form), shared
 by the CPU interpreter test and the GPU test."""
 import random
 
@@ -42,7 +42,7 @@ def assert_paged_matches(fn, device, dtype, R, T, nh, kvh, hd, bs, max_blocks, *
 
 
 def assert_rope_paged_matches(device, dtype, R, T, nh, kvh, hd, bs, max_blocks, starts=None, **kw):
-    """RaggedAttention.rope_attend on unrotated qkv [N, (nh + 2 kvh) * hd] == model.rope_write (in
+    """RaggedAttention.rope_attend on unrotated qkv [N, (nh + 2 kvh) * hd] == layer_ops.rope_write (in
     float64) on a copy of the pool, then sdpa_attention: the output (as assert_paged_matches), and the
     pool: every row's new K/V written, nothing else touched (K to about one bf16 ulp, V exact).
     starts: row r's window at starts[r] (a window across two programs' keys: the one program that
@@ -89,10 +89,10 @@ def assert_ragged_matches(device, dtype, lens, nh, kvh, hd, bs, max_blocks, **kw
 
 
 def check_rope(device, dtype, k_pool, v_pool, batch, nh, kvh, hd, bs, max_blocks, seed, **kw):
-    """rope_attend's launch on random unrotated qkv against model.rope_write (float64, on a copy of
+    """rope_attend's launch on random unrotated qkv against layer_ops.rope_write (float64, on a copy of
     the pool) then sdpa_attention: the output, and the pool (K to about one bf16 ulp, V exact).
     -> (qkv, cos, sin, out)"""
-    from dynspec.runtime.engines.reference.model import rope_tables, rope_write
+    from dynspec.runtime.engines.reference.layer_ops import rope_tables, rope_write
 
     g = torch.Generator().manual_seed(seed)
     n = batch.positions.shape[0]

@@ -1,10 +1,10 @@
 """The check shared by the Triton rope_write tests (test_rope_kernel.py on CPU under Triton's
-interpreter, test_gpu.py on CUDA): model.rope_write in float32, eager, is the oracle."""
+interpreter, test_gpu.py on CUDA): layer_ops.rope_write in float32, eager, is the oracle."""
 from __future__ import annotations
 
 import torch
 
-from dynspec.runtime.engines.reference.model import rope_tables, rope_write
+from dynspec.runtime.engines.reference.layer_ops import rope_tables, rope_write
 
 
 def assert_rope_write_matches(fn, device: str, dtype: torch.dtype, n: int, nh: int = 32, kvh: int = 8,

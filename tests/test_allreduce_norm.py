@@ -1,5 +1,5 @@
 """fused_allreduce_norm.py's kernel == the unfused path (the partial sums in rank order, then
-model.add_rms_norm), N = 2 and 4, float32 and bfloat16, on CPU under Triton's interpreter, one
+layer_ops.add_rms_norm), N = 2 and 4, float32 and bfloat16, on CPU under Triton's interpreter, one
 process standing in for the ranks; and its barrier's flags (skipped without triton; the kernel
 across two GPUs: tests/test_gpu_tp.py)."""
 import importlib.util

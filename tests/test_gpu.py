@@ -318,7 +318,9 @@ def test_chunks_over_several_query_blocks_equal_transformers(pair, whole, monkey
 def _llama8b_shaped_pair():
     """A random Llama-3.1-8B-shaped target + EAGLE-3 draft in bf16, made on the GPU (no files)."""
     from dynspec.runtime.engines.reference.draft import Eagle3Config, Eagle3Draft
-    from dynspec.runtime.engines.reference.model import Kernels, Target, TargetConfig
+    from dynspec.runtime.engines.reference.layer_ops import Kernels
+    from dynspec.runtime.engines.reference.model import Target
+    from dynspec.runtime.engines.reference.model_config import TargetConfig
 
     tc = TargetConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                       num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=None,
@@ -383,9 +385,9 @@ def test_decode_b1_1024_context_timing():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n", [1, 7, 300])
 def test_rope_write_triton_equals_rope_write(n, dtype):
-    """Kernels(compiled=True)'s rope_write on CUDA, the Triton kernel, == model.rope_write at the
+    """Kernels(compiled=True)'s rope_write on CUDA, the Triton kernel, == layer_ops.rope_write at the
     8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache."""
-    from dynspec.runtime.engines.reference.model import Kernels
+    from dynspec.runtime.engines.reference.layer_ops import Kernels
     from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
 
     assert Kernels(compiled=True).rope_write is rope_write_triton
@@ -422,7 +424,7 @@ def assert_replays_equal(fn, out) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("R, T, starts", [(1, 1, None), (3, 4, None), (64, 1, None), (3, 4, [190, 383, 700])])
 def test_ragged_rope_equals_rope_write_and_sdpa(R, T, starts, dtype):
-    """The fused form (RoPE and the K/V write inside the kernel) == model.rope_write then gathered
+    """The fused form (RoPE and the K/V write inside the kernel) == layer_ops.rope_write then gathered
     SDPA at the 8B shape, eagerly and replayed from a CUDA graph twice, each replay on the pool as it
     was before the eager call (so a key read before it is written shows). [190, 383, 700]: 3 rows and the
     padding row x 8 KV heads get 6 programs of 3 tiles each on 132 SMs (keys 0..191 | 192..383 | ...),
@@ -463,9 +465,9 @@ def test_ragged_items_equal_sdpa(lens, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows, n", [(1, 4096), (300, 4096), (5, 64)])
 def test_norm_triton_equals_eager(rows, n, dtype):
-    """Kernels(compiled=True)'s add_rms_norm / rms_norm on CUDA, norm_kernel's, == model's eager ones:
+    """Kernels(compiled=True)'s add_rms_norm / rms_norm on CUDA, norm_kernel's, == layer_ops' eager ones:
     the 8B's row at b=1 and at a prompt chunk's 300 rows, and a tiny model's."""
-    from dynspec.runtime.engines.reference.model import Kernels
+    from dynspec.runtime.engines.reference.layer_ops import Kernels
     from dynspec.runtime.engines.reference.norm_kernel import add_rms_norm_triton, rms_norm_triton
     from tests.helpers_norm import assert_norm_matches
 
@@ -475,9 +477,9 @@ def test_norm_triton_equals_eager(rows, n, dtype):
 
 @pytest.mark.parametrize("rows", [1, 4, 300])
 def test_first_max_equals_argmax_on_cuda(rows):
-    """model.first_max == torch.argmax on CUDA at the 8B's vocabulary, ties included (small integers,
+    """layer_ops.first_max == torch.argmax on CUDA at the 8B's vocabulary, ties included (small integers,
     and one row whose two maxima sit in different pieces)."""
-    from dynspec.runtime.engines.reference.model import first_max
+    from dynspec.runtime.engines.reference.layer_ops import first_max
 
     g = torch.Generator().manual_seed(rows)
     x = torch.randint(0, 6, (rows, 128256), generator=g).to("cuda", torch.bfloat16)

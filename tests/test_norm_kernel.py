@@ -1,4 +1,4 @@
-"""norm_kernel.py's Triton kernel == model.add_rms_norm / rms_norm, on CPU under Triton's
+"""norm_kernel.py's Triton kernel == layer_ops.add_rms_norm / rms_norm, on CPU under Triton's
 interpreter (skipped without triton; test_gpu.py runs it compiled on CUDA)."""
 import importlib.util
 

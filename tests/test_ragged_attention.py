@@ -66,7 +66,7 @@ def test_ragged_attention_interpreted_equals_sdpa():
 @needs_triton
 def test_target_decode_with_rope_inside_the_kernel_equals_rope_write_and_sdpa():
     """Block.forward through RaggedAttention.rope_attend (the decode graphs' path on CUDA), interpreted:
-    the same logits and caches as model.rope_write + SDPA (helpers_paged.run_target_interpreted)."""
+    the same logits and caches as layer_ops.rope_write + SDPA (helpers_paged.run_target_interpreted)."""
     assert "ok target 12 launches" in _interpreted("run_target_interpreted")
 
 

@@ -307,10 +307,10 @@ def test_committed_tiny_pair_loads_and_speculates():
 @pytest.mark.parametrize("V, chunks", [(10, 3), (1000, 7), (128256, 128), (5, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_first_max_equals_torch_max_ties_included(V, chunks, dtype):
-    """model.first_max (the greedy head's argmax) == torch.max / argmax over the last axis: few
+    """layer_ops.first_max (the greedy head's argmax) == torch.max / argmax over the last axis: few
     rows of small integers (ties everywhere), and maxima placed alone in the tail, in the last
     piece, at a piece's edges and twice (the lower index wins)."""
-    from dynspec.runtime.engines.reference.model import first_max
+    from dynspec.runtime.engines.reference.layer_ops import first_max
 
     g = torch.Generator().manual_seed(V)
     cases = [torch.randint(0, 4, shape + (V,), generator=g).to(dtype) for shape in [(1,), (3,), (2, 2), (200,)]]

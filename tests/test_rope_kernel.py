@@ -1,4 +1,4 @@
-"""rope_kernel.py's Triton kernel == model.rope_write, on CPU under Triton's interpreter (skipped
+"""rope_kernel.py's Triton kernel == layer_ops.rope_write, on CPU under Triton's interpreter (skipped
 without triton, which is not a dependency; test_gpu.py runs it compiled on CUDA)."""
 import importlib.util
 

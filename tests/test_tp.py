@@ -22,7 +22,8 @@ import torch
 from dynspec.errors import DynspecError
 from dynspec.runtime.distributed import TpContext, init_tp, layout
 from dynspec.runtime.engines.reference import tp
-from dynspec.runtime.engines.reference.model import TargetConfig, apply_rope, rms_norm, rope_tables, silu_mul
+from dynspec.runtime.engines.reference.layer_ops import apply_rope, rms_norm, rope_tables, silu_mul
+from dynspec.runtime.engines.reference.model_config import TargetConfig
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.mpi.tp_run import Job, drive
 from tests.helpers_mpi import ONE_THREAD, mpirun

@@ -149,7 +149,7 @@ def check_split(target_dir: str, draft_dir: str, tp: int) -> None:
     """tp.check_tp on the pair's config.json files (no weight is read), as load_tp_engine checks them."""
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
-    from dynspec.runtime.engines.reference.model import TargetConfig
+    from dynspec.runtime.engines.reference.model_config import TargetConfig
     from dynspec.runtime.engines.reference.tp import check_tp
 
     twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")

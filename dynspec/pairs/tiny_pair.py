@@ -45,7 +45,9 @@ from torch import Tensor
 from dynspec.pairs.corpus import ASSET_DIR, BUILD_INFO, read_texts, split_stdlib, stdlib_files
 from dynspec.runtime.engines.reference.draft import Eagle3Config, Eagle3Draft
 from dynspec.runtime.engines.reference.load import load_draft, load_target
-from dynspec.runtime.engines.reference.model import Target, TargetConfig, rope_tables
+from dynspec.runtime.engines.reference.layer_ops import rope_tables
+from dynspec.runtime.engines.reference.model import Target
+from dynspec.runtime.engines.reference.model_config import TargetConfig
 
 EOS = "<|endoftext|>"
 

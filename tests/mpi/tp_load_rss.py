@@ -18,7 +18,7 @@ from dynspec.runtime.distributed import TpContext, layout
 from dynspec.runtime.engines.reference import tp
 from dynspec.runtime.engines.reference.draft import Eagle3Config
 from dynspec.runtime.engines.reference.load import load_draft, load_target
-from dynspec.runtime.engines.reference.model import TargetConfig
+from dynspec.runtime.engines.reference.model_config import TargetConfig
 
 
 def anon_kib() -> int:

@@ -47,8 +47,9 @@ from dynspec.checkpoint.eagle3 import resolve_capture_layers
 from dynspec.errors import DynspecError
 
 from .attention import RaggedBatch, sdpa_attention, write_kv
-from .model import (_empty, Collectives, apply_rope, attention_dims, check_silu, hf_field, parse_rope, rms_norm,
-                    row_batch, setup_paged_cache, setup_row_cache, TargetConfig)
+from .layer_ops import apply_rope, rms_norm
+from .model import _empty, Collectives, row_batch, setup_paged_cache, setup_row_cache
+from .model_config import attention_dims, check_silu, hf_field, parse_rope, TargetConfig
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ from dynspec.checkpoint.reader import TensorReader, read_config, weight_source
 from dynspec.errors import DynspecError
 
 from .draft import Eagle3Config, Eagle3Draft
-from .model import Kernels, Target, TargetConfig
+from .layer_ops import Kernels
+from .model import Target
+from .model_config import TargetConfig
 
 if TYPE_CHECKING:
     from .engine import ReferenceEngine
@@ -211,7 +213,7 @@ def load_reference_engine(
     **cache,
 ) -> "ReferenceEngine":
     """fused_kernels: the per-layer elementwise glue compiled, with Triton's rope_write and norms
-    on CUDA (model.Kernels; default: on CUDA only).
+    on CUDA (layer_ops.Kernels; default: on CUDA only).
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
     tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).

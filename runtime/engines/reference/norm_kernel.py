@@ -1,9 +1,9 @@
-"""`model.rms_norm` and `model.add_rms_norm` as one single-pass Triton kernel, for
+"""`layer_ops.rms_norm` and `layer_ops.add_rms_norm` as one single-pass Triton kernel, for
 `Kernels(compiled=True)` on CUDA. Inductor's kernel for them (`triton_red_fused_..._rsqrt`) took
 about 3 us a launch at b=1 on the H200, 64 launches a step: at a hidden
 size of 4096 it loops over the row twice, loading x and r once for the sum of squares and again
 for the output. Here one program holds its whole row in registers, so each byte is read once.
-`model.add_rms_norm` stays the CPU path and the oracle (tests/test_norm_kernel.py runs this kernel
+`layer_ops.add_rms_norm` stays the CPU path and the oracle (tests/test_norm_kernel.py runs this kernel
 in Triton's interpreter, tests/test_gpu.py on the GPU). Imported only where Triton runs."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch import Tensor
 def _add_rms_norm_kernel(X, R, W, Y, H, stride_x, stride_r, stride_y, stride_h, n, eps,
                          HAS_R: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     """Program i: row i. y = x + r (stored when HAS_R), h = w * (y * rsqrt(mean(y^2) + eps)).
-    Rounding as model.rms_norm: the mean in float32, the normed row cast to the tensors' dtype,
+    Rounding as layer_ops.rms_norm: the mean in float32, the normed row cast to the tensors' dtype,
     then the weight product and the add at float32 (float64 when WIDE) and cast once, as torch
     computes a bf16 x bf16 product."""
     row = tl.program_id(0).to(tl.int64)
@@ -54,11 +54,11 @@ def _launch(x: Tensor, r: Tensor | None, weight: Tensor, eps: float) -> tuple[Te
 
 
 def add_rms_norm_triton(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """`model.add_rms_norm` in one launch: x, r [.., n] -> (x + r, rms_norm(x + r)). No host sync;
+    """`layer_ops.add_rms_norm` in one launch: x, r [.., n] -> (x + r, rms_norm(x + r)). No host sync;
     allocates only its two outputs (CUDA-graph capturable)."""
     return _launch(x, r, weight, eps)
 
 
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """`model.rms_norm` in one launch: x [.., n] -> the normed rows."""
+    """`layer_ops.rms_norm` in one launch: x [.., n] -> the normed rows."""
     return _launch(x, None, weight, eps)[1]

@@ -1,6 +1,6 @@
-"""`model.rope_write` as one hand-written Triton kernel, for `Kernels(compiled=True)` on CUDA,
-where inductor emits it as three. `model.rope_write` stays the CPU path and the oracle
-(tests/test_rope_kernel.py, tests/test_gpu.py). Imported only where Triton runs: model.py
+"""`layer_ops.rope_write` as one hand-written Triton kernel, for `Kernels(compiled=True)` on CUDA,
+where inductor emits it as three. `layer_ops.rope_write` stays the CPU path and the oracle
+(tests/test_rope_kernel.py, tests/test_gpu.py). Imported only where Triton runs: layer_ops.py
 imports this module inside `Kernels`, so CPU installs without Triton never load it."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _rope_write_kernel(qkv, cos, sin, q, k_pool, v_pool, write_index,
 
 def rope_write_triton(qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, write_index: Tensor,
                       n_heads: int, n_kv_heads: int) -> Tensor:
-    """`model.rope_write` in one launch: qkv [N, (nh + 2 kvh) * hd]; cos, sin [N, 1, hd/2]; pools
+    """`layer_ops.rope_write` in one launch: qkv [N, (nh + 2 kvh) * hd]; cos, sin [N, 1, hd/2]; pools
     [kvh, P, hd] (any head and position strides: a layer of [L, kvh, P, hd]); write_index [N]
     -> q [N, nh, hd] with RoPE. No host sync; allocates only q (CUDA-graph capturable)."""
     N, hd = qkv.shape[0], k_pool.shape[-1]

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from dynspec.convert.checks import require_tp
 from dynspec.convert.shapes import ModelShape, kv_heads_per_rank, kv_replication, padded_vocab
 from dynspec.runtime.distributed import TpContext
-from dynspec.runtime.engines.reference.model import first_max
+from dynspec.runtime.engines.reference.layer_ops import first_max
 
 
 # ----------------------------------------------------------------------------- shapes (pure)
@@ -337,7 +337,7 @@ def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: st
     from dynspec.checkpoint.reader import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
     from dynspec.runtime.engines.reference.load import load_reference_engine
-    from dynspec.runtime.engines.reference.model import TargetConfig
+    from dynspec.runtime.engines.reference.model_config import TargetConfig
 
     twhere, dwhere = str(Path(target_dir) / "config.json"), str(Path(draft_dir) / "config.json")
     tc = TargetConfig.from_hf(read_config(target_dir, "target"), twhere)

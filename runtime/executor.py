@@ -269,7 +269,7 @@ class Executor:
     def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
         ones, admitted while a slot, their blocks and a decode row at K=0 are free."""
-        self._pool.admit(self.engine, left, cache_slack(self.engine.max_draft_len, self.loop), self._k.row_table.reset)
+        self._pool.admit(self.engine, left, cache_slack(self.engine.max_draft_len, self.loop), self._k.new_request)
         return prompt_chunks(list(self._pool.prefilling), left)
 
     def _planned(self, launched: Launched) -> None:

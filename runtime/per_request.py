@@ -7,10 +7,9 @@ estimate) and plans the step with row_k = the decision's ks (plan.StepPlan.row_k
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
-
-import math
 
 import numpy as np
 

@@ -30,6 +30,11 @@ class KDecider:
         self.pending: tuple | None = None         # (k, accepted, row_k or None, calibration slot or None,
                                                   #  measured ms, predicted ms): update not yet applied
 
+    def new_request(self, slot: int) -> None:
+        """A request took `slot`: a row policy's counts of it start empty (no table otherwise)."""
+        if isinstance(self.policy, RowPolicy):
+            self.row_table.reset(slot)
+
     @property
     def row_table(self) -> RowTable:
         """Each request's own acceptance counts by slot (a row policy's inputs: runtime/row_table.py)."""
@@ -102,8 +107,9 @@ class KDecider:
         step before its end was known; the iteration's stats still count the work)."""
         plan = launched.plan
         live = [i for i, req in enumerate(launched.rows) if req.finish_reason is None]
-        self.row_table.update([plan.slots[i] for i in live], [plan.row_k[i] for i in live],   # an ended
-                              [result.accepted[i] for i in live])      # request's slot may be another's now
+        if isinstance(self.policy, RowPolicy):            # the table is a row policy's input alone
+            self.row_table.update([plan.slots[i] for i in live], [plan.row_k[i] for i in live],   # an ended
+                                  [result.accepted[i] for i in live])      # request's slot may be another's now
         for i in live:
             req, ki, a = launched.rows[i], plan.row_k[i], result.accepted[i]
             req.accepted += a

@@ -26,6 +26,7 @@ retirement forgets 1/64.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -80,21 +81,16 @@ class AcceptanceEstimate:
         if not isinstance(accepted, (tuple, list)):
             accepted = tuple(accepted)
         hits, trials = [h * f for h in self.hits], [t * f for t in self.trials]   # positions past K: decay only
-        if row_k is not None and any(x != k for x in row_k):
-            stop = [n if n < kr else kr for n, kr in zip(accepted, row_k)]    # capped rows: counted as row_k
-            censored = [n >= kr for n, kr in zip(accepted, row_k)]
-        else:
-            stop, censored = accepted, None
+        if row_k is None or all(x == k for x in row_k):
+            rejected, capped = accepted.count, None     # rows rejected at j + 1 (a C-level count)
+        else:                                           # a row that accepted all its K_i stops untried
+            rejected = Counter(n for n, kr in zip(accepted, row_k) if n < kr).__getitem__
+            capped = Counter(kr for n, kr in zip(accepted, row_k) if n >= kr)
         reached = rows                        # #rows with n_r >= j at position j + 1
         for j in range(depth):
-            trials[j] += reached
-            ended = stop.count(j)             # C-level count, however many rows
-            if censored is not None:          # rows at their own K_i = j leave untried, not rejected
-                cut = sum(1 for s, c in zip(stop, censored) if c and s == j)
-                trials[j] -= cut
-                reached -= cut
-                ended -= cut
-            reached -= ended
+            cut = capped[j] if capped else 0  # rows at their own K_i = j: not tried at j + 1
+            trials[j] += reached - cut
+            reached -= cut + rejected(j)
             hits[j] += reached
         new = object.__new__(AcceptanceEstimate)        # same settings, new counts: no re-validation per step
         new.__dict__.update(prior=self.prior, positions=self.positions, half_life=self.half_life,

@@ -97,8 +97,7 @@ class PerRequestPolicy(AdaptivePolicy):
         cost = raw.calibrated(x.cost_scale)
         if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
             warm = x.keep_warm
-            return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap",
-                               predicted_ms=raw.step_ms(b, 0) if warm or raw.decode_ms is None else raw.decode_ms)
+            return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm))
         # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown)
         due = tuple(np.flatnonzero(np.asarray(x.idle) >= PROBE_EVERY).tolist()) if math.isfinite(
             cost.chain_ms[1]) else ()
@@ -109,10 +108,7 @@ class PerRequestPolicy(AdaptivePolicy):
         plain = b / cost.decode_ms if cost.decode_ms else None
         warm = x.keep_warm and a.reason != "plain decode"
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
-        if any(a.ks):
-            profiled = raw.step_ms(a.verify_tokens, a.depth)
-        else:
-            profiled = raw.step_ms(b, 0) if warm or raw.decode_ms is None else raw.decode_ms
+        profiled = raw.step_ms(a.verify_tokens, a.depth) if any(a.ks) else _k0_ms(raw, b, warm)
         return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
                            gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason)
 
@@ -128,3 +124,9 @@ class PerRequestPolicy(AdaptivePolicy):
         ctx = ",".join(str(c) for c in self.cost.context_lens)
         return (f"per-request (K_i in {list(self.candidates)}, cost model of {self.cost.device} at context {ctx}, "
                 f"shrinkage {self.shrinkage:g})")
+
+
+def _k0_ms(raw: SplitCost, b: int, keep_warm: bool) -> float:
+    """The profile's time of an all-K=0 step at b: with keep-warm the uniform K=0 step, else plain
+    decode (the keep-warm time where the profile has no decode_ms)."""
+    return raw.step_ms(b, 0) if keep_warm or raw.decode_ms is None else raw.decode_ms

@@ -168,7 +168,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
                         repeats, acceptance_requests, acceptance_concurrency, meta, progress,
                         floor_context if floor else None)
     from dynspec.benchmarks.mpi import split_leaders, world
-    from dynspec.runtime.distributed import run_replica
+    from dynspec.runtime.tp_lifecycle import run_replica
 
     leaders = split_leaders(world(), tp)                     # collective: every rank, before the groups
     meta = dict(meta or {}, tp=tp)

@@ -27,9 +27,7 @@ def open_engine(specs: Sequence[SweepSpec], cfg, device: str, tp=None):
     log(f"opened the reference engine: max batch {sizes['max_batch_size']}, cache {sizes['max_seq_len']} positions,"
         f" K <= {sizes['max_draft_len']}" + (f", for {len(specs)} sweeps" if len(specs) > 1 else ""))
     if str(engine.device).startswith("cuda"):
-        per_row = any(base_mode(m) == "per-request" for spec in specs for m in spec.modes)
-        n = capture(engine, graph_keys(specs, engine.max_batch_size, engine.max_num_tokens), cfg.reference,
-                    per_row=per_row)
+        n = capture(engine, graph_keys(specs, engine.max_batch_size, engine.max_num_tokens), cfg.reference)
         log(f"captured {n} CUDA graphs per replica")
     return engine
 

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dynspec.benchmarks.engines import set_cpu_threads
     from dynspec.benchmarks.mpi import split_leaders
     from dynspec.benchmarks.sweep_cases import case_runs
-    from dynspec.runtime.distributed import layout, run_replica
+    from dynspec.runtime.tp_layout import layout
+    from dynspec.runtime.tp_lifecycle import run_replica
 
     apply_bench_env()
     runs = case_runs(args, argv)                           # every case's flags checked, before any model

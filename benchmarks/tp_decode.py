@@ -48,7 +48,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from dynspec.runtime.distributed import exit_status
+    from dynspec.runtime.tp_lifecycle import exit_status
 
     try:
         return exit_status(run(args))
@@ -63,9 +63,11 @@ def run(args) -> int:
     from dynspec.benchmarks.engines import open_sized
     from dynspec.benchmarks.gemm_floor import gemm_floor_ms, target_gemm_weights
     from dynspec.benchmarks.step_timing import Shape, sync_device, time_shapes
-    from dynspec.runtime.distributed import abort_on_error, init_tp, log, shutdown
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.policy import ConstantK
+    from dynspec.runtime.tp_groups import abort_on_error, init_tp
+    from dynspec.runtime.tp_layout import log
+    from dynspec.runtime.tp_lifecycle import shutdown
 
     apply_bench_env()
     check_device(args.device)

@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except DynspecError as e:
         print(f"dynspec {args.command}: error: {e}", file=sys.stderr)
         code = 2
-    dist = sys.modules.get("dynspec.runtime.distributed")      # loaded: a TP run may exit hard (shutdown)
-    return dist.exit_status(code) if dist is not None else code
+    life = sys.modules.get("dynspec.runtime.tp_lifecycle")     # loaded: a TP run may exit hard (shutdown)
+    return life.exit_status(code) if life is not None else code
 
 
 if __name__ == "__main__":

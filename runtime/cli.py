@@ -214,9 +214,9 @@ def _prompts(args, lines, tok, n_default: int):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dynspec.runtime.driver import read_prompt_lines
-    from dynspec.runtime.distributed import run_replica
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import open_reference_engine
+    from dynspec.runtime.tp_lifecycle import run_replica
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]

@@ -47,7 +47,7 @@ def check_positions(target_dir: str, positions: int, what: str) -> None:
 def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_len: int | None = None,
                           tp=None, **overrides):
     """Load cfg's pair into a ReferenceEngine sized by cfg.reference (overrides: its fields).
-    tp: this rank's TpContext (runtime/distributed.py): the engine holds its shard of the pair
+    tp: this rank's TpContext (runtime/tp_groups.py): the engine holds its shard of the pair
     and runs on tp.device (docs/tensor_parallel.md); None: the whole pair on `device`."""
     from dynspec.runtime.engines.reference.load import load_reference_engine
 
@@ -67,22 +67,21 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     return load_reference_engine(cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype, **sizes)
 
 
-def capture(engine, keys, ref, strict: bool = True, per_row: bool = False) -> int:
+def capture(engine, keys, ref, strict: bool = True) -> int:
     """Prepare a CUDA engine as `ref` (ReferenceSettings) asks: under GraphMode.FULL the decode
     graphs of `keys` (reachable_graphs) and the whole-forward graphs of mixed iterations; in
     either mode the eager chunk path compiled (engine.warm_chunks: the ragged kernel's item form,
     the glue at several token counts). Returns how many
     graphs. strict=False (serving): a whole-forward capture that fails is reported on stderr and
     mixed iterations run eagerly; benchmarks keep strict, so a result never carries a label it
-    did not run with. per_row: a policy that sets each row's K (its iterations take whole graphs
-    of fewer tokens: engine.capture_whole_graphs)."""
+    did not run with."""
     if ref.graphs is not GraphMode.FULL:
         engine.warm_chunks()
         return 0
     n = engine.capture_decode_graphs(keys)
     engine.warm_chunks()                 # before the whole graphs: its chunk-only steps run eagerly then
     try:
-        n += engine.capture_whole_graphs(keys, per_row=per_row)
+        n += engine.capture_whole_graphs(keys)
     except Exception as e:
         if strict:
             raise
@@ -114,14 +113,13 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | No
     stats_limit: the Executor's bound on its per-iteration stats log (None: its default)."""
     from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
     from dynspec.runtime.executor import Executor
-    from dynspec.runtime.per_request import RowPolicy
 
     warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
     policy = policy or policy_of(cfg)
     engine = open_reference_engine(cfg, device=device, max_draft_len=policy.max_draft_len, **overrides)
     if device.startswith("cuda"):
         capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
-                strict=False, per_row=isinstance(policy, RowPolicy))
+                strict=False)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
     return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy,
                     loop=cfg.reference.loop(engine.device), **limit)

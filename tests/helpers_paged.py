@@ -211,7 +211,7 @@ def run_whole_interpreted() -> None:
             assert eng.triton
             policy = FlipRows(3, seed=1) if mode == "per-row" else DraftSchedule.parse("1:3,2:2,3:0")
             if whole:
-                eng.capture_graphs(reachable_graphs([policy], 4, True, 16), per_row=mode == "per-row")
+                eng.capture_graphs(reachable_graphs([policy], 4, True, 16))
             ex = Executor(eng, policy)
             rng = random.Random(5)
             ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]

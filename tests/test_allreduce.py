@@ -5,7 +5,7 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.allreduce import Reducer
-from dynspec.runtime.distributed import init_tp
+from dynspec.runtime.tp_groups import init_tp
 
 
 def test_unknown_mode_is_refused_by_name():

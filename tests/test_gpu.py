@@ -499,7 +499,7 @@ def test_per_row_k_through_captured_whole_graphs_equals_transformers(pair, monke
     policy = FlipRows(4, seed=2)
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=4, max_num_tokens=64)
-    eng.capture_graphs(reachable_graphs([policy], 16, True, 64), per_row=True)
+    eng.capture_graphs(reachable_graphs([policy], 16, True, 64))
     runs.clear()
     rng = random.Random(4)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]

@@ -64,7 +64,7 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
                                 max_num_tokens=24)
     wholes = []
     if whole:
-        eng.capture_whole_graphs(per_row=True)     # CPU: the whole-forward functions, run uncaptured
+        eng.capture_whole_graphs()     # CPU: the whole-forward functions, run uncaptured
         eng.on_dispatch = lambda key: isinstance(key, tuple) and wholes.append(key)
     ps = default_prompts(tok, n=8, length=28)
     lens = [random.Random(i).randint(8, 24) for i in range(len(ps))]
@@ -281,3 +281,17 @@ def test_the_pooled_estimate_decays_by_the_rows_that_drafted():
     seeded = est.update(1, (1,))                                      # one trial at position 1
     per_row = seeded.update(1, (0, 0, 1), row_k=(0, 0, 1))            # one row drafted: one half-life
     assert per_row.trials[0] == pytest.approx(seeded.trials[0] * 0.5 + 1)
+
+
+def test_a_per_row_plan_below_the_least_bucket_pads_up_to_a_captured_key(tiny):
+    """Per-row K captures no graph more: a chunked plan whose per-row tokens fall below its row
+    shape's least captured bucket takes the first captured bucket above (engine._whole_key)."""
+    target, draft, _, _ = tiny
+    eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=128, max_draft_len=4,
+                                max_num_tokens=64)
+    eng.capture_whole_graphs()
+    eng.whole.graphs = {(32, 4, 3, True): None, (48, 4, 3, True): None, (16, 4, 2, True): None}
+    assert eng.whole.captured_above((16, 4, 3, True)) == (32, 4, 3, True)
+    assert eng.whole.captured_above((32, 4, 3, True)) == (48, 4, 3, True)
+    assert eng.whole.captured_above((48, 4, 3, True)) is None
+    assert eng.whole.captured_above((16, 4, 3, False)) is None       # another row shape: never borrowed

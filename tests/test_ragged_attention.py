@@ -111,7 +111,7 @@ def test_serving_capture_runs_mixed_iterations_eagerly_when_whole_graphs_fail(ca
         def warm_chunks(self):
             self.calls.append("warm")
 
-        def capture_whole_graphs(self, keys, per_row=False):
+        def capture_whole_graphs(self, keys):
             self.calls.append("whole")
             raise RuntimeError("NoValidChoicesError")
 

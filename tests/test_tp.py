@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.distributed import TpContext, init_tp, layout
 from dynspec.runtime.engines.reference import tp
 from dynspec.runtime.engines.reference.layer_ops import apply_rope, rms_norm, rope_tables, silu_mul
 from dynspec.runtime.engines.reference.model_config import TargetConfig
+from dynspec.runtime.tp_groups import TpContext, init_tp
+from dynspec.runtime.tp_layout import layout
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.mpi.tp_run import Job, drive
 from tests.helpers_mpi import ONE_THREAD, mpirun
@@ -565,6 +566,6 @@ def test_hard_exit_keeps_the_clis_status_and_fails_without_it(tail, status):
     """After shutdown on CUDA a rank leaves through hard_exit. Its status is the one the CLI handed
     to exit_status; an exception after the last collective (before exit_status) exits 1, not 0,
     and so does a SystemExit that bypassed exit_status (atexit cannot see its code)."""
-    code = f"from dynspec.runtime.distributed import exit_status, hard_exit\nhard_exit()\n{tail}\n"
+    code = f"from dynspec.runtime.tp_lifecycle import exit_status, hard_exit\nhard_exit()\n{tail}\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == status, proc.stderr

@@ -13,7 +13,7 @@ workers (docs/serving_with_triton.md, "Tensor parallel").
     MPI ranks 1..N-1  join as TP ranks 1..N-1, load their shards, serve_worker until the leader's STOP
 
 The stub cannot be an MPI rank (tritonserver spawns it), so the N TP ranks meet at a TCPStore the
-launcher hosts (runtime/distributed.py, init_tp_endpoint), not through MPI.
+launcher hosts (runtime/tp_endpoint.py, init_tp_endpoint), not through MPI.
 
 Ending, each bounded in time:
   - SIGTERM / SIGINT to the launcher (its pid is on the ready line): the server stops, the model's
@@ -62,7 +62,7 @@ class TpLaunch:
     join_timeout_s: float
 
     def env(self) -> dict[str, str]:
-        from dynspec.runtime.distributed import TIMEOUT_ENV
+        from dynspec.runtime.tp_layout import TIMEOUT_ENV
 
         return {ENV_ENDPOINT: self.endpoint, ENV_SIZE: str(self.tp), ENV_ENGINE_DIR: self.engine_dir,
                 ENV_DEVICE: self.device, ENV_LOCAL_RANK: str(self.local_rank), TIMEOUT_ENV: repr(self.timeout_s),
@@ -71,7 +71,8 @@ class TpLaunch:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "TpLaunch | None":
         """None without DYNSPEC_TP_ENDPOINT (a plain `server.py` launch); a bad value is an error naming it."""
-        from dynspec.runtime.distributed import TIMEOUT_ENV, parse_endpoint
+        from dynspec.runtime.tp_endpoint import parse_endpoint
+        from dynspec.runtime.tp_layout import TIMEOUT_ENV
 
         if ENV_ENDPOINT not in env:
             return None
@@ -119,7 +120,7 @@ def check_launch(repo: str | os.PathLike, world_size: int, tp: int) -> RepoLaunc
     the reference variant, a pair that does not split N ways (check_tp), float64 on a GPU."""
     from dynspec.artifacts import read_json
     from dynspec.config import EngineConfig
-    from dynspec.runtime.distributed import layout
+    from dynspec.runtime.tp_layout import layout
     from dynspec.triton_repo.generate import REPO_MANIFEST
 
     lay = layout(0, world_size, tp)
@@ -164,15 +165,13 @@ def open_rank(cfg, ctx):
     graphs of every (bucket, K) the engine's policy reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.per_request import RowPolicy
     from dynspec.runtime.session import capture, open_reference_engine, policy_of
 
     policy = policy_of(cfg)
     engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy.max_draft_len)
     if ctx.device.type == "cuda":
         capture(engine, reachable_graphs([policy], engine.max_batch_size, cfg.reference.keep_warm,
-                                         engine.max_num_tokens), cfg.reference, strict=False,
-                per_row=isinstance(policy, RowPolicy))
+                                         engine.max_num_tokens), cfg.reference, strict=False)
     return engine
 
 
@@ -192,9 +191,10 @@ class TpLeader:
 
         import torch.distributed as dist
 
-        from dynspec.runtime.distributed import (LeaderEngine, PlanChannel, init_tp_endpoint, parse_endpoint,
-                                                 wait_for_peers)
         from dynspec.runtime.executor import Executor
+        from dynspec.runtime.plan_channel import LeaderEngine, PlanChannel
+        from dynspec.runtime.tp_endpoint import init_tp_endpoint, parse_endpoint
+        from dynspec.runtime.tp_groups import wait_for_peers
 
         launch.check_model(engine_dir, device)
         self.ctx = init_tp_endpoint(launch.endpoint, 0, launch.tp, device=device, local_rank=launch.local_rank,
@@ -228,7 +228,7 @@ class TpLeader:
 
     def close(self, teardown_s: float = 5.0) -> str | None:
         """STOP to the workers, then the process groups go (bounded). None, or what went wrong."""
-        from dynspec.runtime.distributed import TpFault, release_groups
+        from dynspec.runtime.tp_groups import TpFault, release_groups
 
         problem = None
         try:
@@ -237,7 +237,7 @@ class TpLeader:
             problem = f"STOP did not reach the workers: {e}"
         if self.ctx.device.type == "cuda":
             # no destroy_process_group on CUDA: with NCCL captured into graphs it never returned
-            # on 2 H200s (distributed.shutdown); the stub's process ends with tritonserver's
+            # on 2 H200s (tp_lifecycle.shutdown); the stub's process ends with tritonserver's
             import torch
 
             torch.cuda.synchronize()
@@ -265,9 +265,12 @@ def run_worker(launch: RepoLaunch, endpoint: str, rank: int, comm, timeout_s: fl
     """MPI rank `rank` >= 1 as TP rank `rank`: join, load its shard, serve the leader's calls until
     STOP. Any failure aborts the MPI job (abort_on_error), which ends the launcher and its server."""
     from dynspec.config import EngineConfig
-    from dynspec.runtime.distributed import (PlanChannel, TpFault, abort_on_error, init_tp_endpoint, local_rank,
-                                             log, serve_worker, shutdown, wait_for_peers)
     from dynspec.runtime.gc_heap import freeze_heap
+    from dynspec.runtime.plan_channel import PlanChannel, serve_worker
+    from dynspec.runtime.tp_endpoint import init_tp_endpoint
+    from dynspec.runtime.tp_groups import TpFault, abort_on_error, local_rank, wait_for_peers
+    from dynspec.runtime.tp_layout import log
+    from dynspec.runtime.tp_lifecycle import shutdown
 
     try:
         ctx = init_tp_endpoint(endpoint, rank, launch.tp, device=launch.device, local_rank=local_rank(),
@@ -309,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = make_parser().parse_args(argv)
 
-    from dynspec.runtime.distributed import host_rendezvous, local_rank, mpi_world, timeout_from_env
+    from dynspec.runtime.tp_endpoint import host_rendezvous
+    from dynspec.runtime.tp_groups import local_rank, mpi_world
+    from dynspec.runtime.tp_layout import timeout_from_env
 
     comm, rank, size = mpi_world()
     tp = size if args.tp is None else args.tp
@@ -349,6 +354,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from dynspec.runtime.distributed import exit_status
+    from dynspec.runtime.tp_lifecycle import exit_status
 
     sys.exit(exit_status(main()))      # a CUDA worker leaves through hard_exit, which needs this status

@@ -9,8 +9,9 @@ import time
 
 import torch
 
-from dynspec.runtime.distributed import init_tp, log
 from dynspec.runtime.engines.reference.tp import vocab_parallel_argmax
+from dynspec.runtime.tp_groups import init_tp
+from dynspec.runtime.tp_layout import log
 
 VOCAB, ROWS, REPEATS = 128256, 320, 5
 

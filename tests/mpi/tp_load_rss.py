@@ -14,11 +14,12 @@ from functools import partial
 import torch
 
 from dynspec.checkpoint.reader import read_config
-from dynspec.runtime.distributed import TpContext, layout
 from dynspec.runtime.engines.reference import tp
 from dynspec.runtime.engines.reference.draft import Eagle3Config
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 from dynspec.runtime.engines.reference.model_config import TargetConfig
+from dynspec.runtime.tp_groups import TpContext
+from dynspec.runtime.tp_layout import layout
 
 
 def anon_kib() -> int:

@@ -17,13 +17,16 @@ import sys
 import time
 from dataclasses import dataclass
 
-from dynspec.runtime.distributed import LeaderEngine, TpFault, exit_status, log, run_replica
 from dynspec.runtime.engines.reference.tp import load_tp_engine
 from dynspec.runtime.engines.reference.tp_stats import StepRecorder
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
+from dynspec.runtime.plan_channel import LeaderEngine
 from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.tp_groups import TpFault
+from dynspec.runtime.tp_layout import log
+from dynspec.runtime.tp_lifecycle import exit_status, run_replica
 
 
 class FaultAt:
@@ -103,7 +106,7 @@ def main() -> None:
             captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
                                                                  engine.max_num_tokens))
         if a.whole_mixed:
-            engine.capture_whole_graphs(per_row=a.per_row is not None)
+            engine.capture_whole_graphs()
         rec = StepRecorder(engine)
         return FaultAt(rec, a.fault, a.fault_at) if a.fault and ctx.layout.rank == 1 else rec
 

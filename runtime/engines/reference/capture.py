@@ -17,18 +17,17 @@ from dynspec.runtime.engines.reference.mixed_layout import least_tokens, whole_k
 from dynspec.runtime.plan import PromptChunk, StepPlan, make_plan
 
 
-def capture_graphs(e, keys: Iterable[GraphKey], per_row: bool = False) -> int:
+def capture_graphs(e, keys: Iterable[GraphKey]) -> int:
     """Every graph of GraphMode.FULL for the pure-decode `keys` (reachable_graphs): their
     decode graphs, then (CUDA) the eager path's chunk attention compiled (warm_chunks: its
     chunk-only steps run before a whole graph could take them), then the whole-forward graphs
     of their row shapes (capture_whole_graphs), then mixed iterations at every speculative row
-    shape (warm_mixed). per_row: a policy that sets each row's K (capture_whole_graphs).
-    Returns how many graphs."""
+    shape (warm_mixed). Returns how many graphs."""
     keys = tuple(keys)
     n = e.capture_decode_graphs(keys)
     if e.device.type == "cuda":
         e.warm_chunks()
-    n += e.capture_whole_graphs(keys, per_row=per_row)
+    n += e.capture_whole_graphs(keys)
     if e.device.type == "cuda":
         e.warm_mixed(keys)
     return n
@@ -75,12 +74,10 @@ def capture_key(e, key: GraphKey, pool, stream) -> GraphChain:
     return capture_chain(fn, chain_cuts(len(e.target.layers)), pool, stream)
 
 
-def capture_whole_graphs(e, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = (),
-                         per_row: bool = False) -> int:
+def capture_whole_graphs(e, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = ()) -> int:
     """Mixed iterations' whole target forward, attention included, as one graph chain per
     (token bucket, row bucket, T, draft) (mixed_graphs.py): for the row shapes of `keys` with every
-    token bucket they can reach (mixed_graphs.least_tokens; per_row: a policy that sets each
-    row's K, whose iterations without chunks run there too), plus chunk-only iterations, plus
+    token bucket they can reach (mixed_layout.least_tokens), plus chunk-only iterations, plus
     the `exact` keys. Returns how many.
     CPU: WholeMixed is set up and its functions run uncaptured (tests check them there). CUDA with
     SDPA attention (attention="sdpa"): none; its batches are built on the host each step, so
@@ -95,7 +92,7 @@ def capture_whole_graphs(e, keys: Iterable[GraphKey] = (), exact: Iterable[tuple
     e._flush_slots()                 # not inside a capture (capture_decode_graphs)
     e._pad_rows()
     below = dict(zip(e.buckets, (0,) + e.buckets[:-1]))          # row bucket -> the one below it
-    least = lambda B, T: least_tokens(B, T, below[B], per_row)    # noqa: E731
+    least = lambda B, T: least_tokens(B, T, below[B])    # noqa: E731
     wanted = set(whole_keys(rows, e.whole.buckets, least) if rows else ()) | set(exact)
     n, cost = timed_capture(lambda: e.whole.capture(wanted))
     e.capture_costs["whole"] = e.capture_costs.get("whole", CaptureCost()) + cost

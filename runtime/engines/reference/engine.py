@@ -264,11 +264,15 @@ class ReferenceEngine:
 
     def _whole_key(self, plan: StepPlan):
         """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
-        captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests)."""
+        captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests).
+        A plan with chunks whose per-row tokens fall below its row shape's least captured bucket
+        (mixed_layout.least_tokens) pads up to that bucket; one without chunks runs the decode graph."""
         if self.whole is None:
             return None
         key = self.whole.key(plan)
-        return key if key is not None and (key in self.whole.graphs or self.device.type != "cuda") else None
+        if key is None or self.device.type != "cuda" or key in self.whole.graphs:
+            return key
+        return self.whole.captured_above(key) if plan.chunks else None
 
     # ---- the step's device functions (draft_chain.py) ----------------------------------------
     def decode_attention(self):
@@ -308,15 +312,14 @@ class ReferenceEngine:
         self.row_k.fill_(self.max_draft_len)
 
     # ---- CUDA graphs and warm-ups (capture.py) --------------------------------------------------
-    def capture_graphs(self, keys: Iterable[GraphKey], per_row: bool = False) -> int:
-        return capture.capture_graphs(self, keys, per_row)
+    def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
+        return capture.capture_graphs(self, keys)
 
     def capture_decode_graphs(self, keys: Iterable[GraphKey]) -> int:
         return capture.capture_decode_graphs(self, keys)
 
-    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = (),
-                             per_row: bool = False) -> int:
-        return capture.capture_whole_graphs(self, keys, exact, per_row)
+    def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = ()) -> int:
+        return capture.capture_whole_graphs(self, keys, exact)
 
     def warm_chunks(self) -> int:
         return capture.warm_chunks(self)

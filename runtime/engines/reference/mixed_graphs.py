@@ -111,6 +111,11 @@ class WholeMixed:
             return None
         return (n, plan.bucket, plan.k + 1, plan.draft)
 
+    def captured_above(self, key: Key) -> Key | None:
+        """The captured key of the smallest token bucket above `key`'s at its row shape, or None."""
+        _, B, T, d = key
+        return next(((n, B, T, d) for n in self.buckets if n > key[0] and (n, B, T, d) in self.graphs), None)
+
     # ---- host side ------------------------------------------------------------------------
     def stage(self, key: Key, chunks: Sequence, keep_warm: bool, slots: Sequence[int] = (),
               row_k: Sequence[int] = ()) -> None:

@@ -24,14 +24,14 @@ def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
 
-def least_tokens(B: int, T: int, below: int, per_row: bool) -> int:
+def least_tokens(B: int, T: int, below: int) -> int:
     """Pure. The fewest packed tokens an iteration of row bucket B (the bucket below it: `below`)
-    at T = K+1 can have: b = below + 1 rows at K each plus one chunk token, or, where rows may
-    run at their own K (per_row), one row at K, the others at 0, and no chunk.
-    least_tokens(8, 3, 4, False) = 5 x 3 + 1 = 16; least_tokens(8, 3, 4, True) = 3 + 4 = 7."""
+    at T = K+1 can have: b = below + 1 rows at K each plus one chunk token.
+    least_tokens(8, 3, 4) = 5 x 3 + 1 = 16. A per-row plan (rows at their own K_i <= K) may pack
+    fewer: it pads up to the least captured bucket (engine._whole_key), so per-row K adds no graphs."""
     if B == 0:
         return 1
-    return below + T if per_row else (below + 1) * T + 1
+    return (below + 1) * T + 1
 
 
 def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int],

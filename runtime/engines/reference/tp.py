@@ -37,8 +37,8 @@ from torch import Tensor, nn
 
 from dynspec.convert.checks import require_tp
 from dynspec.convert.shapes import ModelShape, kv_heads_per_rank, kv_replication, padded_vocab
-from dynspec.runtime.distributed import TpContext
 from dynspec.runtime.engines.reference.layer_ops import first_max
+from dynspec.runtime.tp_groups import TpContext
 
 
 # ----------------------------------------------------------------------------- shapes (pure)

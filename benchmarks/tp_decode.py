@@ -58,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    import torch
-
     from dynspec.benchmarks.engines import open_sized
     from dynspec.benchmarks.gemm_floor import gemm_floor_ms, target_gemm_weights
     from dynspec.benchmarks.step_timing import Shape, sync_device, time_shapes
@@ -117,27 +115,36 @@ def run(args) -> int:
             serve_with(modes[0] if modes[0] != "skip" else modes[-1])
             kernels = kernel_table(engine, args.kernels)
         sync_device(engine.device)
-        decode = {m: statistics.median(v) for m, v in trials.items()}
-        doc = {
-            "tp": args.tp, "context_len": CONTEXT, "batch_size": 1, "device": torch.cuda.get_device_name()
-            if torch.cuda.is_available() else "cpu", "dtype": cfg.reference.dtype,
-            "decode_ms": decode, "trials_ms": trials,
-            "spread_ms": {m: [min(v), max(v)] for m, v in trials.items()},
-            "gemm_floor_ms": floor, "gemm_floor_method": method, "gemm_floor_allreduce_ms": floor_ar,
-            "decode_vs_floor": {m: d / floor for m, d in decode.items()},
-            "comm_fraction": ({m: 1 - decode["skip"] / d for m, d in decode.items() if m != "skip"}
-                              if "skip" in decode else {}),
-            "one_shot_unavailable": fallback,
-            "kernels": kernels,
-            "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
-            "command": " ".join(["python -m dynspec.benchmarks.tp_decode", *sys.argv[1:]]),
-        }
+        doc = result_doc(args, cfg, trials, (floor, method, floor_ar), fallback, kernels)
+        decode = doc["decode_ms"]
         if ctx.layout.rank == 0:
             with open(args.out, "w") as f:
                 json.dump(doc, f, indent=1)
             log(f"wrote {args.out}: {json.dumps(decode)}")
         shutdown(ctx)
     return 0
+
+
+def result_doc(args, cfg, trials: dict, floors: tuple, fallback, kernels) -> dict:
+    """The result file's fields: the trials' medians and spreads against the GEMM floor."""
+    import torch
+
+    floor, method, floor_ar = floors
+    decode = {m: statistics.median(v) for m, v in trials.items()}
+    return {
+        "tp": args.tp, "context_len": CONTEXT, "batch_size": 1, "device": torch.cuda.get_device_name()
+        if torch.cuda.is_available() else "cpu", "dtype": cfg.reference.dtype,
+        "decode_ms": decode, "trials_ms": trials,
+        "spread_ms": {m: [min(v), max(v)] for m, v in trials.items()},
+        "gemm_floor_ms": floor, "gemm_floor_method": method, "gemm_floor_allreduce_ms": floor_ar,
+        "decode_vs_floor": {m: d / floor for m, d in decode.items()},
+        "comm_fraction": ({m: 1 - decode["skip"] / d for m, d in decode.items() if m != "skip"}
+                          if "skip" in decode else {}),
+        "one_shot_unavailable": fallback,
+        "kernels": kernels,
+        "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
+        "command": " ".join(["python -m dynspec.benchmarks.tp_decode", *sys.argv[1:]]),
+    }
 
 
 def kernel_table(engine, steps: int, top: int = 30) -> dict:

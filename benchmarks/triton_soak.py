@@ -169,7 +169,7 @@ def rss_kb(pid: int) -> int:
 
 
 def stub_pids(server_pid: int) -> list[int]:
-    from dynspec.triton_repo.server import parent_pids
+    from dynspec.triton_repo.ports import parent_pids
 
     pids = []
     for pid, parent in parent_pids().items():
@@ -206,7 +206,7 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
     from dynspec.runtime.session import tiny_pair_dirs
     from dynspec.triton_repo.generate import generate_repo
     from dynspec.triton_repo.serving import load_model_info
-    from dynspec.triton_repo.server import launch
+    from dynspec.triton_repo.server_process import launch
 
     tmp = Path(workdir or tempfile.mkdtemp(prefix="dynspec-soak-"))
     target, draft = tiny_pair_dirs()

@@ -108,7 +108,7 @@ def server(tmp_path_factory):
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import tiny_pair_dirs
     from dynspec.triton_repo.generate import generate_repo
-    from dynspec.triton_repo.server import launch
+    from dynspec.triton_repo.server_process import launch
 
     target, draft = tiny_pair_dirs()
     root = tmp_path_factory.mktemp("front")
@@ -181,7 +181,7 @@ def test_admin_apis_are_closed_on_the_public_ports_and_open_with_the_launch_key(
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from dynspec.triton_repo.server import ADMIN_HEADER
+    from dynspec.triton_repo.triton_install import ADMIN_HEADER
 
     addr = address(server)
     for method, path, body in (("POST", "/v2/logging", b'{"log_verbose_level": 9}'), ("GET", "/v2/logging", None),
@@ -276,7 +276,7 @@ def test_connections_over_the_bound_get_503_until_others_close(server):
 FRONT_UNDER_ULIMIT = r"""
 import json, resource, sys
 from dynspec.triton_repo.front import HttpFront
-from dynspec.triton_repo.server import free_ports
+from dynspec.triton_repo.ports import free_ports
 
 upstream, nofile, bound = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

@@ -41,7 +41,7 @@ def engine(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(engine, tmp_path_factory):
     from dynspec.triton_repo.generate import generate_repo
-    from dynspec.triton_repo.server import launch
+    from dynspec.triton_repo.server_process import launch
 
     root = tmp_path_factory.mktemp("triton")
     srv = launch(generate_repo(engine, root / "repo"), log_path=root / "tritonserver.log", ready_timeout_s=120,

@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from dynspec.config import EngineConfig
-from dynspec.triton_repo.server import Ports, error_lines, exit_reason, free_ports, owns_listener, parent_pids
+from dynspec.triton_repo.ports import Ports, free_ports, owns_listener, parent_pids
+from dynspec.triton_repo.server_process import error_lines, exit_reason
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +291,7 @@ def test_a_server_that_stops_at_start_is_reported_with_its_own_reason(repo):
     tritonserver itself listens on ports.http); an argument
     error there has no error line, only usage text and then the reason: that reason is reported."""
     from dynspec.errors import DynspecError
-    from dynspec.triton_repo.server import launch
+    from dynspec.triton_repo.server_process import launch
 
     ports = free_ports()
     t0 = time.monotonic()

@@ -233,7 +233,7 @@ def info(engine):
 def server(engine, tmp_path_factory):
     """tritonserver in its own process group: 120 s to become ready, always stopped, none left."""
     from dynspec.triton_repo.generate import generate_repo
-    from dynspec.triton_repo.server import launch
+    from dynspec.triton_repo.server_process import launch
 
     root = tmp_path_factory.mktemp("triton")
     repo = generate_repo(engine, root / "repo")

@@ -25,7 +25,7 @@ import pytest
 
 from dynspec.errors import DynspecError
 from dynspec.triton_repo.launch import TpLaunch
-from dynspec.triton_repo.server import free_ports
+from dynspec.triton_repo.ports import free_ports
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.helpers_mpi import ONE_THREAD, mpirun
 from tests.test_triton_launcher import alive, port_free
@@ -112,7 +112,7 @@ class Job:
 
 
 def launch(repo, tmp_path, n: int, tp: int, *, timeout_s: float = 30.0, hard_exit: bool = False) -> Job:
-    """hard_exit: the workers leave as CUDA ranks do (distributed.shutdown's hard_exit, which
+    """hard_exit: the workers leave as CUDA ranks do (tp_lifecycle.shutdown's hard_exit, which
     needs the launcher to hand its status to exit_status, or the clean stop ends in MPI Abort)."""
     ports = free_ports()
     out, err = tmp_path / f"mpirun{n}.out", tmp_path / f"mpirun{n}.err"

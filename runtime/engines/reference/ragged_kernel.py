@@ -121,16 +121,17 @@ def ragged_paged_attention(
             used = (key <= last)[:, None]
         k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :], mask=used, other=0.0)
         v = tl.load(V + h * stride_vh + slot[:, None] * stride_vp + offs_d[None, :], mask=used, other=0.0)
-        if FRESH:                                         # keys at the row's new positions, from qkv
-            new = ((key >= p0) & (key <= last))[:, None]
-            fsrc = QKV + (r0 + key - p0)[:, None] * stride_xn + (KVH * G + h) * HD
-            fcs = (r0 + key - p0)[:, None] * stride_cs + half[None, :]
-            fx = tl.load(fsrc + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
-            fxr = tl.load(fsrc + partner[None, :], mask=new, other=0.0).to(tl.float32)
-            fc = tl.load(COS + fcs, mask=new, other=0.0).to(tl.float32)
-            fs = tl.load(SIN + fcs, mask=new, other=0.0).to(tl.float32)
-            k = tl.where(new, (fx * fc + (sign[None, :] * fxr) * fs).to(K.dtype.element_ty), k)
-            v = tl.where(new, tl.load(fsrc + KVH * HD + offs_d[None, :], mask=new, other=0.0), v)
+        if FRESH:                                         # keys at the row's new positions, from qkv:
+            if j * TILE_N + TILE_N > p0:                  # only the tiles that hold one (a decode row: its last)
+                new = ((key >= p0) & (key <= last))[:, None]
+                fsrc = QKV + (r0 + key - p0)[:, None] * stride_xn + (KVH * G + h) * HD
+                fcs = (r0 + key - p0)[:, None] * stride_cs + half[None, :]
+                fx = tl.load(fsrc + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
+                fxr = tl.load(fsrc + partner[None, :], mask=new, other=0.0).to(tl.float32)
+                fc = tl.load(COS + fcs, mask=new, other=0.0).to(tl.float32)
+                fs = tl.load(SIN + fcs, mask=new, other=0.0).to(tl.float32)
+                k = tl.where(new, (fx * fc + (sign[None, :] * fxr) * fs).to(K.dtype.element_ty), k)
+                v = tl.where(new, tl.load(fsrc + KVH * HD + offs_d[None, :], mask=new, other=0.0), v)
         if IEEE:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:

@@ -1,0 +1,114 @@
+"""The three ports of a tritonserver (HTTP, gRPC, metrics): free ones, the checks before a launch,
+and which process listens on a port (from /proc)."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynspec.errors import DynspecError
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_ports(host: str = "127.0.0.1") -> Ports:
+    """Three ports the OS reports free right now (held together, so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(3):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return Ports(*(s.getsockname()[1] for s in socks))
+    finally:
+        for s in socks:
+            s.close()
+
+
+PORT_FLAGS = ("--http-port", "--grpc-port", "--metrics-port")
+
+
+def check_addresses(host: str, ports: Ports) -> None:
+    """Refuse, before tritonserver starts, what it would wrap, merge or misreport: a port outside
+    1..65535 (tritonserver takes --http-port 99999 as 34463), two services on one port, an address
+    that is not one of this machine's (tritonserver calls that "already in use"), a port in use.
+    Each check binds and releases a socket, as tritonserver will (SO_REUSEADDR)."""
+    named = list(zip(PORT_FLAGS, (ports.http, ports.grpc, ports.metrics)))
+    for flag, port in named:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise DynspecError(f"{flag} {port} is not a TCP port: give one in 1..65535")
+    for i, (flag, port) in enumerate(named):
+        for other, theirs in named[i + 1:]:
+            if port == theirs:
+                raise DynspecError(f"{flag} and {other} are both {port}: each service needs its own port")
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise DynspecError(f"--host {host!r} does not resolve: {e.strerror}") from None
+    for flag, port in [("--host", 0), *named]:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((addr[0], port, *addr[2:]))
+            except OSError as e:
+                if flag == "--host":
+                    raise DynspecError(f"--host {host} is not an address of this machine: cannot bind it "
+                                       f"({e.strerror}); give a local address, e.g. 127.0.0.1 or 0.0.0.0") from None
+                raise DynspecError(f"{flag} {port}: {host}:{port} is already in use ({e.strerror})") from None
+
+
+def parent_pids() -> dict[int, int]:
+    """pid -> parent pid of every live process, from /proc/PID/stat (the field after the name)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parent
+
+
+def listening_inodes(port: int) -> set[int]:
+    """Socket inodes in LISTEN state on `port` (any address), from /proc/net/tcp and tcp6.
+    A line there: `sl local_address rem_address st ... inode`, e.g. `0: 0100007F:1F40 00000000:0000 0A ... 41234`
+    is 127.0.0.1:8000 listening (state 0A) on socket inode 41234."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(f[9]))
+    return inodes
+
+
+def owns_listener(pid: int, port: int) -> bool:
+    """True when process `pid` holds a socket listening on `port` (so it, not another server, answers there)."""
+    inodes = listening_inodes(port)
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        m = re.fullmatch(r"socket:\[(\d+)\]", link)
+        if m and int(m.group(1)) in inodes:
+            return True
+    return False

@@ -96,16 +96,16 @@ def test_shift_changes_rate_at_its_key_and_resolves_per_run():
 
 
 def test_engine_accept_reads_the_slot_rate(pair):
-    """_accept draws row r with slot_p[slot of r]: set at reserve (key -> rate_of) and refilled
+    """engine.accept draws row r with slot_p[slot of r]: set at reserve (key -> rate_of) and refilled
     when the model changes; a row whose slot rate is forced to 1 or 0 accepts all or none."""
     eng = engine(pair)
     mix = BernoulliMix(((0.9, 0.5), (0.2, 0.5)), seed=3)
     slots = [eng.reserve(20, key=k) for k in (5, 6, 7, 8)]
-    eng._set_acceptance(mix)
+    eng.slots.set_acceptance(mix)
     assert eng.slot_p[slots].tolist() == pytest.approx([rate_of(mix, k) for k in (5, 6, 7, 8)])
     late = eng.reserve(20, key=9)                                  # reserved after the model is set
     assert eng.slot_p[late].item() == pytest.approx(rate_of(mix, 9))
-    eng._set_acceptance(Shift(0.8, 0.2, 7))
+    eng.slots.set_acceptance(Shift(0.8, 0.2, 7))
     assert eng.slot_p[slots + [late]].tolist() == pytest.approx([0.8, 0.8, 0.2, 0.2, 0.2])
     B, K = 5, 4
     rows = slots + [late]
@@ -126,7 +126,7 @@ def test_engine_bernoulli_draws_are_unchanged(pair):
     """Bernoulli(p): every slot's rate is float32(p), so u < slot_p is u < p exactly as one scalar."""
     eng = engine(pair)
     slots = [eng.reserve(20, key=k) for k in range(6)]
-    eng._set_acceptance(Bernoulli(0.7, seed=5))
+    eng.slots.set_acceptance(Bernoulli(0.7, seed=5))
     assert eng.accept_seed.item() == 5
     assert torch.equal(eng.slot_p[slots], torch.full((6,), 0.7, dtype=torch.float32))
     eng.slot[:6] = torch.tensor(slots)

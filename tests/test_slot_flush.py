@@ -1,5 +1,5 @@
 """The reference engine's slot state (block_tables, block_owner, block_logical, slot_key, slot_p)
-follows reserve / release through one flush at the next launch (engine._flush_slots): reserve and
+follows reserve / release through one flush at the next launch (SlotState.flush): reserve and
 release touch the host's bookkeeping only, and the flush writes what the immediate per-request
 writes would have left, in one host -> device copy and a fixed number of kernels however many
 requests came and went. CPU, the tiny pair, float64."""
@@ -44,11 +44,11 @@ class Immediate:
     the flush), replayed on host tensors from what the allocator handed out."""
 
     def __init__(self, eng):
-        self.tables = torch.full_like(eng._block_tables, SCRATCH_BLOCK)
-        self.owner = torch.full_like(eng._block_owner, -1)
-        self.logical = torch.zeros_like(eng._block_logical)
-        self.key = torch.zeros_like(eng._slot_key)
-        self.p = torch.zeros_like(eng._slot_p)
+        self.tables = torch.full_like(eng.slots.block_tables, SCRATCH_BLOCK)
+        self.owner = torch.full_like(eng.slots.block_owner, -1)
+        self.logical = torch.zeros_like(eng.slots.block_logical)
+        self.key = torch.zeros_like(eng.slots.slot_key)
+        self.p = torch.zeros_like(eng.slots.slot_p)
         self.keys: dict[int, int] = {}
         self.model = None
 
@@ -67,7 +67,7 @@ class Immediate:
         self.tables[slot] = SCRATCH_BLOCK
         self.keys.pop(slot)
 
-    def set_model(self, model):                     # as engine._set_acceptance
+    def set_model(self, model):                     # as SlotState.set_acceptance
         self.p.zero_()
         for s, k in self.keys.items():
             self.p[s] = rate_of(model, k) or 0.0
@@ -78,36 +78,36 @@ def oracle_check(eng, keys: dict[int, int], model) -> None:
     """The flushed device state against the host allocator's: every slot's table padded with the
     scratch block (released slots: the scratch row), every block's owner (or -1) and its index in
     the owner's table; a reserved slot's key and rate."""
-    assert not eng._dirty_slots and not eng._dirty_blocks
+    assert not eng.slots.dirty_slots and not eng.slots.dirty_blocks
     W, tables = eng.max_blocks_per_seq, eng.blocks.tables
-    want_tables = torch.full_like(eng._block_tables, SCRATCH_BLOCK)          # [slots+1, max_blocks]
-    want_owner = torch.full_like(eng._block_owner, -1)                       # [blocks]
+    want_tables = torch.full_like(eng.slots.block_tables, SCRATCH_BLOCK)          # [slots+1, max_blocks]
+    want_owner = torch.full_like(eng.slots.block_owner, -1)                       # [blocks]
     for s, table in tables.items():
         want_tables[s, :len(table)] = torch.tensor(table)
         for j, blk in enumerate(table):
             want_owner[blk] = s
-            assert eng._block_logical[blk].item() == j
-    assert torch.equal(eng._block_tables, want_tables)
-    assert torch.equal(eng._block_owner, want_owner)
-    assert eng._block_tables.shape[1] == W
+            assert eng.slots.block_logical[blk].item() == j
+    assert torch.equal(eng.slots.block_tables, want_tables)
+    assert torch.equal(eng.slots.block_owner, want_owner)
+    assert eng.slots.block_tables.shape[1] == W
     assert set(keys) == set(tables)
     for s, k in keys.items():
-        assert eng._slot_key[s].item() == k
+        assert eng.slots.slot_key[s].item() == k
         if model is not None:
-            assert eng._slot_p[s].item() == torch.tensor(rate_of(model, k) or 0.0, dtype=torch.float32).item()
+            assert eng.slots.slot_p[s].item() == torch.tensor(rate_of(model, k) or 0.0, dtype=torch.float32).item()
 
 
 def same_as_immediate(eng, imm: Immediate) -> None:
     """Every entry a step reads as the immediate writes left it: all tables and owners, an owned
     block's logical index, a reserved slot's key and rate. (A free block's logical index and a free
     slot's key and rate are history: the flush leaves them as the last flush did.)"""
-    assert torch.equal(eng._block_tables, imm.tables)
-    assert torch.equal(eng._block_owner, imm.owner)
+    assert torch.equal(eng.slots.block_tables, imm.tables)
+    assert torch.equal(eng.slots.block_owner, imm.owner)
     owned = imm.owner >= 0
-    assert torch.equal(eng._block_logical[owned], imm.logical[owned])
+    assert torch.equal(eng.slots.block_logical[owned], imm.logical[owned])
     live = sorted(imm.keys)
-    assert torch.equal(eng._slot_key[live], imm.key[live])
-    assert torch.equal(eng._slot_p[live], imm.p[live])
+    assert torch.equal(eng.slots.slot_key[live], imm.key[live])
+    assert torch.equal(eng.slots.slot_p[live], imm.p[live])
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -133,49 +133,49 @@ def test_random_reserve_release_flush_to_the_allocator_state(pair, seed):
             imm.release(slot, table)
         if rng.random() < 0.08:                    # what launch does: flush, then the model
             model = rng.choice([MIX, Shift(0.8, 0.2, 1 << 39), Greedy()])
-            eng._flush_slots()
-            eng._set_acceptance(model)
+            eng.slots.flush()
+            eng.slots.set_acceptance(model)
             imm.set_model(model)
         if rng.random() < 0.3:
-            eng._flush_slots()
+            eng.slots.flush()
             oracle_check(eng, keys, model)
             same_as_immediate(eng, imm)
-    eng._flush_slots()
+    eng.slots.flush()
     oracle_check(eng, keys, model)
     same_as_immediate(eng, imm)
 
 
 def test_a_model_change_with_slots_pending(pair):
-    """_set_acceptance before the flush (it rewrites every reserved slot's rate from the host's
+    """slots.set_acceptance before the flush (it rewrites every reserved slot's rate from the host's
     keys) and the flush after it agree: a pending slot's rate is the new model's."""
     eng = engine(pair)
-    eng._set_acceptance(MIX)
+    eng.slots.set_acceptance(MIX)
     a = eng.reserve(20, key=5)
-    eng._set_acceptance(Shift(0.8, 0.2, 6))     # through the slot_p attribute: flushes a first
+    eng.slots.set_acceptance(Shift(0.8, 0.2, 6))     # through the slot_p attribute: flushes a first
     b = eng.reserve(20, key=7)
-    eng._flush_slots()
-    assert eng._slot_p[[a, b]].tolist() == pytest.approx([0.8, 0.2])
+    eng.slots.flush()
+    assert eng.slots.slot_p[[a, b]].tolist() == pytest.approx([0.8, 0.2])
     eng.release(a)
     c = eng.reserve(20, key=1)                  # a's slot again
     assert c == a and eng.slot_p[c].item() == pytest.approx(0.8) and eng.slot_key[c].item() == 1
 
 
 def test_same_blocks_reused_before_one_flush(pair):
-    """The worked example of _flush_slots: slot 0 holds (1, 2, 3); released, and slot 0 reserved
+    """The worked example of SlotState.flush: slot 0 holds (1, 2, 3); released, and slot 0 reserved
     again on (1, 2) before the next flush: block 3 is free, 1 and 2 are slot 0's at 0 and 1."""
     eng = engine(pair)
-    eng._set_acceptance(MIX)
+    eng.slots.set_acceptance(MIX)
     s = eng.reserve(40, key=7)
     assert s == 0 and eng.blocks.tables[s] == (1, 2, 3)
-    eng._flush_slots()
+    eng.slots.flush()
     eng.release(s)
     assert eng.reserve(20, key=9) == 0 and eng.blocks.tables[0] == (1, 2)
-    assert eng._block_owner[3].item() == 0                 # nothing written yet
+    assert eng.slots.block_owner[3].item() == 0                 # nothing written yet
     assert eng.block_tables[0].tolist() == [1, 2, SCRATCH_BLOCK, SCRATCH_BLOCK]   # the attribute flushes
-    assert eng._block_owner[[1, 2, 3]].tolist() == [0, 0, -1]
-    assert eng._block_logical[[1, 2]].tolist() == [0, 1]
-    assert eng._slot_key[0].item() == 9
-    assert eng._slot_p[0].item() == pytest.approx(rate_of(MIX, 9))
+    assert eng.slots.block_owner[[1, 2, 3]].tolist() == [0, 0, -1]
+    assert eng.slots.block_logical[[1, 2]].tolist() == [0, 1]
+    assert eng.slots.slot_key[0].item() == 9
+    assert eng.slots.slot_p[0].item() == pytest.approx(rate_of(MIX, 9))
     oracle_check(eng, {0: 9}, MIX)
 
 
@@ -189,7 +189,7 @@ def test_released_and_reserved_again_with_no_flush_between(pair):
     eng.release(a)
     b = eng.reserve(64, key=4)
     imm.reserve(b, eng.blocks.tables[b], 4)
-    eng._flush_slots()
+    eng.slots.flush()
     same_as_immediate(eng, imm)
     oracle_check(eng, {b: 4}, None)
 
@@ -200,17 +200,17 @@ def test_freed_blocks_owned_by_another_slot(pair):
     eng = engine(pair, num_blocks=8)                       # 7 usable blocks
     a = eng.reserve(48, key=1)                            # slot 0: 3 blocks
     b = eng.reserve(64, key=2)                            # slot 1: 4 blocks, the pool is full
-    eng._flush_slots()
+    eng.slots.flush()
     old = eng.blocks.tables[a]
     eng.release(a)
     c1 = eng.reserve(16, key=3)                           # slot 0 again, one of A's blocks
     c2 = eng.reserve(32, key=4)                           # a new slot, the other two
     assert c2 not in (a, b)
-    eng._flush_slots()
+    eng.slots.flush()
     moved = [blk for blk in old if blk in eng.blocks.tables[c2]]
     assert len(moved) == 2
-    assert eng._block_owner[moved].tolist() == [c2, c2]
-    assert eng._block_logical[moved].tolist() == [eng.blocks.tables[c2].index(blk) for blk in moved]
+    assert eng.slots.block_owner[moved].tolist() == [c2, c2]
+    assert eng.slots.block_logical[moved].tolist() == [eng.blocks.tables[c2].index(blk) for blk in moved]
     oracle_check(eng, {c1: 3, b: 2, c2: 4}, None)
 
 
@@ -218,7 +218,7 @@ def test_a_wave_costs_one_copy(pair, monkeypatch):
     """8 admissions and 5 retirements before one launch: nothing is copied at reserve / release,
     and the launch (a pure-decode step: no other copy of the engine's own) makes exactly one."""
     eng = engine(pair)
-    eng._set_acceptance(Greedy())                          # a model change has a copy of its own
+    eng.slots.set_acceptance(Greedy())                          # a model change has a copy of its own
     calls = []
     real = engine_mod.to_device
 
@@ -256,15 +256,15 @@ def test_the_flush_runs_a_fixed_number_of_ops(pair):
     counts = []
     for n_new, n_gone in ((1, 0), (8, 0), (3, 5)):
         eng = engine(pair)
-        eng._set_acceptance(MIX)
+        eng.slots.set_acceptance(MIX)
         first = [eng.reserve(20, key=k) for k in range(n_gone)]
-        eng._flush_slots()
+        eng.slots.flush()
         for s in first:
             eng.release(s)
         for k in range(n_new):
             eng.reserve(20, key=100 + k)
         with OpCount() as mode:
-            eng._flush_slots()
+            eng.slots.flush()
         counts.append(sorted(map(str, mode.ops)))
     assert counts[0] == counts[1] == counts[2]
     assert len(counts[0]) <= 16
@@ -283,7 +283,7 @@ def test_served_with_arrivals_and_retirements_is_lossless(pair):
 
         def checked(plan, acceptance, launch=launch, eng=eng):
             handle = launch(plan, acceptance)
-            assert not eng._dirty_slots
+            assert not eng.slots.dirty_slots
             return handle
 
         eng.launch = checked

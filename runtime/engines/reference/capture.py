@@ -47,7 +47,7 @@ def _capture_decode(e, keys: Iterable[GraphKey]) -> int:
     keys = capture_order(replace(k, draft=True) for k in keys)      # draft is the mixed graphs' concern
     pool = torch.cuda.graph_pool_handle()
     stream = torch.cuda.Stream()
-    e._flush_slots()                 # not inside a capture: its copy and writes would be baked in
+    e.slots.flush()                 # not inside a capture: its copy and writes would be baked in
     e._pad_rows()
     with torch.inference_mode():
         stream.wait_stream(torch.cuda.current_stream())
@@ -89,7 +89,7 @@ def capture_whole_graphs(e, keys: Iterable[GraphKey] = (), exact: Iterable[tuple
     if e.device.type != "cuda":
         return 0
     rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
-    e._flush_slots()                 # not inside a capture (capture_decode_graphs)
+    e.slots.flush()                 # not inside a capture (capture_decode_graphs)
     e._pad_rows()
     below = dict(zip(e.buckets, (0,) + e.buckets[:-1]))          # row bucket -> the one below it
     least = lambda B, T: least_tokens(B, T, below[B])    # noqa: E731

@@ -97,10 +97,6 @@ class ReferenceEngine:
         n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
         self.pad_slot = max_batch_size
         self.slots = s = SlotState(self.blocks, n, n_blocks, per_seq, dev)
-        # the slot state's tensors by their engine names (the same tensors: written in place)
-        self._dirty_slots, self._dirty_blocks = s.dirty_slots, s.dirty_blocks
-        self._block_tables, self._block_owner, self._block_logical = s.block_tables, s.block_owner, s.block_logical
-        self._slot_key, self._slot_p = s.slot_key, s.slot_p
         self.bernoulli, self.replay, self.accept_seed = s.bernoulli, s.replay, s.accept_seed
         self.slot_trace, self.slot_trace_len = s.slot_trace, s.slot_trace_len
         fused = len(self.capture) * target.config.hidden_size
@@ -149,23 +145,12 @@ class ReferenceEngine:
     def reserve(self, tokens: int, key: int = 0) -> int | None:
         """A slot whose blocks hold positions 0..tokens-1, or None while blocks or slots are short.
         key: the request's key, which with the position fixes its Bernoulli draws (acceptance.py).
-        Host bookkeeping only: the device sees the slot from the next launch on (_flush_slots)."""
+        Host bookkeeping only: the device sees the slot from the next launch on (SlotState.flush)."""
         return self.slots.reserve(tokens, key)
 
     def release(self, slot: int) -> None:
         """Free the slot's blocks (no K/V is copied or cleared). Host bookkeeping only, as reserve."""
         self.slots.release(slot)
-
-    def _flush_slots(self) -> None:
-        """The device's slot state brought up to date with the host's (SlotState.flush)."""
-        self.slots.flush()
-
-    def _set_acceptance(self, acceptance: AcceptanceModel) -> None:
-        """The acceptance model's device state (SlotState.set_acceptance)."""
-        self.slots.set_acceptance(acceptance)
-
-    def _table(self, slot: int) -> tuple[int, ...]:
-        return self.slots.table(slot)
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
@@ -179,8 +164,8 @@ class ReferenceEngine:
         of the step launched before (carry.py); plan.carry writes that copy for the next one."""
         b, B, K = plan.batch_size, plan.bucket, plan.k
         start = self.results.mark()
-        self._flush_slots()                 # what reserve / release changed, before anything reads it
-        self._set_acceptance(acceptance)
+        self.slots.flush()                  # what reserve / release changed, before anything reads it
+        self.slots.set_acceptance(acceptance)
         if b or plan.carry:
             self._load_rows(plan)
         if plan.carried_rows:

@@ -1,6 +1,6 @@
 """The paged KV cache's bookkeeping: fixed-size blocks, a block table per sequence slot, a
 free list. Host-side and pure Python; the engine mirrors the tables into a device tensor at
-its next launch (engine.ReferenceEngine._flush_slots).
+its next launch (slot_state.SlotState.flush).
 
 Worked example, block_size 4, 6 blocks (block 0 is the scratch block padding rows write to):
     reserve(9)  -> slot 0, table [1, 2, 3]      (ceil(9/4) = 3 blocks)

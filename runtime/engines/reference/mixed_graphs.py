@@ -137,7 +137,7 @@ class WholeMixed:
         i, m = n, 0
         for c in chunks:
             k = len(c.tokens)
-            table = e._table(c.slot)
+            table = e.slots.table(c.slot)
             p = np.arange(c.start, c.start + k)
             tok[i:i + k] = c.tokens
             pos[i:i + k] = p

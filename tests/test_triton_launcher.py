@@ -2,7 +2,7 @@
 that another process already answers on is a failure, not "ready".
 
 The repository comes from the embedded tiny pair through the commands a newcomer runs, the ones
-the README shows:
+docs/serving_with_triton.md shows:
 
     TINY=$(python -c "import dynspec, pathlib; print(pathlib.Path(dynspec.__file__).parent / 'assets/tiny')")
     dynspec convert target --hf $TINY/target --out tiny/target --tp 1
@@ -33,7 +33,7 @@ from dynspec.triton_repo.server_process import error_lines, exit_reason
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    """The README's chain, run through the CLI: -> the tiny pair's engine dir and Triton repository."""
+    """The serving guide's chain, run through the CLI: -> the tiny pair's engine dir and Triton repository."""
     import dynspec
     from dynspec.cli import main
 

@@ -2,7 +2,7 @@
 
     python -m dynspec.benchmarks.draft_confidence --prompts 32 --new 96 --k 4 --out FILE.json
 
-tiny_pair.spec_decode (greedy, K-chain every step) decodes held-out prompts, keeping per step the accepted a
+decode.spec_decode (greedy, K-chain every step) decodes held-out prompts, keeping per step the accepted a
 and per drafted position j the draft's top-1 probability p_j (tried: a >= j - 1, accepted: a >= j). Walking
 requests in order (online), predictors of P(accept at j | tried): a_pool (running pooled rate), b_shrunk
 ((h_j + w pool_j) / (t_j + w)), c_platt / c_iso (logistic on logit p_j / isotonic map of p_j), d_logistic
@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from dynspec.benchmarks.record_trace import one_thread
-from dynspec.pairs.tiny_pair import check_prompts, greedy_continue, spec_decode
+from dynspec.pairs.decode import check_prompts, greedy_continue, spec_decode
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 
 PREDICTORS = ("a_pool", "b_shrunk", "c_platt", "c_iso", "d_logistic", "e_p1_logistic")
@@ -58,7 +58,7 @@ class _Probs:
 
 
 def record_request(target, draft, prompt: list[int], new: int, k: int):
-    """tiny_pair.spec_decode itself -> (tokens [new], accepted [steps], top-1 probs [steps][k])."""
+    """decode.spec_decode itself -> (tokens [new], accepted [steps], top-1 probs [steps][k])."""
     spy = _Probs(draft)
     out, accepted = spec_decode(target, spy, prompt, new, k)
     return out, accepted, [spy.p[i * k:(i + 1) * k] for i in range(len(accepted))]

@@ -3,7 +3,7 @@
     python -m dynspec.benchmarks.record_trace --out benchmarks/traces/tiny_pair.json \\
         --prompts 32 --new 96 --kmax 8
 
-For each held-out prompt (tiny_pair.check_prompts: windows of the stdlib modules that the
+For each held-out prompt (decode.check_prompts: windows of the stdlib modules that the
 pair's build_info.json records as held out of training) the target decodes greedily, and at
 every output offset t = 0..new-1 a greedy draft chain of depth kmax starts from the true
 prefix; r_t = how many of its drafts equal the target's greedy tokens t+1.. in a row. The file
@@ -41,11 +41,11 @@ def one_thread():
 
 def chain_runs(target, draft, prompt: list[int], new: int, kmax: int) -> list[int]:
     """r_t for t = 0..new-1 of one prompt (batch = the new chains; index convention of
-    tiny_pair.spec_decode: draft row @p pairs the capture at p with the token at p+1).
+    decode.spec_decode: draft row @p pairs the capture at p with the token at p+1).
     Example: new=3, kmax=2 -> e.g. [2, 0, 1]."""
     import torch
 
-    from dynspec.pairs.tiny_pair import greedy_continue
+    from dynspec.pairs.decode import greedy_continue
     from dynspec.runtime.acceptance import accepted_prefix
 
     with torch.no_grad():
@@ -73,7 +73,7 @@ def chain_runs(target, draft, prompt: list[int], new: int, kmax: int) -> list[in
 
 def replay_steps(r: list[int], new: int, k: int) -> list[int]:
     """Per-step accepted counts of greedy K-chain decoding of `new` tokens replayed from r, as
-    tiny_pair.spec_decode counts them. r = [2, 0, 0, 1, 0], new=5, k=2 -> [2, 1]."""
+    decode.spec_decode counts them. r = [2, 0, 0, 1, 0], new=5, k=2 -> [2, 1]."""
     out, steps = 1, []
     while out < new:
         a = min(r[out - 1], k)
@@ -89,7 +89,7 @@ def record(folder: Path, prompts: int, new: int, kmax: int, prompt_len: int, com
     from tqdm import tqdm
 
     from dynspec.pairs.corpus import ASSET_DIR, recorded_split
-    from dynspec.pairs.tiny_pair import check_prompts
+    from dynspec.pairs.decode import check_prompts
     from dynspec.runtime.acceptance_trace import Trace
     from dynspec.runtime.engines.reference.load import load_draft, load_target
 

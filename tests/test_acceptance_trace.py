@@ -125,7 +125,7 @@ def test_str_parse_round_trip_keeps_the_path(tmp_path):
 @pytest.fixture(scope="module")
 def pair():
     from dynspec.pairs.corpus import ASSET_DIR
-    from dynspec.pairs.tiny_pair import check_prompts
+    from dynspec.pairs.decode import check_prompts
     from dynspec.runtime.engines.reference.load import load_draft, load_target
 
     target = load_target(Path(ASSET_DIR) / "target")
@@ -135,7 +135,7 @@ def pair():
 def test_replay_equals_spec_decode_for_k_1_to_4(pair):
     """The oracle: greedy K-chain speculative decoding's accepted count at every step equals
     min(r_t, K) at the step's offset, for K = 1..4, on 2 held-out prompts."""
-    from dynspec.pairs.tiny_pair import spec_decode
+    from dynspec.pairs.decode import spec_decode
 
     target, draft, prompts = pair
     new, seen = 32, set()

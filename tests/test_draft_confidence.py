@@ -31,7 +31,7 @@ def recorded(pair):
 
 
 def test_recording_is_spec_decode_and_counts_add_up(pair, recorded):
-    from dynspec.pairs.tiny_pair import plain_greedy, spec_decode
+    from dynspec.pairs.decode import plain_greedy, spec_decode
 
     target, draft, prompts = pair
     for p, (out, acc, probs), (r, P) in zip(prompts, *recorded):

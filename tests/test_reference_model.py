@@ -283,9 +283,10 @@ def test_random_pair_tiny_round_trip(tmp_path):
 # ----------------------------------------------------------------------------- the committed tiny pair
 
 def test_committed_tiny_pair_loads_and_speculates():
-    from dynspec.pairs import tiny_pair
+    from dynspec.pairs.corpus import ASSET_DIR
+    from dynspec.pairs.decode import plain_greedy, spec_decode
 
-    folder = tiny_pair.ASSET_DIR
+    folder = ASSET_DIR
     if not (folder / "draft" / "config.json").is_file():
         pytest.skip("tiny pair not built")
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -299,8 +300,8 @@ def test_committed_tiny_pair_loads_and_speculates():
     assert draft.config.draft_vocab_size < target.config.vocab_size
     assert len(set(draft.capture_layers)) == 3
     prompt = tok("    def __init__(self, name, value=None):\n        self.name = name\n")["input_ids"]
-    out, accepted = tiny_pair.spec_decode(target, draft, prompt, 32, 4)
-    assert out == tiny_pair.plain_greedy(target, prompt, 32)
+    out, accepted = spec_decode(target, draft, prompt, 32, 4)
+    assert out == plain_greedy(target, prompt, 32)
     assert sum(accepted) / len(accepted) > 1.0
 
 

@@ -160,7 +160,7 @@ class Eagle3Draft(nn.Module):
         """A pool laid out like the target's: the engine uses one block table for both."""
         setup_paged_cache(self, self.config, self.fc, None, num_blocks, block_size, max_seq_len)
 
-    # The pieces below are also used by dynspec/pairs/tiny_pair.py's training-time-test loop.
+    # The pieces below are also used by dynspec/pairs/train_tiny_draft.py's training-time-test loop.
     def fuse(self, hidden: Tensor) -> Tensor:
         """[B, T, n*h_t] fused target capture -> fc -> [B, T, h]; [B, T, h] passes through."""
         width = hidden.shape[-1]

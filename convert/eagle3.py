@@ -26,7 +26,9 @@ from pathlib import Path
 
 from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.checkpoint.eagle3 import check_vocab_maps, draft_keys, resolve_capture_layers, target_hidden_size
-from dynspec.checkpoint.reader import TensorReader, read_config, weight_source
+from dynspec.checkpoint.hf_config import read_config
+from dynspec.checkpoint.tensor_reader import TensorReader
+from dynspec.checkpoint.weight_index import weight_source
 from dynspec.checkpoint.writer import ShardWriter
 from dynspec.convert.checks import require_tp
 from dynspec.convert.hf import copy_tokenizer_files

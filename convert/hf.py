@@ -1,12 +1,12 @@
 """Tokenizer files that travel with a converted checkpoint. Reading config.json and weights is
-dynspec.checkpoint.reader's job (shared with the reference engine)."""
+dynspec.checkpoint's job (shared with the reference engine)."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
 from dynspec.checkpoint.config_fields import check_eos
-from dynspec.checkpoint.reader import read_json_file, source_file
+from dynspec.checkpoint.folder_files import read_json_file, source_file
 from dynspec.errors import DynspecError
 
 TOKENIZER_FILES = (

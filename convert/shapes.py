@@ -78,7 +78,7 @@ def _int_field(cfg: Mapping[str, Any], name: str, where: str) -> int:
 
 def shape_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> ModelShape:
     """Read the decoder shape from a Llama-family HF config (Llama, Mistral-style layouts); field
-    types were checked by dynspec.checkpoint.reader.read_config."""
+    types were checked by dynspec.checkpoint.hf_config.read_config."""
     hidden = _int_field(cfg, "hidden_size", where)
     heads = _int_field(cfg, "num_attention_heads", where)
     kv_heads = cfg.get("num_key_value_heads") or heads

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.artifacts import atomic_dir, check_apart, write_json
-from dynspec.checkpoint.reader import iter_tensors, read_config, weight_source
+from dynspec.checkpoint.hf_config import read_config
+from dynspec.checkpoint.tensor_reader import iter_tensors
+from dynspec.checkpoint.weight_index import weight_source
 from dynspec.checkpoint.writer import DEFAULT_SHARD_BYTES, ShardWriter
 from dynspec.convert.checks import require_tp
 from dynspec.convert.hf import check_generation_config, copy_tokenizer_files

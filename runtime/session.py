@@ -26,7 +26,7 @@ def engine_config_for(target_dir: str, draft_dir: str, schedule: DraftSchedule,
 
 def target_positions(target_dir: str) -> int:
     """The target's max_position_embeddings, from its config.json (checked as loading checks it)."""
-    from dynspec.checkpoint.reader import read_config
+    from dynspec.checkpoint.hf_config import read_config
     from dynspec.runtime.engines.reference.model_config import TargetConfig
 
     where = str(Path(target_dir) / "config.json")

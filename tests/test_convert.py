@@ -318,7 +318,7 @@ def test_capture_default_rejects_repeats():
     assert resolve_capture_layers({}, "c", 80).layers == (1, 39, 76)
 
 
-# ---- the shared reader's rules (dynspec.checkpoint.reader) -----------------------------------
+# ---- the shared reader's rules (dynspec.checkpoint) ------------------------------------------
 def test_truncated_shard_is_one_line(tmp_path, capsys):
     hf = make_llama(tmp_path / "hf", layers=4, max_shard_size="60KB")
     victim = sorted(hf.glob("model-*.safetensors"))[1]

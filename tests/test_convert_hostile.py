@@ -360,7 +360,8 @@ def test_reads_equal_safetensors_get_slice(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from dynspec.checkpoint.reader import TensorReader, weight_source
+    from dynspec.checkpoint.tensor_reader import TensorReader
+    from dynspec.checkpoint.weight_index import weight_source
 
     g = torch.Generator().manual_seed(0)
     sd = {"w": torch.randn(8, 6, generator=g), "b": torch.randn(5, generator=g),

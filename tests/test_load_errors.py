@@ -260,7 +260,7 @@ def test_truncated_shard_of_an_index_names_the_file(tmp_path):
 
 def test_value_scan_tells_overflowing_sums_from_nan():
     """The scan sums each tensor; an fp16 sum past 65504 is inf without any inf in the tensor."""
-    from dynspec.checkpoint.reader import check_values
+    from dynspec.checkpoint.tensor_reader import check_values
 
     big = torch.full((100,), 60000.0, dtype=torch.float16)
     assert check_values("w", big, Path("f.safetensors")) is big

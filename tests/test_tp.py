@@ -220,7 +220,7 @@ def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
     the bytes read are the replicated tensors plus half of each sharded one (+ no padding read)."""
     from functools import partial
 
-    from dynspec.checkpoint import reader as reader_mod
+    from dynspec.checkpoint import tensor_reader
     from dynspec.runtime.engines.reference.load import load_target
 
     target = make_tiny_target(tmp_path / "t", heads=4, kv_heads=2, vocab=161, layers=3)
@@ -251,8 +251,8 @@ def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
                     return t
             return Slice()
 
-    real = reader_mod.TensorReader._handle
-    monkeypatch.setattr(reader_mod.TensorReader, "_handle", lambda self, path: Handle(real(self, path)))
+    real = tensor_reader.TensorReader._handle
+    monkeypatch.setattr(tensor_reader.TensorReader, "_handle", lambda self, path: Handle(real(self, path)))
     ts = tp.tp_shape(TargetConfig.from_hf(json.loads((target / "config.json").read_text()), "t"), 2)
     t = load_target(target, dtype=torch.float64, part=partial(tp.shard_part, s=ts, rank=1))
     monkeypatch.undo()

@@ -148,7 +148,7 @@ def check_launch(repo: str | os.PathLike, world_size: int, tp: int) -> RepoLaunc
 
 def check_split(target_dir: str, draft_dir: str, tp: int) -> None:
     """tp.check_tp on the pair's config.json files (no weight is read), as load_tp_engine checks them."""
-    from dynspec.checkpoint.reader import read_config
+    from dynspec.checkpoint.hf_config import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
     from dynspec.runtime.engines.reference.model_config import TargetConfig
     from dynspec.runtime.engines.reference.tp import check_tp

@@ -1,5 +1,5 @@
 """The type (and runnable value) of every config.json field a stage reads, checked once when
-reader.read_config opens the file, so `dynspec convert` and the reference engine refuse the
+hf_config.read_config opens the file, so `dynspec convert` and the reference engine refuse the
 same configs. A field that is absent or null is left to the stage (required or defaulted there).
 
     "tie_word_embeddings": "false"  -> field 'tie_word_embeddings' is 'false'; expected true or false

@@ -10,7 +10,7 @@ import errno
 import json
 from pathlib import Path
 
-from dynspec.checkpoint.reader import ST_INDEX
+from dynspec.checkpoint.weight_index import ST_INDEX
 from dynspec.errors import DynspecError
 
 DEFAULT_SHARD_BYTES = 5 * 10**9   # transformers' default max_shard_size "5GB"

@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from dynspec.checkpoint.reader import read_config
+from dynspec.checkpoint.hf_config import read_config
 from dynspec.runtime.engines.reference import tp
 from dynspec.runtime.engines.reference.draft import Eagle3Config
 from dynspec.runtime.engines.reference.load import load_draft, load_target

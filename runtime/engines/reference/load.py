@@ -26,7 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from dynspec.checkpoint.eagle3 import check_vocab_maps, draft_keys, resolve_capture_layers
-from dynspec.checkpoint.reader import TensorReader, read_config, weight_source
+from dynspec.checkpoint.hf_config import read_config
+from dynspec.checkpoint.tensor_reader import TensorReader
+from dynspec.checkpoint.weight_index import weight_source
 from dynspec.errors import DynspecError
 
 from .draft import Eagle3Config, Eagle3Draft

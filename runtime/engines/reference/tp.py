@@ -334,7 +334,7 @@ def load_tp_engine(target_dir: str, draft_dir: str, ctx: TpContext, *, dtype: st
     from functools import partial
     from pathlib import Path
 
-    from dynspec.checkpoint.reader import read_config
+    from dynspec.checkpoint.hf_config import read_config
     from dynspec.runtime.engines.reference.draft import Eagle3Config
     from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.engines.reference.model_config import TargetConfig

@@ -14,7 +14,7 @@ from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule, schedule_from_
 SUBCOMMAND_MODULES = (
     "dynspec.convert.cli",        # convert target | convert eagle3
     "dynspec.build.cli",          # build
-    "dynspec.runtime.cli",        # generate
+    "dynspec.runtime.generate_cli",  # generate
     "dynspec.benchmarks.cli",     # profile, tune
     "dynspec.triton_repo.cli",    # triton
 )

@@ -366,7 +366,7 @@ def test_build_out_overlapping_an_input_is_refused(pair, tmp_path, capsys, out_o
 def test_generate_flags_override_engine_json_reference(pair, tmp_path):
     """`dynspec generate --max-num-tokens/--max-seq-len/--concurrency` reach ReferenceSettings."""
     from dynspec.cli import make_parser
-    from dynspec.runtime.cli import _engine_config
+    from dynspec.runtime.generate_setup import _engine_config
 
     assert build(pair, tmp_path / "e", "--schedule", "4:4", "--max-num-tokens", "100") == 0
     args = make_parser().parse_args(["generate", "--engine-dir", str(tmp_path / "e")])

@@ -9,7 +9,7 @@ import torch
 
 from dynspec.pairs import corpus
 from dynspec.pairs.corpus import default_prompts
-from dynspec.runtime.cli import _tokenizer
+from dynspec.runtime.generate_setup import _tokenizer
 from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import ReferenceEngine
 from dynspec.runtime.engines.reference.load import load_draft, load_target

@@ -23,7 +23,8 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.fill import Template, fill_tree, pbtxt_string
 from dynspec.triton_repo.generate import REPO_MANIFEST, generate_repo
-from dynspec.triton_repo.serving import ACCEPTANCE_OUTPUTS, INPUT_NAMES
+from dynspec.triton_repo.request_acceptance import ACCEPTANCE_OUTPUTS
+from dynspec.triton_repo.request_parsing import INPUT_NAMES
 
 FIELDS = json.loads((Path(__file__).parent / "fixtures" / "trtllm_1_2_1_llm_args.json").read_text())
 

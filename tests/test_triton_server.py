@@ -21,9 +21,11 @@ import pytest
 from dynspec.config import EngineConfig, ReferenceSettings
 from dynspec.runtime.executor import IterationStats
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.triton_repo.serving import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, ModelInfo, OutputWatch, RequestError,
-                                         StatsCursor, TextStream, check_parameters, load_model_info, mean_k_buckets,
-                                         parse_request)
+from dynspec.triton_repo.model_metrics import StatsCursor
+from dynspec.triton_repo.request_acceptance import ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, mean_k_buckets
+from dynspec.triton_repo.request_parsing import RequestError, check_parameters, parse_request
+from dynspec.triton_repo.serving import ModelInfo, TextStream, load_model_info
+from dynspec.triton_repo.words import OutputWatch
 from tests.helpers_metrics import metric, metrics, settle
 from tests.test_request_acceptance import delta, expected_buckets, histogram
 
@@ -139,7 +141,7 @@ def test_unknown_request_parameters_are_refused():
 
 def watch(**kw):
     base = dict(prompt_ids=(1,), max_tokens=32, stream=True, stop_ids=(2,))
-    from dynspec.triton_repo.serving import GenerateRequest
+    from dynspec.triton_repo.request_parsing import GenerateRequest
 
     return OutputWatch(GenerateRequest(**{**base, **kw}))
 

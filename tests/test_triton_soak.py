@@ -45,4 +45,4 @@ def test_default_stats_log_stays_small():
     assert len(held) == n and 100 < per_entry < 1000
     assert ex._stats.maxlen is not None
     assert ex._stats.maxlen * per_entry < 32 << 20
-    assert ex._stats.maxlen >= 4096                      # the served monitor's window (serving.STATS_KEPT)
+    assert ex._stats.maxlen >= 4096                      # the served monitor's window (model_metrics.STATS_KEPT)

@@ -1,5 +1,5 @@
 """A finished request's drafting as the Triton model reports it: its output tensors and the
-buckets of its Prometheus histograms (templates/reference/dynspec/1/model.py)."""
+buckets of its Prometheus histograms (model_metrics.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

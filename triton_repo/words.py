@@ -84,7 +84,7 @@ class OutputWatch:
     WordMatcher automata: each token costs the same however many words the request has.
     push(chunk) -> (tokens to emit, end): end is None (go on), "stop", or an error message.
 
-    req: serving.GenerateRequest (stop_ids, min_length, stop_words, bad_words).
+    req: request_parsing.GenerateRequest (stop_ids, min_length, stop_words, bad_words).
 
     Example: stop_words ((7, 8),), chunk [5, 7, 8, 9] -> ([5, 7, 8], "stop")."""
 

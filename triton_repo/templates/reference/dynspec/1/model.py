@@ -2,8 +2,8 @@
 
 One executor serves every request: concurrent requests become one dynamic batch, so the draft
 length K of each iteration follows the real concurrency. Engine dir and device come from the
-parameters in config.pbtxt; the logic that does not need Triton lives in
-dynspec.triton_repo.serving.
+parameters in config.pbtxt; the logic that does not need Triton lives in dynspec.triton_repo:
+serving (model info, streamed detokenization), request_parsing and model_metrics.
 
 Under `mpirun -n N python -m dynspec.triton_repo.launch REPO --tp N` the launcher puts
 DYNSPEC_TP_* in this process's environment: the executor is then TP rank 0 of N
@@ -69,104 +69,6 @@ def _response(ids, text, acceptance=None):
     ])
 
 
-class _Metrics:
-    """Custom metrics on Triton's /metrics endpoint. Not thread-safe: callers hold the model's lock."""
-
-    def __init__(self, labels, acceptance_buckets, mean_k_buckets):
-        family = pb_utils.MetricFamily
-        self._labels = labels
-        self._families = {
-            "k": family("dynspec_draft_length", "Draft length K of the latest executor iteration", family.GAUGE),
-            "b": family("dynspec_batch_size", "Batch size of the latest executor iteration (0 when idle)",
-                        family.GAUGE),
-            "drafted": family("dynspec_drafted_tokens_total", "Draft tokens proposed (batch size x K)",
-                              family.COUNTER),
-            "accepted": family("dynspec_accepted_tokens_total", "Draft tokens accepted by the target",
-                               family.COUNTER),
-            "iterations": family("dynspec_iterations_total", "Executor iterations, by draft length k",
-                                 family.COUNTER),
-            "acceptance": family("dynspec_acceptance_estimate", "The executor's estimate of draft position 1's "
-                                 "acceptance rate at the latest iteration (runtime/acceptance_estimate.py)",
-                                 family.GAUGE),
-            "probes": family("dynspec_probe_iterations_total", "K=1 iterations the adaptive policy took to "
-                             "measure acceptance while K=0 was best", family.COUNTER),
-            "gc": family("dynspec_gc_pause_seconds_total", "Seconds the serving process spent in Python's cycle "
-                         "collector between iterations (its heap is frozen at start: runtime/gc_heap.py)",
-                         family.COUNTER),
-            "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
-                               family.COUNTER),
-            "rejected": family("dynspec_requests_rejected_total", "Requests answered with an error, by reason "
-                               "(invalid_argument, output_rule, tp_fault, internal)", family.COUNTER),
-            "cancelled": family("dynspec_requests_cancelled_total", "Requests cancelled by their client or "
-                                "ended because their client went away", family.COUNTER),
-        }
-        self._families["request_acceptance"] = family(
-            "dynspec_request_acceptance", "Per finished request: accepted / drafted draft tokens (requests answered "
-            "with their output that drafted at least one token)", family.HISTOGRAM)
-        self._families["request_mean_k"] = family(
-            "dynspec_request_mean_k", "Per finished request: mean draft length K over its decode iterations "
-            "(requests answered with their output that decoded at least once)", family.HISTOGRAM)
-        self.request_acceptance = self._families["request_acceptance"].Metric(labels=labels,
-                                                                              buckets=list(acceptance_buckets))
-        self.request_mean_k = self._families["request_mean_k"].Metric(labels=labels, buckets=list(mean_k_buckets))
-        self._families["restarts"] = family("dynspec_server_restarts",
-                                            "Times the launcher restarted tritonserver after it crashed", family.GAUGE)
-        self.restarts = self._families["restarts"].Metric(labels=labels)
-        self.restarts.set(int(os.environ.get("DYNSPEC_SERVER_RESTARTS") or 0))
-        self.k = self._families["k"].Metric(labels=labels)
-        self.b = self._families["b"].Metric(labels=labels)
-        self.drafted = self._families["drafted"].Metric(labels=labels)
-        self.accepted = self._families["accepted"].Metric(labels=labels)
-        self.cancelled = self._families["cancelled"].Metric(labels=labels)
-        self.acceptance = self._families["acceptance"].Metric(labels=labels)
-        self.probes = self._families["probes"].Metric(labels=labels)
-        self.gc = self._families["gc"].Metric(labels=labels)
-        self._by = {}
-
-    def _labelled(self, family, key, value):
-        if (family, value) not in self._by:
-            self._by[(family, value)] = self._families[family].Metric(labels={**self._labels, key: str(value)})
-        return self._by[(family, value)]
-
-    def update(self, sample):
-        if sample.draft_len is not None:
-            self.k.set(sample.draft_len)
-        self.b.set(sample.batch_size)
-        if sample.drafted:
-            self.drafted.increment(sample.drafted)
-        if sample.accepted:
-            self.accepted.increment(sample.accepted)
-        if sample.acceptance is not None:
-            self.acceptance.set(sample.acceptance)
-        if sample.probes:
-            self.probes.increment(sample.probes)
-        if sample.gc_seconds:
-            self.gc.increment(sample.gc_seconds)
-        for k, n in sample.iterations_by_k.items():
-            self._labelled("iterations", "k", k).increment(n)
-
-    def finished(self, reason):
-        self._labelled("finished", "reason", reason).increment(1)
-        if reason == "cancelled":
-            self.cancelled.increment(1)
-        elif reason in REJECTED:
-            self._labelled("rejected", "reason", REJECTED[reason]).increment(1)
-
-    def rejected(self, reason):
-        self._labelled("rejected", "reason", reason).increment(1)
-
-    def observe(self, acceptance):
-        """One answered request's RequestAcceptance (None: its counts are unknown) into the histograms."""
-        if acceptance is None:
-            return
-        if acceptance.acceptance is not None:
-            self.request_acceptance.observe(acceptance.acceptance)
-        if acceptance.decode_steps:
-            self.request_mean_k.observe(acceptance.mean_k)
-
-
-REJECTED = {"refused": "output_rule", "tp_fault": "tp_fault", "dropped": "internal"}   # finish reason -> label
-
 
 class _Live:
     """A request in flight. Once its final response is sent Triton releases the request, so
@@ -188,23 +90,24 @@ class TritonPythonModel:
         from dynspec.errors import DynspecError
         from dynspec.runtime.gc_heap import freeze_heap
         from dynspec.runtime.session import open_executor
-        from dynspec.triton_repo import launch, serving
+        from dynspec.triton_repo import launch, model_metrics, request_parsing, serving
 
-        self.serving, self.request_errors = serving, (DynspecError,)
+        self.serving, self.parsing, self.request_errors = serving, request_parsing, (DynspecError,)
         cfg = EngineConfig.load(params["engine_dir"])
         self.info = serving.with_prompt_bound(serving.load_model_info(cfg.target_dir), cfg.reference.max_seq_len)
         device = params.get("device") or "cpu"
         # The monitor reads only iterations newer than its cursor, so a short stats log is enough
-        # (serving.STATS_KEPT): an unbounded one grows the stub by ~2 KB per served request.
+        # (model_metrics.STATS_KEPT): an unbounded one grows the stub by ~2 KB per served request.
+        kept = model_metrics.STATS_KEPT
         tp = launch.TpLaunch.from_env(os.environ)
-        self.tp = None if tp is None else launch.TpLeader(tp, cfg, params["engine_dir"], device, serving.STATS_KEPT)
+        self.tp = None if tp is None else launch.TpLeader(tp, cfg, params["engine_dir"], device, kept)
         self.executor = self.tp.executor if self.tp is not None else \
-            open_executor(cfg, device=device, stats_limit=serving.STATS_KEPT)
+            open_executor(cfg, device=device, stats_limit=kept)
         freeze_heap()        # the served heap out of the collector's walk (runtime/gc_heap.py)
         max_draft_len = getattr(self.executor.engine, "max_draft_len", cfg.schedule.max_draft_len)
-        self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]},
-                                serving.ACCEPTANCE_BUCKETS, serving.mean_k_buckets(max_draft_len))
-        self.cursor = serving.StatsCursor()
+        self.metrics = model_metrics.ModelMetrics(
+            pb_utils.MetricFamily, {"model": args["model_name"], "version": args["model_version"]}, max_draft_len)
+        self.cursor = model_metrics.StatsCursor()
         self.live = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -241,7 +144,7 @@ class TritonPythonModel:
         try:
             parameters = json.loads(request.parameters() or "{}")
             inputs = {}
-            for name in self.serving.INPUT_NAMES:
+            for name in self.parsing.INPUT_NAMES:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
@@ -262,8 +165,8 @@ class TritonPythonModel:
 
     def _start(self, sender, parameters, inputs):
         try:
-            self.serving.check_parameters(parameters)
-            req = self.serving.parse_request(inputs, self.info)
+            self.parsing.check_parameters(parameters)
+            req = self.parsing.parse_request(inputs, self.info)
             with self.lock:
                 gone = sender.is_cancelled()
             if gone:                            # its client left while it was parsed

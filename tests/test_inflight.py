@@ -275,9 +275,9 @@ def test_item_cap_bounds_the_items_of_any_layout_of_a_key():
 
     s0, s1, s2, pad, c = 5, 6, 7, 64, 9
     items = plan_items([s0, s1, s2, c, pad], [3, 3, 3, 5, 2], pad_to=item_cap(16, 4, 3, 16))
-    assert items.shape == (4, 25) and (items[2, 6:] == 0).all()
+    assert items.shape == (3, 25) and (items[2, 6:] == 0).all()
     assert [tuple(x) for x in items[:, :6].T.tolist()] == [
-        (s0, 0, 3, 0), (s1, 3, 3, 3), (s2, 6, 3, 6), (c, 9, 4, 9), (c, 13, 1, 9), (pad, 14, 2, 14)]
+        (s0, 0, 3), (s1, 3, 3), (s2, 6, 3), (c, 9, 4), (c, 13, 1), (pad, 14, 2)]
     rng = random.Random(3)
     for _ in range(300):
         B, T = rng.choice([(0, 1), (1, 1), (4, 2), (8, 4), (2, 20)])
@@ -299,6 +299,7 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
     each decode row with an item of its own."""
     from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
     from dynspec.runtime.engines.reference.mixed_layout import item_cap
+    from dynspec.runtime.engines.reference.ragged import ITEM_FIELDS
 
     runs = []
     budget = 20
@@ -311,7 +312,7 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
         Np, B, T, _ = key
         w = eng.whole
         ia = item_cap(Np, B, T, w.max_chunks)
-        items = w.in_items[:4 * ia].view(4, ia)
+        items = w.in_items[:ITEM_FIELDS * ia].view(ITEM_FIELDS, ia)
         n = int((items[2] > 0).sum())
         assert (items[2, n:] == 0).all()
         covered = torch.cat([torch.arange(int(q0), int(q0 + k)) for q0, k in zip(items[1, :n], items[2, :n])])

@@ -23,10 +23,10 @@ def test_splits_for():
 def test_plan_items_worked_example():
     """The module docstring's example: decode rows of slots 4 and 9 at K=2, a 40-token chunk of slot 2."""
     items = ragged.plan_items([4, 9, 2], [3, 3, 40], 16)
-    assert items.tolist() == [[4, 9, 2, 2, 2], [0, 3, 6, 22, 38], [3, 3, 16, 16, 8], [0, 3, 6, 6, 6]]
+    assert items.tolist() == [[4, 9, 2, 2, 2], [0, 3, 6, 22, 38], [3, 3, 16, 16, 8]]
     assert ragged.item_count([3, 3, 40], 16) == 5 and ragged.item_count([3, 3, 40], 4) == 12
     padded = ragged.plan_items([4, 9, 2], [3, 3, 40], 16, pad_to=7)
-    assert padded[:, 5:].tolist() == [[0, 0]] * 4 and np.array_equal(padded[:, :5], items)
+    assert padded[:, 5:].tolist() == [[0, 0]] * 3 and np.array_equal(padded[:, :5], items)
     with pytest.raises(ValueError, match="5 work items do not fit a launch of 4"):
         ragged.plan_items([4, 9, 2], [3, 3, 40], 16, pad_to=4)
 
@@ -43,7 +43,6 @@ def test_plan_items_covers_every_token_once():
         assert (items[2] <= ragged.ITEM_TOKENS).all()
         row = np.searchsorted(starts, items[1], side="right") - 1
         assert np.array_equal(items[0], row + 10) and (items[1] + items[2] <= starts[row] + lens[row]).all()
-        assert np.array_equal(items[3], starts[row])
 
 
 def _interpreted(fn: str) -> str:
@@ -59,8 +58,7 @@ def test_ragged_attention_interpreted_equals_sdpa():
 
     out = _interpreted("run_interpreted")
     assert out.count("ok rope") == len(INTERPRETED_CASES), out
-    assert out.count("ok ragged rope") == len(RAGGED_CASES) and "ok crossing" in out, out
-    assert out.count("ok ragged") == 2 * len(RAGGED_CASES), out
+    assert out.count("ok ragged") == len(RAGGED_CASES) and "ok crossing" in out, out
 
 
 @needs_triton
@@ -80,8 +78,9 @@ def test_whole_and_eager_mixed_iterations_with_the_triton_kernel_equal_transform
 
 
 def test_rope_attend_refuses_what_the_kernel_cannot_take():
-    """The fused-RoPE form takes uniform rows and batches with items; a qkv whose width is not
-    (nh + 2 kvh) x hd, or a head size the kernel lacks, goes through rope_write and SDPA."""
+    """The fused-RoPE form takes uniform rows only: a batch with items (a chunk's items read keys
+    that other programs bring), a qkv whose width is not (nh + 2 kvh) x hd, or a head size the
+    kernel lacks, goes through rope_write and then the kernel or SDPA."""
     from dynspec.runtime.engines.reference.attention import ragged_batch
 
     tables = torch.zeros(3, 4, dtype=torch.long)
@@ -89,6 +88,10 @@ def test_rope_attend_refuses_what_the_kernel_cannot_take():
     r = ragged_batch(tables, [0, 1], [0, 0], [3, 1], 64)
     qkv, cos = torch.zeros(4, 15 * 32), torch.zeros(4, 1, 16)
     assert ragged.RaggedAttention(64).rope_attend(qkv, cos, cos, pools, pools, r, 12) is None   # 12 + 2 x 2 heads
+    qkv = torch.zeros(4, 16 * 32)                                                                 # 12 + 2 x 2 heads
+    assert ragged.RaggedAttention(64).rope_attend(qkv, cos, cos, pools, pools, r, 12) is None   # items
+    with pytest.raises(ValueError, match="uniform rows only"):
+        ragged._launch(None, pools, pools, r, 64, rope=(qkv, cos, cos, 12))
     with pytest.raises(ValueError, match="head sizes"):
         ragged.ragged_attention(torch.zeros(4, 8, 24), torch.zeros(2, 256, 24), torch.zeros(2, 256, 24), r, 64)
 

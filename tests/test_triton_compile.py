@@ -27,11 +27,9 @@ def lower(fn, pointers: dict, scalars: dict, const: dict) -> str:
         target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx))
 
 
-@pytest.mark.parametrize("uniform,rope,T", [(True, True, 1), (True, False, 4), (True, True, 4), (False, False, 4),
-                                            (False, True, 4)])
+@pytest.mark.parametrize("uniform,rope,T", [(True, True, 1), (True, False, 4), (True, True, 4), (False, False, 4)])
 def test_ragged_attention_lowers_for_sm90(uniform, rope, T):
-    """Uniform rows (decode steps, with and without RoPE inside) and work items (ragged batches,
-    with and without RoPE inside: their new keys read from qkv)."""
+    """Uniform rows (decode steps, with and without RoPE inside) and work items (ragged batches)."""
     from dynspec.runtime.engines.reference.ragged_kernel import ragged_paged_attention as fn
 
     pointers = {a: "*bf16" for a in ("Q", "K", "V", "O", "QKV", "COS", "SIN")}
@@ -40,8 +38,7 @@ def test_ragged_attention_lowers_for_sm90(uniform, rope, T):
     scalars.update(n_tiles="i64", n_items="i64", splits="i64", per="i64", scale="fp32")
     const = dict(T=T, G=4, KVH=8, HD=128, BS=128, TILE_N=64, BLOCK_M=max(16, 4 * T),       # the 8B's shapes,
                  SPLITS=17 if uniform else 0, SPLITS_P2=32 if uniform else 16,             # 1024 context
-                 PER=1 if uniform else 0, ROPE=rope, UNIFORM=uniform, IEEE=False,
-                 FRESH=rope and not uniform)
+                 PER=1 if uniform else 0, ROPE=rope, UNIFORM=uniform, IEEE=False)
     assert "tt.func" in lower(fn, pointers, scalars, const)
 
 

@@ -53,7 +53,7 @@ class RaggedBatch:
     block_size: int
     ragged: tuple[Tensor, Tensor] | None = None   # (q_index, out_index) of rows of different lengths;
                                                   # None: uniform, every row Tq tokens packed row-major
-    items: tuple[Tensor, Tensor] | None = None    # (items [4, I], block tables [slots, W]): the ragged
+    items: tuple[Tensor, Tensor] | None = None    # (items [3, I], block tables [slots, W]): the ragged
                                                   # kernel's work items (ragged.plan_items), by slot
 
     @property
@@ -132,7 +132,7 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     from .ragged import plan_items
 
     slots_a = np.asarray(slots, dtype=np.int64)
-    items = plan_items(slots_a, lens_a)                                              # [4, I]
+    items = plan_items(slots_a, lens_a)                                              # [3, I]
     parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a, items.ravel()]
     flat = to_device(torch.from_numpy(np.concatenate(parts)), dev)                   # the one copy
     q_index_d, q_pos_d, out_index, positions_d, token_slot, slots_t, items_d = flat.split([len(x) for x in parts])

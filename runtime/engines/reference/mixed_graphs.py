@@ -76,7 +76,7 @@ class WholeMixed:
         #   tokens | positions | write index [top each] | draft inputs [top + 1: the last is where
         #   padding's scatter lands] | cell of each packed token (-1: not a decode token) [top] |
         #   packed token of each cell [G] | last token (packed) | its place in the draft inputs |
-        #   its slot [LAST each] | keep-warm flag [1] | work items [4 I, laid out [4, I_key]]
+        #   its slot [LAST each] | keep-warm flag [1] | work items [3 I, laid out [3, I_key]]
         split = (top, top, top, top + 1, top, G, S, S, S, 1, ITEM_FIELDS * I)
         with torch.inference_mode():
             self.inp = torch.zeros(sum(split), dtype=torch.long, device=dev)

@@ -17,7 +17,8 @@ then a 40-token chunk of slot 2 at positions 100..139:
 Uniform rows (decode steps: R rows of T tokens, packed row-major) need no item list: item r is
 row r. There the kernel can also take RoPE and the K/V write (rope_attend): each program rotates
 its queries, and the program whose keys hold a new token's position writes its rotated K and its
-V before it reads, so a decode layer's attention is one launch. Split sizes come from the table
+V before it reads, so a decode layer's attention is one launch. Work items read every key from the
+pool, written before the launch (rope_write): a chunk's item reads keys that other items bring. Split sizes come from the table
 width, not the row's length, so a program's table, query and position loads go out together.
 Worked example, 8 KV heads, 132 SMs, a table of 9 blocks of 128 (18 tiles of 64), one row at
 position 1024: splits_for(8, 18, 132) = 18 programs a KV head, one tile each; split 17 loads
@@ -39,7 +40,7 @@ MAX_QUERIES = 128           # tokens x G of a uniform row above this: the rows g
 MAX_SPLITS = 64             # the merge loads [splits, hd] partials at once: bound its registers
 ITEM_SPLITS = 16            # and of a ragged batch's items (one compiled kernel serves every split count)
 HEAD_DIMS = (16, 32, 64, 128)
-ITEM_FIELDS = 4             # rows of an item list: slot, first packed token, tokens, its row's first token
+ITEM_FIELDS = 3             # rows of an item list: slot, first packed token, tokens
 
 
 def _kernel():
@@ -84,11 +85,10 @@ def item_count(lens, item_tokens: int = ITEM_TOKENS) -> int:
 
 
 def plan_items(slots, lens, item_tokens: int = ITEM_TOKENS, pad_to: int | None = None) -> np.ndarray:
-    """Pure. [4, I] int64: (slot, first packed token, tokens, its row's first packed token) of
-    each item of rows packed in order, row r holding lens[r] tokens of slots[r]; pad_to: I, the
-    items past the rows' (slot 0, first token 0, 0 tokens: programs that do nothing), for a launch
-    of a fixed grid (graphs).
-    plan_items([4, 9, 2], [3, 3, 40], 16) = [[4 9 2 2 2], [0 3 6 22 38], [3 3 16 16 8], [0 3 6 6 6]]."""
+    """Pure. [3, I] int64: (slot, first packed token, tokens) of each item of rows packed in
+    order, row r holding lens[r] tokens of slots[r]; pad_to: I, the items past the rows' (slot 0,
+    first token 0, 0 tokens: programs that do nothing), for a launch of a fixed grid (graphs).
+    plan_items([4, 9, 2], [3, 3, 40], 16) = [[4 9 2 2 2], [0 3 6 22 38], [3 3 16 16 8]]."""
     lens = np.asarray(lens, dtype=np.int64)
     per = -(-lens // item_tokens)                                           # [R] items a row
     I = int(per.sum())
@@ -101,7 +101,6 @@ def plan_items(slots, lens, item_tokens: int = ITEM_TOKENS, pad_to: int | None =
     out[0, :I] = np.asarray(slots, dtype=np.int64)[row]
     out[1, :I] = first + j * item_tokens
     out[2, :I] = np.minimum(item_tokens, lens[row] - j * item_tokens)
-    out[3, :I] = first
     return out
 
 
@@ -135,15 +134,13 @@ class RaggedAttention:
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
                     batch: RaggedBatch, n_heads: int) -> Tensor | None:
-        """The attention with RoPE and the K/V write in its launch, where the rows are uniform or
-        come with items, and qkv [N, (nh + 2 kvh) * hd], cos, sin [N, 1, hd/2] have unit last
-        strides; else None (the caller runs rope_write, then this attention). Uniform rows: each
-        row's table (batch.tables) must cover its new positions, as the engine's decode batches' do
-        (every row's whole table). Items: each row's tokens sit at consecutive positions (its new
-        keys are read from qkv, not the pool; see ragged_kernel.py)."""
+        """The attention with RoPE and the K/V write in its launch, where the rows are uniform
+        (decode steps) and qkv [N, (nh + 2 kvh) * hd], cos, sin [N, 1, hd/2] have unit last
+        strides; else None (the caller runs rope_write, then this attention: a batch with items,
+        whose chunks read keys that other programs' items bring). Each row's table (batch.tables)
+        must cover its new positions, as the engine's decode batches' do (every row's whole table)."""
         kvh, hd = k_pool.shape[0], k_pool.shape[-1]
-        if not (_fits(n_heads, hd, k_pool, v_pool, self.block_size)
-                and (batch.items is not None or _uniform(batch, n_heads // kvh))
+        if not (_fits(n_heads, hd, k_pool, v_pool, self.block_size) and _uniform(batch, n_heads // kvh)
                 and qkv.dim() == 2 and qkv.shape[1] == (n_heads + 2 * kvh) * hd and qkv.stride(-1) == 1
                 and cos.shape[0] == qkv.shape[0] == batch.positions.shape[0] and cos.shape[-1] == hd // 2
                 and cos.stride(-1) == 1 and sin.stride() == cos.stride() and sin.shape == cos.shape
@@ -167,13 +164,13 @@ def ragged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBat
 
 
 def _uniform_items(batch: RaggedBatch) -> tuple[Tensor, Tensor]:
-    """(items [4, I], batch.tables) of uniform rows too long for one item each: an item's first
+    """(items [3, I], batch.tables) of uniform rows too long for one item each: an item's first
     field is its row of batch.tables (device ops; capturable)."""
     R, T = batch.q_pos.shape
     per = -(-T // ITEM_TOKENS)
     j = torch.arange(R * per, device=batch.q_pos.device)
     row, k = j // per, j % per
-    return torch.stack([row, row * T + k * ITEM_TOKENS, (T - k * ITEM_TOKENS).clamp(max=ITEM_TOKENS), row * T]), batch.tables
+    return torch.stack([row, row * T + k * ITEM_TOKENS, (T - k * ITEM_TOKENS).clamp(max=ITEM_TOKENS)]), batch.tables
 
 
 def _launch(q: Tensor | None, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,
@@ -190,6 +187,8 @@ def _launch(q: Tensor | None, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
         qkv = cos = sin = widx = q                                # unused without ROPE
     G = nh // kvh
     uniform = batch.items is None and (rope is not None or _uniform(batch, G))
+    if rope is not None and not uniform:
+        raise ValueError("RoPE inside the ragged kernel takes uniform rows only (a batch with items: rope_write first)")
     if uniform:
         R, T = batch.q_pos.shape
         items, tables, I = q, batch.tables, R                     # ITEMS unused
@@ -213,7 +212,7 @@ def _launch(q: Tensor | None, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
         widx, hd ** -0.5, shape.tiles, I, S, per,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         tables.stride(0), o.stride(0), o.stride(1), qkv.stride(0), cos.stride(0),
-        ROPE=rope is not None, FRESH=rope is not None and not uniform, IEEE=k_pool.dtype in (torch.float32, torch.float64),
+        ROPE=rope is not None, IEEE=k_pool.dtype in (torch.float32, torch.float64),
         **shape.constants, **launch)
     return o.view(N, nh * hd)
 

@@ -2,18 +2,14 @@
 
 One program attends one work item's queries for one KV head over one split of the item's row's
 table. An item is up to T tokens of one row (UNIFORM: row `item` of R rows of T tokens, packed
-row-major; else ITEMS [4, I] = (slot, first packed token, tokens, row first token r0), T = ragged.ITEM_TOKENS), its
+row-major; else ITEMS [3, I] = (slot, first packed token, tokens), T = ragged.ITEM_TOKENS), its
 M = tokens x G queries: query m -> token m // G, head h*G + m % G.
-With ROPE the queries come unrotated in the rows' qkv ([N, (nh + 2 kvh) * hd], Q unused) and
-each program rotates its own. The new tokens' K/V reach the pool in the same launch:
-    UNIFORM  the program whose tiles hold a new token's position writes that token's K (rotated)
-             and V before it reads
-    FRESH    (items) a row's keys at its new positions p0.. (p0: its first token's position, row
-             first token r0 from ITEMS) are read from qkv (rotated on load), older ones from the
-             pool; split 0 of each item writes the item's own tokens' K/V for later steps, which
-             no program of this launch reads from the pool.
-    Example: a chunk at positions 100..139 packed from token 6: its item (2, 22, 16, r0 6) reads
-    keys 0..99 from the pool and 100..131 from qkv tokens 6..37, and writes tokens 22..37's K/V."""
+With ROPE (uniform rows only) the queries come unrotated in the rows' qkv ([N, (nh + 2 kvh) * hd],
+Q unused) and each program rotates its own; the program whose tiles hold a new token's position
+writes that token's K (rotated) and V before it reads, so a decode layer's attention is one
+launch. Work items read every key from the pool: their rows' new K/V are written before the
+launch (rope_kernel.rope_write_triton), since an item of a chunk reads keys that other programs'
+items bring (docs/design.md, "The ragged attention kernel")."""
 import triton
 import triton.language as tl
 
@@ -25,7 +21,7 @@ def ragged_paged_attention(
         stride_on, stride_oh, stride_xn, stride_cs,
         T: tl.constexpr, G: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BS: tl.constexpr,
         TILE_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-        PER: tl.constexpr, ROPE: tl.constexpr, UNIFORM: tl.constexpr, IEEE: tl.constexpr, FRESH: tl.constexpr = False):
+        PER: tl.constexpr, ROPE: tl.constexpr, UNIFORM: tl.constexpr, IEEE: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
     it = pid // KVH
@@ -41,7 +37,6 @@ def ragged_paged_attention(
         row = tl.load(ITEMS + it)                     # the row's slot: TABLES is the whole block table
         q0 = tl.load(ITEMS + n_items + it)
         qn = tl.load(ITEMS + 2 * n_items + it)
-        r0 = tl.load(ITEMS + 3 * n_items + it)        # its row's first packed token
         nsplit = splits
         width = splits                                # partials laid out by the launch's splits
     offs_m = tl.arange(0, BLOCK_M)
@@ -66,22 +61,6 @@ def ragged_paged_attention(
         c = tl.load(COS + cs, mask=valid[:, None], other=0.0).to(tl.float32)
         sn = tl.load(SIN + cs, mask=valid[:, None], other=0.0).to(tl.float32)
         q = (x * c + (sign[None, :] * xr) * sn).to(K.dtype.element_ty)           # [M, HD]
-    if FRESH:
-        p0 = tl.load(QPOS + r0).to(tl.int32)                                      # the row's first new position
-        offs_t = tl.arange(0, T)
-        wt = offs_t < tl.where(s == 0, qn, 0)                                     # [T] this item's tokens, once
-        nt = q0 + offs_t
-        wat = tl.load(WIDX + nt, mask=wt, other=0)                                # [T] their pool positions
-        ksrc = QKV + nt[:, None] * stride_xn + (KVH * G + h) * HD
-        kx = tl.load(ksrc + offs_d[None, :], mask=wt[:, None], other=0.0).to(tl.float32)
-        kxr = tl.load(ksrc + partner[None, :], mask=wt[:, None], other=0.0).to(tl.float32)
-        kc = tl.load(COS + nt[:, None] * stride_cs + half[None, :], mask=wt[:, None], other=0.0).to(tl.float32)
-        ks = tl.load(SIN + nt[:, None] * stride_cs + half[None, :], mask=wt[:, None], other=0.0).to(tl.float32)
-        tl.store(K + h * stride_kh + wat[:, None] * stride_kp + offs_d[None, :],
-                 (kx * kc + (sign[None, :] * kxr) * ks).to(K.dtype.element_ty), mask=wt[:, None])
-        tl.store(V + h * stride_vh + wat[:, None] * stride_vp + offs_d[None, :],
-                 tl.load(ksrc + KVH * HD + offs_d[None, :], mask=wt[:, None], other=0.0), mask=wt[:, None])
-    elif ROPE:
         lo, hi = s * per * TILE_N, (s * per + per) * TILE_N                       # this program's keys
         for tt in tl.static_range(T):                                             # the row's new tokens
             n = q0 + tt
@@ -115,23 +94,9 @@ def ragged_paged_attention(
         key = j * TILE_N + offs_n                                                 # [N] logical positions
         page = tl.load(TABLES + row * stride_tr + (j * TILE_N) // BS, mask=j < n_tiles, other=0).to(tl.int64)
         slot = page * BS + (j * TILE_N) % BS + offs_n                             # [N] pool positions
-        if FRESH:
-            used = ((key <= last) & (key < p0))[:, None]
-        else:
-            used = (key <= last)[:, None]
+        used = (key <= last)[:, None]
         k = tl.load(K + h * stride_kh + slot[:, None] * stride_kp + offs_d[None, :], mask=used, other=0.0)
         v = tl.load(V + h * stride_vh + slot[:, None] * stride_vp + offs_d[None, :], mask=used, other=0.0)
-        if FRESH:                                         # keys at the row's new positions, from qkv:
-            if j * TILE_N + TILE_N > p0:                  # only the tiles that hold one (a decode row: its last)
-                new = ((key >= p0) & (key <= last))[:, None]
-                fsrc = QKV + (r0 + key - p0)[:, None] * stride_xn + (KVH * G + h) * HD
-                fcs = (r0 + key - p0)[:, None] * stride_cs + half[None, :]
-                fx = tl.load(fsrc + offs_d[None, :], mask=new, other=0.0).to(tl.float32)
-                fxr = tl.load(fsrc + partner[None, :], mask=new, other=0.0).to(tl.float32)
-                fc = tl.load(COS + fcs, mask=new, other=0.0).to(tl.float32)
-                fs = tl.load(SIN + fcs, mask=new, other=0.0).to(tl.float32)
-                k = tl.where(new, (fx * fc + (sign[None, :] * fxr) * fs).to(K.dtype.element_ty), k)
-                v = tl.where(new, tl.load(fsrc + KVH * HD + offs_d[None, :], mask=new, other=0.0), v)
         if IEEE:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:

@@ -47,36 +47,10 @@ def ragged_paged_attention(
     head = h * G + offs_m % G
     tok = q0 + t                                                                  # [M] packed token
     qpos = tl.load(QPOS + tok, mask=valid, other=0).to(tl.int32)                  # [M]
-    if ROPE:
-        # rotate-half RoPE at float32, as rope_kernel.py: out[d] = x[d] cos[d % H] + sign[d] x[(d + H) % HD]
-        # sin[d % H], sign -1 on the first half (x1 c - x2 s | x2 c + x1 s), cast once to the pool's dtype
-        HALF: tl.constexpr = HD // 2
-        half = offs_d % HALF
-        partner = (offs_d + HALF) % HD
-        sign = tl.where(offs_d < HALF, -1.0, 1.0)
-        src = QKV + tok[:, None] * stride_xn + head[:, None] * HD                 # q head `head` of token `tok`
-        cs = tok[:, None] * stride_cs + half[None, :]
-        x = tl.load(src + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        xr = tl.load(src + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        c = tl.load(COS + cs, mask=valid[:, None], other=0.0).to(tl.float32)
-        sn = tl.load(SIN + cs, mask=valid[:, None], other=0.0).to(tl.float32)
-        q = (x * c + (sign[None, :] * xr) * sn).to(K.dtype.element_ty)           # [M, HD]
-        lo, hi = s * per * TILE_N, (s * per + per) * TILE_N                       # this program's keys
-        for tt in tl.static_range(T):                                             # the row's new tokens
-            n = q0 + tt
-            newpos = tl.load(QPOS + n)
-            wat = tl.load(WIDX + n)                                               # pool position of newpos
-            pv = offs_d * 0 + newpos                                              # [HD] (a scalar mask fails the interpreter)
-            mine = (pv >= lo) & (pv < hi)                                         # one program writes it
-            ksrc = QKV + n * stride_xn + (KVH * G + h) * HD
-            kx = tl.load(ksrc + offs_d).to(tl.float32)
-            kxr = tl.load(ksrc + partner).to(tl.float32)
-            kc = tl.load(COS + n * stride_cs + half).to(tl.float32)
-            ks = tl.load(SIN + n * stride_cs + half).to(tl.float32)
-            tl.store(K + h * stride_kh + wat * stride_kp + offs_d, (kx * kc + (sign * kxr) * ks).to(K.dtype.element_ty),
-                     mask=mine)
-            tl.store(V + h * stride_vh + wat * stride_vp + offs_d, tl.load(ksrc + KVH * HD + offs_d), mask=mine)
-        tl.debug_barrier()                                # the stores seen by this program's tile loads
+    if ROPE:                                          # uniform rows: q rotated here, new K/V written
+        q = _rope_and_write(QKV, COS, SIN, QPOS, WIDX, K, V, tok, head, valid, q0, h, s * per * TILE_N,
+                            (s * per + per) * TILE_N, stride_xn, stride_cs, stride_kh, stride_kp, stride_vh,
+                            stride_vp, T, G, KVH, HD)
     else:
         q = tl.load(Q + tok[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :],
                     mask=valid[:, None], other=0.0)                              # [M, HD]
@@ -118,25 +92,75 @@ def ragged_paged_attention(
             tl.store(O + tok[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
                      out.to(O.dtype.element_ty), mask=valid[:, None])
     elif s < nsplit:
-        part = (pid * width + s) * BLOCK_M
-        tl.store(PART + (part + offs_m)[:, None] * HD + offs_d[None, :], acc, mask=valid[:, None])
-        tl.store(ML + (part + offs_m) * 2, m_i, mask=valid)
-        tl.store(ML + (part + offs_m) * 2 + 1, l_i, mask=valid)
-        tl.debug_barrier()                                # every thread's partial stored ...
-        done = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")   # ... before this release
-        if done == nsplit - 1:                            # the last program merges, query by query: every
-            offs_s = tl.arange(0, SPLITS_P2)              # split's (m, l) and partial of one query, then
-            live = offs_s < nsplit                        # its output (only the item's qn * G queries)
-            rows = (pid * width + offs_s) * BLOCK_M                                      # [S2]
-            for mi in range(0, qn * G):
-                ms = tl.load(ML + (rows + mi) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")   # [S2]
-                ls = tl.load(ML + (rows + mi) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
-                acc_s = tl.load(PART + (rows + mi)[:, None] * HD + offs_d[None, :], mask=live[:, None],
-                                other=0.0, cache_modifier=".cg")                         # [S2, HD]
-                m_all = tl.max(ms, axis=0)
-                w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all))             # [S2]
-                l_all = tl.sum(w * ls, axis=0)
-                out = tl.sum(w[:, None] * acc_s, axis=0) / tl.where(l_all == 0.0, 1.0, l_all)   # [HD]
-                tl.store(O + (q0 + mi // G) * stride_on + (h * G + mi % G) * stride_oh + offs_d,
-                         out.to(O.dtype.element_ty))
-            tl.atomic_xchg(COUNT + pid, 0)                # ready for the next launch (and graph replay)
+        _store_and_merge(PART, ML, COUNT, O, acc, m_i, l_i, pid, s, width, nsplit, qn, q0, h, offs_m, offs_d, valid,
+                         stride_on, stride_oh, G, HD, BLOCK_M, SPLITS_P2)
+
+
+@triton.jit
+def _rope_and_write(QKV, COS, SIN, QPOS, WIDX, K, V, tok, head, valid, q0, h, lo, hi, stride_xn, stride_cs,
+                    stride_kh, stride_kp, stride_vh, stride_vp, T: tl.constexpr, G: tl.constexpr,
+                    KVH: tl.constexpr, HD: tl.constexpr):
+    """-> q [M, HD], the program's queries rotated; the row's new tokens whose positions fall in
+    [lo, hi), this program's keys, get their K (rotated) and V written to the pool, seen by the
+    program's own tile loads after the barrier.
+    Rotate-half RoPE at float32, as rope_kernel.py: out[d] = x[d] cos[d % H] + sign[d] x[(d + H) % HD]
+    sin[d % H], sign -1 on the first half (x1 c - x2 s | x2 c + x1 s), cast once to the pool's dtype."""
+    HALF: tl.constexpr = HD // 2
+    offs_d = tl.arange(0, HD)
+    half = offs_d % HALF
+    partner = (offs_d + HALF) % HD
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    src = QKV + tok[:, None] * stride_xn + head[:, None] * HD                     # q head `head` of token `tok`
+    cs = tok[:, None] * stride_cs + half[None, :]
+    x = tl.load(src + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    xr = tl.load(src + partner[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    c = tl.load(COS + cs, mask=valid[:, None], other=0.0).to(tl.float32)
+    sn = tl.load(SIN + cs, mask=valid[:, None], other=0.0).to(tl.float32)
+    q = (x * c + (sign[None, :] * xr) * sn).to(K.dtype.element_ty)               # [M, HD]
+    for tt in tl.static_range(T):                                                 # the row's new tokens
+        n = q0 + tt
+        newpos = tl.load(QPOS + n)
+        wat = tl.load(WIDX + n)                                                   # pool position of newpos
+        pv = offs_d * 0 + newpos                                                  # [HD] (a scalar mask fails the interpreter)
+        mine = (pv >= lo) & (pv < hi)                                             # one program writes it
+        ksrc = QKV + n * stride_xn + (KVH * G + h) * HD
+        kx = tl.load(ksrc + offs_d).to(tl.float32)
+        kxr = tl.load(ksrc + partner).to(tl.float32)
+        kc = tl.load(COS + n * stride_cs + half).to(tl.float32)
+        ks = tl.load(SIN + n * stride_cs + half).to(tl.float32)
+        tl.store(K + h * stride_kh + wat * stride_kp + offs_d, (kx * kc + (sign * kxr) * ks).to(K.dtype.element_ty),
+                 mask=mine)
+        tl.store(V + h * stride_vh + wat * stride_vp + offs_d, tl.load(ksrc + KVH * HD + offs_d), mask=mine)
+    tl.debug_barrier()                                    # the stores seen by this program's tile loads
+    return q
+
+
+@triton.jit
+def _store_and_merge(PART, ML, COUNT, O, acc, m_i, l_i, pid, s, width, nsplit, qn, q0, h, offs_m, offs_d, valid,
+                     stride_on, stride_oh, G: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
+                     SPLITS_P2: tl.constexpr):
+    """Split s's partial (acc, m, l) stored; the last of the item's nsplit programs to finish (an
+    atomic counter it resets, so a graph may replay the launch) merges every split's partial,
+    query by query, into the output (only the item's qn * G queries)."""
+    part = (pid * width + s) * BLOCK_M
+    tl.store(PART + (part + offs_m)[:, None] * HD + offs_d[None, :], acc, mask=valid[:, None])
+    tl.store(ML + (part + offs_m) * 2, m_i, mask=valid)
+    tl.store(ML + (part + offs_m) * 2 + 1, l_i, mask=valid)
+    tl.debug_barrier()                                    # every thread's partial stored ...
+    done = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")   # ... before this release
+    if done == nsplit - 1:
+        offs_s = tl.arange(0, SPLITS_P2)
+        live = offs_s < nsplit
+        rows = (pid * width + offs_s) * BLOCK_M                                          # [S2]
+        for mi in range(0, qn * G):
+            ms = tl.load(ML + (rows + mi) * 2, mask=live, other=float("-inf"), cache_modifier=".cg")   # [S2]
+            ls = tl.load(ML + (rows + mi) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+            acc_s = tl.load(PART + (rows + mi)[:, None] * HD + offs_d[None, :], mask=live[:, None],
+                            other=0.0, cache_modifier=".cg")                             # [S2, HD]
+            m_all = tl.max(ms, axis=0)
+            w = tl.exp(ms - tl.where(m_all == float("-inf"), 0.0, m_all))                 # [S2]
+            l_all = tl.sum(w * ls, axis=0)
+            out = tl.sum(w[:, None] * acc_s, axis=0) / tl.where(l_all == 0.0, 1.0, l_all)   # [HD]
+            tl.store(O + (q0 + mi // G) * stride_on + (h * G + mi % G) * stride_oh + offs_d,
+                     out.to(O.dtype.element_ty))
+        tl.atomic_xchg(COUNT + pid, 0)                    # ready for the next launch (and graph replay)

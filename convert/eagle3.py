@@ -85,7 +85,6 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
                    tp: int = 8, dtype: str | None = None, force: bool = False, progress: bool = True) -> dict:
     """Check the draft against the converted target and write it in TRT-LLM's layout."""
     import torch
-    from tqdm import tqdm
 
     draft_dir, target_dir = Path(draft_dir), Path(target_dir)
     check_apart(out, {"--draft": draft_dir, "--target": target_dir})
@@ -110,8 +109,44 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
         raise DynspecError(f"--dtype {dtype!r} is not one of {list(DTYPES)}")
 
     src = weight_source(draft_dir, "--draft", allow_bin=True)
+    tensors = _read_draft_tensors(src, draft_dir, expected_draft_tensors(ds, draft_vocab, target_hidden,
+                                                                         len(capture.layers)),
+                                  capture, target_hidden, progress)
+    own_embed = "embed_tokens.weight" in tensors
+    if not own_embed and ds.hidden != ts.hidden:
+        raise DynspecError(
+            f"{draft_dir}: no embed_tokens.weight, and the draft's hidden_size={ds.hidden} differs from the "
+            f"target's {ts.hidden}, so it cannot share the target's embedding"
+        )
+    if "d2t" in tensors:
+        check_vocab_maps(tensors["d2t"], tensors.get("t2d"), draft_vocab, ds.vocab, str(draft_dir))
+    elif draft_vocab != ds.vocab:
+        raise DynspecError(f"{draft_dir}: no d2t tensor, but draft_vocab_size={draft_vocab} != vocab_size={ds.vocab}")
+
+    torch_dtype = getattr(torch, dtype)
+    out_cfg = dict(cfg, architectures=[ARCHITECTURE], model_type="llama", draft_vocab_size=draft_vocab,
+                   target_hidden_size=target_hidden, num_hidden_layers=1, dtype=dtype, torch_dtype=dtype)
+    with atomic_dir(out, force=force, mark=OUTPUT_MARK, one_line=True) as tmp:
+        writer = ShardWriter(tmp)
+        for key in sorted(tensors):
+            t = tensors[key]
+            writer.add(key, t.to(torch_dtype) if t.is_floating_point() else t)
+        shards = writer.close()
+        write_json(tmp / "config.json", out_cfg)
+        tokenizer = copy_tokenizer_files(draft_dir, tmp)
+        manifest = _manifest(draft_dir, target_dir, tm, ts, ds, dtype, tp, draft_vocab, target_hidden, capture,
+                             own_embed, tensors, report, shards, tokenizer)
+        write_json(tmp / MANIFEST, manifest)
+        src.check_unchanged()                   # before the rename: the output is what the source held
+    return manifest
+
+
+def _read_draft_tensors(src, draft_dir: Path, expected: dict, capture, target_hidden: int, progress: bool) -> dict:
+    """Every tensor of the draft's checkpoint by canonical name, checked against the EAGLE-3 layout
+    (`expected`: canonical name -> shape): no unexpected or missing tensor, shapes and dtypes."""
+    from tqdm import tqdm
+
     names = draft_keys(src.key_to_file)                  # canonical -> name in the checkpoint
-    expected = expected_draft_tensors(ds, draft_vocab, target_hidden, len(capture.layers))
     unexpected = sorted(set(names) - set(expected))
     if unexpected:
         name = names[unexpected[0]]
@@ -139,55 +174,36 @@ def convert_eagle3(draft_dir: str | os.PathLike, target_dir: str | os.PathLike, 
         if key not in ("d2t", "t2d") and not t.is_floating_point():
             raise DynspecError(f"dtype mismatch: tensor {name!r} in {file} is {t.dtype}; expected floating point")
         tensors[key] = t
-    own_embed = "embed_tokens.weight" in tensors
-    if not own_embed and ds.hidden != ts.hidden:
-        raise DynspecError(
-            f"{draft_dir}: no embed_tokens.weight, and the draft's hidden_size={ds.hidden} differs from the "
-            f"target's {ts.hidden}, so it cannot share the target's embedding"
-        )
-    if "d2t" in tensors:
-        check_vocab_maps(tensors["d2t"], tensors.get("t2d"), draft_vocab, ds.vocab, str(draft_dir))
-    elif draft_vocab != ds.vocab:
-        raise DynspecError(f"{draft_dir}: no d2t tensor, but draft_vocab_size={draft_vocab} != vocab_size={ds.vocab}")
+    return tensors
 
-    torch_dtype = getattr(torch, dtype)
-    out_cfg = dict(cfg, architectures=[ARCHITECTURE], model_type="llama", draft_vocab_size=draft_vocab,
-                   target_hidden_size=target_hidden, num_hidden_layers=1, dtype=dtype, torch_dtype=dtype)
-    with atomic_dir(out, force=force, mark=OUTPUT_MARK, one_line=True) as tmp:
-        writer = ShardWriter(tmp)
-        for key in sorted(tensors):
-            t = tensors[key]
-            writer.add(key, t.to(torch_dtype) if t.is_floating_point() else t)
-        shards = writer.close()
-        write_json(tmp / "config.json", out_cfg)
-        tokenizer = copy_tokenizer_files(draft_dir, tmp)
-        manifest = {
-            "format": CHECKPOINT_FORMAT,
-            "kind": "eagle3-draft",
-            "architecture": ARCHITECTURE,
-            "source": str(draft_dir.resolve()),
-            "dtype": dtype,
-            "tp": tp,
-            "shape": ds.to_json(),
-            "draft_vocab_size": draft_vocab,
-            "target_hidden_size": target_hidden,
-            "capture_layers": list(capture.layers),
-            "capture_layers_convention": "output of target layer i (TRT-LLM eagle3_layers_to_capture)",
-            "capture_layers_source": capture.source,
-            "shares_target_embedding": not own_embed,
-            "target": {"dir": str(target_dir.resolve()), "architecture": tm["architecture"],
-                       "layers": ts.layers, "hidden_size": ts.hidden, "vocab_size": ts.vocab},
-            "parameter_count": sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d")),
-            "weight_bytes_per_rank": eagle3_weight_bytes_per_rank(
-                ds, draft_vocab, target_hidden, len(capture.layers), own_embed, tp, dtype),
-            "kv_bytes_per_token_per_rank": kv_bytes_per_token_per_rank(ds, tp, dtype),
-            "checks": report.passed() + [
-                {"name": "target_hidden_size", "detail": f"{target_hidden} == target hidden_size"},
-                {"name": "vocab_size", "detail": f"{ds.vocab} == target vocab_size; d2t/t2d consistent"},
-                {"name": "capture_layers", "detail": f"{list(capture.layers)} within target layers 0..{ts.layers - 1}"},
-            ],
-            "files": {"weights": shards, "tokenizer": tokenizer},
-        }
-        write_json(tmp / MANIFEST, manifest)
-        src.check_unchanged()                   # before the rename: the output is what the source held
-    return manifest
+
+def _manifest(draft_dir: Path, target_dir: Path, tm: dict, ts, ds, dtype: str, tp: int, draft_vocab: int,
+              target_hidden: int, capture, own_embed: bool, tensors: dict, report, shards, tokenizer) -> dict:
+    """The converted draft's dynspec.json."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "kind": "eagle3-draft",
+        "architecture": ARCHITECTURE,
+        "source": str(draft_dir.resolve()),
+        "dtype": dtype,
+        "tp": tp,
+        "shape": ds.to_json(),
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": target_hidden,
+        "capture_layers": list(capture.layers),
+        "capture_layers_convention": "output of target layer i (TRT-LLM eagle3_layers_to_capture)",
+        "capture_layers_source": capture.source,
+        "shares_target_embedding": not own_embed,
+        "target": {"dir": str(target_dir.resolve()), "architecture": tm["architecture"],
+                   "layers": ts.layers, "hidden_size": ts.hidden, "vocab_size": ts.vocab},
+        "parameter_count": sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d")),
+        "weight_bytes_per_rank": eagle3_weight_bytes_per_rank(
+            ds, draft_vocab, target_hidden, len(capture.layers), own_embed, tp, dtype),
+        "kv_bytes_per_token_per_rank": kv_bytes_per_token_per_rank(ds, tp, dtype),
+        "checks": report.passed() + [
+            {"name": "target_hidden_size", "detail": f"{target_hidden} == target hidden_size"},
+            {"name": "vocab_size", "detail": f"{ds.vocab} == target vocab_size; d2t/t2d consistent"},
+            {"name": "capture_layers", "detail": f"{list(capture.layers)} within target layers 0..{ts.layers - 1}"},
+        ],
+        "files": {"weights": shards, "tokenizer": tokenizer},
+    }

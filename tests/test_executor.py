@@ -378,6 +378,7 @@ def test_engines_keep_their_own_kernels_and_random_state(pair):
                                   fused_kernels=True)
     plain = engine(pair)
     assert fused.target.kernels.compiled and not plain.target.kernels.compiled
+    assert fused.draft.kernels is fused.target.kernels and not plain.draft.kernels.compiled   # the draft's glue too
     torch.manual_seed(1234)
     state = torch.get_rng_state()
     ex = Executor(plain, DraftSchedule.static(4, 16), acceptance=Bernoulli(0.5, seed=3), allow_lossy=True)

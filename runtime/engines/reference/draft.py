@@ -47,7 +47,7 @@ from dynspec.checkpoint.eagle3 import resolve_capture_layers
 from dynspec.errors import DynspecError
 
 from .attention import RaggedBatch, sdpa_attention, write_kv
-from .layer_ops import apply_rope, rms_norm
+from .layer_ops import apply_rope, Kernels
 from .model import _empty, Collectives, row_batch, setup_paged_cache, setup_row_cache
 from .model_config import attention_dims, check_silu, hf_field, parse_rope, TargetConfig
 
@@ -145,6 +145,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool, device=device))
         self.attention = sdpa_attention
         self.collectives = Collectives()
+        self.kernels = Kernels()                  # the engine shares the target's (compiled on CUDA)
         self.max_batch = self.max_seq_len = self.block_size = 0
         self.row_tables: Tensor | None = None
         self.register_buffer("k_cache", None, persistent=False)   # [kvh, blocks*block_size, hd]
@@ -175,9 +176,9 @@ class Eagle3Draft(nn.Module):
 
     def layer_input(self, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """(attention input [B, T, 2h], residual [B, T, h]) from tokens and an h-wide hidden."""
-        eps = self.config.rms_norm_eps
-        h = rms_norm(hidden, self.hidden_norm, eps)
-        e = rms_norm(self.embed_tokens(tokens), self.input_layernorm, eps)
+        eps, f = self.config.rms_norm_eps, self.kernels
+        h = f.rms_norm(hidden, self.hidden_norm, eps)
+        e = f.rms_norm(self.embed_tokens(tokens), self.input_layernorm, eps)
         return torch.cat((e, h), dim=-1), (h if self.config.norm_before_residual else hidden)
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -193,11 +194,10 @@ class Eagle3Draft(nn.Module):
     def finish(self, attn: Tensor, residual: Tensor, greedy: bool = False) -> tuple[Tensor, Tensor]:
         """attn [B, T, nh*hd] -> (draft logits [B, T, dv], output hidden [B, T, h] pre-norm);
         greedy: the draft-vocab argmax ids [B, T] instead of the logits."""
-        eps = self.config.rms_norm_eps
-        x = residual + self.collectives.all_reduce(F.linear(attn, self.wo))
-        gate, up = F.linear(rms_norm(x, self.post_attention_layernorm, eps), self.w13).chunk(2, dim=-1)
-        out = x + self.collectives.all_reduce(F.linear(F.silu(gate) * up, self.w2))
-        logits = F.linear(rms_norm(out, self.norm, eps), self.lm_head)       # [B, T, dv | dv_pad/N]
+        eps, f, comm = self.config.rms_norm_eps, self.kernels, self.collectives
+        x, h = f.add_rms_norm(residual, comm.all_reduce(F.linear(attn, self.wo)), self.post_attention_layernorm, eps)
+        out, h = f.add_rms_norm(x, comm.all_reduce(F.linear(f.silu_mul(F.linear(h, self.w13)), self.w2)), self.norm, eps)
+        logits = F.linear(h, self.lm_head)                                    # [B, T, dv | dv_pad/N]
         if greedy:
             return self.collectives.argmax(logits), out
         return self.collectives.gather_vocab(logits), out
@@ -215,11 +215,11 @@ class Eagle3Draft(nn.Module):
         if hidden.shape[0] != N:
             raise DynspecError(f"draft hidden input has shape {tuple(hidden.shape)}; tokens are {(N,)}")
         x, residual = self.layer_input(tokens, self.fuse(hidden))            # [N, 2h], [N, h]
-        cos = self.rope_cos[batch.positions][None, None]                     # [1, 1, N, hd/2]
-        sin = self.rope_sin[batch.positions][None, None]
-        q, k, v = (t[0].transpose(0, 1) for t in self.qkv(x[None], cos, sin))   # [N, heads, hd]
-        q = q.contiguous()                                                   # row-major, as the target's q
-        write_kv(self.k_cache, self.v_cache, k, v, batch)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)                    # [N, 1, hd/2]
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        hd = self.config.head_dim                                            # q [N, nh, hd]; K/V written
+        q = self.kernels.rope_write(F.linear(x, self.wqkv), cos, sin, self.k_cache, self.v_cache, batch.write_index,
+                                    self.q_size // hd, self.kv_size // hd)
         attn = (attention or self.attention)(q, self.k_cache, self.v_cache, batch)      # [N, nh*hd]
         if rows is not None:
             attn, residual = attn[rows], residual[rows]

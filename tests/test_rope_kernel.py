@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n, nh, kvh, hd", [(1, 32, 8, 128), (7, 32, 8, 128), (5, 4, 2, 80)])
+@pytest.mark.parametrize("n, nh, kvh, hd", [(1, 32, 8, 128), (7, 32, 8, 128), (5, 4, 2, 80), (3, 0, 2, 64)])
 def test_rope_write_triton_interpreted_equals_rope_write(n, nh, kvh, hd, dtype, monkeypatch):
     from triton.runtime.interpreter import InterpretedFunction
 

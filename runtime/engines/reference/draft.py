@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from dynspec.checkpoint.eagle3 import resolve_capture_layers
 from dynspec.errors import DynspecError
 
-from .attention import RaggedBatch, sdpa_attention, write_kv
+from .attention import RaggedBatch, sdpa_attention
 from .layer_ops import apply_rope, Kernels
 from .model import _empty, Collectives, row_batch, setup_paged_cache, setup_row_cache
 from .model_config import attention_dims, check_silu, hf_field, parse_rope, TargetConfig
@@ -244,15 +244,12 @@ class Eagle3Draft(nn.Module):
     def extend_kv(self, tokens: Tensor, hidden: Tensor, batch: RaggedBatch) -> None:
         """Keep-warm while K=0: write only the K/V of entries (tokens [N], fused hidden [N, w])
         at the batch's positions; no attention, MLP or lm_head."""
-        c = self.config
-        N = tokens.shape[0]
         x, _ = self.layer_input(tokens, self.fuse(hidden))                   # [N, 2h]
-        k, v = F.linear(x, self.wqkv[self.q_size:]).split((self.kv_size, self.kv_size), dim=-1)
         cos = self.rope_cos[batch.positions].unsqueeze(1)                    # [N, 1, hd/2]
         sin = self.rope_sin[batch.positions].unsqueeze(1)
-        kvh = self.kv_size // c.head_dim
-        k = apply_rope(k.view(N, kvh, c.head_dim), cos, sin)
-        write_kv(self.k_cache, self.v_cache, k, v.view(N, kvh, c.head_dim), batch)
+        kv = F.linear(x, self.wqkv[self.q_size:])                            # [N, 2 kvh hd]: no q heads
+        self.kernels.rope_write(kv, cos, sin, self.k_cache, self.v_cache, batch.write_index, 0,
+                                self.kv_size // self.config.head_dim)
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         """Draft-vocab ids -> target-vocab ids: target_id = draft_id + d2t[draft_id]."""

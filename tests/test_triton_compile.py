@@ -52,6 +52,15 @@ def test_rope_write_lowers_for_sm90():
     assert "tt.func" in lower(fn, pointers, scalars, const)
 
 
+def test_pack_lowers_for_sm90():
+    from dynspec.runtime.engines.reference.pack_kernel import _pack as fn
+
+    pointers = {a: "*i64" for a in ("CELL", "X", "D", "POS", "SLOT", "TABLES", "IN_TOK", "IN_POS", "IN_WRITE",
+                                    "TOK", "P", "W")}
+    scalars = {a: "i64" for a in ("n", "T", "stride_d", "stride_t")}
+    assert "tt.func" in lower(fn, pointers, scalars, dict(BS=128, BLOCK=128))
+
+
 @pytest.mark.parametrize("has_r", [True, False])
 def test_norm_lowers_for_sm90(has_r):
     from dynspec.runtime.engines.reference.norm_kernel import _add_rms_norm_kernel as fn

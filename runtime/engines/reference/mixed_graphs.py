@@ -23,7 +23,7 @@ Inputs: the chunks' tokens, positions, K/V write indices and draft inputs at the
 places, the cell map both ways, the last-token indices and the work items are laid out on the
 host (`stage`, numpy) in one pinned buffer and reach the device in one copy; the graph merges the
 decode rows' tokens and positions (from the engine's step_in copy and the draft chain) into the
-forward's buffers through the cell map.
+forward's buffers through the cell map (`_pack`: one launch of pack_kernel.py with the Triton attention).
 
 The graph holds the whole iteration (at most CHUNKS chunks; `key` refuses more: those
 iterations run eagerly). K = 0 keys (T = 1): the forward, the decode rows' outputs, and one draft
@@ -185,22 +185,8 @@ class WholeMixed:
             cell = self.in_cell[:Np]
             dec = cell >= 0                                                              # [Np] decode tokens
             cell = cell.clamp(min=0)
-            D = None
-            if n:
-                vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                   # [B, T]
-                grid = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, e.block_size)
-                if T > 1:                                                                # pending tokens, then drafts
-                    D = e.draft_chain(B, T - 1)                                          # [B, K]
-                    toks = torch.cat([e.x[:B, None], D], 1).reshape(-1)                 # [B*T]
-                else:
-                    toks = e.x[:B]
-                self.tokens[:Np].copy_(torch.where(dec, toks[cell], self.in_tok[:Np]))
-                self.positions[:Np].copy_(torch.where(dec, grid.positions[cell], self.in_pos[:Np]))
-                self.write_index[:Np].copy_(torch.where(dec, grid.write_index[cell], self.in_write[:Np]))
-            else:
-                self.tokens[:Np].copy_(self.in_tok[:Np])
-                self.positions[:Np].copy_(self.in_pos[:Np])
-                self.write_index[:Np].copy_(self.in_write[:Np])
+            D = e.draft_chain(B, T - 1) if n and T > 1 else None                          # [B, K]
+            self._pack(Np, B, T, D, dec, cell)
             whole = self._batch(Np, B, T) if e.triton else self._device_rows(Np)
             logit_index = torch.cat([self.in_cellp[:n], self.in_last])                   # [B*T + LAST]
             t.layer_hook = cut
@@ -220,6 +206,28 @@ class WholeMixed:
                 self._verify(g, H, D, B, T, Np, dec, cell, whole)
 
         return run
+
+    def _pack(self, Np: int, B: int, T: int, D: Tensor | None, dec: Tensor, cell: Tensor) -> None:
+        """The forward's tokens, positions and K/V write indices [Np]: the decode rows' (pending
+        token, then drafts D [B, T-1], from the rows' positions and tables) at their cells, the
+        staged ones elsewhere. One launch where the attention is the Triton kernel (pack_kernel.py)."""
+        e = self.e
+        out = (self.tokens[:Np], self.positions[:Np], self.write_index[:Np])
+        staged = (self.in_tok[:Np], self.in_pos[:Np], self.in_write[:Np])
+        if e.triton:
+            from .pack_kernel import pack_inputs
+
+            return pack_inputs(self.in_cell[:Np], e.x[:B], D, e.pos[:B], e.slot[:B], e.block_tables, e.block_size,
+                               staged, out)
+        if not B * T:
+            for o, s in zip(out, staged):
+                o.copy_(s)
+            return
+        vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                           # [B, T]
+        grid = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, e.block_size)
+        toks = e.x[:B] if D is None else torch.cat([e.x[:B, None], D], 1).reshape(-1)      # [B*T]
+        for o, src, s in zip(out, (toks, grid.positions, grid.write_index), staged):
+            o.copy_(torch.where(dec, src[cell], s))
 
     def _device_rows(self, Np: int) -> RaggedBatch:
         """CPU (SDPA): the host-built batch with the decode tokens' positions and K/V write

@@ -151,12 +151,6 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     )
 
 
-def write_kv(k_pool: Tensor, v_pool: Tensor, k: Tensor, v: Tensor, batch: RaggedBatch) -> None:
-    """k_pool, v_pool [kvh, blocks*block_size, hd]; k, v [N, kvh, hd] -> written at write_index."""
-    k_pool.index_copy_(1, batch.write_index, k.transpose(0, 1))
-    v_pool.index_copy_(1, batch.write_index, v.transpose(0, 1))
-
-
 def _rows(q: Tensor, batch: RaggedBatch) -> Tensor:
     """Packed q [N, nh, hd] -> per-row queries [R, Tq, nh, hd] (padding queries are zeros)."""
     padded = torch.cat([q, q.new_zeros(1, *q.shape[1:])])                             # [N+1, nh, hd]

@@ -145,7 +145,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool, device=device))
         self.attention = sdpa_attention
         self.collectives = Collectives()
-        self.kernels = Kernels()                  # the engine shares the target's (compiled on CUDA)
+        self.kernels = Kernels()                  # ReferenceEngine gives it the target's (compiled on CUDA)
         self.max_batch = self.max_seq_len = self.block_size = 0
         self.row_tables: Tensor | None = None
         self.register_buffer("k_cache", None, persistent=False)   # [kvh, blocks*block_size, hd]

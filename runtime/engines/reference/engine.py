@@ -88,6 +88,7 @@ class ReferenceEngine:
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))
         self.async_launch = on_cuda        # launch returns before the device has run the step (executor.py)
         self.capture = tuple(draft.capture_layers)
+        draft.kernels = target.kernels                         # the draft's glue on the target's Kernels
         self.vocab_size = target.config.vocab_size
         self.triton = _use_triton(attention, on_cuda)          # RaggedAttention, else SDPA
         self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)

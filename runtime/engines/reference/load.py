@@ -227,7 +227,6 @@ def load_reference_engine(
     if fused_kernels if fused_kernels is not None else str(device).startswith("cuda"):
         target.kernels = Kernels(compiled=True)
     draft = load_draft(draft_dir, target, device=device, dtype=dt, part=draft_part)
-    draft.kernels = target.kernels
     if prepare is not None:
         prepare(target, draft)
     return ReferenceEngine(target, draft, max_batch_size=max_batch_size, max_seq_len=max_seq_len,

@@ -18,8 +18,9 @@ Uniform rows (decode steps: R rows of T tokens, packed row-major) need no item l
 row r. There the kernel can also take RoPE and the K/V write (rope_attend): each program rotates
 its queries, and the program whose keys hold a new token's position writes its rotated K and its
 V before it reads, so a decode layer's attention is one launch. Work items read every key from the
-pool, written before the launch (rope_write): a chunk's item reads keys that other items bring. Split sizes come from the table
-width, not the row's length, so a program's table, query and position loads go out together.
+pool, written before the launch (rope_write): a chunk's item reads keys that other items bring.
+Split sizes come from the table width, not the row's length, so a program's table, query and
+position loads go out together.
 Worked example, 8 KV heads, 132 SMs, a table of 9 blocks of 128 (18 tiles of 64), one row at
 position 1024: splits_for(8, 18, 132) = 18 programs a KV head, one tile each; split 17 loads
 nothing (its m = -inf, l = 0 still count in the merge); tile 16 holds key 1024, so split 16 writes it.
@@ -187,7 +188,7 @@ def _launch(q: Tensor | None, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
         qkv = cos = sin = widx = q                                # unused without ROPE
     G = nh // kvh
     uniform = batch.items is None and (rope is not None or _uniform(batch, G))
-    if rope is not None and not uniform:
+    if rope is not None and (batch.items is not None or not _uniform(batch, G)):
         raise ValueError("RoPE inside the ragged kernel takes uniform rows only (a batch with items: rope_write first)")
     if uniform:
         R, T = batch.q_pos.shape

@@ -8,8 +8,8 @@ With ROPE (uniform rows only) the queries come unrotated in the rows' qkv ([N, (
 Q unused) and each program rotates its own; the program whose tiles hold a new token's position
 writes that token's K (rotated) and V before it reads, so a decode layer's attention is one
 launch. Work items read every key from the pool: their rows' new K/V are written before the
-launch (rope_kernel.rope_write_triton), since an item of a chunk reads keys that other programs'
-items bring (docs/design.md, "The ragged attention kernel")."""
+launch (the model's Kernels.rope_write: rope_kernel.py's Triton kernel on CUDA), since an item of a
+chunk reads keys that other programs' items bring (docs/design.md, "The ragged attention kernel")."""
 import triton
 import triton.language as tl
 

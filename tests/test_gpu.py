@@ -383,15 +383,24 @@ def test_decode_b1_1024_context_timing():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n", [1, 7, 300])
-def test_rope_write_triton_equals_rope_write(n, dtype):
+@pytest.mark.parametrize("n, nh", [(1, 32), (7, 32), (300, 32), (7, 0)])
+def test_rope_write_triton_equals_rope_write(n, nh, dtype):
     """Kernels(compiled=True)'s rope_write on CUDA, the Triton kernel, == layer_ops.rope_write at the
-    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache."""
+    8B shape (nh 32, kvh 8, hd 128) into a layer of a bigger cache; nh 0: the draft's keep-warm
+    K/V write (no query heads)."""
     from dynspec.runtime.engines.reference.layer_ops import Kernels
     from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
 
     assert Kernels(compiled=True).rope_write is rope_write_triton
-    assert_rope_write_matches(rope_write_triton, "cuda", dtype, n)
+    assert_rope_write_matches(rope_write_triton, "cuda", dtype, n, nh=nh)
+
+
+def test_pack_inputs_on_cuda_follow_the_rule():
+    """pack_kernel.py compiled, on tests/test_pack_kernel.py's random layouts (b=64 at T=4 and a chunk)."""
+    from tests.test_pack_kernel import test_random_layouts_follow_the_rule
+    from dynspec.runtime.engines.reference.pack_kernel import pack_inputs
+
+    test_random_layouts_follow_the_rule(pack_inputs, 64, 4, 130, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -21,9 +21,11 @@ def pack(monkeypatch):
     return pack_kernel.pack_inputs
 
 
-def _run(pack, cell, x, D, pos, slot, tables, bs, staged):
+def _run(pack, cell, x, D, pos, slot, tables, bs, staged, device="cpu"):
+    on = lambda t: None if t is None else t.to(device)                      # noqa: E731
+    staged = tuple(on(s) for s in staged)
     out = tuple(torch.full_like(s, -7) for s in staged)
-    pack(torch.tensor(cell), x, D, pos, slot, tables, bs, staged, out)
+    pack(on(torch.tensor(cell)), on(x), on(D), on(pos), on(slot), on(tables), bs, staged, out)
     return [o.tolist() for o in out]
 
 
@@ -36,7 +38,7 @@ def test_the_docstring_example(pack):
 
 
 @pytest.mark.parametrize("B, T, extra", [(0, 1, 5), (1, 1, 0), (3, 1, 7), (4, 3, 9), (2, 5, 130)])
-def test_random_layouts_follow_the_rule(pack, B, T, extra):
+def test_random_layouts_follow_the_rule(pack, B, T, extra, device="cpu"):
     g = torch.Generator().manual_seed(B * 10 + T)
     bs, blocks, slots = 16, 6, 8
     tables = torch.randint(1, 50, (slots, blocks), generator=g)
@@ -48,7 +50,7 @@ def test_random_layouts_follow_the_rule(pack, B, T, extra):
     cell = torch.full((n,), -1)
     cell[torch.randperm(n, generator=g)[:B * T]] = torch.randperm(B * T, generator=g)
     staged = tuple(torch.randint(0, 1000, (n,), generator=g) for _ in range(3))
-    got = _run(pack, cell.tolist(), x, D, pos, slot, tables, bs, staged)
+    got = _run(pack, cell.tolist(), x, D, pos, slot, tables, bs, staged, device)
     for i, c in enumerate(cell.tolist()):
         if c < 0:
             assert [o[i] for o in got] == [int(s[i]) for s in staged]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class RowInputs:
     keep_warm: bool = True           # the engine may keep the draft warm at K=0
     since_spec: int = 0              # iterations with rows since the last one with any K_i > 0
     cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: the profile alone)
+    probes: Sequence[int] = ()       # [b] each row's probes since it last drafted other than as a probe (empty: 0)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class RowPolicy(Protocol):
     def decide_rows(self, inputs: RowInputs) -> RowDecision: ...
 
 
-PROBE_EVERY = 32       # iterations a row may sit at K=0 before it drafts one token to re-measure
+PROBE_EVERY = 8        # iterations a row may sit at K=0 before it drafts one token to re-measure, ...
+PROBE_BACKOFF = 3      # ... doubled by each probe since it last drafted otherwise, up to 2^this times
 
 
 class PerRequestPolicy(AdaptivePolicy):
@@ -68,10 +70,12 @@ class PerRequestPolicy(AdaptivePolicy):
     most expected tokens per predicted ms). Keeps the adaptive policy's pooled estimate (the rows'
     prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the schedule's K at b.
     Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
-    cap), a row at K=0 for PROBE_EVERY iterations drafts one token: in a step that drafts anyway
-    (one more verify token each), or, when the whole batch has sat at K=0 that long, all such
-    rows in one step (the chain's cost once every PROBE_EVERY iterations, not in every step);
-    not where the cap at b is 0 (the schedule's K=0 tier) or the profile has no K=1."""
+    cap), a row at K=0 for its probe interval (probe_interval: PROBE_EVERY iterations, doubled by
+    each probe since it last drafted otherwise) drafts one token: in a step that drafts anyway
+    (one more verify token each), or, when the whole batch has sat at K=0 for PROBE_EVERY
+    iterations, all due rows in one step (the chain's cost at most once every PROBE_EVERY
+    iterations, not in every step); not where the cap at b is 0 (the schedule's K=0 tier) or the
+    profile has no K=1."""
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None, cap=None, shrinkage: float = 8.0):
@@ -99,7 +103,7 @@ class PerRequestPolicy(AdaptivePolicy):
             warm = x.keep_warm
             return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm))
         # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown)
-        due = tuple(np.flatnonzero(np.asarray(x.idle) >= PROBE_EVERY).tolist()) if math.isfinite(
+        due = tuple(np.flatnonzero(np.asarray(x.idle) >= probe_interval(x.probes, b)).tolist()) if math.isfinite(
             cost.chain_ms[1]) else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
         a = allocate(rates, cost, cap, budget, cost.decode_ms, due if x.since_spec >= PROBE_EVERY else ())
@@ -124,6 +128,15 @@ class PerRequestPolicy(AdaptivePolicy):
         ctx = ",".join(str(c) for c in self.cost.context_lens)
         return (f"per-request (K_i in {list(self.candidates)}, cost model of {self.cost.device} at context {ctx}, "
                 f"shrinkage {self.shrinkage:g})")
+
+
+def probe_interval(probes: Sequence[int], b: int) -> np.ndarray:
+    """[b] iterations each row sits at K=0 before its next probe: PROBE_EVERY doubled by each of
+    its probes since it last drafted other than as a probe, at most PROBE_BACKOFF times.
+    probes (0, 1, 5) -> (8, 16, 64): a row whose probes keep failing costs a chain pass ever more rarely,
+    one that a bad first draft sent to K=0 is measured again within PROBE_EVERY iterations."""
+    p = np.asarray(probes, dtype=np.int64) if len(probes) else np.zeros(b, dtype=np.int64)
+    return PROBE_EVERY << np.minimum(p, PROBE_BACKOFF)
 
 
 def _k0_ms(raw: SplitCost, b: int, keep_warm: bool) -> float:

@@ -83,11 +83,14 @@ class KDecider:
         d = self.policy.decide_rows(RowInputs(
             b, context, rates, self.row_table.rates(slots, rates, self.policy.shrinkage),
             [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
-            self.since_spec, scale))
+            self.since_spec, scale, [r.probes for r in rows]))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
             raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
-        for r, k in zip(rows, d.ks):          # at the decision: the overlapped loop plans before it folds
+        probed = set(d.probes)
+        for i, (r, k) in enumerate(zip(rows, d.ks)):   # at the decision: the overlapped loop plans before it folds
             r.idle = 0 if k else r.idle + 1
+            if k:
+                r.probes = r.probes + 1 if i in probed else 0
         return d.k, d, context, scale
 
     def count_k(self, k: int, decision: "Decision | None") -> None:

@@ -98,6 +98,7 @@ class Request:
     drafted: int = 0
     decode_steps: int = 0
     idle: int = 0                    # iterations since it last drafted (row policies' probes)
+    probes: int = 0                  # its probes since it last drafted other than as a probe (their backoff)
     chunks: "queue.SimpleQueue" = field(default_factory=queue.SimpleQueue)   # C-implemented: one put per row per step
 
     @property

@@ -254,6 +254,48 @@ def test_probes_ride_along_a_drafting_step_or_come_together():
     assert decide(mixed, fresh, 0).ks[:2] == (0, 0)
 
 
+def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
+    """probe_interval's example; a row with one probe behind it is due at twice PROBE_EVERY, not
+    before; the executor counts a row's probes and clears them when it drafts otherwise."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.per_request import PROBE_BACKOFF, PROBE_EVERY, PerRequestPolicy, probe_interval
+
+    assert probe_interval((0, 1, 5), 3).tolist() == [PROBE_EVERY, 2 * PROBE_EVERY, PROBE_EVERY << PROBE_BACKOFF]
+    assert probe_interval((), 2).tolist() == [PROBE_EVERY] * 2
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+    low = np.full((2, 4), 0.02)
+
+    def decide(idle, probes):
+        return policy.decide_rows(RowInputs(2, 100.0, (0.5,) * 4, low, np.asarray(idle), 4, True, 10 ** 6,
+                                            probes=probes))
+
+    assert decide([PROBE_EVERY] * 2, (1, 0)).probes == (1,)                # row 0 backs off
+    assert decide([2 * PROBE_EVERY - 1, 0], (1, 0)).ks == (0, 0)
+    assert decide([2 * PROBE_EVERY, 0], (1, 0)).probes == (0,)
+
+    from types import SimpleNamespace
+
+    from dynspec.runtime.planning import KDecider
+    from dynspec.runtime.requests import Request
+
+    from dynspec.runtime.per_request import RowDecision
+
+    class Scripted(PerRequestPolicy):                      # the rows' K's given, as a probe or not
+        def decide_rows(self, x):
+            ks, probes = script.pop(0)
+            return RowDecision(ks, keep_warm=True, predicted_ms=None, gain=None, probes=probes)
+
+    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2)
+    k = KDecider(engine, Scripted(linear_split_cost(), AdaptiveSettings(calibrate=False)), True)
+    rows = [Request(i, (1, 2), 8, frozenset(), 0.0, slot=i) for i in range(2)]
+    script = [((1, 0), (0,)), ((0, 0), ()), ((1, 1), (0, 1)), ((2, 0), ())]
+    seen = []
+    for _ in range(4):
+        k.decide(rows, [4, 4], (0.5,) * 4)
+        seen.append([(r.idle, r.probes) for r in rows])
+    assert seen == [[(0, 1), (1, 0)], [(1, 1), (2, 0)], [(0, 2), (0, 1)], [(0, 0), (1, 1)]]
+
+
 def test_no_probes_without_a_profiled_k1_and_the_cap_0_tier_runs_as_the_schedule():
     """A profile without K=1 leaves rows at K=0 unprobed (a probe's cost is unknown) instead of
     failing the iteration; at a b the schedule caps at K=0 the policy keeps the draft warm as the

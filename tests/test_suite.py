@@ -23,6 +23,7 @@ from dynspec.errors import DynspecError
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed")
+COMMITTED_CPU = ("cpu_tiny", "cpu_per_request")
 COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance", "long_context", "overlap", "overlap_regime_a", "serving")     # the adaptive configs' engine is their own
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
@@ -314,15 +315,16 @@ def test_committed_cpu_tiny_results_are_what_the_suite_computes_from_its_sweep()
     assert man["command"].split()[:4] == ["python", "-m", "dynspec.benchmarks.suite", "cpu_tiny"]
     assert set(want["values"]["by_concurrency"]) == {"1", "2", "4", "8", "16"}
     assert all(e["acceptance"]["static"]["acceptance_rate"] > 0 for e in want["values"]["by_concurrency"].values())
-    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == sorted(("cpu_tiny",) + COMMITTED_H200)
+    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == sorted(COMMITTED_CPU + COMMITTED_H200)
     assert len(list((ROOT / "benchmarks" / "scripts").iterdir())) <= 6
     assert os.path.getsize(res / "summary.png") > 1000
 
 
-@pytest.mark.parametrize("name", COMMITTED_H200)
+@pytest.mark.parametrize("name", COMMITTED_H200 + COMMITTED_CPU[1:])
 def test_committed_h200_results_are_what_the_suite_computes_from_their_stages(name):
-    """Each committed GPU results dir: its summary is recomputed from its own stage outputs, and its
-    manifest records a complete run of that config's suite command with every stage at rc 0."""
+    """Each committed results dir (the GPU's, and cpu_per_request): its summary is recomputed from
+    its own stage outputs, and its manifest records a complete run of that config's suite command
+    with every stage at rc 0."""
     from dynspec.benchmarks.summary import suite_figures
 
     res = ROOT / "benchmarks" / "results" / name

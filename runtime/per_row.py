@@ -189,6 +189,7 @@ def allocate(rates: np.ndarray, cost: SplitCost, cap: int, token_budget: int,
 
 
 FORCED_ROWS = 16      # rows tried at the full depth m where chain(m) is below a shallower chain(d)
+SMALL = 16            # b x cap at most this, and chain not falling: the scan in plain Python (no numpy calls)
 
 
 def _search(r: np.ndarray, cost: SplitCost, cap: int, budget: int) -> tuple[np.ndarray, float, float]:
@@ -199,6 +200,9 @@ def _search(r: np.ndarray, cost: SplitCost, cap: int, budget: int) -> tuple[np.n
     best = (b / zero, 0, 0, float(b), zero, None)          # (tokens/ms, m, c, E, ms, forced ks or None)
     if cap == 0 or budget <= b:
         return np.zeros(b, dtype=np.int64), best[3], best[4]
+    chain = cost.chain_ms.tolist()
+    if b * cap <= SMALL and all(not x > y for x, y in zip(chain[1:cap], chain[2:cap + 1])):
+        return _search_small(r.tolist(), cost, cap, budget, best)
     g2 = np.cumprod(r[:, :cap], axis=1)                            # [b, cap] gains g_ij
     order = np.argsort(-g2.ravel(), kind="stable")                 # descending; ties keep j ascending
     gs, js, rows = g2.ravel()[order], order % cap + 1, order // cap   # [b * cap] gain, j, row
@@ -227,6 +231,38 @@ def _search(r: np.ndarray, cost: SplitCost, cap: int, budget: int) -> tuple[np.n
     _, m, c, tokens, ms, ks = best
     if ks is None:
         ks = np.bincount(rows[js <= m][:c], minlength=b) if c else np.zeros(b, dtype=np.int64)
+    return ks, tokens, ms
+
+
+def _search_small(r: list, cost: SplitCost, cap: int, budget: int, best: tuple) -> tuple[np.ndarray, float, float]:
+    """_search's top-c prefix scan for a few rows, in plain Python (the numpy calls' overhead is
+    most of the decision at b <= 4); the same order and ties (rows, then positions, by falling
+    gain), exact when chain does not fall with m (no forced sets)."""
+    b, f, chain, floor = len(r), cost.f_ms.tolist(), cost.chain_ms.tolist(), cost.floor_ms
+    entries = []                                                   # (gain g_ij, j, row i), row-major
+    for i, row in enumerate(r):
+        g = 1.0
+        for j in range(cap):
+            g *= row[j]
+            entries.append((g, j + 1, i))
+    entries.sort(key=lambda e: -e[0])                              # stable: ties keep row-major order
+    for m in range(1, cap + 1):
+        if not math.isfinite(chain[m]):
+            continue
+        gained, deepest, c = 0.0, 0, 0
+        for g, j, _ in entries:
+            if j > m:
+                continue
+            if c == budget - b:
+                break
+            c, gained, deepest = c + 1, gained + g, max(deepest, j)
+            tokens, ms = b + gained, max(f[b + c] + chain[deepest], floor)   # as numpy's b + cumsum
+            if tokens / ms > best[0]:
+                best = (tokens / ms, m, c, tokens, ms, None)
+    _, m, c, tokens, ms, _ = best
+    ks = np.zeros(b, dtype=np.int64)
+    for _, _, i in [e for e in entries if e[1] <= m][:c]:
+        ks[i] += 1
     return ks, tokens, ms
 
 

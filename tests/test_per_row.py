@@ -324,3 +324,26 @@ def test_calibrated_split_cost_scales_each_uniform_step_and_plain_decode():
         assert cal.ms(4 * (k + 1), k) == pytest.approx(s * ms)
     assert cal.decode_ms == pytest.approx(1.02 * cost.decode_ms)
     assert cost.calibrated(()) is cost
+
+
+def test_the_small_scan_equals_the_numpy_scan(monkeypatch):
+    """b x cap <= SMALL runs in plain Python: the same K vectors, tokens and ms as the numpy scan
+    (ties included), on random rates and profiled costs whose chain does not fall."""
+    from dynspec.runtime import per_row
+
+    rnd = random.Random(17)
+    cases = 0
+    for _ in range(400):
+        cm = random_profile(rnd)
+        b, cap = rnd.randint(1, 4), rnd.randint(1, 4)
+        sc = SplitCost.at(cm, b, rnd.choice((512, 1000, 2048)))
+        chain = sc.chain_ms.tolist()
+        if any(x > y for x, y in zip(chain[1:cap], chain[2:cap + 1])):
+            continue
+        rates, budget = random_rates(rnd, b, cap), rnd.randint(b, b * (cap + 1) + 2)
+        small = allocate(rates, sc, cap, budget)
+        with monkeypatch.context() as m:
+            m.setattr(per_row, "SMALL", 0)
+            assert allocate(rates, sc, cap, budget) == small
+        cases += 1
+    assert cases >= 100

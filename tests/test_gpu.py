@@ -91,7 +91,7 @@ def test_graphs_equal_eager_and_greedy(pair, keep_warm, monkeypatch):
     fits = [s for s in ex.stats if s.prefill_tokens and s.decode_rows * (s.k + 1) + s.prefill_tokens <= top]
     assert n_whole == len(fits)                     # every mixed iteration that fits replayed its graph
     assert eng.eager_fallbacks == 0
-    assert all(len(g.graphs) == (1 if k.kind == "refresh" else 3) for k, g in eng._graphs.items())   # chains
+    assert all(len(g.graphs) == (1 if k.kind == "refresh" else 3) for k, g in eng.graph_chains.items())   # chains
     assert eng.whole.buckets == (16, 32, 48, 64)
     assert {s.k for s in ex.stats} >= {0, 1, 3, 5}
     assert any(s.decode_rows and s.prefill_tokens for s in ex.stats)

@@ -82,14 +82,14 @@ def packings(monkeypatch):
     from dynspec.runtime.engines.reference.engine import ReferenceEngine
 
     seen = []
-    real = ReferenceEngine._mixed_inputs
+    real = ReferenceEngine.mixed_inputs
 
     def spy(self, plan):
         m = real(self, plan)
         seen.append((m.nd, plan.decode_tokens))
         return m
 
-    monkeypatch.setattr(ReferenceEngine, "_mixed_inputs", spy)
+    monkeypatch.setattr(ReferenceEngine, "mixed_inputs", spy)
     return seen
 
 

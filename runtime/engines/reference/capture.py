@@ -48,7 +48,7 @@ def _capture_decode(e, keys: Iterable[GraphKey]) -> int:
     pool = torch.cuda.graph_pool_handle()
     stream = torch.cuda.Stream()
     e.slots.flush()                 # not inside a capture: its copy and writes would be baked in
-    e._pad_rows()
+    e.pad_rows()
     with torch.inference_mode():
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -57,7 +57,7 @@ def _capture_decode(e, keys: Iterable[GraphKey]) -> int:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         for key in keys:
-            e._graphs[key] = capture_key(e, key, pool, stream)
+            e.graph_chains[key] = capture_key(e, key, pool, stream)
     torch.cuda.synchronize()
     return len(keys)
 
@@ -90,7 +90,7 @@ def capture_whole_graphs(e, keys: Iterable[GraphKey] = (), exact: Iterable[tuple
         return 0
     rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
     e.slots.flush()                 # not inside a capture (capture_decode_graphs)
-    e._pad_rows()
+    e.pad_rows()
     below = dict(zip(e.buckets, (0,) + e.buckets[:-1]))          # row bucket -> the one below it
     least = lambda B, T: least_tokens(B, T, below[B])    # noqa: E731
     wanted = set(whole_keys(rows, e.whole.buckets, least) if rows else ()) | set(exact)

@@ -30,7 +30,7 @@ class MixedInputs:
 def eager_mixed(e, plan: StepPlan, read: int) -> torch.Tensor:
     """The iteration on engine e -> the first generated token of each last chunk [n_last]."""
     b, B, K = plan.batch_size, plan.bucket, plan.k
-    m = e._mixed_inputs(plan)
+    m = e.mixed_inputs(plan)
     nd = m.nd
     if b and K and any(plan.stale):
         refresh(e, B, read)

@@ -120,10 +120,10 @@ class ReferenceEngine:
         self.slot_pos = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
         self.results = ResultReader(self.device, n * (max_draft_len + 3))
         self._host_in_free = None                 # CUDA event: the last copy out of _host_in is done
-        self._pad_rows()
+        self.pad_rows()
         self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
         self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
-        self._graphs: dict[GraphKey, GraphChain] = {}
+        self.graph_chains: dict[GraphKey, GraphChain] = {}   # captured decode chains by key (capture.py)
         self.eager_fallbacks = 0
         self.on_dispatch = None                   # hook(key) at every dispatch: a GraphKey, or a whole-forward
                                                   # key (Np, B, T, draft) (tp_stats.py)
@@ -216,17 +216,17 @@ class ReferenceEngine:
 
     def decode_graph(self, bucket: int, keep_warm: bool):
         """The captured plain-decode graphs of (bucket, keep_warm), or None (eager, not captured)."""
-        return self._graphs.get(GraphKey("decode", bucket, keep_warm=keep_warm))
+        return self.graph_chains.get(GraphKey("decode", bucket, keep_warm=keep_warm))
 
     def _run(self, key: GraphKey, read: int | None) -> None:
         """A pure-decode key: its graph chain where captured, else its device function eagerly."""
         if self.on_dispatch is not None:
             self.on_dispatch(key)
-        graph = self._graphs.get(key)
+        graph = self.graph_chains.get(key)
         if graph is not None:
             graph.replay()
             return
-        if self._graphs:
+        if self.graph_chains:
             self.eager_fallbacks += 1     # a shape the schedule was not expected to reach
         draft_chain.device_fn(self, key, read)
 
@@ -244,7 +244,7 @@ class ReferenceEngine:
             self.on_dispatch(key)
         return self.whole.run(key)[:plan.last_chunks]
 
-    def _mixed_inputs(self, plan: StepPlan) -> eager_mixed.MixedInputs:
+    def mixed_inputs(self, plan: StepPlan) -> eager_mixed.MixedInputs:
         """An eager mixed iteration's device inputs (eager_mixed.mixed_inputs)."""
         return eager_mixed.mixed_inputs(self, plan)
 
@@ -289,7 +289,7 @@ class ReferenceEngine:
                 return n
         return (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
 
-    def _pad_rows(self) -> None:
+    def pad_rows(self) -> None:
         """Every step row a padding row (token 0 at position 1 of the padding slot): what graph
         warm-ups and captures run on, writing only into the scratch block."""
         self.x.zero_()
@@ -319,7 +319,7 @@ class ReferenceEngine:
 
     def drop_graphs(self) -> None:
         """Forget every captured graph (a graph bakes in what it captured, e.g. the all-reduce mode)."""
-        self._graphs.clear()
+        self.graph_chains.clear()
         if self.whole is not None:
             self.whole.drop()
 

@@ -16,7 +16,7 @@ import numpy as np
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.per_row import SplitCost, allocate
+from dynspec.runtime.per_row import SplitCost, allocate, uniform_allocation
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,9 @@ PROBE_BACKOFF = 3      # ... doubled by each probe since it last drafted otherwi
 class PerRequestPolicy(AdaptivePolicy):
     """Each row's K from its own shrunk rates, jointly with the batch's cost (runtime/per_row.py:
     SplitCost prices V verify tokens and the deepest chain m; allocate picks the K vector with the
-    most expected tokens per predicted ms). Keeps the adaptive policy's pooled estimate (the rows'
+    most expected tokens per predicted ms), or one K >= 1 for every row where that is within the
+    settings' margin of it and above plain decode (per_row.uniform_allocation: the decode graphs
+    instead of the whole-forward ones). Keeps the adaptive policy's pooled estimate (the rows'
     prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the schedule's K at b.
     Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
     cap), a row at K=0 for its probe interval (probe_interval: PROBE_EVERY iterations, doubled by
@@ -107,8 +109,13 @@ class PerRequestPolicy(AdaptivePolicy):
             cost.chain_ms[1]) else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
         a = allocate(rates, cost, cap, budget, cost.decode_ms, due if x.since_spec >= PROBE_EVERY else ())
-        if due and not a.probed and any(a.ks):          # the step drafts anyway: the due rows ride along
-            a = allocate(rates, cost, cap, budget, cost.decode_ms, due)
+        if len(set(a.ks)) > 1 and not a.probed:         # one K >= 1 for every row within the margin, and
+            u = uniform_allocation(rates, cost, cap, budget)      # above plain decode: the decode graphs
+            if u is not None and u.tokens_per_ms * (1 + self.settings.margin) >= a.tokens_per_ms and (
+                    cost.decode_ms is None or u.tokens_per_ms > b / cost.decode_ms):
+                a = u
+        if not a.probed and any(a.ks) and any(a.ks[i] == 0 for i in due):   # the step drafts anyway:
+            a = allocate(rates, cost, cap, budget, cost.decode_ms, due)     # the due rows ride along
         plain = b / cost.decode_ms if cost.decode_ms else None
         warm = x.keep_warm and a.reason != "plain decode"
         # the profile's time of the chosen option, unscaled (what the calibration compares with)

@@ -190,6 +190,28 @@ def allocate(rates: np.ndarray, cost: SplitCost, cap: int, token_budget: int,
     return Allocation(tuple(ks.tolist()), float(tokens), float(ms), float(tokens / ms), reason, raised)
 
 
+def uniform_allocation(rates: np.ndarray, cost: SplitCost, cap: int, token_budget: int) -> Allocation | None:
+    """The best K vector with every row at one K in 1..cap (the pure-decode graphs' speculative
+    steps) within the token budget; None when no K >= 1 fits or is profiled.
+    Worked example (the module docstring's rates and costs): K = 1, 2 -> 4.5 / 14.0, 5.57 / 16.5
+    tokens a ms: K=2 (.338), where the per-row optimum (2, 2, 0) gives .352."""
+    r = _check_rates(rates, cost.b, cap)
+    b, cap = cost.b, min(cap, cost.max_depth)
+    gains = np.cumprod(r[:, :cap], axis=1).sum(axis=0).tolist() if cap else []   # [cap] sum_i g_ij
+    best, tokens = None, float(b)
+    for k in range(1, cap + 1):
+        tokens += gains[k - 1]
+        if b * (k + 1) > token_budget or not math.isfinite(cost.chain_ms[k]):
+            continue
+        ms = cost.step_ms(b * (k + 1), k)
+        if best is None or tokens / ms > best[1] / best[2]:
+            best = (k, tokens, ms)
+    if best is None:
+        return None
+    k, tokens, ms = best
+    return Allocation((k,) * b, tokens, ms, tokens / ms, "uniform")
+
+
 FORCED_ROWS = 16      # rows tried at the full depth m where chain(m) is below a shallower chain(d)
 SMALL = 16            # b x cap at most this, and chain not falling: the scan in plain Python (no numpy calls)
 

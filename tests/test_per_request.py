@@ -254,6 +254,27 @@ def test_probes_ride_along_a_drafting_step_or_come_together():
     assert decide(mixed, fresh, 0).ks[:2] == (0, 0)
 
 
+def test_one_k_for_every_row_when_it_is_within_the_margin():
+    """Rows at nearly one rate: the per-row optimum gains under the margin (2%) over the best
+    uniform K, so every row takes that K (the pure-decode graphs); a bimodal batch keeps its vector."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.per_request import PerRequestPolicy
+    from dynspec.runtime.per_row import SplitCost, allocate
+
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+    near = np.clip(0.7 + np.random.default_rng(0).normal(0, 0.08, (8, 4)), 0, 1)   # rates 0.7 +- 0.08
+
+    def decide(rates):
+        return policy.decide_rows(RowInputs(8, 100.0, (0.7,) * 4, rates, np.zeros(8), 4, True, 0))
+
+    raw = allocate(near, SplitCost.at(policy.cost, 8, 96), 4, 40, None)
+    assert raw.ks == (2, 2, 2, 1, 2, 2, 2, 2)                               # the optimum alone: per-row, by 0.1%
+    d = decide(near)
+    assert len(set(d.ks)) == 1 and d.ks[0] >= 1 and d.reason == "uniform"
+    bimodal = np.array([[0.95] * 4] * 4 + [[0.1] * 4] * 4)
+    assert len(set(decide(bimodal).ks)) > 1
+
+
 def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
     """probe_interval's example; a row with one probe behind it is due at twice PROBE_EVERY, not
     before; the executor counts a row's probes and clears them when it drafts otherwise."""

@@ -12,7 +12,7 @@ import pytest
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.cost_model import PROFILE_FORMAT, CostModel, Profile
-from dynspec.runtime.per_row import Allocation, SplitCost, allocate, brute_force
+from dynspec.runtime.per_row import Allocation, SplitCost, allocate, brute_force, uniform_allocation
 from dynspec.runtime.row_table import RowTable
 
 
@@ -68,6 +68,11 @@ def test_worked_example_split_and_allocation():
     assert a == brute_force(WORKED_RATES, sc, 2, 100)
     assert a.tokens_per_ms > 5.57 / 16.5 > 4.5 / 14.0 > 3 / 11.5       # uniform K=2, K=1, plain decode
     assert allocate(WORKED_RATES, sc, 1, 100, sc.decode_ms).ks == (1, 1, 0)   # 4.4 / 13.5
+    u = uniform_allocation(WORKED_RATES, sc, 2, 100)                   # the best one K for every row
+    assert u.ks == (2, 2, 2) and u.reason == "uniform" and u.expected_tokens == pytest.approx(5.57)
+    assert u.predicted_ms == pytest.approx(16.5) and u.tokens_per_ms == pytest.approx(5.57 / 16.5)
+    assert uniform_allocation(WORKED_RATES, sc, 2, 8).ks == (1, 1, 1)     # 9 tokens do not fit a budget of 8
+    assert uniform_allocation(WORKED_RATES, sc, 0, 100) is None
 
 
 # ---- 1. shrinkage (runtime/row_table.py) -----------------------------------------------------------

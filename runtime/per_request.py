@@ -16,7 +16,8 @@ import numpy as np
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.per_row import SplitCost, allocate, uniform_allocation
+from dynspec.runtime.per_row import allocate, uniform_allocation
+from dynspec.runtime.split_cost import SplitCost
 
 
 @dataclass(frozen=True)

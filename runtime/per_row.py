@@ -133,11 +133,10 @@ def _search(r: np.ndarray, cost: SplitCost, cap: int, budget: int) -> tuple[np.n
         return np.zeros(b, dtype=np.int64), best[3], best[4]
     chain = cost.chain_ms.tolist()
     if b * cap <= SMALL and all(not x > y for x, y in zip(chain[1:cap], chain[2:cap + 1])):
-        return _search_small(r.tolist(), cost, cap, budget, best)
+        return _search_small(r.tolist(), cost, chain, cap, budget, best)
     g2 = np.cumprod(r[:, :cap], axis=1)                            # [b, cap] gains g_ij
     order = np.argsort(-g2.ravel(), kind="stable")                 # descending; ties keep j ascending
     gs, js, rows = g2.ravel()[order], order % cap + 1, order // cap   # [b * cap] gain, j, row
-    chain = cost.chain_ms.tolist()
     for m in range(1, cap + 1):
         if not math.isfinite(chain[m]):
             continue
@@ -165,11 +164,12 @@ def _search(r: np.ndarray, cost: SplitCost, cap: int, budget: int) -> tuple[np.n
     return ks, tokens, ms
 
 
-def _search_small(r: list, cost: SplitCost, cap: int, budget: int, best: tuple) -> tuple[np.ndarray, float, float]:
+def _search_small(r: list, cost: SplitCost, chain: list, cap: int, budget: int,
+                  best: tuple) -> tuple[np.ndarray, float, float]:
     """_search's top-c prefix scan for a few rows, in plain Python (the numpy calls' overhead is
     most of the decision at b <= 4); the same order and ties (rows, then positions, by falling
     gain), exact when chain does not fall with m (no forced sets)."""
-    b, f, chain, floor = len(r), cost.f_ms.tolist(), cost.chain_ms.tolist(), cost.floor_ms
+    b, f, floor = len(r), cost.f_ms.tolist(), cost.floor_ms
     entries = []                                                   # (gain g_ij, j, row i), row-major
     for i, row in enumerate(r):
         g = 1.0

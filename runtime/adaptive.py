@@ -58,7 +58,7 @@ from typing import Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance_estimate import HALF_LIFE_ROWS, AcceptanceEstimate
-from dynspec.runtime.cost_calibration import CostCalibration
+from dynspec.runtime.cost_calibration import COLD, KEEP_WARM, CostCalibration
 from dynspec.runtime.cost_model import CostModel
 
 
@@ -181,7 +181,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     if row is None or len(ks) < 2:
         return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
     ms, decode, extrapolated = row
-    scale = x.cost_scale                                   # [K = 0..max_k, keep-warm K=0, cold speculative]
+    scale = x.cost_scale                                   # [K = 0..max_k, keep-warm K=0, cold, ragged]
     plain = decode if decode is not None else ms[0]        # no decode_ms: the keep-warm time, an upper bound
     base = plain * scale[0] if scale else plain
     acc, prev, dm = x.acceptance, x.previous_k, s.draft_margin
@@ -216,7 +216,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
         return Decision(0, best, 1.0, "explore", extrapolated, keep_warm=False, predicted_ms=plain)
     if k == 0 and gain1 is not None:
         if scale and not warm:                             # the probe rebuilds stale draft heads: its own slot
-            gain1 = gain1 * scale[1] / scale[-1]
+            gain1 = gain1 * scale[1] / scale[COLD]
         loss = 1.0 - gain1 if gain1 < 1.0 else 0.0
         interval = max(s.min_probe_interval, math.ceil(loss / s.probe_loss)) << min(x.probes, s.probe_backoff)
         interval = min(s.max_probe_interval, interval)
@@ -224,7 +224,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
             return Decision(1, best, gain1, "probe", extrapolated, predicted_ms=ms[1])
     if k:
         return Decision(k, best, gain, reason, extrapolated, predicted_ms=ms[k])
-    gain = base / (ms[0] * scale[-2]) if warm and scale else base / ms[0] if warm else 1.0
+    gain = base / (ms[0] * scale[KEEP_WARM]) if warm and scale else base / ms[0] if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 
 

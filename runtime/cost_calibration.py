@@ -9,7 +9,8 @@ word alone.
 
 Options (slots): 0 = K=0 plain decode, k = K=k speculation, max_k + 1 = K=0 with keep-warm,
 max_k + 2 = a cold speculative step (rows whose draft head is rebuilt after plain decode: a
-probe, or the first step back at K > 0). A cold K=1 probe was measured at 6.27 ms where a warm
+probe, or the first step back at K > 0), max_k + 3 = a ragged step (per-request K with rows at
+different K_i, priced by split_cost.SplitCost: the whole-forward path, not the decode graphs). A cold K=1 probe was measured at 6.27 ms where a warm
 K=1 step ran 5.83 and plain decode 5.10 (H200, b=16): pooled into slot 1 it would price the warm
 K=1 too high, and the probes too low.
 Per slot, decayed sums of measured/predicted ratios with a half-life of `half_life` steps of that
@@ -30,40 +31,45 @@ from dataclasses import dataclass
 
 from dynspec.errors import DynspecError
 
+KEEP_WARM, COLD, RAGGED = -3, -2, -1     # scales()[...] of the slots after K = 0..max_k
+EXTRA = 3                                # how many such slots
+
 
 @dataclass(frozen=True)
 class CostCalibration:
     max_k: int = 8
     half_life: float = 16.0          # steps of one slot
     prior_weight: float = 4.0
-    ratios: tuple[float, ...] = ()   # [max_k + 3] decayed sums of measured / predicted
-    counts: tuple[float, ...] = ()   # [max_k + 3] decayed step counts
+    ratios: tuple[float, ...] = ()   # [max_k + 4] decayed sums of measured / predicted
+    counts: tuple[float, ...] = ()   # [max_k + 4] decayed step counts
 
     def __post_init__(self) -> None:
         if self.max_k < 0 or self.half_life <= 0 or self.prior_weight <= 0:
             raise DynspecError(f"cost calibration needs max_k >= 0, half_life > 0 and prior_weight > 0 "
                                f"(got {self.max_k}, {self.half_life}, {self.prior_weight})")
-        zero = (0.0,) * (self.max_k + 3)
+        zero = (0.0,) * (self.max_k + 1 + EXTRA)
         object.__setattr__(self, "ratios", tuple(self.ratios) or zero)
         object.__setattr__(self, "counts", tuple(self.counts) or zero)
-        if len(self.ratios) != self.max_k + 3 or len(self.counts) != self.max_k + 3:
-            raise DynspecError(f"cost calibration sums must have {self.max_k + 3} slots")
+        if len(self.ratios) != self.max_k + 1 + EXTRA or len(self.counts) != self.max_k + 1 + EXTRA:
+            raise DynspecError(f"cost calibration sums must have {self.max_k + 1 + EXTRA} slots")
         object.__setattr__(self, "_scales", _pooled(self.ratios, self.counts, self.prior_weight))
 
-    def slot(self, k: int, keep_warm: bool, cold: bool = False) -> int:
-        """cold: a K > 0 step with a row whose draft head is stale (Plan.stale)."""
+    def slot(self, k: int, keep_warm: bool, cold: bool = False, ragged: bool = False) -> int:
+        """cold: a K > 0 step with a row whose draft head is stale (Plan.stale), ragged or not (the
+        refresh would price every ragged vector); ragged: a warm step whose rows drafted different
+        K_i (Plan.row_k)."""
         if k == 0:
             return self.max_k + 1 if keep_warm else 0
-        return self.max_k + 2 if cold else k
+        return self.max_k + 2 if cold else self.max_k + 3 if ragged else k
 
     def scales(self) -> tuple[float, ...]:
-        """[max_k + 3] measured / predicted per slot (1.0 with no data at all; computed once, when the
+        """[max_k + 4] measured / predicted per slot (1.0 with no data at all; computed once, when the
         calibration is made)."""
         return self._scales
 
     def update(self, slot: int, measured_ms: float, predicted_ms: float) -> "CostCalibration":
-        if not 0 <= slot <= self.max_k + 2:
-            raise DynspecError(f"cost calibration slot {slot} is outside 0..{self.max_k + 2}")
+        if not 0 <= slot <= self.max_k + EXTRA:
+            raise DynspecError(f"cost calibration slot {slot} is outside 0..{self.max_k + EXTRA}")
         if not predicted_ms > 0 or not measured_ms >= 0:
             return self
         f = 0.5 ** (1.0 / self.half_life)

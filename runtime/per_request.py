@@ -16,7 +16,7 @@ import numpy as np
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.per_row import allocate, uniform_allocation
+from dynspec.runtime.per_row import Allocation, allocate, uniform_allocation
 from dynspec.runtime.split_cost import SplitCost
 
 
@@ -32,6 +32,8 @@ class RowInputs:
     since_spec: int = 0              # iterations with rows since the last one with any K_i > 0
     cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: the profile alone)
     probes: Sequence[int] = ()       # [b] each row's probes since it last drafted other than as a probe (empty: 0)
+    packed: bool = True              # the engine verifies each row's K_i + 1 tokens (Engine.packs_rows);
+                                     # False: every row padded to max K_i
 
 
 @dataclass(frozen=True)
@@ -68,17 +70,20 @@ PROBE_BACKOFF = 3      # ... doubled by each probe since it last drafted otherwi
 class PerRequestPolicy(AdaptivePolicy):
     """Each row's K from its own shrunk rates, jointly with the batch's cost (runtime/per_row.py:
     SplitCost prices V verify tokens and the deepest chain m; allocate picks the K vector with the
-    most expected tokens per predicted ms), or one K >= 1 for every row where that is within the
-    settings' margin of it and above plain decode (per_row.uniform_allocation: the decode graphs
-    instead of the whole-forward ones). Keeps the adaptive policy's pooled estimate (the rows'
-    prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the schedule's K at b.
+    most expected tokens per predicted ms, a vector of different K_i at the ragged calibration
+    slot's price: SplitCost.ragged), or one K >= 1 for every row where that is within the
+    settings' margin of it and above plain decode (per_row.uniform_allocation at the uniform
+    steps' calibrated prices: the decode graphs instead of the whole-forward ones), always where
+    the engine pads rows (RowInputs.packed False) or b = 1. Keeps the adaptive policy's pooled
+    estimate (the rows' prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the
+    schedule's K at b.
     Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
     cap), a row at K=0 for its probe interval (probe_interval: PROBE_EVERY iterations, doubled by
     each probe since it last drafted otherwise) drafts one token: in a step that drafts anyway
     (one more verify token each), or, when the whole batch has sat at K=0 for PROBE_EVERY
     iterations, all due rows in one step (the chain's cost at most once every PROBE_EVERY
-    iterations, not in every step); not where the cap at b is 0 (the schedule's K=0 tier) or the
-    profile has no K=1."""
+    iterations, not in every step; where rows are padded, K=1 for every row); not where the cap
+    at b is 0 (the schedule's K=0 tier) or the profile has no K=1."""
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None, cap=None, shrinkage: float = 8.0):
@@ -101,7 +106,7 @@ class PerRequestPolicy(AdaptivePolicy):
         cap = self._cap(b, x.max_k)
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
         raw = self._split(b, context)
-        cost = raw.calibrated(x.cost_scale)
+        cost = raw.calibrated(x.cost_scale)             # uniform vectors: the decode graphs, each depth
         if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
             warm = x.keep_warm
             return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm))
@@ -109,20 +114,44 @@ class PerRequestPolicy(AdaptivePolicy):
         due = tuple(np.flatnonzero(np.asarray(x.idle) >= probe_interval(x.probes, b)).tolist()) if math.isfinite(
             cost.chain_ms[1]) else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
-        a = allocate(rates, cost, cap, budget, cost.decode_ms, due if x.since_spec >= PROBE_EVERY else ())
-        if len(set(a.ks)) > 1 and not a.probed:         # one K >= 1 for every row within the margin, and
-            u = uniform_allocation(rates, cost, cap, budget)      # above plain decode: the decode graphs
-            if u is not None and u.tokens_per_ms * (1 + self.settings.margin) >= a.tokens_per_ms and (
-                    cost.decode_ms is None or u.tokens_per_ms > b / cost.decode_ms):
-                a = u
-        if not a.probed and any(a.ks) and any(a.ks[i] == 0 for i in due):   # the step drafts anyway:
-            a = allocate(rates, cost, cap, budget, cost.decode_ms, due)     # the due rows ride along
+        u = uniform_allocation(rates, cost, cap, budget)
+        zero_ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)
+        if u is not None and u.tokens_per_ms <= b / zero_ms:
+            u = None                                    # one K for every row, only above K=0
+        if x.packed and b > 1:
+            a = self._packed(x, raw, cost, rates, cap, budget, due, u)
+        else:                                           # (one row: every vector is uniform)
+            a = _padded(rates, cost, u, due if x.since_spec >= PROBE_EVERY else ())
         plain = b / cost.decode_ms if cost.decode_ms else None
         warm = x.keep_warm and a.reason != "plain decode"
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
         profiled = raw.step_ms(a.verify_tokens, a.depth) if any(a.ks) else _k0_ms(raw, b, warm)
         return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
                            gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason)
+
+    def _packed(self, x: RowInputs, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,
+                due: tuple[int, ...], u: Allocation | None) -> Allocation:
+        """The K vector where the engine verifies each row's K_i + 1 tokens packed: allocate over
+        every vector at the ragged price (SplitCost.ragged); a per-row answer stands only where
+        it beats one K >= 1 for every row (u, at the uniform steps' own prices) by the settings'
+        margin; a uniform or all-zero answer gives way to u, else to plain decode (with the due
+        rows' probe). Due rows ride along a per-row step that drafts anyway."""
+        ragged = raw.ragged(x.cost_scale)
+        probing = due if x.since_spec >= PROBE_EVERY else ()
+        a = allocate(rates, ragged, cap, budget, cost.decode_ms, probing)
+        base = set(k for i, k in enumerate(a.ks) if i not in a.probed) | ({0} if a.probed else set())
+        if len(base) > 1:                               # a per-row vector
+            if u is not None and u.tokens_per_ms * (1 + self.settings.margin) >= a.tokens_per_ms:
+                return u
+            if not a.probed and any(a.ks[i] == 0 for i in due):     # the step drafts anyway:
+                a = allocate(rates, ragged, cap, budget, cost.decode_ms, due)   # the due rows ride along
+            return a
+        if u is not None:                               # one K for every row, at its own price
+            return u
+        if base == {0}:                                 # plain decode, or the due rows' probe
+            return a
+        ks = tuple(1 if i in probing else 0 for i in range(len(a.ks)))   # uniform only at the ragged
+        return _zero(rates, cost, ks, ragged.step_ms(len(ks) + len(probing), 1), probing)   # price
 
     def _split(self, b: int, context: int) -> SplitCost:
         hit = self._splits.get((b, context))
@@ -145,6 +174,27 @@ def probe_interval(probes: Sequence[int], b: int) -> np.ndarray:
     one that a bad first draft sent to K=0 is measured again within PROBE_EVERY iterations."""
     p = np.asarray(probes, dtype=np.int64) if len(probes) else np.zeros(b, dtype=np.int64)
     return PROBE_EVERY << np.minimum(p, PROBE_BACKOFF)
+
+
+def _padded(rates: np.ndarray, cost: SplitCost, u: Allocation | None, due: tuple[int, ...]) -> Allocation:
+    """Where the engine pads every row to max K_i (plan.row_k only caps acceptance), a row below
+    the max pays for tokens it cannot accept: one K for every row (u), else plain decode, whose
+    probe is K=1 for every row (all of them probed: their backoff moves together)."""
+    b = rates.shape[0]
+    if u is not None:
+        return u
+    return _zero(rates, cost, (1,) * b if due else (0,) * b, cost.step_ms(2 * b, 1), tuple(range(b)) if due else ())
+
+
+def _zero(rates: np.ndarray, cost: SplitCost, ks: tuple[int, ...], probe_ms: float, probed: tuple[int, ...]) -> Allocation:
+    """Plain decode (the K=0 step where the profile has no decode_ms), or, with `probed` rows,
+    those K=1 rows (ks) at probe_ms."""
+    b = rates.shape[0]
+    if probed:
+        tokens = b + float(sum(rates[i, 0] for i, k in enumerate(ks) if k))
+        return Allocation(ks, tokens, probe_ms, tokens / probe_ms, "probe", probed)
+    ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)
+    return Allocation((0,) * b, float(b), ms, b / ms, "plain decode" if cost.decode_ms is not None else "best")
 
 
 def _k0_ms(raw: SplitCost, b: int, keep_warm: bool) -> float:

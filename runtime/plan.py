@@ -218,6 +218,9 @@ class Engine(Protocol):
     max_reservation: int        # the most tokens one request's cache can ever hold (pool and table)
     vocab_size: int             # prompt ids must lie in 0..vocab_size-1
     buckets: tuple[int, ...]
+    packs_rows: bool            # per-row K (StepPlan.row_k) verifies each row's K_i + 1 tokens, packed
+                                # (reference engine on CUDA: where its whole-forward graph is captured);
+                                # False: every row runs max K_i tokens and row_k only caps acceptance
 
     def reserve(self, tokens: int, key: int = 0) -> int | None: ...   # a cache slot for positions 0..tokens-1, or None;
                                                                       # key: the request's id (Bernoulli draws)

@@ -83,7 +83,7 @@ class KDecider:
         d = self.policy.decide_rows(RowInputs(
             b, context, rates, self.row_table.rates(slots, rates, self.policy.shrinkage),
             [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
-            self.since_spec, scale, [r.probes for r in rows]))
+            self.since_spec, scale, [r.probes for r in rows], eng.packs_rows))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
             raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
         probed = set(d.probes)
@@ -124,7 +124,7 @@ class KDecider:
         plan, decision = launched.plan, launched.decision
         slot = None
         if decision and decision.predicted_ms and not plan.chunks and self.calibration is not None:
-            slot = self.calibration.slot(plan.k, plan.keep_warm, True in plan.stale)
+            slot = self.calibration.slot(plan.k, plan.keep_warm, True in plan.stale, plan.per_row)
         self.pending = (plan.k, result.accepted, plan.row_k if plan.per_row else None, slot, seconds * 1e3,
                         decision.predicted_ms if decision else None)
 

@@ -14,12 +14,13 @@ SplitCost: the step's time split into verify tokens and chain depth,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.cost_calibration import EXTRA, KEEP_WARM, RAGGED
 from dynspec.runtime.cost_model import CostModel, _segment
 
 
@@ -59,21 +60,43 @@ class SplitCost:
 
     def calibrated(self, scales) -> "SplitCost":
         """Served / profiled step-time ratios (cost_calibration.CostCalibration.scales(): [K = 0..,
-        keep-warm K=0, cold]) as an excess in ms on each depth's chain, chain(m) + (s_m - 1) x
+        keep-warm K=0, cold, ragged]) as an excess in ms on each depth's chain, chain(m) + (s_m - 1) x
         ms_uniform(b, m), so every uniform step costs s_m times its profile and allocate stays
         exact; plain decode (decode_ms) scales by s_0. Depth 0 takes the keep-warm slot.
-        ms_uniform (12.0, 14.0), chain (0.5, 1.0), scales (1.0, 1.1, keep-warm 1.05, cold):
+        ms_uniform (12.0, 14.0), chain (0.5, 1.0), scales (1.0, 1.1, keep-warm 1.05, cold, ragged):
         chain -> (0.5 + 0.6, 1.0 + 1.4) = (1.1, 2.4)."""
         if not scales:
             return self
         chain = self.chain_ms.copy()
-        top = len(scales) - 3                       # slots: K = 0..top, keep-warm, cold
+        top = len(scales) - 1 - EXTRA               # slots: K = 0..top, keep-warm, cold, ragged
         for k, ms in zip(self.draft_lens, self.uniform_ms):
-            s = scales[top + 1] if k == 0 else scales[min(k, top)]
+            s = scales[KEEP_WARM] if k == 0 else scales[min(k, top)]
             chain[k] += (s - 1.0) * ms
         chain.flags.writeable = False
-        decode = None if self.decode_ms is None else self.decode_ms * scales[0]
-        return replace(self, chain_ms=chain, decode_ms=decode)
+        return self._with(chain_ms=chain, decode_ms=None if self.decode_ms is None else self.decode_ms * scales[0])
+
+    def ragged(self, scales) -> "SplitCost":
+        """The price of a step whose rows verify different K_i (the whole-forward path, not the
+        decode graphs): the profile's split times the ragged slot's served / predicted ratio
+        (scales[RAGGED]), the same factor for every vector, so allocate's choice among them is the
+        profile's; plain decode (decode_ms) as calibrated, s_0.
+        f (10.5, 11.0), chain (0.5, 1.0), ragged 1.2, s_0 1.02, decode 11.5 -> f (12.6, 13.2),
+        chain (0.6, 1.2), decode 11.73."""
+        if not scales:
+            return self
+        s = scales[RAGGED]
+        f, chain = self.f_ms * s, self.chain_ms * s
+        f.flags.writeable = chain.flags.writeable = False
+        return self._with(f_ms=f, chain_ms=chain, uniform_ms=tuple(u * s for u in self.uniform_ms),
+                          decode_ms=None if self.decode_ms is None else self.decode_ms * scales[0],
+                          floor_ms=self.floor_ms * s)
+
+    def _with(self, **fields) -> "SplitCost":
+        """A copy with `fields` replaced, unchecked (dataclasses.replace re-runs __init__: a
+        tenth of a decision's host time)."""
+        new = object.__new__(SplitCost)
+        new.__dict__.update(self.__dict__, **fields)
+        return new
 
     def ms(self, verify_tokens: int, depth: int) -> float:
         """Predicted step ms at V verify tokens, deepest chain m (inf: m not profiled)."""

@@ -169,7 +169,7 @@ def test_a_cold_probe_after_plain_decode_is_priced_by_its_own_slot():
     above the profile (cold slot 1.1, warm K=1 at 1.0): gain 0.941 / 1.1 = 0.855, loss 0.145 ->
     every 29. Held at K=0 with the draft kept warm (a = 0.255, best K=1), the probe is not cold."""
     c = cost_with_decode()
-    cold = (1.0, 1.0, 1.0, 1.0, 1.0, 1.1)
+    cold = (1.0, 1.0, 1.0, 1.0, 1.0, 1.1, 1.0)          # K = 0..3, keep-warm, cold, ragged
     x = dict(batch_size=16, context=1024.0, acceptance=(0.15,) * 8, max_k=32)
     assert choose_k(PolicyInputs(**x, since_spec=12), c, (0, 1, 2, 3), S).probe
     assert not choose_k(PolicyInputs(**x, since_spec=12, cost_scale=cold), c, (0, 1, 2, 3), S).probe
@@ -247,9 +247,9 @@ def test_served_to_profiled_ratios_move_the_choice():
     c = cost_with_decode()
     base = dict(batch_size=16, context=1024.0, acceptance=(0.3,) * 8, max_k=32)
     assert choose_k(PolicyInputs(**base), c, (0, 1, 2, 3), S).k == 1
-    slow1 = (1.0, 1.08, 1.08, 1.08, 1.0, 1.08)          # slots: plain, K=1..3, keep-warm K=0, cold speculative
+    slow1 = (1.0, 1.08, 1.08, 1.08, 1.0, 1.08, 1.0)     # slots: plain, K=1..3, keep-warm K=0, cold, ragged
     assert choose_k(PolicyInputs(**base, cost_scale=slow1), c, (0, 1, 2, 3), S).k == 0
-    slow0 = (1.1, 1.08, 1.08, 1.08, 1.0, 1.08)
+    slow0 = (1.1, 1.08, 1.08, 1.08, 1.0, 1.08, 1.0)
     d = choose_k(PolicyInputs(**base, cost_scale=slow0), c, (0, 1, 2, 3), S)
     assert d.k == 1 and d.gain == pytest.approx(1.3 * 9.9 / 11.88)
     assert d.predicted_ms == 11.0                        # the profile's time, unscaled (what is calibrated)
@@ -269,8 +269,8 @@ def test_plain_decode_is_explored_while_unmeasured_near_break_even():
     assert choose_k(PolicyInputs(16, 1024.0, (0.25,) * 8, 1, 0, 32, plain_steps=4.0), c, (0, 1, 2, 3), S).k == 1
     assert choose_k(PolicyInputs(16, 1024.0, (0.4,) * 8, 1, 0, 32, plain_steps=0.0), c, (0, 1, 2, 3), S).k == 1
     assert choose_k(PolicyInputs(16, 1024.0, (0.05,) * 8, 1, 0, 32, plain_steps=0.0), c, (0, 1, 2, 3), S).reason == "best"
-    pooled = (1.06, 1.06, 1.06, 1.06, 1.06, 1.06)
-    measured = (1.03, 1.06, 1.06, 1.06, 1.06, 1.06)
+    pooled = (1.06,) * 7
+    measured = (1.03,) + (1.06,) * 6
     x = dict(batch_size=16, context=1024.0, acceptance=(0.25,) * 8, previous_k=1, max_k=32, plain_steps=8.0)
     assert choose_k(PolicyInputs(**x, cost_scale=pooled), c, (0, 1, 2, 3), S).k == 1
     d = choose_k(PolicyInputs(**x, cost_scale=measured), c, (0, 1, 2, 3), S)
@@ -295,15 +295,16 @@ def test_calibration_ratios_decay_shrink_and_clip():
     from dynspec.runtime.cost_calibration import CostCalibration
 
     cal = CostCalibration(max_k=3, half_life=1e9)
-    assert cal.scales() == (1.0,) * 6 and cal.slot(0, True) == 4 and cal.slot(0, False) == 0 and cal.slot(2, True) == 2
+    assert cal.scales() == (1.0,) * 7 and cal.slot(0, True) == 4 and cal.slot(0, False) == 0 and cal.slot(2, True) == 2
     assert cal.slot(1, False, cold=True) == cal.slot(3, True, cold=True) == 5 and cal.slot(0, False, cold=True) == 0
+    assert cal.slot(2, False, ragged=True) == 6 and cal.slot(3, True, cold=True, ragged=True) == 5   # cold first
     cal = cal.update(1, 11.0, 10.0).update(1, 11.4, 10.0)
     for _ in range(4):
         cal = cal.update(0, 9.0, 9.0)
     g = (2.24 + 4) / 6                                          # the docstring's worked example
-    assert cal.scales() == pytest.approx(((4 + 4 * g) / 8, (2.24 + 4 * g) / 6, g, g, g, g))
+    assert cal.scales() == pytest.approx(((4 + 4 * g) / 8, (2.24 + 4 * g) / 6, g, g, g, g, g))
     one = CostCalibration(max_k=3, half_life=1e9).update(3, 5.0, 10.0)   # a profile 2x slow everywhere:
-    assert one.scales() == pytest.approx((0.5,) * 6)                       # every K alike
+    assert one.scales() == pytest.approx((0.5,) * 7)                       # every K alike
     stalled = CostCalibration(max_k=3, half_life=1e9).update(2, 10.0, 10.0).update(2, 500.0, 10.0)
     assert stalled.scales()[2] == pytest.approx(1.5)            # clipped to 2: (1 + 2 + 4 x 1.5) / 6
     fast = CostCalibration(max_k=1, half_life=1.0)
@@ -311,8 +312,8 @@ def test_calibration_ratios_decay_shrink_and_clip():
         fast = fast.update(1, 12.0, 10.0).update(0, 10.0, 10.0)
     # half-life 1 step: each slot's sums settle at r = 2 x ratio, n = 2; g = (2.4 + 2) / 4 = 1.1
     assert fast.scales()[:2] == pytest.approx(((2 + 4.4) / 6, (2.4 + 4.4) / 6))
-    with pytest.raises(DynspecError, match="slot 6"):
-        CostCalibration(max_k=3).update(6, 1.0, 1.0)
+    with pytest.raises(DynspecError, match="slot 7"):
+        CostCalibration(max_k=3).update(7, 1.0, 1.0)
 
 
 def test_retirement_forgets_the_rows_share_and_moves_the_prior():

@@ -14,6 +14,7 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
+from dynspec.runtime.cost_calibration import EXTRA
 from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
@@ -101,7 +102,7 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
     assert [r.output_ids for r in res] == greedy_many(hf, ps, NEW)
     stats = [s for s in ex.stats if s.batch_size]
     assert [s.k for s in stats] == replayed(stats, policy, eng)       # served-cost ratios on: recorded too
-    assert all(len(s.cost_scale) == eng.max_draft_len + 3 for s in stats)
+    assert all(len(s.cost_scale) == eng.max_draft_len + 1 + EXTRA for s in stats)
     assert stats[0].k >= 2 and stats[0].acceptance[0] == pytest.approx(0.5)
     tail = stats[len(stats) // 2:]
     assert sum(s.k == 0 for s in tail) >= 0.7 * len(tail) and tail[-1].acceptance[0] < 0.2

@@ -188,6 +188,7 @@ def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
         for name, policy in (("per-request", PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))),
                              ("adaptive", AdaptivePolicy(linear_split_cost(), AdaptiveSettings(calibrate=False)))):
             eng = load_reference_engine(t, d, dtype=torch.float32, max_batch_size=8, max_seq_len=160, max_draft_len=4)
+            eng.capture_whole_graphs()          # per-row K packed (CPU: the whole-forward functions, uncaptured)
             ex = Executor(eng, policy, acceptance=model, allow_lossy=True, stats_limit=None)
             res = run_closed_loop(ex, ps, 96, concurrency=8)
             by_rate = {}
@@ -275,6 +276,89 @@ def test_one_k_for_every_row_when_it_is_within_the_margin():
     assert len(set(decide(bimodal).ks)) > 1
 
 
+def test_ragged_steps_are_priced_by_their_own_served_ratio():
+    """A bimodal batch (4 rows at 0.95, 4 at 0.1) takes a per-row vector at the profile's price;
+    served ragged steps measured 30% above their profile (the ragged slot at 1.3, the uniform
+    slots at 1.0) make every row take one K; a 10% ratio leaves the vector, whose gain is larger."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.per_request import PerRequestPolicy
+
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+    bimodal = np.array([[0.95] * 4] * 4 + [[0.1] * 4] * 4)
+
+    def decide(ragged):
+        scales = (1.0,) * 7 + (ragged,)                 # K = 0..4, keep-warm, cold, ragged
+        return policy.decide_rows(RowInputs(8, 100.0, (0.5,) * 4, bimodal, np.zeros(8), 4, True, 0, scales))
+
+    assert len(set(decide(1.0).ks)) > 1 and len(set(decide(1.1).ks)) > 1
+    d = decide(1.3)
+    assert len(set(d.ks)) == 1 and d.ks[0] >= 1 and d.reason == "uniform"
+
+
+def test_a_dear_ragged_price_never_hides_a_uniform_k_nor_prices_one():
+    """Every row at 0.5: one K beats plain decode at the uniform steps' own price, so a ragged
+    slot at 1.3 (which makes every vector lose at its price) still gets K >= 1 for every row. Rates
+    0.4 with the uniform slots at 1.3 and the ragged slot at 1.0: a uniform vector at the ragged
+    price would beat plain decode but loses at its own, so plain decode."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.per_request import PerRequestPolicy
+
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+
+    def decide(rate, scales):
+        return policy.decide_rows(RowInputs(8, 100.0, (rate,) * 4, np.full((8, 4), rate), np.zeros(8), 4, True, 0,
+                                            scales))
+
+    d = decide(0.5, (1.0,) * 7 + (1.3,))
+    assert len(set(d.ks)) == 1 and d.ks[0] >= 1 and d.gain > 1
+    d = decide(0.4, (1.0,) + (1.3,) * 4 + (1.0, 1.3, 1.0))
+    assert (d.ks, d.reason) == ((0,) * 8, "plain decode")
+
+
+def test_an_engine_that_pads_rows_gets_one_k_for_every_row():
+    """Engine.packs_rows False (rows padded to max K_i): a row below the max would pay for tokens
+    it cannot accept, so the bimodal batch takes one K; low rates give plain decode, and its probe
+    is K=1 for every row."""
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.per_request import PROBE_EVERY, PerRequestPolicy
+
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+    bimodal = np.array([[0.95] * 4] * 4 + [[0.1] * 4] * 4)
+
+    def decide(rates, idle, since):
+        return policy.decide_rows(RowInputs(8, 100.0, (0.5,) * 4, rates, np.asarray(idle), 4, True, since,
+                                            packed=False))
+
+    d = decide(bimodal, [0] * 8, 0)
+    assert len(set(d.ks)) == 1 and d.ks[0] >= 1 and d.reason == "uniform"
+    low = np.full((8, 4), 0.02)
+    d = decide(low, [0] * 8, PROBE_EVERY)
+    assert (d.ks, d.reason, d.keep_warm) == ((0,) * 8, "plain decode", False)
+    d = decide(low, [PROBE_EVERY] * 2 + [0] * 6, PROBE_EVERY)
+    assert d.ks == (1,) * 8 and d.probes == tuple(range(8)) and d.reason == "probe"   # every row probed
+    assert d.predicted_ms == pytest.approx(policy._split(8, 96).step_ms(16, 1))
+
+
+def test_a_ragged_step_is_calibrated_in_its_own_slot():
+    """KDecider.record: a per-row plan (rows at different K_i) goes to the ragged slot, a uniform
+    one to its K's."""
+    from types import SimpleNamespace
+
+    from dynspec.runtime.adaptive import AdaptiveSettings
+    from dynspec.runtime.cost_calibration import CostCalibration
+    from dynspec.runtime.per_request import PerRequestPolicy
+    from dynspec.runtime.planning import KDecider
+    from dynspec.runtime.plan import StepResult
+
+    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, buckets=(1, 2))
+    k = KDecider(engine, PerRequestPolicy(linear_split_cost(), AdaptiveSettings()), True)
+    for row_k, slot in (((2, 1), CostCalibration(max_k=4).slot(2, False, ragged=True)), ((2, 2), 2)):
+        plan = make_plan(2, (9, 9), (1, 1), (False, False), False, (1, 2), slots=(0, 1), row_k=row_k)
+        launched = SimpleNamespace(plan=plan, decision=SimpleNamespace(predicted_ms=12.0))
+        k.record(launched, StepResult(accepted=(1, 1), emitted=((1, 2), (1, 2)), draft_warm=True), 0.015)
+        assert k.pending[3] == slot
+
+
 def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
     """probe_interval's example; a row with one probe behind it is due at twice PROBE_EVERY, not
     before; the executor counts a row's probes and clears them when it drafts otherwise."""
@@ -306,7 +390,7 @@ def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
             ks, probes = script.pop(0)
             return RowDecision(ks, keep_warm=True, predicted_ms=None, gain=None, probes=probes)
 
-    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2)
+    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True)
     k = KDecider(engine, Scripted(linear_split_cost(), AdaptiveSettings(calibrate=False)), True)
     rows = [Request(i, (1, 2), 8, frozenset(), 0.0, slot=i) for i in range(2)]
     script = [((1, 0), (0,)), ((0, 0), ()), ((1, 1), (0, 1)), ((2, 0), ())]
@@ -333,7 +417,7 @@ def test_no_probes_without_a_profiled_k1_and_the_cap_0_tier_runs_as_the_schedule
     x = RowInputs(2, 100.0, (0.5,) * 4, np.full((2, 4), 0.02), np.array([PROBE_EVERY + 8] * 2), 4, True, PROBE_EVERY + 8)
     assert no_k1.decide_rows(x).ks == (0, 0)
     capped = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False), cap=DraftSchedule.parse("1:4"))
-    x = RowInputs(2, 100.0, (0.9,) * 4, np.full((2, 4), 0.9), np.zeros(2), 4, True, 0, (1.5,) * 7)
+    x = RowInputs(2, 100.0, (0.9,) * 4, np.full((2, 4), 0.9), np.zeros(2), 4, True, 0, (1.5,) * 8)
     d = capped.decide_rows(x)
     raw = capped._split(2, 96)
     assert d.ks == (0, 0) and d.keep_warm and d.predicted_ms == pytest.approx(raw.step_ms(2, 0))

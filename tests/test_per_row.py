@@ -322,13 +322,28 @@ def test_calibrated_split_cost_scales_each_uniform_step_and_plain_decode():
     tables = tuple(ContextTable(c, {b: {k: 5 + 0.3 * b * (k + 1) + 0.7 * k for k in range(4)} for b in bs},
                                 {b: 4.8 + 0.3 * b for b in bs}) for c in (64, 256))
     cost = SplitCost.at(CostModel.from_profile(Profile("synthetic", tables)), 4, 100.0)
-    scales = (1.02, 1.10, 1.07, 1.04, 1.05, 1.3)          # K = 0..3, keep-warm, cold
+    scales = (1.02, 1.10, 1.07, 1.04, 1.05, 1.3, 1.2)     # K = 0..3, keep-warm, cold, ragged
     cal = cost.calibrated(scales)
     for k, ms in zip(cost.draft_lens, cost.uniform_ms):
         s = scales[4] if k == 0 else scales[k]
         assert cal.ms(4 * (k + 1), k) == pytest.approx(s * ms)
     assert cal.decode_ms == pytest.approx(1.02 * cost.decode_ms)
     assert cost.calibrated(()) is cost
+
+
+def test_ragged_split_cost_scales_every_vector_alike():
+    """ragged(scales): f, chain and the floor times the ragged slot's ratio (so allocate picks the
+    profile's vector, at that price), plain decode times s_0; the docstring's example."""
+    sc = SplitCost.at(WORKED, 3, 1024)
+    scales = (1.02, 1.1, 1.3, 1.05, 1.4, 1.2)            # K = 0..2, keep-warm, cold, ragged
+    rg = sc.ragged(scales)
+    assert rg.f_ms.tolist() == pytest.approx([1.2 * x for x in sc.f_ms.tolist()])
+    assert rg.chain_ms.tolist() == pytest.approx([1.2 * x for x in sc.chain_ms.tolist()])
+    assert (rg.floor_ms, rg.decode_ms) == pytest.approx((1.2 * sc.floor_ms, 1.02 * sc.decode_ms))
+    rates = np.array([[0.9, 0.9], [0.5, 0.5], [0.1, 0.1]])
+    a, b = allocate(rates, sc, 2, 9), allocate(rates, rg, 2, 9)
+    assert a.ks == b.ks == (2, 2, 0) and b.predicted_ms == pytest.approx(1.2 * a.predicted_ms)
+    assert sc.ragged(()) is sc
 
 
 def test_the_small_scan_equals_the_numpy_scan(monkeypatch):

@@ -1,30 +1,29 @@
-"""The hand-written Triton kernels lowered to Triton IR for the H200 (sm_90) on CPU. The interpreter
-(tests/test_ragged_attention.py, test_rope_kernel.py, test_norm_kernel.py) runs a kernel's Python, not
-Triton's type rules: a name reused with another type inside a loop or branch passes there and fails
-only on the GPU."""
+"""The hand-written Triton kernels compiled for the H200 (sm_90) on CPU, to PTX and through ptxas
+to a cubin. The interpreter (tests/test_ragged_attention.py, test_rope_kernel.py,
+test_norm_kernel.py) runs a kernel's Python, not Triton's type rules: a name reused with another
+type inside a loop or branch passes there and fails only on the GPU; ptxas sees what the
+interpreter cannot (register and shared-memory use)."""
 import pytest
 
 pytest.importorskip("triton")
 nvidia = pytest.importorskip("triton.backends.nvidia.compiler")
 
+SHARED_MAX = 227 * 1024      # bytes of shared memory one block of an sm_90 kernel may use
+
 
 def lower(fn, pointers: dict, scalars: dict, const: dict) -> str:
-    """fn's Triton IR for sm_90: pointers {arg: "*bf16"}, scalars {arg: "i64"}, const {arg: value};
-    every argument of fn named once."""
-    from triton._C.libtriton import ir
+    """fn compiled for sm_90: pointers {arg: "*bf16"}, scalars {arg: "i64"}, const {arg: value};
+    every argument of fn named once. Returns its Triton IR, after checking that ptxas made a cubin
+    within the block's shared memory."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = {**pointers, **scalars, **{c: "constexpr" for c in const}}
     assert sorted(sig) == sorted(fn.arg_names), sorted(set(fn.arg_names) ^ set(sig))
-    target = GPUTarget("cuda", 90, 32)
-    backend = nvidia.CUDABackend(target)
-    opts = backend.parse_options({})
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    backend.load_dialects(ctx)
-    return str(ASTSource(fn=fn, signature=sig, constexprs=const).make_ir(
-        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx))
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32))
+    assert k.asm["cubin"] and 0 <= k.metadata.shared <= SHARED_MAX, k.metadata.shared
+    return k.asm["ttir"]
 
 
 @pytest.mark.parametrize("uniform,rope,T", [(True, True, 1), (True, False, 4), (True, True, 4), (False, False, 4)])
@@ -42,13 +41,15 @@ def test_ragged_attention_lowers_for_sm90(uniform, rope, T):
     assert "tt.func" in lower(fn, pointers, scalars, const)
 
 
-def test_rope_write_lowers_for_sm90():
+@pytest.mark.parametrize("n_heads", [32, 0])
+def test_rope_write_lowers_for_sm90(n_heads):
+    """The target's form, and the draft's keep-warm K/V write (no query heads)."""
     from dynspec.runtime.engines.reference.rope_kernel import _rope_write_kernel as fn
 
     pointers = {a: "*bf16" for a in ("qkv", "cos", "sin", "q", "k_pool", "v_pool")}
     pointers["write_index"] = "*i64"
     scalars = {a: "i64" for a in ("qkv_row", "cs_row", "k_head", "k_pos", "v_head", "v_pos")}
-    const = dict(N_HEADS=32, N_KV_HEADS=8, HEAD_DIM=128, BLOCK=64)
+    const = dict(N_HEADS=n_heads, N_KV_HEADS=8, HEAD_DIM=128, BLOCK=64)
     assert "tt.func" in lower(fn, pointers, scalars, const)
 
 

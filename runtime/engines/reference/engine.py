@@ -313,6 +313,12 @@ class ReferenceEngine:
     def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
         return capture.warm_mixed(self, keys)
 
+    @property
+    def packs_rows(self) -> bool:
+        """Per-row K verifies each row's K_i + 1 tokens (the whole-forward path is set up), else
+        every row runs max K_i tokens with its acceptance capped (plan.Engine)."""
+        return self.whole is not None
+
     def drop_whole(self) -> None:
         """Mixed iterations back to the eager path (e.g. after a failed whole-graph capture)."""
         self.whole = None

@@ -45,6 +45,13 @@ class RowTable:
         """One step's rows: slot, K_i drafted, n_i accepted (n_i <= K_i).
         slots (3, 5), ks (2, 1), accepted (1, 1): slot 3 tried at 1, 2, hit at 1; slot 5 tried
         and hit at 1."""
+        if len(slots) == 1:                            # one row (C = 1): no arrays
+            k, n, row = ks[0], accepted[0], slots[0]
+            if n > k:
+                raise DynspecError(f"accepted {list(accepted)} exceeds the drafted {list(ks)}")
+            self.trials[row, :min(n + 1, k)] += 1.0
+            self.hits[row, :n] += 1.0
+            return
         s = np.asarray(slots, dtype=np.int64)
         k = np.asarray(ks, dtype=np.int64)[:, None]
         n = np.asarray(accepted, dtype=np.int64)[:, None]

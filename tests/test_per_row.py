@@ -111,6 +111,24 @@ def test_update_counts_the_positions_tried_and_hit():
     assert t.trials[1].tolist() == [3, 2, 1, 0]
 
 
+def test_update_of_many_rows_equals_one_row_at_a_time():
+    """A step's rows at once (arrays) and one row at a time (the one-row path) count alike, and
+    both refuse more accepted than drafted."""
+    rnd = random.Random(5)
+    many, one = RowTable(8, 4), RowTable(8, 4)
+    for _ in range(100):
+        slots = rnd.sample(range(8), rnd.randint(2, 8))
+        ks = [rnd.randint(0, 4) for _ in slots]
+        ns = [rnd.randint(0, k) for k in ks]
+        many.update(slots, ks, ns)
+        for s, k, n in zip(slots, ks, ns):
+            one.update([s], [k], [n])
+    assert many.hits.tolist() == one.hits.tolist() and many.trials.tolist() == one.trials.tolist()
+    for slots in ([3], [3, 4]):
+        with pytest.raises(DynspecError, match="exceeds the drafted"):
+            many.update(slots, [1] * len(slots), [2] * len(slots))
+
+
 def test_update_matches_the_pooled_estimate_for_one_row():
     rnd = random.Random(7)
     t, est = RowTable(2, 4), AcceptanceEstimate(positions=4, half_life=1e300)

@@ -111,8 +111,8 @@ class PerRequestPolicy(AdaptivePolicy):
             warm = x.keep_warm
             return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm))
         # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown)
-        due = tuple(np.flatnonzero(np.asarray(x.idle) >= probe_interval(x.probes, b)).tolist()) if math.isfinite(
-            cost.chain_ms[1]) else ()
+        due = tuple(i for i, (n, t) in enumerate(zip(x.idle, probe_interval(x.probes, b))) if n >= t) \
+            if math.isfinite(cost.chain_ms[1]) else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
         u = uniform_allocation(rates, cost, cap, budget)
         zero_ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)
@@ -167,13 +167,12 @@ class PerRequestPolicy(AdaptivePolicy):
                 f"shrinkage {self.shrinkage:g})")
 
 
-def probe_interval(probes: Sequence[int], b: int) -> np.ndarray:
+def probe_interval(probes: Sequence[int], b: int) -> list[int]:
     """[b] iterations each row sits at K=0 before its next probe: PROBE_EVERY doubled by each of
     its probes since it last drafted other than as a probe, at most PROBE_BACKOFF times.
     probes (0, 1, 5) -> (8, 16, 64): a row whose probes keep failing costs a chain pass ever more rarely,
     one that a bad first draft sent to K=0 is measured again within PROBE_EVERY iterations."""
-    p = np.asarray(probes, dtype=np.int64) if len(probes) else np.zeros(b, dtype=np.int64)
-    return PROBE_EVERY << np.minimum(p, PROBE_BACKOFF)
+    return [PROBE_EVERY << min(int(p), PROBE_BACKOFF) for p in probes] if len(probes) else [PROBE_EVERY] * b
 
 
 def _padded(rates: np.ndarray, cost: SplitCost, u: Allocation | None, due: tuple[int, ...]) -> Allocation:

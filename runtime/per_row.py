@@ -104,7 +104,15 @@ def uniform_allocation(rates: np.ndarray, cost: SplitCost, cap: int, token_budge
     tokens a ms: K=2 (.338), where the per-row optimum (2, 2, 0) gives .352."""
     r = _check_rates(rates, cost.b, cap)
     b, cap = cost.b, min(cap, cost.max_depth)
-    gains = np.cumprod(r[:, :cap], axis=1).sum(axis=0).tolist() if cap else []   # [cap] sum_i g_ij
+    gains = [0.0] * cap                                            # [cap] sum_i g_ij
+    if b * cap <= SMALL:                                           # a few rows: no numpy calls
+        for row in r[:, :cap].tolist():
+            g = 1.0
+            for j, x in enumerate(row):
+                g *= x
+                gains[j] += g
+    elif cap:
+        gains = np.cumprod(r[:, :cap], axis=1).sum(axis=0).tolist()
     best, tokens = None, float(b)
     for k in range(1, cap + 1):
         tokens += gains[k - 1]
@@ -249,7 +257,7 @@ def _check_rates(rates: np.ndarray, b: int, cap: int) -> np.ndarray:
         raise DynspecError(f"allocate: rates has shape {r.shape}; it must be [b={b}, max_draft_len]")
     if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= r.shape[1]:
         raise DynspecError(f"allocate: cap {cap!r} is not an integer in 0..{r.shape[1]} (rates' positions)")
-    if not np.all((r >= 0.0) & (r <= 1.0)):
+    if r.size and not (r.min() >= 0.0 and r.max() <= 1.0):     # nan fails both
         raise DynspecError("allocate: rates must all be in [0, 1] (nan included)")
     return r
 

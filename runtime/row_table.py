@@ -65,8 +65,10 @@ class RowTable:
         """[b, P] each slot's per-position rates shrunk toward `pool` ([P] conditional rates)."""
         if weight <= 0:
             raise DynspecError(f"shrinkage weight {weight} must be > 0")
-        p = np.asarray(pool, dtype=np.float64)[: self.positions]
-        if p.shape[0] < self.positions:
-            p = np.concatenate([p, np.full(self.positions - p.shape[0], p[-1] if p.size else 0.5)])
+        p = list(pool[: self.positions])
+        p += [p[-1] if p else 0.5] * (self.positions - len(p))
+        if len(slots) == 1:                            # one row (C = 1): two reads, the rest in Python
+            h, t = self.hits[slots[0]].tolist(), self.trials[slots[0]].tolist()
+            return np.array([[(hj + weight * pj) / (tj + weight) for hj, tj, pj in zip(h, t, p)]])
         s = np.asarray(slots, dtype=np.int64)
-        return (self.hits[s] + weight * p) / (self.trials[s] + weight)
+        return (self.hits[s] + weight * np.array(p)) / (self.trials[s] + weight)

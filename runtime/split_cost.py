@@ -67,13 +67,14 @@ class SplitCost:
         chain -> (0.5 + 0.6, 1.0 + 1.4) = (1.1, 2.4)."""
         if not scales:
             return self
-        chain = self.chain_ms.copy()
+        chain = self.chain_ms.tolist()              # (lists: a few numpy calls, not one a depth)
         top = len(scales) - 1 - EXTRA               # slots: K = 0..top, keep-warm, cold, ragged
         for k, ms in zip(self.draft_lens, self.uniform_ms):
             s = scales[KEEP_WARM] if k == 0 else scales[min(k, top)]
             chain[k] += (s - 1.0) * ms
-        chain.flags.writeable = False
-        return self._with(chain_ms=chain, decode_ms=None if self.decode_ms is None else self.decode_ms * scales[0])
+        arr = np.array(chain)
+        arr.flags.writeable = False
+        return self._with(chain_ms=arr, decode_ms=None if self.decode_ms is None else self.decode_ms * scales[0])
 
     def ragged(self, scales) -> "SplitCost":
         """The price of a step whose rows verify different K_i (the whole-forward path, not the

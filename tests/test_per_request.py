@@ -365,8 +365,8 @@ def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
     from dynspec.runtime.adaptive import AdaptiveSettings
     from dynspec.runtime.per_request import PROBE_BACKOFF, PROBE_EVERY, PerRequestPolicy, probe_interval
 
-    assert probe_interval((0, 1, 5), 3).tolist() == [PROBE_EVERY, 2 * PROBE_EVERY, PROBE_EVERY << PROBE_BACKOFF]
-    assert probe_interval((), 2).tolist() == [PROBE_EVERY] * 2
+    assert probe_interval((0, 1, 5), 3) == [PROBE_EVERY, 2 * PROBE_EVERY, PROBE_EVERY << PROBE_BACKOFF]
+    assert probe_interval((), 2) == [PROBE_EVERY] * 2
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     low = np.full((2, 4), 0.02)
 

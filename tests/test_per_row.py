@@ -124,6 +124,9 @@ def test_update_of_many_rows_equals_one_row_at_a_time():
         for s, k, n in zip(slots, ks, ns):
             one.update([s], [k], [n])
     assert many.hits.tolist() == one.hits.tolist() and many.trials.tolist() == one.trials.tolist()
+    for pool in ((0.7, 0.6, 0.5, 0.4), (0.7, 0.6), ()):           # a short pool repeats its last rate
+        both = many.rates([2, 5], pool, 3.0)
+        assert both.shape == (2, 4) and [many.rates([s], pool, 3.0)[0].tolist() for s in (2, 5)] == both.tolist()
     for slots in ([3], [3, 4]):
         with pytest.raises(DynspecError, match="exceeds the drafted"):
             many.update(slots, [1] * len(slots), [2] * len(slots))

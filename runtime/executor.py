@@ -46,7 +46,7 @@ from dynspec.runtime.acceptance import AcceptanceModel, Greedy
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.executor_thread import LoopThread
 from dynspec.runtime.gc_heap import pause_seconds
-from dynspec.runtime.loop import Loop
+from dynspec.runtime.loop import Loop, device_seconds, no_advance, no_launch
 from dynspec.runtime.overlap import cache_slack
 from dynspec.runtime.plan import Engine, PromptChunk, StepPlan, StepResult
 from dynspec.runtime.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
@@ -56,21 +56,6 @@ from dynspec.runtime.requests import (IterationStats, Launched, Request, Request
                                       checked_prompt, emit, iteration_stats)
 
 __all__ = ["Engine", "Executor", "IterationStats", "RequestHandle", "RequestResult"]
-
-
-def _no_launch(plan: StepPlan) -> None:
-    """Loop.SERIAL's start of a planned step: none (step() runs it whole) -> no handle."""
-    return None
-
-
-def _no_advance(launched: Launched, result: StepResult) -> None:
-    """Loop.OVERLAPPED's fold moves no host state: the launch did (Executor._planned)."""
-
-
-def _device_seconds(launched: Launched, result: StepResult) -> float:
-    """An overlapped step's time: its device time where the engine reports it, else the launch's
-    wall time (the CPU runs the step inside the launch)."""
-    return result.device_s if result.device_s is not None else launched.launch_s
 
 
 class Executor:
@@ -109,10 +94,10 @@ class Executor:
         # serial: nothing, the step runs whole in step()); _advance(launched, result): the host
         # state a fold moves on (serial; the overlapped loop moves it at the launch: _planned)
         if self._overlapped:
-            self._step, self._begin, self._advance = self._step_overlapped, self._launch_plan, _no_advance
+            self._step, self._begin, self._advance = self._step_overlapped, self._launch_plan, no_advance
         else:
             self._step = self._step_deferred if self._defer else self._step_serial
-            self._begin, self._advance = _no_launch, self._advance_folded
+            self._begin, self._advance = no_launch, self._advance_folded
         self._k = KDecider(engine, policy, self.keep_warm)    # the K decision and what it remembers
         self._clock = clock
         self._ids = itertools.count()
@@ -227,7 +212,7 @@ class Executor:
             nxt, self._inflight = self._inflight, None
             self._pool.fail(prev.requests() + (nxt.requests() if nxt is not None else []))
             raise
-        st = self._fold(prev, result, self._clock(), _device_seconds(prev, result),
+        st = self._fold(prev, result, self._clock(), device_seconds(prev, result),
                         hidden=self._async and self._inflight is not None)
         self._retire()
         return st
@@ -335,7 +320,7 @@ class Executor:
             return
         try:
             result = self.engine.result(launched.handle)
-            self._fold(launched, result, self._clock(), _device_seconds(launched, result))
+            self._fold(launched, result, self._clock(), device_seconds(launched, result))
         except Exception:
             pass
 

@@ -13,6 +13,11 @@ reference.overlap, the CLI, Triton, the sweeps' default):
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dynspec.runtime.plan import StepPlan, StepResult
+    from dynspec.runtime.requests import Launched
 
 
 class Loop(enum.Enum):
@@ -26,3 +31,19 @@ def serving_loop(device, overlap: bool | str = "auto") -> Loop:
     if isinstance(overlap, bool):
         return Loop.OVERLAPPED if overlap else Loop.SERIAL
     return Loop.OVERLAPPED if str(device).startswith("cuda") else Loop.SERIAL
+
+
+# the executor's parts that differ by loop, bound once in Executor.__init__
+def no_launch(plan: "StepPlan") -> None:
+    """Loop.SERIAL's start of a planned step: none (step() runs it whole) -> no handle."""
+    return None
+
+
+def no_advance(launched: "Launched", result: "StepResult") -> None:
+    """Loop.OVERLAPPED's fold moves no host state: the launch did (Executor._planned)."""
+
+
+def device_seconds(launched: "Launched", result: "StepResult") -> float:
+    """An overlapped step's time: its device time where the engine reports it, else the launch's
+    wall time (the CPU runs the step inside the launch)."""
+    return result.device_s if result.device_s is not None else launched.launch_s

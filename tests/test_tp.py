@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.engines.reference import tp
+from dynspec.runtime.engines.reference import tp, tp_shard
 from dynspec.runtime.engines.reference.layer_ops import apply_rope, rms_norm, rope_tables, silu_mul
 from dynspec.runtime.engines.reference.model_config import TargetConfig
 from dynspec.runtime.tp_groups import TpContext, init_tp
@@ -62,19 +62,19 @@ def test_world_of_one_needs_no_process_group():
 # ----------------------------------------------------------------------------- sharding rules
 
 def test_rules_by_name():
-    assert tp.rule_of("layers.3.wqkv") == "qkv" and tp.rule_of("wqkv") == "qkv"
-    assert tp.rule_of("layers.0.w13") == "gate_up"
-    assert tp.rule_of("layers.0.wo") == tp.rule_of("w2") == "row"
-    assert tp.rule_of("output") == tp.rule_of("tok_embeddings.weight") == tp.rule_of("lm_head") == "vocab"
-    assert tp.rule_of("layers.0.attention_norm") == tp.rule_of("fc") == tp.rule_of("d2t") == "replicated"
+    assert tp_shard.rule_of("layers.3.wqkv") == "qkv" and tp_shard.rule_of("wqkv") == "qkv"
+    assert tp_shard.rule_of("layers.0.w13") == "gate_up"
+    assert tp_shard.rule_of("layers.0.wo") == tp_shard.rule_of("w2") == "row"
+    assert tp_shard.rule_of("output") == tp_shard.rule_of("tok_embeddings.weight") == tp_shard.rule_of("lm_head") == "vocab"
+    assert tp_shard.rule_of("layers.0.attention_norm") == tp_shard.rule_of("fc") == tp_shard.rule_of("d2t") == "replicated"
 
 
 def test_kv_heads_split_or_replicated_by_converts_rule():
     # 2 KV heads at N=4: each rank one head, each head on 2 ranks (convert: kv_replication = 2)
-    s = tp.TpShape(tp=4, heads=4, kv_heads=2, head_dim=3, intermediate=8, vocab=10, embed_vocab=10)
+    s = tp_shard.TpShape(tp=4, heads=4, kv_heads=2, head_dim=3, intermediate=8, vocab=10, embed_vocab=10)
     assert (s.local_heads, s.local_kv_heads, s.kv_replication) == (1, 1, 2)
     assert [s.kv_head0(r) for r in range(4)] == [0, 0, 1, 1]
-    s8 = tp.TpShape(tp=4, heads=8, kv_heads=8, head_dim=3, intermediate=8, vocab=10, embed_vocab=10)
+    s8 = tp_shard.TpShape(tp=4, heads=8, kv_heads=8, head_dim=3, intermediate=8, vocab=10, embed_vocab=10)
     assert [s8.kv_head0(r) for r in range(4)] == [0, 2, 4, 6] and s8.kv_replication == 1
     # rows of wqkv tagged by (kind, head): rank 3 keeps q head 3 and KV head 1 (q head 3 // 2 groups)
     hd = 3
@@ -83,14 +83,14 @@ def test_kv_heads_split_or_replicated_by_converts_rule():
     code = {t: i for i, t in enumerate(sorted(set(tags)))}
     w = torch.tensor([[float(code[t])] for t in tags])
     inv = {v: k for k, v in code.items()}
-    got = [inv[int(x)] for x in tp.shard_qkv(w, s, 3)[:, 0].tolist()]
+    got = [inv[int(x)] for x in tp_shard.shard_qkv(w, s, 3)[:, 0].tolist()]
     assert got == [("q", 3)] * hd + [("k", 1)] * hd + [("v", 1)] * hd
 
 
 def test_vocab_rows_padded_then_split():
     w = torch.arange(10.0).view(5, 2)                       # V=5 at N=2 -> 6 rows, 3 per rank
-    assert tp.shard_vocab(w, 0, 2).tolist() == [[0, 1], [2, 3], [4, 5]]
-    assert tp.shard_vocab(w, 1, 2).tolist() == [[6, 7], [8, 9], [0, 0]]
+    assert tp_shard.shard_vocab(w, 0, 2).tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert tp_shard.shard_vocab(w, 1, 2).tolist() == [[6, 7], [8, 9], [0, 0]]
 
 
 def test_impossible_split_names_the_number(tmp_path):
@@ -98,7 +98,7 @@ def test_impossible_split_names_the_number(tmp_path):
                        num_kv_heads=3, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4, rope_scaling=None,
                        tie_word_embeddings=False, max_position_embeddings=64)
     with pytest.raises(DynspecError) as e:
-        tp.check_tp(cfg, cfg, 4, "t/config.json")
+        tp_shard.check_tp(cfg, cfg, 4, "t/config.json")
     msg = str(e.value)
     assert "TP=4 is infeasible for t/config.json" in msg
     assert "num_attention_heads=6 is not divisible by tp=4 (6 % 4 = 2)" in msg
@@ -117,14 +117,14 @@ def test_refused_before_any_weight_is_read(tmp_path):
 
 # ----------------------------------------------------------------------------- sharded math, in process
 
-def _layer_over_ranks(blk, s: tp.TpShape, x, cos, sin):
+def _layer_over_ranks(blk, s: tp_shard.TpShape, x, cos, sin):
     """Decoder layer `blk` computed as N ranks would, each with its shard of the weights and
     its own heads; the two all-reduces written as sums. x [1, T, h]; cos, sin [1, 1, T, hd/2]."""
     F = torch.nn.functional
     eps, hd = blk.c.rms_norm_eps, blk.c.head_dim
     lh, lkv = s.local_heads, s.local_kv_heads
     T = x.shape[1]
-    shards = [tp.shard_weights({"wqkv": blk.wqkv, "wo": blk.wo, "w13": blk.w13, "w2": blk.w2}, s, r)
+    shards = [tp_shard.shard_weights({"wqkv": blk.wqkv, "wo": blk.wo, "w13": blk.w13, "w2": blk.w2}, s, r)
               for r in range(s.tp)]
     h = rms_norm(x, blk.attention_norm, eps)
     attn = 0
@@ -160,17 +160,17 @@ def test_sharded_layer_equals_transformers_layer_float64(tmp_path, n):
     ref = ref[0] if isinstance(ref, tuple) else ref
     cos, sin = rope_tables(c.head_dim, c.rope_theta, c.rope_scaling, T, "cpu", torch.float64)
     with torch.no_grad():
-        sharded = _layer_over_ranks(target.layers[1], tp.tp_shape(c, n), x, cos[None, None], sin[None, None])
+        sharded = _layer_over_ranks(target.layers[1], tp_shard.tp_shape(c, n), x, cos[None, None], sin[None, None])
     torch.testing.assert_close(sharded, ref, rtol=1e-12, atol=1e-12)
     # vocabulary-parallel head: gathered shard logits are the full logits; the embedding sum is exact
     w = target.output.detach()
-    logits = torch.cat([x @ tp.shard_vocab(w, r, n).T for r in range(n)], dim=-1)[..., :c.vocab_size]
+    logits = torch.cat([x @ tp_shard.shard_vocab(w, r, n).T for r in range(n)], dim=-1)[..., :c.vocab_size]
     torch.testing.assert_close(logits, x @ w.T, rtol=1e-12, atol=1e-12)
     emb = target.tok_embeddings.weight.detach()
     ids = torch.tensor([0, 5, 80, 159, 160])
-    rows = tp.shard_vocab(emb, 0, n).shape[0]
+    rows = tp_shard.shard_vocab(emb, 0, n).shape[0]
     parts = [torch.where(((ids >= r * rows) & (ids < (r + 1) * rows))[:, None],
-                         tp.shard_vocab(emb, r, n)[(ids - r * rows).clamp(0, rows - 1)], 0.0) for r in range(n)]
+                         tp_shard.shard_vocab(emb, r, n)[(ids - r * rows).clamp(0, rows - 1)], 0.0) for r in range(n)]
     assert torch.equal(sum(parts), emb[ids])
 
 
@@ -185,9 +185,9 @@ def _load_shards(target_dir, draft_dir, n: int, rank: int, dtype=torch.float64):
     ctx = TpContext(layout(rank, n, n), torch.device("cpu"), 1.0)
     full_t = load_target(target_dir, dtype=dtype)
     full_d = load_draft(draft_dir, full_t, dtype=dtype)
-    ts, ds = tp.check_tp(full_t.config, full_d.config, n)
-    t = load_target(target_dir, dtype=dtype, part=partial(tp.shard_part, s=ts, rank=rank))
-    d = load_draft(draft_dir, t, dtype=dtype, part=partial(tp.shard_part, s=ds, rank=rank))
+    ts, ds = tp_shard.check_tp(full_t.config, full_d.config, n)
+    t = load_target(target_dir, dtype=dtype, part=partial(tp_shard.shard_part, s=ts, rank=rank))
+    d = load_draft(draft_dir, t, dtype=dtype, part=partial(tp_shard.shard_part, s=ds, rank=rank))
     tp.apply_tp(t, d, ctx, loaded=True)
     tp.apply_tp(full_t, full_d, ctx)
     return (t, d), (full_t, full_d)
@@ -253,8 +253,8 @@ def test_a_rank_reads_only_its_slices(tmp_path, monkeypatch):
 
     real = tensor_reader.TensorReader._handle
     monkeypatch.setattr(tensor_reader.TensorReader, "_handle", lambda self, path: Handle(real(self, path)))
-    ts = tp.tp_shape(TargetConfig.from_hf(json.loads((target / "config.json").read_text()), "t"), 2)
-    t = load_target(target, dtype=torch.float64, part=partial(tp.shard_part, s=ts, rank=1))
+    ts = tp_shard.tp_shape(TargetConfig.from_hf(json.loads((target / "config.json").read_text()), "t"), 2)
+    t = load_target(target, dtype=torch.float64, part=partial(tp_shard.shard_part, s=ts, rank=1))
     monkeypatch.undo()
     from safetensors import safe_open
     with safe_open(str(target / "model.safetensors"), "pt") as f:
@@ -289,7 +289,7 @@ def test_vocab_parallel_argmax_matches_torch_argmax(n):
     g = torch.Generator().manual_seed(n)
     vocab = 11
     full = torch.randint(0, 4, (6, 3, vocab), generator=g).double()   # small ints: many ties
-    rows = tp.shard_vocab(torch.zeros(vocab, 1), 0, n).shape[0]
+    rows = tp_shard.shard_vocab(torch.zeros(vocab, 1), 0, n).shape[0]
     padded = torch.cat([full, torch.full((6, 3, rows * n - vocab), 99.0)], dim=-1)   # padding must never win
     pairs = torch.stack([tp.shard_argmax(padded[..., r * rows:(r + 1) * rows], vocab, r) for r in range(n)], dim=-2)
     assert torch.equal(tp.pick_argmax(pairs), full.argmax(dim=-1))

@@ -14,7 +14,7 @@ from functools import partial
 import torch
 
 from dynspec.checkpoint.hf_config import read_config
-from dynspec.runtime.engines.reference import tp
+from dynspec.runtime.engines.reference import tp, tp_shard
 from dynspec.runtime.engines.reference.draft import Eagle3Config
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 from dynspec.runtime.engines.reference.model_config import TargetConfig
@@ -40,9 +40,9 @@ def main(mode: str, t_dir: str, d_dir: str) -> None:
     ctx = TpContext(layout(0, 2, 2), torch.device("cpu"), 1.0)
     if mode == "sharded":
         tc = TargetConfig.from_hf(read_config(t_dir), "target")
-        ts, ds = tp.check_tp(tc, Eagle3Config.from_hf(read_config(d_dir), "draft", tc), 2)
-        t = load_target(t_dir, part=partial(tp.shard_part, s=ts, rank=0))
-        d = load_draft(d_dir, t, part=partial(tp.shard_part, s=ds, rank=0))
+        ts, ds = tp_shard.check_tp(tc, Eagle3Config.from_hf(read_config(d_dir), "draft", tc), 2)
+        t = load_target(t_dir, part=partial(tp_shard.shard_part, s=ts, rank=0))
+        d = load_draft(d_dir, t, part=partial(tp_shard.shard_part, s=ds, rank=0))
         tp.apply_tp(t, d, ctx, loaded=True)
     else:
         t = load_target(t_dir)

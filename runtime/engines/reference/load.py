@@ -10,7 +10,7 @@ Every bad input raises DynspecError naming the file and the field or tensor at f
 q/k/v and gate/up weights are fused while loading; tensors are converted to the requested
 dtype on the way in, so bf16 files load fine as float32 and the other way round.
 
-`part` (tensor parallelism: tp.shard_part) loads one rank's shard only: the model is built on
+`part` (tensor parallelism: tp_shard.shard_part) loads one rank's shard only: the model is built on
 the meta device, and each tensor is read through `part(rule, full_shape) -> (index, pad_rows)`,
 rule one of "q" "kv" "column" "row" "vocab" (anything else is read whole), so a rank's peak
 host memory is its shard plus one tensor (docs/tensor_parallel.md).
@@ -217,7 +217,7 @@ def load_reference_engine(
     """fused_kernels: the per-layer elementwise glue compiled, with Triton's rope_write and norms
     on CUDA (layer_ops.Kernels; default: on CUDA only).
     target_part / draft_part: read only this rank's part of each tensor (load.py's `part`;
-    tp.load_tp_engine passes tp.shard_part). prepare(target, draft): runs on the loaded models
+    tp.load_tp_engine passes tp_shard.shard_part). prepare(target, draft): runs on the loaded models
     before the caches are sized (tp.apply_tp sets the local heads and collectives there).
     cache: block_size, num_blocks, attention ("auto", "triton", "sdpa"), passed to ReferenceEngine."""
     from dynspec.runtime.engines.reference.engine import ReferenceEngine

@@ -7,7 +7,7 @@ serving (model info, streamed detokenization), request_parsing and model_metrics
 
 Under `mpirun -n N python -m dynspec.triton_repo.launch REPO --tp N` the launcher puts
 DYNSPEC_TP_* in this process's environment: the executor is then TP rank 0 of N
-(dynspec.triton_repo.launch.TpLeader), the MPI ranks 1..N-1 run the other shards, and a fault of
+(dynspec.triton_repo.tp_ranks.TpLeader), the MPI ranks 1..N-1 run the other shards, and a fault of
 the group fails every open and new request with its message.
 
 Per-request acceptance: the final response of a request answered with its output (finish
@@ -90,7 +90,7 @@ class TritonPythonModel:
         from dynspec.errors import DynspecError
         from dynspec.runtime.gc_heap import freeze_heap
         from dynspec.runtime.session import open_executor
-        from dynspec.triton_repo import launch, model_metrics, request_parsing, serving
+        from dynspec.triton_repo import launch, model_metrics, request_parsing, serving, tp_ranks
 
         self.serving, self.parsing, self.request_errors = serving, request_parsing, (DynspecError,)
         cfg = EngineConfig.load(params["engine_dir"])
@@ -100,7 +100,7 @@ class TritonPythonModel:
         # (model_metrics.STATS_KEPT): an unbounded one grows the stub by ~2 KB per served request.
         kept = model_metrics.STATS_KEPT
         tp = launch.TpLaunch.from_env(os.environ)
-        self.tp = None if tp is None else launch.TpLeader(tp, cfg, params["engine_dir"], device, kept)
+        self.tp = None if tp is None else tp_ranks.TpLeader(tp, cfg, params["engine_dir"], device, kept)
         self.executor = self.tp.executor if self.tp is not None else \
             open_executor(cfg, device=device, stats_limit=kept)
         freeze_heap()        # the served heap out of the collector's walk (runtime/gc_heap.py)

@@ -118,10 +118,11 @@ class PerRequestPolicy(AdaptivePolicy):
         zero_ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)
         if u is not None and u.tokens_per_ms <= b / zero_ms:
             u = None                                    # one K for every row, only above K=0
+        probing = due if x.since_spec >= PROBE_EVERY else ()   # the whole batch sat at K=0 that long
         if x.packed and b > 1:
-            a = self._packed(x, raw, cost, rates, cap, budget, due, u)
+            a = self._packed(x.cost_scale, raw, cost, rates, cap, budget, due, probing, u)
         else:                                           # (one row: every vector is uniform)
-            a = _padded(rates, cost, u, due if x.since_spec >= PROBE_EVERY else ())
+            a = _padded(rates, cost, u, probing)
         plain = b / cost.decode_ms if cost.decode_ms else None
         warm = x.keep_warm and a.reason != "plain decode"
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
@@ -129,17 +130,17 @@ class PerRequestPolicy(AdaptivePolicy):
         return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
                            gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason)
 
-    def _packed(self, x: RowInputs, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,
-                due: tuple[int, ...], u: Allocation | None) -> Allocation:
+    def _packed(self, scales, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,
+                due: tuple[int, ...], probing: tuple[int, ...], u: Allocation | None) -> Allocation:
         """The K vector where the engine verifies each row's K_i + 1 tokens packed: allocate over
         every vector at the ragged price (SplitCost.ragged); a per-row answer stands only where
         it beats one K >= 1 for every row (u, at the uniform steps' own prices) by the settings'
         margin; a uniform or all-zero answer gives way to u, else to plain decode (with the due
         rows' probe). Due rows ride along a per-row step that drafts anyway."""
-        ragged = raw.ragged(x.cost_scale)
-        probing = due if x.since_spec >= PROBE_EVERY else ()
+        ragged = raw.ragged(scales)
         a = allocate(rates, ragged, cap, budget, cost.decode_ms, probing)
-        base = set(k for i, k in enumerate(a.ks) if i not in a.probed) | ({0} if a.probed else set())
+        probed = set(a.probed)
+        base = {0 if i in probed else k for i, k in enumerate(a.ks)}     # the K's before probes
         if len(base) > 1:                               # a per-row vector
             if u is not None and u.tokens_per_ms * (1 + self.settings.margin) >= a.tokens_per_ms:
                 return u
@@ -150,8 +151,9 @@ class PerRequestPolicy(AdaptivePolicy):
             return u
         if base == {0}:                                 # plain decode, or the due rows' probe
             return a
-        ks = tuple(1 if i in probing else 0 for i in range(len(a.ks)))   # uniform only at the ragged
-        return _zero(rates, cost, ks, ragged.step_ms(len(ks) + len(probing), 1), probing)   # price
+        # one K >= 1 for every row beat plain decode only at the ragged price: plain decode
+        ks = tuple(1 if i in probing else 0 for i in range(len(a.ks)))
+        return _zero(rates, cost, ks, ragged.step_ms(len(ks) + len(probing), 1), probing)
 
     def _split(self, b: int, context: int) -> SplitCost:
         hit = self._splits.get((b, context))

@@ -110,9 +110,10 @@ class PerRequestPolicy(AdaptivePolicy):
         if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
             warm = x.keep_warm
             return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm))
-        # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown)
+        # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown); no
+        # row is due before PROBE_EVERY idle iterations (the shortest interval)
         due = tuple(i for i, (n, t) in enumerate(zip(x.idle, probe_interval(x.probes, b))) if n >= t) \
-            if math.isfinite(cost.chain_ms[1]) else ()
+            if math.isfinite(cost.chain_ms[1]) and max(x.idle, default=0) >= PROBE_EVERY else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
         u = uniform_allocation(rates, cost, cap, budget)
         zero_ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)

@@ -10,9 +10,9 @@ word alone.
 Options (slots): 0 = K=0 plain decode, k = K=k speculation, max_k + 1 = K=0 with keep-warm,
 max_k + 2 = a cold speculative step (rows whose draft head is rebuilt after plain decode: a
 probe, or the first step back at K > 0), max_k + 3 = a ragged step (per-request K with rows at
-different K_i, priced by split_cost.SplitCost: the whole-forward path, not the decode graphs). A cold K=1 probe was measured at 6.27 ms where a warm
-K=1 step ran 5.83 and plain decode 5.10 (H200, b=16): pooled into slot 1 it would price the warm
-K=1 too high, and the probes too low.
+different K_i, priced by split_cost.SplitCost: the whole-forward path, not the decode graphs).
+A cold K=1 probe was measured at 6.27 ms where a warm K=1 step ran 5.83 and plain decode 5.10
+(H200, b=16): pooled into slot 1 it would price the warm K=1 too high, and the probes too low.
 Per slot, decayed sums of measured/predicted ratios with a half-life of `half_life` steps of that
 slot (a slot that is not taken keeps its last ratio), each ratio clipped to [1/2, 2] so that one
 stalled step (a garbage collection, a page fault) moves a scale by a bounded amount. A slot's

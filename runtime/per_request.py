@@ -116,8 +116,7 @@ class PerRequestPolicy(AdaptivePolicy):
             if math.isfinite(cost.chain_ms[1]) and max(x.idle, default=0) >= PROBE_EVERY else ()
         rates, budget = x.rates[:, :cap], b * (cap + 1)
         u = uniform_allocation(rates, cost, cap, budget)
-        zero_ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)
-        if u is not None and u.tokens_per_ms <= b / zero_ms:
+        if u is not None and u.tokens_per_ms <= b / _k0_ms(cost, b, False):
             u = None                                    # one K for every row, only above K=0
         probing = due if x.since_spec >= PROBE_EVERY else ()   # the whole batch sat at K=0 that long
         if x.packed and b > 1:
@@ -195,7 +194,7 @@ def _zero(rates: np.ndarray, cost: SplitCost, ks: tuple[int, ...], probe_ms: flo
     if probed:
         tokens = b + float(sum(rates[i, 0] for i, k in enumerate(ks) if k))
         return Allocation(ks, tokens, probe_ms, tokens / probe_ms, "probe", probed)
-    ms = cost.decode_ms if cost.decode_ms is not None else cost.step_ms(b, 0)
+    ms = _k0_ms(cost, b, False)
     return Allocation((0,) * b, float(b), ms, b / ms, "plain decode" if cost.decode_ms is not None else "best")
 
 

@@ -369,7 +369,8 @@ def test_ragged_split_cost_scales_every_vector_alike():
 
 def test_the_small_scan_equals_the_numpy_scan(monkeypatch):
     """b x cap <= SMALL runs in plain Python: the same K vectors, tokens and ms as the numpy scan
-    (ties included), on random rates and profiled costs whose chain does not fall."""
+    (ties included), on random rates and profiled costs whose chain does not fall; and
+    uniform_allocation's plain-Python gains pick the numpy sum's K."""
     from dynspec.runtime import per_row
 
     rnd = random.Random(17)
@@ -382,9 +383,14 @@ def test_the_small_scan_equals_the_numpy_scan(monkeypatch):
         if any(x > y for x, y in zip(chain[1:cap], chain[2:cap + 1])):
             continue
         rates, budget = random_rates(rnd, b, cap), rnd.randint(b, b * (cap + 1) + 2)
-        small = allocate(rates, sc, cap, budget)
+        small, uniform = allocate(rates, sc, cap, budget), uniform_allocation(rates, sc, cap, budget)
         with monkeypatch.context() as m:
             m.setattr(per_row, "SMALL", 0)
             assert allocate(rates, sc, cap, budget) == small
+            numpy_uniform = uniform_allocation(rates, sc, cap, budget)
+            assert (numpy_uniform is None) == (uniform is None)
+            if uniform is not None:                        # the gains summed in another order: to rounding
+                assert numpy_uniform.ks == uniform.ks
+                assert numpy_uniform.tokens_per_ms == pytest.approx(uniform.tokens_per_ms, rel=1e-12)
         cases += 1
     assert cases >= 100

@@ -146,6 +146,27 @@ def test_error_lines_strip_the_glog_prefix():
     assert error_lines(log) == ["failed to start HTTP service: Socket '127.0.0.1:8000' in use"]
 
 
+def test_free_ports_lie_outside_the_ephemeral_range_and_bind(monkeypatch, tmp_path):
+    """Ports the kernel never hands to an outgoing connection or a bind(0); with none of those
+    left (a range file that claims them all), the kernel's own choice."""
+    from dynspec.triton_repo import ports as ports_mod
+
+    low, high = ports_mod.ephemeral_range()
+    for _ in range(20):
+        got = free_ports()
+        assert len({got.http, got.grpc, got.metrics}) == 3
+        for port in (got.http, got.grpc, got.metrics):
+            assert not low <= port <= high and port >= ports_mod.LOWEST, (port, low, high)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+    claims_all = tmp_path / "ip_local_port_range"
+    claims_all.write_text(f"{ports_mod.LOWEST}\t65535\n")
+    monkeypatch.setattr(ports_mod, "EPHEMERAL", claims_all)
+    assert ports_mod.ephemeral_range() == (ports_mod.LOWEST, 65535)
+    got = free_ports()
+    assert len({got.http, got.grpc, got.metrics}) == 3 and min(got.http, got.grpc, got.metrics) > 0
+
+
 def test_owns_listener_tells_this_process_from_another():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

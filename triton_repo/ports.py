@@ -3,6 +3,7 @@ and which process listens on a port (from /proc)."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 from dataclasses import dataclass
@@ -18,11 +19,41 @@ class Ports:
     metrics: int
 
 
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST = 10000                    # below: the well-known and registered ports people configure by hand
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to bind(0) and to outgoing connections, e.g. (32768, 60999)."""
+    try:
+        low, high = map(int, EPHEMERAL.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999       # the Linux default
+
+
 def free_ports(host: str = "127.0.0.1") -> Ports:
-    """Three ports the OS reports free right now (held together, so they are distinct)."""
+    """Three distinct ports that bind right now, drawn outside the ephemeral range.
+
+    A port from bind(0) lies inside that range, so between its release and tritonserver's bind
+    (seconds: the server loads its models first) any outgoing connection or bind(0) on the machine
+    (gloo, mpirun, a client) may be given it. Outside the range only an explicit bind can take it."""
+    low, high = ephemeral_range()
+    pool = [*range(LOWEST, low), *range(high + 1, 65536)]
+    random.shuffle(pool)
     socks = []
     try:
-        for _ in range(3):
+        for port in pool:
+            s = socket.socket()
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            if len(socks) == 3:
+                return Ports(*(s.getsockname()[1] for s in socks))
+        while len(socks) < 3:     # every such port taken: the kernel's choice
             s = socket.socket()
             s.bind((host, 0))
             socks.append(s)

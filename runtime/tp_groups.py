@@ -1,8 +1,9 @@
 """Process groups of tensor parallelism under mpirun: TpContext, init_tp, and what ends a group
 (docs/tensor_parallel.md). Which rank is where: runtime/tp_layout.py.
 
-mpi4py gives rank and size; rank 0 picks MASTER_ADDR/MASTER_PORT and broadcasts them over
-MPI, so no launcher has to export them. (A rank that is no MPI rank, the Triton launch's TP rank 0
+mpi4py gives rank and size; rank 0 hosts the rendezvous TCPStore on a port it binds itself and
+broadcasts the endpoint over MPI (runtime/tp_endpoint.py, host_rendezvous), so no launcher has to
+export one and no other process can take the port first. (A rank that is no MPI rank, the Triton launch's TP rank 0
 in the python-backend stub, joins through an endpoint instead: runtime/tp_endpoint.py, init_tp_endpoint.)
 Two process groups per replica:
     compute  NCCL on CUDA, gloo on CPU: the model's all-reduces and all-gathers
@@ -20,7 +21,6 @@ import contextlib
 import datetime
 import os
 import re
-import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -98,12 +98,6 @@ def _reason(e: BaseException) -> str:
     return line.split(". ")[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | None = None,
             allreduce: str = "auto") -> TpContext:
     """Set up torch.distributed from mpi4py's rank and size and split WORLD into replicas.
@@ -123,9 +117,14 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
         return TpContext(lay, dev, timeout_s, comm=comm)
     import torch.distributed as dist
 
-    addr, port = _rendezvous(comm)
+    from dynspec.runtime.tp_endpoint import host_rendezvous, parse_endpoint
+
     td = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size, timeout=td)
+    store, endpoint = host_rendezvous(comm, timeout_s)      # rank 0's store lives as long as the group
+    if store is None:
+        host, port = parse_endpoint(endpoint)
+        store = dist.TCPStore(host, port, None, False, timeout=td)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=td)
     group, control, reducer = _replica_groups(lay, dev, td, allreduce)
     return TpContext(lay, dev, timeout_s, group, control, comm, reducer)
 
@@ -180,23 +179,6 @@ def _mpi_world() -> tuple[Any, int, int]:
     except ImportError as e:
         raise DynspecError("launched by mpirun but mpi4py is not installed: pip install mpi4py") from e
     return MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-def _rendezvous(comm) -> tuple[str, int]:
-    """(MASTER_ADDR, MASTER_PORT) chosen by rank 0 and broadcast over MPI. Exported values win.
-    All ranks on rank 0's host -> 127.0.0.1; otherwise rank 0's host name. The port is one the
-    OS handed out for port 0 a moment earlier (another process could take it first: rare)."""
-    from mpi4py import MPI
-
-    host = MPI.Get_processor_name()
-    hosts = comm.allgather(host)
-    if comm.Get_rank() == 0:
-        addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else host)
-        port = int(os.environ.get("MASTER_PORT") or _free_port())
-        choice = (addr, port)
-    else:
-        choice = None
-    return comm.bcast(choice, root=0)
 
 
 def mpi_world() -> tuple[Any, int, int]:

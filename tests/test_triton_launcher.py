@@ -167,6 +167,22 @@ def test_free_ports_lie_outside_the_ephemeral_range_and_bind(monkeypatch, tmp_pa
     assert len({got.http, got.grpc, got.metrics}) == 3 and min(got.http, got.grpc, got.metrics) > 0
 
 
+def test_stale_workdirs_are_those_of_launchers_no_longer_alive(tmp_path):
+    from dynspec.triton_repo.server_process import WORKDIR_PREFIX, remove_stale_workdirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{WORKDIR_PREFIX}{gone.pid}-a1b2"
+    live = tmp_path / f"{WORKDIR_PREFIX}{os.getpid()}-c3d4"
+    others = [tmp_path / f"{WORKDIR_PREFIX}x7q2", tmp_path / f"{WORKDIR_PREFIX}0-e5f6", tmp_path / "other-1-x"]
+    for d in (dead, live, *others):
+        (d / "backends").mkdir(parents=True)
+        (d / "tritonserver.log").write_text("I1205 log\n")
+    assert remove_stale_workdirs(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and all(d.exists() for d in others)
+    assert remove_stale_workdirs(tmp_path) == []
+
+
 def test_owns_listener_tells_this_process_from_another():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -212,6 +212,29 @@ def _child_setup(die_with_parent: bool):
     return setup
 
 
+WORKDIR_PREFIX = "dynspec-triton-"     # + the launcher's pid + "-": its private folder in the temp dir
+
+
+def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the private folders that launchers which died before their server stopped left
+    behind (SIGKILL, or mpirun's SIGKILL a second after its SIGTERM): this user's
+    `dynspec-triton-<pid>-*` folders whose pid is no longer alive. A live launcher's folder, another
+    user's, and one without a pid in its name are left alone. Returns the folders removed."""
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        pid = d.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or int(pid) < 1 or d.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        except OSError:                  # gone meanwhile, or alive under another user (EPERM)
+            continue
+    return removed
+
+
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
            extra_args: tuple[str, ...] = (), env: Mapping[str, str | None] | None = None,
@@ -235,7 +258,8 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     ports = ports or free_ports(host)
     check_addresses(host, ports)
     upstream = free_ports("127.0.0.1").http if front else ports.http
-    workdir = Path(tempfile.mkdtemp(prefix="dynspec-triton-"))
+    remove_stale_workdirs()
+    workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     to_stdout = str(log_path) == "-"
     log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)
     backends = backend_dir(install, workdir / "backends")

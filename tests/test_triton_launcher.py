@@ -167,20 +167,39 @@ def test_free_ports_lie_outside_the_ephemeral_range_and_bind(monkeypatch, tmp_pa
     assert len({got.http, got.grpc, got.metrics}) == 3 and min(got.http, got.grpc, got.metrics) > 0
 
 
-def test_stale_workdirs_are_those_of_launchers_no_longer_alive(tmp_path):
-    from dynspec.triton_repo.server_process import WORKDIR_PREFIX, remove_stale_workdirs
+def test_a_workdir_is_stale_once_no_process_holds_its_lock(tmp_path, monkeypatch):
+    """A launcher that exits without cleaning up, whose server (a child given the lock's fd)
+    lives on: the folder stays while the child lives and goes at the first sweep after. A link,
+    another folder without a lock file, and this process's own live folder are left alone."""
+    import tempfile
 
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    dead = tmp_path / f"{WORKDIR_PREFIX}{gone.pid}-a1b2"
-    live = tmp_path / f"{WORKDIR_PREFIX}{os.getpid()}-c3d4"
-    others = [tmp_path / f"{WORKDIR_PREFIX}x7q2", tmp_path / f"{WORKDIR_PREFIX}0-e5f6", tmp_path / "other-1-x"]
-    for d in (dead, live, *others):
-        (d / "backends").mkdir(parents=True)
-        (d / "tritonserver.log").write_text("I1205 log\n")
-    assert remove_stale_workdirs(tmp_path) == [dead]
-    assert not dead.exists() and live.exists() and all(d.exists() for d in others)
-    assert remove_stale_workdirs(tmp_path) == []
+    from dynspec.triton_repo import workdir as wd
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine, fd = wd.make_workdir()
+    assert mine.parent == tmp_path and (mine / wd.LOCK).is_file() and not (mine / f"{wd.LOCK}.new").exists()
+    code = ("import os, subprocess, sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
+            "from dynspec.triton_repo.workdir import make_workdir\n"
+            "d, fd = make_workdir()\n"
+            "child = subprocess.Popen(['sleep', '30'], pass_fds=(fd,), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print(d, child.pid, flush=True)\n"
+            "os._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    orphan, child = Path(out.split()[0]), int(out.split()[1])
+    (tmp_path / f"{wd.WORKDIR_PREFIX}nolock").mkdir()
+    (tmp_path / f"{wd.WORKDIR_PREFIX}link").symlink_to(orphan)
+    try:
+        assert wd.remove_stale_workdirs(tmp_path) == [] and orphan.is_dir()     # its server lives
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert wd.remove_stale_workdirs(tmp_path) == [orphan]
+    assert mine.is_dir() and (tmp_path / f"{wd.WORKDIR_PREFIX}nolock").is_dir()
+    wd.release(fd)
+    assert wd.remove_stale_workdirs(tmp_path) == [mine]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{wd.WORKDIR_PREFIX}link", f"{wd.WORKDIR_PREFIX}nolock"]
 
 
 def test_owns_listener_tells_this_process_from_another():

@@ -2,6 +2,7 @@
 and which process listens on a port (from /proc)."""
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -33,34 +34,43 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def free_ports(host: str = "127.0.0.1") -> Ports:
-    """Three distinct ports that bind right now, drawn outside the ephemeral range.
+    """Three distinct ports that bind on `host` right now, drawn outside the ephemeral range.
 
     A port from bind(0) lies inside that range, so between its release and tritonserver's bind
     (seconds: the server loads its models first) any outgoing connection or bind(0) on the machine
     (gloo, mpirun, a client) may be given it. Outside the range only an explicit bind can take it."""
+    family, addr = resolve(host)
     low, high = ephemeral_range()
     pool = [*range(LOWEST, low), *range(high + 1, 65536)]
     random.shuffle(pool)
     socks = []
     try:
-        for port in pool:
-            s = socket.socket()
+        for port in [*pool, *[0] * 3]:        # every such port taken: the kernel's choice
+            s = socket.socket(family, socket.SOCK_STREAM)
             try:
-                s.bind((host, port))
-            except OSError:
+                s.bind((addr[0], port, *addr[2:]))
+            except OSError as e:
                 s.close()
-                continue
+                if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue
+                raise DynspecError(f"--host {host} is not an address of this machine: cannot bind it "
+                                   f"({e.strerror}); give a local address, e.g. 127.0.0.1 or 0.0.0.0") from None
             socks.append(s)
             if len(socks) == 3:
                 return Ports(*(s.getsockname()[1] for s in socks))
-        while len(socks) < 3:     # every such port taken: the kernel's choice
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return Ports(*(s.getsockname()[1] for s in socks))
+        raise DynspecError(f"no free TCP port on {host}")
     finally:
         for s in socks:
             s.close()
+
+
+def resolve(host: str) -> tuple[int, tuple]:
+    """(address family, socket address with port 0) of `host`, e.g. (AF_INET, ('127.0.0.1', 0))."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise DynspecError(f"--host {host!r} does not resolve: {e.strerror}") from None
+    return family, addr
 
 
 PORT_FLAGS = ("--http-port", "--grpc-port", "--metrics-port")
@@ -79,10 +89,7 @@ def check_addresses(host: str, ports: Ports) -> None:
         for other, theirs in named[i + 1:]:
             if port == theirs:
                 raise DynspecError(f"{flag} and {other} are both {port}: each service needs its own port")
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as e:
-        raise DynspecError(f"--host {host!r} does not resolve: {e.strerror}") from None
+    family, addr = resolve(host)
     for flag, port in [("--host", 0), *named]:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

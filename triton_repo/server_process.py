@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from dynspec.triton_repo.ports import Ports, check_addresses, free_ports, owns_l
 from dynspec.triton_repo.repo_check import check_repo, integer_inputs
 from dynspec.triton_repo.triton_install import (admin_key, backend_dir, find_tritonserver, server_command,
                                                 server_env, shm_prefix)
+from dynspec.triton_repo.workdir import make_workdir, release
 
 
 def error_lines(log: str) -> list[str]:
@@ -71,8 +71,9 @@ class TritonServer:
 
     def __init__(self, proc: subprocess.Popen, ports: Ports, host: str, workdir: Path, log_path: Path,
                  shm_prefix: str = "", tee: _Tee | None = None, front=None, upstream_http: int | None = None,
-                 admin_key: str | None = None):
+                 admin_key: str | None = None, lock_fd: int | None = None):
         self.proc, self.ports, self.host, self.workdir, self.log_path = proc, ports, host, workdir, log_path
+        self._lock_fd = lock_fd                     # the workdir's lock (triton_repo/workdir.py)
         self.admin_key = admin_key                  # what ADMIN_APIS need in header ADMIN_HEADER
         self.shm_prefix, self._tee = shm_prefix, tee
         self.front = front                          # the HttpFront on ports.http, or None
@@ -160,6 +161,8 @@ class TritonServer:
                     os.unlink(region)
             self._wait_log()
             shutil.rmtree(self.workdir, ignore_errors=True)
+            release(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> "TritonServer":
         return self
@@ -212,29 +215,6 @@ def _child_setup(die_with_parent: bool):
     return setup
 
 
-WORKDIR_PREFIX = "dynspec-triton-"     # + the launcher's pid + "-": its private folder in the temp dir
-
-
-def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
-    """Remove the private folders that launchers which died before their server stopped left
-    behind (SIGKILL, or mpirun's SIGKILL a second after its SIGTERM): this user's
-    `dynspec-triton-<pid>-*` folders whose pid is no longer alive. A live launcher's folder, another
-    user's, and one without a pid in its name are left alone. Returns the folders removed."""
-    removed = []
-    for d in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
-        pid = d.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
-        try:
-            if not pid.isdigit() or int(pid) < 1 or d.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-        except OSError:                  # gone meanwhile, or alive under another user (EPERM)
-            continue
-    return removed
-
-
 def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "127.0.0.1",
            log_path: str | os.PathLike | None = None, ready_timeout_s: float | None = 120.0,
            extra_args: tuple[str, ...] = (), env: Mapping[str, str | None] | None = None,
@@ -258,8 +238,10 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     ports = ports or free_ports(host)
     check_addresses(host, ports)
     upstream = free_ports("127.0.0.1").http if front else ports.http
-    remove_stale_workdirs()
-    workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
+    if front:
+        while upstream in (ports.http, ports.grpc, ports.metrics):
+            upstream = free_ports("127.0.0.1").http
+    workdir, lock_fd = make_workdir()
     to_stdout = str(log_path) == "-"
     log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)
     backends = backend_dir(install, workdir / "backends")
@@ -281,9 +263,10 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
                 full = {k: v for k, v in {**server_env(install), **(env or {})}.items() if v is not None}
                 proc = subprocess.Popen(cmd, env=full, stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=_child_setup(die_with_parent))
+                                        pass_fds=(lock_fd,), preexec_fn=_child_setup(die_with_parent))
             tee = _Tee(log_path) if to_stdout else None
-            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee, http_front, upstream, key)
+            server = TritonServer(proc, ports, host, workdir, log_path, prefix, tee, http_front, upstream, key,
+                                  lock_fd)
             atexit.register(server.stop, 5.0)
             if tee is not None:
                 tee.start()
@@ -296,5 +279,6 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
             if http_front is not None:
                 http_front.stop()
             shutil.rmtree(workdir, ignore_errors=True)
+            release(lock_fd)
         raise
     return server

@@ -159,6 +159,12 @@ def test_free_ports_lie_outside_the_ephemeral_range_and_bind(monkeypatch, tmp_pa
             assert not low <= port <= high and port >= ports_mod.LOWEST, (port, low, high)
             with socket.socket() as s:
                 s.bind(("127.0.0.1", port))
+    from dynspec.errors import DynspecError
+
+    with pytest.raises(DynspecError, match="'nosuch.invalid' does not resolve"):
+        free_ports("nosuch.invalid")
+    with pytest.raises(DynspecError, match="10.254.254.254 is not an address of this machine"):
+        free_ports("10.254.254.254")
     claims_all = tmp_path / "ip_local_port_range"
     claims_all.write_text(f"{ports_mod.LOWEST}\t65535\n")
     monkeypatch.setattr(ports_mod, "EPHEMERAL", claims_all)

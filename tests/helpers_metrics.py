@@ -24,11 +24,12 @@ def metric(m: dict, name: str, **labels) -> float:
 
 
 def settle(server, check, timeout=10.0):
-    """Poll /metrics until check(metrics) holds or `timeout` seconds pass (the model publishes every
-    50 ms); returns the last metrics read."""
+    """Poll /metrics until check(metrics) holds (the model publishes gauges every 50 ms); returns
+    those metrics. Fails after `timeout` seconds, with the dynspec_* series last read."""
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(server)
-        if check(m) or time.monotonic() > deadline:
+        if check(m):
             return m
+        assert time.monotonic() < deadline, f"metrics did not settle within {timeout:g} s: {m}"
         time.sleep(0.05)

@@ -293,7 +293,7 @@ print(json.dumps(front.refused), flush=True)
 def test_more_connections_than_descriptors_leave_the_port_serving(server, bound):
     """Under RLIMIT_NOFILE 160, 400 idle connections: with the front's own bound (from the limit)
     the extra ones are answered 503; with a bound above the limit accept() runs out of descriptors.
-    Either way, once the clients close, /v2/health/ready answers 200 within 5 s."""
+    Either way, once the clients close, /v2/health/ready answers 200 within 15 s."""
     proc = subprocess.Popen([sys.executable, "-c", FRONT_UNDER_ULIMIT, str(server.upstream_http), "160", bound],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -310,12 +310,12 @@ def test_more_connections_than_descriptors_leave_the_port_serving(server, bound)
         for s in idle:
             s.close()
         t0, status = time.monotonic(), None
-        while time.monotonic() - t0 < 5 and status != 200:
+        while time.monotonic() - t0 < 15 and status != 200:
             try:
                 status = request(("127.0.0.1", port), "GET", "/v2/health/ready", timeout=2)[0]
             except OSError:
                 time.sleep(0.1)
-        assert status == 200, f"no 200 within 5 s (last: {status})"
+        assert status == 200, f"no 200 within 15 s (last: {status})"
         out, _ = proc.communicate("", timeout=30)
         refused = json.loads(out)
         key = "connections_over_limit" if bound == "default" else "accept_error"

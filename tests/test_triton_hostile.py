@@ -190,7 +190,7 @@ def test_a_huge_text_input_is_refused_before_tokenizing_and_holds_up_no_one(serv
         huge_s = time.monotonic() - t0
     assert isinstance(message, str) and "refused before tokenizing" in message, message
     assert isinstance(small, list) and len(np.concatenate(small)) == 4
-    assert huge_s < 8 and small_s < 3, (huge_s, small_s)
+    assert huge_s < 20 and small_s < 3, (huge_s, small_s)      # 10 MB over gRPC on a busy host: seconds
 
 
 def test_refused_and_cancelled_requests_are_counted(server):
@@ -242,13 +242,13 @@ def test_a_client_killed_with_open_streams_leaves_the_server_serving(server):
     """A gRPC client holding 10 open streams dies by SIGKILL, a few rounds: tritonserver stays up,
     the abandoned rows are cancelled (the batch drains long before their tokens would end), and
     a new request is served. (A server that crashes anyway is restarted by the launcher CLI.)"""
-    before = metrics(server)
+    before = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0, timeout=20)   # no earlier rows
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-c", CLIENT, server.grpc_url, "10", str(MAX_SEQ_LEN - 20)],
                                 stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
         try:
             assert proc.stdout.readline().strip() == b"open"
-            settle(server, lambda m: metric(m, "dynspec_batch_size") >= 5, timeout=30)
+            settle(server, lambda m: metric(m, "dynspec_batch_size") >= 10, timeout=30)   # every stream in
         finally:
             proc.kill()
             proc.wait(10)
@@ -264,7 +264,7 @@ def test_a_client_killed_with_open_streams_leaves_the_server_serving(server):
 def test_abandoned_http_requests_are_cancelled(server, endpoint):
     """16 requests of 1000 tokens whose clients hang up: each is cancelled within moments, and a
     16-token request sent after them is served at once instead of waiting behind them."""
-    before = metrics(server)
+    before = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0, timeout=20)   # a fresh gauge
     host, port = server.http_url.rsplit(":", 1)
     socks = []
     try:

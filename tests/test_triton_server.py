@@ -351,7 +351,8 @@ def test_single_request_speculates_at_full_k(server, info, oracle):
     assert reply.error is None
     assert tuple(reply.ids) == oracle([(prompt, NEW_TOKENS, info.eos_ids)])[0]
     assert reply.responses >= 2
-    after = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0)
+    after = settle(server, lambda m: metric(m, "dynspec_batch_size") == 0 and metric(m, "dynspec_iterations_total", k="4")
+                   > metric(before, "dynspec_iterations_total", k="4"))   # a gauge sampled after the request
     assert metric(after, "dynspec_draft_length") == 4
     assert metric(after, "dynspec_iterations_total", k="4") > metric(before, "dynspec_iterations_total", k="4")
     assert metric(after, "dynspec_iterations_total", k="0") == metric(before, "dynspec_iterations_total", k="0")

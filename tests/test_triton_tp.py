@@ -273,7 +273,7 @@ def test_a_launch_that_cannot_work_is_refused_before_the_server_starts(chain, tm
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_hung_worker_fails_the_request_within_the_timeout_and_ends_the_job(chain, tmp_path):
-    job = launch(chain.repo, tmp_path, 2, 2, timeout_s=2)
+    job = launch(chain.repo, tmp_path, 2, 2, timeout_s=5)
     try:
         ready(job)
         tree = descendants(job.proc.pid)
@@ -282,7 +282,7 @@ def test_a_hung_worker_fails_the_request_within_the_timeout_and_ends_the_job(cha
         reply = call(job, request(prompt_ids=[5, 6, 7], max_tokens=12, end_id=-1), timeout=30)
         took = time.monotonic() - t0
         assert reply.error is not None and reply.error.startswith("tensor-parallel group failed: TP rank 0"), reply
-        assert "(timeout 2 s)" in reply.error and took < 2 + 3, (reply.error, took)
+        assert "(timeout 5 s)" in reply.error and took < 5 + 5, (reply.error, took)
         assert job.proc.wait(30) != 0                          # the launcher aborts the MPI job
         err = job.stderr()
         assert "error: TP rank 0 (the python stub) reported a fault: " in err

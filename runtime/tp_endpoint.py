@@ -65,6 +65,22 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def join_world(endpoint: str, rank: int, size: int, join_s: float, store: Any = None, *, who: str) -> None:
+    """init_process_group (gloo) as `rank` of `size` at the store `endpoint` (rank 0 passes the store
+    it hosts). WORLD waits up to join_s for every rank (a store connect can stall seconds on a
+    loaded host); the groups used afterwards get their own timeout. A failure is a TpFault naming `who`."""
+    import torch.distributed as dist
+
+    join = datetime.timedelta(seconds=join_s)
+    try:
+        if store is None:
+            host, port = parse_endpoint(endpoint)
+            store = dist.TCPStore(host, port, None, False, timeout=join)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=join)
+    except RuntimeError as e:
+        raise TpFault(f"{who} could not join the {size} ranks at {endpoint} within {join_s:g} s: {_reason(e)}") from e
+
+
 def init_tp_endpoint(endpoint: str, tp_rank: int, tp: int, *, device: str | torch.device = "cpu",
                      local_rank: int = 0, timeout_s: float | None = None,
                      join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, allreduce: str = "auto",
@@ -86,16 +102,6 @@ def init_tp_endpoint(endpoint: str, tp_rank: int, tp: int, *, device: str | torc
     dev = _place(device, local_rank)
     if tp == 1:
         return TpContext(lay, dev, timeout_s, comm=comm)
-    import torch.distributed as dist
-
-    host, port = parse_endpoint(endpoint)
-    join = datetime.timedelta(seconds=join_timeout_s)
-    try:
-        store = dist.TCPStore(host, port, None, False, timeout=join)
-        # WORLD waits up to the join timeout for every rank; the groups used afterwards get timeout_s
-        dist.init_process_group("gloo", store=store, rank=tp_rank, world_size=tp, timeout=join)
-    except RuntimeError as e:
-        raise TpFault(f"TP rank {tp_rank} could not join the {tp} ranks at {endpoint} within "
-                      f"{join_timeout_s:g} s: {_reason(e)}") from e
+    join_world(endpoint, tp_rank, tp, join_timeout_s, who=f"TP rank {tp_rank}")
     group, control, reducer = _replica_groups(lay, dev, datetime.timedelta(seconds=timeout_s), allreduce)
     return TpContext(lay, dev, timeout_s, group, control, comm, reducer)

@@ -115,23 +115,11 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
     dev = _place(device, local_rank())
     if tp == 1:                        # replicas of one rank: nothing to reduce, no process group
         return TpContext(lay, dev, timeout_s, comm=comm)
-    import torch.distributed as dist
+    from dynspec.runtime.tp_endpoint import DEFAULT_JOIN_TIMEOUT_S, host_rendezvous, join_world
 
-    from dynspec.runtime.tp_endpoint import DEFAULT_JOIN_TIMEOUT_S, host_rendezvous, parse_endpoint
-
-    # joining waits up to the join timeout (a store connect can stall seconds on a loaded host);
-    # the groups used afterwards get timeout_s
     join_s = max(timeout_s, DEFAULT_JOIN_TIMEOUT_S)
-    join = datetime.timedelta(seconds=join_s)
     store, endpoint = host_rendezvous(comm, join_s)         # rank 0's store lives as long as the group
-    try:
-        if store is None:
-            host, port = parse_endpoint(endpoint)
-            store = dist.TCPStore(host, port, None, False, timeout=join)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=join)
-    except RuntimeError as e:
-        raise TpFault(f"rank {rank} could not join the {size} ranks at {endpoint} within {join_s:g} s: "
-                      f"{_reason(e)}") from e
+    join_world(endpoint, rank, size, join_s, store, who=f"rank {rank}")
     group, control, reducer = _replica_groups(lay, dev, datetime.timedelta(seconds=timeout_s), allreduce)
     return TpContext(lay, dev, timeout_s, group, control, comm, reducer)
 

@@ -3,8 +3,9 @@
 
 mpi4py gives rank and size; rank 0 hosts the rendezvous TCPStore on a port it binds itself and
 broadcasts the endpoint over MPI (runtime/tp_endpoint.py, host_rendezvous), so no launcher has to
-export one and no other process can take the port first. (A rank that is no MPI rank, the Triton launch's TP rank 0
-in the python-backend stub, joins through an endpoint instead: runtime/tp_endpoint.py, init_tp_endpoint.)
+export one and no other process can take the port first. (A rank that is no MPI rank, the Triton
+launch's TP rank 0 in the python-backend stub, joins through an endpoint instead:
+runtime/tp_endpoint.py, init_tp_endpoint.)
 Two process groups per replica:
     compute  NCCL on CUDA, gloo on CPU: the model's all-reduces and all-gathers
     control  always gloo (CPU): the leader's messages to its workers (header + pickled body,

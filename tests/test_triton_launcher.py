@@ -187,7 +187,8 @@ def test_a_workdir_is_stale_once_no_process_holds_its_lock(tmp_path, monkeypatch
     code = ("import os, subprocess, sys, tempfile; tempfile.tempdir = sys.argv[1]\n"
             "from dynspec.triton_repo.workdir import make_workdir\n"
             "d, fd = make_workdir()\n"
-            "child = subprocess.Popen(['sleep', '30'], pass_fds=(fd,), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "child = subprocess.Popen(['sleep', '30'], pass_fds=(fd,), start_new_session=True,\n"
+            "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
             "print(d, child.pid, flush=True)\n"
             "os._exit(0)\n")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True).stdout

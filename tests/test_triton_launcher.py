@@ -204,7 +204,7 @@ def test_a_workdir_is_stale_once_no_process_holds_its_lock(tmp_path, monkeypatch
         time.sleep(0.05)
     assert wd.remove_stale_workdirs(tmp_path) == [orphan]
     assert mine.is_dir() and (tmp_path / f"{wd.WORKDIR_PREFIX}nolock").is_dir()
-    wd.release(fd)
+    os.close(fd)                                       # the launcher's hold ends, its folder left
     assert wd.remove_stale_workdirs(tmp_path) == [mine]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{wd.WORKDIR_PREFIX}link", f"{wd.WORKDIR_PREFIX}nolock"]
 

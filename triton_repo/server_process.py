@@ -7,7 +7,6 @@ import contextlib
 import glob
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from dynspec.triton_repo.ports import Ports, check_addresses, free_ports, owns_l
 from dynspec.triton_repo.repo_check import check_repo, integer_inputs
 from dynspec.triton_repo.triton_install import (admin_key, backend_dir, find_tritonserver, server_command,
                                                 server_env, shm_prefix)
-from dynspec.triton_repo.workdir import make_workdir, release
+from dynspec.triton_repo.workdir import discard, make_workdir
 
 
 def error_lines(log: str) -> list[str]:
@@ -160,8 +159,7 @@ class TritonServer:
                 with contextlib.suppress(OSError):
                     os.unlink(region)
             self._wait_log()
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            release(self._lock_fd)
+            discard(self.workdir, self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> "TritonServer":
@@ -237,10 +235,9 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
     install = find_tritonserver()
     ports = ports or free_ports(host)
     check_addresses(host, ports)
-    upstream = free_ports("127.0.0.1").http if front else ports.http
-    if front:
-        while upstream in (ports.http, ports.grpc, ports.metrics):
-            upstream = free_ports("127.0.0.1").http
+    upstream = ports.http                        # behind the front: a private port, none of the three
+    while front and upstream in (ports.http, ports.grpc, ports.metrics):
+        upstream = free_ports("127.0.0.1").http
     workdir, lock_fd = make_workdir()
     to_stdout = str(log_path) == "-"
     log_path = workdir / "tritonserver.log" if log_path is None or to_stdout else Path(log_path)
@@ -278,7 +275,6 @@ def launch(repo: str | os.PathLike, ports: Ports | None = None, *, host: str = "
         else:
             if http_front is not None:
                 http_front.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
-            release(lock_fd)
+            discard(workdir, lock_fd)
         raise
     return server

@@ -27,7 +27,7 @@ LOCK = ".lock"
 def make_workdir() -> tuple[Path, int]:
     """(a fresh private folder, the fd that holds its lock): first removes the stale folders.
     The lock file is locked before it takes its name, so no sweep can lock a live folder's.
-    Pass the fd to the server (Popen pass_fds) and close it once the folder is removed."""
+    Pass the fd to the server (Popen pass_fds); discard() removes the folder, then closes it."""
     remove_stale_workdirs()
     d = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     fd = os.open(d / f"{LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -63,8 +63,9 @@ def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
     return removed
 
 
-def release(fd: int | None) -> None:
-    """Close the launcher's hold on its folder's lock (idempotent on None)."""
+def discard(d: Path, fd: int | None) -> None:
+    """Remove the launch's own folder, then close its hold on the lock (fd None: already closed)."""
+    shutil.rmtree(d, ignore_errors=True)
     if fd is not None:
         try:
             os.close(fd)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -37,6 +38,8 @@ from dynspec.errors import DynspecError
 
 FORMAT = "dynspec-acceptance-trace/1"
 MAX_KMAX = 127                     # r values travel as int8 (`table`)
+MAX_FILE_BYTES = 32 << 20          # a trace file larger than this is refused before it is read
+MAX_TABLE_BYTES = 256 << 20        # n_requests x the longest request, one int8 each (`table`)
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,25 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _shown(x: Any) -> str:
+    """repr(x), cut to 40 characters: a value quoted in an error stays short."""
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def validate(obj: Any, where: str) -> None:
     """Check a decoded trace file; raise DynspecError naming `where` and the field or index at
-    fault (Trace.__post_init__ calls it too)."""
+    fault (Trace.__post_init__ calls it too). The padded table (n_requests x the longest request)
+    must fit MAX_TABLE_BYTES: it is sized here, before anything allocates it."""
     if not isinstance(obj, dict):
         raise DynspecError(f"{where}: a trace is a JSON object, not {type(obj).__name__}")
     if obj.get("format") != FORMAT:
-        raise DynspecError(f"{where}: field 'format' is {obj.get('format')!r}; expected {FORMAT!r}")
+        raise DynspecError(f"{where}: field 'format' is {_shown(obj.get('format'))}; expected {FORMAT!r}")
     if not isinstance(obj.get("source"), dict):
         raise DynspecError(f"{where}: field 'source' must be an object (what pair, prompts and command)")
     kmax = obj.get("kmax")
     if not _is_int(kmax) or not 1 <= kmax <= MAX_KMAX:
-        raise DynspecError(f"{where}: field 'kmax' is {kmax!r}; expected an integer in 1..{MAX_KMAX}")
+        raise DynspecError(f"{where}: field 'kmax' is {_shown(kmax)}; expected an integer in 1..{MAX_KMAX}")
     reqs = obj.get("requests")
     if not isinstance(reqs, list) or not reqs:
         raise DynspecError(f"{where}: field 'requests' must be a non-empty list of lists of integers")
@@ -94,7 +104,11 @@ def validate(obj: Any, where: str) -> None:
             raise DynspecError(f"{where}: requests[{i}] must be a non-empty list of integers")
         for t, x in enumerate(r):
             if not _is_int(x) or not 0 <= x <= kmax:
-                raise DynspecError(f"{where}: requests[{i}][{t}] is {x!r}; expected an integer in 0..kmax={kmax}")
+                raise DynspecError(f"{where}: requests[{i}][{t}] is {_shown(x)}; expected an integer in 0..kmax={kmax}")
+    longest = max(len(r) for r in reqs)
+    if len(reqs) * longest > MAX_TABLE_BYTES:
+        raise DynspecError(f"{where}: {len(reqs)} requests padded to the longest ({longest} offsets) make a"
+                           f" {len(reqs) * longest}-byte table; at most {MAX_TABLE_BYTES} (split the trace)")
 
 
 def trace_from_json(obj: Any, where: str) -> Trace:
@@ -102,15 +116,50 @@ def trace_from_json(obj: Any, where: str) -> Trace:
     return Trace(obj["kmax"], tuple(tuple(r) for r in obj["requests"]), dict(obj["source"]), where)
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
-    """The validated trace in FILE; any fault is one DynspecError line naming the file."""
-    path = Path(path)
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_FILE_BYTES. Opened without blocking and checked
+    by fstat before any read, so a FIFO, a device (/dev/zero) or a directory is refused at once."""
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise DynspecError(f"{path}: cannot read the acceptance trace: {e.strerror or e}") from None
     try:
-        obj = json.loads(text)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket")
+            raise DynspecError(f"{path}: is {kind}; an acceptance trace must be a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise DynspecError(f"{path}: {st.st_size} bytes; an acceptance trace may hold at most {MAX_FILE_BYTES}")
+        chunks, n = [], 0
+        while n <= MAX_FILE_BYTES:                 # a file that grows while read stops at the cap
+            b = os.read(fd, min(1 << 20, MAX_FILE_BYTES + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > MAX_FILE_BYTES:
+            raise DynspecError(f"{path}: grew past {MAX_FILE_BYTES} bytes while read; an acceptance trace may"
+                               f" hold at most {MAX_FILE_BYTES}")
+        return b"".join(chunks)
+    except OSError as e:
+        raise DynspecError(f"{path}: cannot read the acceptance trace: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """The validated trace in FILE; any fault is one DynspecError line naming the file: not a
+    regular file, larger than MAX_FILE_BYTES, not UTF-8, not JSON, a bad field, a table past
+    MAX_TABLE_BYTES."""
+    path = Path(path)
+    data = _read_bytes(path)
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DynspecError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise DynspecError(f"{path}: not JSON (nested too deeply)") from None
     except ValueError as e:
         raise DynspecError(f"{path}: not JSON ({e})") from None
     return trace_from_json(obj, str(path))

@@ -2,8 +2,8 @@
 
     python -m dynspec.benchmarks.suite cpu_tiny                       # CPU, the embedded tiny pair
     python -m dynspec.benchmarks.suite cpu_tiny --out-root benchmarks/results   # replace the committed results
-    python -m dynspec.benchmarks.suite decode_floor mixed_step --work /tmp/dynspec_suite   # one H200
-    python -m dynspec.benchmarks.suite regime_b --work /tmp/dynspec_suite   # reuses the prepared engine
+    python -m dynspec.benchmarks.suite decode_floor mixed_step      # one H200
+    python -m dynspec.benchmarks.suite regime_b                     # reuses the prepared engine
     python -m dynspec.benchmarks.suite regime_a --dry-run             # print every stage's command
 
 A config names an engine ([engine]: the pair, device, dtype, graphs, cache sizes), its stages
@@ -17,7 +17,9 @@ engine's cost model, `profile = "{cost_model}"` (ENGINE_DIR/cost_model.json); a 
 configs of the same work dir read it. Per config:
 
     prepare   once per engine spec and work dir: random pair -> dynspec convert -> dynspec build,
-              in WORK/<engine key>/ (reused when its prepared.json matches the spec)
+              in WORK/<engine key>/ (reused when its prepared.json matches the spec). WORK is
+              --work, by default TMPDIR/dynspec-<uid>/suite (mode 0700, suite_paths); a work dir
+              or engine another user owns is refused
     stages    each a subprocess, its output under a temp results dir, its log in logs/STAGE.log;
               the budget is one deadline for all stages (a stage that runs past it is killed and
               the config fails naming that stage)
@@ -28,7 +30,7 @@ OUT_ROOT is --out-root, by default $XDG_CACHE_HOME/dynspec/results (else ~/.cach
 a run writes into the checkout's benchmarks/results/ only when --out-root names it. The temp dir
 (OUT_ROOT/.NAME.partial) is renamed to OUT_ROOT/NAME only when every stage succeeded; a failed
 config leaves OUT_ROOT/NAME as it was, its partial outputs in OUT_ROOT/NAME.incomplete (outside
-the checkout, TMPDIR/dynspec_incomplete/NAME.incomplete, when OUT_ROOT lies inside it) and nothing
+the checkout, TMPDIR/dynspec-<uid>/incomplete/NAME.incomplete, when OUT_ROOT lies inside it) and nothing
 elsewhere (an install is put back), and its one-line error names the failing stage's last error
 line. Modules: suite_spec (the config model), suite_config (reading a TOML), suite_commands (the
 argv of each stage), suite_stages (running them), suite_provenance, suite_report, summary (figures). What a config may hold (plain names, each tool's own flags spelled in full, outputs inside
@@ -42,7 +44,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -51,9 +52,10 @@ from typing import Sequence
 from dynspec.benchmarks.suite_checks import check_inside, restore
 from dynspec.benchmarks.suite_commands import flag_args, stage_commands
 from dynspec.benchmarks.suite_config import load_config
+from dynspec.benchmarks.suite_paths import check_out_root, default_work, incomplete_root
 from dynspec.benchmarks.suite_provenance import REPO, _now, provenance
 from dynspec.benchmarks.suite_spec import COST_MODEL, Config, StageSpec, figure_stages, output_names
-from dynspec.benchmarks.suite_stages import StageFailure, missing_cost_model, prepare, run_stages
+from dynspec.benchmarks.suite_stages import StageFailure, check_engine, missing_cost_model, prepare, run_stages
 from dynspec.errors import DynspecError
 from dynspec.runtime.session import check_device
 
@@ -72,10 +74,11 @@ def inside(path: Path, root: Path) -> bool:
 
 def incomplete_dir(out_root: Path, name: str) -> Path:
     """Where a failed config's partial outputs go: OUT_ROOT/NAME.incomplete, or, when OUT_ROOT lies
-    inside the checkout (--out-root benchmarks/results), TMPDIR/dynspec_incomplete/NAME.incomplete,
-    so a failed run leaves the checkout as it was."""
+    inside the checkout (--out-root benchmarks/results), TMPDIR/dynspec-<uid>/incomplete/NAME.incomplete
+    (made and checked: this user's, mode 0700, no link followed), so a failed run leaves the
+    checkout as it was and no other user chooses where it goes."""
     if inside(out_root, REPO):
-        return Path(tempfile.gettempdir()) / "dynspec_incomplete" / f"{name}.incomplete"
+        return incomplete_root() / f"{name}.incomplete"
     return out_root / f"{name}.incomplete"
 
 
@@ -101,7 +104,10 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
 
     tmp = staging_dir(out_root, cfg.name)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise DynspecError(f"--out-root {out_root}: cannot make {tmp}: {e.strerror or e}") from None
     manifest = {"config": cfg.name, "config_file": cfg.source, "description": cfg.description,
                 "figures": cfg.figures, "budget_s": cfg.budget_s, "engine": cfg.engine.describe(),
                 "command": command, "start": _now(), **provenance()}
@@ -138,14 +144,20 @@ def run_config(cfg: Config, work: Path, out_root: Path, command: str, bar_factor
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if why is not None:
         restore(installed)                    # nothing of a failed config stays outside its .incomplete
-        bad = incomplete_dir(out_root, cfg.name)
+        try:
+            bad = incomplete_dir(out_root, cfg.name)
+        except DynspecError as e:
+            raise StageFailure(f"config {cfg.name}: {why}; partial outputs kept in {tmp}, since {e}", manifest) from None
         shutil.rmtree(bad, ignore_errors=True)
         bad.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(tmp), str(bad))           # a rename on one file system
         raise StageFailure(f"config {cfg.name}: {why}; partial outputs in {bad}", manifest)
     final = out_root / cfg.name
     publish(tmp, final)
-    shutil.rmtree(incomplete_dir(out_root, cfg.name), ignore_errors=True)     # an older failed run's
+    try:
+        shutil.rmtree(incomplete_dir(out_root, cfg.name), ignore_errors=True)     # an older failed run's
+    except DynspecError:
+        pass                                  # a folder that is not this user's is left alone
     return final
 
 
@@ -185,7 +197,7 @@ def prepare_only(cfgs: Sequence[Config], work: Path) -> int:
             continue
         try:
             info = prepare(cfg.engine, work, work / cfg.engine.key() / "logs")
-        except StageFailure as e:
+        except DynspecError as e:
             print(f"dynspec suite: error: {e}", file=sys.stderr)
             return 1
         print(f"{cfg.name}: engine {'reused' if info['reused'] else 'prepared'} at {info['engine_dir']}")
@@ -196,8 +208,9 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.suite", description=__doc__.splitlines()[0],
                                 allow_abbrev=False)
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="config names (benchmarks/configs/NAME.toml) or .toml paths")
-    p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "dynspec_suite"),
-                   help="where prepared engines live, reused across runs (default: %(default)s)")
+    p.add_argument("--work", default=str(default_work()),
+                   help="where prepared engines live, reused across runs; one another user owns is refused"
+                        " (default: %(default)s, this user's, mode 0700)")
     p.add_argument("--out-root", default=None, metavar="DIR",
                    help="results go to DIR/CONFIG (default: $XDG_CACHE_HOME/dynspec/results, else"
                         " ~/.cache/dynspec/results; --out-root benchmarks/results replaces the results the"
@@ -219,12 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = Path(args.work)
     out_root = default_out_root() if args.out_root is None else Path(args.out_root)
-    if args.dry_run:
+    try:                                  # another user's engine, a file as --out-root: one line, nothing run
+        check_out_root(out_root)
         for cfg in cfgs:
-            print("\n".join(dry_run(cfg, work, out_root)))
-        return 0
-    try:                                  # a GPU config on a machine without one: one line, nothing prepared
-        for cfg in cfgs:
+            check_engine(cfg.engine, work)
+        if args.dry_run:
+            print("\n".join(line for cfg in cfgs for line in dry_run(cfg, work, out_root)))
+            return 0
+        for cfg in cfgs:                  # a GPU config on a machine without one: one line, nothing prepared
             check_device(cfg.engine.device, f"config {cfg.name}: engine device")
     except DynspecError as e:
         print(f"dynspec suite: error: {e}", file=sys.stderr)

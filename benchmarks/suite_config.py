@@ -219,7 +219,13 @@ def check_args(stages: Sequence[StageSpec], engine: EngineSpec, where: str) -> N
 def load_config(name: str) -> Config:
     path = config_path(name)
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise DynspecError(f"config {path}: cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise DynspecError(f"config {path}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise DynspecError(f"config {path}: nested too deeply to be read as TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise DynspecError(f"config {path}: {e}") from None
     return parse_config(doc, path.stem, str(path))

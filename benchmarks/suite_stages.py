@@ -16,6 +16,7 @@ from typing import Sequence
 
 from dynspec.benchmarks.suite_checks import last_error_line, saved
 from dynspec.benchmarks.suite_commands import prepare_commands
+from dynspec.benchmarks.suite_paths import check_owned, private_work
 from dynspec.benchmarks.suite_spec import COST_MODEL, STAGE_ENV, Config, EngineSpec, Stage, needs_cost_model
 from dynspec.errors import DynspecError
 
@@ -139,12 +140,17 @@ def missing_cost_model(cfg: Config, engine_dir: Path | None) -> str | None:
 
 
 def prepare(engine: EngineSpec, work: Path, logs: Path, dry_run: bool = False) -> dict:
-    """-> {"engine_dir", "reused", "stages": [StageResult...]}; the tiny pair needs nothing."""
+    """-> {"engine_dir", "reused", "stages": [StageResult...]}; the tiny pair needs nothing. A
+    work dir or engine another user owns is refused (check_engine), before anything is read."""
     if engine.pair == "tiny":
         return {"engine_dir": None, "reused": True, "stages": []}
     root = work / engine.key()
     marker = root / "prepared.json"
     info = {"engine_dir": str(root / "engine"), "reused": False, "stages": []}
+    try:
+        check_engine(engine, work)
+    except DynspecError as e:
+        raise StageFailure(f"prepare: {e}", info) from None
     if marker.is_file() and (root / "engine" / "engine.json").is_file():
         try:
             same = json.loads(marker.read_text()).get("spec") == engine.prepared()
@@ -163,6 +169,17 @@ def prepare(engine: EngineSpec, work: Path, logs: Path, dry_run: bool = False) -
         raise StageFailure(f"prepare: {why}", info)
     marker.write_text(json.dumps({"spec": engine.prepared(), "commands": [r.command for r in results]}, indent=1))
     return info
+
+
+def check_engine(engine: EngineSpec, work: Path) -> None:
+    """Refuse WORK, WORK/<key>, its prepared.json or its engine when another user owns one; the
+    default WORK is made private first (suite_paths.private_work)."""
+    if engine.pair == "tiny":
+        return
+    private_work(work)
+    root = work / engine.key()
+    check_owned([work], "work dir")
+    check_owned([root, root / "prepared.json", root / "engine", root / "engine" / "engine.json"], "prepared engine")
 
 
 class StageFailure(DynspecError):

@@ -5,6 +5,7 @@ checkout; help texts say what the tool does, in full; long runs take --no-progre
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,8 +87,9 @@ def test_a_failed_suite_writes_under_the_default_root_and_nothing_in_the_checkou
 
 
 def test_a_failed_config_under_an_out_root_in_the_checkout_leaves_no_incomplete_there(tmp_path, monkeypatch):
-    """--out-root benchmarks/results: a failure moves its partial outputs out of the checkout (a
-    stand-in checkout here, so the real one is never written)."""
+    """--out-root benchmarks/results: a failure moves its partial outputs out of the checkout, to
+    this user's private TMPDIR/dynspec-<uid>/incomplete (a stand-in checkout here, so the real one
+    is never written)."""
     import tempfile
 
     from dynspec.benchmarks import suite
@@ -102,11 +104,14 @@ def test_a_failed_config_under_an_out_root_in_the_checkout_leaves_no_incomplete_
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     _failing(monkeypatch, suite)
-    with pytest.raises(DynspecError, match=r"partial outputs in .*/tmp/dynspec_incomplete/cpu_tiny\.incomplete"):
+    mine = tmp_path / "tmp" / f"dynspec-{os.getuid()}"
+    with pytest.raises(DynspecError, match=rf"partial outputs in {mine}/incomplete/cpu_tiny\.incomplete$"):
         suite.run_config(load_config("cpu_tiny"), tmp_path / "work", out, "test")
     assert sorted(p.name for p in out.iterdir()) == ["cpu_tiny"]                  # no .incomplete, no .partial
     assert (out / "cpu_tiny" / "summary.json").read_text() == '{"old": true}'
-    assert (tmp_path / "tmp" / "dynspec_incomplete" / "cpu_tiny.incomplete" / "logs" / "sweep.log").is_file()
+    assert (mine / "incomplete" / "cpu_tiny.incomplete" / "logs" / "sweep.log").is_file()
+    for d in (mine, mine / "incomplete"):                 # this user's alone
+        assert d.stat().st_mode & 0o777 == 0o700 and d.stat().st_uid == os.getuid(), d
 
 
 # ---- help and progress ----------------------------------------------------------------------

@@ -17,14 +17,13 @@ import pytest
 
 from dynspec.benchmarks import suite
 from dynspec.benchmarks.suite_config import load_config
-from dynspec.benchmarks.suite_paths import private_dir
+from dynspec.benchmarks.suite_paths import private_dir, user_name
 from dynspec.benchmarks.suite_stages import prepare
 from dynspec.errors import DynspecError
 
 OTHER = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder owned by another uid"
                                                        " (CI runs as root)")
-ME = f"uid {os.getuid()}"
 
 RANDOM_TOML = """figures = "cost_model"
 budget_s = 60
@@ -99,15 +98,9 @@ def test_a_failed_run_refuses_a_link_at_its_private_folder(tmpdir_, tmp_path, mo
     mine = tmpdir_ / f"dynspec-{os.getuid()}"
     assert msg == (f"config cpu_tiny: stage 'sweep' failed with rc 2 (log: logs/sweep.log): error: boom; partial"
                    f" outputs kept in {out / '.cpu_tiny.partial'}, since private temp folder {mine} is a symbolic"
-                   f" link (to {victim}), owned by {suite_paths_name(os.getuid())}; refusing to follow it"), msg
+                   f" link (to {victim}), owned by {user_name(os.getuid())}; refusing to follow it"), msg
     assert list(victim.iterdir()) == []
     assert (out / ".cpu_tiny.partial" / "logs" / "sweep.log").is_file()
-
-
-def suite_paths_name(uid: int) -> str:
-    from dynspec.benchmarks.suite_paths import user_name
-
-    return user_name(uid)
 
 
 @as_root
@@ -124,7 +117,7 @@ def test_a_failed_run_writes_nothing_where_another_user_chose(tmpdir_, tmp_path,
     why = (f"is a symbolic link (to {victim}), owned by uid {OTHER}" if kind == "link" else
            f"is owned by uid {OTHER}")
     assert f"since private temp folder {mine} {why}" in msg and "\n" not in msg, msg
-    assert suite_paths_name(OTHER) in msg
+    assert user_name(OTHER) in msg
     for d in (victim, *spots):
         assert list(d.iterdir()) == [], d
     assert (out / ".cpu_tiny.partial" / "manifest.json").is_file()
@@ -178,8 +171,8 @@ def test_a_work_dir_or_engine_of_another_user_is_refused(tmp_path, capsys, whose
     target, what = {"work": (work, "work dir"), "engine tree": (root, "prepared engine"),
                     "engine.json": (root / "engine" / "engine.json", "prepared engine"),
                     "prepared.json": (root / "prepared.json", "prepared engine")}[whose]
-    (chown_tree if whose != "engine.json" and whose != "prepared.json" else lambda p: os.lchown(p, OTHER, OTHER))(target)
-    line = (f"{what} {target} is owned by {suite_paths_name(OTHER)}, not by you ({suite_paths_name(os.getuid())});"
+    chown_tree(target)                      # a file: itself alone
+    line = (f"{what} {target} is owned by {user_name(OTHER)}, not by you ({user_name(os.getuid())});"
             " refusing it (remove it or choose another path)")
     args = [str(tmp_path / "r.toml"), "--work", str(work), "--out-root", str(tmp_path / "out")]
     for extra in (["--dry-run"], ["--prepare-only"], ["--no-progress"]):

@@ -1,7 +1,7 @@
 """A bounded HTTP front for tritonserver's HTTP service, on aiohttp: what a client can send there is
 checked before it reaches tritonserver, and the generate endpoints' replies get one shape.
 
-    client --HTTP--> HttpFront (the public --http-port) --HTTP--> tritonserver (127.0.0.1, a private port)
+    client --HTTP--> HttpFront (the public --http-port) --HTTP--> tritonserver (a Unix socket in a 0700 folder)
 
 For the tritonserver of the nvidia-pytriton wheel (Triton 2.51):
   - an HTTP body over 4 MiB, on any endpoint, kills it with signal 11 (it has no flag that bounds
@@ -13,7 +13,9 @@ For the tritonserver of the nvidia-pytriton wheel (Triton 2.51):
   - its generate endpoints write a one-element output as a scalar (`"output_ids": 7`) and a
     longer one as a list: `output_ids` is always written as a list here.
 
-The request parser is aiohttp's (llhttp): two Content-Length headers, `Content-Length: 3_4`, or
+A path that tritonserver would decode or resolve (percent-encoding, dot or empty segments) is
+answered 400 (http_paths.check_target), and its admin APIs need the launch's admin key
+(http_paths.check_admin). The request parser is aiohttp's (llhttp): two Content-Length headers, `Content-Length: 3_4`, or
 Content-Length with Transfer-Encoding are answered 400. Every wait is bounded: a request head must
 be complete within HEAD_TIMEOUT_S of the connection (or of the previous reply on a kept-alive one),
 its body within BODY_TIMEOUT_S; tritonserver's reply may pause UPSTREAM_READ_S between reads. At most
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import socket
 import threading
 from typing import Callable, Mapping
@@ -35,27 +36,19 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from dynspec.triton_repo.front_limits import Busy, connection_bound
+from dynspec.triton_repo.http_paths import check_admin, check_target
 from dynspec.triton_repo.http_rules import GENERATE, Events, Refusal, check_body, decoded, list_output_ids, merge, \
     stream_events
+from dynspec.triton_repo.triton_install import ADMIN_HEADER      # checked here, never forwarded
 
 MAX_BODY = 4_000_000                   # the largest request body forwarded (tritonserver dies above 4 MiB)
 HEAD_TIMEOUT_S = 30.0                  # connection (or previous reply) -> a complete request head
 BODY_TIMEOUT_S = 60.0                  # request head -> its complete body
 UPSTREAM_READ_S = 300.0                # the longest pause in tritonserver's reply
-MAX_CONNECTIONS = 1024                 # open client connections, at most
-FD_RESERVE = 64                        # descriptors kept for the launcher's own files, pipes and children
 HEAD_LIMITS = {"max_line_size": 8190, "max_field_size": 8190, "max_headers": 100}
-HOP = ("connection", "keep-alive", "expect", "proxy-connection", "te", "upgrade", "transfer-encoding",
+HOP = (ADMIN_HEADER, "connection", "keep-alive", "expect", "proxy-connection", "te", "upgrade", "transfer-encoding",
        "content-length", "host")
-
-
-def connection_bound(limit: int = MAX_CONNECTIONS) -> int:
-    """Open client connections the descriptor limit allows: each proxied request holds two
-    descriptors (the client's and tritonserver's). RLIMIT_NOFILE 1024 -> 480."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return limit
-    return max(1, min(limit, (soft - FD_RESERVE) // 2))
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -101,31 +94,22 @@ class _Connection(RequestHandler):
         super().connection_lost(exc)
 
 
-class _Busy(asyncio.Protocol):
-    """A connection over the bound: 503 and closed."""
-    REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-             b"Content-Length: %d\r\n\r\n%s")
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        body = json.dumps({"error": "too many open connections to this server; try again"}).encode()
-        transport.write(self.REPLY % (len(body), body))
-        transport.close()
-
-
 class HttpFront:
-    """Listens on (host, port) and relays each checked request to tritonserver at 127.0.0.1:upstream,
-    from an asyncio loop on a thread of its own.
+    """Listens on (host, port) and relays each checked request to tritonserver at `upstream` (the
+    path of its Unix socket, or a port on 127.0.0.1), from an asyncio loop on a thread of its own.
+    admin_key: what the admin APIs need in header ADMIN_HEADER (None: they are open).
 
-        front = HttpFront("127.0.0.1", 8000, upstream=41234, types={"max_tokens": "INT32"})
+        front = HttpFront("127.0.0.1", 8000, upstream="/tmp/d/http.sock", types={"max_tokens": "INT32"})
         front.start(); ...; front.alive(); front.restart(); front.stop()
         front.refused          # {"body_too_large": 1, "accept_error": 2, ...}: what it answered itself or met
     """
 
-    def __init__(self, host: str, port: int, upstream: int, types: Mapping[str, str] | None = None,
+    def __init__(self, host: str, port: int, upstream: int | str, types: Mapping[str, str] | None = None,
                  max_body: int = MAX_BODY, on_refusal: Callable[[str], None] | None = None,
                  max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S,
-                 body_timeout_s: float = BODY_TIMEOUT_S):
+                 body_timeout_s: float = BODY_TIMEOUT_S, admin_key: str | None = None):
         self.host, self.port, self.upstream, self.max_body = host, port, upstream, max_body
+        self.admin_key = admin_key
         self.head_timeout_s, self.body_timeout_s = head_timeout_s, body_timeout_s
         self.types = dict(types or {})
         self.max_connections = connection_bound() if max_connections is None else max_connections
@@ -215,15 +199,18 @@ class HttpFront:
         def protocol():
             if self.open_connections >= self.max_connections:
                 self.count("connections_over_limit")
-                return _Busy()
+                return Busy()
             self.open_connections += 1
             conn = _Connection(handler, loop=loop, **conn_args)
             conn.front = self
             return conn
 
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=UPSTREAM_READ_S)
-        connector = aiohttp.TCPConnector(limit=self.max_connections, force_close=True)
-        self._client = aiohttp.ClientSession(f"http://127.0.0.1:{self.upstream}", connector=connector,
+        unix = isinstance(self.upstream, str)
+        connector = aiohttp.UnixConnector(self.upstream, limit=self.max_connections, force_close=True) if unix \
+            else aiohttp.TCPConnector(limit=self.max_connections, force_close=True)
+        self._client = aiohttp.ClientSession("http://localhost" if unix else f"http://127.0.0.1:{self.upstream}",
+                                              connector=connector,
                                               timeout=timeout, auto_decompress=False,
                                               skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
         server = await loop.create_server(protocol, sock=sock, backlog=512)
@@ -238,10 +225,11 @@ class HttpFront:
     # ------------------------------------------------------------------------- one request
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.rel_url.raw_path
         try:
-            body = await self._body(request)
+            path = check_target(request.raw_path)
             headers = {k.lower(): v for k, v in request.headers.items()}
+            check_admin(path, headers, self.admin_key, ADMIN_HEADER)
+            body = await self._body(request)
             doc = check_body(path, decoded(body, headers.get("content-encoding"), self.max_body), headers,
                              self.types)
         except Refusal as r:
@@ -302,7 +290,7 @@ class HttpFront:
         drop = ("accept-encoding",) if rewrite else ()
         # HEAD goes up as GET (tritonserver answers HEAD 405 with a body); aiohttp sends no body for HEAD
         method = "GET" if request.method == "HEAD" else request.method
-        up = await self._upstream(method, str(request.rel_url), self._headers(request, drop), body)
+        up = await self._upstream(method, request.raw_path, self._headers(request, drop), body)
         if isinstance(up, web.Response):
             return up
         async with up:

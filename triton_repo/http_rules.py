@@ -53,6 +53,31 @@ def check_integers(name: str, value, datatype: str) -> None:
                           "integer_out_of_range")
 
 
+WORD_INPUTS = ("stop_words", "bad_words")    # generate's inputs of words: a string or a list of strings
+TEXT_INPUTS = WORD_INPUTS + ("text_input",)
+
+
+def check_text(name: str, value, words: bool) -> None:
+    """Every string in `value` (a string or nested lists) must be valid Unicode: JSON's "\\ud800"
+    is a lone surrogate, which has no UTF-8 form. words: `value` must be a string or a list of
+    strings. Refusal 400 naming the input and the value, e.g. input 'stop_words' holds 7 (a number)."""
+    todo = [value] if not isinstance(value, list) or not words else list(value)
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list) and not words:
+            todo.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise Refusal(400, f"input {name!r} holds {v[:80]!r}, with a lone surrogate "
+                                   f"({v[e.start]!r}); text must be valid Unicode", "text_invalid") from None
+        elif words:
+            kind = "a number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
+            raise Refusal(400, f"input {name!r} holds {json.dumps(v)[:80]} ({kind}); each word must be a JSON "
+                               "string", "text_invalid")
+
+
 def json_depth(text: bytes) -> int:
     """How deep arrays and objects nest in `text`, brackets inside strings not counted; linear in
     len(text), without recursion. b'{"a": [[1], "]]"]}' -> 3."""
@@ -97,8 +122,8 @@ def json_part(path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
 
 def check_body(path: str, body: bytes, headers: Mapping[str, str], types: Mapping[str, str]) -> dict | None:
     """A request body's JSON -> the document (None for an empty body), or Refusal:
-    400 when it is not JSON, nests deeper than MAX_JSON_DEPTH, or holds an integer outside its
-    input's type (generate: `types` maps input names to Triton datatypes; infer bodies name their own).
+    400 when it is not JSON, nests deeper than MAX_JSON_DEPTH, holds an integer outside its
+    input's type, text that is not valid Unicode, or a word (WORD_INPUTS) that is not a string (generate: `types` maps input names to Triton datatypes; infer bodies name their own).
     `headers`: the request's, names in lower case."""
     text = json_part(path, body, headers)
     if not text:
@@ -118,10 +143,14 @@ def check_body(path: str, body: bytes, headers: Mapping[str, str], types: Mappin
         for name, value in doc.items():
             if name in types:
                 check_integers(name, value, types[name])
+            elif name in TEXT_INPUTS:
+                check_text(name, value, name in WORD_INPUTS)
     elif INFER.match(path):
         for tensor in doc.get("inputs") or []:
             if isinstance(tensor, dict) and tensor.get("datatype") in INT_RANGES:
                 check_integers(str(tensor.get("name")), tensor.get("data"), tensor["datatype"])
+            elif isinstance(tensor, dict) and tensor.get("datatype") == "BYTES":
+                check_text(str(tensor.get("name")), tensor.get("data"), False)
     return doc
 
 

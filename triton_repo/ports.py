@@ -3,6 +3,7 @@ and which process listens on a port (from /proc)."""
 from __future__ import annotations
 
 import errno
+import http.client
 import os
 import random
 import re
@@ -135,18 +136,64 @@ def listening_inodes(port: int) -> set[int]:
 def owns_listener(pid: int, port: int) -> bool:
     """True when process `pid` holds a socket listening on `port` (so it, not another server, answers there)."""
     inodes = listening_inodes(port)
-    if not inodes:
-        return False
+    return bool(inodes) and bool(socket_inodes(pid) & inodes)
+
+def unix_listening_inodes(path: str) -> set[int]:
+    """Socket inodes listening on the Unix socket `path`, from /proc/net/unix: a line there is
+    `Num RefCount Protocol Flags Type St Inode Path`; flag 00010000 (__SO_ACCEPTCON) marks a listener."""
+    inodes = set()
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return inodes
+    for line in lines:
+        f = line.split(None, 7)
+        if len(f) == 8 and f[7] == path and int(f[3], 16) & 0x10000:
+            inodes.add(int(f[6]))
+    return inodes
+
+
+def owns_unix_listener(pid: int, path: str) -> bool:
+    """True when process `pid` holds the socket listening on the Unix socket `path`."""
+    inodes = unix_listening_inodes(path)
+    return bool(inodes) and bool(socket_inodes(pid) & inodes)
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process `pid` holds (from /proc/PID/fd)."""
+    out = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return False
+        return out
     for fd in fds:
         try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
             continue
-        m = re.fullmatch(r"socket:\[(\d+)\]", link)
-        if m and int(m.group(1)) in inodes:
-            return True
-    return False
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix socket: UnixHTTPConnection("/run/x/http.sock").request("GET", "/")."""
+
+    def __init__(self, path: str, timeout: float = 10.0):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def unix_status(path: str, url: str, timeout: float = 1.0) -> int:
+    """The HTTP status a GET of `url` gets from the server on Unix socket `path`."""
+    conn = UnixHTTPConnection(path, timeout)
+    try:
+        conn.request("GET", url)
+        return conn.getresponse().status
+    finally:
+        conn.close()

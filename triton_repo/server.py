@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 from dynspec.errors import DynspecError
 from dynspec.triton_repo.ports import Ports
-from dynspec.triton_repo.server_process import STOP_SIGNALS, TritonServer, launch
+from dynspec.triton_repo.server_process import STOP_SIGNALS, ServerExited, TritonServer, launch
 from dynspec.triton_repo.triton_install import ADMIN_APIS, ADMIN_HEADER, admin_key
 
 
@@ -33,6 +33,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 WATCH_S = 0.5
 RESTARTS_ENV = "DYNSPEC_SERVER_RESTARTS"   # how many times the launcher restarted tritonserver (a metric)
 RESTART_LIMIT, RESTART_WINDOW_S = 5, 600.0  # more crashes than this within the window: give up (exit 1)
+BACKOFF_S, MAX_BACKOFF_S = 1.0, 16.0        # the wait before restart n (n >= 2): 1, 2, 4, ... 16 s
+
+
+def backoff_s(restart: int) -> float:
+    """Seconds to wait before restart number `restart`: none before the first, then doubling to a cap."""
+    return 0.0 if restart <= 1 else min(BACKOFF_S * 2 ** (restart - 2), MAX_BACKOFF_S)
 
 
 def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = None,
@@ -41,9 +47,10 @@ def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = No
     (exit status 0), the server's own exit or a message from `watch` (polled every WATCH_S: the TP
     launcher's fault report; 1), and stop the server. A server that does not start: 2.
     restart (default: without `watch`, i.e. one process serves): a server that exits by itself
-    (a crash: signal 11 on a hostile request, kill -9) is started again on the same ports, with a
-    line on stderr and the count in the model's dynspec_server_restarts gauge; more than
-    RESTART_LIMIT restarts within RESTART_WINDOW_S: exit 1. An HTTP front that stops serving is
+    (a crash: signal 11 on a hostile request, kill -9), also while the launcher waits for it to be
+    ready, is started again on the same ports after backoff_s, with a line on stderr and the count
+    in the model's dynspec_server_restarts gauge; more than RESTART_LIMIT restarts within
+    RESTART_WINDOW_S: exit 1. A first start that fails other than by a signal: exit 2. An HTTP front that stops serving is
     restarted the same way (front_watch). The admin key (server_command) is made once, printed
     with the first ready line, and kept over restarts."""
     restart = watch is None if restart is None else restart
@@ -51,9 +58,12 @@ def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = No
     _Stop.seen = _Stop.stopping = _Stop.key_shown = False
     previous = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
     crashes: list[float] = []
+    started = False
     try:
         while True:
-            code = _serve_once(args, {**(env or {}), RESTARTS_ENV: str(len(crashes))}, watch, note, key)
+            code, ready = _serve_once(args, {**(env or {}), RESTARTS_ENV: str(len(crashes))}, watch, note, key,
+                                      started)
+            started = started or ready
             if code is None or code == "start":
                 return 0 if code is None else 2
             if code == "watch":
@@ -67,8 +77,14 @@ def serve(args: argparse.Namespace, *, env: Mapping[str, str | None] | None = No
                 print(f"error: tritonserver crashed {len(crashes)} times within {RESTART_WINDOW_S:.0f} s; "
                       "not restarting it", file=sys.stderr, flush=True)
                 return 1
-            print(f"error: tritonserver exited with {code}; restarting it (restart {len(crashes)})",
+            wait = backoff_s(len(crashes))
+            after = f" in {wait:g} s" if wait else ""
+            print(f"error: tritonserver exited with {code}; restarting it{after} (restart {len(crashes)})",
                   file=sys.stderr, flush=True)
+            try:
+                time.sleep(wait)
+            except _Stop:
+                return 0
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -88,22 +104,33 @@ def front_watch(server: TritonServer) -> str | None:
     return None
 
 
-def _serve_once(args, env, watch, note, key):
-    """One server's life: None (stopped by a signal, or exited 0), "start" (did not start),
-    "watch" (stopped on watch's or front_watch's message), or why it ended by itself ("signal 11")."""
+def _serve_once(args, env, watch, note, key, started):
+    """One server's life -> (how it ended, whether it was ready): None (stopped by a signal, or
+    exited 0), "start" (did not start), "watch" (stopped on watch's or front_watch's message), or
+    why it ended by itself ("signal 11"; also a crash before it was ready, or any failed start
+    once a server of this launcher has been ready)."""
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     try:
         server = launch(args.repo, ports, host=args.host, log_path="-", ready_timeout_s=args.ready_timeout,
                         env=env, die_with_parent=True, key=key)
-    except DynspecError as e:
+    except ServerExited as e:
+        if e.returncode < 0:
+            return f"signal {-e.returncode} before it was ready", False
+        if started:
+            return f"code {e.returncode} before it was ready", False
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return "start"
+        return "start", False
+    except DynspecError as e:
+        if started:
+            return f"a failed start ({str(e).splitlines()[0]})", False
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return "start", False
     except _Stop:
-        return None
+        return None, False
     # one write, newline included: tritonserver logs to the same stdout, and print's separate
     # write of the newline (unbuffered output) let a log line land inside the ready line
-    admin = "" if _Stop.key_shown else (f"admin APIs ({ADMIN_APIS}) need the header {ADMIN_HEADER}: {key} "
-                                        f"(gRPC metadata triton-grpc-protocol-{ADMIN_HEADER})\n")
+    admin = "" if _Stop.key_shown else (f"{server.protection}\nadmin APIs ({ADMIN_APIS}) need the header "
+                                        f"{ADMIN_HEADER}: {key} (HTTP only; closed over gRPC)\n")
     _Stop.key_shown = True
     sys.stdout.write(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
                      f"metrics {server.metrics_url}{note}\n{admin}")
@@ -122,12 +149,12 @@ def _serve_once(args, env, watch, note, key):
             print(f"error: {failure}; stopping tritonserver", file=sys.stderr, flush=True)
         server.stop()
     if failure is not None:
-        return "watch"
+        return "watch", True
     code = server.proc.returncode
     if signalled or _Stop.seen or code == 0:
-        return None
+        return None, True
     _Stop.stopping = False                  # it ended by itself: killed (a crash, OOM, kill -9) or failed
-    return f"signal {-code}" if code < 0 else f"code {code}"
+    return (f"signal {-code}" if code < 0 else f"code {code}"), True
 
 
 def make_parser(prog: str = "python -m dynspec.triton_repo.server", description: str | None = None):

@@ -79,32 +79,49 @@ def shm_prefix() -> str:
 
 
 ADMIN_APIS = "model-repository,trace,logging"    # tritonserver's APIs that need the admin key
-ADMIN_HEADER = "dynspec-admin-key"              # its header over HTTP; gRPC: triton-grpc-protocol-<this>
+ADMIN_HEADER = "dynspec-admin-key"              # its header on the HTTP front
+# gRPC metadata keys arrive in lower case (HTTP/2), so a restriction on a key with capitals is one
+# no gRPC client can meet: tritonserver's admin protocols are closed over gRPC, and the flag holds no secret
+GRPC_CLOSED = f"--grpc-restricted-protocol={ADMIN_APIS}:Closed-Over-gRPC=closed"
+STACK_BYTES = 64 << 20                          # tritonserver's RLIMIT_STACK (server_process._child_setup)
 
 
 def admin_key() -> str:
-    """A fresh admin key (256 bits, URL-safe): one per launcher, kept over restarts."""
+    """A fresh admin key (256 bits, URL-safe): one per launcher, kept over restarts, never on a
+    command line (the HTTP front checks it)."""
     return secrets.token_urlsafe(32)
+
+
+def grpc_address(host: str) -> str:
+    """--grpc-address for `host`: tritonserver joins it to the port with a colon, so an IPv6
+    address needs brackets. '::1' -> '[::1]'."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def metrics_address(host: str) -> str:
+    """--metrics-address for `host`: its HTTP library takes IPv6 as 'ipv6:ADDR' (a bare '::1'
+    binds 255.255.255.255). '::1' -> 'ipv6:::1'."""
+    return f"ipv6:{host.strip('[]')}" if ":" in host else host
 
 
 def server_command(install: TritonInstall, repo: str | os.PathLike, ports: Ports, backends: str | os.PathLike,
                    host: str = "127.0.0.1", exit_timeout_s: int = 5, shm_prefix: str = "dynspec_",
-                   http_host: str | None = None, key: str | None = None) -> list[str]:
-    """http_host: where tritonserver's own HTTP service listens (127.0.0.1 behind the HTTP front).
-    key: ADMIN_APIS answer only requests that carry it (HTTP header ADMIN_HEADER, gRPC metadata
-    triton-grpc-protocol-ADMIN_HEADER), through tritonserver's --http-restricted-api and
-    --grpc-restricted-protocol; without it they are open."""
-    restricted = [f"--http-restricted-api={ADMIN_APIS}:{ADMIN_HEADER}={key}",
-                  f"--grpc-restricted-protocol={ADMIN_APIS}:{ADMIN_HEADER}={key}"] if key else []
+                   http_socket: str | os.PathLike | None = None) -> list[str]:
+    """http_socket: the Unix socket tritonserver's own HTTP service listens on (behind the HTTP
+    front, in the launch's private folder); None: TCP on host:ports.http. tritonserver's admin
+    protocols are closed over gRPC (GRPC_CLOSED); over HTTP the front checks the admin key.
+    No pinned memory pool: on a machine without a CUDA driver, asking for one logs a driver error."""
+    http = [f"--http-address=unix:{http_socket}", "--http-port=0"] if http_socket else \
+        [f"--http-address={metrics_address(host)}", f"--http-port={ports.http}"]
     return [
         str(install.binary),
         f"--model-repository={Path(repo).resolve()}",
         f"--backend-directory={backends}",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        f"--http-address={http_host or host}", f"--http-port={ports.http}",
-        f"--grpc-address={host}", f"--grpc-port={ports.grpc}",
-        f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
-        "--allow-metrics=true", "--allow-gpu-metrics=false",
+        *http,
+        f"--grpc-address={grpc_address(host)}", f"--grpc-port={ports.grpc}",
+        f"--metrics-address={metrics_address(host)}", f"--metrics-port={ports.metrics}",
+        "--allow-metrics=true", "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0",
         f"--exit-timeout-secs={exit_timeout_s}",
-        *restricted,
+        GRPC_CLOSED,
     ]

@@ -4,6 +4,8 @@
     static:K   that K for every batch size  dynamic    the engine's (or a tuned) schedule
     adaptive   the cost model's policy (runtime/adaptive.py)
     per-request  each row's own K from its acceptance and the cost model (runtime/per_request.py)
+    per-request-oracle  per-request's rules on each request's true rate (runtime/per_request_oracle.py;
+                 benchmarks only: the ceiling of any learned per-request policy)
 A mode runs through the executor's serving loop (runtime/loop.py serving_loop: overlapped on CUDA,
 serial on CPU, or as engine.json reference.overlap pins it), unless it names one with a suffix:
     'dynamic+serial'    the serial loop          'dynamic+overlap'   the overlapped loop
@@ -21,7 +23,8 @@ from dynspec.runtime.policy import DraftSchedule
 
 
 MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
-COST_MODES = ("adaptive", "per-request")              # the modes that read a cost model
+ORACLE = "per-request-oracle"
+COST_MODES = ("adaptive", "per-request", ORACLE)      # the modes that read a cost model
 ALL_MODES = MODES + COST_MODES                        # and static:K, K in 1..MAX_STATIC_K
 TRTLLM_MODES = MODES
 SERIAL = "+serial"            # a mode's loop suffixes: 'dynamic+serial' runs Executor(loop=Loop.SERIAL),
@@ -148,21 +151,28 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
 
 
 def cost_policy(mode: str, path: Path, max_draft_len: int | None):
-    """The policy of a cost-model mode ('adaptive' or 'per-request'), K at most max_draft_len."""
+    """The policy of a cost-model mode ('adaptive', 'per-request' or 'per-request-oracle'), K at most
+    max_draft_len."""
     if base_mode(mode) == "adaptive":
         return adaptive_policy(path, max_draft_len)
     from dynspec.runtime.cost_model import CostModel
     from dynspec.runtime.per_request import PerRequestPolicy
+    from dynspec.runtime.per_request_oracle import PerRequestOracle
 
-    return PerRequestPolicy(CostModel.load(path), max_draft_len=max_draft_len)
+    kind = PerRequestOracle if base_mode(mode) == ORACLE else PerRequestPolicy
+    return kind(CostModel.load(path), max_draft_len=max_draft_len)
 
 
 def policy_label(policy) -> str:
-    """A schedule's CLI form ('24:3,179:1'); 'adaptive' or 'per-request' for the cost-model policies."""
+    """A schedule's CLI form ('24:3,179:1'); 'adaptive', 'per-request' or 'per-request-oracle' for the
+    cost-model policies."""
     from dynspec.runtime.per_request import RowPolicy
+    from dynspec.runtime.per_request_oracle import PerRequestOracle
 
     if isinstance(policy, DraftSchedule):
         return policy.to_spec()
+    if isinstance(policy, PerRequestOracle):
+        return ORACLE
     return "per-request" if isinstance(policy, RowPolicy) else "adaptive"
 
 

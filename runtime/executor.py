@@ -37,12 +37,13 @@ The loop is chosen once, in __init__: step() is bound there to one of
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import Callable, Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Greedy
+from dynspec.runtime.acceptance import AcceptanceModel, Greedy, rate_of
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.executor_thread import LoopThread
 from dynspec.runtime.gc_heap import pause_seconds
@@ -98,7 +99,8 @@ class Executor:
         else:
             self._step = self._step_deferred if self._defer else self._step_serial
             self._begin, self._advance = no_launch, self._advance_folded
-        self._k = KDecider(engine, policy, self.keep_warm)    # the K decision and what it remembers
+        self._k = KDecider(engine, policy, self.keep_warm,   # the K decision and what it remembers
+                           truth=None if acceptance.lossless else functools.partial(rate_of, acceptance))
         self._clock = clock
         self._ids = itertools.count()
         self._pool = RequestPool(clock)            # the requests by state, and the lock

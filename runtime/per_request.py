@@ -1,15 +1,17 @@
 """Per-request draft length: each decode row gets its own K_i, decided once per iteration before
 anything is shaped (docs/design.md, "Per-request draft length").
 
-A row policy answers `decide_rows(RowInputs) -> RowDecision`; the executor builds the inputs from
-its row table (runtime/row_table.py: each request's own counts shrunk toward the pooled
-estimate) and plans the step with row_k = the decision's ks (plan.StepPlan.row_k).
+A row policy answers `row_rates(...)` (how it reads each request's counts: the row table,
+runtime/row_table.py) and `decide_rows(RowInputs) -> RowDecision`; the executor plans the step with
+row_k = the decision's ks (plan.StepPlan.row_k). PerRequestPolicy reads each row optimistically (an
+upper confidence bound on its Beta posterior, so a new row drafts while its own trials are few);
+runtime/per_request_oracle.py reads each request's true rate instead (benchmarks only).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -17,6 +19,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.per_row import Allocation, allocate, uniform_allocation
+from dynspec.runtime.row_table import RowTable
 from dynspec.runtime.split_cost import SplitCost
 
 
@@ -54,15 +57,21 @@ class RowDecision:
         return bool(self.probes)
 
 
+Truth = Callable[[int], "float | None"]   # a request key -> its true rate (acceptance.rate_of), None: unknown
+
+
 @runtime_checkable
 class RowPolicy(Protocol):
     """A Policy (runtime/policy.py) that sets each row's K."""
 
-    shrinkage: float                 # pseudo-trials of the pool in each row's rates (row_table.py)
+    def row_rates(self, table: RowTable, slots: Sequence[int], pool: Sequence[float], keys: Sequence[int],
+                  truth: Truth | None) -> np.ndarray: ...     # [b, P] the rates decide_rows reads
 
     def decide_rows(self, inputs: RowInputs) -> RowDecision: ...
 
 
+PRIOR_WEIGHT = 2.0     # pseudo-trials of the pool in a row's posterior
+OPTIMISM = 0.5         # standard deviations above the posterior mean (chosen on the simulator: docs/design.md)
 PROBE_EVERY = 8        # iterations a row may sit at K=0 before it drafts one token to re-measure, ...
 PROBE_BACKOFF = 3      # ... doubled by each probe since it last drafted otherwise, up to 2^this times
 
@@ -75,8 +84,12 @@ class PerRequestPolicy(AdaptivePolicy):
     settings' margin of it and above plain decode (per_row.uniform_allocation at the uniform
     steps' calibrated prices: the decode graphs instead of the whole-forward ones), always where
     the engine pads rows (RowInputs.packed False) or b = 1. Keeps the adaptive policy's pooled
-    estimate (the rows' prior) and cost model; `cap` (a DraftSchedule) bounds every K_i by the
-    schedule's K at b.
+    estimate (the rows' prior, `prior_weight` pseudo-trials) and cost model; each row's rates are
+    the upper confidence bound of its Beta posterior, `optimism` standard deviations above its mean
+    (RowTable.optimistic): a new row drafts where the batch can afford the trial, and a few of its
+    own trials take it to its rate (a 0.95 row to the oracle's K, a 0.05 row to K=0, within 8
+    steps at b = 64: tests/test_per_request_rule.py). `cap` (a DraftSchedule) bounds every K_i by
+    the schedule's K at b.
     Guarantees: never predicted to lose to plain decode, K_i <= min(cap(b), the token budget's
     cap), a row at K=0 for its probe interval (probe_interval: PROBE_EVERY iterations, doubled by
     each probe since it last drafted otherwise) drafts one token: in a step that drafts anyway
@@ -86,12 +99,19 @@ class PerRequestPolicy(AdaptivePolicy):
     at b is 0 (the schedule's K=0 tier) or the profile has no K=1."""
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
-                 max_draft_len: int | None = None, cap=None, shrinkage: float = 8.0):
+                 max_draft_len: int | None = None, cap=None, prior_weight: float = PRIOR_WEIGHT,
+                 optimism: float = OPTIMISM):
         super().__init__(cost, settings, max_draft_len)
-        if not shrinkage > 0:
-            raise DynspecError(f"per-request policy: shrinkage {shrinkage} must be > 0 pseudo-trials")
-        self.cap, self.shrinkage = cap, float(shrinkage)
+        if not prior_weight > 0 or not optimism >= 0:
+            raise DynspecError(f"per-request policy: prior_weight {prior_weight} must be > 0 pseudo-trials and"
+                               f" optimism {optimism} >= 0 standard deviations")
+        self.cap, self.prior_weight, self.optimism = cap, float(prior_weight), float(optimism)
         self._splits: dict = {}
+
+    def row_rates(self, table: RowTable, slots: Sequence[int], pool: Sequence[float], keys: Sequence[int],
+                  truth: Truth | None) -> np.ndarray:
+        """[b, P] each row's upper confidence rates (RowTable.optimistic); keys and truth unread."""
+        return table.optimistic(slots, pool, self.prior_weight, self.optimism)
 
     def choices(self, batch_size: int) -> tuple[int, ...]:
         """Any candidate up to the cap at b (a uniform vector runs the pure-decode graphs)."""
@@ -166,7 +186,7 @@ class PerRequestPolicy(AdaptivePolicy):
     def __str__(self) -> str:
         ctx = ",".join(str(c) for c in self.cost.context_lens)
         return (f"per-request (K_i in {list(self.candidates)}, cost model of {self.cost.device} at context {ctx}, "
-                f"shrinkage {self.shrinkage:g})")
+                f"prior {self.prior_weight:g} trials, optimism {self.optimism:g} sd)")
 
 
 def probe_interval(probes: Sequence[int], b: int) -> list[int]:

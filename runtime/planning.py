@@ -18,8 +18,9 @@ from dynspec.runtime.row_table import RowTable
 class KDecider:
     """One K decision an iteration, and what the decisions remember between iterations."""
 
-    def __init__(self, engine, policy, keep_warm: bool):
+    def __init__(self, engine, policy, keep_warm: bool, truth=None):
         self.engine, self.policy, self.keep_warm = engine, policy, keep_warm
+        self.truth = truth                        # request key -> true rate (per_request.Truth), or None
         # the acceptance estimate (a schedule's made at the first step: the engine is not read before)
         self.estimate = policy.initial_estimate() if isinstance(policy, AdaptivePolicy) else None
         self.calibration = policy.initial_calibration() if isinstance(policy, AdaptivePolicy) else None
@@ -72,7 +73,7 @@ class KDecider:
     def _decide_rows(self, rows: Sequence[Request], positions: Sequence[int],
                      rates: tuple[float, ...]) -> tuple[int, RowDecision | None, float, tuple[float, ...]]:
         """A row policy's (max K_i, its RowDecision, mean context, the cost scales it read): each row's rates
-        are its own counts shrunk toward the pool (row_table.py)."""
+        as the policy reads them (RowPolicy.row_rates: its counts in the row table, or the truth)."""
         b = len(rows)
         if not b:
             return 0, None, 0.0, ()
@@ -81,7 +82,7 @@ class KDecider:
         slots = [r.slot for r in rows]
         scale = self.calibration.scales() if self.calibration is not None else ()
         d = self.policy.decide_rows(RowInputs(
-            b, context, rates, self.row_table.rates(slots, rates, self.policy.shrinkage),
+            b, context, rates, self.policy.row_rates(self.row_table, slots, rates, [r.id for r in rows], self.truth),
             [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
             self.since_spec, scale, [r.probes for r in rows], eng.packs_rows))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):

@@ -28,8 +28,6 @@ DT = torch.float64
 class FlipRows:
     """A row policy for tests: each row's K_i drawn afresh every iteration from 0..max_k (seeded),
     so K_i < K rows, K = 0 iterations and every mix between them occur."""
-    shrinkage = 4.0
-
     def __init__(self, max_draft_len: int, seed: int = 0):
         self.max_draft_len, self.rng, self.seen = max_draft_len, random.Random(seed), []
 
@@ -38,6 +36,9 @@ class FlipRows:
 
     def choices(self, batch_size: int) -> tuple[int, ...]:
         return tuple(range(self.max_draft_len + 1))
+
+    def row_rates(self, table, slots, pool, keys, truth):
+        return table.rates(slots, pool, 4.0)
 
     def decide_rows(self, x: RowInputs) -> RowDecision:
         assert x.rates.shape == (x.batch_size, self.max_draft_len) and len(x.idle) == x.batch_size

@@ -148,7 +148,7 @@ def drive(ex: Executor, jobs: list[Job]) -> list:
 
 class FlipRows:
     """A row policy (runtime/per_request.py) drawing each row's K afresh every iteration."""
-    shrinkage, drafts, chooses_keep_warm = 4.0, True, False
+    drafts, chooses_keep_warm = True, False
 
     def __init__(self, max_draft_len: int, seed: int):
         import random
@@ -157,6 +157,9 @@ class FlipRows:
 
     def choices(self, batch_size: int) -> tuple[int, ...]:
         return tuple(range(self.max_draft_len + 1))
+
+    def row_rates(self, table, slots, pool, keys, truth):
+        return table.rates(slots, pool, 4.0)
 
     def decide_rows(self, x):
         from dynspec.runtime.per_request import RowDecision

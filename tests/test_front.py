@@ -1,6 +1,6 @@
 """The HTTP front (triton_repo/front.py, http_rules.py) as a hostile client meets it: request framing
 it must refuse (two Content-Length headers, `Content-Length: 3_4`), JSON it must refuse (not JSON,
-nested 100,000 deep), tritonserver's admin APIs closed on the public ports, bounds on stop words,
+nested 100,000 deep), tritonserver's admin APIs closed on the public ports (open on HTTP with the key), bounds on stop words,
 on open connections, on the time a request head may take and on descriptors, and the launcher's
 restart of a front that stopped.
 
@@ -195,7 +195,8 @@ def test_admin_apis_are_closed_on_the_public_ports_and_open_with_the_launch_key(
     try:
         with pytest.raises(InferenceServerException, match="restricted"):
             client.get_log_settings()
-        assert client.get_log_settings(headers={f"triton-grpc-protocol-{ADMIN_HEADER}": server.admin_key})
+        with pytest.raises(InferenceServerException, match="restricted"):    # over gRPC: closed, key or not
+            client.get_log_settings(headers={f"triton-grpc-protocol-{ADMIN_HEADER}": server.admin_key})
     finally:
         client.close()
     assert served(addr)
@@ -278,7 +279,7 @@ import json, resource, sys
 from dynspec.triton_repo.front import HttpFront
 from dynspec.triton_repo.ports import free_ports
 
-upstream, nofile, bound = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+upstream, nofile, bound = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 port = free_ports().http
 front = HttpFront("127.0.0.1", port, upstream, **({} if bound == "default" else {"max_connections": int(bound)}))

@@ -447,3 +447,45 @@ def test_a_crashed_server_is_restarted_and_the_restart_is_counted(repo):
     lines = err.decode().strip().splitlines()
     assert lines == ["error: tritonserver exited with signal 11; restarting it (restart 1)"], lines
     assert proc.returncode == 0 and children(proc.pid) == set()
+
+
+def test_a_crash_during_the_start_check_is_restarted_with_a_backoff(repo):
+    """tritonserver crashes once it served, then again while the launcher waits for it to be
+    ready: the launcher says so in one line each time (the second after a backoff) and serves
+    again (it used to stop for good on a crash in its start check)."""
+    import json
+    import urllib.request
+
+    ports = free_ports()
+    proc = start(repo, ports)
+    try:
+        ok, _ = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ok
+        first = [p for p in children(proc.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
+        os.kill(first[0], signal.SIGSEGV)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:       # the next tritonserver, killed before it is ready
+            found = [p for p in children(proc.pid) if p not in first and alive(p)
+                     and Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
+            if found:
+                os.kill(found[0], signal.SIGSEGV)
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("no second tritonserver started")
+        ok, lines = read_until(proc.stdout, "tritonserver ready", 150)
+        assert ok and proc.poll() is None, lines
+        body = json.dumps({"input_ids": [5, 6, 7], "max_tokens": 2}).encode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/models/dynspec/generate", body, 60) as r:
+            assert len(json.loads(r.read())["output_ids"]) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert lines == ["error: tritonserver exited with signal 11; restarting it (restart 1)",
+                     "error: tritonserver exited with signal 11 before it was ready; restarting it in 1 s "
+                     "(restart 2)"], lines
+    assert proc.returncode == 0 and children(proc.pid) == set()

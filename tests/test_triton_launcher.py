@@ -489,3 +489,20 @@ def test_a_crash_during_the_start_check_is_restarted_with_a_backoff(repo):
                      "error: tritonserver exited with signal 11 before it was ready; restarting it in 1 s "
                      "(restart 2)"], lines
     assert proc.returncode == 0 and children(proc.pid) == set()
+
+
+def test_the_guides_server_block_works_pasted_as_one_block(tmp_path):
+    """The serving guide's first block, pasted into bash as it is: its curl waits for the server
+    (it used to run before the server was ready and print nothing), answers, and the server stops."""
+    import re
+
+    if not port_free(8000) or not port_free(8001) or not port_free(8002):
+        pytest.skip("the guide's block serves on ports 8000-8002, which are in use here")
+    text = (Path(__file__).resolve().parents[1] / "docs/serving_with_triton.md").read_text()
+    section = text.split("### From the embedded tiny pair to a serving Triton", 1)[1]
+    block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M).group(1)
+    assert "python -m dynspec.triton_repo.server" in block and "curl " in block
+    proc = subprocess.run(["bash", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    reply = re.search(r'\{"model_name":"dynspec".*?"output_ids":\[([\d,]*)\]', proc.stdout)
+    assert proc.returncode == 0 and reply and len(reply.group(1).split(",")) == 16, proc.stdout[-2000:]

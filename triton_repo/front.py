@@ -4,9 +4,10 @@ checked before it reaches tritonserver, and the generate endpoints' replies get 
     client --HTTP--> HttpFront (the public --http-port) --HTTP--> tritonserver (a Unix socket in a 0700 folder)
 
 For the tritonserver of the nvidia-pytriton wheel (Triton 2.51):
-  - an HTTP body over 4 MiB, on any endpoint, kills it with signal 11 (it has no flag that bounds
-    request sizes): a body over max_body bytes is answered 413 here and never forwarded; a chunked
-    body is answered 411, since its size is not known in advance;
+  - it copies a request body onto its thread's stack (any endpoint) and has no flag that bounds
+    request sizes: a body over max_body bytes is answered 413 here and never forwarded (the
+    launcher also gives tritonserver a stack 16 times that); a chunked body is answered 411,
+    since its size is not known in advance;
   - its JSON reader wraps integers into the declared type (max_tokens 4294967297 is taken as 1), and
     answers a body that is not JSON with 500: both are answered 400 here, naming the input or the
     JSON error, as is JSON nested deeper than http_rules.MAX_JSON_DEPTH (http_rules.check_body);
@@ -42,7 +43,7 @@ from dynspec.triton_repo.http_rules import GENERATE, Events, Refusal, check_body
     stream_events
 from dynspec.triton_repo.triton_install import ADMIN_HEADER      # checked here, never forwarded
 
-MAX_BODY = 4_000_000                   # the largest request body forwarded (tritonserver dies above 4 MiB)
+MAX_BODY = 4_000_000                   # the largest request body forwarded
 HEAD_TIMEOUT_S = 30.0                  # connection (or previous reply) -> a complete request head
 BODY_TIMEOUT_S = 60.0                  # request head -> its complete body
 UPSTREAM_READ_S = 300.0                # the longest pause in tritonserver's reply

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from dynspec.config import DTYPES
 from dynspec.errors import DynspecError
-from dynspec.runtime.generate_report import format_report, interleave, summarize, write_jsonl
+from dynspec.runtime.generate_report import interleave, mode_figures, render, write_jsonl
 from dynspec.runtime.generate_setup import (PAIR_SCHEDULE, _adaptive, _check_flags, _config_vocab, _engine_config,
-                                            _prompts, _tokenizer, check_prompt_bounds)
+                                            _prompts, _tokenizer, check_prompt_bounds, load_sizes, parse_loads)
 from dynspec.runtime.tune_at_start import TUNE_NEW_TOKENS, TUNE_PROMPTS, tune_here, typical_context
 
 MODES = ("baseline", "static", "dynamic", "adaptive", "per-request")
@@ -21,12 +21,14 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "generate", help="generate with the reference engine (default: the embedded tiny pair)",
-        description="Run prompts through the reference engine under each --modes policy and print tok/s, "
-                    "accepted drafts and the K each batch size got. The first stdout line names the schedule "
-                    "and the policy. Schedule: --schedule, else engine.json's; on the embedded pair in one "
-                    f"process it is tuned at start for this machine (acceptance on {TUNE_PROMPTS} of the prompts, "
-                    "iteration ms of b = 1, 2, 4, ..., --concurrency x K = 0..4, then the `dynspec tune` rule; "
-                    f"a few seconds); under mpirun, or with --target/--draft, {PAIR_SCHEDULE}.")
+        description="Run prompts through the reference engine at each --concurrency load under each --modes "
+                    "policy and print per load and mode tok/s, tokens a step, accepted drafts and the K each "
+                    "batch size got; then whether every mode wrote the same text and, with baseline, static "
+                    "and dynamic, a verdict line. The first stdout line names the schedule and the policy. "
+                    "Schedule: --schedule, else engine.json's; on the embedded pair in one process it is tuned at "
+                    f"start for this machine (acceptance on {TUNE_PROMPTS} of the prompts, iteration ms of b = 1, "
+                    "2, 4, ..., the largest load x K = 0..4, then the `dynspec tune` rule; seconds); under "
+                    f"mpirun, or with --target/--draft, {PAIR_SCHEDULE}. Ctrl-C stops it (exit status 130).")
     src = p.add_argument_group("model (default: the embedded tiny trained pair)")
     src.add_argument("--engine-dir", help="ENGINE_DIR from `dynspec build` (reads its engine.json)")
     src.add_argument("--target", help="HF target folder (instead of --engine-dir)")
@@ -34,12 +36,19 @@ def register(sub) -> None:
     add_schedule_args(p, required=False)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--trials", type=int, default=3, metavar="N",
-                   help="runs of every mode, their order rotated from trial to trial; tok/s: the median trial's")
+                   help="runs of every mode at every load, their order rotated from trial to trial; tok/s: each "
+                        "iteration at its fastest trial (runtime/generate_report.py)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch CPU threads (default 1: on a shared machine one thread is disturbed least; "
+                        "0: torch's own default)")
     p.add_argument("--no-keep-warm", action="store_true", help="do not extend the draft's KV while K=0")
-    p.add_argument("--prompts", help="JSONL: {'id', 'input_ids'} or {'id', 'prompt'} (default: built-in code prompts)")
+    p.add_argument("--prompts", help="JSONL: {'id', 'input_ids'} or {'id', 'prompt'}, run whole at every load "
+                                      "(default: built-in prompts; the embedded pair's are its own training text)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt, at most")
-    p.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
-    p.add_argument("--num-prompts", type=int, default=24, help="built-in prompts to run (without --prompts)")
+    p.add_argument("--concurrency", type=parse_loads, default=(1, 16), metavar="C[,C...]",
+                   help="the loads: a closed loop at each, C requests in flight (default 1,16)")
+    p.add_argument("--num-prompts", type=int, metavar="N",
+                   help="built-in prompts run at each load (default: 3 x C, three waves; they repeat past the last)")
     p.add_argument("--modes", default="dynamic",
                    help="comma list of baseline (K=0), static (K=max everywhere), dynamic (the schedule), "
                         "adaptive (K from the cost model and the measured acceptance: runtime/adaptive.py), "
@@ -65,6 +74,24 @@ def register(sub) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    """The job; Ctrl-C ends it with one line and exit status 130 (the shell's for SIGINT)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        if args.threads < 0:
+            raise DynspecError(f"--threads={args.threads} must be 0 (torch's default) or more")
+        if args.threads and args.device == "cpu":
+            torch.set_num_threads(args.threads)
+        return _generate(args)
+    except KeyboardInterrupt:
+        print("dynspec generate: interrupted", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _generate(args: argparse.Namespace) -> int:
     from dynspec.runtime.driver import read_prompt_lines
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import open_reference_engine
@@ -78,7 +105,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     cfg = _engine_config(args)
     lines = read_prompt_lines(args.prompts) if args.prompts else None      # the whole file, before any work
     tok = _tokenizer(cfg.target_dir)
-    ids, names, wheres = _prompts(args, lines, tok, args.num_prompts)
+    sizes = load_sizes(args, len(lines) if lines is not None else None)    # {C: prompts run at C}
+    ids, names, wheres = _prompts(args, lines, tok, max(sizes.values()))
     kmax = max(cfg.schedule.max_draft_len, 1)
     policies = {
         "baseline": DraftSchedule(),
@@ -106,21 +134,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return engine
 
     def lead(engine, ctx):
-        """This replica's share of the prompts under every mode -> {mode: [(results, stats) per trial]}."""
-        mine = ids[ctx.layout.replica::ctx.layout.replicas]
+        """This replica's share of every load's prompts under every mode ->
+        {C: {mode: [(results, stats, start_s) per trial]}}."""
+        mine = {c: ids[:n][ctx.layout.replica::ctx.layout.replicas] for c, n in sizes.items()}
         nonlocal source
         if source == "tune" and ctx.layout.size > 1:
             source = "the pair's default; tuned only when one process runs"
         elif source == "tune":
-            tuned = tune_here(engine, mine, concurrency=args.concurrency, max_k=kmax,
+            sample = ids[:max(sizes.values())]
+            tuned = tune_here(engine, sample, concurrency=max(sizes), max_k=kmax,
                               new_tokens=min(TUNE_NEW_TOKENS, args.max_new_tokens),
-                              context=typical_context(mine, args.max_new_tokens), keep_warm=cfg.reference.keep_warm)
+                              context=typical_context(sample, args.max_new_tokens), keep_warm=cfg.reference.keep_warm)
             if tuned is not None:
                 policies["dynamic"], source = tuned.schedule, str(tuned)
             else:
                 source = f"the pair's default; the prompts ran no K={kmax} step to tune from"
         if ctx.layout.rank == 0:
-            print(header(policies, modes, args.concurrency, source, args.cost_model or cfg.cost_model), flush=True)
+            print(header(policies, modes, tuple(sizes), source, args.cost_model or cfg.cost_model), flush=True)
         return _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop)
 
     stop = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
@@ -129,46 +159,55 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if ctx.layout.rank != 0:
         return 0
     shares = [shares[r * args.tp] for r in range(ctx.layout.replicas)]          # leaders, in replica order
-    _write_outputs(args, modes, shares, names, len(ids), tok)
+    _write_outputs(args, modes, shares, names, sizes, tok, policies["dynamic"])
     return 0
 
 
 def _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop) -> dict:
-    """Every mode over this replica's prompts, --trials times, after a short warm-up; trial t runs the
-    modes from modes[t % M] on, so drift falls on every mode -> {mode: [(results, stats) per trial]}."""
+    """Every load and mode over this replica's prompts, --trials times, after a short warm-up; trial t
+    runs the modes from modes[t % M] on at each load, so drift falls on every mode ->
+    {C: {mode: [(results, stats, start_s) per trial]}}."""
+    import time
+
     from tqdm import tqdm
 
     from dynspec.runtime.driver import run_closed_loop
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.gc_heap import freeze_heap
 
-    out: dict = {mode: [] for mode in modes}
-    if mine:
-        run_closed_loop(Executor(engine, policies[modes[0]]), mine[:2], min(4, args.max_new_tokens), 2)  # warm-up
+    out: dict = {c: {mode: [] for mode in modes} for c in mine}
+    first = next((p for p in mine.values() if p), [])
+    if first:
+        run_closed_loop(Executor(engine, policies[modes[0]]), first[:2], min(4, args.max_new_tokens), 2)  # warm-up
     for t in range(args.trials):
-        for mode in modes[t % len(modes):] + modes[:t % len(modes)]:
-            ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
-                          loop=cfg.reference.loop(engine.device))  # whole run
-            freeze_heap()         # runtime/gc_heap.py: what the run meets is built; no full collection walks it
-            desc = f"{mode:>8}" + (f" {t + 1}/{args.trials}" if args.trials > 1 else "")
-            with tqdm(total=len(mine), desc=desc, file=sys.stderr, leave=False,
-                      disable=ctx.layout.rank != 0 or args.no_progress) as bar:
-                results = run_closed_loop(ex, mine, args.max_new_tokens, args.concurrency, stop, progress=bar)
-            out[mode].append((results, list(ex.stats)))
+        for c, prompts in mine.items():
+            for mode in modes[t % len(modes):] + modes[:t % len(modes)]:
+                ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
+                              loop=cfg.reference.loop(engine.device))  # whole run
+                freeze_heap()     # runtime/gc_heap.py: what the run meets is built; no full collection walks it
+                desc = f"C={c} {mode:>8}" + (f" {t + 1}/{args.trials}" if args.trials > 1 else "")
+                with tqdm(total=len(prompts), desc=desc, file=sys.stderr, leave=False,
+                          disable=ctx.layout.rank != 0 or args.no_progress) as bar:
+                    t0 = time.perf_counter()          # the executor's clock: iteration times start here
+                    results = run_closed_loop(ex, prompts, args.max_new_tokens, c, stop, progress=bar)
+                out[c][mode].append((results, list(ex.stats), t0))
     return out
 
 
-def _write_outputs(args, modes, shares, names, n: int, tok) -> None:
-    """World rank 0: --out and --stats of the last mode's last trial, and the report of every mode on
-    stdout (tok/s per trial over every replica; iterations, K and acceptance of the last trial)."""
-    report = {}
-    for mode in modes:
-        trials = [(sum((sh[mode][t][1] for sh in shares), []), sum((sh[mode][t][0] for sh in shares), []))
-                  for t in range(args.trials)]
-        report[mode] = summarize(*trials[-1])
-        report[mode]["trials_tok_per_s"] = [summarize(st, res)["tok_per_s"] for st, res in trials]
-    last = [sh[modes[-1]][-1] for sh in shares]
-    results = interleave([res for res, _ in last], n)
+def _write_outputs(args, modes, shares, names, sizes: dict, tok, dynamic) -> None:
+    """World rank 0: --out and --stats of the last load's last mode's last trial, and the report of
+    every load and mode on stdout."""
+    blocks, outputs = [], {}
+    for c, n in sizes.items():
+        report = {mode: mode_figures([sh[c][mode] for sh in shares]) for mode in modes}
+        blocks.append((c, n, args.max_new_tokens, report))
+        for mode in modes:
+            for t in range(args.trials):
+                res = interleave([sh[c][mode][t][0] for sh in shares], n)
+                outputs[(c, mode, t)] = [r.output_ids for r in res]
+    c_last = list(sizes)[-1]
+    last = [sh[c_last][modes[-1]][-1] for sh in shares]
+    results = interleave([res for res, _, _ in last], sizes[c_last])
     if args.out:
         write_jsonl(args.out, ({"id": name, "output_ids": list(r.output_ids),
                                  **({"text": tok.decode(list(r.output_ids))} if tok else {})}
@@ -177,8 +216,8 @@ def _write_outputs(args, modes, shares, names, n: int, tok) -> None:
         from dataclasses import asdict
 
         tag = (lambda r: {"replica": r}) if len(shares) > 1 else (lambda r: {})
-        write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, (_, stats) in enumerate(last) for s in stats))
-    print(format_report(report))
+        write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, (_, stats, _) in enumerate(last) for s in stats))
+    print(render(blocks, {c: max(dynamic.choices(c)) for c in sizes}, outputs))
 
 
 def _schedule_source(args, modes) -> str:
@@ -196,7 +235,7 @@ def _schedule_source(args, modes) -> str:
     return "the pair's default"
 
 
-def header(policies: dict, modes, concurrency: int, source: str, cost_model) -> str:
+def header(policies: dict, modes, loads: tuple[int, ...], source: str, cost_model) -> str:
     """The first stdout line: the resolved schedule and policy, e.g.
     'schedule 4:4,8:2  concurrency 8  (K=4 for b<=4, K=2 for b<=8, K=0 above); policy: schedule (--schedule)'.
     The schedule shown is the dynamic mode's (static runs its largest K at every batch size);
@@ -210,4 +249,5 @@ def header(policies: dict, modes, concurrency: int, source: str, cost_model) -> 
     for m in COST_MODES:
         if m in modes:
             kinds.append(describe_policy(policies[m], cost_model))
-    return f"schedule {sched}  concurrency {concurrency}  ({schedule_words(sched)}); policy: {' + '.join(kinds)}"
+    return (f"schedule {sched}  concurrency {','.join(map(str, loads))}  ({schedule_words(sched)}); "
+            f"policy: {' + '.join(kinds)}")

@@ -24,13 +24,13 @@ def _engine_config(args):
         if args.target or args.draft:
             raise DynspecError("give --engine-dir or --target/--draft, not both")
         cfg = EngineConfig.load(args.engine_dir)
-        check_batch_limit("--concurrency", args.concurrency, cfg, args.engine_dir)
+        check_batch_limit("--concurrency", max(args.concurrency), cfg, args.engine_dir)
     else:
         if bool(args.target) != bool(args.draft):
             raise DynspecError("--target and --draft go together")
         target, draft = (args.target, args.draft) if args.target else tiny_pair_dirs()
         cfg = engine_config_for(target, draft, DraftSchedule.parse(PAIR_SCHEDULE))
-        cfg = replace(cfg, max_batch_size=max(cfg.max_batch_size, args.concurrency))   # a pair: no engine dir limit
+        cfg = replace(cfg, max_batch_size=max(cfg.max_batch_size, *args.concurrency))   # a pair: no engine dir limit
     sched = schedule_of(args)
     if args.engine_dir and sched is not None and sched.max_draft_len > cfg.schedule.max_draft_len:
         raise DynspecError(f"--schedule {sched.to_spec()}: K={sched.max_draft_len} is above the engine's "
@@ -50,7 +50,7 @@ def _engine_config(args):
             raise DynspecError(f"--max-num-tokens {args.max_num_tokens} is smaller than one verify window "
                                f"(max K + 1 = {window})")
         ref = replace(ref, max_num_tokens=args.max_num_tokens)
-    ref = replace(ref, max_batch_size=args.concurrency, keep_warm=not args.no_keep_warm)   # the cache for C rows
+    ref = replace(ref, max_batch_size=max(args.concurrency), keep_warm=not args.no_keep_warm)   # the cache for C rows
     return replace(cfg, schedule=sched or cfg.schedule, reference=ref)
 
 
@@ -63,7 +63,7 @@ def _check_flags(args) -> None:
     """Flag bounds and output paths, before any model is loaded; each error names the value."""
     from dynspec.artifacts import check_apart, check_writable
 
-    for flag, v in (("--max-new-tokens", args.max_new_tokens), ("--concurrency", args.concurrency),
+    for flag, v in (("--max-new-tokens", args.max_new_tokens), *(("--concurrency", c) for c in args.concurrency),
                     ("--num-prompts", args.num_prompts), ("--max-seq-len", args.max_seq_len),
                     ("--max-num-tokens", args.max_num_tokens), ("--tp", args.tp), ("--trials", args.trials)):
         if v is not None and v < 1:
@@ -146,14 +146,55 @@ def _adaptive(args, cfg, mode: str = "adaptive"):
     return AdaptivePolicy(cost) if mode == "adaptive" else PerRequestPolicy(cost)
 
 
-def _prompts(args, lines, tok, n_default: int):
-    """(token ids, names, where each came from) of --prompts or of the built-in prompts."""
+def parse_loads(text: str) -> tuple[int, ...]:
+    """--concurrency: '1,16' -> (1, 16); each load once, in the order given (bounds: _check_flags)."""
+    import argparse
+
+    try:
+        loads = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers, e.g. 1,16") from None
+    if len(set(loads)) != len(loads):
+        raise argparse.ArgumentTypeError(f"{text!r} names a load twice")
+    return loads
+
+
+def load_sizes(args, file_prompts: int | None) -> dict[int, int]:
+    """{C: prompts run at C}: a --prompts file whole at every load, else --num-prompts, else 3 x C
+    (three waves of a closed loop at C)."""
+    if file_prompts is not None:
+        return {c: file_prompts for c in args.concurrency}
+    return {c: args.num_prompts or 3 * c for c in args.concurrency}
+
+
+def pair_prompts(tok) -> list[tuple[str, tuple[int, ...]]] | None:
+    """The embedded pair's built-in prompts [(id, token ids)] (assets/tiny/prompts.json: windows of
+    its own training text on which it writes rather than repeats), or None when `tok` is not the
+    embedded pair's tokenizer."""
+    from dynspec.pairs.corpus import ASSET_DIR
+
+    mine = ASSET_DIR / "target" / "tokenizer.json"
+    theirs = Path(getattr(tok, "name_or_path", "") or ".") / "tokenizer.json"
+    if tok is None or not theirs.is_file() or theirs.read_bytes() != mine.read_bytes():
+        return None
+    doc = json.loads((ASSET_DIR / "prompts.json").read_text())
+    return [(p["id"], tuple(tok(p["prompt"])["input_ids"])) for p in doc["prompts"]]
+
+
+def _prompts(args, lines, tok, n: int):
+    """(token ids, names, where each came from) of --prompts, or n built-in prompts: the embedded
+    pair's own (repeated past the last), else windows of its held-out text."""
     from dynspec.pairs.corpus import default_prompts
     from dynspec.runtime.driver import tokenized
 
     if lines is not None:
         prompts = tokenized(lines, (lambda s: tok(s)["input_ids"]) if tok else None)
         return [p.input_ids for p in prompts], [p.id for p in prompts], [ln.where for ln in lines]
-    ids = default_prompts(tok, n=n_default)
+    own = pair_prompts(tok)
+    if own is not None:
+        picks = [own[i % len(own)] for i in range(n)]
+        return [ids for _, ids in picks], [str(i) for i in range(n)], [f"built-in prompt {i} ({name})"
+                                                                       for i, (name, _) in enumerate(picks)]
+    ids = default_prompts(tok, n=n)
     names = [str(i) for i in range(len(ids))]
     return ids, names, [f"built-in prompt {n}" for n in names]

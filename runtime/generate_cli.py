@@ -159,7 +159,7 @@ def _generate(args: argparse.Namespace) -> int:
     if ctx.layout.rank != 0:
         return 0
     shares = [shares[r * args.tp] for r in range(ctx.layout.replicas)]          # leaders, in replica order
-    _write_outputs(args, modes, shares, names, sizes, tok, policies["dynamic"])
+    _write_outputs(args, modes, shares, names, sizes, tok, policies)
     return 0
 
 
@@ -194,7 +194,7 @@ def _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop) -> dict:
     return out
 
 
-def _write_outputs(args, modes, shares, names, sizes: dict, tok, dynamic) -> None:
+def _write_outputs(args, modes, shares, names, sizes: dict, tok, policies) -> None:
     """World rank 0: --out and --stats of the last load's last mode's last trial, and the report of
     every load and mode on stdout."""
     blocks, outputs = [], {}
@@ -217,7 +217,8 @@ def _write_outputs(args, modes, shares, names, sizes: dict, tok, dynamic) -> Non
 
         tag = (lambda r: {"replica": r}) if len(shares) > 1 else (lambda r: {})
         write_jsonl(args.stats, ({**asdict(s), **tag(r)} for r, (_, stats, _) in enumerate(last) for s in stats))
-    print(render(blocks, {c: max(dynamic.choices(c)) for c in sizes}, outputs))
+    dynamic = policies["dynamic"]
+    print(render(blocks, {c: max(dynamic.choices(c)) for c in sizes}, outputs, policies["static"].max_draft_len))
 
 
 def _schedule_source(args, modes) -> str:

@@ -118,10 +118,10 @@ def ratios(report: dict) -> tuple[float, float] | None:
     return s / b, d / max(b, s)
 
 
-def verdict(loads: dict, dynamic_k: dict) -> str | None:
+def verdict(loads: dict, dynamic_k: dict, static_k: int) -> str | None:
     """loads {C: report}, dynamic_k {C: the dynamic schedule's K at b=C} -> the verdict line, in words
-    only: at each load whether speculation pays (static beats baseline by TIE or more) and whether
-    dynamic speculates at that batch size; the mission holds at a load where the two agree."""
+    only: at each load whether static (K=static_k) pays (beats baseline by TIE or more) and whether
+    dynamic speculates at that batch size; K follows the mission at a load where the two agree."""
     parts, held = [], 0
     for c, report in loads.items():
         r = ratios(report)
@@ -130,7 +130,8 @@ def verdict(loads: dict, dynamic_k: dict) -> str | None:
         pays, on = r[0] >= 1 + TIE, dynamic_k[c] > 0
         held += pays == on
         does = "dynamic speculates" if on else "dynamic turns K off"
-        parts.append(f"C={c} speculation {'pays' if pays else 'does not pay'} {'and' if pays == on else 'but'} {does}")
+        parts.append(f"C={c} static K={static_k} {'pays' if pays else 'does not pay'} {'and' if pays == on else 'but'} "
+                     f"{does}")
     return f"verdict: {'; '.join(parts)}: K follows the mission at {held} of {len(loads)} loads"
 
 
@@ -145,7 +146,7 @@ def text_line(outputs: dict) -> str:
     return f"text: NOT identical: {len(differ)} of {n} prompts differ (first: prompt {differ[0]}; {runs})"
 
 
-def render(blocks: list[tuple[int, int, int, dict]], dynamic_k: dict, outputs: dict) -> str:
+def render(blocks: list[tuple[int, int, int, dict]], dynamic_k: dict, outputs: dict, static_k: int) -> str:
     """Everything after the header: blocks [(C, prompts, new tokens, {mode: figures})] each with its
     ratio line, what the figures are, the text line and, with baseline, static and dynamic, the verdict."""
     lines = []
@@ -158,7 +159,7 @@ def render(blocks: list[tuple[int, int, int, dict]], dynamic_k: dict, outputs: d
     lines.append(f"tok/s: each iteration at its fastest of the {trials} trials; wall: the median trial's "
                  f"[slowest..fastest]; mixed: iterations that carried prompt chunks")
     lines.append(text_line(outputs))
-    v = verdict({c: rep for c, _, _, rep in blocks}, dynamic_k)
+    v = verdict({c: rep for c, _, _, rep in blocks}, dynamic_k, static_k)
     if v is not None:
         lines.append(v)
     return "\n".join(lines)

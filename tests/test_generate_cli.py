@@ -98,7 +98,7 @@ def test_the_embedded_pair_is_tuned_where_it_runs(capsys):
     assert m, out[0]
     sched = DraftSchedule.parse(m.group(1)) if m.group(1) != "(no speculation)" else DraftSchedule()
     assert sched.max_draft_len <= 4 and len(m.group(3).split(", ")) == 4
-    assert out[-1].startswith("verdict: C=4 speculation ")
+    assert out[-1].startswith("verdict: C=4 static K=4 ")
 
 
 def test_header_names_the_adaptive_cost_model(tmp_path, capsys):
@@ -147,12 +147,13 @@ def test_the_verdict_says_where_speculation_pays_and_what_dynamic_did():
 
     low = {"baseline": figures(100.0), "static": figures(135.0, 4), "dynamic": figures(134.0, 4)}
     high = {"baseline": figures(100.0), "static": figures(92.0, 4), "dynamic": figures(93.0, 4)}
-    assert verdict({1: low, 16: high}, {1: 4, 16: 4}) == (
-        "verdict: C=1 speculation pays and dynamic speculates; C=16 speculation does not pay but dynamic "
+    assert verdict({1: low, 16: high}, {1: 4, 16: 4}, 4) == (
+        "verdict: C=1 static K=4 pays and dynamic speculates; C=16 static K=4 does not pay but dynamic "
         "speculates: K follows the mission at 1 of 2 loads")
-    assert verdict({1: low, 16: high}, {1: 4, 16: 0}).endswith(
-        "C=16 speculation does not pay and dynamic turns K off: K follows the mission at 2 of 2 loads")
-    assert verdict({1: {"baseline": figures(1.0)}}, {1: 0}) is None
+    assert verdict({1: low, 16: high}, {1: 4, 16: 0}, 4).endswith(
+        "C=16 static K=4 does not pay and dynamic turns K off: K follows the mission at 2 of 2 loads")
+    assert verdict({1: high, 16: high}, {1: 0, 16: 0}, 4).endswith("at 2 of 2 loads")   # 0.92: does not pay
+    assert verdict({1: {"baseline": figures(1.0)}}, {1: 0}, 4) is None
 
 
 def test_the_text_line_names_a_prompt_whose_text_differs():
@@ -174,7 +175,7 @@ def test_two_loads_on_one_screen(capsys):
     assert [ln.split(":")[0].strip() for ln in out[2:5]] == ["baseline", "static", "dynamic"]
     assert "b=1:K=0" in out[2] and "b=1:K=4" in out[3] and re.search(r"b=4:K=0", out[9]), out
     assert out[-2] == "text: identical in every mode, load and trial (4 prompts; 3 modes x 2 loads x 2 trials)"
-    assert re.fullmatch(r"verdict: C=1 speculation (pays|does not pay) (and|but) dynamic speculates; C=4 speculation "
+    assert re.fullmatch(r"verdict: C=1 static K=4 (pays|does not pay) (and|but) dynamic speculates; C=4 static K=4 "
                         r"(pays|does not pay) (and|but) dynamic turns K off: K follows the mission at [0-2] of 2 loads",
                         out[-1]), out[-1]
     assert len(out) == 14

@@ -155,3 +155,21 @@ def test_readme_profile_and_tune_run_on_cpu(tmp_path):
         assert r.returncode == 0, f"`{cmd.text}`: {r.stderr[-2000:]}"
     spec = (tmp_path / "schedule.txt").read_text().strip()
     assert DraftSchedule.parse(spec).to_spec() == spec
+
+
+def test_the_readme_fits_in_220_lines():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 220
+
+
+def test_the_readme_shows_the_main_jobs_verdict_for_its_default_loads():
+    """The verdict line quoted under the main job has the form `dynspec generate` prints for its
+    default loads, and the paragraph names those loads."""
+    text = (ROOT / "README.md").read_text()
+    quoted = re.findall(r"^```text\n(verdict: .*)\n```", text, re.M)
+    assert len(quoted) == 1, "the README quotes the main job's verdict line once"
+    loads = make_parser().parse_args(["generate"]).concurrency
+    k = r"static K=4 (pays|does not pay) (and|but) dynamic (speculates|turns K off)"
+    form = "; ".join(f"C={c} {k}" for c in loads) + f": K follows the mission at [0-{len(loads)}] of {len(loads)} loads"
+    assert re.fullmatch(f"verdict: {form}", quoted[0]), quoted[0]
+    intro = text.split("```text", 1)[0].rsplit("```", 1)[1]
+    assert all(f"C={c}" in intro for c in loads) and "about 9 s" not in intro.lower()

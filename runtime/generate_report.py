@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from statistics import median
 
-TIE = 0.10          # speculation pays at a load where static / baseline >= 1 + TIE (identical runs differ ~4%)
+TIE = 0.10          # static pays at a load where static / baseline >= 1 + TIE (two runs of one configuration differ up to ~8%)
 
 
 def interleave(shares: list[list], n: int) -> list:

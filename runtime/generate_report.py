@@ -77,6 +77,7 @@ def mode_figures(per_replica: list[list[tuple]]) -> dict:
     out["trials_tok_per_s"] = [summarize(st, res)["tok_per_s"] for st, res in merged]
     secs = [fastest_seconds([(st, t0) for _, st, t0 in rep]) for rep in per_replica]
     out["fastest"] = None if None in secs or max(secs) <= 0 else out["tokens"] / max(secs)
+    out["ms_per_step"] = None if out["fastest"] is None else 1e3 * sum(secs) / max(out["iterations"], 1)
     return out
 
 
@@ -104,8 +105,9 @@ def format_load(c: int, n_prompts: int, new_tokens: int, report: dict) -> list[s
     for mode, r in report.items():
         tps = r["trials_tok_per_s"]
         mark = "" if r.get("fastest") is not None else " (median trial: trials differ)"
+        step = f" in {r['ms_per_step']:.1f} ms" if r.get("ms_per_step") is not None else ""
         lines.append(f"  {mode:>8}: {figure(r):7.1f} tok/s{mark}  wall {median(tps):7.1f} [{min(tps):.1f}..{max(tps):.1f}]"
-                     f"  {r['tokens_per_step']:.2f} tokens/step, accepted {r['mean_accepted_len']:.2f}, "
+                     f"  {r['tokens_per_step']:.2f} tokens/step{step}, accepted {r['mean_accepted_len']:.2f}, "
                      f"mixed {r['mixed']:.0%}  {k_ranges(r['k_by_batch_size'])}")
     return lines
 
@@ -157,7 +159,7 @@ def render(blocks: list[tuple[int, int, int, dict]], dynamic_k: dict, outputs: d
             lines.append(f"  static / baseline {r[0]:.3f}; dynamic / max(baseline, static) {r[1]:.3f}")
     trials = len(blocks[0][3][next(iter(blocks[0][3]))]["trials_tok_per_s"])
     lines.append(f"tok/s: each iteration at its fastest of the {trials} trials; wall: the median trial's "
-                 f"[slowest..fastest]; mixed: iterations that carried prompt chunks")
+                 f"[slowest..fastest]; tokens/step: a row's, in the step's ms; mixed: steps with prompt chunks")
     lines.append(text_line(outputs))
     v = verdict({c: rep for c, _, _, rep in blocks}, dynamic_k, static_k)
     if v is not None:

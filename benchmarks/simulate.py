@@ -149,7 +149,7 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
             for r in doc["runs"]:
                 rates = tuple((int(c), float(v)) for c, v in r.get("poisson_rates", {}).items())
                 out.append((dict(r, device=doc["device"], commit=doc["commit"]),
-                            SimRun(tuple(r["flags"]), str(f.parent / doc["cost_model"]), int(r["max_batch_size"]),
+                            SimRun(tuple(r["flags"]), str(f.parent / r.get("cost_model", doc["cost_model"])), int(r["max_batch_size"]),
                                    int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)), rates)))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DynspecError(f"{f}: not a recorded-runs file ({type(e).__name__}: {e})") from None

@@ -111,14 +111,25 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _name(args) -> str:
+    """'dynspec generate' once the flags are parsed, else 'dynspec'."""
+    return f"dynspec {args.command}" if args is not None else "dynspec"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
-    args = parser.parse_args(argv)
+    """Parse, run the subcommand, return its exit status: 2 on a DynspecError (one line), 130 on
+    Ctrl-C (one line, the shell's status for SIGINT), wherever it lands: while the subcommands
+    load, while torch imports, or in the work itself."""
+    args = None
     try:
+        args = make_parser().parse_args(argv)
         code = int(args.func(args) or 0)
     except DynspecError as e:
-        print(f"dynspec {args.command}: error: {e}", file=sys.stderr)
+        print(f"{_name(args)}: error: {e}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt:
+        print(f"{_name(args)}: interrupted", file=sys.stderr, flush=True)
+        code = 130
     life = sys.modules.get("dynspec.runtime.tp_lifecycle")     # loaded: a TP run may exit hard (shutdown)
     return life.exit_status(code) if life is not None else code
 

@@ -218,6 +218,37 @@ def test_ctrl_c_ends_generate_with_one_line_and_status_130():
     assert err == "dynspec generate: interrupted\n"
 
 
+def test_ctrl_c_before_the_job_starts_ends_with_one_line_and_status_130(monkeypatch, capsys):
+    """Ctrl-C while the subcommands load (the first second, before the flags are parsed): one line
+    and status 130, no traceback."""
+    import importlib
+
+    from dynspec import cli
+
+    real = importlib.import_module
+
+    def interrupted(name, *a, **kw):
+        if name == "dynspec.runtime.generate_cli":
+            raise KeyboardInterrupt
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    assert main(["generate", "--no-progress"]) == 130
+    assert capsys.readouterr().err == "dynspec: interrupted\n"
+
+
+def test_ctrl_c_as_generate_imports_torch_ends_with_one_line(monkeypatch, capsys):
+    """Ctrl-C once the flags are parsed, before generate's own handler runs: one line naming the command."""
+    import torch
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "get_num_threads", interrupted)
+    assert main(["generate", "--no-progress"]) == 130
+    assert capsys.readouterr().err == "dynspec generate: interrupted\n"
+
+
 def test_no_keep_warm_command_reaches_k0(capsys):
     """The keep-warm demonstration: prompt chunks of 48 tokens stagger the 5 rows, so K=4 runs at
     b <= 4 before and after the K=0 stretch at b=5."""

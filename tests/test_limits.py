@@ -156,11 +156,14 @@ def long_context_pair(root: Path) -> tuple[Path, Path]:
 
 
 def test_generate_refuses_a_cache_larger_than_memory(tmp_path, capsys):
+    from dynspec.cli import make_parser
+
     target, draft = long_context_pair(tmp_path)
     err = one_line_error(capsys, ["generate", "--target", str(target), "--draft", str(draft),
                                   "--max-seq-len", "10000000", "--num-prompts", "1", "--max-new-tokens", "2"])
-    # 8 rows x 625,000 blocks of 16 + 1 scratch; target 6 layers + draft 1, K and V, 2 heads x 32, fp32
-    need = (1 + 8 * 625_000) * 16 * (6 + 1) * 2 * 2 * 32 * 4
+    rows = max(make_parser().parse_args(["generate"]).concurrency)       # the cache holds the highest default load
+    # rows x 625,000 blocks of 16 + 1 scratch; target 6 layers + draft 1, K and V, 2 heads x 32, fp32
+    need = (1 + rows * 625_000) * 16 * (6 + 1) * 2 * 2 * 32 * 4
     assert f"{need:,}" in err and "available" in err and "max_seq_len 10000000" in err
 
 

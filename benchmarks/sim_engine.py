@@ -7,15 +7,18 @@ run for trace replay), so a simulated request accepts what the same request acce
 step's time comes from the cost model, priced as the GPU engine runs the plan, and moves a virtual
 clock that the executor and the load generator read.
 
-Step price (ms), b decode rows, B = bucket_for(b) (the captured graph's rows), c = mean row position:
-    uniform K, no chunk      CostModel(B, K, c)         K=0 without keep-warm: decode_ms(B, c)
-    per-row K_i, no chunk    SplitCost(B, c).ms(sum_i (K_i + 1) + (B - b), max K_i)
-    with prompt chunks       SplitCost(B, c).ms(V + T, m): the chunk's T tokens verified as decode
-                             tokens are (the plain step curve f of runtime/split_cost.py); only
-                             chunks: f(T)
-Worked example, the H100 profile of benchmarks/sim_data (context 128): b = 13 at K = 0 without
-keep-warm runs the 16-row graph, decode_ms(16) = 6.58; 64 rows at K=0 plus a 128-token chunk price
-f(192) = 9.85 against the mixed_step run's 9.62 + 2.21 = 11.83 at context 1024.
+Step price (ms), b decode rows, B = bucket_for(b) (the captured graph's rows), c = mean row position,
+T prompt-chunk tokens, base the profile's time of the step's decode rows:
+    base      uniform K: CostModel(B, K, c) (K=0 without keep-warm: decode_ms(B, c)); per-row K_i:
+              SplitCost(B, c).ms(sum_i (K_i + 1) + (B - b), max K_i); no rows: decode_ms(1, 0)
+    price     base - host_ms                                    (the overlapped loop hides the host)
+              + chunk_fixed_ms + chunk_ms_per_token x T         (a step with chunks: the whole-forward graph)
+              + draft_chunk_ms_per_token x T                    (a drafting mode's draft pass over the chunk)
+              + (ragged_factor - 1) x base                      (rows at different K_i)
+StepPrices holds what the profile does not time, per device, fitted on recorded GPU runs
+(benchmarks/sim_fit.py); without one a chunk token costs the plain-step curve's slope at B and
+nothing else is added. Worked example, the H100 profile of benchmarks/sim_data (context 128): b = 13
+at K = 0 without keep-warm runs the 16-row graph, base = decode_ms(16) = 6.58.
 """
 from __future__ import annotations
 
@@ -45,6 +48,23 @@ class SimClock:
 
 
 @dataclass(frozen=True)
+class StepPrices:
+    """What the profile does not time (module docstring); the fields of a fitted prices file."""
+    host_ms: float = 0.0
+    chunk_fixed_ms: float = 0.0
+    chunk_ms_per_token: float | None = None      # None: the plain-step curve's slope at B
+    draft_chunk_ms_per_token: float = 0.0
+    ragged_factor: float = 1.0
+
+    FIELDS = ("host_ms", "chunk_fixed_ms", "chunk_ms_per_token", "draft_chunk_ms_per_token", "ragged_factor")
+
+
+# a step's fit features (sim_fit.py): steps, chunk tokens, steps with chunks, chunk tokens of drafting
+# modes, base ms of per-row steps
+FEATURES = ("steps", "chunk_tokens", "chunk_steps", "draft_chunk_tokens", "ragged_base_ms")
+
+
+@dataclass(frozen=True)
 class SimShape:
     """The GPU engine's sizes that shape its steps (engine.json / the sweep's engine)."""
     max_batch_size: int
@@ -59,7 +79,7 @@ class SimEngine:
 
     vocab_size = 1 << 30             # the workload's token ids are never read
 
-    def __init__(self, cost: CostModel, shape: SimShape, clock: SimClock):
+    def __init__(self, cost: CostModel, shape: SimShape, clock: SimClock, prices: StepPrices = StepPrices()):
         if shape.max_draft_len > cost.draft_lens[-1]:
             raise DynspecError(f"simulator: max_draft_len {shape.max_draft_len} is above the cost model's profiled"
                                f" K {list(cost.draft_lens)}")
@@ -72,7 +92,10 @@ class SimEngine:
         self._free = list(range(shape.max_batch_size, 0, -1))    # slots 1..max_batch_size, 1 first
         self._key: dict[int, int] = {}
         self._split: dict[tuple[int, int], SplitCost] = {}
+        self.prices = prices
         self.steps = 0
+        self.base_ms = 0.0                         # sum of the steps' base ms
+        self.features = [0.0] * len(FEATURES)      # sums of each step's FEATURES
 
     # ---- slots --------------------------------------------------------------------------------
     def reserve(self, tokens: int, key: int = 0) -> int | None:
@@ -124,19 +147,33 @@ class SimEngine:
         return tuple(min(int(a), k) for a, k in zip(n.tolist(), plan.row_k))
 
     def step_ms(self, plan: StepPlan) -> float:
-        """The plan's price on the cost model (module docstring)."""
-        b, T = plan.batch_size, plan.prefill_tokens
+        """The plan's price (module docstring); its base and features are added to the run's sums."""
+        base, split = self._base(plan)
+        T, p = plan.prefill_tokens, self.prices
+        per_token = p.chunk_ms_per_token
+        if T and per_token is None:
+            per_token = split.slope()
+        draft_t = T if plan.draft else 0
+        ragged = base if plan.per_row and plan.batch_size else 0.0
+        feats = (1.0, float(T), 1.0 if T else 0.0, float(draft_t), ragged)
+        self.base_ms += base
+        self.features = [a + f for a, f in zip(self.features, feats)]
+        ms = base - p.host_ms + (p.chunk_fixed_ms + per_token * T if T else 0.0) \
+            + p.draft_chunk_ms_per_token * draft_t + (p.ragged_factor - 1.0) * ragged
+        return max(ms, 0.1 * base)
+
+    def _base(self, plan: StepPlan) -> "tuple[float, _Split]":
+        b = plan.batch_size
         if not b:
-            return float(self._split_at(1, 0).f_ms_at(T))
+            return float(self.cost.row(1, 0.0)[1] or self.cost.lookup(1, 0, 0.0).ms), self._split_at(1, 0.0)
         B = bucket_for(b, self.buckets)
         context = sum(plan.positions) / b
-        if not T and not plan.per_row:
-            if plan.k == 0 and not plan.keep_warm and self.cost.decode is not None:
-                return float(self.cost.row(B, context)[1])
-            return float(self.cost.lookup(B, plan.k, context).ms)
         split = self._split_at(B, context)
-        verify = plan.decode_tokens + (B - b) * (plan.k + 1 if not plan.per_row else 1)
-        return float(split.ms(verify + T, plan.k) if plan.k or plan.keep_warm else split.f_ms_at(verify + T))
+        if plan.per_row:
+            return split.ms(plan.decode_tokens + (B - b), plan.k), split
+        if plan.k == 0 and not plan.keep_warm and self.cost.decode is not None:
+            return float(self.cost.row(B, context)[1]), split
+        return float(self.cost.lookup(B, plan.k, context).ms), split
 
     def _split_at(self, B: int, context: float) -> SplitCost:
         key = (B, int(round(context / 16)) * 16)
@@ -160,6 +197,11 @@ class _Split:
         slope = max(float(f[-1] - f[-2]), 0.0)
         return float(f[-1]) + slope * (n - (len(f) - 1))
 
+    def slope(self) -> float:
+        """ms per token of the plain-step curve at its end (a prompt chunk's token, unfitted)."""
+        f = self.split.f_ms
+        return max(float(f[-1] - f[len(f) // 2]) / max(len(f) - 1 - len(f) // 2, 1), 0.0)
+
     def ms(self, verify_tokens: int, depth: int) -> float:
         s = self.split
         return max(self.f_ms_at(verify_tokens) + float(s.chain_ms[depth]), s.floor_ms)
@@ -173,4 +215,4 @@ def shape_of(max_batch_size: int, max_seq_len: int, max_draft_len: int, max_num_
     return SimShape(max_batch_size, max_seq_len, max_draft_len, max_num_tokens, packs_rows)
 
 
-__all__: Sequence[str] = ("SimClock", "SimEngine", "SimShape", "shape_of")
+__all__: Sequence[str] = ("FEATURES", "SimClock", "SimEngine", "SimShape", "StepPrices", "shape_of")

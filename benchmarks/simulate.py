@@ -5,6 +5,7 @@
         --modes baseline,adaptive,per-request,per-request-oracle --acceptance bernoulli-mix:0.95@0.3,0.05@0.7 \\
         --concurrency 16,64,256 --out sim
     python -m dynspec.benchmarks.simulate --validate benchmarks/sim_data --out validation
+    python -m dynspec.benchmarks.simulate --fit benchmarks/sim_data/h100-6e9fc00 --out benchmarks/sim_data/h100_prices
 
 What runs is the product's own code: the Executor (serial loop), the load generator (closed-loop
 waves, Poisson arrivals), chunked prefill under max_num_tokens, and every policy object exactly as
@@ -20,9 +21,11 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from dynspec.errors import DynspecError
 
@@ -39,6 +42,7 @@ class SimRun:
     max_seq_len: int
     max_num_tokens: int = 8192
     rates: tuple[tuple[int, float], ...] = ()    # Poisson rate per --poisson-at C (default: the baseline's simulated)
+    prices: object = None                        # sim_engine.StepPrices (None: unfitted)
 
 
 def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
@@ -107,12 +111,13 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
 def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, base: str) -> dict:
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
-    from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
+    from dynspec.benchmarks.sim_engine import SimClock, SimEngine, StepPrices, shape_of
     from dynspec.runtime.acceptance import resolve
     from dynspec.runtime.executor import Executor
 
     clock = SimClock()
-    engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens), clock)
+    engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens), clock,
+                       run.prices or StepPrices())
     ex = Executor(engine, policy, keep_warm=base != "baseline", acceptance=resolve(acceptance, len(reqs)),
                   allow_lossy=True, clock=clock, stats_limit=0)
     if p.concurrency is not None:
@@ -126,7 +131,7 @@ def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, b
             "requests_per_s": m.requests_per_s, "iterations": m.iterations, "mean_step_ms": m.mean_step_ms,
             "mixed_iterations": m.mixed_iterations, "mean_k": sum(ks) / len(ks) if ks else 0.0,
             "p50_ttft_s": m.p50_ttft_s, "p99_ttft_s": m.p99_ttft_s, "p50_tpot_s": m.p50_tpot_s,
-            "duration_s": m.duration_s}
+            "duration_s": m.duration_s, "base_ms": engine.base_ms, "features": list(engine.features)}
 
 
 def _seed(run: SimRun) -> int:
@@ -141,16 +146,25 @@ def _bar(total: int, progress: bool):
 
 # ---- validation against recorded GPU sweeps -------------------------------------------------------
 def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
-    """Every recorded run under data_dir (DIR/runs.json with its cost model beside it)."""
+    """Every recorded run under data_dir (DIR/runs.json with its cost model beside it, and the step
+    prices it names: fitted on runs of the same device, sim_fit.py), with `held_out` set in its meta
+    where those prices were not fitted on it."""
+    from dynspec.benchmarks import sim_fit
+
     out = []
     for f in sorted(Path(data_dir).glob("*/runs.json")):
         try:
             doc = json.loads(f.read_text(encoding="utf-8"))
+            prices, fitted_on = None, []
+            if doc.get("prices"):
+                prices, _, fitted_on = sim_fit.read(f.parent / doc["prices"])
             for r in doc["runs"]:
                 rates = tuple((int(c), float(v)) for c, v in r.get("poisson_rates", {}).items())
-                out.append((dict(r, device=doc["device"], commit=doc["commit"]),
-                            SimRun(tuple(r["flags"]), str(f.parent / r.get("cost_model", doc["cost_model"])), int(r["max_batch_size"]),
-                                   int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)), rates)))
+                out.append((dict(r, device=doc["device"], commit=doc["commit"], held_out=f.parent.name not in fitted_on,
+                                 data_dir=f.parent.name),
+                            SimRun(tuple(r["flags"]), str(f.parent / r.get("cost_model", doc["cost_model"])),
+                                   int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
+                                   rates, prices)))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DynspecError(f"{f}: not a recorded-runs file ({type(e).__name__}: {e})") from None
     if not out:
@@ -177,7 +191,7 @@ def validate(data_dir: Path, progress: bool = False) -> list[dict]:
             ratio_m = tok / base_m if base_m else None
             ratio_s = s["output_tok_per_s"] / base_s["output_tok_per_s"] if base_s else None
             out.append({"config": meta["config"], "case": meta["case"], "device": meta["device"],
-                        "commit": meta["commit"], "load": load, "mode": mode, "measured_tok_per_s": tok,
+                        "commit": meta["commit"], "held_out": meta["held_out"], "load": load, "mode": mode, "measured_tok_per_s": tok,
                         "simulated_tok_per_s": s["output_tok_per_s"],
                         "tok_error": s["output_tok_per_s"] / tok - 1.0,
                         "measured_ratio": ratio_m, "simulated_ratio": ratio_s,
@@ -190,6 +204,27 @@ def within(rows: Sequence[dict]) -> bool:
     """Every tok/s within TOK_TOLERANCE and every mode / baseline ratio within RATIO_TOLERANCE."""
     return all(abs(r["tok_error"]) <= TOK_TOLERANCE and (r["ratio_error"] is None or abs(r["ratio_error"])
                                                            <= RATIO_TOLERANCE) for r in rows)
+
+
+def validation_figures(doc: dict) -> dict:
+    """The sim_validate suite figures: values.validation (one row per recorded mode and load), the
+    share within tolerance, held out and in all; a table row per point; measured against simulated."""
+    rows = doc["validation"]
+    held = [r for r in rows if r["held_out"]]
+    values = {"validation": rows, "within_tolerance": within(rows), "points": len(rows),
+              "points_within": sum(within([r]) for r in rows), "held_out_points": len(held),
+              "held_out_within": sum(within([r]) for r in held)}
+    header = ["config", "case", "device", "load", "mode", "measured tok/s", "simulated tok/s", "error",
+              "ratio error", "prices"]
+    body = [[r["config"], r["case"], r["device"], r["load"], r["mode"], f"{r['measured_tok_per_s']:.0f}",
+             f"{r['simulated_tok_per_s']:.0f}", f"{r['tok_error']:+.1%}",
+             "-" if r["ratio_error"] is None else f"{r['ratio_error']:+.1%}", "held out" if r["held_out"] else "fitted"]
+            for r in rows]
+    pts = [[r["measured_tok_per_s"], r["simulated_tok_per_s"], r["simulated_tok_per_s"], r["simulated_tok_per_s"]]
+           for r in rows]
+    plot = {"title": "simulated against measured tok/s (one point per recorded mode and load)",
+            "x": "measured tok/s", "y": "simulated tok/s", "series": {"validation": pts}}
+    return {"values": values, "table": {"header": header, "rows": body}, "plot": plot}
 
 
 def table(rows: Sequence[dict]) -> str:
@@ -211,6 +246,8 @@ def make_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
                                 allow_abbrev=False)
     p.add_argument("--validate", metavar="DIR", help="replay the recorded GPU runs under DIR (*/runs.json)")
+    p.add_argument("--fit", metavar="RUNS_DIR", help="fit step prices on the recorded runs of RUNS_DIR (its runs.json)"
+                                                    " -> OUT.json (benchmarks/sim_fit.py)")
     p.add_argument("--cost-model", metavar="FILE", help="the engine's cost model (a profile.json)")
     p.add_argument("--max-batch-size", type=int, default=256, help="the engine's max batch size (default 256)")
     p.add_argument("--max-seq-len", type=int, default=432, help="the engine's cache positions per row (default 432)")
@@ -224,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, sweep_flags = make_parser().parse_known_args(argv)
     try:
+        if args.fit:
+            return _fit(Path(args.fit), Path(args.out), sweep_flags)
         if args.validate:
             if sweep_flags:
                 raise DynspecError(f"--validate replays recorded runs; it takes no sweep flags ({' '.join(sweep_flags)})")
@@ -240,6 +279,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(md)
+    return 0
+
+
+def observations(runs, prices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(F [n, 5], S [n], measured [n]) of every closed-loop (run, load, mode), replayed at `prices`."""
+    F, S, y = [], [], []
+    for meta, run in runs:
+        sim = {(_load_key(r), r["mode"]): r for r in simulate(replace(run, prices=prices))}
+        for m in meta["measured"]:
+            if not m["load"].startswith("C="):
+                continue
+            r = sim[(m["load"], m["mode"])]
+            F.append(r["features"])
+            S.append(r["base_ms"])
+            y.append(m["mean_step_ms"] * m["iterations"])
+    return np.array(F, dtype=float), np.array(S, dtype=float), np.array(y, dtype=float)
+
+
+def fit_prices(runs):
+    """The step prices of recorded runs (sim_fit.py's module docstring): FIT_ROUNDS replays and fits."""
+    from dynspec.benchmarks import sim_fit
+    from dynspec.benchmarks.sim_engine import StepPrices
+
+    prices = StepPrices(chunk_ms_per_token=0.0)
+    for _ in range(sim_fit.FIT_ROUNDS):
+        prices = sim_fit.solve(*observations(runs, prices))
+    return prices
+
+
+def _fit(runs_dir: Path, out: Path, sweep_flags: Sequence[str]) -> int:
+    """--fit: the step prices of RUNS_DIR's runs, written to OUT.json."""
+    from dynspec.benchmarks import sim_fit
+
+    if sweep_flags:
+        raise DynspecError(f"--fit reads recorded runs; it takes no sweep flags ({' '.join(sweep_flags)})")
+    runs = [x for x in load_runs(runs_dir.parent) if x[0]["data_dir"] == runs_dir.name]
+    if not runs:
+        raise DynspecError(f"{runs_dir}: no recorded runs (runs.json)")
+    prices = fit_prices(runs)
+    sim_fit.write(out.with_name(out.name + ".json"), prices, runs[0][0]["device"], [runs_dir.name])
+    print(prices)
     return 0
 
 

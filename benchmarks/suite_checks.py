@@ -30,7 +30,8 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")
 FLAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")        # a flag as its tool spells it, without '--'
 # where each tool's parser comes from: (module, subcommand of dynspec.cli or None)
 TOOL_PARSERS = {"sweep": ("dynspec.benchmarks.sweep", None), "profile": ("dynspec.benchmarks.cli", "profile"),
-                "tune": ("dynspec.benchmarks.cli", "tune"), "mixed_step": ("dynspec.benchmarks.mixed_step", None)}
+                "tune": ("dynspec.benchmarks.cli", "tune"), "mixed_step": ("dynspec.benchmarks.mixed_step", None),
+                "simulate": ("dynspec.benchmarks.simulate", None)}
 ERROR_LINE = re.compile(r"error|exception|traceback|killed|abort", re.IGNORECASE)
 LOG_TAIL_BYTES = 64 * 1024
 ERROR_LINE_CHARS = 400

@@ -28,6 +28,8 @@ def engine_flags(tool: str, engine: EngineSpec, engine_dir: Path | None) -> list
     dtype, --graphs when the config sets it, and no progress bars (mixed_step has none)."""
     if tool == "tune":                      # reads a profile, no engine
         return []
+    if tool == "simulate":                  # replays recorded runs on their cost models, no engine
+        return ["--no-progress"]
     out = ["--engine", "reference"] if tool == "sweep" else []
     if engine_dir is not None:
         out += ["--engine-dir", str(engine_dir)]
@@ -72,7 +74,7 @@ def stage_commands(cfg: Config, engine_dir: Path | None, results: Path) -> list[
             outs.update({n: str(results / n) for n in output_names(s)})
             continue
         for name in stage_names(s):
-            dest = results / (name if s.tool in ("sweep", "tune") else f"{name}.json")
+            dest = results / (name if s.tool in ("sweep", "tune", "simulate") else f"{name}.json")
             args = [(k, resolve_value(v, outs, engine_dir)) for k, v in s.args]
             argv = [sys.executable, *TOOLS[s.tool], *engine_flags(s.tool, cfg.engine, engine_dir),
                     *flag_args(args), *out_flags(s.tool, dest)]

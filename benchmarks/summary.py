@@ -86,6 +86,10 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
     if kind == "cost_model":
         fig = cost_model_figures(_read(d / "profile.json"), d / "profile.json")
         return {"values": fig, "table": cost_model_table(fig), "plot": cost_model_plot(fig)}
+    if kind == "sim_validate":
+        from dynspec.benchmarks.simulate import validation_figures
+
+        return validation_figures(_read(d / "validation.json"))
     if kind == "overlap":
         names = _floor_names(repeats)
         fig = overlap_figures(*(_read(d / f"sweep_{c}.json") for c in ("varied", "fixed", "regime_b")),

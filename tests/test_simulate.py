@@ -1,11 +1,11 @@
-"""The serving simulator (benchmarks/simulate.py) against the recorded GPU runs of benchmarks/sim_data.
+"""The serving simulator (benchmarks/simulate.py) against the recorded GPU runs of benchmarks/sim_data,
+through the suite's sim_validate config (the one CI runs).
 
-Asserted where the cost model prices every step a mode runs, on the serving configs (one Bernoulli
-rate, six waves): each Poisson point (arrival-bound) and each closed loop at C <= 16. Elsewhere the
-errors are reported, not asserted: the profile has no price for prompt chunks beside drafting rows
-at large b, nor for per-row (ragged) steps, and the simulator overestimates those modes by up to 25%;
-on the two-wave bimodal runs the adaptive policy's estimate settles differently in the serial loop
-(docs/design.md, "The serving simulator")."""
+Asserted: on runs the step prices were not fitted on (held out: the H100 at 36ff40d, priced from
+the 6e9fc00 run), tok/s within 7% and each mode / baseline ratio within 5% at every point, and
+within TOK_TOLERANCE / RATIO_TOLERANCE (5% / 3%) at 85% of them (36 of 42 today); on every run, Poisson points
+within the tolerances. The rest is reported in summary.json, not asserted (docs/design.md,
+"The serving simulator": the per-row steps' single price, the adaptive estimate on two-wave runs)."""
 from __future__ import annotations
 
 import json
@@ -21,17 +21,20 @@ from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.plan import make_plan
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_data"
-UNIFORM = ("baseline", "dynamic", "adaptive")
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return simulate.validate(DATA)
+def summary(tmp_path_factory):
+    from dynspec.benchmarks import suite
+
+    out = tmp_path_factory.mktemp("suite")
+    assert suite.main(["sim_validate", "--out-root", str(out), "--no-progress"]) == 0
+    return json.loads((out / "sim_validate" / "summary.json").read_text())
 
 
-def priced(r: dict) -> bool:
-    small = r["load"].startswith("C=") and int(r["load"][2:]) <= 16
-    return r["config"].startswith("serving") and (r["load"].startswith("poisson") or (small and r["mode"] in UNIFORM))
+@pytest.fixture(scope="module")
+def rows(summary):
+    return summary["values"]["validation"]
 
 
 def test_every_recorded_point_is_simulated(rows):
@@ -41,10 +44,18 @@ def test_every_recorded_point_is_simulated(rows):
     assert len(rows) == len(want) and len(rows) >= 90
 
 
-def test_priced_points_within_tolerance(rows):
-    bad = [r for r in rows if priced(r) and not simulate.within([r])]
+def test_held_out_runs_within_tolerance(rows, summary):
+    held = [r for r in rows if r["held_out"]]
+    assert len(held) >= 40
+    bad = [r for r in held if abs(r["tok_error"]) > 0.07 or abs(r["ratio_error"] or 0.0) > 0.05]
     assert not bad, simulate.table(bad)
-    assert sum(priced(r) for r in rows) >= 30
+    assert sum(simulate.within([r]) for r in held) >= 0.85 * len(held), simulate.table(held)
+    assert summary["values"]["held_out_within"] == sum(simulate.within([r]) for r in held)
+
+
+def test_poisson_points_within_tolerance(rows):
+    poisson = [r for r in rows if r["load"].startswith("poisson")]
+    assert len(poisson) >= 20 and simulate.within(poisson), simulate.table(poisson)
 
 
 def test_bernoulli_draws_are_the_engines_rule():

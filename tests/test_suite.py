@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed")
 COMMITTED_CPU = ("cpu_tiny", "cpu_per_request")
-COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance", "long_context", "overlap", "overlap_regime_a", "serving")     # the adaptive configs' engine is their own
+COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance", "long_context", "overlap", "overlap_regime_a")     # the adaptive configs' engine is their own
+COMMITTED_H100 = ("serving", "serving_256", "per_request_bimodal")
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
 
@@ -64,6 +65,10 @@ def parsed(stage: Stage, monkeypatch) -> argparse.Namespace:
 
         assert rest[0] in ("profile", "tune")
         return _parse(make_parser().parse_args, rest)
+    if module == "dynspec.benchmarks.simulate":
+        from dynspec.benchmarks.simulate import make_parser
+
+        return _parse(make_parser().parse_args, rest)
     assert module == "dynspec.benchmarks.mixed_step"
     return _parse(lambda a: _mixed_step_parse(a, monkeypatch), rest)
 
@@ -81,7 +86,7 @@ def test_shipped_config_commands_are_accepted_by_the_real_parsers(name, tmp_path
             assert (args.out, args.report) == (f"{st.out}/schedule.txt", f"{st.out}/tune.json")
             continue
         assert args.out == st.out and st.out.startswith(str(tmp_path / "res"))
-        assert args.device == cfg.engine.device
+        assert getattr(args, "device", cfg.engine.device) == cfg.engine.device   # the simulator runs no engine
         assert getattr(args, "engine_dir", None) == (None if eng is None else str(eng))
         if cfg.engine.graphs:
             assert st.argv[st.argv.index("--graphs") + 1] == cfg.engine.graphs
@@ -315,12 +320,12 @@ def test_committed_cpu_tiny_results_are_what_the_suite_computes_from_its_sweep()
     assert man["command"].split()[:4] == ["python", "-m", "dynspec.benchmarks.suite", "cpu_tiny"]
     assert set(want["values"]["by_concurrency"]) == {"1", "2", "4", "8", "16"}
     assert all(e["acceptance"]["static"]["acceptance_rate"] > 0 for e in want["values"]["by_concurrency"].values())
-    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == sorted(COMMITTED_CPU + COMMITTED_H200)
+    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == sorted(COMMITTED_CPU + COMMITTED_H200 + COMMITTED_H100)
     assert len(list((ROOT / "benchmarks" / "scripts").iterdir())) <= 6
     assert os.path.getsize(res / "summary.png") > 1000
 
 
-@pytest.mark.parametrize("name", COMMITTED_H200 + COMMITTED_CPU[1:])
+@pytest.mark.parametrize("name", COMMITTED_H200 + COMMITTED_H100 + COMMITTED_CPU[1:])
 def test_committed_h200_results_are_what_the_suite_computes_from_their_stages(name):
     """Each committed results dir (the GPU's, and cpu_per_request): its summary is recomputed from
     its own stage outputs, and its manifest records a complete run of that config's suite command

@@ -15,8 +15,8 @@ T prompt-chunk tokens, base the profile's time of the step's decode rows:
               + chunk_fixed_ms + chunk_ms_per_token x T         (a step with chunks: the whole-forward graph)
               + draft_chunk_ms_per_token x T                    (a drafting mode's draft pass over the chunk)
               + (ragged_factor - 1) x base                      (rows at different K_i)
-StepPrices holds what the profile does not time, per device, fitted on recorded GPU runs
-(benchmarks/sim_fit.py); without one a chunk token costs the plain-step curve's slope at B and
+StepPrices (runtime/step_prices.py) holds what the profile does not time, per device, fitted on
+recorded GPU runs (benchmarks/sim_fit.py); without one a chunk token costs the plain-step curve's slope at B and
 nothing else is added. Worked example, the H100 profile of benchmarks/sim_data (context 128): b = 13
 at K = 0 without keep-warm runs the 16-row graph, base = decode_ms(16) = 6.58.
 """
@@ -32,6 +32,7 @@ from dynspec.runtime.acceptance import AcceptanceModel, Greedy, TraceReplay, acc
 from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for
 from dynspec.runtime.split_cost import SplitCost
+from dynspec.runtime.step_prices import StepPrices
 
 
 class SimClock:
@@ -45,18 +46,6 @@ class SimClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += max(0.0, float(seconds))
-
-
-@dataclass(frozen=True)
-class StepPrices:
-    """What the profile does not time (module docstring); the fields of a fitted prices file."""
-    host_ms: float = 0.0
-    chunk_fixed_ms: float = 0.0
-    chunk_ms_per_token: float | None = None      # None: the plain-step curve's slope at B
-    draft_chunk_ms_per_token: float = 0.0
-    ragged_factor: float = 1.0
-
-    FIELDS = ("host_ms", "chunk_fixed_ms", "chunk_ms_per_token", "draft_chunk_ms_per_token", "ragged_factor")
 
 
 # a step's fit features (sim_fit.py): steps, chunk tokens, steps with chunks, chunk tokens of drafting

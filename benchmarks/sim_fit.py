@@ -16,13 +16,13 @@ and measured (880, 1030): host 0.2 ms a step, a chunk's 1000 tokens + 10 fixed c
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from dynspec.benchmarks.sim_engine import FEATURES, StepPrices
+from dynspec.benchmarks.sim_engine import FEATURES
+from dynspec.runtime import step_prices
+from dynspec.runtime.step_prices import StepPrices
 from dynspec.errors import DynspecError
 
 FIT_ROUNDS = 2
@@ -41,18 +41,7 @@ def solve(F: np.ndarray, S: np.ndarray, y: np.ndarray) -> StepPrices:
 
 
 def write(path: Path, prices: StepPrices, device: str, fitted_on: list[str]) -> None:
-    doc = {"device": device, "fitted_on": fitted_on, "features": list(FEATURES), "prices": asdict(prices)}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    step_prices.write(path, prices, device, fitted_on, list(FEATURES))
 
 
-def read(path: Path) -> tuple[StepPrices, str, list[str]]:
-    """(prices, device, the data dirs they were fitted on) of a prices file; one line for any fault."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        p = doc["prices"]
-        prices = StepPrices(**{k: (None if p[k] is None else float(p[k])) for k in StepPrices.FIELDS})
-        return prices, str(doc["device"]), [str(x) for x in doc["fitted_on"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DynspecError(f"{path}: not a step-prices file ({type(e).__name__}: {e})") from None
+read = step_prices.read

@@ -150,17 +150,21 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
     return load_policy(path, max_draft_len)
 
 
-def cost_policy(mode: str, path: Path, max_draft_len: int | None):
+def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor: float | None = None):
     """The policy of a cost-model mode ('adaptive', 'per-request' or 'per-request-oracle'), K at most
-    max_draft_len."""
+    max_draft_len; the per-request modes price per-row vectors with ragged_factor (None: that of
+    step_prices.json beside the cost model, else 1.0: runtime/step_prices.py)."""
     if base_mode(mode) == "adaptive":
         return adaptive_policy(path, max_draft_len)
     from dynspec.runtime.cost_model import CostModel
     from dynspec.runtime.per_request import PerRequestPolicy
     from dynspec.runtime.per_request_oracle import PerRequestOracle
 
+    from dynspec.runtime.step_prices import ragged_factor_beside
+
     kind = PerRequestOracle if base_mode(mode) == ORACLE else PerRequestPolicy
-    return kind(CostModel.load(path), max_draft_len=max_draft_len)
+    ragged = ragged_factor_beside(path) if ragged_factor is None else ragged_factor
+    return kind(CostModel.load(path), max_draft_len=max_draft_len, ragged_factor=ragged)
 
 
 def policy_label(policy) -> str:

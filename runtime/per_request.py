@@ -100,8 +100,11 @@ class PerRequestPolicy(AdaptivePolicy):
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None, cap=None, prior_weight: float = PRIOR_WEIGHT,
-                 optimism: float = OPTIMISM):
+                 optimism: float = OPTIMISM, ragged_factor: float = 1.0):
         super().__init__(cost, settings, max_draft_len)
+        if not 0.5 <= ragged_factor <= 4.0:
+            raise DynspecError(f"per-request policy: ragged_factor {ragged_factor} is outside 0.5..4")
+        self.ragged_factor = float(ragged_factor)   # a per-row vector's excess over the split (step_prices.py)
         if not prior_weight > 0 or not optimism >= 0:
             raise DynspecError(f"per-request policy: prior_weight {prior_weight} must be > 0 pseudo-trials and"
                                f" optimism {optimism} >= 0 standard deviations")
@@ -157,7 +160,7 @@ class PerRequestPolicy(AdaptivePolicy):
         it beats one K >= 1 for every row (u, at the uniform steps' own prices) by the settings'
         margin; a uniform or all-zero answer gives way to u, else to plain decode (with the due
         rows' probe). Due rows ride along a per-row step that drafts anyway."""
-        ragged = raw.ragged(scales)
+        ragged = raw.ragged(scales).scaled(self.ragged_factor)
         a = allocate(rates, ragged, cap, budget, cost.decode_ms, probing)
         probed = set(a.probed)
         base = {0 if i in probed else k for i, k in enumerate(a.ks)}     # the K's before probes

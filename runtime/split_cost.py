@@ -92,6 +92,16 @@ class SplitCost:
                           decode_ms=None if self.decode_ms is None else self.decode_ms * scales[0],
                           floor_ms=self.floor_ms * s)
 
+    def scaled(self, factor: float) -> "SplitCost":
+        """Every verify and chain price times `factor` (a per-row vector's known excess over the split,
+        runtime/step_prices.py ragged_factor); plain decode unchanged. f (10.5, 11.0) x 1.2 -> (12.6, 13.2)."""
+        if factor == 1.0:
+            return self
+        f, chain = self.f_ms * factor, self.chain_ms * factor
+        f.flags.writeable = chain.flags.writeable = False
+        return self._with(f_ms=f, chain_ms=chain, uniform_ms=tuple(u * factor for u in self.uniform_ms),
+                          floor_ms=self.floor_ms * factor)
+
     def _with(self, **fields) -> "SplitCost":
         """A copy with `fields` replaced, unchecked (dataclasses.replace re-runs __init__: a
         tenth of a decision's host time)."""

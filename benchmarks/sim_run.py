@@ -1,0 +1,155 @@
+"""The serving simulator's replay: one sweep's flags run through the product's executor, load
+generator and policies on a simulated engine (benchmarks/sim_engine.py); benchmarks/simulate.py is
+its command line and the validation against recorded GPU runs (docs/design.md, "The serving
+simulator"). fit_prices replays recorded runs to fit their step prices (benchmarks/sim_fit.py)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from dynspec.errors import DynspecError
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """One sweep to simulate: its flags (the sweep's own), the engine's sizes and its cost model."""
+    flags: tuple[str, ...]
+    cost_model: str
+    max_batch_size: int
+    max_seq_len: int
+    max_num_tokens: int = 8192
+    rates: tuple[tuple[int, float], ...] = ()    # Poisson rate per --poisson-at C (default: the baseline's simulated)
+    prices: object = None                        # step_prices.StepPrices (None: unfitted)
+    policy_ragged: float = 1.0                   # the per-request policies' ragged_factor (as the run served)
+
+
+def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
+    from dynspec.benchmarks.sweep_args import make_parser
+
+    parser = make_parser()
+    parser.exit_on_error = False
+    try:
+        return parser.parse_args([*flags, "--out", "-"])
+    except (argparse.ArgumentError, SystemExit) as e:
+        raise DynspecError(f"simulator: sweep flags {' '.join(flags)!r} do not parse: {e}") from None
+
+
+def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0) -> dict:
+    """mode -> the policy object the sweep runs it with (sweep_plan.resolve's rule, no engine dir); the
+    per-request modes price per-row vectors with ragged_factor."""
+    from dynspec.benchmarks.sweep_modes import (COST_MODES, adaptive_policy, base_mode, cost_policy, mode_schedules,
+                                                parse_modes, read_schedule_arg)
+    from dynspec.runtime.policy import DraftSchedule
+
+    modes = parse_modes(args.modes)
+    dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else DraftSchedule()
+    out = mode_schedules(modes, dynamic, args.static_k, max_batch_size)
+    kmax = max([s.max_draft_len for s in out.values()] + [1])
+    if any(base_mode(m) in COST_MODES for m in modes):
+        kmax = max([kmax, *adaptive_policy(Path(cost_model), None).candidates])
+        out.update({m: cost_policy(m, Path(cost_model), kmax, ragged_factor) for m in modes if base_mode(m) in COST_MODES})
+    return {m: out[m] for m in modes}
+
+
+def simulate(run: SimRun, progress: bool = False) -> list[dict]:
+    """Every (load point, mode) of the run -> rows {mode, concurrency, request_rate, output_tok_per_s,
+    iterations, mean_k, mixed_iterations, p50_ttft_s, ...}, the sweep's order."""
+    from dynspec.benchmarks.sweep_modes import base_mode
+    from dynspec.benchmarks.sweep_plan import LoadPoint, load_plan, poisson_at
+    from dynspec.benchmarks.workload import LengthDist, synthetic
+    from dynspec.runtime.acceptance import parse_acceptance
+    from dynspec.runtime.cost_model import CostModel
+
+    args = _sweep_args(run.flags)
+    conc, points, count = load_plan(args)
+    pols = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged)
+    cost = CostModel.load(run.cost_model)
+    acceptance = parse_acceptance(args.acceptance, seed=args.seed)
+    n = max(count.at(p) for p in points)
+    reqs = synthetic(n, LengthDist.parse(args.input_len, "--input-len"), LengthDist.parse(args.output_len, "--output-len"),
+                     vocab_size=2, seed=args.seed)
+    kmax = max(getattr(p, "max_draft_len", 0) for p in pols.values())
+    rates = dict(run.rates)
+    rows: list[dict] = []
+    todo = [(p, m) for p in points for m in pols]
+    bar = _bar(len(todo) + len(poisson_at(args)) * len(pols), progress)
+    for p in points:
+        done = [_one(run, cost, pols[m], m, p, acceptance, reqs[:count.at(p)], kmax, base_mode(m)) for m in pols]
+        rows += done
+        bar.update(len(done))
+        if p.concurrency in poisson_at(args):
+            ref = next((r for r in done if r["mode"] == "baseline"), done[0])
+            rate = rates.get(p.concurrency, ref["requests_per_s"])
+            q = LoadPoint(request_rate=rate, matched_concurrency=p.concurrency)
+            rows += [_one(run, cost, pols[m], m, q, acceptance, reqs[:count.at(q)], kmax, base_mode(m)) for m in pols]
+            bar.update(len(pols))
+    bar.close()
+    return rows
+
+
+def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, base: str) -> dict:
+    from dynspec.benchmarks.loadgen import closed_loop, open_loop
+    from dynspec.benchmarks.metrics import summarize
+    from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
+    from dynspec.runtime.step_prices import StepPrices
+    from dynspec.runtime.acceptance import resolve
+    from dynspec.runtime.executor import Executor
+
+    clock = SimClock()
+    engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens), clock,
+                       run.prices or StepPrices())
+    ex = Executor(engine, policy, keep_warm=base != "baseline", acceptance=resolve(acceptance, len(reqs)),
+                  allow_lossy=True, clock=clock, stats_limit=0)
+    if p.concurrency is not None:
+        rec = closed_loop(ex, reqs, p.concurrency, clock=clock)
+    else:
+        rec = open_loop(ex, reqs, p.request_rate, seed=_sweep_args(run.flags).seed, clock=clock, sleep=clock.sleep)
+    m = summarize([rec], p.concurrency)
+    ks = [s.k for s in rec.steps if s.batch_size]
+    return {"mode": mode, "concurrency": p.concurrency, "request_rate": p.request_rate,
+            "matched_concurrency": p.matched_concurrency, "output_tok_per_s": m.output_tok_per_s,
+            "requests_per_s": m.requests_per_s, "iterations": m.iterations, "mean_step_ms": m.mean_step_ms,
+            "mixed_iterations": m.mixed_iterations, "mean_k": sum(ks) / len(ks) if ks else 0.0,
+            "p50_ttft_s": m.p50_ttft_s, "p99_ttft_s": m.p99_ttft_s, "p50_tpot_s": m.p50_tpot_s,
+            "duration_s": m.duration_s, "base_ms": engine.base_ms, "features": list(engine.features)}
+
+
+def _bar(total: int, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="run", desc="simulate", disable=not progress, file=sys.stderr)
+
+
+def load_key(row: dict) -> str:
+    return f"C={row['concurrency']}" if row.get("concurrency") is not None else f"poisson~C={row['matched_concurrency']}"
+
+
+def observations(runs, prices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(F [n, 5], S [n], measured [n]) of every closed-loop (run, load, mode), replayed at `prices`."""
+    F, S, y = [], [], []
+    for meta, run in runs:
+        sim = {(load_key(r), r["mode"]): r for r in simulate(replace(run, prices=prices))}
+        for m in meta["measured"]:
+            if not m["load"].startswith("C="):
+                continue
+            r = sim[(m["load"], m["mode"])]
+            F.append(r["features"])
+            S.append(r["base_ms"])
+            y.append(m["mean_step_ms"] * m["iterations"])
+    return np.array(F, dtype=float), np.array(S, dtype=float), np.array(y, dtype=float)
+
+
+def fit_prices(runs):
+    """The step prices of recorded runs (sim_fit.py's module docstring): FIT_ROUNDS replays and fits."""
+    from dynspec.benchmarks import sim_fit
+    from dynspec.runtime.step_prices import StepPrices
+
+    prices = StepPrices(chunk_ms_per_token=0.0)
+    for _ in range(sim_fit.FIT_ROUNDS):
+        prices = sim_fit.solve(*observations(runs, prices))
+    return prices

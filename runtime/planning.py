@@ -58,17 +58,20 @@ class KDecider:
         eng = self.engine
         context = sum(positions) / b
         if isinstance(self.policy, AdaptivePolicy):
-            max_k = cap_k(eng.max_draft_len, b, eng.max_num_tokens)
-            cal = self.calibration
-            scale, plain = (cal.scales(), cal.counts[0]) if cal is not None else ((), math.inf)
-            d = self.policy.decide(PolicyInputs(b, context, rates, self.prev_k, self.since_spec, max_k,
-                                                bucket_for(b, eng.buckets), scale, self.keep_warm, plain,
-                                                self.probes))
-            return d.k, d, context, scale
+            x = self._batch_inputs(b, context, rates)
+            d = self.policy.decide(x)
+            return d.k, d, context, x.cost_scale
         k = int(self.policy(b))
         if not 0 <= k <= eng.max_draft_len:
             raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{eng.max_draft_len}")
         return cap_k(k, b, eng.max_num_tokens), None, context, ()
+
+    def _batch_inputs(self, b: int, context: float, rates: tuple[float, ...]) -> PolicyInputs:
+        """The batch-level policy's inputs at b rows (the adaptive policy's, and a row policy's fallback)."""
+        eng, cal = self.engine, self.calibration
+        scale, plain = (cal.scales(), cal.counts[0]) if cal is not None else ((), math.inf)
+        return PolicyInputs(b, context, rates, self.prev_k, self.since_spec, cap_k(eng.max_draft_len, b, eng.max_num_tokens),
+                            bucket_for(b, eng.buckets), scale, self.keep_warm, plain, self.probes)
 
     def _decide_rows(self, rows: Sequence[Request], positions: Sequence[int],
                      rates: tuple[float, ...]) -> tuple[int, RowDecision | None, float, tuple[float, ...]]:
@@ -84,7 +87,7 @@ class KDecider:
         d = self.policy.decide_rows(RowInputs(
             b, context, rates, self.policy.row_rates(self.row_table, slots, rates, [r.id for r in rows], self.truth),
             [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
-            self.since_spec, scale, [r.probes for r in rows], eng.packs_rows))
+            self.since_spec, scale, [r.probes for r in rows], eng.packs_rows, self._batch_inputs(b, context, rates)))
         if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
             raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
         probed = set(d.probes)

@@ -170,8 +170,9 @@ def linear_split_cost(kmax=4, base=10.0, per_token=0.5, per_draft=0.6):
 def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
     """Bernoulli acceptance, half the requests at 0.9 and half at 0.1 (a benchmark model: random
     weights), verify tokens at 0.5 ms each: each request's mean K follows its own rate, the hard
-    ones near 0, the easy ones at 2 and more; the batch-level adaptive policy gives both the same K
-    (low: the hard rows' drafts cost as much as the easy rows')."""
+    ones near 0 (below 0.7: in steps where no vector beats the batch-level decision by the margin,
+    every row takes that decision's K), the easy ones at 2 and more; the batch-level adaptive policy
+    gives both the same K (low: the hard rows' drafts cost as much as the easy rows')."""
     from dynspec.runtime.acceptance import BernoulliMix, rate_of
     from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
     from dynspec.runtime.driver import run_closed_loop
@@ -197,7 +198,7 @@ def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
                 by_rate.setdefault(rate_of(model, r.request_id), []).append(r.mean_k)
             out[name] = {p: sum(v) / len(v) for p, v in by_rate.items()}
         easy, hard = out["per-request"][0.9], out["per-request"][0.1]
-        assert easy >= 1.8 and hard <= 0.5, out
+        assert easy >= 1.8 and hard <= 0.7 and easy - hard >= 1.5, out
         assert abs(out["adaptive"][0.9] - out["adaptive"][0.1]) < 0.5, out       # one K for both
 
 
@@ -391,7 +392,7 @@ def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
             ks, probes = script.pop(0)
             return RowDecision(ks, keep_warm=True, predicted_ms=None, gain=None, probes=probes)
 
-    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True)
+    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, buckets=(1, 2))
     k = KDecider(engine, Scripted(linear_split_cost(), AdaptiveSettings(calibrate=False)), True)
     rows = [Request(i, (1, 2), 8, frozenset(), 0.0, slot=i) for i in range(2)]
     script = [((1, 0), (0,)), ((0, 0), ()), ((1, 1), (0, 1)), ((2, 0), ())]

@@ -26,7 +26,9 @@ class SimRun:
     rates: tuple[tuple[int, float], ...] = ()    # Poisson rate per --poisson-at C (default: the baseline's simulated)
     prices: object = None                        # step_prices.StepPrices (None: unfitted)
     policy_ragged: float = 1.0                   # the per-request policies' ragged_factor (as the run served)
+    rule: tuple = ()                             # the per-request policies' settings as the run served them
 
+    RULE_FIELDS = ("prior_weight", "optimism", "floor")   # what a recorded rule may set
 
 def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
     from dynspec.benchmarks.sweep_args import make_parser
@@ -39,9 +41,11 @@ def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
         raise DynspecError(f"simulator: sweep flags {' '.join(flags)!r} do not parse: {e}") from None
 
 
-def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0) -> dict:
+def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0,
+             rule: tuple = ()) -> dict:
     """mode -> the policy object the sweep runs it with (sweep_plan.resolve's rule, no engine dir); the
-    per-request modes price per-row vectors with ragged_factor."""
+    per-request modes price per-row vectors with ragged_factor and take `rule` ((name, value) pairs of
+    PerRequestPolicy's settings: a recorded run's rule, where it ran an earlier one)."""
     from dynspec.benchmarks.sweep_modes import (COST_MODES, adaptive_policy, base_mode, cost_policy, mode_schedules,
                                                 parse_modes, read_schedule_arg)
     from dynspec.runtime.policy import DraftSchedule
@@ -53,6 +57,9 @@ def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, rag
     if any(base_mode(m) in COST_MODES for m in modes):
         kmax = max([kmax, *adaptive_policy(Path(cost_model), None).candidates])
         out.update({m: cost_policy(m, Path(cost_model), kmax, ragged_factor) for m in modes if base_mode(m) in COST_MODES})
+        for m, pol in out.items():
+            for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
+                setattr(pol, name, value)
     return {m: out[m] for m in modes}
 
 
@@ -67,7 +74,7 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
-    pols = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged)
+    pols = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged, run.rule)
     cost = CostModel.load(run.cost_model)
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
     n = max(count.at(p) for p in points)

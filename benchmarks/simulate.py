@@ -42,6 +42,9 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
         try:
             doc = json.loads(f.read_text(encoding="utf-8"))
             prices, fitted_on = None, []
+            rule = tuple(sorted(doc.get("per_request_rule", {}).items()))
+            if any(k not in SimRun.RULE_FIELDS for k, _ in rule):
+                raise ValueError(f"per_request_rule may set {', '.join(SimRun.RULE_FIELDS)} only (got {dict(rule)})")
             if doc.get("prices"):
                 prices, _, fitted_on = sim_fit.read(f.parent / doc["prices"])
             for r in doc["runs"]:
@@ -50,7 +53,7 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
                                  data_dir=f.parent.name),
                             SimRun(tuple(r["flags"]), str(f.parent / r.get("cost_model", doc["cost_model"])),
                                    int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
-                                   rates, prices)))
+                                   rates, prices, rule=rule)))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DynspecError(f"{f}: not a recorded-runs file ({type(e).__name__}: {e})") from None
     if not out:

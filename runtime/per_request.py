@@ -101,11 +101,12 @@ class PerRequestPolicy(AdaptivePolicy):
 
     def __init__(self, cost: CostModel, settings: AdaptiveSettings = AdaptiveSettings(),
                  max_draft_len: int | None = None, cap=None, prior_weight: float = PRIOR_WEIGHT,
-                 optimism: float = OPTIMISM, ragged_factor: float = 1.0):
+                 optimism: float = OPTIMISM, ragged_factor: float = 1.0, floor: bool = True):
         super().__init__(cost, settings, max_draft_len)
         if not 0.5 <= ragged_factor <= 4.0:
             raise DynspecError(f"per-request policy: ragged_factor {ragged_factor} is outside 0.5..4")
         self.ragged_factor = float(ragged_factor)   # a per-row vector's excess over the split (step_prices.py)
+        self.floor = bool(floor)                    # the batch-level decision as the floor (decide_rows)
         if not prior_weight > 0 or not optimism >= 0:
             raise DynspecError(f"per-request policy: prior_weight {prior_weight} must be > 0 pseudo-trials and"
                                f" optimism {optimism} >= 0 standard deviations")
@@ -132,7 +133,7 @@ class PerRequestPolicy(AdaptivePolicy):
         Example: gains 1.30 per-row against 1.25 batch-level (margin 2%: 1.275) -> the vector; 1.27 ->
         the batch-level K for every row."""
         d = self._per_row(x)
-        if x.batch is None:
+        if x.batch is None or not self.floor:
             return d
         b = x.batch_size
         batch = AdaptivePolicy.decide(self, replace(x.batch, max_k=min(x.batch.max_k, self._cap(b, x.max_k))))

@@ -19,12 +19,11 @@ from typing import Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.loop import Loop
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy import POLICIES, DraftSchedule, registered_name
 
 
 MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
-ORACLE = "per-request-oracle"
-COST_MODES = ("adaptive", "per-request", ORACLE)      # the modes that read a cost model
+COST_MODES = tuple(n for n, p in POLICIES.items() if p.cost_model)   # the modes that read a cost model
 ALL_MODES = MODES + COST_MODES                        # and static:K, K in 1..MAX_STATIC_K
 TRTLLM_MODES = MODES
 SERIAL = "+serial"            # a mode's loop suffixes: 'dynamic+serial' runs Executor(loop=Loop.SERIAL),
@@ -151,33 +150,21 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
 
 
 def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor: float | None = None):
-    """The policy of a cost-model mode ('adaptive', 'per-request' or 'per-request-oracle'), K at most
-    max_draft_len; the per-request modes price per-row vectors with ragged_factor (None: that of
-    step_prices.json beside the cost model, else 1.0: runtime/step_prices.py)."""
-    if base_mode(mode) == "adaptive":
-        return adaptive_policy(path, max_draft_len)
+    """The policy of a cost-model mode (COST_MODES: 'adaptive', 'per-request', 'per-request-oracle'),
+    K at most max_draft_len; the per-request modes price per-row vectors with ragged_factor (None:
+    that of step_prices.json beside the cost model, else 1.0: runtime/step_prices.py)."""
     from dynspec.runtime.cost_model import CostModel
-    from dynspec.runtime.per_request import PerRequestPolicy
-    from dynspec.runtime.per_request_oracle import PerRequestOracle
-
     from dynspec.runtime.step_prices import ragged_factor_beside
 
-    kind = PerRequestOracle if base_mode(mode) == ORACLE else PerRequestPolicy
     ragged = ragged_factor_beside(path) if ragged_factor is None else ragged_factor
-    return kind(CostModel.load(path), max_draft_len=max_draft_len, ragged_factor=ragged)
+    return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged)
 
 
 def policy_label(policy) -> str:
-    """A schedule's CLI form ('24:3,179:1'); 'adaptive', 'per-request' or 'per-request-oracle' for the
-    cost-model policies."""
-    from dynspec.runtime.per_request import RowPolicy
-    from dynspec.runtime.per_request_oracle import PerRequestOracle
-
-    if isinstance(policy, DraftSchedule):
-        return policy.to_spec()
-    if isinstance(policy, PerRequestOracle):
-        return ORACLE
-    return "per-request" if isinstance(policy, RowPolicy) else "adaptive"
+    """A schedule's CLI form ('24:3,179:1'); the registered name of a cost-model policy ('adaptive',
+    'per-request' or 'per-request-oracle': runtime/policy.py POLICIES)."""
+    name = registered_name(policy)
+    return policy.to_spec() if name == "schedule" else name
 
 
 def shift_of(model) -> dict | None:

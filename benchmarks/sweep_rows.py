@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from dynspec.benchmarks.sweep_modes import LOOP_LABELS, policy_label, shift_of
-from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy import DraftSchedule, registered_name
 
 if TYPE_CHECKING:
     from dynspec.benchmarks.sweep_plan import LoadPoint, SweepSpec
@@ -92,7 +92,7 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
         "matched_concurrency": p.matched_concurrency,
         "acceptance_model": str(spec.acceptance),
         "schedule": policy_label(schedule),
-        "policy": "schedule" if isinstance(schedule, DraftSchedule) else policy_label(schedule),   # or adaptive, per-request
+        "policy": registered_name(schedule),     # schedule, adaptive, per-request or per-request-oracle
         "keep_warm": keep_warm,
     }
     row.update(met.to_json())

@@ -50,7 +50,7 @@ from typing import Any, Mapping
 from dynspec.artifacts import read_json, write_json
 from dynspec.errors import DynspecError
 from dynspec.runtime.loop import Loop, serving_loop
-from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule
+from dynspec.runtime.policy import MAX_BATCH_SIZE, SERVED_POLICIES, DraftSchedule
 
 ENGINE_FORMAT = "dynspec-engine/1"
 ENGINE_JSON = "engine.json"
@@ -59,7 +59,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 MAX_TP = 1024                   # ranks per replica
 MAX_ENGINE_JSON_BYTES = 64 * 2**20   # engine.json with both manifests is a few kB
 STR_FIELDS = ("target_dir", "draft_dir", "trtllm_version", "llm_api_options", "cost_model")
-POLICIES = ("schedule", "adaptive", "per-request")   # runtime/policy.py | runtime/adaptive.py | runtime/per_request.py
+POLICIES = SERVED_POLICIES      # engine.json's `policy`: the served names of runtime/policy.py POLICIES
 COST_MODEL_JSON = "cost_model.json"
 INT_FIELDS = ("tp", "max_batch_size", "max_seq_len")
 MAP_FIELDS = ("manifests", "build")

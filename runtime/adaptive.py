@@ -60,6 +60,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance_estimate import HALF_LIFE_ROWS, AcceptanceEstimate
 from dynspec.runtime.cost_calibration import COLD, KEEP_WARM, CostCalibration
 from dynspec.runtime.cost_model import CostModel
+from dynspec.runtime.step_decision import StepDecision, StepInputs
 
 
 @dataclass(frozen=True)
@@ -90,19 +91,7 @@ class AdaptiveSettings:
                                f"{self.explore_steps} must be >= 0")
 
 
-@dataclass(frozen=True)
-class PolicyInputs:
-    batch_size: int                  # b decode rows
-    context: float                   # mean KV length of the decode rows
-    acceptance: tuple[float, ...]    # a_1, a_2, ... (AcceptanceEstimate.rates)
-    previous_k: int = 0              # K of the last iteration with decode rows
-    since_spec: int = 0              # iterations with rows since the last one at K > 0
-    max_k: int = 32                  # the largest K the engine and this iteration's token budget allow
-    bucket: int = 0                  # padded rows the step runs at (0: batch_size)
-    cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: all 1)
-    keep_warm: bool = True           # the engine may keep the draft warm at K=0
-    plain_steps: float = math.inf    # plain-decode steps calibrated (CostCalibration.counts[0]; inf: none to explore)
-    probes: int = 0                  # probes run since the last speculative step that was not a probe
+PolicyInputs = StepInputs   # the rule reads its first eleven fields (runtime/step_decision.py)
 
 
 @dataclass(frozen=True)
@@ -272,7 +261,18 @@ class AdaptivePolicy:
     def initial_calibration(self) -> CostCalibration | None:
         return CostCalibration(max_k=self.max_draft_len) if self.settings.calibrate else None
 
-    def decide(self, inputs: PolicyInputs) -> Decision:
+    @classmethod
+    def from_cost(cls, cost: CostModel, max_draft_len: int | None = None, cap=None, ragged_factor: float = 1.0):
+        """The registry's constructor (runtime/policy.py POLICIES): one K for every row reads no cap."""
+        return cls(cost, max_draft_len=max_draft_len)
+
+    def decide(self, x: StepInputs) -> StepDecision:
+        """choose's K for every row (every row probed on a probe step)."""
+        d, b = self.choose(x), x.batch_size
+        return StepDecision((d.k,) * b, d.keep_warm, d.predicted_ms, d.gain, tuple(range(b)) if d.probe else (),
+                            d.reason, "adaptive")
+
+    def choose(self, inputs: PolicyInputs) -> Decision:
         """choose_k with the cost row at the context rounded to CONTEXT_STEP tokens (a row moves
         by well under 1% over 16 tokens), looked up once per (bucket, rounded context)."""
         row = _cost_row(self.cost, inputs, round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP, self._row)

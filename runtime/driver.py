@@ -176,14 +176,14 @@ def schedule_words(schedule) -> str:
 
 
 def describe_policy(policy, cost_model: str | Path | None = None) -> str:
-    """The policy kind in words: a DraftSchedule -> 'schedule'; an AdaptivePolicy -> 'adaptive
-    (cost model FILE, K 0..4)', its candidates ('K 0,2,4' when they are not consecutive)."""
-    from dynspec.runtime.adaptive import AdaptivePolicy
-    from dynspec.runtime.per_request import RowPolicy
+    """The policy kind in words: a DraftSchedule -> 'schedule'; a cost-model policy -> its registered
+    name (runtime/policy.py POLICIES) and candidates: 'adaptive (cost model FILE, K 0..4)', 'K 0,2,4'
+    when they are not consecutive."""
+    from dynspec.runtime.policy import POLICIES, registered_name
 
-    if not isinstance(policy, AdaptivePolicy):
-        return "schedule"
+    name = registered_name(policy)
+    if not POLICIES[name].cost_model:
+        return name
     ks = sorted(policy.candidates)
     span = f"{ks[0]}..{ks[-1]}" if ks == list(range(ks[0], ks[-1] + 1)) and len(ks) > 1 else ",".join(map(str, ks))
-    kind = "per-request" if isinstance(policy, RowPolicy) else "adaptive"
-    return f"{kind} (cost model {cost_model}, K {span})"
+    return f"{name} (cost model {cost_model}, K {span})"

@@ -3,10 +3,11 @@
 Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
     1. retire finished / cancelled requests (their cache blocks go back to the free list)
     2. b = decode rows (requests whose prompt is all in the cache)
-    3. K = policy(b), capped so that b x (K+1) fits the budget (plan.cap_k); an AdaptivePolicy
-       decides from b, the context, the acceptance estimate and the served step times
-       (runtime/adaptive.py) and whether a K=0 step keeps the draft warm; a row policy gives each
-       row its own K_i from its own acceptance (runtime/per_request.py, planning.py)
+    3. each row's K_i = policy.decide(StepInputs) (runtime/step_decision.py, planning.py), K their
+       max, capped so that b x (K+1) fits the budget (plan.cap_k): a schedule's K at b for every
+       row; the adaptive policy's from b, the context, the acceptance estimate and the served step
+       times (runtime/adaptive.py), with whether a K=0 step keeps the draft warm; the per-request
+       policy's from each row's own acceptance (runtime/per_request.py)
     4. prompt chunks take what is left: partly prefilled requests first, then waiting ones,
        each admitted only if its blocks can be reserved and b + prefilling stays within
        min(max_batch_size, max_num_tokens) (every decode row must fit at K=0)

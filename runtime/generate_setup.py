@@ -121,12 +121,10 @@ def _tokenizer(target_dir: str):
 
 
 def _adaptive(args, cfg, mode: str = "adaptive"):
-    """--modes ...,adaptive (or per-request): the policy on --cost-model, else on the engine dir's
-    cost_model.json."""
-    from dynspec.runtime.adaptive import AdaptivePolicy
+    """--modes ...,adaptive (or another cost-model policy of runtime/policy.py POLICIES): the policy
+    on --cost-model, else on the engine dir's cost_model.json."""
     from dynspec.runtime.cost_model import CostModel
-    from dynspec.runtime.per_request import PerRequestPolicy
-    from dynspec.runtime.policy import MAX_DRAFT_LEN
+    from dynspec.runtime.policy import MAX_DRAFT_LEN, POLICIES
 
     path = args.cost_model or (cfg.cost_model if args.engine_dir else None)
     if path is None:
@@ -143,7 +141,7 @@ def _adaptive(args, cfg, mode: str = "adaptive"):
     else:                             # a pair: the engine is sized for the policy, up to MAX_DRAFT_LEN
         kmax, bound = MAX_DRAFT_LEN, "MAX_DRAFT_LEN, the largest K the reference engine runs"
     cost = CostModel.load(path, kmax, bound)
-    return AdaptivePolicy(cost) if mode == "adaptive" else PerRequestPolicy(cost)
+    return POLICIES[mode].make(cost)
 
 
 def parse_loads(text: str) -> tuple[int, ...]:

@@ -1,9 +1,10 @@
 """Per-request draft length: each decode row gets its own K_i, decided once per iteration before
 anything is shaped (docs/design.md, "Per-request draft length").
 
-A row policy answers `row_rates(...)` (how it reads each request's counts: the row table,
-runtime/row_table.py) and `decide_rows(RowInputs) -> RowDecision`; the executor plans the step with
-row_k = the decision's ks (plan.StepPlan.row_k). PerRequestPolicy reads each row optimistically (an
+A policy that sets each row's K has a `row_rates(...)` hook (how it reads each request's counts:
+the row table, runtime/row_table.py; the executor then hands it the rows' rates in StepInputs.rates)
+and answers `decide(StepInputs) -> StepDecision` like every policy; the executor plans the step with
+row_k = the decision's ks (plan.StepPlan.row_k). PerRequestPolicy's rule reads RowInputs. PerRequestPolicy reads each row optimistically (an
 upper confidence bound on its Beta posterior, so a new row drafts while its own trials are few);
 runtime/per_request_oracle.py reads each request's true rate instead (benchmarks only).
 """
@@ -11,16 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings, PolicyInputs
+from dynspec.runtime.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.cost_model import CostModel
 from dynspec.runtime.per_row import Allocation, allocate, uniform_allocation
 from dynspec.runtime.row_table import RowTable
 from dynspec.runtime.split_cost import SplitCost
+from dynspec.runtime.step_decision import StepDecision, StepInputs
 
 
 @dataclass(frozen=True)
@@ -37,38 +39,11 @@ class RowInputs:
     probes: Sequence[int] = ()       # [b] each row's probes since it last drafted other than as a probe (empty: 0)
     packed: bool = True              # the engine verifies each row's K_i + 1 tokens (Engine.packs_rows);
                                      # False: every row padded to max K_i
-    batch: PolicyInputs | None = None    # the batch-level policy's inputs at this step (None: no fallback)
-
-
-@dataclass(frozen=True)
-class RowDecision:
-    ks: tuple[int, ...]              # [b] K_i
-    keep_warm: bool                  # all K_i = 0: extend the draft's cache over the new tokens
-    predicted_ms: float | None       # the cost model's time of the step
-    gain: float | None               # predicted tokens / ms over plain decode's
-    probes: tuple[int, ...] = ()     # rows given K_i >= 1 to measure their acceptance
-    reason: str = "best"
-
-    @property
-    def k(self) -> int:
-        return max(self.ks, default=0)
-
-    @property
-    def probe(self) -> bool:
-        return bool(self.probes)
+    batch: StepInputs | None = None      # the batch-level policy's inputs at this step (None: no fallback)
 
 
 Truth = Callable[[int], "float | None"]   # a request key -> its true rate (acceptance.rate_of), None: unknown
-
-
-@runtime_checkable
-class RowPolicy(Protocol):
-    """A Policy (runtime/policy.py) that sets each row's K."""
-
-    def row_rates(self, table: RowTable, slots: Sequence[int], pool: Sequence[float], keys: Sequence[int],
-                  truth: Truth | None) -> np.ndarray: ...     # [b, P] the rates decide_rows reads
-
-    def decide_rows(self, inputs: RowInputs) -> RowDecision: ...
+LABEL = "per-request"    # what chose K in the iteration stats (StepDecision.policy), the oracle's too
 
 
 PRIOR_WEIGHT = 2.0     # pseudo-trials of the pool in a row's posterior
@@ -113,6 +88,16 @@ class PerRequestPolicy(AdaptivePolicy):
         self.cap, self.prior_weight, self.optimism = cap, float(prior_weight), float(optimism)
         self._splits: dict = {}
 
+    @classmethod
+    def from_cost(cls, cost: CostModel, max_draft_len: int | None = None, cap=None, ragged_factor: float = 1.0):
+        """The registry's constructor (runtime/policy.py POLICIES)."""
+        return cls(cost, max_draft_len=max_draft_len, cap=cap, ragged_factor=ragged_factor)
+
+    def decide(self, x: StepInputs) -> StepDecision:
+        """decide_rows on the step's rows, x itself the batch-level fallback's inputs."""
+        return self.decide_rows(RowInputs(x.batch_size, x.context, x.acceptance, x.rates, x.idle, x.max_k, x.keep_warm,
+                                          x.since_spec, x.cost_scale, x.row_probes, x.packed, x))
+
     def row_rates(self, table: RowTable, slots: Sequence[int], pool: Sequence[float], keys: Sequence[int],
                   truth: Truth | None) -> np.ndarray:
         """[b, P] each row's upper confidence rates (RowTable.optimistic); keys and truth unread."""
@@ -126,9 +111,9 @@ class PerRequestPolicy(AdaptivePolicy):
     def _cap(self, b: int, max_k: int) -> int:
         return min(max_k, self.max_draft_len, self.cap.draft_len(b) if self.cap is not None else max_k)
 
-    def decide_rows(self, x: RowInputs) -> RowDecision:
+    def decide_rows(self, x: RowInputs) -> StepDecision:
         """The per-row decision (_per_row) where it runs rows at different K and beats the batch-level
-        adaptive decision (AdaptivePolicy.decide on x.batch, capped alike) by the settings' margin;
+        adaptive decision (AdaptivePolicy.choose on x.batch, capped alike) by the settings' margin;
         otherwise that decision for every row, so rows of one rate run exactly as adaptive runs them.
         Example: gains 1.30 per-row against 1.25 batch-level (margin 2%: 1.275) -> the vector; 1.27 ->
         the batch-level K for every row."""
@@ -136,15 +121,16 @@ class PerRequestPolicy(AdaptivePolicy):
         if x.batch is None or not self.floor:
             return d
         b = x.batch_size
-        batch = AdaptivePolicy.decide(self, replace(x.batch, max_k=min(x.batch.max_k, self._cap(b, x.max_k))))
+        batch = self.choose(replace(x.batch, max_k=min(x.batch.max_k, self._cap(b, x.max_k))))
         probed = set(d.probes)
         if len({0 if i in probed else k for i, k in enumerate(d.ks)}) > 1 and d.gain is not None \
                 and batch.gain is not None and d.gain >= batch.gain * (1 + self.settings.margin):
             return d
-        return RowDecision((batch.k,) * b, keep_warm=batch.keep_warm, predicted_ms=batch.predicted_ms, gain=batch.gain,
-                           probes=tuple(range(b)) if batch.probe else (), reason="batch " + batch.reason)
+        return StepDecision((batch.k,) * b, keep_warm=batch.keep_warm, predicted_ms=batch.predicted_ms, gain=batch.gain,
+                           probes=tuple(range(b)) if batch.probe else (), reason="batch " + batch.reason,
+                            policy=LABEL)
 
-    def _per_row(self, x: RowInputs) -> RowDecision:
+    def _per_row(self, x: RowInputs) -> StepDecision:
         b = x.batch_size
         cap = self._cap(b, x.max_k)
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
@@ -152,7 +138,8 @@ class PerRequestPolicy(AdaptivePolicy):
         cost = raw.calibrated(x.cost_scale)             # uniform vectors: the decode graphs, each depth
         if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
             warm = x.keep_warm
-            return RowDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm))
+            return StepDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm),
+                                policy=LABEL)
         # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown); no
         # row is due before PROBE_EVERY idle iterations (the shortest interval)
         due = tuple(i for i, (n, t) in enumerate(zip(x.idle, probe_interval(x.probes, b))) if n >= t) \
@@ -170,8 +157,9 @@ class PerRequestPolicy(AdaptivePolicy):
         warm = x.keep_warm and a.reason != "plain decode"
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
         profiled = raw.step_ms(a.verify_tokens, a.depth) if any(a.ks) else _k0_ms(raw, b, warm)
-        return RowDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
-                           gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason)
+        return StepDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
+                           gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason,
+                            policy=LABEL)
 
     def _packed(self, scales, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,
                 due: tuple[int, ...], probing: tuple[int, ...], u: Allocation | None) -> Allocation:

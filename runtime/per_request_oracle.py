@@ -19,8 +19,9 @@ from typing import Sequence
 import numpy as np
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.per_request import PerRequestPolicy, RowDecision, RowInputs, Truth
+from dynspec.runtime.per_request import PerRequestPolicy, RowInputs, Truth
 from dynspec.runtime.row_table import RowTable
+from dynspec.runtime.step_decision import StepDecision
 
 
 class PerRequestOracle(PerRequestPolicy):
@@ -35,7 +36,7 @@ class PerRequestOracle(PerRequestPolicy):
                                " rate (bernoulli, bernoulli-mix, shift or trace); real acceptance has none")
         return np.repeat(np.asarray(rates, dtype=np.float64)[:, None], table.positions, axis=1)
 
-    def decide_rows(self, x: RowInputs) -> RowDecision:
+    def decide_rows(self, x: RowInputs) -> StepDecision:
         """PerRequestPolicy's decision with no row due for a probe."""
         return super().decide_rows(replace(x, idle=np.zeros(x.batch_size, dtype=np.int64), probes=()))
 

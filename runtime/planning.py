@@ -7,12 +7,11 @@ import math
 from typing import Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.adaptive import AdaptivePolicy, Decision, PolicyInputs
 from dynspec.runtime.overlap import row_inputs
-from dynspec.runtime.per_request import RowDecision, RowInputs, RowPolicy
 from dynspec.runtime.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
 from dynspec.runtime.requests import Launched, Request
 from dynspec.runtime.row_table import RowTable
+from dynspec.runtime.step_decision import StepDecision, StepInputs
 
 
 class KDecider:
@@ -21,9 +20,11 @@ class KDecider:
     def __init__(self, engine, policy, keep_warm: bool, truth=None):
         self.engine, self.policy, self.keep_warm = engine, policy, keep_warm
         self.truth = truth                        # request key -> true rate (per_request.Truth), or None
-        # the acceptance estimate (a schedule's made at the first step: the engine is not read before)
-        self.estimate = policy.initial_estimate() if isinstance(policy, AdaptivePolicy) else None
-        self.calibration = policy.initial_calibration() if isinstance(policy, AdaptivePolicy) else None
+        # the acceptance estimate (a policy without initial_estimate: made at the first step, the
+        # engine is not read before) and the cost calibration (runtime/policy.py Policy, its hooks)
+        self.estimate = _start(policy, "initial_estimate")
+        self.calibration = _start(policy, "initial_calibration")
+        self.row_rates = getattr(policy, "row_rates", None)   # a policy that reads each row's own counts
         self.prev_k = 0                           # K of the last iteration with decode rows
         self.since_spec = 0                       # iterations with rows since the last one at K > 0
         self.probes = 0                           # probes since the last speculative step that was not one
@@ -32,72 +33,55 @@ class KDecider:
                                                   #  measured ms, predicted ms): update not yet applied
 
     def new_request(self, slot: int) -> None:
-        """A request took `slot`: a row policy's counts of it start empty (no table otherwise)."""
-        if isinstance(self.policy, RowPolicy):
+        """A request took `slot`: the counts of it start empty (kept for a policy that reads them)."""
+        if self.row_rates is not None:
             self.row_table.reset(slot)
 
     @property
     def row_table(self) -> RowTable:
-        """Each request's own acceptance counts by slot (a row policy's inputs: runtime/row_table.py)."""
+        """Each request's own acceptance counts by slot (the row_rates hook's input: runtime/row_table.py)."""
         if self._row_table is None:
             self._row_table = RowTable(self.engine.max_batch_size + 1, max(self.engine.max_draft_len, 1))
         return self._row_table
 
-    def decide(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...]):
-        """(K, the policy's decision or None, mean context, cost scales used) for these decode rows."""
-        if isinstance(self.policy, RowPolicy):
-            return self._decide_rows(rows, positions, rates)
-        return self._decide(positions, rates)
-
-    def _decide(self, positions: Sequence[int],
-                rates: tuple[float, ...]) -> tuple[int, Decision | None, float, tuple[float, ...]]:
-        """K within the engine's max_draft_len and the token budget for rows at these positions."""
-        b = len(positions)
-        if not b:
+    def decide(self, rows: Sequence[Request], positions: Sequence[int],
+               rates: tuple[float, ...]) -> tuple[int, StepDecision | None, float, tuple[float, ...]]:
+        """(K, the policy's decision or None without rows, mean context, cost scales used) for these
+        decode rows: the policy's K of each row, within the engine's max_draft_len (else an error)
+        and capped to the token budget."""
+        if not rows:
             return 0, None, 0.0, ()
-        eng = self.engine
-        context = sum(positions) / b
-        if isinstance(self.policy, AdaptivePolicy):
-            x = self._batch_inputs(b, context, rates)
-            d = self.policy.decide(x)
-            return d.k, d, context, x.cost_scale
-        k = int(self.policy(b))
-        if not 0 <= k <= eng.max_draft_len:
-            raise DynspecError(f"policy gave K={k} for batch {b}; the engine supports 0..{eng.max_draft_len}")
-        return cap_k(k, b, eng.max_num_tokens), None, context, ()
+        x = self.inputs(rows, positions, rates)
+        d = self.policy.decide(x)
+        kmax, b = self.engine.max_draft_len, x.batch_size
+        if len(d.ks) != b or min(d.ks) < 0 or d.k > kmax:
+            got = f"K={d.ks[0]} for batch {b}" if len(set(d.ks)) == 1 else f"K {list(d.ks)} for {b} rows"
+            raise DynspecError(f"policy gave {got}; the engine supports 0..{kmax}")
+        if d.k > x.max_k:
+            d = d.capped(x.max_k)
+        if self.row_rates is not None:
+            probed = set(d.probes)
+            for i, (r, k) in enumerate(zip(rows, d.ks)):   # at the decision: the overlapped loop plans before it folds
+                r.idle = 0 if k else r.idle + 1
+                if k:
+                    r.probes = r.probes + 1 if i in probed else 0
+        return d.k, d, x.context, x.cost_scale
 
-    def _batch_inputs(self, b: int, context: float, rates: tuple[float, ...]) -> PolicyInputs:
-        """The batch-level policy's inputs at b rows (the adaptive policy's, and a row policy's fallback)."""
-        eng, cal = self.engine, self.calibration
+    def inputs(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...]) -> StepInputs:
+        """This iteration's StepInputs for b >= 1 decode rows: each row's rates, idle iterations and
+        probes only for a policy with the row_rates hook (its rates from the row table, or the truth)."""
+        eng, cal, b = self.engine, self.calibration, len(rows)
         scale, plain = (cal.scales(), cal.counts[0]) if cal is not None else ((), math.inf)
-        return PolicyInputs(b, context, rates, self.prev_k, self.since_spec, cap_k(eng.max_draft_len, b, eng.max_num_tokens),
-                            bucket_for(b, eng.buckets), scale, self.keep_warm, plain, self.probes)
+        per_row = {}
+        if self.row_rates is not None:
+            per_row = dict(rates=self.row_rates(self.row_table, [r.slot for r in rows], rates, [r.id for r in rows],
+                                                self.truth),
+                           idle=[r.idle for r in rows], row_probes=[r.probes for r in rows], packed=eng.packs_rows)
+        return StepInputs(b, sum(positions) / b, rates, self.prev_k, self.since_spec,
+                          cap_k(eng.max_draft_len, b, eng.max_num_tokens), bucket_for(b, eng.buckets), scale,
+                          self.keep_warm, plain, self.probes, **per_row)
 
-    def _decide_rows(self, rows: Sequence[Request], positions: Sequence[int],
-                     rates: tuple[float, ...]) -> tuple[int, RowDecision | None, float, tuple[float, ...]]:
-        """A row policy's (max K_i, its RowDecision, mean context, the cost scales it read): each row's rates
-        as the policy reads them (RowPolicy.row_rates: its counts in the row table, or the truth)."""
-        b = len(rows)
-        if not b:
-            return 0, None, 0.0, ()
-        eng = self.engine
-        context = sum(positions) / b
-        slots = [r.slot for r in rows]
-        scale = self.calibration.scales() if self.calibration is not None else ()
-        d = self.policy.decide_rows(RowInputs(
-            b, context, rates, self.policy.row_rates(self.row_table, slots, rates, [r.id for r in rows], self.truth),
-            [r.idle for r in rows], cap_k(eng.max_draft_len, b, eng.max_num_tokens), self.keep_warm,
-            self.since_spec, scale, [r.probes for r in rows], eng.packs_rows, self._batch_inputs(b, context, rates)))
-        if len(d.ks) != b or not all(0 <= k <= eng.max_draft_len for k in d.ks):
-            raise DynspecError(f"row policy gave K {list(d.ks)} for {b} rows; the engine supports 0..{eng.max_draft_len}")
-        probed = set(d.probes)
-        for i, (r, k) in enumerate(zip(rows, d.ks)):   # at the decision: the overlapped loop plans before it folds
-            r.idle = 0 if k else r.idle + 1
-            if k:
-                r.probes = r.probes + 1 if i in probed else 0
-        return d.k, d, context, scale
-
-    def count_k(self, k: int, decision: "Decision | None") -> None:
+    def count_k(self, k: int, decision: StepDecision | None) -> None:
         """The memory of an iteration with decode rows run at K (serial: when it is folded;
         overlapped: when it is launched, so the next plan already knows it): the previous K, the
         iterations since the last at K > 0, the probes since the last speculative step not one."""
@@ -114,7 +98,7 @@ class KDecider:
         step before its end was known; the iteration's stats still count the work)."""
         plan = launched.plan
         live = [i for i, req in enumerate(launched.rows) if req.finish_reason is None]
-        if isinstance(self.policy, RowPolicy):            # the table is a row policy's input alone
+        if self.row_rates is not None:                    # the table is the row_rates hook's input alone
             self.row_table.update([plan.slots[i] for i in live], [plan.row_k[i] for i in live],   # an ended
                                   [result.accepted[i] for i in live])      # request's slot may be another's now
         for i in live:
@@ -150,6 +134,12 @@ class KDecider:
         if self.estimate is not None:
             self.apply_pending(clock)
             self.estimate = self.estimate.forget(kept)
+
+
+def _start(policy, hook: str):
+    """The policy's initial_estimate() or initial_calibration(); None where it has no such hook."""
+    start = getattr(policy, hook, None)
+    return start() if start is not None else None
 
 
 def plan_row_inputs(rows: Sequence[Request], prev: Launched | None):
@@ -190,5 +180,5 @@ def make_step_plan(k: int, rows: Sequence[Request], rin, decision, keep_warm: bo
         from_device=rin.from_device,
         carry=carry,
         draft=draft,
-        row_k=decision.ks if isinstance(decision, RowDecision) else None,
+        row_k=decision.ks if decision else None,
     )

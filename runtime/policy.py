@@ -13,17 +13,19 @@ DraftSchedule's from_/to_ methods delegate to the modules that render it:
     runtime/schedule_vllm.py    vLLM `speculative_token_schedule`:
                                 [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, 2147483647, 0]]
 
-Every policy the executor runs implements `Policy` (below): DraftSchedule, ConstantK and
-runtime/adaptive.py's AdaptivePolicy.
+Every policy the executor runs implements `Policy` (below); POLICIES (at the end) names each one
+for the command line, engine.json and the benchmarks' labels.
 """
 from __future__ import annotations
 
 import bisect
+import importlib
 import re
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.step_decision import StepDecision, StepInputs, one_k
 
 
 class ScheduleError(DynspecError):
@@ -40,8 +42,10 @@ class Policy(Protocol):
         ConstantK(0)            0              True    (0,)           False
         AdaptivePolicy K 0..3   3              True    (0, 1, 2, 3)   True
 
-    A policy with chooses_keep_warm False is also called with the batch size for its K
-    (`policy(b)`); AdaptivePolicy decides from the executor's measurements (its `decide`)."""
+    Each iteration it answers `decide(StepInputs) -> StepDecision` (runtime/step_decision.py).
+    Optional hooks: initial_estimate() / initial_calibration() start the pooled estimate and the cost
+    ratios (runtime/adaptive.py); with row_rates(table, slots, pool, keys, truth) the executor keeps
+    each row's counts and hands it the rows' rates, StepInputs.rates (runtime/per_request.py)."""
 
     @property
     def max_draft_len(self) -> int: ...            # the largest K it may pick: the engine is sized for it
@@ -53,6 +57,8 @@ class Policy(Protocol):
     def chooses_keep_warm(self) -> bool: ...       # its K=0 steps run with or without keep-warm, its choice
 
     def choices(self, batch_size: int) -> tuple[int, ...]: ...   # every K it may pick at that batch size
+
+    def decide(self, inputs: StepInputs) -> StepDecision: ...   # this iteration's K of each row
 
 
 # TRT-LLM keeps batch sizes in SizeType32 (int32), so no runtime batch exceeds 2**31 - 1; it is
@@ -143,6 +149,10 @@ class DraftSchedule:
         return self.tiers[i][1] if i < len(self.tiers) else 0
 
     __call__ = draft_len
+
+    def decide(self, x: StepInputs) -> StepDecision:
+        """Its K at b for every row: "4:4,8:2" at b=6 -> ks (2,) * 6."""
+        return one_k(self.draft_len(x.batch_size), x)
 
     # ---- Policy -------------------------------------------------------------------------
     @property
@@ -248,8 +258,6 @@ class DraftSchedule:
         return self.to_spec() or "(no speculation)"
 
 
-
-
 @dataclass(frozen=True)
 class ConstantK:
     """K at every batch size, the draft in every plan: ConstantK(0) is a speculating policy's
@@ -265,6 +273,9 @@ class ConstantK:
 
     def __call__(self, batch_size: int) -> int:
         return self.k
+
+    def decide(self, x: StepInputs) -> StepDecision:
+        return one_k(self.k, x)
 
     @property
     def max_draft_len(self) -> int:
@@ -283,9 +294,8 @@ class ConstantK:
 
 
 def speculates(policy: Policy) -> bool:
-    """Whether `policy`'s plans carry the draft (Policy.drafts): a schedule with a tier, an
-    adaptive policy, a ConstantK. One that does not runs the target alone (StepPlan.draft False):
-    speculates(DraftSchedule.parse("")) is False."""
+    """Whether `policy`'s plans carry the draft (Policy.drafts); one that does not runs the target
+    alone (StepPlan.draft False): speculates(DraftSchedule.parse("")) is False."""
     return policy.drafts
 
 
@@ -302,3 +312,39 @@ def schedule_from_args(spec: str | None, threshold: int | None, max_draft_len: i
             raise ScheduleError("--threshold needs --max-draft-len")
         return DraftSchedule.threshold(max_draft_len, threshold)
     raise ScheduleError("give --schedule SPEC or --threshold N --max-draft-len K")
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """A named policy: its class ('module:Class'), whether it reads a cost model, whether it reads
+    each request's true rate (benchmarks only, never served)."""
+    name: str
+    path: str
+    cost_model: bool = False
+    benchmark_only: bool = False
+
+    def make(self, cost, max_draft_len: int | None = None, cap: DraftSchedule | None = None,
+             ragged_factor: float = 1.0):
+        """The policy on a CostModel: K <= max_draft_len (None: every K profiled); a per-row policy caps
+        K_i by cap's K at b, prices vectors with ragged_factor (runtime/step_prices.py)."""
+        if not self.cost_model:
+            raise DynspecError(f"policy {self.name!r} reads no cost model")
+        module, _, cls = self.path.partition(":")
+        return getattr(importlib.import_module(module), cls).from_cost(cost, max_draft_len, cap, ragged_factor)
+
+
+POLICIES = {p.name: p for p in (PolicyKind("schedule", "dynspec.runtime.policy:DraftSchedule"),
+                                 PolicyKind("adaptive", "dynspec.runtime.adaptive:AdaptivePolicy", True),
+                                 PolicyKind("per-request", "dynspec.runtime.per_request:PerRequestPolicy", True),
+                                 PolicyKind("per-request-oracle", "dynspec.runtime.per_request_oracle:PerRequestOracle",
+                                            cost_model=True, benchmark_only=True))}
+SERVED_POLICIES = tuple(n for n, p in POLICIES.items() if not p.benchmark_only)   # engine.json's `policy`
+
+
+def registered_name(policy) -> str:
+    """The name POLICIES gives a policy's class: DraftSchedule -> 'schedule'."""
+    path = f"{type(policy).__module__}:{type(policy).__qualname__}"
+    for p in POLICIES.values():
+        if p.path == path:
+            return p.name
+    raise DynspecError(f"{type(policy).__name__} is not a registered policy ({', '.join(POLICIES)})")

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.adaptive import Decision
 from dynspec.runtime.draft_counts import acceptance, mean_k
-from dynspec.runtime.per_request import RowDecision
 from dynspec.runtime.plan import StepPlan, StepResult
+from dynspec.runtime.step_decision import StepDecision
 
 @dataclass(frozen=True)
 class IterationStats:
@@ -74,9 +73,10 @@ class RequestResult:
 DONE = object()
 
 
-def policy_name(decision) -> str:
-    """What chose K: "per-request" (a RowDecision), "adaptive" (a Decision) or "schedule" (none)."""
-    return "per-request" if isinstance(decision, RowDecision) else "adaptive" if decision else "schedule"
+def policy_name(decision: StepDecision | None) -> str:
+    """What chose K (StepDecision.policy): "schedule", "adaptive" or "per-request"; "schedule" without
+    a decision (an iteration of prompt chunks alone)."""
+    return decision.policy if decision is not None else "schedule"
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Launched:
     rows: tuple["Request", ...]         # [b] the plan's decode rows, in plan order
     chunked: tuple["Request", ...]      # [chunks] the request of each prompt chunk
     handle: object                       # engine.launch's handle (Loop.OVERLAPPED), else None
-    decision: Decision | None
+    decision: StepDecision | None
     context: float                       # mean KV length the policy read
     rates: tuple[float, ...]             # the acceptance estimate the policy read
     scale: tuple[float, ...]             # the cost scales the policy read

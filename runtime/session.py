@@ -92,16 +92,17 @@ def capture(engine, keys, ref, strict: bool = True) -> int:
 
 
 def policy_of(cfg: EngineConfig):
-    """engine.json's policy: its schedule, or the adaptive or per-request policy on its cost model
-    (per-request: each K_i capped by the schedule's K at b)."""
-    if cfg.policy in ("adaptive", "per-request"):   # a K above the schedule's max_draft_len is refused, naming the file
-        from dynspec.runtime.adaptive import AdaptivePolicy
+    """engine.json's policy (runtime/policy.py POLICIES): its schedule, or a cost-model policy on its
+    cost model (per-request: each K_i capped by the schedule's K at b)."""
+    from dynspec.runtime.policy import POLICIES
+
+    kind = POLICIES[cfg.policy]
+    if kind.cost_model:              # a K above the schedule's max_draft_len is refused, naming the file
         from dynspec.runtime.cost_model import CostModel
-        from dynspec.runtime.per_request import PerRequestPolicy
 
         k = cfg.schedule.max_draft_len
         cost = CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}")
-        return AdaptivePolicy(cost) if cfg.policy == "adaptive" else PerRequestPolicy(cost, cap=cfg.schedule)
+        return kind.make(cost, cap=cfg.schedule)
     return cfg.schedule
 
 

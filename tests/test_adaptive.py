@@ -288,7 +288,7 @@ def test_costs_are_looked_up_at_the_bucket_the_step_runs_at():
     assert choose_k(PolicyInputs(**x), c, (0, 1), S).k == 1              # interpolated: 12.25 ms
     assert choose_k(PolicyInputs(**x, bucket=32), c, (0, 1), S).k == 0   # 1.3 * 10 / 16 = 0.81
     pol = AdaptivePolicy(c)
-    assert pol.decide(PolicyInputs(**x, bucket=32)) == choose_k(PolicyInputs(**x, bucket=32), c, (0, 1), S)
+    assert pol.choose(PolicyInputs(**x, bucket=32)) == choose_k(PolicyInputs(**x, bucket=32), c, (0, 1), S)
 
 
 def test_calibration_ratios_decay_shrink_and_clip():

@@ -496,6 +496,11 @@ def test_a_failing_policy_ends_its_requests_and_the_loop_serves_on(pair):
         def choices(self, b: int) -> tuple[int, ...]:
             return (self(b),)
 
+        def decide(self, x):
+            from dynspec.runtime.step_decision import one_k
+
+            return one_k(self(x.batch_size), x)
+
     ex = Executor(eng, Faulty())
     h1, h2 = ex.submit([1, 2, 3], 8), ex.submit([4, 5, 6], 8)
     with pytest.raises(DynspecError, match="policy gave K=7 for batch 2"):

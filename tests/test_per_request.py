@@ -15,10 +15,12 @@ from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop
-from dynspec.runtime.per_request import RowDecision, RowInputs, RowPolicy
+from dynspec.runtime.per_request import RowInputs
 from dynspec.runtime.plan import make_plan
+from dynspec.runtime.policy import Policy
 from dynspec.runtime.row_table import RowTable
 from dynspec.runtime.session import tiny_pair_dirs
+from dynspec.runtime.step_decision import StepDecision, StepInputs
 from tests.helpers_lockstep import serve_arrivals
 from tests.test_executor import greedy_many
 
@@ -40,11 +42,11 @@ class FlipRows:
     def row_rates(self, table, slots, pool, keys, truth):
         return table.rates(slots, pool, 4.0)
 
-    def decide_rows(self, x: RowInputs) -> RowDecision:
+    def decide(self, x: StepInputs) -> StepDecision:
         assert x.rates.shape == (x.batch_size, self.max_draft_len) and len(x.idle) == x.batch_size
         ks = tuple(self.rng.randint(0, x.max_k) for _ in range(x.batch_size))
         self.seen.append(x)
-        return RowDecision(ks, keep_warm=True, predicted_ms=None, gain=None)
+        return StepDecision(ks, keep_warm=True, policy="per-request")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,7 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
     lens = [random.Random(i).randint(8, 24) for i in range(len(ps))]
     policy = FlipRows(4, seed=3)
     ex = Executor(eng, policy, stats_limit=None, loop=loop)
-    assert isinstance(policy, RowPolicy)
+    assert isinstance(policy, Policy)
     handles = serve_arrivals(ex, ps, lens, random.Random(7))
     refs = greedy_many(hf, ps, 24)
     assert [h.result().output_ids for h in handles] == [r[:n] for r, n in zip(refs, lens)]
@@ -385,12 +387,10 @@ def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
     from dynspec.runtime.planning import KDecider
     from dynspec.runtime.requests import Request
 
-    from dynspec.runtime.per_request import RowDecision
-
     class Scripted(PerRequestPolicy):                      # the rows' K's given, as a probe or not
         def decide_rows(self, x):
             ks, probes = script.pop(0)
-            return RowDecision(ks, keep_warm=True, predicted_ms=None, gain=None, probes=probes)
+            return StepDecision(ks, keep_warm=True, predicted_ms=None, gain=None, probes=probes)
 
     engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, buckets=(1, 2))
     k = KDecider(engine, Scripted(linear_split_cost(), AdaptiveSettings(calibrate=False)), True)

@@ -101,6 +101,11 @@ class PhasePolicy:
     def choices(self, batch_size: int) -> tuple[int, ...]:
         return (0, K)
 
+    def decide(self, x):
+        from dynspec.runtime.step_decision import one_k
+
+        return one_k(self(x.batch_size), x)
+
 
 def _resume_window(tiny, prompts, keep_warm: bool | None, n=160, spec_first=6, pause=30):
     """Per request: (start position, accepted) of every speculative step after the pause,

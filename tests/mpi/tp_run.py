@@ -147,7 +147,7 @@ def drive(ex: Executor, jobs: list[Job]) -> list:
 
 
 class FlipRows:
-    """A row policy (runtime/per_request.py) drawing each row's K afresh every iteration."""
+    """A policy with the row_rates hook (runtime/policy.py Policy) drawing each row's K afresh every iteration."""
     drafts, chooses_keep_warm = True, False
 
     def __init__(self, max_draft_len: int, seed: int):
@@ -161,10 +161,10 @@ class FlipRows:
     def row_rates(self, table, slots, pool, keys, truth):
         return table.rates(slots, pool, 4.0)
 
-    def decide_rows(self, x):
-        from dynspec.runtime.per_request import RowDecision
+    def decide(self, x):
+        from dynspec.runtime.step_decision import StepDecision
 
-        return RowDecision(tuple(self.rng.randint(0, x.max_k) for _ in range(x.batch_size)), True, None, None)
+        return StepDecision(tuple(self.rng.randint(0, x.max_k) for _ in range(x.batch_size)), True, policy="per-request")
 
 
 def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:

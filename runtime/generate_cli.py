@@ -10,7 +10,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.generate_report import interleave, mode_figures, render, write_jsonl
 from dynspec.runtime.generate_setup import (PAIR_SCHEDULE, _adaptive, _check_flags, _config_vocab, _engine_config,
                                             _prompts, _tokenizer, check_prompt_bounds, load_sizes, parse_loads)
-from dynspec.runtime.tune_at_start import TUNE_NEW_TOKENS, TUNE_PROMPTS, tune_here, typical_context
+from dynspec.runtime.tune_at_start import PAYS, TUNE_NEW_TOKENS, TUNE_TRIALS, TUNE_WAVES, tune_here, tune_prompts
 
 MODES = ("baseline", "static", "dynamic", "adaptive", "per-request")
 COST_MODES = ("adaptive", "per-request")      # the modes that read a cost model
@@ -26,9 +26,10 @@ def register(sub) -> None:
                     "batch size got; then whether every mode wrote the same text and, with baseline, static "
                     "and dynamic, a verdict line. The first stdout line names the schedule and the policy. "
                     "Schedule: --schedule, else engine.json's; on the embedded pair in one process it is tuned at "
-                    f"start for this machine (acceptance on {TUNE_PROMPTS} of the prompts, iteration ms of b = 1, "
-                    "2, 4, ..., the largest load x K = 0..4, then the `dynspec tune` rule; seconds); under "
-                    f"mpirun, or with --target/--draft, {PAIR_SCHEDULE}. Ctrl-C stops it (exit status 130).")
+                    f"start for this machine: each load C served on up to {TUNE_WAVES} x C of its prompts at every "
+                    f"K = 0..4, {TUNE_TRIALS} runs each, then the `dynspec tune` rule on the served tok/s, K > 0 "
+                    f"where it serves {PAYS:.2f}x K=0's (seconds); under mpirun, or with --target/--draft, "
+                    f"{PAIR_SCHEDULE}. Ctrl-C stops it (exit status 130).")
     src = p.add_argument_group("model (default: the embedded tiny trained pair)")
     src.add_argument("--engine-dir", help="ENGINE_DIR from `dynspec build` (reads its engine.json)")
     src.add_argument("--target", help="HF target folder (instead of --engine-dir)")
@@ -141,10 +142,7 @@ def _generate(args: argparse.Namespace) -> int:
         if source == "tune" and ctx.layout.size > 1:
             source = "the pair's default; tuned only when one process runs"
         elif source == "tune":
-            sample = ids[:max(sizes.values())]
-            tuned = tune_here(engine, sample, concurrency=max(sizes), max_k=kmax,
-                              new_tokens=min(TUNE_NEW_TOKENS, args.max_new_tokens),
-                              context=typical_context(sample, args.max_new_tokens), keep_warm=cfg.reference.keep_warm)
+            tuned = _tune(engine, tune_prompts(ids, sizes), kmax, cfg, args, stop)
             if tuned is not None:
                 policies["dynamic"], source = tuned.schedule, str(tuned)
             else:
@@ -161,6 +159,17 @@ def _generate(args: argparse.Namespace) -> int:
     shares = [shares[r * args.tp] for r in range(ctx.layout.replicas)]          # leaders, in replica order
     _write_outputs(args, modes, shares, names, sizes, tok, policies)
     return 0
+
+
+def _tune(engine, by_load, kmax, cfg, args, stop):
+    """tune_here on the job's loads, a progress bar on stderr unless --no-progress."""
+    from tqdm import tqdm
+
+    runs = TUNE_TRIALS * len(by_load) * (kmax + 1)
+    with tqdm(total=runs, desc="tuning", file=sys.stderr, leave=False, disable=args.no_progress) as bar:
+        return tune_here(engine, by_load, max_k=kmax, new_tokens=min(TUNE_NEW_TOKENS, args.max_new_tokens),
+                         stop_ids=stop, keep_warm=cfg.reference.keep_warm, loop=cfg.reference.loop(engine.device),
+                         progress=bar)
 
 
 def _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop) -> dict:

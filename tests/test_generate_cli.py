@@ -87,18 +87,19 @@ def test_header_names_the_given_schedule_and_no_progress_hides_the_bars(capsys):
 
 
 def test_the_embedded_pair_is_tuned_where_it_runs(capsys):
-    """No --schedule on the embedded pair: profile + tune on this machine at start; the header says
-    from what, and the schedule's K never exceeds the static mode's."""
-    assert main(["generate", "--modes", "baseline,static,dynamic", "--concurrency", "4", *SMALL,
+    """No --schedule on the embedded pair: each load served at every K on this machine at start, then
+    the tune rule; the header says the served tok/s it was tuned from, and the schedule's K never
+    exceeds the static mode's."""
+    assert main(["generate", "--modes", "baseline,static,dynamic", "--concurrency", "1,4", *SMALL,
                  "--no-progress"]) == 0
     out = capsys.readouterr().out.splitlines()
-    m = re.fullmatch(r"schedule (.+?)  concurrency 4  \((.*)\); policy: schedule \(tuned here in [\d.]+ s: "
-                     r"acceptance per draft position ([\d., ]+) on 4 prompts, iteration ms of b=1,2,4 x K=0\.\.4 "
-                     r"at context \d+ \+ [\d.]+ ms executor time, `dynspec tune` rule\)", out[0])
+    m = re.fullmatch(r"schedule (.+?)  concurrency 1,4  \((.*)\); policy: schedule \(tuned here in [\d.]+ s: "
+                     r"each load served at K=0\.\.4, (CPU|wall) tok/s C=1( \d+){5}; C=4( \d+){5}; acceptance per draft "
+                     r"position ([\d., ]+); `dynspec tune` rule, K > 0 where it serves >= 1\.10x K=0\)", out[0])
     assert m, out[0]
     sched = DraftSchedule.parse(m.group(1)) if m.group(1) != "(no speculation)" else DraftSchedule()
-    assert sched.max_draft_len <= 4 and len(m.group(3).split(", ")) == 4
-    assert out[-1].startswith("verdict: C=4 static K=4 ")
+    assert sched.max_draft_len <= 4 and len(m.group(6).split(", ")) == 4
+    assert out[-1].startswith("verdict: C=1 static K=4 ")
 
 
 def test_header_names_the_adaptive_cost_model(tmp_path, capsys):

@@ -10,10 +10,12 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.generate_report import interleave, mode_figures, render, write_jsonl
 from dynspec.runtime.generate_setup import (PAIR_SCHEDULE, _adaptive, _check_flags, _config_vocab, _engine_config,
                                             _prompts, _tokenizer, check_prompt_bounds, load_sizes, parse_loads)
+from dynspec.runtime.policy import POLICIES
 from dynspec.runtime.tune_at_start import PAYS, TUNE_NEW_TOKENS, TUNE_TRIALS, TUNE_WAVES, tune_here, tune_prompts
 
-MODES = ("baseline", "static", "dynamic", "adaptive", "per-request")
-COST_MODES = ("adaptive", "per-request")      # the modes that read a cost model
+# the served cost-model policies of runtime/policy.py POLICIES ("adaptive", "per-request")
+COST_MODES = tuple(n for n, p in POLICIES.items() if p.cost_model and not p.benchmark_only)
+MODES = ("baseline", "static", "dynamic") + COST_MODES
 
 
 def register(sub) -> None:

@@ -130,7 +130,8 @@ def test_profile_refuses_batch_sizes_above_the_engine_dirs_batch_limit(tmp_path,
 # ---- max_seq_len: bounded by the target's positions and by the memory the KV cache needs -------
 def test_engine_json_max_seq_len_beyond_the_targets_positions(tmp_path, capsys):
     eng = tiny_engine_dir(tmp_path, reference={"max_seq_len": 10**6})
-    err = one_line_error(capsys, ["generate", "--engine-dir", str(eng), "--num-prompts", "1", "--max-new-tokens", "2"])
+    err = one_line_error(capsys, ["generate", "--engine-dir", str(eng), "--concurrency", "1", "--num-prompts", "1",
+                                  "--max-new-tokens", "2"])
     assert "1000000" in err and "max_position_embeddings 1024" in err
 
 

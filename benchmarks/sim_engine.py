@@ -82,7 +82,6 @@ class SimEngine:
         self._key: dict[int, int] = {}
         self._split: dict[tuple[int, int], SplitCost] = {}
         self.prices = prices
-        self.steps = 0
         self.base_ms = 0.0                         # sum of the steps' base ms
         self.features = [0.0] * len(FEATURES)      # sums of each step's FEATURES
 
@@ -105,7 +104,6 @@ class SimEngine:
         ms = self.step_ms(plan)
         accepted = self.accepted(plan, acceptance)
         self.clock.sleep(ms / 1e3)
-        self.steps += 1
         return StepResult(accepted=accepted, emitted=tuple((0,) * (n + 1) for n in accepted),
                           draft_warm=plan.k > 0,
                           first_tokens=tuple(0 if c.last else None for c in plan.chunks),
@@ -141,7 +139,7 @@ class SimEngine:
         T, p = plan.prefill_tokens, self.prices
         per_token = p.chunk_ms_per_token
         if T and per_token is None:
-            per_token = split.slope()
+            per_token = _slope(split)
         draft_t = T if plan.draft else 0
         ragged = base if plan.per_row and plan.batch_size else 0.0
         feats = (1.0, float(T), 1.0 if T else 0.0, float(draft_t), ragged)
@@ -151,7 +149,7 @@ class SimEngine:
             + p.draft_chunk_ms_per_token * draft_t + (p.ragged_factor - 1.0) * ragged
         return max(ms, 0.1 * base)
 
-    def _base(self, plan: StepPlan) -> "tuple[float, _Split]":
+    def _base(self, plan: StepPlan) -> tuple[float, SplitCost]:
         b = plan.batch_size
         if not b:
             return float(self.cost.row(1, 0.0)[1] or self.cost.lookup(1, 0, 0.0).ms), self._split_at(1, 0.0)
@@ -159,7 +157,7 @@ class SimEngine:
         context = sum(plan.positions) / b
         split = self._split_at(B, context)
         if plan.per_row:
-            return split.ms(plan.decode_tokens + (B - b), plan.k), split
+            return split.step_ms(plan.decode_tokens + (B - b), plan.k), split
         if plan.k == 0 and not plan.keep_warm and self.cost.decode is not None:
             return float(self.cost.row(B, context)[1]), split
         return float(self.cost.lookup(B, plan.k, context).ms), split
@@ -168,32 +166,14 @@ class SimEngine:
         key = (B, int(round(context / 16)) * 16)
         hit = self._split.get(key)
         if hit is None:
-            hit = self._split[key] = _Split(SplitCost.at(self.cost, B, key[1]))
+            hit = self._split[key] = SplitCost.at(self.cost, B, key[1])
         return hit
 
 
-class _Split:
-    """A SplitCost that also prices token counts past its profiled curve (long prompt chunks): the
-    last segment's slope extended, as SplitCost extends f past the profiled batch sizes."""
-
-    def __init__(self, split: SplitCost):
-        self.split = split
-
-    def f_ms_at(self, n: int) -> float:
-        f = self.split.f_ms
-        if n < len(f):
-            return float(f[n])
-        slope = max(float(f[-1] - f[-2]), 0.0)
-        return float(f[-1]) + slope * (n - (len(f) - 1))
-
-    def slope(self) -> float:
-        """ms per token of the plain-step curve at its end (a prompt chunk's token, unfitted)."""
-        f = self.split.f_ms
-        return max(float(f[-1] - f[len(f) // 2]) / max(len(f) - 1 - len(f) // 2, 1), 0.0)
-
-    def ms(self, verify_tokens: int, depth: int) -> float:
-        s = self.split
-        return max(self.f_ms_at(verify_tokens) + float(s.chain_ms[depth]), s.floor_ms)
+def _slope(split: SplitCost) -> float:
+    """ms per token of the plain-step curve over its upper half (a prompt chunk's token, unfitted)."""
+    f, mid = split.f_ms, len(split.f_ms) // 2
+    return max(float(f[-1] - f[mid]) / max(len(f) - 1 - mid, 1), 0.0)
 
 
 def shape_of(max_batch_size: int, max_seq_len: int, max_draft_len: int, max_num_tokens: int = 8192,
@@ -204,4 +184,4 @@ def shape_of(max_batch_size: int, max_seq_len: int, max_draft_len: int, max_num_
     return SimShape(max_batch_size, max_seq_len, max_draft_len, max_num_tokens, packs_rows)
 
 
-__all__: Sequence[str] = ("FEATURES", "SimClock", "SimEngine", "SimShape", "StepPrices", "shape_of")
+__all__: Sequence[str] = ("FEATURES", "SimClock", "SimEngine", "SimShape", "shape_of")

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from dynspec.benchmarks.sim_engine import FEATURES
+from dynspec.errors import DynspecError
 from dynspec.runtime import step_prices
 from dynspec.runtime.step_prices import StepPrices
-from dynspec.errors import DynspecError
 
 FIT_ROUNDS = 2
 
@@ -43,5 +43,3 @@ def solve(F: np.ndarray, S: np.ndarray, y: np.ndarray) -> StepPrices:
 def write(path: Path, prices: StepPrices, device: str, fitted_on: list[str]) -> None:
     step_prices.write(path, prices, device, fitted_on, list(FEATURES))
 
-
-read = step_prices.read

@@ -42,31 +42,26 @@ def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
 
 
 def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0,
-             rule: tuple = ()) -> dict:
-    """mode -> the policy object the sweep runs it with (sweep_plan.resolve's rule, no engine dir); the
-    per-request modes price per-row vectors with ragged_factor and take `rule` ((name, value) pairs of
-    PerRequestPolicy's settings: a recorded run's rule, where it ran an earlier one)."""
-    from dynspec.benchmarks.sweep_modes import (COST_MODES, adaptive_policy, base_mode, cost_policy, mode_schedules,
-                                                parse_modes, read_schedule_arg)
+             rule: tuple = ()) -> tuple[dict, int]:
+    """({mode: the policy the sweep runs it with}, the engine's max_draft_len): sweep_modes.mode_policies
+    on the sweep's flags (no engine dir); the per-request modes price per-row vectors with
+    ragged_factor and take `rule` ((name, value) pairs of PerRequestPolicy's settings: a recorded
+    run's rule, where it ran an earlier one)."""
+    from dynspec.benchmarks.sweep_modes import base_mode, mode_policies, parse_modes, read_schedule_arg
     from dynspec.runtime.policy import DraftSchedule
 
     modes = parse_modes(args.modes)
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else DraftSchedule()
-    out = mode_schedules(modes, dynamic, args.static_k, max_batch_size)
-    kmax = max([s.max_draft_len for s in out.values()] + [1])
-    if any(base_mode(m) in COST_MODES for m in modes):
-        kmax = max([kmax, *adaptive_policy(Path(cost_model), None).candidates])
-        out.update({m: cost_policy(m, Path(cost_model), kmax, ragged_factor) for m in modes if base_mode(m) in COST_MODES})
-        for m, pol in out.items():
-            for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
-                setattr(pol, name, value)
-    return {m: out[m] for m in modes}
+    pols, kmax = mode_policies(modes, dynamic, args.static_k, max_batch_size, Path(cost_model), ragged_factor)
+    for m, pol in pols.items():
+        for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
+            setattr(pol, name, value)
+    return pols, kmax
 
 
 def simulate(run: SimRun, progress: bool = False) -> list[dict]:
     """Every (load point, mode) of the run -> rows {mode, concurrency, request_rate, output_tok_per_s,
     iterations, mean_k, mixed_iterations, p50_ttft_s, ...}, the sweep's order."""
-    from dynspec.benchmarks.sweep_modes import base_mode
     from dynspec.benchmarks.sweep_plan import LoadPoint, load_plan, poisson_at
     from dynspec.benchmarks.workload import LengthDist, synthetic
     from dynspec.runtime.acceptance import parse_acceptance
@@ -74,48 +69,48 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
-    pols = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged, run.rule)
+    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged, run.rule)
     cost = CostModel.load(run.cost_model)
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
     n = max(count.at(p) for p in points)
     reqs = synthetic(n, LengthDist.parse(args.input_len, "--input-len"), LengthDist.parse(args.output_len, "--output-len"),
                      vocab_size=2, seed=args.seed)
-    kmax = max(getattr(p, "max_draft_len", 0) for p in pols.values())
     rates = dict(run.rates)
     rows: list[dict] = []
-    todo = [(p, m) for p in points for m in pols]
-    bar = _bar(len(todo) + len(poisson_at(args)) * len(pols), progress)
+    bar = _bar((len(points) + len(poisson_at(args))) * len(pols), progress)
     for p in points:
-        done = [_one(run, cost, pols[m], m, p, acceptance, reqs[:count.at(p)], kmax, base_mode(m)) for m in pols]
+        done = [_one(run, cost, pols[m], m, p, acceptance, reqs[:count.at(p)], kmax, args.seed) for m in pols]
         rows += done
         bar.update(len(done))
         if p.concurrency in poisson_at(args):
             ref = next((r for r in done if r["mode"] == "baseline"), done[0])
             rate = rates.get(p.concurrency, ref["requests_per_s"])
             q = LoadPoint(request_rate=rate, matched_concurrency=p.concurrency)
-            rows += [_one(run, cost, pols[m], m, q, acceptance, reqs[:count.at(q)], kmax, base_mode(m)) for m in pols]
+            rows += [_one(run, cost, pols[m], m, q, acceptance, reqs[:count.at(q)], kmax, args.seed) for m in pols]
             bar.update(len(pols))
     bar.close()
     return rows
 
 
-def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, base: str) -> dict:
+def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, seed: int) -> dict:
+    """One (load point, mode) on a fresh simulated engine and executor -> its row."""
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
-    from dynspec.runtime.step_prices import StepPrices
+    from dynspec.benchmarks.sweep_modes import base_mode
     from dynspec.runtime.acceptance import resolve
     from dynspec.runtime.executor import Executor
+    from dynspec.runtime.step_prices import StepPrices
 
     clock = SimClock()
     engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens), clock,
                        run.prices or StepPrices())
-    ex = Executor(engine, policy, keep_warm=base != "baseline", acceptance=resolve(acceptance, len(reqs)),
+    ex = Executor(engine, policy, keep_warm=base_mode(mode) != "baseline", acceptance=resolve(acceptance, len(reqs)),
                   allow_lossy=True, clock=clock, stats_limit=0)
     if p.concurrency is not None:
         rec = closed_loop(ex, reqs, p.concurrency, clock=clock)
     else:
-        rec = open_loop(ex, reqs, p.request_rate, seed=_sweep_args(run.flags).seed, clock=clock, sleep=clock.sleep)
+        rec = open_loop(ex, reqs, p.request_rate, seed=seed, clock=clock, sleep=clock.sleep)
     m = summarize([rec], p.concurrency)
     ks = [s.k for s in rec.steps if s.batch_size]
     return {"mode": mode, "concurrency": p.concurrency, "request_rate": p.request_rate,

@@ -35,7 +35,7 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
     """Every recorded run under data_dir (DIR/runs.json with its cost model beside it, and the step
     prices it names: fitted on runs of the same device, sim_fit.py), with `held_out` set in its meta
     where those prices were not fitted on it."""
-    from dynspec.benchmarks import sim_fit
+    from dynspec.runtime.step_prices import read
 
     out = []
     for f in sorted(Path(data_dir).glob("*/runs.json")):
@@ -46,7 +46,7 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
             if any(k not in SimRun.RULE_FIELDS for k, _ in rule):
                 raise ValueError(f"per_request_rule may set {', '.join(SimRun.RULE_FIELDS)} only (got {dict(rule)})")
             if doc.get("prices"):
-                prices, _, fitted_on = sim_fit.read(f.parent / doc["prices"])
+                prices, _, fitted_on = read(f.parent / doc["prices"])
             for r in doc["runs"]:
                 rates = tuple((int(c), float(v)) for c, v in r.get("poisson_rates", {}).items())
                 out.append((dict(r, device=doc["device"], commit=doc["commit"], held_out=f.parent.name not in fitted_on,
@@ -199,15 +199,10 @@ def _rows_table(rows: Sequence[dict]) -> str:
 
 def _write(out: Path, doc: dict, md: str) -> None:
     """NAME.json and NAME.md, each written whole under a temporary name, then renamed."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for suffix, text in ((".json", json.dumps(doc, indent=1, default=_finite)), (".md", md + "\n")):
-        tmp = out.with_name(out.name + suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out.with_name(out.name + suffix))
+    from dynspec.artifacts import write_text
 
-
-def _finite(x):   # json.dumps default: what is not JSON
-    return str(x)
+    write_text(out.with_name(out.name + ".json"), json.dumps(doc, indent=1))
+    write_text(out.with_name(out.name + ".md"), md + "\n")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,21 @@ def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor:
     return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged)
 
 
+def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,
+                  cost_model: Path | None, ragged_factor: float | None = None) -> tuple[dict, int]:
+    """({mode: the policy it runs}, the largest K any of them picks: the engine's max_draft_len):
+    the schedules of mode_schedules, and each cost-model mode's policy on `cost_model` with K up to
+    that max (cost_policy; ragged_factor as there). cost_model None: no cost-model mode may be asked."""
+    schedules: dict = mode_schedules(modes, dynamic, static_k, max_batch_size)
+    kmax = max([s.max_draft_len for s in schedules.values()] + [1])
+    if any(base_mode(m) in COST_MODES for m in modes):
+        kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
+        for m in modes:
+            if base_mode(m) in COST_MODES:
+                schedules[m] = cost_policy(m, cost_model, kmax, ragged_factor)
+    return {m: schedules[m] for m in modes}, kmax
+
+
 def policy_label(policy) -> str:
     """A schedule's CLI form ('24:3,179:1'); the registered name of a cost-model policy ('adaptive',
     'per-request' or 'per-request-oracle': runtime/policy.py POLICIES)."""

@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 from dynspec.benchmarks.flags import float_list, int_list
 from dynspec.benchmarks.mpi import World
 from dynspec.benchmarks.sweep_args import make_parser
-from dynspec.benchmarks.sweep_modes import (COST_MODES, LOOP_SUFFIXES, TRTLLM_MODES, adaptive_policy, base_mode,
-                                            cost_model_path, cost_policy, mode_loops, mode_schedules, parse_modes, read_schedule_arg, split_mode)
+from dynspec.benchmarks.sweep_modes import (COST_MODES, LOOP_SUFFIXES, TRTLLM_MODES, base_mode, cost_model_path,
+                                            mode_loops, mode_policies, parse_modes, read_schedule_arg, split_mode)
 from dynspec.errors import DynspecError
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
@@ -189,16 +189,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         raise DynspecError(f"--trials {args.trials} must be at least 1")
     max_b = max(conc) if conc else cfg.reference.max_batch_size
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
-    schedules: dict = mode_schedules(modes, dynamic, args.static_k, max_b)
-    kmax = max([s.max_draft_len for s in schedules.values()] + [1])
-    cost_model = None
-    if any(base_mode(m) in COST_MODES for m in modes):
-        cost_model = cost_model_path(args)
-        kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
-        for m in modes:
-            if base_mode(m) in COST_MODES:
-                schedules[m] = cost_policy(m, cost_model, kmax)     # kmax: the engine's max_draft_len
-        schedules = {m: schedules[m] for m in modes}
+    cost_model = cost_model_path(args) if any(base_mode(m) in COST_MODES for m in modes) else None
+    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model)   # kmax: the engine's max_draft_len
     engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0

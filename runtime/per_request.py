@@ -4,9 +4,10 @@ anything is shaped (docs/design.md, "Per-request draft length").
 A policy that sets each row's K has a `row_rates(...)` hook (how it reads each request's counts:
 the row table, runtime/row_table.py; the executor then hands it the rows' rates in StepInputs.rates)
 and answers `decide(StepInputs) -> StepDecision` like every policy; the executor plans the step with
-row_k = the decision's ks (plan.StepPlan.row_k). PerRequestPolicy's rule reads RowInputs. PerRequestPolicy reads each row optimistically (an
-upper confidence bound on its Beta posterior, so a new row drafts while its own trials are few);
-runtime/per_request_oracle.py reads each request's true rate instead (benchmarks only).
+row_k = the decision's ks (plan.StepPlan.row_k). PerRequestPolicy's rule reads RowInputs, each row
+read optimistically (an upper confidence bound on its Beta posterior, so a new row drafts while its
+own trials are few); runtime/per_request_oracle.py reads each request's true rate instead
+(benchmarks only).
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ class PerRequestPolicy(AdaptivePolicy):
                 and batch.gain is not None and d.gain >= batch.gain * (1 + self.settings.margin):
             return d
         return StepDecision((batch.k,) * b, keep_warm=batch.keep_warm, predicted_ms=batch.predicted_ms, gain=batch.gain,
-                           probes=tuple(range(b)) if batch.probe else (), reason="batch " + batch.reason,
+                            probes=tuple(range(b)) if batch.probe else (), reason="batch " + batch.reason,
                             policy=LABEL)
 
     def _per_row(self, x: RowInputs) -> StepDecision:
@@ -158,7 +159,7 @@ class PerRequestPolicy(AdaptivePolicy):
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
         profiled = raw.step_ms(a.verify_tokens, a.depth) if any(a.ks) else _k0_ms(raw, b, warm)
         return StepDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
-                           gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason,
+                            gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason,
                             policy=LABEL)
 
     def _packed(self, scales, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,

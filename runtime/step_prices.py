@@ -48,11 +48,10 @@ FIELDS = tuple(StepPrices.__dataclass_fields__)
 
 def write(path: os.PathLike, prices: StepPrices, device: str, fitted_on: list[str], features: list[str]) -> None:
     """The prices file, written whole under a temporary name, then renamed."""
-    path = Path(path)
+    from dynspec.artifacts import write_text
+
     doc = {"device": device, "fitted_on": fitted_on, "features": features, "prices": asdict(prices)}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
 def read(path: os.PathLike) -> tuple[StepPrices, str, list[str]]:

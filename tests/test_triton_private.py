@@ -17,25 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_triton_hostile import engine, generate, post, ready  # noqa: F401  (module fixtures)
+from tests.test_triton_hostile import engine, generate, post, ready, server  # noqa: F401  (module fixtures)
 
 MODEL = "dynspec"
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user (uid 65534) needs root")
-
-
-@pytest.fixture(scope="module")
-def server(engine, tmp_path_factory):  # noqa: F811
-    from dynspec.triton_repo.generate import generate_repo
-    from dynspec.triton_repo.server_process import launch
-
-    root = tmp_path_factory.mktemp("triton")
-    srv = launch(generate_repo(engine, root / "repo"), log_path=root / "tritonserver.log", ready_timeout_s=120,
-                 env={"OMP_NUM_THREADS": "1"})
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def cmdline(pid: int) -> list[str]:

@@ -57,6 +57,10 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                         " dynamic (the schedule) and adaptive (the cost model's policy, runtime/adaptive.py)")
     g.add_argument("--cost-model", metavar="FILE",
                    help="adaptive mode: the cost model, a profile.json (default: ENGINE_DIR/cost_model.json)")
+    g.add_argument("--step-prices", metavar="FILE|DIR",
+                   help="per-request modes: price per-row K vectors with this device's fitted step prices"
+                        " (runtime/step_prices.py); a folder gives the file of the running device, if any"
+                        " (default: ENGINE_DIR/step_prices.json beside the cost model, else the split price)")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",
                    help="schedule of the dynamic mode, e.g. '4:4,8:2' or @schedule.txt from `dynspec tune`"

@@ -160,6 +160,25 @@ def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor:
     return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged)
 
 
+def step_prices_factor(args: argparse.Namespace) -> float | None:
+    """--step-prices' ragged_factor on the running device (a folder without its device's file: 1.0,
+    said in one line); None without the flag (cost_policy then reads the engine dir's)."""
+    if not getattr(args, "step_prices", None):
+        return None
+    from dynspec.runtime.step_prices import for_device
+
+    dev = "cpu"
+    if str(args.device).startswith("cuda"):
+        import torch
+
+        dev = torch.cuda.get_device_name(torch.device(args.device).index or 0)
+    prices = for_device(args.step_prices, dev)
+    if prices is None:
+        print(f"--step-prices {args.step_prices}: no prices of {dev!r}; per-row vectors at their split price", flush=True)
+        return 1.0
+    return prices.ragged_factor
+
+
 def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,
                   cost_model: Path | None, ragged_factor: float | None = None) -> tuple[dict, int]:
     """({mode: the policy it runs}, the largest K any of them picks: the engine's max_draft_len):

@@ -13,7 +13,8 @@ from dynspec.benchmarks.flags import float_list, int_list
 from dynspec.benchmarks.mpi import World
 from dynspec.benchmarks.sweep_args import make_parser
 from dynspec.benchmarks.sweep_modes import (COST_MODES, LOOP_SUFFIXES, TRTLLM_MODES, base_mode, cost_model_path,
-                                            mode_loops, mode_policies, parse_modes, read_schedule_arg, split_mode)
+                                            mode_loops, mode_policies, parse_modes, read_schedule_arg, split_mode,
+                                            step_prices_factor)
 from dynspec.errors import DynspecError
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.overlap import cache_slack
@@ -114,6 +115,7 @@ class SweepSpec:
     max_seq_len: int
     max_draft_len: int
     cost_model: str | None = None   # the adaptive mode's profile.json
+    ragged_factor: float | None = None   # the per-request modes' price of a per-row vector over its split
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -190,7 +192,12 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     max_b = max(conc) if conc else cfg.reference.max_batch_size
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
     cost_model = cost_model_path(args) if any(base_mode(m) in COST_MODES for m in modes) else None
-    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model)   # kmax: the engine's max_draft_len
+    ragged = None
+    if cost_model is not None:
+        from dynspec.runtime.step_prices import ragged_factor_beside
+
+        ragged = step_prices_factor(args) or ragged_factor_beside(cost_model)
+    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged)   # kmax: the engine's max_draft_len
     engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
@@ -220,7 +227,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()),
                      tuple(loops.items()), acceptance,
                      reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
-                     None if cost_model is None else str(cost_model))
+                     None if cost_model is None else str(cost_model), ragged)
 
 
 def widest_loop(loops: Mapping[str, Loop]) -> Loop:

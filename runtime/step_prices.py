@@ -67,6 +67,23 @@ def read(path: os.PathLike) -> tuple[StepPrices, str, list[str]]:
         raise DynspecError(f"{path}: not a step-prices file ({type(e).__name__}: {e})") from None
 
 
+def for_device(path: os.PathLike, device: str) -> StepPrices | None:
+    """The prices of `device` (torch.cuda.get_device_name, or "cpu"): a file must be that device's
+    (else one DynspecError line); a folder gives its *_prices.json of that device, None if it has
+    none (benchmarks/sim_data: h100_prices.json, h200_prices.json)."""
+    p = Path(path)
+    if p.is_dir():
+        for f in sorted(p.glob("*_prices.json")):
+            prices, dev, _ = read(f)
+            if dev == device:
+                return prices
+        return None
+    prices, dev, _ = read(p)
+    if dev != device:
+        raise DynspecError(f"{p}: step prices of {dev!r}, and this engine runs on {device!r}")
+    return prices
+
+
 def ragged_factor_beside(cost_model_path: os.PathLike) -> float:
     """The ragged_factor of step_prices.json beside a cost model, 1.0 where there is none."""
     p = Path(cost_model_path).with_name(STEP_PRICES)

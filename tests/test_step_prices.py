@@ -1,0 +1,47 @@
+"""runtime/step_prices.py: the prices file, read whole or refused in one line, and a device's
+prices found by name (the sweep's --step-prices)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from dynspec.benchmarks.sweep_modes import step_prices_factor
+from dynspec.errors import DynspecError
+from dynspec.runtime import step_prices
+from dynspec.runtime.step_prices import StepPrices, for_device
+
+SIM_DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_data"
+
+
+def test_a_folder_gives_the_running_devices_prices():
+    h100 = for_device(SIM_DATA, "NVIDIA H100 80GB HBM3")
+    assert h100 is not None and h100 == step_prices.read(SIM_DATA / "h100_prices.json")[0]
+    assert for_device(SIM_DATA, "cpu") is None
+
+
+def test_a_file_of_another_device_is_refused(tmp_path):
+    p = tmp_path / "p.json"
+    step_prices.write(p, StepPrices(ragged_factor=1.3), "NVIDIA H200", ["x"], [])
+    assert for_device(p, "NVIDIA H200").ragged_factor == 1.3
+    with pytest.raises(DynspecError, match=r"p\.json: step prices of 'NVIDIA H200', and this engine runs on 'cpu'"):
+        for_device(p, "cpu")
+
+
+def test_a_bad_file_is_named(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"device": "cpu", "fitted_on": [], "prices": {"ragged_factor": 9}}))
+    with pytest.raises(DynspecError, match=r"bad\.json|ragged_factor 9"):
+        step_prices.read(p)
+
+
+def test_the_sweep_flag_on_cpu(tmp_path, capsys):
+    args = argparse.Namespace(step_prices=str(SIM_DATA), device="cpu")
+    assert step_prices_factor(args) == 1.0
+    assert "no prices of 'cpu'; per-row vectors at their split price" in capsys.readouterr().out
+    p = tmp_path / "cpu.json"
+    step_prices.write(p, StepPrices(ragged_factor=1.25), "cpu", ["x"], [])
+    assert step_prices_factor(argparse.Namespace(step_prices=str(p), device="cpu")) == 1.25
+    assert step_prices_factor(argparse.Namespace(step_prices=None, device="cpu")) is None

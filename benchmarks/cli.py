@@ -99,9 +99,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     import json
 
     from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
-    from dynspec.benchmarks.tune import tune
     from dynspec.errors import DynspecError
     from dynspec.runtime.cost_model import Profile
+    from dynspec.runtime.tune import tune
 
     for flag, path in (("--out", args.out), ("--report", args.report), ("--vllm-grid", args.vllm_grid)):
         if path is not None:
@@ -180,7 +180,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from dynspec.benchmarks.engines import add_engine_args
-    from dynspec.benchmarks.tune import DRAFT_MARGIN
+    from dynspec.runtime.tune import DRAFT_MARGIN
 
     p = sub.add_parser("profile", help="measure iteration time per (batch size, K) -> profile.json")
     add_engine_args(p)

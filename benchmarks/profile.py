@@ -49,6 +49,7 @@ from dynspec.benchmarks.step_timing import Shape, time_shapes
 from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
 from dynspec.runtime.cost_model import ContextTable, Profile
+from dynspec.runtime.tune import per_position_rates
 
 
 def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
@@ -75,18 +76,6 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
     table = {b: {k: ms[Shape(b, k, keep_warm and k == 0)] for k in draft_lens} for b in batch_sizes}
     decode = {b: ms[Shape(b, 0, False)] for b in batch_sizes}
     return table, decode
-
-
-def per_position_rates(steps: Sequence[tuple[int, Sequence[int]]], k: int) -> tuple[float, ...]:
-    """Conditional acceptance per draft position from per-row accepted counts of K=k steps.
-
-    a_i = #(rows with n >= i) / #(rows with n >= i-1).  Rows [3, 1, 0, 3] at K=3:
-        n>=0: 4, n>=1: 3, n>=2: 2, n>=3: 2  ->  (0.75, 0.667, 1.0)"""
-    ns = [n for kk, rows in steps if kk == k for n in rows]
-    if not ns:
-        raise DynspecError(f"no K={k} steps to measure acceptance from")
-    counts = [sum(1 for n in ns if n >= i) for i in range(k + 1)]
-    return tuple(counts[i] / counts[i - 1] if counts[i - 1] else 0.0 for i in range(1, k + 1))
 
 
 def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[float, ...]:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.adaptive import expected_tokens
 from dynspec.runtime.generate_report import TIE
+from dynspec.runtime.tune import per_position_rates, tune
 
 TUNE_WAVES = 2          # a load C is served on at most 2 x C of the job's prompts: the second wave joins beside rows
 TUNE_NEW_TOKENS = 64    # tokens a prompt generates while tuning (at most --max-new-tokens)
@@ -120,8 +122,6 @@ def served_table(served: dict[int, dict[int, float]], acceptance) -> dict[int, d
     """{b: {K: ms}} for the tune rule: at b = min(C, prompts) the served price of an iteration of b
     rows at K, b x E(K) tokens at the load's served tok/s, so the rule's gain at b is served
     tok/s at K over served tok/s at K=0."""
-    from dynspec.benchmarks.tune import expected_tokens
-
     return {b: {k: 1e3 * b * expected_tokens(k, acceptance) / tps for k, tps in row.items()}
             for b, row in served.items()}
 
@@ -133,13 +133,10 @@ def tune_here(engine, by_load: dict[int, list], *, max_k: int, new_tokens: int, 
        TUNE_TRIALS times (serve_every_k, timed by tuning_clock): served tok/s per (C, K) (priced: each
        iteration at the lower quartile of its shape), prompt chunks beside decoding rows, a draining
        batch and prefill batches priced as the job meets them.
-    2. Tune: the goodput rule of benchmarks/tune.py on those prices (served_table), K > 0 only where
+    2. Tune: the goodput rule of runtime/tune.py on those prices (served_table), K > 0 only where
        it serves PAYS x K=0's tok/s; between loads the prices are interpolated in b, above the
        largest K=0. The acceptance (K=max_k runs) is reported.
     None when max_k < 1, no load has a prompt, or no row ran a K=max_k step."""
-    from dynspec.benchmarks.profile import per_position_rates
-    from dynspec.benchmarks.tune import tune
-
     t0 = time.perf_counter()
     loads = {min(c, len(p)): p for c, p in sorted(by_load.items()) if p}   # a load with fewer prompts runs fewer rows
     if max_k < 1 or not loads:

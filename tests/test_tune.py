@@ -3,8 +3,7 @@ import json
 
 import pytest
 
-from dynspec.benchmarks.profile import per_position_rates
-from dynspec.benchmarks.tune import expected_tokens, interpolate, tune
+from dynspec.runtime.tune import expected_tokens, interpolate, per_position_rates, tune
 from dynspec.cli import main
 from dynspec.errors import DynspecError
 from dynspec.runtime.cost_model import Profile

@@ -7,7 +7,7 @@ ACCEPTANCE = (0.75, 0.87, 0.89, 0.88)
 
 
 def schedule_of(served):
-    from dynspec.benchmarks.tune import tune
+    from dynspec.runtime.tune import tune
 
     return tune(served_table(served, ACCEPTANCE), ACCEPTANCE, 4, min_gain=PAYS).schedule
 
@@ -21,7 +21,7 @@ def test_each_load_is_tuned_on_two_waves_of_its_own_prompts():
 
 def test_the_served_table_prices_an_iteration_by_the_served_tok_s():
     """At b = C, the tune rule's gain of K over K=0 is the served tok/s ratio, whatever the acceptance."""
-    from dynspec.benchmarks.tune import expected_tokens
+    from dynspec.runtime.tune import expected_tokens
 
     table = served_table({16: {0: 2000.0, 3: 2500.0}}, ACCEPTANCE)
     gain = expected_tokens(3, ACCEPTANCE) * table[16][0] / table[16][3]

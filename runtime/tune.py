@@ -1,4 +1,6 @@
-"""Choose a draft-length schedule from a measured profile. Pure: numbers in, schedule out.
+"""Choose a draft-length schedule from a measured profile. Pure: numbers in, schedule out. The one
+rule of `dynspec tune` (benchmarks/cli.py) and of the schedule `dynspec generate` tunes at start
+(runtime/tune_at_start.py), with per_position_rates, the acceptance both read from served steps.
 
 For each batch size b and candidate K:
     goodput(b, K) = b * E[tokens | K] / iteration_ms(b, K)          tokens per ms
@@ -235,3 +237,15 @@ def tune(iteration_ms: Mapping[int, Mapping[int, float]], acceptance: Acceptance
     label = f"{acceptance:g}" if not per_position else "per-position " + str([round(float(a), 4) for a in acceptance])
     return TuneResult(schedule, rows, label, tuple(cands), min_gain=min_gain, draft_margin=draft_margin,
                       max_num_tokens=max_num_tokens)
+
+
+def per_position_rates(steps: Sequence[tuple[int, Sequence[int]]], k: int) -> tuple[float, ...]:
+    """Conditional acceptance per draft position from per-row accepted counts of K=k steps.
+
+    a_i = #(rows with n >= i) / #(rows with n >= i-1).  Rows [3, 1, 0, 3] at K=3:
+        n>=0: 4, n>=1: 3, n>=2: 2, n>=3: 2  ->  (0.75, 0.667, 1.0)"""
+    ns = [n for kk, rows in steps if kk == k for n in rows]
+    if not ns:
+        raise DynspecError(f"no K={k} steps to measure acceptance from")
+    counts = [sum(1 for n in ns if n >= i) for i in range(k + 1)]
+    return tuple(counts[i] / counts[i - 1] if counts[i - 1] else 0.0 for i in range(1, k + 1))

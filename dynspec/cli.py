@@ -8,7 +8,8 @@ import json
 import sys
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule, schedule_from_args
+from dynspec.runtime.policy import MAX_BATCH_SIZE
+from dynspec.runtime.schedule_args import add_schedule_args, schedule_of
 
 # Modules that add subcommands: each has `register(subparsers)`.
 SUBCOMMAND_MODULES = (
@@ -52,21 +53,6 @@ def version() -> str:
         return dist_version("dynspec")
     except PackageNotFoundError:
         return "unknown (not installed)"
-
-
-def add_schedule_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """--schedule SPEC | --threshold N --max-draft-len K, shared by every command that takes a policy."""
-    p.add_argument("--schedule", "--spec", dest="schedule", metavar="SPEC",
-                   help="tiers 'max_batch:K,...', e.g. '4:4,8:2,32:1' (K=0 above the last bound)")
-    p.add_argument("--threshold", type=int, metavar="N", help="speculate for batch sizes 1..N, K=0 above")
-    p.add_argument("--max-draft-len", type=int, metavar="K", help="K used with --threshold")
-    p.set_defaults(_schedule_required=required)
-
-
-def schedule_of(args: argparse.Namespace) -> DraftSchedule | None:
-    if args.schedule is None and args.threshold is None and not args._schedule_required:
-        return None
-    return schedule_from_args(args.schedule, args.threshold, args.max_draft_len)
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ MODES = ("baseline", "static", "dynamic") + COST_MODES
 
 
 def register(sub) -> None:
-    from dynspec.cli import add_schedule_args
+    from dynspec.runtime.schedule_args import add_schedule_args
 
     p = sub.add_parser(
         "generate", help="generate with the reference engine (default: the embedded tiny pair)",
@@ -236,7 +236,7 @@ def _schedule_source(args, modes) -> str:
     """Where the dynamic mode's schedule comes from: '--schedule', 'ENGINE_DIR/engine.json', 'tune'
     (the embedded pair, no --schedule, a dynamic mode: tune_here decides, in a world of one process)
     or "the pair's default"."""
-    from dynspec.cli import schedule_of
+    from dynspec.runtime.schedule_args import schedule_of
 
     if schedule_of(args) is not None:
         return "--schedule" if args.schedule is not None else "--threshold / --max-draft-len"

@@ -15,9 +15,9 @@ PAIR_SCHEDULE = "4:4,8:2"     # a pair's schedule when --schedule is not given a
 
 
 def _engine_config(args):
-    from dynspec.cli import schedule_of
     from dynspec.config import EngineConfig, check_batch_limit
     from dynspec.runtime.policy import DraftSchedule
+    from dynspec.runtime.schedule_args import schedule_of
     from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
 
     if args.engine_dir:
@@ -169,7 +169,7 @@ def pair_prompts(tok) -> list[tuple[str, tuple[int, ...]]] | None:
     """The embedded pair's built-in prompts [(id, token ids)] (assets/tiny/prompts.json: windows of
     its own training text on which it writes rather than repeats), or None when `tok` is not the
     embedded pair's tokenizer."""
-    from dynspec.pairs.corpus import ASSET_DIR
+    from dynspec.corpus import ASSET_DIR
 
     mine = ASSET_DIR / "target" / "tokenizer.json"
     theirs = Path(getattr(tok, "name_or_path", "") or ".") / "tokenizer.json"
@@ -182,7 +182,7 @@ def pair_prompts(tok) -> list[tuple[str, tuple[int, ...]]] | None:
 def _prompts(args, lines, tok, n: int):
     """(token ids, names, where each came from) of --prompts, or n built-in prompts: the embedded
     pair's own (repeated past the last), else windows of its held-out text."""
-    from dynspec.pairs.corpus import default_prompts
+    from dynspec.corpus import default_prompts
     from dynspec.runtime.driver import tokenized
 
     if lines is not None:

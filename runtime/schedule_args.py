@@ -1,0 +1,29 @@
+"""The --schedule SPEC | --threshold N --max-draft-len K flags of every command that takes a draft
+schedule (`dynspec schedule`, `dynspec build`, `dynspec generate`), added and read in one place
+below the commands, so that the generate command in runtime/ needs nothing from dynspec/cli.py:
+
+    p = argparse.ArgumentParser(); add_schedule_args(p, required=False)
+    schedule_of(p.parse_args([]))                                   -> None (not required, not given)
+    schedule_of(p.parse_args(["--schedule", "4:4,8:2"]))            -> DraftSchedule "4:4,8:2"
+    schedule_of(p.parse_args(["--threshold", "8", "--max-draft-len", "3"]))  -> DraftSchedule "8:3"
+"""
+from __future__ import annotations
+
+import argparse
+
+from dynspec.runtime.policy import DraftSchedule, schedule_from_args
+
+
+def add_schedule_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--schedule SPEC | --threshold N --max-draft-len K, shared by every command that takes a policy."""
+    p.add_argument("--schedule", "--spec", dest="schedule", metavar="SPEC",
+                   help="tiers 'max_batch:K,...', e.g. '4:4,8:2,32:1' (K=0 above the last bound)")
+    p.add_argument("--threshold", type=int, metavar="N", help="speculate for batch sizes 1..N, K=0 above")
+    p.add_argument("--max-draft-len", type=int, metavar="K", help="K used with --threshold")
+    p.set_defaults(_schedule_required=required)
+
+
+def schedule_of(args: argparse.Namespace) -> DraftSchedule | None:
+    if args.schedule is None and args.threshold is None and not args._schedule_required:
+        return None
+    return schedule_from_args(args.schedule, args.threshold, args.max_draft_len)

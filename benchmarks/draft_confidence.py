@@ -327,8 +327,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from dynspec.artifacts import write_json
+    from dynspec.corpus import ASSET_DIR
     from dynspec.errors import DynspecError
-    from dynspec.pairs.corpus import ASSET_DIR
 
     args = (ap := make_parser()).parse_args(argv)
     for flag, v, lo in (("--prompts", args.prompts, 1), ("--new", args.new, 2), ("--k", args.k, 1), ("--w", args.w, 1e-9),

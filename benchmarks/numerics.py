@@ -40,7 +40,7 @@ def _outputs(executor, prompts, max_new: int, concurrency: int) -> list[tuple[in
 
 
 def measure(dtype: str, num_prompts: int, max_new: int, concurrency: int, k: int, device: str = "cpu") -> dict:
-    from dynspec.pairs.corpus import default_prompts
+    from dynspec.corpus import default_prompts
     from dynspec.runtime.policy import DraftSchedule
     from dynspec.runtime.session import engine_config_for, open_executor, tiny_pair_dirs
     from transformers import AutoTokenizer

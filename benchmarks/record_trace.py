@@ -88,7 +88,7 @@ def record(folder: Path, prompts: int, new: int, kmax: int, prompt_len: int, com
     import torch
     from tqdm import tqdm
 
-    from dynspec.pairs.corpus import ASSET_DIR, recorded_split
+    from dynspec.corpus import ASSET_DIR, recorded_split
     from dynspec.pairs.decode import check_prompts
     from dynspec.runtime.acceptance_trace import Trace
     from dynspec.runtime.engines.reference.load import load_draft, load_target
@@ -128,8 +128,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, command: str) -> dict:
+    from dynspec.corpus import ASSET_DIR
     from dynspec.errors import DynspecError
-    from dynspec.pairs.corpus import ASSET_DIR
     from dynspec.runtime.acceptance_trace import MAX_KMAX, summary, write_trace
 
     for flag, v, lo in (("--prompts", args.prompts, 1), ("--new", args.new, 2), ("--kmax", args.kmax, 1),

@@ -143,7 +143,7 @@ def text_windows(token_streams: Sequence[Sequence[int]], n: int, input_len: Leng
 
 def stdlib_token_streams(tokenizer: Tokenizer) -> list[list[int]]:
     """The held-out Python standard-library modules the tiny pair was NOT trained on, tokenized."""
-    from dynspec.pairs.corpus import read_texts, stdlib_files
+    from dynspec.corpus import read_texts, stdlib_files
 
     _, held = stdlib_files()
     return [list(tokenizer(t)) for t in read_texts(held)]

@@ -124,7 +124,7 @@ def test_str_parse_round_trip_keeps_the_path(tmp_path):
 
 @pytest.fixture(scope="module")
 def pair():
-    from dynspec.pairs.corpus import ASSET_DIR
+    from dynspec.corpus import ASSET_DIR
     from dynspec.pairs.decode import check_prompts
     from dynspec.runtime.engines.reference.load import load_draft, load_target
 

@@ -65,7 +65,7 @@ def test_lossless_on_held_out_text_then_random_tokens_and_k_follows_the_estimate
     """The tiny pair's draft matches its target often on held-out text and, it turns out, on
     random-token prompts too (both fall into loops the draft predicts): K moves with the estimate
     within the run, every K replays from its recorded inputs, and the tokens are transformers'."""
-    from dynspec.pairs.corpus import default_prompts
+    from dynspec.corpus import default_prompts
 
     target, draft, tok, hf = tiny
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=128, max_draft_len=4)

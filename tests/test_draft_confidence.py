@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dynspec.benchmarks import draft_confidence as dc
-from dynspec.pairs.corpus import ASSET_DIR
+from dynspec.corpus import ASSET_DIR
 
 NEW, K = 40, 4
 

@@ -60,7 +60,7 @@ def tiny():
 @pytest.mark.parametrize("loop,whole", [(Loop.SERIAL, False), (Loop.OVERLAPPED, False), (Loop.SERIAL, True)],
                          ids=["serial", "overlapped", "whole"])
 def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
-    from dynspec.pairs.corpus import default_prompts
+    from dynspec.corpus import default_prompts
 
     target, draft, tok, hf = tiny
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=4, max_seq_len=128, max_draft_len=4,
@@ -99,7 +99,7 @@ def test_per_row_k_flipping_every_step_is_lossless(tiny, loop, whole):
 def test_a_row_accepts_no_more_than_its_own_k(tiny):
     """One step, two rows on the same prompt (the draft agrees with the target on it), K = 3 with
     row_k (3, 1): the second row accepts at most 1, and both emit transformers' tokens."""
-    from dynspec.pairs.corpus import default_prompts
+    from dynspec.corpus import default_prompts
     from dynspec.runtime.acceptance import Greedy
 
     target, draft, tok, hf = tiny

@@ -283,7 +283,7 @@ def test_random_pair_tiny_round_trip(tmp_path):
 # ----------------------------------------------------------------------------- the committed tiny pair
 
 def test_committed_tiny_pair_loads_and_speculates():
-    from dynspec.pairs.corpus import ASSET_DIR
+    from dynspec.corpus import ASSET_DIR
     from dynspec.pairs.decode import plain_greedy, spec_decode
 
     folder = ASSET_DIR

@@ -7,8 +7,8 @@ import sysconfig
 import pytest
 import torch
 
-from dynspec.pairs import corpus
-from dynspec.pairs.corpus import default_prompts
+from dynspec import corpus
+from dynspec.corpus import default_prompts
 from dynspec.runtime.generate_setup import _tokenizer
 from dynspec.runtime.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import ReferenceEngine

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from dynspec.pairs.corpus import read_texts, stdlib_files
+from dynspec.corpus import read_texts, stdlib_files
 from dynspec.pairs.tiny_tokenizer import windows
 from dynspec.runtime.engines.reference.draft import Eagle3Draft
 from dynspec.runtime.engines.reference.model import Target

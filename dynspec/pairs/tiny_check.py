@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from dynspec.pairs.corpus import ASSET_DIR
+from dynspec.corpus import ASSET_DIR
 from dynspec.pairs.decode import check_prompts, plain_greedy, spec_decode
 from dynspec.runtime.engines.reference.draft import Eagle3Draft
 from dynspec.runtime.engines.reference.load import load_draft, load_target

@@ -38,7 +38,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from dynspec.pairs.corpus import ASSET_DIR, BUILD_INFO, read_texts, split_stdlib
+from dynspec.corpus import ASSET_DIR, BUILD_INFO, read_texts, split_stdlib
 from dynspec.pairs.decode import greedy_continue
 from dynspec.pairs.tiny_check import check
 from dynspec.pairs.tiny_config import TinySpec, draft_hf_config

@@ -1,4 +1,6 @@
-"""The tiny pair's text: the top-level `*.py` modules of Python's standard library.
+"""The tiny pair's text: the top-level `*.py` modules of Python's standard library. Below runtime/ and
+pairs/ alike: the pair's build (pairs/), `dynspec generate`'s built-in prompts (runtime/) and the
+benchmarks read it from here.
 
 The build splits them (sorted by name, every 8th held out) and records both lists in
 build_info.json. Everything that measures the pair reads the RECORDED held-out list, never a

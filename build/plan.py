@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynspec.convert.shapes import ModelShape, dtype_bytes, kv_heads_per_rank, padded_vocab
+from dynspec.checkpoint.shapes import ModelShape, dtype_bytes, kv_heads_per_rank, padded_vocab
 from dynspec.errors import DynspecError
 
 GB = 10**9

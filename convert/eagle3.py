@@ -27,14 +27,14 @@ from pathlib import Path
 from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.checkpoint.eagle3 import check_vocab_maps, draft_keys, resolve_capture_layers, target_hidden_size
 from dynspec.checkpoint.hf_config import read_config
+from dynspec.checkpoint.shapes import (ModelShape, eagle3_weight_bytes_per_rank, kv_bytes_per_token_per_rank,
+                                       shape_from_hf_config)
 from dynspec.checkpoint.tensor_reader import TensorReader
+from dynspec.checkpoint.tp_checks import require_tp
 from dynspec.checkpoint.weight_index import weight_source
 from dynspec.checkpoint.writer import ShardWriter
-from dynspec.convert.checks import require_tp
 from dynspec.convert.hf import copy_tokenizer_files
 from dynspec.convert.manifest import CHECKPOINT_FORMAT, MANIFEST, manifest_shape, read_manifest
-from dynspec.convert.shapes import (ModelShape, eagle3_weight_bytes_per_rank, kv_bytes_per_token_per_rank,
-                                    shape_from_hf_config)
 from dynspec.convert.target import DTYPES
 from dynspec.errors import DynspecError
 

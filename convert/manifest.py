@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dynspec.artifacts import read_json
-from dynspec.convert.shapes import ModelShape
+from dynspec.checkpoint.shapes import ModelShape
 from dynspec.errors import DynspecError
 
 MANIFEST = "dynspec.json"

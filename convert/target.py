@@ -15,14 +15,14 @@ from pathlib import Path
 
 from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.checkpoint.hf_config import read_config
+from dynspec.checkpoint.shapes import (ModelShape, kv_bytes_per_token_per_rank, param_count,
+                                       shape_from_hf_config, weight_bytes_per_rank)
 from dynspec.checkpoint.tensor_reader import iter_tensors
+from dynspec.checkpoint.tp_checks import require_tp
 from dynspec.checkpoint.weight_index import weight_source
 from dynspec.checkpoint.writer import DEFAULT_SHARD_BYTES, ShardWriter
-from dynspec.convert.checks import require_tp
 from dynspec.convert.hf import check_generation_config, copy_tokenizer_files
 from dynspec.convert.manifest import CHECKPOINT_FORMAT, MANIFEST
-from dynspec.convert.shapes import (ModelShape, kv_bytes_per_token_per_rank, param_count,
-                                    shape_from_hf_config, weight_bytes_per_rank)
 from dynspec.errors import DynspecError
 
 MODEL_TYPES = ("llama", "mistral")

@@ -17,10 +17,10 @@ from dynspec.build.llm_api import decode_tokens, graph_batch_sizes  # noqa: E402
 from dynspec.build.plan import activation_bytes_per_token, memory_plan  # noqa: E402
 from dynspec.build.trap import floor_schedule  # noqa: E402
 from dynspec.build.validate import validate_options  # noqa: E402
+from dynspec.checkpoint.shapes import (ModelShape, eagle3_weight_bytes_per_rank, kv_bytes_per_token_per_rank,  # noqa: E402
+                                       param_count, weight_bytes_per_rank)
 from dynspec.cli import main  # noqa: E402
 from dynspec.config import EngineConfig  # noqa: E402
-from dynspec.convert.shapes import (ModelShape, eagle3_weight_bytes_per_rank, kv_bytes_per_token_per_rank,  # noqa: E402
-                                    param_count, weight_bytes_per_rank)
 from dynspec.errors import DynspecError  # noqa: E402
 from dynspec.runtime.policy import DraftSchedule  # noqa: E402
 

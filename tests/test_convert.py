@@ -13,9 +13,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from tiny_checkpoints import eagle3_config, eagle3_state_dict, make_eagle3, make_llama, write_eagle3  # noqa: E402
 
+from dynspec.checkpoint.shapes import ModelShape  # noqa: E402
+from dynspec.checkpoint.tp_checks import tp_report  # noqa: E402
 from dynspec.cli import main  # noqa: E402
-from dynspec.convert.checks import tp_report  # noqa: E402
-from dynspec.convert.shapes import ModelShape  # noqa: E402
 from dynspec.errors import DynspecError  # noqa: E402
 
 

@@ -10,4 +10,7 @@ DynspecError naming the file (and the tensor):
     tensor_reader     tensors by name, each checked (no float8, no NaN/Inf) as it is read
     writer            safetensors shards + index
     eagle3            what a public EAGLE-3 draft's config and tensors mean: capture layers, name
-                      aliases, d2t/t2d"""
+                      aliases, d2t/t2d
+    shapes            a Llama-family shape from its config, and its sizes per tensor-parallel rank
+    tp_checks         whether TP at tp ranks is feasible for a shape (convert, build and the
+                      reference engine's TP sharding ask the same rules)"""

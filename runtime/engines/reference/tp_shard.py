@@ -2,14 +2,15 @@
 rests on (TpShape, check_tp) and the rules, as slices of a full tensor (shard_part: what load.py's
 `part` reads) or as tensors cut from a loaded one (shard_weights: tp.apply_tp).
 
-The rules (Megatron-style, as convert/shapes.py states them and TRT-LLM runs them):
+The rules (Megatron-style, as dynspec/checkpoint/shapes.py states them and TRT-LLM runs them):
     wqkv  [q | k | v] rows   column-parallel: rank r keeps its q heads and its KV heads
     w13   [gate | up] rows   column-parallel: rank r keeps rows r*i/N.. of gate and of up
     wo, w2                   row-parallel: input columns / N, output summed by one all-reduce
     embedding, lm_head       vocabulary-parallel: rows padded to a multiple of N, then / N
     norms, fc, d2t, t2d      replicated
-Which KV heads a rank keeps comes from convert's own kv_heads_per_rank / kv_replication, and
-whether N works at all from convert's require_tp, so the check and the run cannot disagree.
+Which KV heads a rank keeps comes from the same kv_heads_per_rank / kv_replication that convert
+uses, and whether N works at all from convert's require_tp (dynspec/checkpoint/tp_checks.py), so
+the check and the run cannot disagree.
 
 Worked example, 4 q heads, 2 KV heads (GQA groups of 2), N=4 -> replication 2:
     rank 0: q head 0, KV head 0    rank 1: q head 1, KV head 0
@@ -24,8 +25,8 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from dynspec.convert.checks import require_tp
-from dynspec.convert.shapes import ModelShape, kv_heads_per_rank, kv_replication, padded_vocab
+from dynspec.checkpoint.shapes import ModelShape, kv_heads_per_rank, kv_replication, padded_vocab
+from dynspec.checkpoint.tp_checks import require_tp
 
 
 # ----------------------------------------------------------------------------- shapes (pure)

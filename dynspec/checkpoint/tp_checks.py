@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynspec.convert.shapes import ModelShape, kv_replication, padded_vocab
+from dynspec.checkpoint.shapes import ModelShape, kv_replication, padded_vocab
 from dynspec.errors import DynspecError
 
 

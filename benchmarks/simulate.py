@@ -68,6 +68,7 @@ def validate(data_dir: Path, progress: bool = False) -> list[dict]:
     for meta, run in load_runs(data_dir):
         sim = {(load_key(r), r["mode"]): r for r in simulate(run, progress)}
         measured = {(m["load"], m["mode"]): m["output_tok_per_s"] for m in meta["measured"]}
+        spread = {(m["load"], m["mode"]): (m["tok_per_s_min"], m["tok_per_s_max"]) for m in meta["measured"]}
         for (load, mode), tok in measured.items():
             s = sim.get((load, mode))
             if s is None:
@@ -81,7 +82,25 @@ def validate(data_dir: Path, progress: bool = False) -> list[dict]:
                         "tok_error": s["output_tok_per_s"] / tok - 1.0,
                         "measured_ratio": ratio_m, "simulated_ratio": ratio_s,
                         "ratio_error": None if ratio_m is None or mode == "baseline" else ratio_s / ratio_m - 1.0,
-                        "simulated_mean_k": s["mean_k"]})
+                        "simulated_mean_k": s["mean_k"],
+                        **trial_errors(s["output_tok_per_s"], ratio_s, spread[load, mode], spread.get((load, "baseline")),
+                                       mode == "baseline")})
+    return out
+
+
+def to_range(x: float, lo: float, hi: float) -> float:
+    """x's relative distance from [lo, hi]: 0 inside, else to the nearer end (1.10 of [1.0, 1.08] -> +1.9%)."""
+    return 0.0 if lo <= x <= hi else x / (lo if x < lo else hi) - 1.0
+
+
+def trial_errors(tok: float, ratio: float | None, trials: tuple, base: tuple | None, is_base: bool) -> dict:
+    """The simulated point against the measured trials' spread: tok/s against [min, max] of the mode's
+    trials, the ratio against [min / baseline max, max / baseline min]. A measurement whose trials
+    spread wider than the tolerance (adaptive's pooled estimate settling at K=0 in one trial and K=1
+    in another) bounds what any simulator can match: TOK / RATIO_TOLERANCE hold the medians, these the spread."""
+    out = {"trial_tok_error": to_range(tok, *trials), "trial_ratio_error": None}
+    if ratio is not None and base is not None and not is_base:
+        out["trial_ratio_error"] = to_range(ratio, trials[0] / base[1], trials[1] / base[0])
     return out
 
 

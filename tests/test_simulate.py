@@ -1,10 +1,11 @@
 """The serving simulator (benchmarks/simulate.py) against the recorded GPU runs of benchmarks/sim_data,
 through the suite's sim_validate config (the one CI runs).
 
-Asserted: on runs the step prices were not fitted on (held out: the H100 at 36ff40d, priced from
-the 6e9fc00 run), tok/s within 7% and each mode / baseline ratio within 6% at every point, and
-within TOK_TOLERANCE / RATIO_TOLERANCE (5% / 3%) at 85% of them (36 of 42 today); on every run, Poisson points
-within the tolerances. The rest is reported in summary.json, not asserted (docs/design.md,
+Asserted: on runs the step prices were not fitted on (held out: the H100 at 36ff40d and at f0503fd,
+priced from the 6e9fc00 run), tok/s within 7% and each mode / baseline ratio within 6% of the
+measured trials' spread at every point (simulate.trial_errors), and the medians within
+TOK_TOLERANCE / RATIO_TOLERANCE (5% / 3%) at 85% of them (72 of 84 today); on every run, Poisson
+points within the tolerances. The rest is reported in summary.json, not asserted (docs/design.md,
 "The serving simulator": the per-row steps' single price, the adaptive estimate on two-wave runs)."""
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def test_every_recorded_point_is_simulated(rows):
 
 def test_held_out_runs_within_tolerance(rows, summary):
     held = [r for r in rows if r["held_out"]]
-    assert len(held) >= 40
-    bad = [r for r in held if abs(r["tok_error"]) > 0.07 or abs(r["ratio_error"] or 0.0) > 0.06]
+    assert len(held) >= 80
+    bad = [r for r in held if abs(r["trial_tok_error"]) > 0.07 or abs(r["trial_ratio_error"] or 0.0) > 0.06]
     assert not bad, simulate.table(bad)
     assert sum(simulate.within([r]) for r in held) >= 0.85 * len(held), simulate.table(held)
     assert summary["values"]["held_out_within"] == sum(simulate.within([r]) for r in held)

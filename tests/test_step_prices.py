@@ -45,3 +45,30 @@ def test_the_sweep_flag_on_cpu(tmp_path, capsys):
     step_prices.write(p, StepPrices(ragged_factor=1.25), "cpu", ["x"], [])
     assert step_prices_factor(argparse.Namespace(step_prices=str(p), device="cpu")) == 1.25
     assert step_prices_factor(argparse.Namespace(step_prices=None, device="cpu")) is None
+
+
+def test_a_recorded_command_becomes_the_replays_flags():
+    from dynspec.benchmarks.sim_record import load_flags
+
+    cmd = ("python -m dynspec.benchmarks.sweep --engine reference --engine-dir /tmp/e --device cuda --dtype bfloat16"
+           " --graphs full --no-progress --modes baseline,dynamic --dynamic-schedule @/tmp/s.txt --max-seq-len 432"
+           " --concurrency 16,64 --step-prices benchmarks/sim_data --out /tmp/o")
+    assert load_flags(cmd, "64:2,256:1") == ["--modes", "baseline,dynamic", "--dynamic-schedule", "64:2,256:1",
+                                             "--concurrency", "16,64"]
+    with pytest.raises(DynspecError, match="no schedule recorded"):
+        load_flags(cmd, None)
+
+
+def test_the_data_set_is_the_committed_results(tmp_path):
+    """benchmarks/sim_data/h100-f0503fd is sim_record of the committed H100 results it names."""
+    from dynspec.benchmarks.sim_record import record
+
+    results = SIM_DATA.parent / "results"
+    want = json.loads((SIM_DATA / "h100-f0503fd" / "runs.json").read_text())
+    manifest = json.loads((results / "serving" / "manifest.json").read_text())
+    if manifest.get("git_worktree_tree") != want["tree"]:
+        pytest.skip("benchmarks/results holds a newer run than this data set")
+    got = record([results / c for c in ("serving_256", "serving", "per_request_bimodal")], tmp_path / "d",
+                 "../h100_prices.json")
+    assert got == want
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted(p.name for p in (SIM_DATA / "h100-f0503fd").iterdir())

@@ -17,24 +17,20 @@ Each iteration, under the token budget max_num_tokens (engine.max_num_tokens):
        decode rows next iteration); the accepted counts update the acceptance estimate, a pure
        decode step's time the adaptive policy's cost calibration (runtime/planning.py)
 
-Deferred update (Loop.SERIAL on an engine.async_launch engine, the reference engine on CUDA):
-step 6 is engine.launch, then step 7's update of the previous iteration while the device runs,
-then engine.result; K then reads the estimate through i-1, as the overlapped loop does.
-
 Worked example, budget 8, K=2 policy, A decoding, B's 9-token prompt waiting:
     it 1   A: 3 tokens   B: prompt[0:5]
     it 2   A: 3 tokens   B: prompt[5:9], its last chunk -> B's first token
     it 3   A, B: 3 tokens each
 
-Overlapped (Loop.OVERLAPPED; docs/design.md, "The overlapped loop"): steps 1-5 of iteration i+1
-run, and it is launched (engine.launch), before step 7 of iteration i reads i's result
-(engine.result, the one host sync); i+1's rows take i's tokens and positions on the device
-(runtime/overlap.py). The serial loop (Loop.SERIAL, the default) is the oracle.
-
-The loop is chosen once, in __init__: step() is bound there to one of
-    _step_serial      engine.step                                  Loop.SERIAL, synchronous engine
-    _step_deferred    engine.launch, the pending update, result    Loop.SERIAL, engine.async_launch
-    _step_overlapped  launch i+1, then result(i)                   Loop.OVERLAPPED
+The loop is a strategy chosen once, in __init__ (runtime/loop.py): it owns step(), the cache
+slack and what it carries; the executor plans (plan: steps 1-5) and folds (advance, fold: step 7).
+    Loop.SERIAL       SerialLoop       plan i, engine.step(i), fold i                  (the oracle)
+                      DeferredLoop     engine.async_launch: plan i, engine.launch(i), the estimate
+                                       update of i-1, engine.result(i), fold i
+    Loop.OVERLAPPED   OverlappedLoop   plan and engine.launch i+1, engine.result(i), fold i
+Deferred and overlapped, K reads the estimate through i-1. Overlapped (docs/design.md, "The
+overlapped loop"): i+1's rows take i's tokens and positions on the device (runtime/overlap.py);
+engine.result is the one host sync.
 """
 from __future__ import annotations
 
@@ -48,8 +44,7 @@ from dynspec.runtime.acceptance import AcceptanceModel, Greedy, rate_of
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.executor_thread import LoopThread
 from dynspec.runtime.gc_heap import pause_seconds
-from dynspec.runtime.loop import Loop, device_seconds, no_advance, no_launch
-from dynspec.runtime.overlap import cache_slack
+from dynspec.runtime.loop import DeferredLoop, Loop, LoopStrategy, OverlappedLoop, SerialLoop, loop_strategy
 from dynspec.runtime.plan import Engine, PromptChunk, StepPlan, StepResult
 from dynspec.runtime.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
 from dynspec.runtime.policy import Policy, speculates
@@ -61,6 +56,9 @@ __all__ = ["Engine", "Executor", "IterationStats", "RequestHandle", "RequestResu
 
 
 class Executor:
+    # each loop's step(), by the names the executor's own methods had (tests/test_loop.py reads them)
+    _step_serial, _step_deferred, _step_overlapped = SerialLoop.step, DeferredLoop.step, OverlappedLoop.step
+
     def __init__(
         self,
         engine: Engine,
@@ -85,24 +83,9 @@ class Executor:
         # a policy that never drafts runs the target alone: no keep-warm, no draft pass over prompts
         self.draft = speculates(policy)
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm and self.draft, acceptance
-        self.loop = loop
-        self._overlapped = loop is Loop.OVERLAPPED
-        self._inflight: Launched | None = None     # overlapped: the iteration launched, result not read
-        self._async = bool(getattr(engine, "async_launch", False))   # launch returns before the device is done
-        # the loop, once (module docstring): serial on an asynchronous engine applies the estimate /
-        # calibration update of the last step after the next launch ("Deferred update")
-        self._defer = loop is Loop.SERIAL and self._async
-        # step(): one iteration; _begin(plan): what starts a planned step (overlapped: its launch;
-        # serial: nothing, the step runs whole in step()); _advance(launched, result): the host
-        # state a fold moves on (serial; the overlapped loop moves it at the launch: _planned)
-        if self._overlapped:
-            self._step, self._begin, self._advance = self._step_overlapped, self._launch_plan, no_advance
-        else:
-            self._step = self._step_deferred if self._defer else self._step_serial
-            self._begin, self._advance = no_launch, self._advance_folded
         self._k = KDecider(engine, policy, self.keep_warm,   # the K decision and what it remembers
                            truth=None if acceptance.lossless else functools.partial(rate_of, acceptance))
-        self._clock = clock
+        self.clock = clock
         self._ids = itertools.count()
         self._pool = RequestPool(clock)            # the requests by state, and the lock
         self._log = StatsLog(stats_limit)
@@ -112,6 +95,13 @@ class Executor:
         self._thread = LoopThread(self, self._pool, self._busy, self._wind_down)   # start() / stop()
         self.step_errors = 0                       # iterations whose engine call raised (loop thread)
         self.last_step_error: Exception | None = None
+        self.strategy: LoopStrategy = loop_strategy(loop, self)   # the loop, once (module docstring)
+        self._step = self.strategy.step
+
+    @property
+    def loop(self) -> Loop:
+        """The loop this executor runs (its strategy's kind)."""
+        return self.strategy.kind
 
     @property
     def _pending(self) -> tuple | None:
@@ -120,9 +110,8 @@ class Executor:
 
     # ---- client side ------------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] = ()) -> RequestHandle:
-        prompt = checked_prompt(self.engine, prompt_ids, max_new_tokens, cache_slack(self.engine.max_draft_len,
-                                                                                      self.loop))
-        req = Request(next(self._ids), prompt, max_new_tokens, frozenset(int(s) for s in stop_ids), self._clock())
+        prompt = checked_prompt(self.engine, prompt_ids, max_new_tokens, self.strategy.slack)
+        req = Request(next(self._ids), prompt, max_new_tokens, frozenset(int(s) for s in stop_ids), self.clock())
         with self._pool.lock:
             if self._pool.stopped:
                 raise DynspecError("executor is stopped; it takes no new requests")
@@ -152,7 +141,7 @@ class Executor:
     def waiting(self) -> int:
         return len(self._pool.waiting)
 
-    # ---- the iteration ----------------------------------------------------------------
+    # ---- the iteration: the strategy's step(), through plan and fold -------------------
     def step(self) -> IterationStats | None:
         """Run one iteration. Returns None when there was nothing to run. If the engine
         raises, the requests of this iteration end as "error" and the error is re-raised;
@@ -162,150 +151,97 @@ class Executor:
         only the first of a run launched)."""
         return self._step()
 
-    def _step_serial(self) -> IterationStats | None:
-        """Plan, engine.step (launch and result in one call), fold."""
-        return self._run_serial(lambda plan: (self.engine.step(plan, self.acceptance), 0.0))
-
-    def _step_deferred(self) -> IterationStats | None:
-        """Plan, engine.launch, the previous step's estimate / calibration update while this one
-        runs on the device, engine.result, fold (module docstring, "Deferred update")."""
-        def run(plan: StepPlan) -> tuple[StepResult, float]:
-            handle = self.engine.launch(plan, self.acceptance)
-            update_s = self._k.apply_pending(self._clock)
-            return self.engine.result(handle), update_s
-
-        return self._run_serial(run)
-
-    def _run_serial(self, run: Callable[[StepPlan], tuple[StepResult, float]]) -> IterationStats | None:
-        """One serial iteration; run(plan) -> (its result, seconds of the update applied during it:
-        none of them exposed, the engine being asynchronous whenever there are any)."""
-        self._retire()
-        launched = self._plan(None)
-        if launched is None:
-            return None
-        try:
-            result, update_s = run(launched.plan)
-        except BaseException:
-            self._pool.fail(launched.requests())
-            raise
-        t2 = self._clock()
-        st = self._fold(launched, result, t2, t2 - launched.t1, update_s)
-        self._retire()                  # free finished requests' blocks now, not at the next call
-        return st
-
-    def _step_overlapped(self) -> IterationStats | None:
-        """Plan and launch i+1 while i runs, then read i's result (the one host sync) and fold it.
-        Rows of i+1 take i's tokens and positions on the device (runtime/overlap.py)."""
-        self._retire()
-        prev, self._inflight = self._inflight, None
-        try:
-            nxt = self._plan(prev)
-            if nxt is not None:
-                self._planned(nxt)
-            self._inflight = nxt
-        except BaseException:
-            if prev is not None:        # i+1 was to continue from it: its requests end too
-                self._pool.fail(prev.requests())
-            raise
-        if prev is None:
-            return None
-        try:
-            result = self.engine.result(prev.handle)
-        except BaseException:
-            nxt, self._inflight = self._inflight, None
-            self._pool.fail(prev.requests() + (nxt.requests() if nxt is not None else []))
-            raise
-        st = self._fold(prev, result, self._clock(), device_seconds(prev, result),
-                        hidden=self._async and self._inflight is not None)
-        self._retire()
-        return st
-
-    def _launch_plan(self, plan: StepPlan) -> object:
-        """Loop.OVERLAPPED's start of a planned step: engine.launch -> its handle."""
-        return self.engine.launch(plan, self.acceptance)
-
-    def _plan(self, prev: Launched | None) -> Launched | None:
-        """Plan the next iteration and start it (_begin: engine.launch in the overlapped loop, prev
-        the one in flight, whose rows continue on the device; nothing in the serial loop, whose
-        step() runs it). None when there is nothing to run. A failure ends this iteration's requests."""
+    def plan(self, prev: Launched | None, *, carry: bool, launch: Callable[[StepPlan], object] | None = None,
+             hidden: bool = False) -> Launched | None:
+        """Plan the next iteration (steps 2-5) -> Launched, None when there is nothing to run.
+        prev: the iteration in flight, whose rows continue on the device (None: every row exact);
+        carry: the plan keeps each row's next token on the device (plan.carry); launch(plan): the
+        start of the step where the loop starts it here (its handle; None: no handle); hidden: a
+        step of this executor runs on an asynchronous device meanwhile, so the K decision is not
+        exposed. A failure anywhere ends this iteration's requests."""
         if self._k.estimate is None:
             self._k.estimate = AcceptanceEstimate(positions=max(self.engine.max_draft_len, 1))
-        t0 = self._clock()
+        t0 = self.clock()
         rows = list(self._pool.rows)
         b = len(rows)
         chunked: list[Request] | None = None
         try:                            # a failure anywhere below ends this iteration's requests
             rin = plan_row_inputs(rows, prev)            # planning's, shared with make_plan
-            tp0 = self._clock()
+            tp0 = self.clock()
             rates = self._k.estimate.rates() if b else ()
             k, decision, context, scale = self._k.decide(rows, rin.context, rates)
-            t_policy = self._clock() - tp0
-            hidden = self._async and prev is not None      # overlapped: i is running meanwhile
+            t_policy = self.clock() - tp0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
                 return None
             plan = make_step_plan(k, rows, rin, decision, self.keep_warm, self.engine, chunks,
-                                  carry=self._overlapped, draft=self.draft)
-            t1 = self._clock()
-            handle = self._begin(plan)
+                                  carry=carry, draft=self.draft)
+            t1 = self.clock()
+            handle = launch(plan) if launch is not None else None
         except BaseException:
             self._pool.fail(rows + (list(self._pool.prefilling) if chunked is None else chunked))   # None: admission failed
             raise
         return Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
-                        t0, t1, t_policy, 0.0 if hidden else t_policy, self._clock() - t1)
+                        t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1)
 
     def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
-        ones, admitted while a slot, their blocks and a decode row at K=0 are free."""
-        self._pool.admit(self.engine, left, cache_slack(self.engine.max_draft_len, self.loop), self._k.new_request)
+        ones, admitted while a slot, their blocks (with the loop's cache slack) and a decode row
+        at K=0 are free."""
+        self._pool.admit(self.engine, left, self.strategy.slack, self._k.new_request)
         return prompt_chunks(list(self._pool.prefilling), left)
 
-    def _planned(self, launched: Launched) -> None:
-        """Overlapped: the host state the next plan needs, from the plan just launched: prompt
-        progress, requests whose last chunk ran (decode rows from the next iteration on), the
-        draft heads (warm after K > 0), the previous K. The tokens come with the result."""
+    def advance(self, launched: Launched, warm: bool) -> None:
+        """The host state the next plan needs from a step (SerialLoop: at its fold; OverlappedLoop:
+        at its launch): each row's draft head (warm: the result's draft_warm, or K > 0 at the launch),
+        prompt progress (a request whose last chunk ran is a decode row from the next iteration on),
+        the previous K. The tokens come with the fold."""
         plan = launched.plan
         with self._pool.lock:
             for req in launched.rows:
-                req.draft_warm = plan.k > 0
+                req.draft_warm = warm
             self._pool.advance_prompts(launched.chunked, plan.chunks)
         if plan.batch_size:
             self._k.count_k(plan.k, launched.decision)
 
-    def _advance_folded(self, launched: Launched, result: StepResult) -> None:
-        """Serial (in _fold, the pool's lock held): the host state the overlapped loop moves at the
-        launch (_planned), from the result: draft heads, prompt progress, the previous K."""
-        for req in launched.rows:
-            req.draft_warm = result.draft_warm
-        self._pool.advance_prompts(launched.chunked, launched.plan.chunks)
-        if launched.plan.batch_size:
-            self._k.count_k(launched.plan.k, launched.decision)
-
-    def _fold(self, launched: Launched, result: StepResult, t2: float, seconds: float,
-              update_s: float = 0.0, update_exposed_s: float = 0.0, hidden: bool = False) -> IterationStats:
-        """Fold a step's result into its requests, the estimate and the calibration (deferred:
-        into the pending update; update_s, update_exposed_s: the previous one's, run during this
-        step) -> its stats. seconds: the step's time (serial: t2 - t1, its wall time; overlapped:
-        its device time). hidden: a step of this executor runs on an asynchronous device
-        meanwhile, so the update applied here is not exposed."""
+    def fold(self, launched: Launched, result: StepResult, t2: float, seconds: float, *, overlapped: bool,
+             update_s: float = 0.0, apply_update: bool = True, hidden: bool = False) -> IterationStats:
+        """Fold a step's result into its requests, the estimate and the calibration (step 7) -> its
+        stats. seconds: the step's time (serial: t2 - t1, its wall time; overlapped: its device
+        time). update_s: the previous step's update, applied while this one ran (DeferredLoop);
+        apply_update False: this one's stays pending (DeferredLoop applies it during the next step).
+        hidden: a step of this executor runs on an asynchronous device meanwhile, so the update
+        applied here is not exposed."""
+        update_exposed_s = 0.0
         with self._pool.lock:                # cancel() holds it too: no token lands after cancel() returns
-            self._advance(launched, result)
             if launched.plan.batch_size:
                 self._k.count_rows(launched, result)
             emitted = emit(launched, result, t2)
         if launched.plan.batch_size:
             self._k.record(launched, result, seconds)
-            if not self._defer:
-                t = self._k.apply_pending(self._clock)
+            if apply_update:
+                t = self._k.apply_pending(self.clock)
                 update_s += t
                 update_exposed_s += 0.0 if hidden else t
         gc_now = pause_seconds()
         gc_s, self._gc_mark = gc_now - self._gc_mark, gc_now
         st = iteration_stats(self._iterations, launched, result, emitted, seconds, t2, update_s, update_exposed_s,
-                             fold_seconds=self._clock() - t2, overlapped=self._overlapped, gc_seconds=gc_s)
+                             fold_seconds=self.clock() - t2, overlapped=overlapped, gc_seconds=gc_s)
         self._iterations += 1
         self._log.append(st)
         return st
+
+    def apply_update(self) -> float:
+        """The estimate / calibration update pending, applied now -> its seconds (DeferredLoop)."""
+        return self._k.apply_pending(self.clock)
+
+    def fail(self, reqs: Sequence[Request]) -> None:
+        """End reqs as "error" (a failed engine call); the next retire frees their slots."""
+        self._pool.fail(reqs)
+
+    def retire(self) -> None:
+        """End cancelled waiting requests; release the slots of finished or cancelled ones."""
+        self._pool.retire(self.engine.release, lambda kept: self._k.rows_leave(kept, self.clock))
 
     def run_until_idle(self) -> None:
         while self._busy():
@@ -313,23 +249,7 @@ class Executor:
 
     def _busy(self) -> bool:
         """Requests to serve, or (overlapped) an iteration whose result is still to be read."""
-        return self._pool.busy() or self._inflight is not None
-
-    def _drain(self) -> None:
-        """Overlapped: read and fold the iteration in flight, if any (its requests have ended:
-        they keep nothing of it). A failed read is dropped: the requests are already final."""
-        launched, self._inflight = self._inflight, None
-        if launched is None:
-            return
-        try:
-            result = self.engine.result(launched.handle)
-            self._fold(launched, result, self._clock(), device_seconds(launched, result))
-        except Exception:
-            pass
-
-    def _retire(self) -> None:
-        """End cancelled waiting requests; release the slots of finished or cancelled ones."""
-        self._pool.retire(self.engine.release, lambda kept: self._k.rows_leave(kept, self._clock))
+        return self._pool.busy() or self.strategy.in_flight
 
     # ---- background loop (Triton, streaming clients) ----------------------------------
     def start(self) -> None:
@@ -343,5 +263,5 @@ class Executor:
     def _wind_down(self) -> None:
         """Stopped (the lock held): what is left ends as "cancelled", the step in flight is read."""
         self._pool.end_all("cancelled")
-        self._drain()
-        self._retire()
+        self.strategy.drain()
+        self.retire()

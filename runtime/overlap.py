@@ -1,4 +1,4 @@
-"""The overlapped loop's planning rule (runtime/executor.py, Executor(loop=Loop.OVERLAPPED); docs/design.md,
+"""The overlapped loop's planning rule (runtime/loop.py OverlappedLoop; docs/design.md,
 "The overlapped loop"): what the host knows of each decode row while the step before it runs.
 
 At the moment the host plans iteration i+1, iteration i is in flight and every result up to i-1
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from dynspec.runtime.loop import Loop
+from dynspec.runtime.loop import STRATEGIES, Loop
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ def row_inputs(lengths: Sequence[int], last_tokens: Sequence[int | None],
 
 
 def cache_slack(max_draft_len: int, loop: Loop) -> int:
-    """Positions a request's cache needs past prompt + max_new_tokens. Serial: one verify window
-    (K+1). Overlapped: two, since a row that finished in step i still runs step i+1 from where
-    the device left it, up to K_i + 1 past its last planned position, and writes K_{i+1} + 1 there.
+    """Positions a request's cache needs past prompt + max_new_tokens under `loop`: its strategy's
+    (runtime/loop.py: SerialLoop one verify window of K+1, OverlappedLoop two).
     max_draft_len 4: Loop.SERIAL 5, Loop.OVERLAPPED 10."""
-    return (max_draft_len + 1) * (2 if loop is Loop.OVERLAPPED else 1)
+    return STRATEGIES[loop].cache_slack(max_draft_len)

@@ -221,6 +221,8 @@ class Engine(Protocol):
     packs_rows: bool            # per-row K (StepPlan.row_k) verifies each row's K_i + 1 tokens, packed
                                 # (reference engine on CUDA: where its whole-forward graph is captured);
                                 # False: every row runs max K_i tokens and row_k only caps acceptance
+    async_launch: bool          # launch returns before the device has run the step (reference engine on
+                                # CUDA): the serial loop defers its estimate update behind it (runtime/loop.py)
 
     def reserve(self, tokens: int, key: int = 0) -> int | None: ...   # a cache slot for positions 0..tokens-1, or None;
                                                                       # key: the request's id (Bernoulli draws)
@@ -228,4 +230,9 @@ class Engine(Protocol):
     def step(self, plan: StepPlan, acceptance: "AcceptanceModel") -> StepResult: ...    # = result(launch(plan))
     def launch(self, plan: StepPlan, acceptance: "AcceptanceModel") -> object: ...      # queue the step -> a handle
     def result(self, handle: object) -> StepResult: ...                               # wait for that step's result
-    # optional: async_launch (bool, default False): launch returns before the device has run the step
+
+
+def launches_async(engine: Engine) -> bool:
+    """engine.async_launch; an engine that does not declare it (a test's or the simulator's
+    stand-in, whose launch runs the step) launches synchronously: False."""
+    return bool(getattr(engine, "async_launch", False))

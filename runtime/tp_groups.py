@@ -2,7 +2,7 @@
 (docs/tensor_parallel.md). Which rank is where: runtime/tp_layout.py.
 
 mpi4py gives rank and size; rank 0 hosts the rendezvous TCPStore on a port it binds itself and
-broadcasts the endpoint over MPI (runtime/tp_endpoint.py, host_rendezvous), so no launcher has to
+broadcasts the endpoint over MPI (host_rendezvous, below), so no launcher has to
 export one and no other process can take the port first. (A rank that is no MPI rank, the Triton
 launch's TP rank 0 in the python-backend stub, joins through an endpoint instead:
 runtime/tp_endpoint.py, init_tp_endpoint.)
@@ -30,6 +30,9 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.tp_layout import Layout, layout, log, timeout_from_env
+
+DEFAULT_JOIN_TIMEOUT_S = 300.0
+ADDR_ENV, PORT_ENV = "DYNSPEC_TP_ADDR", "DYNSPEC_TP_PORT"   # not MASTER_*: clusters export those for other jobs
 
 
 class TpFault(RuntimeError):
@@ -99,6 +102,63 @@ def _reason(e: BaseException) -> str:
     return line.split(". ")[0]
 
 
+def host_rendezvous(comm, timeout_s: float = DEFAULT_JOIN_TIMEOUT_S) -> tuple[Any, str]:
+    """Collective over `comm`: world rank 0 hosts the rendezvous store, every rank gets its
+    endpoint "addr:port" -> (the store on rank 0, else None; endpoint). The address is 127.0.0.1
+    when all ranks share rank 0's host, else its host name; the port is bound by the store itself
+    (port 0), so no other process can take it between the choice and the bind. DYNSPEC_TP_ADDR /
+    DYNSPEC_TP_PORT override them (MASTER_ADDR / MASTER_PORT are left alone: cluster launchers
+    export them for their own jobs). Rank 0 must keep the store alive until every rank has joined."""
+    from mpi4py import MPI
+
+    host = MPI.Get_processor_name()
+    hosts = comm.allgather(host)
+    store = endpoint = error = None
+    if comm.Get_rank() == 0:
+        addr = os.environ.get(ADDR_ENV) or ("127.0.0.1" if len(set(hosts)) == 1 else host)
+        raw = os.environ.get(PORT_ENV) or "0"
+        try:
+            if not raw.isdigit() or int(raw) > 65535:
+                raise DynspecError(f"environment variable {PORT_ENV}={raw!r} is not a port number")
+            try:
+                store = torch.distributed.TCPStore("0.0.0.0", int(raw), None, True,
+                                                   timeout=datetime.timedelta(seconds=timeout_s),
+                                                   wait_for_workers=False)
+            except RuntimeError as e:
+                raise DynspecError(f"cannot host the TP rendezvous on port {raw} ({PORT_ENV}): {_reason(e)}") from e
+            endpoint = f"{addr}:{store.port}"
+        except DynspecError as e:
+            error = str(e)
+    endpoint, error = comm.bcast((endpoint, error), root=0)   # every rank learns of a failure, none waits
+    if error is not None:
+        raise DynspecError(error)
+    return store, endpoint
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """'127.0.0.1:29500' -> ('127.0.0.1', 29500); '[::1]:29500' -> ('::1', 29500)."""
+    host, sep, port = str(endpoint).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DynspecError(f"TP endpoint {endpoint!r} is not HOST:PORT (e.g. 127.0.0.1:29500)")
+    return host.strip("[]"), int(port)
+
+
+def join_world(endpoint: str, rank: int, size: int, join_s: float, store: Any = None, *, who: str) -> None:
+    """init_process_group (gloo) as `rank` of `size` at the store `endpoint` (rank 0 passes the store
+    it hosts). WORLD waits up to join_s for every rank (a store connect can stall seconds on a
+    loaded host); the groups used afterwards get their own timeout. A failure is a TpFault naming `who`."""
+    import torch.distributed as dist
+
+    join = datetime.timedelta(seconds=join_s)
+    try:
+        if store is None:
+            host, port = parse_endpoint(endpoint)
+            store = dist.TCPStore(host, port, None, False, timeout=join)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=join)
+    except RuntimeError as e:
+        raise TpFault(f"{who} could not join the {size} ranks at {endpoint} within {join_s:g} s: {_reason(e)}") from e
+
+
 def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | None = None,
             allreduce: str = "auto") -> TpContext:
     """Set up torch.distributed from mpi4py's rank and size and split WORLD into replicas.
@@ -116,8 +176,6 @@ def init_tp(tp: int, *, device: str | torch.device = "cpu", timeout_s: float | N
     dev = _place(device, local_rank())
     if tp == 1:                        # replicas of one rank: nothing to reduce, no process group
         return TpContext(lay, dev, timeout_s, comm=comm)
-    from dynspec.runtime.tp_endpoint import DEFAULT_JOIN_TIMEOUT_S, host_rendezvous, join_world
-
     join_s = max(timeout_s, DEFAULT_JOIN_TIMEOUT_S)
     store, endpoint = host_rendezvous(comm, join_s)         # rank 0's store lives as long as the group
     join_world(endpoint, rank, size, join_s, store, who=f"rank {rank}")

@@ -4,10 +4,8 @@ workers (run_worker), and the fault rank 0 leaves for the launcher (FAULT_KEY, r
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dynspec.triton_repo.launch import RepoLaunch, TpLaunch
+from dynspec.triton_repo.launch_spec import RepoLaunch, TpLaunch
 
 
 # ----------------------------------------------------------------------------- every TP rank
@@ -45,8 +43,8 @@ class TpLeader:
 
         from dynspec.runtime.executor import Executor
         from dynspec.runtime.plan_channel import LeaderEngine, PlanChannel
-        from dynspec.runtime.tp_endpoint import init_tp_endpoint, parse_endpoint
-        from dynspec.runtime.tp_groups import wait_for_peers
+        from dynspec.runtime.tp_endpoint import init_tp_endpoint
+        from dynspec.runtime.tp_groups import parse_endpoint, wait_for_peers
 
         launch.check_model(engine_dir, device)
         self.ctx = init_tp_endpoint(launch.endpoint, 0, launch.tp, device=device, local_rank=launch.local_rank,

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.schedule_limits import MAX_BATCH_SIZE, MAX_DRAFT_LEN, ScheduleError
+from dynspec.runtime.schedule_trtllm import tiers_from_trtllm, trtllm_from_tiers
+from dynspec.runtime.schedule_vllm import tiers_from_vllm, vllm_from_tiers
 from dynspec.runtime.step_decision import StepDecision, StepInputs, one_k
-
-
-class ScheduleError(DynspecError):
-    """A draft schedule that cannot exist or cannot be rendered; the message names the value."""
 
 
 @runtime_checkable
@@ -60,16 +59,6 @@ class Policy(Protocol):
 
     def decide(self, inputs: StepInputs) -> StepDecision: ...   # this iteration's K of each row
 
-
-# TRT-LLM keeps batch sizes in SizeType32 (int32), so no runtime batch exceeds 2**31 - 1; it is
-# also the open end vLLM itself uses for unbounded ranges (_CTX_INFINITY in the vLLM file cited
-# at runtime/schedule_vllm.py's from_vllm). Schedule bounds and `dynspec schedule
-# --max-batch-size` stay within it.
-MAX_BATCH_SIZE = 2**31 - 1
-# TRT-LLM's llm_args validators only require max_draft_len > 0; dynspec sets its own ceiling.
-# Each K costs a CUDA graph per batch bucket and b x (K+1) tokens of max_num_tokens, and EAGLE-3
-# drafts are trained for a handful of steps, so a K above 32 is a typo, not a plan.
-MAX_DRAFT_LEN = 32
 
 # ASCII digits only: str.isdigit() and re's \d also accept '４' or '١'.
 _TIER = re.compile(r"[ \t]*([0-9]{1,12})[ \t]*:[ \t]*(-?[0-9]{1,12})[ \t]*", re.ASCII)
@@ -227,28 +216,24 @@ class DraftSchedule:
     def from_vllm(cls, schedule: object, num_speculative_tokens: int,
                   max_batch_size: int | None = None) -> "DraftSchedule":
         """vLLM's `speculative_token_schedule` -> the schedule vLLM actually runs
-        (runtime/schedule_vllm.py from_vllm, with vLLM's rules)."""
-        from dynspec.runtime.schedule_vllm import from_vllm
-        return from_vllm(schedule, num_speculative_tokens, max_batch_size)
+        (runtime/schedule_vllm.py tiers_from_vllm, with vLLM's rules)."""
+        return cls(tiers_from_vllm(schedule, num_speculative_tokens, max_batch_size))
 
     @classmethod
     def from_trtllm(cls, schedule: Mapping[int | str, int], version: str) -> "DraftSchedule":
         """Inverse of to_trtllm for the named version's dialect (runtime/schedule_trtllm.py)."""
-        from dynspec.runtime.schedule_trtllm import from_trtllm
-        return from_trtllm(schedule, version)
+        return cls(tiers_from_trtllm(schedule, version))
 
     # ---- renderers ----------------------------------------------------------------------
     def to_trtllm(self, version: str) -> dict[int, int]:
         """The exact `draft_len_schedule` dict that TRT-LLM `version` must receive
         (runtime/schedule_trtllm.py)."""
-        from dynspec.runtime.schedule_trtllm import to_trtllm
-        return to_trtllm(self, version)
+        return trtllm_from_tiers(self.tiers, version)
 
     def to_vllm(self) -> list[list[int]]:
         """vLLM `speculative_token_schedule` (run it with num_speculative_tokens=max_draft_len):
         "4:4,8:2" -> [[1, 4, 4], [5, 8, 2], [9, 2147483647, 0]] (runtime/schedule_vllm.py)."""
-        from dynspec.runtime.schedule_vllm import to_vllm
-        return to_vllm(self)
+        return vllm_from_tiers(self.tiers)
 
     def to_spec(self) -> str:
         """CLI form; DraftSchedule.parse(s.to_spec()) == s."""

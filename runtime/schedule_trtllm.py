@@ -1,19 +1,20 @@
-"""DraftSchedule <-> TensorRT-LLM's `draft_len_schedule`, in the dialect of the release that reads it.
+"""A schedule's tiers <-> TensorRT-LLM's `draft_len_schedule`, in the dialect of the release that reads it.
 
 The release's major.minor names the dialect (TRTLLM_DIALECTS; docs/design.md, section 2). The
 schedule "4:4,8:2,32:1" (batch 1..4 -> K=4, 5..8 -> K=2, 9..32 -> K=1, 33.. -> K=0) renders as
     1.2.x  lower bounds, largest key <= b wins:   {1: 4, 5: 2, 9: 1, 33: 0}
     1.3.x  upper bounds, smallest key >= b wins:  {4: 4, 8: 2, 32: 1}   (K=0 above 32)
-and from_trtllm reads either back (JSON's string keys too):
-    from_trtllm({"1": 4, "5": 2, "9": 0}, "1.2.1") == DraftSchedule.parse("4:4,8:2")
-DraftSchedule.to_trtllm and DraftSchedule.from_trtllm call to_trtllm and from_trtllm here.
+and tiers_from_trtllm reads either back (JSON's string keys too):
+    tiers_from_trtllm({"1": 4, "5": 2, "9": 0}, "1.2.1") == ((4, 4), (8, 2))
+DraftSchedule.to_trtllm and DraftSchedule.from_trtllm (runtime/policy.py) call trtllm_from_tiers and
+tiers_from_trtllm here; this module works on tiers alone and imports no policy.
 """
 from __future__ import annotations
 
 import re
 from typing import Mapping
 
-from dynspec.runtime.policy import DraftSchedule, ScheduleError
+from dynspec.runtime.schedule_limits import ScheduleError
 
 # major.minor -> meaning of the keys of `draft_len_schedule`.
 TRTLLM_DIALECTS = {(1, 2): "lower", (1, 3): "upper", (1, 4): "upper"}   # build/trtllm_release.py
@@ -47,8 +48,9 @@ def _plain_int(value: object) -> int | None:
     return None
 
 
-def from_trtllm(schedule: Mapping[int | str, int], version: str) -> DraftSchedule:
-    """Inverse of to_trtllm for the named version's dialect."""
+def tiers_from_trtllm(schedule: Mapping[int | str, int], version: str) -> tuple[tuple[int, int], ...]:
+    """Inverse of trtllm_from_tiers for the named version's dialect: the (max_batch_size, K) tiers a
+    DraftSchedule is made of (DraftSchedule.from_trtllm checks and keeps them)."""
     dialect = trtllm_dialect(version)
     pairs = [(_plain_int(k), _plain_int(v)) for k, v in schedule.items()]
     if any(k is None or v is None for k, v in pairs):
@@ -63,7 +65,7 @@ def from_trtllm(schedule: Mapping[int | str, int], version: str) -> DraftSchedul
         if k < 0:
             raise ScheduleError(f"draft_len_schedule value {k} at key {key} is negative")
     if dialect == "upper":
-        return DraftSchedule(tuple(items))
+        return tuple(items)
     if items[0][0] != 1:
         raise ScheduleError(f"TRT-LLM {version} draft_len_schedule needs key 1; smallest key is {items[0][0]}")
     # lower bounds: key_i applies to [key_i, key_{i+1} - 1]; the last key applies upward.
@@ -73,24 +75,24 @@ def from_trtllm(schedule: Mapping[int | str, int], version: str) -> DraftSchedul
             "applies to every larger batch; dynspec schedules need an explicit 0 entry at the top"
         )
     tiers = [(items[i + 1][0] - 1, items[i][1]) for i in range(len(items) - 1)]
-    return DraftSchedule(tuple(tiers))
+    return tuple(tiers)
 
 
-def to_trtllm(sched: DraftSchedule, version: str) -> dict[int, int]:
-    """The exact `draft_len_schedule` dict that TRT-LLM `version` must receive."""
+def trtllm_from_tiers(tiers: tuple[tuple[int, int], ...], version: str) -> dict[int, int]:
+    """The exact `draft_len_schedule` dict that TRT-LLM `version` must receive for a DraftSchedule's tiers."""
     dialect = trtllm_dialect(version)
-    if not sched.tiers:
+    if not tiers:
         raise ScheduleError(
             "schedule never speculates (K=0 for every batch size); run without speculative_config instead"
         )
     if dialect == "upper":
         # smallest key's value == max_draft_len; K=0 above the largest key.
-        return {bound: k for bound, k in sched.tiers}
+        return {bound: k for bound, k in tiers}
     # lower: key 1 == max_draft_len; each tier starts one above the previous bound;
     # the explicit 0 entry switches speculation off above the last bound.
     out: dict[int, int] = {}
     start = 1
-    for bound, k in sched.tiers:
+    for bound, k in tiers:
         out[start] = k
         start = bound + 1
     out[start] = 0

@@ -1,25 +1,37 @@
-"""DraftSchedule <-> vLLM's `speculative_token_schedule`, read and rendered.
+"""A schedule's tiers <-> vLLM's `speculative_token_schedule`, read and rendered.
 
 vLLM takes inclusive [start, end, K] batch ranges and carries the last range's K to every larger
 batch, so a rendering closes with a K=0 range (run it with num_speculative_tokens=max_draft_len):
-    to_vllm(DraftSchedule.parse("4:4,8:2,32:1"))
+    vllm_from_tiers(DraftSchedule.parse("4:4,8:2,32:1").tiers)
         == [[1, 4, 4], [5, 8, 2], [9, 32, 1], [33, 2147483647, 0]]
 One schedule per profiled context renders as vLLM's 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, K]
-grid (to_vllm_grid, over vllm_context_buckets). from_vllm reads either form back as the schedule
-vLLM actually runs:
-    from_vllm([[1, 4, 4], [5, 8, 2], [9, 9, 0]], 4) == DraftSchedule.parse("4:4,8:2")
-DraftSchedule.to_vllm and DraftSchedule.from_vllm call to_vllm and from_vllm here.
+grid (to_vllm_grid, over vllm_context_buckets). tiers_from_vllm reads either form back as the
+tiers of the schedule vLLM actually runs:
+    tiers_from_vllm([[1, 4, 4], [5, 8, 2], [9, 9, 0]], 4) == ((4, 4), (8, 2))   # "4:4,8:2"
+DraftSchedule.to_vllm and DraftSchedule.from_vllm (runtime/policy.py) call vllm_from_tiers and
+tiers_from_vllm here; this module works on tiers (and on schedules it is handed) and imports no policy.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
-from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError
+from dynspec.runtime.schedule_limits import MAX_BATCH_SIZE, MAX_DRAFT_LEN, ScheduleError
 
 
-def from_vllm(schedule: object, num_speculative_tokens: int,
-              max_batch_size: int | None = None) -> DraftSchedule:
-    """vLLM's `speculative_token_schedule` -> the schedule vLLM actually runs.
+class Schedule(Protocol):
+    """What to_vllm_grid reads of each DraftSchedule it is handed."""
+    tiers: tuple[tuple[int, int], ...]
+
+    @property
+    def bounds(self) -> tuple[int, ...]: ...
+
+    def draft_len(self, batch_size: int) -> int: ...
+
+
+def tiers_from_vllm(schedule: object, num_speculative_tokens: int,
+                    max_batch_size: int | None = None) -> tuple[tuple[int, int], ...]:
+    """vLLM's `speculative_token_schedule` -> the tiers of the schedule vLLM actually runs
+    (DraftSchedule.from_vllm checks and keeps them).
 
     vLLM's rules (vllm/v1/spec_decode/dynamic/utils.py, validate_and_normalize_dynamic_sd_schedule
     and build_dynamic_sd_schedule_lookup, vllm-project/vllm @ 14b450ca590cbff96e7004bdb147a5d3acf5a4f6):
@@ -59,21 +71,21 @@ def from_vllm(schedule: object, num_speculative_tokens: int,
                 "(vLLM carries the last K forward); add a closing [b, b, 0] range or pass max_batch_size"
             )
         tiers.append((max_batch_size, last_k))
-    return DraftSchedule(tuple(tiers))
+    return tuple(tiers)
 
 
-def to_vllm(sched: DraftSchedule) -> list[list[int]]:
+def vllm_from_tiers(tiers: tuple[tuple[int, int], ...]) -> list[list[int]]:
     """vLLM `speculative_token_schedule` (run it with num_speculative_tokens=max_draft_len).
 
     "4:4,8:2" -> [[1, 4, 4], [5, 8, 2], [9, 2147483647, 0]]: the closing K=0 range is needed
     because vLLM carries the last range's K to every larger batch."""
-    if not sched.tiers:
+    if not tiers:
         raise ScheduleError(
             "schedule never speculates (K=0 for every batch size); vLLM rejects an empty "
             "speculative_token_schedule: run without speculative decoding instead"
         )
     out, start = [], 1
-    for bound, k in sched.tiers:
+    for bound, k in tiers:
         out.append([start, bound, k])
         start = bound + 1
     if start <= MAX_BATCH_SIZE:
@@ -95,7 +107,7 @@ def vllm_context_buckets(contexts: Sequence[int]) -> tuple[tuple[int, int], ...]
     return tuple(zip([1] + [h + 1 for h in his[:-1]], his))
 
 
-def to_vllm_grid(by_context: Sequence[tuple[int, DraftSchedule]]) -> list[list[int]]:
+def to_vllm_grid(by_context: Sequence[tuple[int, Schedule]]) -> list[list[int]]:
     """vLLM's 5-item `speculative_token_schedule` [bs_lo, bs_hi, ctx_lo, ctx_hi, K] from one schedule
     per profiled context (ascending): context buckets from vllm_context_buckets, and in every
     bucket the same batch ranges, split at every schedule's bounds, so the entries form the full

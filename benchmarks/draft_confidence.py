@@ -309,7 +309,7 @@ def table(res: dict) -> str:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from dynspec.cli import DefaultsFormatter
+    from dynspec.parsers import DefaultsFormatter
 
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.draft_confidence", allow_abbrev=False,
                                 description=__doc__.splitlines()[0], formatter_class=DefaultsFormatter)

@@ -45,7 +45,7 @@ def parse_points(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from dynspec.cli import DefaultsFormatter
+    from dynspec.parsers import DefaultsFormatter
 
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.mixed_step", description=__doc__.splitlines()[0],
                                 allow_abbrev=False, formatter_class=DefaultsFormatter)

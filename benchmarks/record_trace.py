@@ -113,7 +113,7 @@ def record(folder: Path, prompts: int, new: int, kmax: int, prompt_len: int, com
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from dynspec.cli import DefaultsFormatter
+    from dynspec.parsers import DefaultsFormatter
 
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.record_trace", description=__doc__.splitlines()[0],
                                 allow_abbrev=False, formatter_class=DefaultsFormatter)

@@ -35,7 +35,7 @@ from dynspec.runtime.session import check_device
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from dynspec.cli import DefaultsFormatter
+    from dynspec.parsers import DefaultsFormatter
 
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.tp_decode", description=__doc__.splitlines()[0],
                                 allow_abbrev=False, formatter_class=DefaultsFormatter)

@@ -303,7 +303,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from dynspec.cli import DefaultsFormatter
+    from dynspec.parsers import DefaultsFormatter
 
     p = argparse.ArgumentParser(prog="python -m dynspec.benchmarks.triton_soak", allow_abbrev=False,
                                 description=" ".join(__doc__.split("\n\n")[0].split()),

@@ -8,6 +8,7 @@ import json
 import sys
 
 from dynspec.errors import DynspecError
+from dynspec.parsers import Parser
 from dynspec.runtime.policy import MAX_BATCH_SIZE
 from dynspec.runtime.schedule_args import add_schedule_args, schedule_of
 
@@ -19,30 +20,6 @@ SUBCOMMAND_MODULES = (
     "dynspec.benchmarks.cli",     # profile, tune
     "dynspec.triton_repo.cli",    # triton
 )
-
-
-class DefaultsFormatter(argparse.HelpFormatter):
-    """Help that ends each option's text with its default, "--tp N ... (default: 8)", unless the
-    default is None or a flag's False, or the text already speaks of its default."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        d = action.default
-        if (not action.option_strings or d is None or d is False or d is argparse.SUPPRESS
-                or "default" in text.lower()):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-class Parser(argparse.ArgumentParser):
-    """Every dynspec parser and subcommand parser: flags only as spelled in full (--dtyp is an
-    error, not --dtype) and defaults shown in --help (DefaultsFormatter). Subparsers made from one
-    are of this class too."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", DefaultsFormatter)
-        super().__init__(*args, **kwargs)
 
 
 def version() -> str:

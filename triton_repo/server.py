@@ -158,8 +158,8 @@ def _serve_once(args, env, watch, note, key, started):
 
 
 def make_parser(prog: str = "python -m dynspec.triton_repo.server", description: str | None = None):
-    """The launcher's parser: flags only as spelled in full, defaults in --help (dynspec.cli.Parser)."""
-    from dynspec.cli import Parser
+    """The launcher's parser: flags only as spelled in full, defaults in --help (dynspec.parsers.Parser)."""
+    from dynspec.parsers import Parser
 
     p = Parser(prog=prog, description=description or __doc__.splitlines()[0])
     add_server_args(p)

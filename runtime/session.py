@@ -67,14 +67,17 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     return load_reference_engine(cfg.target_dir, cfg.draft_dir, device=device, dtype=ref.dtype, **sizes)
 
 
-def capture(engine, keys, ref, strict: bool = True) -> int:
-    """Prepare a CUDA engine as `ref` (ReferenceSettings) asks: under GraphMode.FULL the decode
-    graphs of `keys` (reachable_graphs) and the whole-forward graphs of mixed iterations; in
-    either mode the eager chunk path compiled (engine.warm_chunks: the ragged kernel's item form,
-    the glue at several token counts). Returns how many
-    graphs. strict=False (serving): a whole-forward capture that fails is reported on stderr and
-    mixed iterations run eagerly; benchmarks keep strict, so a result never carries a label it
-    did not run with."""
+def capture(engine, keys, ref: ReferenceSettings = ReferenceSettings(), strict: bool = True) -> int:
+    """The one capture sequence, for serving, tests and benchmarks alike: prepare an engine as
+    `ref` (ReferenceSettings) asks. Under GraphMode.FULL the decode graphs of `keys`
+    (reachable_graphs), the eager chunk path compiled (engine.warm_chunks: the ragged kernel's
+    item form, the glue at several token counts), then the whole-forward graphs of mixed
+    iterations, after which (CUDA) mixed iterations at every speculative row shape run once
+    (engine.warm_mixed, inside capture_whole_graphs); under EAGER the warm-up alone. On CPU
+    nothing is captured: the whole-forward functions are set up to run uncaptured. Returns how
+    many graphs. strict=False (serving): a whole-forward capture that fails is reported on stderr
+    and mixed iterations run eagerly; benchmarks keep strict, so a result never carries a label
+    it did not run with."""
     if ref.graphs is not GraphMode.FULL:
         engine.warm_chunks()
         return 0

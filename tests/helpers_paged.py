@@ -176,6 +176,7 @@ def run_whole_interpreted() -> None:
     from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
+    from dynspec.runtime.session import capture
     from tests.helpers_models import make_tiny_draft, make_tiny_target
     from tests.test_executor import greedy_many
     from tests.test_per_request import FlipRows
@@ -202,7 +203,7 @@ def run_whole_interpreted() -> None:
             assert eng.triton
             policy = FlipRows(3, seed=1) if mode == "per-row" else DraftSchedule.parse("1:3,2:2,3:0")
             if whole:
-                eng.capture_graphs(reachable_graphs([policy], 4, True, 16))
+                capture(eng, reachable_graphs([policy], 4, True, 16))
             ex = Executor(eng, policy)
             rng = random.Random(5)
             ps = [tuple(rng.randrange(96) for _ in range(rng.randint(4, 20))) for _ in range(6)]

@@ -18,6 +18,7 @@ from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.loop import Loop
 from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.session import capture
 from tests.helpers_greedy import assert_greedy_up_to_ties
 from tests.helpers_lockstep import serve_in_lockstep
 from tests.helpers_models import make_tiny_pair
@@ -41,7 +42,7 @@ def _run(pair, policy, keep_warm, graphs, prompts, lens, on_captured=lambda: Non
                                 max_draft_len=policy.max_draft_len or 1, max_num_tokens=64)
     if graphs:
         keys = reachable_graphs([policy], 16, keep_warm)
-        assert eng.capture_graphs(keys) > len(keys)
+        assert capture(eng, keys) > len(keys)
     else:
         eng.warm_chunks()
     on_captured()
@@ -104,7 +105,8 @@ def _spy_whole(monkeypatch) -> list:
     runs = []
     real = WholeMixed.run
     def run(self, key):
-        b = int((self.e.slot[:key[1]] != self.e.pad_slot).sum())       # real decode rows (the rest pad)
+        buf = self.s.buffers
+        b = int((buf.slot[:key[1]] != buf.pad_slot).sum())              # real decode rows (the rest pad)
         runs.append((key, b, key in self.graphs))
         return real(self, key)
 
@@ -143,7 +145,7 @@ def _compiled() -> dict:
 @pytest.mark.parametrize("prompt_lens,max_seq,budget", [((4, 40), 128, 64), ((100, 300), 512, 512)],
                          ids=["short-prompts", "chunks-over-several-query-blocks"])
 def test_nothing_compiles_while_serving_after_the_capture(pair, prompt_lens, max_seq, budget):
-    """After capture_graphs (decode graphs, warm_chunks, whole graphs, warm_mixed), 40 requests
+    """After session.capture (decode graphs, warm_chunks, whole graphs, warm_mixed), 40 requests
     through 16 rows (finished rows replaced: arrivals beside decode rows at two K > 0 at least) compile
     no new compiled graph and no new Triton specialisation: each first use would stall a
     served step. Prompts of 4..40 tokens, then of 100..300 (chunks over several query blocks)."""
@@ -153,7 +155,7 @@ def test_nothing_compiles_while_serving_after_the_capture(pair, prompt_lens, max
     policy = DraftSchedule.parse("2:5,4:3,8:1")
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=max_seq,
                                 max_draft_len=5, max_num_tokens=budget)
-    eng.capture_graphs(reachable_graphs([policy], 16, True, budget))
+    capture(eng, reachable_graphs([policy], 16, True, budget))
     before = _compiled()
     ex = Executor(eng, policy, keep_warm=True)
     for p, n in zip(prompts, lens):
@@ -179,7 +181,7 @@ def test_nothing_compiles_serving_llama_shapes_in_bf16_in_waves(tmp_path_factory
     schedules = [DraftSchedule.parse(f"16:{k}") for k in (5, 3, 1)]
     eng = load_reference_engine(str(paths.target), str(paths.draft), device="cuda", dtype="bfloat16",
                                 max_batch_size=16, max_seq_len=424, max_draft_len=5)
-    eng.capture_graphs(reachable_graphs(schedules, 16, True, eng.max_num_tokens))
+    capture(eng, reachable_graphs(schedules, 16, True, eng.max_num_tokens))
     before = _compiled()
     rng = random.Random(7)
     slow, recompiles = [], _Messages()
@@ -229,7 +231,7 @@ def test_the_overlapped_loop_serves_arrivals_with_no_hidden_sync(pair):
     policy = DraftSchedule.parse("2:5,4:3,8:1")
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=5, max_num_tokens=64)
-    eng.capture_graphs(reachable_graphs([policy], 16, True, 64))
+    capture(eng, reachable_graphs([policy], 16, True, 64))
     serial = [h.result().output_ids for h in closed_loop(Executor(eng, policy), jobs, 12)]
     ex = Executor(eng, policy, loop=Loop.OVERLAPPED)
     torch.cuda.set_sync_debug_mode("error")
@@ -261,7 +263,7 @@ def test_whole_k0_graphs_leave_the_eager_state(pair, keep_warm, monkeypatch):
                                     max_draft_len=3, max_num_tokens=64)
         keys = reachable_graphs([policy], 8, keep_warm, 64)
         if whole:
-            assert eng.capture_graphs(keys) > len(keys)
+            assert capture(eng, keys) > len(keys)
         else:
             eng.capture_decode_graphs(keys)
             eng.warm_chunks()
@@ -298,7 +300,7 @@ def test_chunks_over_several_query_blocks_equal_transformers(pair, whole, monkey
                                 max_draft_len=3, max_num_tokens=512)
     keys = reachable_graphs([policy], 4, True, 512)
     if whole:
-        eng.capture_graphs(keys)
+        capture(eng, keys)
     else:
         eng.capture_decode_graphs(keys)
         eng.warm_chunks()
@@ -507,7 +509,7 @@ def test_per_row_k_through_captured_whole_graphs_equals_transformers(pair, monke
     policy = FlipRows(4, seed=2)
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=4, max_num_tokens=64)
-    eng.capture_graphs(reachable_graphs([policy], 16, True, 64))
+    capture(eng, reachable_graphs([policy], 16, True, 64))
     runs.clear()
     rng = random.Random(4)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]

@@ -12,6 +12,7 @@ from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
 from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
 from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.session import capture
 from tests.helpers_lockstep import serve_arrivals, serve_in_lockstep
 from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
 
@@ -79,17 +80,17 @@ def test_a_budget_so_small_that_one_prompt_takes_ten_iterations(pair, hf_target)
 @pytest.fixture
 def packings(monkeypatch):
     """(B x T decode tokens ahead of the chunks, b x T real ones) of every eager mixed iteration."""
-    from dynspec.runtime.engines.reference.engine import ReferenceEngine
+    from dynspec.runtime.engines.reference import eager_mixed
 
     seen = []
-    real = ReferenceEngine.mixed_inputs
+    real = eager_mixed.mixed_inputs
 
-    def spy(self, plan):
-        m = real(self, plan)
+    def spy(parts, plan):
+        m = real(parts, plan)
         seen.append((m.nd, plan.decode_tokens))
         return m
 
-    monkeypatch.setattr(ReferenceEngine, "mixed_inputs", spy)
+    monkeypatch.setattr(eager_mixed, "mixed_inputs", spy)
     return seen
 
 
@@ -323,7 +324,7 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
 
     eng.on_dispatch = spy
     policy = DraftSchedule.parse("1:5,2:3,3:2,4:1")
-    assert eng.capture_graphs(reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
+    assert capture(eng, reachable_graphs([policy], 6, True, budget)) == 0          # CPU: nothing captured
     ex = Executor(eng, policy)
     serve_arrivals_and_check(ex, hf_target, seed=35)
     top = eng.whole.buckets[-1]                            # past it: eager

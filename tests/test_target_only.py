@@ -10,6 +10,7 @@ from dynspec.runtime.executor import Executor
 from dynspec.runtime.plan import PromptChunk, make_plan
 from dynspec.runtime.adaptive import AdaptivePolicy
 from dynspec.runtime.policy import ConstantK, DraftSchedule, speculates
+from dynspec.runtime.session import capture
 from tests.test_executor import hf_target, pair  # noqa: F401  (fixtures)
 from tests.test_inflight import engine, pad_rows_to_buckets, serve_arrivals_and_check
 
@@ -47,7 +48,7 @@ def test_the_target_alone_is_lossless_and_never_touches_the_draft(pair, hf_targe
     pad_rows_to_buckets(eng)
     policy = DraftSchedule.parse("")
     if whole:
-        eng.capture_graphs(reachable_graphs([policy], 6, False, 20))
+        capture(eng, reachable_graphs([policy], 6, False, 20))
     plans, runs = [], []
     launch = eng.launch
     monkeypatch.setattr(eng, "launch", lambda plan, acc: plans.append(plan) or launch(plan, acc))

@@ -102,9 +102,10 @@ def main() -> None:
                                 max_draft_len=max(sched.max_draft_len, 1))
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
+            from dynspec.runtime.session import capture
 
-            captured[0] = engine.capture_graphs(reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
-                                                                 engine.max_num_tokens))
+            captured[0] = capture(engine, reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
+                                                           engine.max_num_tokens))
         if a.whole_mixed:
             engine.capture_whole_graphs()
         rec = StepRecorder(engine)

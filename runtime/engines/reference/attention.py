@@ -18,19 +18,54 @@ Reads past a row's length land in the row's own blocks or in the scratch block 0
 s <= p rule hides them, so rollback is by length: nothing is cleared.
 
 Two implementations of the same rule:
-- `sdpa_attention`: gathers each row's blocks and runs SDPA with a boolean mask (any device;
-  every step on CPU, the oracle of the other).
+- `sdpa_attention` (as an object: `SdpaAttention`): gathers each row's blocks and runs SDPA with a
+  boolean mask (any device; every step on CPU, the oracle of the other).
 - `ragged.RaggedAttention`: every row, decode rows and prompt chunks alike, through one Triton
   kernel over the pool (CUDA; Triton's interpreter in tests).
+Both are an `Attention`: attention(q, k_pool, v_pool, batch), and rope_attend(...) with RoPE and
+the K/V write inside (None where it does not: the caller runs rope_write, then the attention).
+The engine picks one at construction. The ragged kernel's work items (plan_items) are laid out
+here, beside the batches that carry them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+ITEM_TOKENS = 4             # tokens of a work item of a ragged batch (G = 4: 16 queries, tl.dot's least M)
+ITEM_FIELDS = 3             # rows of an item list: slot, first packed token, tokens
+
+
+def item_count(lens, item_tokens: int = ITEM_TOKENS) -> int:
+    """Items of rows of `lens` tokens: sum of ceil(len / item_tokens). item_count([3, 3, 40], 16) = 5."""
+    return int(sum(-(-int(n) // item_tokens) for n in lens))
+
+
+def plan_items(slots, lens, item_tokens: int = ITEM_TOKENS, pad_to: int | None = None) -> np.ndarray:
+    """Pure. [3, I] int64: (slot, first packed token, tokens) of each item of rows packed in
+    order, row r holding lens[r] tokens of slots[r]; pad_to: I, the items past the rows' (slot 0,
+    first token 0, 0 tokens: programs that do nothing), for a launch of a fixed grid (graphs).
+    plan_items([4, 9, 2], [3, 3, 40], 16) = [[4 9 2 2 2], [0 3 6 22 38], [3 3 16 16 8]]."""
+    lens = np.asarray(lens, dtype=np.int64)
+    per = -(-lens // item_tokens)                                           # [R] items a row
+    I = int(per.sum())
+    if pad_to is not None and pad_to < I:
+        raise ValueError(f"{I} work items do not fit a launch of {pad_to}")
+    out = np.zeros((ITEM_FIELDS, I if pad_to is None else pad_to), dtype=np.int64)
+    row = np.repeat(np.arange(len(lens)), per)                              # [I] row of each item
+    j = np.arange(I) - (np.cumsum(per) - per)[row]                          # [I] index in its row
+    first = (np.cumsum(lens) - lens)[row]                                   # [I] its row's first token
+    out[0, :I] = np.asarray(slots, dtype=np.int64)[row]
+    out[1, :I] = first + j * item_tokens
+    out[2, :I] = np.minimum(item_tokens, lens[row] - j * item_tokens)
+    return out
 
 
 def _kv_index(tables: Tensor, block_size: int) -> Tensor:
@@ -54,7 +89,7 @@ class RaggedBatch:
     ragged: tuple[Tensor, Tensor] | None = None   # (q_index, out_index) of rows of different lengths;
                                                   # None: uniform, every row Tq tokens packed row-major
     items: tuple[Tensor, Tensor] | None = None    # (items [3, I], block tables [slots, W]): the ragged
-                                                  # kernel's work items (ragged.plan_items), by slot
+                                                  # kernel's work items (plan_items), by slot
 
     @property
     def uniform(self) -> bool:
@@ -117,8 +152,6 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     Row r holds lens[r] tokens at positions first_pos[r].., packed in row order.
     Example, rows (slot 2, pos 5, 2 tokens) and (slot 0, pos 0, 3 tokens): row_of = [0 0 1 1 1],
     t = [0 1 0 1 2], positions = [5 6 0 1 2], out_index = [0 1 3 4 5] (Tq = 3)."""
-    import numpy as np
-
     dev = block_tables.device
     lens_a = np.asarray(lens, dtype=np.int64)
     R, Tq, n = len(lens), int(lens_a.max()), int(lens_a.sum())
@@ -129,8 +162,6 @@ def ragged_batch(block_tables: Tensor, slots: list[int], first_pos: list[int], l
     q_index[row_of, t] = np.arange(n)
     q_pos = np.zeros((R, Tq), dtype=np.int64)
     q_pos[row_of, t] = positions
-    from .ragged import plan_items
-
     slots_a = np.asarray(slots, dtype=np.int64)
     items = plan_items(slots_a, lens_a)                                              # [3, I]
     parts = [q_index.ravel(), q_pos.ravel(), row_of * Tq + t, positions, slots_a[row_of], slots_a, items.ravel()]
@@ -175,3 +206,38 @@ def sdpa_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch
     o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask)                       # [R, kvh, g*Tq, hd]
     o = o.view(R, kvh, g, Tq, hd).permute(0, 3, 1, 2, 4).reshape(R * Tq, nh * hd)
     return o[batch.out_index]
+
+
+@runtime_checkable
+class Attention(Protocol):
+    """What a forward's layers call: the attention of packed q over the pools, and the fused form."""
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor: ...
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor,
+                    batch: RaggedBatch, n_heads: int) -> Tensor | None: ...
+
+
+class SdpaAttention:
+    """sdpa_attention as an Attention: no fused form (rope_attend None: the layer writes RoPE and
+    K/V first, layer_ops.rope_write)."""
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+        return sdpa_attention(q, k_pool, v_pool, batch)
+
+    def rope_attend(self, qkv, cos, sin, k_pool, v_pool, batch, n_heads) -> None:
+        return None
+
+
+def as_attention(attention) -> Attention:
+    """An Attention from what a caller passed: itself, or a bare (q, k_pool, v_pool, batch)
+    function (tests, recorders) with no fused form."""
+    return attention if isinstance(attention, Attention) else _Plain(attention)
+
+
+@dataclass(frozen=True)
+class _Plain(SdpaAttention):
+    fn: object
+
+    def __call__(self, q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch) -> Tensor:
+        return self.fn(q, k_pool, v_pool, batch)

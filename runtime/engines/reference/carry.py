@@ -27,30 +27,31 @@ from dataclasses import dataclass, replace
 import torch
 
 from dynspec.runtime.engines.reference.attention import RaggedBatch
+from dynspec.runtime.engines.reference.step_state import StepBuffers
 from dynspec.runtime.plan import StepPlan, StepResult
 
 
-def gather_carried(x, pos, slot, from_dev, slot_tok, slot_pos, B: int) -> None:
+def gather_carried(buf: StepBuffers, B: int) -> None:
     """Rows 0..B-1 with from_dev set take their pending token and position from the per-slot
     copy, in place (x, pos are the graphs' static inputs) [B] each."""
-    carried = from_dev[:B] != 0
-    s = slot[:B]
-    x[:B].copy_(torch.where(carried, slot_tok[s], x[:B]))
-    pos[:B].copy_(torch.where(carried, slot_pos[s], pos[:B]))
+    carried = buf.from_dev[:B] != 0
+    s = buf.slot[:B]
+    buf.x[:B].copy_(torch.where(carried, buf.slot_tok[s], buf.x[:B]))
+    buf.pos[:B].copy_(torch.where(carried, buf.slot_pos[s], buf.pos[:B]))
 
 
-def save_carried(plan: StepPlan, e, firsts) -> None:
-    """The per-slot copy after a step of `plan` on engine e: decode rows from out_tokens / out_n,
+def save_carried(plan: StepPlan, buf: StepBuffers, firsts) -> None:
+    """The per-slot copy after a step of `plan` in buf: decode rows from out_tokens / out_n,
     last chunks from their first tokens `firsts` [n_last] and staged (slot, P)."""
     b, nl = plan.batch_size, plan.last_chunks
     if b:
-        s, n = e.slot[:b], e.out_n[:b]
-        e.slot_tok[s] = e.out_tokens[:b].gather(1, n[:, None]).squeeze(1)
-        e.slot_pos[s] = e.pos[:b] + n + 1
+        s, n = buf.slot[:b], buf.out_n[:b]
+        buf.slot_tok[s] = buf.out_tokens[:b].gather(1, n[:, None]).squeeze(1)
+        buf.slot_pos[s] = buf.pos[:b] + n + 1
     if nl:
-        ls = e.last_slot[:nl]
-        e.slot_tok[ls] = firsts[:nl]
-        e.slot_pos[ls] = e.last_pos[:nl]
+        ls = buf.last_slot[:nl]
+        buf.slot_tok[ls] = firsts[:nl]
+        buf.slot_pos[ls] = buf.last_pos[:nl]
 
 
 def last_chunk_rows(plan: StepPlan) -> tuple[list[int], list[int]]:

@@ -46,10 +46,10 @@ from torch import Tensor, nn
 from dynspec.checkpoint.eagle3 import resolve_capture_layers
 from dynspec.errors import DynspecError
 
-from .attention import RaggedBatch, sdpa_attention
-from .layer_ops import apply_rope, Kernels
-from .model import _empty, Collectives, row_batch, setup_paged_cache, setup_row_cache
-from .model_config import attention_dims, check_silu, hf_field, parse_rope, TargetConfig
+from dynspec.runtime.engines.reference.attention import RaggedBatch, SdpaAttention
+from dynspec.runtime.engines.reference.layer_ops import apply_rope, Kernels
+from dynspec.runtime.engines.reference.model import _empty, Collectives, row_batch, setup_paged_cache, setup_row_cache
+from dynspec.runtime.engines.reference.model_config import attention_dims, check_silu, hf_field, parse_rope, TargetConfig
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Eagle3Draft(nn.Module):
         self.lm_head = _empty(c.draft_vocab_size, h, device=device, dtype=dtype)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long, device=device))
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool, device=device))
-        self.attention = sdpa_attention
+        self.attention = SdpaAttention()
         self.collectives = Collectives()
         self.kernels = Kernels()                  # ReferenceEngine gives it the target's (compiled on CUDA)
         self.max_batch = self.max_seq_len = self.block_size = 0

@@ -1,6 +1,6 @@
 """The pure-decode step's device functions: static buffers in, static buffers out, graph-capturable.
-The draft chain, the target's verify, acceptance and the draft's catch-up, on the engine `e`'s
-step buffers and carried state.
+The draft chain, the target's verify, acceptance and the draft's catch-up, on a step's parts `s`
+(step_state.StepParts: its buffers and carried heads).
 
 Token/hidden bookkeeping for one row (x_j = token at position j, h_j = target capture at j):
     target cache   positions 0..L-1 hold x_0..x_{L-1};  x_L (pending) is not in it yet
@@ -26,55 +26,57 @@ import torch
 
 from dynspec.runtime.acceptance import accepted_prefix, draft_uniforms
 from dynspec.runtime.engines.reference.attention import RaggedBatch, uniform_batch
+from dynspec.runtime.engines.reference.step_state import StepParts
 
 
-def device_fn(e, key, read: int | None) -> None:
+def device_fn(s: StepParts, key, read: int | None) -> None:
     """The device work of a pure-decode GraphKey (graph_keys.py), uncaptured."""
     B = key.bucket
     if key.kind == "spec":
-        speculate(e, B, key.k, read)
+        speculate(s, B, key.k, read)
     elif key.kind == "decode":
-        decode(e, B, key.keep_warm, read)
+        decode(s, B, key.keep_warm, read)
     else:
-        refresh(e, B, read)
+        refresh(s, B, read)
 
 
-def decode_rows(e, B: int, q_pos: torch.Tensor, read: int | None) -> RaggedBatch:
+def decode_rows(s: StepParts, B: int, q_pos: torch.Tensor, read: int | None) -> RaggedBatch:
     """Decode rows 0..B-1, row r's tokens at q_pos[r] ([B, T]), over `read` blocks of their
     tables (None: all). Where Triton runs always all, as in the decode graphs: the paged
     kernel's launch constants (PER, SPLITS) follow the table width, so an eager step at its
     own `read` (a K > 0 mixed iteration's draft chain and decode rows) would compile a kernel of
     its own on first use, 1-2 s inside a served step on the H200; at the graphs' width it runs
     theirs. Tiles past a row's last position load nothing. SDPA (CPU) gathers `read` blocks."""
-    width = e.max_blocks_per_seq if e.triton or not read else read
-    return uniform_batch(e.block_tables, e.slot[:B], q_pos, width, e.block_size)
+    width = s.max_blocks_per_seq if s.ragged or not read else read
+    return uniform_batch(s.slots.block_tables, s.buffers.slot[:B], q_pos, width, s.block_size)
 
 
-def draft_next(e, tokens, hidden, batch, attention=None):
+def draft_next(s: StepParts, tokens, hidden, batch):
     """Draft forward over packed tokens -> (target-vocab argmax [N], output hidden [N, h])."""
-    ids, dh = e.draft.run(tokens, hidden, batch, attention, greedy=True)
-    return e.draft.to_target_ids(ids), dh
+    ids, dh = s.draft.run(tokens, hidden, batch, s.attention, greedy=True)
+    return s.draft.to_target_ids(ids), dh
 
 
-def refresh(e, B: int, read) -> None:
+def refresh(s: StepParts, B: int, read) -> None:
     """Rebuild entry L of stale rows: (x_L, h_{L-1}) at draft position L-1."""
-    slot = e.slot[:B]
-    batch = decode_rows(e, B, (e.pos[:B] - 1)[:, None], read)
-    d, h = draft_next(e, e.x[:B], e.last_capture[slot], batch, e.decode_attention())
-    e.next_draft[slot], e.draft_hidden[slot] = d, h
+    buf = s.buffers
+    slot = buf.slot[:B]
+    batch = decode_rows(s, B, (buf.pos[:B] - 1)[:, None], read)
+    d, h = draft_next(s, buf.x[:B], s.heads.last_capture[slot], batch)
+    s.heads.set_heads(slot, draft=d, hidden=h)
 
 
-def draft_chain(e, B: int, K: int, read: int | None = None) -> torch.Tensor:
+def draft_chain(s: StepParts, B: int, K: int, read: int | None = None) -> torch.Tensor:
     """K-1 chain steps from the carried head -> drafts [B, K]."""
-    slot, pos = e.slot[:B], e.pos[:B]
-    drafts, h = [e.next_draft[slot]], e.draft_hidden[slot]
+    slot, pos = s.buffers.slot[:B], s.buffers.pos[:B]
+    drafts, h = [s.heads.next_draft[slot]], s.heads.draft_hidden[slot]
     for i in range(1, K):                                                # entries L+1..L+K-1
-        d, h = draft_next(e, drafts[-1], h, decode_rows(e, B, (pos + i - 1)[:, None], read), e.decode_attention())
+        d, h = draft_next(s, drafts[-1], h, decode_rows(s, B, (pos + i - 1)[:, None], read))
         drafts.append(d)
     return torch.stack(drafts, dim=1)                                    # [B, K]
 
 
-def accept(e, D, g):
+def accept(s: StepParts, D, g):
     """drafts D [B, K] of rows 0..B-1, target greedy g [B, K+1] -> (accepted n [B], tokens
     E [B, K+1]): E[:, i] = d_{i+1} for i < n, else the target's token; emitted = E[:, :n+1].
     n <= row_k[r]: a row at K_r < K takes the target's token at index K_r at the latest, which
@@ -83,50 +85,49 @@ def accept(e, D, g):
     row's request (slot_p[slot], set from rate_of(model, key)). TraceReplay: d_i is accepted iff
     i <= r, r the request's recorded run length at its pending position (wrapping at its length)."""
     B, K = D.shape
+    st, buf = s.slots, s.buffers
     steps = torch.arange(K + 1, device=D.device)
-    slot = e.slot[:B]
-    u = draft_uniforms(e.accept_seed, e.slot_key[slot], e.pos[:B, None] + steps[None, 1:])
-    rand = u < e.slot_p[slot][:, None]                                               # [B, K]
-    r = e.slot_trace[slot, e.pos[:B] % e.slot_trace_len[slot]]                          # [B] recorded run
-    rand = torch.where(e.replay, steps[None, 1:] <= r[:, None], rand)
-    n = accepted_prefix(torch.where(e.bernoulli, rand, D == g[:, :K]))              # [B]
-    n = torch.minimum(n, e.row_k[:B])             # row r accepts at most its own K_r (plan.row_k)
+    slot, pos = buf.slot[:B], buf.pos[:B]
+    u = draft_uniforms(st.accept_seed, st.slot_key[slot], pos[:, None] + steps[None, 1:])
+    rand = u < st.slot_p[slot][:, None]                                              # [B, K]
+    r = st.slot_trace[slot, pos % st.slot_trace_len[slot]]                          # [B] recorded run
+    rand = torch.where(st.replay, steps[None, 1:] <= r[:, None], rand)
+    n = accepted_prefix(torch.where(st.bernoulli, rand, D == g[:, :K]))             # [B]
+    n = torch.minimum(n, buf.row_k[:B])          # row r accepts at most its own K_r (plan.row_k)
     return n, torch.where(steps[None] < n[:, None], torch.cat([D, g[:, -1:]], 1), g)
 
 
-def speculate(e, B: int, K: int, read) -> None:
-    D = draft_chain(e, B, K, read)                                       # [B, K]
-    vpos = e.pos[:B, None] + torch.arange(K + 1, device=D.device)        # [B, K+1]
-    batch = decode_rows(e, B, vpos, read)
-    tokens = torch.cat([e.x[:B, None], D], 1)                            # [B, K+1]
-    attention = e.decode_attention()             # the verify's and the draft's catch-up
-    g, H = e.target.run(tokens.reshape(-1), batch, capture=e.capture, attention=attention, greedy=True)
-    n, E = accept(e, D, g.view(B, K + 1))
-    catch_up(e, E, H.view(B, K + 1, -1), batch, n, attention)
-    e.out_tokens[:B, : K + 1] = E
-    e.out_n[:B] = n
+def speculate(s: StepParts, B: int, K: int, read) -> None:
+    buf = s.buffers
+    D = draft_chain(s, B, K, read)                                       # [B, K]
+    vpos = buf.pos[:B, None] + torch.arange(K + 1, device=D.device)      # [B, K+1]
+    batch = decode_rows(s, B, vpos, read)
+    tokens = torch.cat([buf.x[:B, None], D], 1)                          # [B, K+1]
+    g, H = s.target.run(tokens.reshape(-1), batch, capture=s.capture, attention=s.attention, greedy=True)
+    n, E = accept(s, D, g.view(B, K + 1))
+    catch_up(s, E, H.view(B, K + 1, -1), batch, n)
+    buf.out_tokens[:B, : K + 1] = E
+    buf.out_n[:B] = n
 
 
-def decode(e, B: int, keep_warm: bool, read) -> None:
+def decode(s: StepParts, B: int, keep_warm: bool, read) -> None:
     """Plain decode. Keep-warm writes only the draft's K/V for the new entry (no draft
     attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
     `refresh` when speculation resumes, so every later draft step sees a complete cache."""
-    batch = decode_rows(e, B, e.pos[:B, None], read)
-    g, H = e.target.run(e.x[:B], batch, capture=e.capture, attention=e.decode_attention(), greedy=True)   # [B]
+    buf = s.buffers
+    batch = decode_rows(s, B, buf.pos[:B, None], read)
+    g, H = s.target.run(buf.x[:B], batch, capture=s.capture, attention=s.attention, greedy=True)   # [B]
     if keep_warm:
-        e.draft.extend_kv(g, H, batch)                                   # entry L+1 @ draft pos L
-    e.last_capture[e.slot[:B]] = H
-    e.out_tokens[:B, 0] = g
-    e.out_n[:B] = 0
+        s.draft.extend_kv(g, H, batch)                                   # entry L+1 @ draft pos L
+    s.heads.set_heads(buf.slot[:B], capture=H)
+    buf.out_tokens[:B, 0] = g
+    buf.out_n[:B] = 0
 
 
-def catch_up(e, E, H, batch, n, attention) -> None:
+def catch_up(s: StepParts, E, H, batch, n) -> None:
     """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n.
     E [B, T], H [B, T, w]."""
     B, T = E.shape
-    d, h = draft_next(e, E.reshape(-1), H.reshape(B * T, -1), batch, attention)
+    d, h = draft_next(s, E.reshape(-1), H.reshape(B * T, -1), batch)
     rows = torch.arange(B, device=E.device)
-    slot = e.slot[:B]
-    e.next_draft[slot] = d.view(B, T)[rows, n]
-    e.draft_hidden[slot] = h.view(B, T, -1)[rows, n]
-    e.last_capture[slot] = H[rows, n]
+    s.heads.set_heads(s.buffers.slot[:B], d.view(B, T)[rows, n], h.view(B, T, -1)[rows, n], H[rows, n])

@@ -11,7 +11,8 @@ import torch
 
 from dynspec.runtime.engines.reference.attention import RaggedBatch, ragged_batch, to_device
 from dynspec.runtime.engines.reference.carry import with_device_rows
-from dynspec.runtime.engines.reference.draft_chain import decode_rows, draft_chain, draft_next, refresh
+from dynspec.runtime.engines.reference.draft_chain import accept, decode_rows, draft_chain, draft_next, refresh
+from dynspec.runtime.engines.reference.step_state import StepParts
 from dynspec.runtime.plan import StepPlan
 
 
@@ -27,32 +28,32 @@ class MixedInputs:
     nd: int                       # B x T decode tokens ahead of the chunks
 
 
-def eager_mixed(e, plan: StepPlan, read: int) -> torch.Tensor:
-    """The iteration on engine e -> the first generated token of each last chunk [n_last]."""
+def eager_mixed(s: StepParts, plan: StepPlan, read: int) -> torch.Tensor:
+    """The iteration on the step's parts s -> the first generated token of each last chunk [n_last]."""
     b, B, K = plan.batch_size, plan.bucket, plan.k
-    m = e.mixed_inputs(plan)
+    buf = s.buffers
+    m = mixed_inputs(s, plan)
     nd = m.nd
     if b and K and any(plan.stale):
-        refresh(e, B, read)
-    D = draft_chain(e, B, K, read) if b and K else None                  # [B, K]
-    tokens = torch.cat([e.x[:B, None], D], 1).reshape(-1) if D is not None else e.x[:B]
-    attention = e.decode_attention()                                     # one launch over every row
+        refresh(s, B, read)
+    D = draft_chain(s, B, K, read) if b and K else None                  # [B, K]
+    tokens = torch.cat([buf.x[:B, None], D], 1).reshape(-1) if D is not None else buf.x[:B]
     if b and plan.carried_rows:          # the host laid the decode rows out at upper bounds
-        m = replace(m, batch=with_device_rows(m.batch, e.pos, e.slot, e.block_tables, B, K + 1))
-    logit_index = torch.cat([torch.arange(nd, device=e.device), m.last_idx])
-    greedy, H = e.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
-                             capture=e.capture if plan.draft else (), logit_index=logit_index,
-                             attention=attention, greedy=True)           # [nd + n_last]
+        m = replace(m, batch=with_device_rows(m.batch, buf.pos, buf.slot, s.slots.block_tables, B, K + 1))
+    logit_index = torch.cat([torch.arange(nd, device=s.device), m.last_idx])
+    greedy, H = s.target.run(torch.cat([tokens, m.prompt]) if b else m.prompt, m.batch,
+                             capture=s.capture if plan.draft else (), logit_index=logit_index,
+                             attention=s.attention, greedy=True)         # [nd + n_last], one launch a layer
     firsts = greedy[nd:]
     m.nxt[m.last_idx - nd] = firsts          # draft entries (x_{p+1}, h_p): a last chunk's x_e is g0
     if b and K:
-        mixed_catch_up(e, plan, D, greedy[:nd], H, m, attention)
+        mixed_catch_up(s, plan, D, greedy[:nd], H, m)
     else:
-        mixed_decode_end(e, plan, greedy[:nd], H, m, read)
+        mixed_decode_end(s, plan, greedy[:nd], H, m, read)
     return firsts
 
 
-def mixed_inputs(e, plan: StepPlan) -> MixedInputs:
+def mixed_inputs(s: StepParts, plan: StepPlan) -> MixedInputs:
     """The chunks' side of an eager mixed iteration, every host -> device copy issued before
     the first kernel (the draft's included): a copy from pageable memory waits for the stream,
     so one issued later would stall the host until the work queued before it ends; these are
@@ -69,51 +70,49 @@ def mixed_inputs(e, plan: StepPlan) -> MixedInputs:
     host = [[t for c in chunks for t in c.tokens],
             [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
             [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows]]
-    flat = to_device(torch.tensor([x for part in host for x in part], dtype=torch.long), e.device)
+    flat = to_device(torch.tensor([x for part in host for x in part], dtype=torch.long), s.device)
     prompt, nxt, last_idx, last_slot = flat.split([len(x) for x in host])
     pad = B - b                                                          # padding rows: slot pad_slot at 1
-    slots = list(plan.slots) + [e.pad_slot] * pad + [c.slot for c in chunks]
+    slots = list(plan.slots) + [s.buffers.pad_slot] * pad + [c.slot for c in chunks]
     starts = list(plan.positions) + [1] * pad + [c.start for c in chunks]
     lens = [T] * B + [len(c.tokens) for c in chunks]
-    c_batch = ragged_batch(e.block_tables, slots[B:], starts[B:], lens[B:], e.block_size)
-    batch = ragged_batch(e.block_tables, slots, starts, lens, e.block_size) if B else c_batch
+    tables, bs = s.slots.block_tables, s.block_size
+    c_batch = ragged_batch(tables, slots[B:], starts[B:], lens[B:], bs)
+    batch = ragged_batch(tables, slots, starts, lens, bs) if B else c_batch
     return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, batch, c_batch, nd)
 
 
-def mixed_catch_up(e, plan: StepPlan, D, g, H, m: MixedInputs, attention) -> None:
+def mixed_catch_up(s: StepParts, plan: StepPlan, D, g, H, m: MixedInputs) -> None:
     """K > 0: accept over the B rows (g [B*T]), then one draft pass over the rows' catch-up
     entries and the chunks' entries; the b real rows and the last chunks keep their heads."""
-    b, B, T, dev = plan.batch_size, plan.bucket, plan.k + 1, e.device
-    n, E = e.accept(D, g.view(B, T))
-    e.out_tokens[:b, :T] = E[:b]
-    e.out_n[:b] = n[:b]
-    d, h = draft_next(e, torch.cat([E.reshape(-1), m.nxt]), H, m.batch, attention)
-    rows, slot = torch.arange(b, device=dev), e.slot[:b]
-    e.next_draft[slot] = d[: m.nd].view(B, T)[rows, n[:b]]
-    e.draft_hidden[slot] = h[: m.nd].view(B, T, -1)[rows, n[:b]]
-    e.last_capture[slot] = H[: m.nd].view(B, T, -1)[rows, n[:b]]
-    last_heads(e, m, d, h, H, 0)
+    b, B, T, buf = plan.batch_size, plan.bucket, plan.k + 1, s.buffers
+    n, E = accept(s, D, g.view(B, T))
+    buf.out_tokens[:b, :T] = E[:b]
+    buf.out_n[:b] = n[:b]
+    d, h = draft_next(s, torch.cat([E.reshape(-1), m.nxt]), H, m.batch)
+    rows, at = torch.arange(b, device=s.device), n[:b]
+    s.heads.set_heads(buf.slot[:b], d[: m.nd].view(B, T)[rows, at], h[: m.nd].view(B, T, -1)[rows, at],
+                      H[: m.nd].view(B, T, -1)[rows, at])
+    last_heads(s, m, d, h, H, 0)
 
 
-def mixed_decode_end(e, plan: StepPlan, g, H, m: MixedInputs, read: int) -> None:
+def mixed_decode_end(s: StepParts, plan: StepPlan, g, H, m: MixedInputs, read: int) -> None:
     """K = 0: the b rows' outputs and keep-warm K/V, then the draft's pass over the chunks;
     without the draft (plan.draft False) the rows' outputs alone (H is None: nothing captured)."""
-    b = plan.batch_size
+    b, buf = plan.batch_size, s.buffers
     if b:
         if plan.keep_warm:
-            e.draft.extend_kv(g[:b], H[:b], decode_rows(e, b, e.pos[:b, None], read))
+            s.draft.extend_kv(g[:b], H[:b], decode_rows(s, b, buf.pos[:b, None], read))
         if plan.draft:
-            e.last_capture[e.slot[:b]] = H[:b]
-        e.out_tokens[:b, 0] = g[:b]
-        e.out_n[:b] = 0
+            s.heads.set_heads(buf.slot[:b], capture=H[:b])
+        buf.out_tokens[:b, 0] = g[:b]
+        buf.out_n[:b] = 0
     if plan.draft:
-        d, h = draft_next(e, m.nxt, H[m.nd:], m.c_batch, e.decode_attention())
-        last_heads(e, m, d, h, H, m.nd)
+        d, h = draft_next(s, m.nxt, H[m.nd:], m.c_batch)
+        last_heads(s, m, d, h, H, m.nd)
 
 
-def last_heads(e, m: MixedInputs, d, h, H, offset: int) -> None:
+def last_heads(s: StepParts, m: MixedInputs, d, h, H, offset: int) -> None:
     """The carried state of each last chunk's slot, from its last token (d, h indexed from offset)."""
     if m.last_idx.numel():
-        e.next_draft[m.last_slot] = d[m.last_idx - offset]
-        e.draft_hidden[m.last_slot] = h[m.last_idx - offset]
-        e.last_capture[m.last_slot] = H[m.last_idx]
+        s.heads.set_heads(m.last_slot, d[m.last_idx - offset], h[m.last_idx - offset], H[m.last_idx])

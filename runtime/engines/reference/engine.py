@@ -12,7 +12,7 @@ change the host's bookkeeping only; the device's copy of the slot state (slot_st
 brought up to date by the next launch, in one copy however many requests came and went.
 
 One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step"):
-    pure decode   the (bucket, K) graph chain once capture_graphs ran (CUDA), else eager
+    pure decode   the (bucket, K) graph chain once session.capture ran (CUDA), else eager
                   (draft_chain.py; keys: graph_keys.py; capture: capture.py)
     mixed         the whole-forward graph of (Np, B, T, draft) (mixed_graphs.py: draft chain,
                   forward, acceptance and the draft's pass, all in it), else eager (eager_mixed.py),
@@ -21,32 +21,33 @@ One path per kind of step (docs/design.md, "CUDA graphs", "Host work of a step")
                   where whole graphs are set up, else the paths above with acceptance capped
     attention     CUDA: every packed row, decode rows and prompt chunks alike, through one launch
                   of ragged.RaggedAttention's kernel; CPU: SDPA
-The caller picks the attention (`attention`): "auto" (the Triton kernel on CUDA, SDPA elsewhere),
+`route(plan)` picks the path of a step, once (graph_keys.Route). The caller picks the attention
+(`attention`), once, at construction: "auto" (the Triton kernel on CUDA, SDPA elsewhere),
 "triton" (on CPU under Triton's interpreter, TRITON_INTERPRET=1: tests) or "sdpa".
+The step's state is typed (step_state.py): StepBuffers, CarriedHeads, and the StepParts every
+device function takes; no other module reads the engine.
 """
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 import torch
 
+from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
 from dynspec.runtime.acceptance import AcceptanceModel
 from dynspec.runtime.engines.reference import capture, draft_chain, eager_mixed
-from dynspec.runtime.engines.reference.attention import sdpa_attention
 from dynspec.runtime.engines.reference.carry import ResultReader, StepHandle, gather_carried, last_chunk_rows, save_carried
-from dynspec.runtime.engines.reference.graph_keys import GraphKey, capture_order, reachable_graphs
+from dynspec.runtime.engines.reference.graph_keys import GraphKey, Route, capture_order, reachable_graphs
 from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain
 from dynspec.runtime.engines.reference.kv_cache import BlockAllocator, available_bytes, check_pool_fits, kv_pool_bytes
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
-from dynspec.runtime.engines.reference.ragged import RaggedAttention
+from dynspec.runtime.engines.reference.ragged import ATTENTIONS, RaggedAttention, choose_attention
 from dynspec.runtime.engines.reference.slot_state import SlotState
+from dynspec.runtime.engines.reference.step_state import CarriedHeads, StepBuffers, StepParts
 from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for
 
 __all__ = ["ATTENTIONS", "GraphKey", "ReferenceEngine", "capture_order", "reachable_graphs"]
-
-ATTENTIONS = ("auto", "triton", "sdpa")
 
 
 def _flushed(name: str) -> property:
@@ -54,6 +55,11 @@ def _flushed(name: str) -> property:
     so a reader outside launch (a test, a warm-up) sees what reserve / release left. Writes go
     into the tensor returned, in place."""
     return property(lambda self: getattr(self.slots.flushed(), name))
+
+
+def _of(part: str, name: str) -> property:
+    """Read access to a tensor of the step's buffers or heads (written in place, never rebound)."""
+    return property(lambda self: getattr(getattr(self, part), name))
 
 
 class ReferenceEngine:
@@ -65,10 +71,15 @@ class ReferenceEngine:
     block_logical = _flushed("block_logical")    # [blocks] index in its owner's table
     slot_key = _flushed("slot_key")              # [S] request key (reserve)
     slot_p = _flushed("slot_p")                  # [S] Bernoulli p of the slot's request
+    accept_seed = _flushed("accept_seed")        # [] Bernoulli seed
+    # the step buffers and carried heads (step_state.py), for readers outside the step
+    x, pos, slot = _of("buffers", "x"), _of("buffers", "pos"), _of("buffers", "slot")
+    next_draft, draft_hidden = _of("heads", "next_draft"), _of("heads", "draft_hidden")
+    last_capture = _of("heads", "last_capture")
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
-                 attention: str = "auto"):
+                 attention: str = "auto", graphs: GraphMode = GraphMode.FULL):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -77,7 +88,7 @@ class ReferenceEngine:
         self.max_num_tokens = max_num_tokens
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
-        on_cuda = self.device.type == "cuda"
+        self.on_cuda = on_cuda = self.device.type == "cuda"      # the one device check (graphs, pinned copies)
         bs = block_size or (128 if on_cuda else 16)
         per_seq = -(-max_seq_len // bs)
         n_blocks = num_blocks or 1 + max_batch_size * per_seq
@@ -90,39 +101,22 @@ class ReferenceEngine:
         self.capture = tuple(draft.capture_layers)
         draft.kernels = target.kernels                         # the draft's glue on the target's Kernels
         self.vocab_size = target.config.vocab_size
-        self.triton = _use_triton(attention, on_cuda)          # RaggedAttention, else SDPA
+        self.attention = choose_attention(attention, on_cuda, bs)   # RaggedAttention, else SdpaAttention
+        self.triton = isinstance(self.attention, RaggedAttention)
+        self.graph_mode = GraphMode(graphs)    # FULL: steps replay what session.capture captured (CUDA)
         self.blocks = BlockAllocator(n_blocks, bs, per_seq, max_batch_size)
         self.block_size, self.max_blocks_per_seq = bs, per_seq
         target.setup_pool(n_blocks, bs, per_seq * bs)
         draft.setup_pool(n_blocks, bs, per_seq * bs)
         n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
         self.pad_slot = max_batch_size
-        self.slots = s = SlotState(self.blocks, n, n_blocks, per_seq, dev)
-        self.bernoulli, self.replay, self.accept_seed = s.bernoulli, s.replay, s.accept_seed
-        self.slot_trace, self.slot_trace_len = s.slot_trace, s.slot_trace_len
+        self.slots = SlotState(self.blocks, n, n_blocks, per_seq, dev)
         fused = len(self.capture) * target.config.hidden_size
-        # carried per-slot state (see module docstring)
-        self.next_draft = torch.zeros(n, dtype=torch.long, device=dev)                             # [S]
-        self.draft_hidden = torch.zeros(n, draft.config.hidden_size, dtype=p.dtype, device=dev)   # [S, h_draft]
-        self.last_capture = torch.zeros(n, fused, dtype=p.dtype, device=dev)   # [S, n_capture*h_target]
-        # static step inputs / outputs per decode row (also the CUDA-graph I/O). The inputs are the
-        # rows of one [7, R] tensor, filled from a pinned host twin in one copy a step:
-        #   x [R] pending tokens | pos [R] their positions | slot [R] their slots |
-        #   from_dev [R] 1: take x, pos from the carried copy | last_slot, last_pos [R]: the last
-        #   chunks' slots and prompt lengths (carry.py; the last three only for carried plans) |
-        #   row_k [R] the most drafts each row may accept (plan.row_k; K for padding rows)
-        self.step_in = torch.zeros(7, n, dtype=torch.long, device=dev)
-        self.x, self.pos, self.slot, self.from_dev, self.last_slot, self.last_pos, self.row_k = self.step_in
-        self._host_in = torch.zeros(7, n, dtype=torch.long, pin_memory=on_cuda)
-        self._host_np = self._host_in.numpy()         # [7, R], shares its memory
-        # the carried copy per slot (carry.py): next pending token and its position
-        self.slot_tok = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
-        self.slot_pos = torch.zeros(n, dtype=torch.long, device=dev)               # [S]
+        self.heads = CarriedHeads.allocate(n, draft.config.hidden_size, fused, p.dtype, dev)
+        self.buffers = StepBuffers.allocate(n, max_draft_len, dev)
+        self._host_np = self.buffers.host_in.numpy()         # [7, R], shares its memory
         self.results = ResultReader(self.device, n * (max_draft_len + 3))
-        self._host_in_free = None                 # CUDA event: the last copy out of _host_in is done
-        self.pad_rows()
-        self.out_tokens = torch.zeros(n, max_draft_len + 1, dtype=torch.long, device=dev)  # [R, K+1]
-        self.out_n = torch.zeros(n, dtype=torch.long, device=dev)              # [R]
+        self._host_in_free = None                 # CUDA event: the last copy out of host_in is done
         self.graph_chains: dict[GraphKey, GraphChain] = {}   # captured decode chains by key (capture.py)
         self.eager_fallbacks = 0
         self.on_dispatch = None                   # hook(key) at every dispatch: a GraphKey, or a whole-forward
@@ -163,30 +157,60 @@ class ReferenceEngine:
         """Queue the whole step and the copy of its result to the host; no device -> host read.
         Rows with plan.from_device take their pending token and position from the carried copy
         of the step launched before (carry.py); plan.carry writes that copy for the next one."""
-        b, B, K = plan.batch_size, plan.bucket, plan.k
+        b, K = plan.batch_size, plan.k
         start = self.results.mark()
         self.slots.flush()                  # what reserve / release changed, before anything reads it
         self.slots.set_acceptance(acceptance)
+        buf, s = self.buffers, self.parts()
         if b or plan.carry:
             self._load_rows(plan)
         if plan.carried_rows:
-            gather_carried(self.x, self.pos, self.slot, self.from_dev, self.slot_tok, self.slot_pos, b)
+            gather_carried(buf, b)
         read = -(-(plan.max_position + 1) // self.block_size)     # blocks this step reads (eager)
-        if plan.chunks or plan.per_row and self._whole_key(plan) is not None:
-            firsts = self._mixed(plan, read)
+        route, keys = self.route(plan)
+        if route is Route.WHOLE_GRAPH:
+            firsts = self._whole(s, plan, keys[0])
+        elif route is Route.WHOLE_EAGER:
+            firsts = eager_mixed.eager_mixed(s, plan, read)
         else:
-            firsts = self.out_n[:0]
-            if K == 0:
-                self._run(GraphKey("decode", B, keep_warm=plan.keep_warm), read)
-            else:
-                if any(plan.stale):
-                    self._run(GraphKey("refresh", B), read)
-                self._run(GraphKey("spec", B, K), read)
+            firsts = buf.out_n[:0]
+            for key in keys:
+                self._run(s, key, read, route)
         if plan.carry:
-            save_carried(plan, self, firsts)
+            save_carried(plan, buf, firsts)
         # the result: [b accepted | b x (K+1) tokens | first tokens of last chunks]
-        out = torch.cat([self.out_n[:b], self.out_tokens[:b, : K + 1].reshape(-1), firsts])
+        out = torch.cat([buf.out_n[:b], buf.out_tokens[:b, : K + 1].reshape(-1), firsts])
         return self.results.stage(plan, out, start)
+
+    def route(self, plan: StepPlan) -> tuple[Route, tuple]:
+        """The one path of this step and its keys (graph_keys.Route):
+            WHOLE_GRAPH  (whole key,)    chunks, or per-row K, that a whole-forward graph takes
+                                         (mixed_graphs.WholeMixed.route_key; CPU: its function)
+            WHOLE_EAGER  ()              other chunks (eager_mixed.py)
+            DECODE_GRAPH / DECODE_EAGER  (refresh?, spec) or (decode,) GraphKeys: graphs where
+                                         decode graphs were captured (GraphMode.FULL), else eager
+        Example: 3 rows at K=2, one stale, no chunks, graphs captured -> (DECODE_GRAPH,
+        (GraphKey("refresh", 4), GraphKey("spec", 4, 2)))."""
+        B, K = plan.bucket, plan.k
+        if (plan.chunks or plan.per_row) and self.whole is not None:
+            key = self.whole.route_key(plan)
+            if key is not None:
+                return Route.WHOLE_GRAPH, (key,)
+        if plan.chunks:
+            return Route.WHOLE_EAGER, ()
+        if K == 0:
+            keys = (GraphKey("decode", B, keep_warm=plan.keep_warm),)
+        else:
+            keys = ((GraphKey("refresh", B),) if any(plan.stale) else ()) + (GraphKey("spec", B, K),)
+        return self._decode_route(), keys
+
+    def _decode_route(self) -> Route:
+        return Route.DECODE_GRAPH if self.graph_mode is GraphMode.FULL and self.graph_chains else Route.DECODE_EAGER
+
+    def parts(self) -> StepParts:
+        """What this step's device functions take (step_state.StepParts)."""
+        return StepParts(self.target, self.draft, self.buffers, self.heads, self.slots, self.decode_attention(),
+                         self.triton, self.capture, self.block_size, self.max_blocks_per_seq)
 
     def result(self, handle: StepHandle) -> StepResult:
         """The launched step's result: waits for its copy only (the step's one host sync)."""
@@ -208,71 +232,43 @@ class ReferenceEngine:
         if plan.carry:
             slots, lens = last_chunk_rows(plan)
             h[4, :len(slots)], h[5, :len(slots)] = slots, lens
-        self.step_in.copy_(self._host_in, non_blocking=True)
-        if self.device.type == "cuda":
+        self.buffers.step_in.copy_(self.buffers.host_in, non_blocking=True)
+        if self.on_cuda:
             if self._host_in_free is None:
                 self._host_in_free = torch.cuda.Event()
             self._host_in_free.record()
 
-    def decode_graph(self, bucket: int, keep_warm: bool):
-        """The captured plain-decode graphs of (bucket, keep_warm), or None (eager, not captured)."""
-        return self.graph_chains.get(GraphKey("decode", bucket, keep_warm=keep_warm))
-
-    def _run(self, key: GraphKey, read: int | None) -> None:
-        """A pure-decode key: its graph chain where captured, else its device function eagerly."""
+    def _run(self, s: StepParts, key: GraphKey, read: int | None, route: Route) -> None:
+        """A pure-decode key: DECODE_GRAPH replays its graph chain (a key not captured: eagerly,
+        counted in eager_fallbacks); DECODE_EAGER runs its device function."""
         if self.on_dispatch is not None:
             self.on_dispatch(key)
-        graph = self.graph_chains.get(key)
+        graph = self.graph_chains.get(key) if route is Route.DECODE_GRAPH else None
         if graph is not None:
             graph.replay()
             return
-        if self.graph_chains:
+        if route is Route.DECODE_GRAPH:
             self.eager_fallbacks += 1     # a shape the schedule was not expected to reach
-        draft_chain.device_fn(self, key, read)
+        draft_chain.device_fn(s, key, read)
 
-    def _mixed(self, plan: StepPlan, read: int) -> torch.Tensor:
-        """A mixed iteration -> the first generated token of each last chunk [n_last]: through a
-        whole-forward graph where one holds it (stale rows refreshed first, by the refresh graph),
-        else eagerly (eager_mixed.py)."""
-        key = self._whole_key(plan)
-        if key is None:
-            return eager_mixed.eager_mixed(self, plan, read)
+    def _whole(self, s: StepParts, plan: StepPlan, key) -> torch.Tensor:
+        """A whole-forward iteration of `key` -> the first generated token of each last chunk
+        [n_last] (stale rows refreshed first, by the refresh graph)."""
         self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots, plan.row_k)
         if plan.batch_size and plan.k and any(plan.stale):
-            self._run(GraphKey("refresh", plan.bucket), None)
+            self._run(s, GraphKey("refresh", plan.bucket), None, self._decode_route())
         if self.on_dispatch is not None:
             self.on_dispatch(key)
         return self.whole.run(key)[:plan.last_chunks]
 
-    def mixed_inputs(self, plan: StepPlan) -> eager_mixed.MixedInputs:
-        """An eager mixed iteration's device inputs (eager_mixed.mixed_inputs)."""
-        return eager_mixed.mixed_inputs(self, plan)
-
-    def _whole_key(self, plan: StepPlan):
-        """The whole-forward graph key of this mixed iteration, or None (eager): on CUDA a
-        captured key only; on CPU any key once capture_whole_graphs ran (uncaptured, tests).
-        A plan with chunks whose per-row tokens fall below its row shape's least captured bucket
-        (mixed_layout.least_tokens) pads up to that bucket; one without chunks runs the decode graph."""
-        if self.whole is None:
-            return None
-        key = self.whole.key(plan)
-        if key is None or self.device.type != "cuda" or key in self.whole.graphs:
-            return key
-        return self.whole.captured_above(key) if plan.chunks else None
-
-    # ---- the step's device functions (draft_chain.py) ----------------------------------------
     def decode_attention(self):
-        """Every step's attention, graphed or eager: RaggedAttention (for decode rows with RoPE
-        and the K/V write inside its launch) where Triton runs, else gathered SDPA."""
-        return RaggedAttention(self.block_size) if self.triton else sdpa_attention
-
-    def draft_chain(self, B: int, K: int, read: int | None = None) -> torch.Tensor:
-        """K-1 chain steps from the carried head -> drafts [B, K] (draft_chain.draft_chain)."""
-        return draft_chain.draft_chain(self, B, K, read)
+        """Every step's attention, chosen at construction: RaggedAttention (for decode rows with
+        RoPE and the K/V write inside its launch) where Triton runs, else gathered SDPA."""
+        return self.attention
 
     def accept(self, D, g):
         """(accepted n [B], tokens E [B, K+1]) of drafts D, target greedy g (draft_chain.accept)."""
-        return draft_chain.accept(self, D, g)
+        return draft_chain.accept(self.parts(), D, g)
 
     def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:
         """Tokens the target forward of an iteration runs, padding included. A pure-decode step at
@@ -289,29 +285,44 @@ class ReferenceEngine:
                 return n
         return (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
 
-    def pad_rows(self) -> None:
-        """Every step row a padding row (token 0 at position 1 of the padding slot): what graph
-        warm-ups and captures run on, writing only into the scratch block."""
-        self.x.zero_()
-        self.pos.fill_(1)
-        self.slot.fill_(self.pad_slot)
-        self.row_k.fill_(self.max_draft_len)
-
-    # ---- CUDA graphs and warm-ups (capture.py) --------------------------------------------------
-    def capture_graphs(self, keys: Iterable[GraphKey]) -> int:
-        return capture.capture_graphs(self, keys)
-
+    # ---- CUDA graphs and warm-ups (capture.py; the sequence: session.capture) -----------------
     def capture_decode_graphs(self, keys: Iterable[GraphKey]) -> int:
-        return capture.capture_decode_graphs(self, keys)
+        """One graph chain per pure-decode key (CUDA under GraphMode.FULL; 0 elsewhere)."""
+        if not self.on_cuda or self.graph_mode is not GraphMode.FULL:
+            return 0
+        n, cost = capture.capture_decode_graphs(self.parts(), self.graph_chains, keys)
+        self.capture_costs["decode"] = self.capture_costs.get("decode", CaptureCost()) + cost
+        return n
 
     def capture_whole_graphs(self, keys: Iterable[GraphKey] = (), exact: Iterable[tuple] = ()) -> int:
-        return capture.capture_whole_graphs(self, keys, exact)
+        """The whole-forward graphs (capture.capture_whole_graphs), then on CUDA mixed iterations
+        at every speculative row shape of `keys` (warm_mixed). Returns how many graphs.
+        CPU: WholeMixed is set up and its functions run uncaptured (tests check them there). CUDA with
+        SDPA attention (attention="sdpa"): none; its batches are built on the host each step, so
+        those iterations run eagerly."""
+        cuda, keys = self.on_cuda, tuple(keys)
+        if cuda and not self.triton or self.graph_mode is not GraphMode.FULL:
+            return 0
+        if self.whole is None:
+            self.whole = WholeMixed(self.parts(), self.max_num_tokens, self.buckets)
+        if not cuda:
+            return 0
+        n, cost = capture.capture_whole_graphs(self.parts(), self.whole, self.buckets, keys, exact)
+        self.capture_costs["whole"] = self.capture_costs.get("whole", CaptureCost()) + cost
+        self.warm_mixed(keys)
+        return n
 
     def warm_chunks(self) -> int:
-        return capture.warm_chunks(self)
+        """The eager chunk path compiled before serving (capture.warm_chunks). Returns the steps run."""
+        n = capture.warm_chunks(self.step, self.pad_slot, self.max_seq_len, self.max_num_tokens)
+        self.warm_chunk_steps += n
+        return n
 
     def warm_mixed(self, keys: Iterable[GraphKey]) -> int:
-        return capture.warm_mixed(self, keys)
+        """Mixed iterations at every speculative row shape of `keys` (capture.warm_mixed)."""
+        n = capture.warm_mixed(self.step, keys, self.pad_slot, self.buckets, self.max_seq_len, self.max_num_tokens)
+        self.warm_chunk_steps += n
+        return n
 
     @property
     def packs_rows(self) -> bool:
@@ -328,13 +339,3 @@ class ReferenceEngine:
         self.graph_chains.clear()
         if self.whole is not None:
             self.whole.drop()
-
-
-def _use_triton(attention: str, on_cuda: bool) -> bool:
-    """The attention a caller asked for: RaggedAttention's Triton kernel (True) or SDPA."""
-    if attention not in ATTENTIONS:
-        raise DynspecError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
-    if attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise DynspecError("attention 'triton' on CPU runs under Triton's interpreter only: set TRITON_INTERPRET=1 "
-                           "before triton is imported")
-    return attention == "triton" or attention == "auto" and on_cuda

@@ -3,10 +3,20 @@ the one order every rank captures them in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable
 
 from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k
 from dynspec.runtime.policy import speculates
+
+
+class Route(Enum):
+    """The one path of a step (ReferenceEngine.route), chosen from its plan and the GraphMode."""
+    DECODE_GRAPH = "decode graph"              # the (bucket, K) graph chains (capture.capture_decode_graphs)
+    DECODE_EAGER = "decode eager"              # their device functions (draft_chain.device_fn)
+    WHOLE_GRAPH = "whole-forward graph"        # mixed_graphs.WholeMixed (CPU: its function, uncaptured)
+    WHOLE_EAGER = "whole-forward eager"        # eager_mixed.eager_mixed
+
 
 @dataclass(frozen=True)
 class GraphKey:

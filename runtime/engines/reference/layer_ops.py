@@ -126,8 +126,8 @@ class Kernels:
         c = (lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)) if compiled else (lambda fn: fn)
         self.rms_norm, self.rope_write = c(rms_norm), c(rope_write)
         self.add_rms_norm, self.silu_mul = c(add_rms_norm), c(silu_mul)
-        self.triton = compiled and torch.cuda.is_available()
-        if self.triton:
-            from .norm_kernel import add_rms_norm_triton, rms_norm_triton
-            from .rope_kernel import rope_write_triton
+        self.fused_glue = compiled and torch.cuda.is_available()      # the hand-written Triton glue
+        if self.fused_glue:
+            from dynspec.runtime.engines.reference.norm_kernel import add_rms_norm_triton, rms_norm_triton
+            from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
             self.rope_write, self.rms_norm, self.add_rms_norm = rope_write_triton, rms_norm_triton, add_rms_norm_triton

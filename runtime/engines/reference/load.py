@@ -31,13 +31,13 @@ from dynspec.checkpoint.tensor_reader import TensorReader
 from dynspec.checkpoint.weight_index import weight_source
 from dynspec.errors import DynspecError
 
-from .draft import Eagle3Config, Eagle3Draft
-from .layer_ops import Kernels
-from .model import Target
-from .model_config import TargetConfig
+from dynspec.runtime.engines.reference.draft import Eagle3Config, Eagle3Draft
+from dynspec.runtime.engines.reference.layer_ops import Kernels
+from dynspec.runtime.engines.reference.model import Target
+from dynspec.runtime.engines.reference.model_config import TargetConfig
 
 if TYPE_CHECKING:
-    from .engine import ReferenceEngine
+    from dynspec.runtime.engines.reference.engine import ReferenceEngine
 
 
 # part(rule, full_shape) -> (index into the full tensor, zero rows to append): one rank's shard

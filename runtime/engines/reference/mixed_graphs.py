@@ -45,11 +45,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attention import RaggedBatch, ragged_batch, uniform_batch
-from .graphs import capture_chain, chain_cuts, no_cut
-from .kv_cache import SCRATCH_BLOCK
-from .mixed_layout import BUCKETS, Key, cell_map, item_cap, least_tokens, mixed_buckets, whole_keys
-from .ragged import ITEM_FIELDS, ITEM_TOKENS, plan_items
+from dynspec.runtime.engines.reference.attention import (ITEM_FIELDS, ITEM_TOKENS, RaggedBatch, plan_items, ragged_batch,
+                                                         uniform_batch)
+from dynspec.runtime.engines.reference.draft_chain import accept, draft_chain
+from dynspec.runtime.engines.reference.graphs import capture_chain, chain_cuts, no_cut
+from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
+from dynspec.runtime.engines.reference.mixed_layout import (BUCKETS, Key, cell_map, item_cap, least_tokens,
+                                                            mixed_buckets, whole_keys)
+from dynspec.runtime.engines.reference.step_state import StepParts
 
 __all__ = ["BUCKETS", "Key", "WholeMixed", "cell_map", "item_cap", "least_tokens", "mixed_buckets", "whole_keys"]
 
@@ -61,16 +64,16 @@ class WholeMixed:
     CHUNKS = 16               # chunks a graph takes: its launches hold work items for that many
     LAST = CHUNKS             # last chunks among them: rows of the head beside the decode rows
 
-    def __init__(self, engine):
-        e = engine
-        self.e = e
-        self.buckets = mixed_buckets(e.max_num_tokens)
+    def __init__(self, parts: StepParts, max_num_tokens: int, row_buckets: Sequence[int]):
+        self.s = parts
+        self.buckets = mixed_buckets(max_num_tokens)
         self.top = top = self.buckets[-1]
         self.max_chunks = self.CHUNKS
-        Tm = e.max_draft_len + 1
-        G = max(e.buckets) * Tm                       # grid cells of the largest row shape
-        I = item_cap(top, max(e.buckets), Tm, self.max_chunks)       # items of any key
-        dev, cuda = e.device, e.device.type == "cuda"
+        Tm = parts.buffers.max_draft_len + 1
+        G = max(row_buckets) * Tm                     # grid cells of the largest row shape
+        I = item_cap(top, max(row_buckets), Tm, self.max_chunks)     # items of any key
+        dev = parts.device
+        self.cuda = cuda = dev.type == "cuda"
         S = self.LAST
         # staged inputs, int64, each at its packed place (decode tokens' entries unused):
         #   tokens | positions | write index [top each] | draft inputs [top + 1: the last is where
@@ -111,6 +114,15 @@ class WholeMixed:
             return None
         return (n, plan.bucket, plan.k + 1, plan.draft)
 
+    def route_key(self, plan) -> Key | None:
+        """The key `plan` runs under here, or None (eager): on CUDA a captured key only; on CPU any
+        key (uncaptured: tests). A plan with chunks whose tokens fall below its row shape's least
+        captured bucket (mixed_layout.least_tokens) pads up to that bucket; one without runs the decode graph."""
+        key = self.key(plan)
+        if key is None or not self.cuda or key in self.graphs:
+            return key
+        return self.captured_above(key) if plan.chunks else None
+
     def captured_above(self, key: Key) -> Key | None:
         """The captured key of the smallest token bucket above `key`'s at its row shape, or None."""
         _, B, T, d = key
@@ -123,7 +135,8 @@ class WholeMixed:
         decode rows in `slots` at row_k[r] + 1 tokens each (default T), the chunks' tokens after
         them, every token past them padding (token 0 at position 0 of the padding slot, K/V into
         the scratch block), the cell map and the work items."""
-        e, bs, top = self.e, self.e.block_size, self.top
+        s, bs, top = self.s, self.s.block_size, self.top
+        pad_slot = s.buffers.pad_slot
         Np, B, T, _ = key
         if self._free is not None:
             self._free.synchronize()
@@ -131,13 +144,13 @@ class WholeMixed:
         row_k = tuple(row_k) or (T - 1,) * len(slots)
         cells, packed, n = cell_map(row_k, B, T)
         tok[:], pos[:], write[:] = 0, 0, SCRATCH_BLOCK * bs
-        nxt[:], cell[:], last[:], at[:], last_slot[:] = 0, -1, 0, top, e.pad_slot
+        nxt[:], cell[:], last[:], at[:], last_slot[:] = 0, -1, 0, top, pad_slot
         cell[:n], cellp[:B * T] = cells, packed
         warm[0] = int(keep_warm)
         i, m = n, 0
         for c in chunks:
             k = len(c.tokens)
-            table = e.slots.table(c.slot)
+            table = s.slots.table(c.slot)
             p = np.arange(c.start, c.start + k)
             tok[i:i + k] = c.tokens
             pos[i:i + k] = p
@@ -149,15 +162,16 @@ class WholeMixed:
                 m += 1
             i += k
         # rows: the decode rows, the chunks, the pad's tail in rows of one work item each
-        tail = [(e.pad_slot, min(ITEM_TOKENS, Np - j)) for j in range(i, Np, ITEM_TOKENS)]
+        tail = [(pad_slot, min(ITEM_TOKENS, Np - j)) for j in range(i, Np, ITEM_TOKENS)]
         rows = ([(s, k + 1) for s, k in zip(slots, row_k)] + [(c.slot, len(c.tokens)) for c in chunks] + tail)
         ia = item_cap(Np, B, T, self.max_chunks)
         items[:ITEM_FIELDS * ia] = plan_items([s for s, _ in rows], [k for _, k in rows], pad_to=ia).ravel()
         self.inp.copy_(self._host_inp, non_blocking=True)
-        if not e.triton:                     # gathered SDPA's batch (CPU): decode rows at the host's positions
-            starts = list(e.pos[:len(slots)].tolist()) + [c.start for c in chunks] + [0] * len(tail)
-            self._host_batch = ragged_batch(e.block_tables, [s for s, _ in rows], starts, [k for _, k in rows], bs)
-        if e.device.type == "cuda":
+        if not s.ragged:                     # gathered SDPA's batch (CPU): decode rows at the host's positions
+            starts = list(s.buffers.pos[:len(slots)].tolist()) + [c.start for c in chunks] + [0] * len(tail)
+            self._host_batch = ragged_batch(s.slots.block_tables, [r for r, _ in rows], starts, [k for _, k in rows],
+                                            bs)
+        if self.cuda:
             if self._free is None:
                 self._free = torch.cuda.Event()
             self._free.record()
@@ -170,36 +184,36 @@ class WholeMixed:
 
     def _batch(self, Np: int, B: int, T: int) -> RaggedBatch:
         """The whole batch over the static buffers, for the ragged kernel."""
-        e = self.e
+        s = self.s
         ia = item_cap(Np, B, T, self.max_chunks)
-        pos = self.positions[:Np]
-        return RaggedBatch(pos, self.write_index[:Np], pos[None], e.slot[:B + 1], e.block_tables[:1],
-                           e.block_size, items=(self.in_items[:ITEM_FIELDS * ia].view(ITEM_FIELDS, ia),
-                                                e.block_tables))     # B + 1 rows: what sizes the kernel's splits
+        pos, tables = self.positions[:Np], s.slots.block_tables
+        return RaggedBatch(pos, self.write_index[:Np], pos[None], s.buffers.slot[:B + 1], tables[:1],
+                           s.block_size, items=(self.in_items[:ITEM_FIELDS * ia].view(ITEM_FIELDS, ia),
+                                                tables))     # B + 1 rows: what sizes the kernel's splits
 
     def _make(self, Np: int, B: int, T: int, draft: bool) -> Callable:
-        e, t = self.e, self.e.target
+        s, t = self.s, self.s.target
         n = B * T                                   # grid cells
 
         def run(cut: Callable[[int], None]) -> None:
             cell = self.in_cell[:Np]
             dec = cell >= 0                                                              # [Np] decode tokens
             cell = cell.clamp(min=0)
-            D = e.draft_chain(B, T - 1) if n and T > 1 else None                          # [B, K]
+            D = draft_chain(s, B, T - 1) if n and T > 1 else None                         # [B, K]
             self._pack(Np, B, T, D, dec, cell)
-            whole = self._batch(Np, B, T) if e.triton else self._device_rows(Np)
+            whole = self._batch(Np, B, T) if s.ragged else self._device_rows(Np)
             logit_index = torch.cat([self.in_cellp[:n], self.in_last])                   # [B*T + LAST]
             t.layer_hook = cut
             try:
-                g, H = t.run(self.tokens[:Np], whole, capture=e.capture if draft else (), logit_index=logit_index,
-                             attention=e.decode_attention(), greedy=True)                # [B*T + LAST], [Np, w]
+                g, H = t.run(self.tokens[:Np], whole, capture=s.capture if draft else (), logit_index=logit_index,
+                             attention=s.attention, greedy=True)                          # [B*T + LAST], [Np, w]
             finally:
                 t.layer_hook = None
             self.firsts.copy_(g[n:])
             if T == 1:
                 if n:
-                    e.out_tokens[:B, 0] = g[:n]
-                    e.out_n[:B] = 0
+                    s.buffers.out_tokens[:B, 0] = g[:n]
+                    s.buffers.out_n[:B] = 0
                 if draft:
                     self._finish(g, H, B, Np, dec, cell, whole)
             else:
@@ -211,23 +225,24 @@ class WholeMixed:
         """The forward's tokens, positions and K/V write indices [Np]: the decode rows' (pending
         token, then drafts D [B, T-1], from the rows' positions and tables) at their cells, the
         staged ones elsewhere. One launch where the attention is the Triton kernel (pack_kernel.py)."""
-        e = self.e
+        s, buf = self.s, self.s.buffers
         out = (self.tokens[:Np], self.positions[:Np], self.write_index[:Np])
         staged = (self.in_tok[:Np], self.in_pos[:Np], self.in_write[:Np])
-        if e.triton:
-            from .pack_kernel import pack_inputs
+        tables = s.slots.block_tables
+        if s.ragged:
+            from dynspec.runtime.engines.reference.pack_kernel import pack_inputs   # Triton: imported where it runs
 
-            return pack_inputs(self.in_cell[:Np], e.x[:B], D, e.pos[:B], e.slot[:B], e.block_tables, e.block_size,
+            return pack_inputs(self.in_cell[:Np], buf.x[:B], D, buf.pos[:B], buf.slot[:B], tables, s.block_size,
                                staged, out)
         if not B * T:
-            for o, s in zip(out, staged):
-                o.copy_(s)
+            for o, st in zip(out, staged):
+                o.copy_(st)
             return
-        vpos = e.pos[:B, None] + torch.arange(T, device=e.device)                           # [B, T]
-        grid = uniform_batch(e.block_tables, e.slot[:B], vpos, e.max_blocks_per_seq, e.block_size)
-        toks = e.x[:B] if D is None else torch.cat([e.x[:B, None], D], 1).reshape(-1)      # [B*T]
-        for o, src, s in zip(out, (toks, grid.positions, grid.write_index), staged):
-            o.copy_(torch.where(dec, src[cell], s))
+        vpos = buf.pos[:B, None] + torch.arange(T, device=s.device)                         # [B, T]
+        grid = uniform_batch(tables, buf.slot[:B], vpos, s.max_blocks_per_seq, s.block_size)
+        toks = buf.x[:B] if D is None else torch.cat([buf.x[:B, None], D], 1).reshape(-1)  # [B*T]
+        for o, src, st in zip(out, (toks, grid.positions, grid.write_index), staged):
+            o.copy_(torch.where(dec, src[cell], st))
 
     def _device_rows(self, Np: int) -> RaggedBatch:
         """CPU (SDPA): the host-built batch with the decode tokens' positions and K/V write
@@ -248,37 +263,32 @@ class WholeMixed:
         each row's accepted cell and at each last chunk's last token. g [B*T + LAST], H [Np, w].
         Example rows at K = (2, 0, 1), T = 3, packed cells as in the module docstring, accepted
         (1, 0, 1), one last chunk ending at packed 10: heads = packed of cells (1, 3, 7) + [10] = [1, 3, 5, 10]."""
-        e, n = self.e, B * T
+        s, buf, n = self.s, self.s.buffers, B * T
         self.in_nxt.index_copy_(0, self.in_at, g[n:])       # a last chunk's x_e is its first generated token
-        acc, E = e.accept(D, g[:n].view(B, T))                                             # [B], [B, T]
-        e.out_tokens[:B, :T] = E
-        e.out_n[:B] = acc
+        acc, E = accept(s, D, g[:n].view(B, T))                                            # [B], [B, T]
+        buf.out_tokens[:B, :T] = E
+        buf.out_n[:B] = acc
         tokens = torch.where(dec, E.reshape(-1)[cell], self.in_nxt[:Np])                  # [Np]
-        heads = torch.cat([self.in_cellp[torch.arange(B, device=e.device) * T + acc], self.in_last])   # [B + LAST]
-        slot = torch.cat([e.slot[:B], self.in_last_slot])
-        d, dh = e.draft.run(tokens, H[:Np], whole, e.decode_attention(), greedy=True, rows=heads)
-        e.next_draft[slot] = e.draft.to_target_ids(d)
-        e.draft_hidden[slot] = dh
-        e.last_capture[slot] = H[heads]
+        heads = torch.cat([self.in_cellp[torch.arange(B, device=s.device) * T + acc], self.in_last])   # [B + LAST]
+        slot = torch.cat([buf.slot[:B], self.in_last_slot])
+        d, dh = s.draft.run(tokens, H[:Np], whole, s.attention, greedy=True, rows=heads)
+        s.heads.set_heads(slot, s.draft.to_target_ids(d), dh, H[heads])
 
     def _finish(self, g: Tensor, H: Tensor, B: int, Np: int, dec: Tensor, cell: Tensor, whole: RaggedBatch) -> None:
         """A K = 0 iteration's end: the rows' captures, then one draft pass over every packed token,
         the rows' keep-warm entries (g_r, h_r) (K/V into the scratch block unless the plan keeps
         warm) and the chunks' (x_{p+1}, h_p), its head at the last chunks' last tokens only."""
-        e = self.e
+        s = self.s
         if B:
-            e.last_capture[e.slot[:B]] = H[self.in_cellp[:B]]
+            s.heads.set_heads(s.buffers.slot[:B], capture=H[self.in_cellp[:B]])
         self.in_nxt.index_copy_(0, self.in_at, g[B:])      # a last chunk's x_e is its first generated token
         tokens = torch.where(dec, g[:B][cell], self.in_nxt[:Np]) if B else self.in_nxt[:Np]     # [Np]
-        scratch = torch.full_like(whole.write_index, SCRATCH_BLOCK * e.block_size)
+        scratch = torch.full_like(whole.write_index, SCRATCH_BLOCK * s.block_size)
         write = torch.where(dec & (self.in_warm == 0), scratch, whole.write_index)
         batch = RaggedBatch(whole.positions, write, whole.q_pos, whole.slots, whole.tables, whole.block_size,
                             whole.ragged, whole.items)
-        d, dh = e.draft.run(tokens, H[:Np], batch, e.decode_attention(), greedy=True, rows=self.in_last)   # [LAST]
-        slot = self.in_last_slot
-        e.next_draft[slot] = e.draft.to_target_ids(d)
-        e.draft_hidden[slot] = dh
-        e.last_capture[slot] = H[self.in_last]
+        d, dh = s.draft.run(tokens, H[:Np], batch, s.attention, greedy=True, rows=self.in_last)   # [LAST]
+        s.heads.set_heads(self.in_last_slot, s.draft.to_target_ids(d), dh, H[self.in_last])
 
     # ---- graphs ---------------------------------------------------------------------------
     def capture(self, keys: Iterable[Key]) -> int:
@@ -289,7 +299,7 @@ class WholeMixed:
             return 0
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
-        cuts = chain_cuts(len(self.e.target.layers))
+        cuts = chain_cuts(len(self.s.target.layers))
         with torch.inference_mode():
             self._idle()
             stream.wait_stream(torch.cuda.current_stream())
@@ -312,7 +322,7 @@ class WholeMixed:
         key (its decode rows and the pad's, on the padding slot)."""
         self.tokens.zero_()
         self.positions.zero_()
-        self.write_index.fill_(SCRATCH_BLOCK * self.e.block_size)
+        self.write_index.fill_(SCRATCH_BLOCK * self.s.block_size)
         self.stage(key or (self.top, 0, 1, True), (), keep_warm=False)     # no rows, no chunks: every input padding
 
     def run(self, key: Key) -> Tensor:

@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .ragged import ITEM_TOKENS
+from dynspec.runtime.engines.reference.attention import ITEM_TOKENS
 
 Key = tuple[int, int, int, bool]       # (Np, B, T, draft)
 

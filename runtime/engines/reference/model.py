@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import RaggedBatch, sdpa_attention, uniform_batch
-from .layer_ops import Kernels, first_max, rope_tables
-from .model_config import TargetConfig
+from dynspec.runtime.engines.reference.attention import SdpaAttention, RaggedBatch, as_attention, uniform_batch
+from dynspec.runtime.engines.reference.layer_ops import Kernels, first_max, rope_tables
+from dynspec.runtime.engines.reference.model_config import TargetConfig
 
 
 DEFAULT_BLOCK_SIZE = 16
@@ -106,8 +106,7 @@ class Block(nn.Module):
         -> (x', r'): the stream after the layer is x' + r', left unsummed so that the next layer's
         norm does the all-reduce and the add in its kernel."""
         x, qkv = self.qkv(x, r, f, comm)
-        rope_attend = getattr(attention, "rope_attend", None)          # ragged.RaggedAttention's fused path
-        o = None if rope_attend is None else rope_attend(qkv, cos, sin, k_pool, v_pool, batch, self.n_local_heads)
+        o = attention.rope_attend(qkv, cos, sin, k_pool, v_pool, batch, self.n_local_heads)   # None: not fused
         if o is None:
             q = f.rope_write(qkv, cos, sin, k_pool, v_pool, batch.write_index, self.n_local_heads,
                              self.n_local_kv_heads)
@@ -176,7 +175,7 @@ class Target(nn.Module):
             c.vocab_size, c.hidden_size, device=device, dtype=dtype)
         self.kernels = Kernels()                                  # per model; the engine may swap in compiled ones
         self.collectives = Collectives()
-        self.attention = sdpa_attention                           # (q, k_pool, v_pool, batch) -> [N, nh*hd]
+        self.attention = SdpaAttention()                          # (q, k_pool, v_pool, batch) -> [N, nh*hd]
         self.layer_hook = None                                    # run() calls it with i after layer i (graph captures)
         self.max_batch = self.max_seq_len = self.block_size = 0
         self.row_tables: Tensor | None = None
@@ -213,7 +212,7 @@ class Target(nn.Module):
         for i in capture:
             if not 0 <= i < c.num_layers or capture.count(i) > 1:
                 raise ValueError(f"capture {capture} must name distinct layers in 0..{c.num_layers - 1}")
-        attention = attention or self.attention
+        attention = as_attention(attention or self.attention)             # attention.Attention
         x, cos, sin = self.embed(tokens, batch.positions)
         caps: dict[int, Tensor] = {}
         f, comm = self.kernels, self.collectives

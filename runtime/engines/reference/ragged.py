@@ -27,26 +27,31 @@ nothing (its m = -inf, l = 0 still count in the merge); tile 16 holds key 1024, 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from .attention import RaggedBatch, sdpa_attention
+from dynspec.errors import DynspecError
+from dynspec.runtime.engines.reference.attention import (ITEM_FIELDS, ITEM_TOKENS, Attention, RaggedBatch, SdpaAttention,
+                                                         item_count, plan_items, sdpa_attention)
+
+__all__ = ["ATTENTIONS", "ITEM_FIELDS", "ITEM_TOKENS", "LaunchShape", "RaggedAttention", "item_count", "launch_shape", "plan_items",
+           "choose_attention", "ragged_attention", "splits_for"]
+
+ATTENTIONS = ("auto", "triton", "sdpa")
 
 TILE = 64                   # keys a tile (divides the CUDA block size, 128)
-ITEM_TOKENS = 4             # tokens of a work item of a ragged batch (G = 4: 16 queries, tl.dot's least M)
 MAX_QUERIES = 128           # tokens x G of a uniform row above this: the rows go as items
 MAX_SPLITS = 64             # the merge loads [splits, hd] partials at once: bound its registers
 ITEM_SPLITS = 16            # and of a ragged batch's items (one compiled kernel serves every split count)
 HEAD_DIMS = (16, 32, 64, 128)
-ITEM_FIELDS = 3             # rows of an item list: slot, first packed token, tokens
 
 
 def _kernel():
     """The jitted kernel (Triton imported here: CPU installs without it never load it)."""
-    from .ragged_kernel import ragged_paged_attention
+    from dynspec.runtime.engines.reference.ragged_kernel import ragged_paged_attention
 
     return ragged_paged_attention
 
@@ -78,31 +83,6 @@ def splits_for(programs: int, tiles: int, sms: int) -> int:
     """Pure. Splits of each item's keys: about two waves over the SMs, no more than the tiles
     a row can hold, at most MAX_SPLITS. splits_for(8, 17, 132) = 17; splits_for(2048, 17, 132) = 1."""
     return max(1, min(tiles, (2 * sms) // max(1, programs), MAX_SPLITS))
-
-
-def item_count(lens, item_tokens: int = ITEM_TOKENS) -> int:
-    """Items of rows of `lens` tokens: sum of ceil(len / item_tokens). item_count([3, 3, 40], 16) = 5."""
-    return int(sum(-(-int(n) // item_tokens) for n in lens))
-
-
-def plan_items(slots, lens, item_tokens: int = ITEM_TOKENS, pad_to: int | None = None) -> np.ndarray:
-    """Pure. [3, I] int64: (slot, first packed token, tokens) of each item of rows packed in
-    order, row r holding lens[r] tokens of slots[r]; pad_to: I, the items past the rows' (slot 0,
-    first token 0, 0 tokens: programs that do nothing), for a launch of a fixed grid (graphs).
-    plan_items([4, 9, 2], [3, 3, 40], 16) = [[4 9 2 2 2], [0 3 6 22 38], [3 3 16 16 8]]."""
-    lens = np.asarray(lens, dtype=np.int64)
-    per = -(-lens // item_tokens)                                           # [R] items a row
-    I = int(per.sum())
-    if pad_to is not None and pad_to < I:
-        raise ValueError(f"{I} work items do not fit a launch of {pad_to}")
-    out = np.zeros((ITEM_FIELDS, I if pad_to is None else pad_to), dtype=np.int64)
-    row = np.repeat(np.arange(len(lens)), per)                              # [I] row of each item
-    j = np.arange(I) - (np.cumsum(per) - per)[row]                          # [I] index in its row
-    first = (np.cumsum(lens) - lens)[row]                                   # [I] its row's first token
-    out[0, :I] = np.asarray(slots, dtype=np.int64)[row]
-    out[1, :I] = first + j * item_tokens
-    out[2, :I] = np.minimum(item_tokens, lens[row] - j * item_tokens)
-    return out
 
 
 def _fits(nh: int, hd: int, k_pool: Tensor, v_pool: Tensor | None, block_size: int, tile: int = TILE) -> bool:
@@ -148,6 +128,18 @@ class RaggedAttention:
                 and batch.write_index.is_contiguous()):
             return None
         return _launch(None, k_pool, v_pool, batch, self.block_size, rope=(qkv, cos, sin, n_heads))
+
+
+def choose_attention(attention: str, on_cuda: bool, block_size: int) -> Attention:
+    """The attention a caller asked for, chosen once: RaggedAttention (its Triton kernel: "triton",
+    or "auto" on CUDA) or SdpaAttention ("sdpa", or "auto" elsewhere)."""
+    if attention not in ATTENTIONS:
+        raise DynspecError(f"attention {attention!r}: one of {', '.join(ATTENTIONS)}")
+    if attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DynspecError("attention 'triton' on CPU runs under Triton's interpreter only: set TRITON_INTERPRET=1 "
+                           "before triton is imported")
+    ragged = attention == "triton" or attention == "auto" and on_cuda
+    return RaggedAttention(block_size) if ragged else SdpaAttention()
 
 
 def ragged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, batch: RaggedBatch, block_size: int,

@@ -68,18 +68,10 @@ KNOWN_CYCLES = {
         "runtime/loop.py imports Executor from runtime/executor.py under TYPE_CHECKING (for the strategies' "
         "annotations) while executor -> planning -> overlap -> loop: annotate with a Protocol of what a "
         "strategy reads of the executor, defined in loop.py, and drop the import",
-    ("dynspec.runtime.engines.reference.attention", "dynspec.runtime.engines.reference.ragged"):
-        "attention.py imports ragged (ragged_attention) inside a function while ragged.py imports attention "
-        "(plan_items, RaggedBatch): move plan_items and the batch types next to one of them so the other "
-        "imports one way",
 }
 
 # Packages whose modules mix relative and absolute imports of the package: the fix.
-KNOWN_MIXED_STYLE = {
-    "dynspec.runtime.engines.reference":
-        "attention, draft, layer_ops, load, mixed_graphs, mixed_layout, model and ragged use relative "
-        "imports, the rest absolute: write them absolute, as the rest of dynspec does",
-}
+KNOWN_MIXED_STYLE: dict[str, str] = {}
 
 
 def modules() -> dict[str, Path]:

@@ -146,9 +146,9 @@ class Executor:
         """Run one iteration. Returns None when there was nothing to run. If the engine
         raises, the requests of this iteration end as "error" and the error is re-raised;
         the executor itself stays usable.
-        Loop.OVERLAPPED: launch the next iteration, then fold the one launched by the previous
-        call; returns that one's stats, None when no iteration was folded (nothing to run, or
-        only the first of a run launched)."""
+        The executor's strategy runs it (runtime/loop.py); OverlappedLoop launches the next
+        iteration, then folds the one launched by the previous call: it returns that one's stats,
+        None when no iteration was folded (nothing to run, or only the first of a run launched)."""
         return self._step()
 
     def plan(self, prev: Launched | None, *, carry: bool, launch: Callable[[StepPlan], object] | None = None,

@@ -105,10 +105,11 @@ class PlanChannel:
 
 # ----------------------------------------------------------------------------- engines over the channel
 
-# Engine calls that change state on every rank (runtime/executor.py's Engine protocol): the
-# paged cache's reserve/release (the block allocator is deterministic, so the same calls give
-# every rank the same slots) and the step, whole (serial loop) or its launch (overlapped loop:
-# the plan of i+1 is broadcast while i runs; `result` reads the leader's own copy and is not sent).
+# Engine calls that change state on every rank (runtime/plan.py's Engine protocol): the paged
+# cache's reserve/release (the block allocator is deterministic, so the same calls give every rank
+# the same slots) and the step, whole (SerialLoop) or its launch (DeferredLoop, OverlappedLoop: the
+# plan of i+1 is broadcast while i runs; `result` reads the leader's own copy and is not sent).
+# Every other attribute, async_launch among them, is the leader's local engine's.
 FORWARDED = ("reserve", "release", "step", "launch")
 
 

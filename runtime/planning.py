@@ -82,9 +82,9 @@ class KDecider:
                           self.keep_warm, plain, self.probes, **per_row)
 
     def count_k(self, k: int, decision: StepDecision | None) -> None:
-        """The memory of an iteration with decode rows run at K (serial: when it is folded;
-        overlapped: when it is launched, so the next plan already knows it): the previous K, the
-        iterations since the last at K > 0, the probes since the last speculative step not one."""
+        """The memory of an iteration with decode rows run at K (Executor.advance: SerialLoop when it
+        is folded, OverlappedLoop when it is launched, so the next plan already knows it): the previous
+        K, the iterations since the last at K > 0, the probes since the last speculative step not one."""
         self.prev_k, self.since_spec = k, (0 if k else self.since_spec + 1)
         if decision is not None and decision.probe:
             self.probes += 1

@@ -109,11 +109,11 @@ class Request:
 
 @dataclass(frozen=True)
 class Launched:
-    """An iteration planned (and, overlapped, launched), its result not yet folded in."""
+    """An iteration planned (and, by OverlappedLoop, launched), its result not yet folded in."""
     plan: StepPlan
     rows: tuple["Request", ...]         # [b] the plan's decode rows, in plan order
     chunked: tuple["Request", ...]      # [chunks] the request of each prompt chunk
-    handle: object                       # engine.launch's handle (Loop.OVERLAPPED), else None
+    handle: object                       # engine.launch's handle where the plan launched it (OverlappedLoop), else None
     decision: StepDecision | None
     context: float                       # mean KV length the policy read
     rates: tuple[float, ...]             # the acceptance estimate the policy read
@@ -122,7 +122,7 @@ class Launched:
     t1: float                            # the launch began
     t_policy: float                      # the K decision's share of planning
     t_policy_exposed: float              # ... of it, with no step in flight on an asynchronous device
-    launch_s: float                      # time inside engine.launch (Loop.OVERLAPPED; ~0 serial: no launch)
+    launch_s: float                      # time inside engine.launch (OverlappedLoop; ~0 serial: no launch)
 
     def requests(self) -> list["Request"]:
         return list(self.rows) + list(self.chunked)
@@ -261,7 +261,7 @@ class StatsLog:
 def checked_prompt(engine, prompt_ids: Sequence[int], max_new_tokens: int, slack: int) -> tuple[int, ...]:
     """The prompt as ints, or DynspecError: empty, an id outside the vocabulary, no new tokens, or
     more than the cache can hold for one request (prompt + new tokens + the verify windows past
-    the last one, overlap.cache_slack)."""
+    the last one: the loop's cache slack, runtime/loop.py)."""
     prompt = tuple(int(t) for t in prompt_ids)
     if not prompt:
         raise DynspecError("prompt is empty")

@@ -8,8 +8,8 @@ The layers, lowest first (a module imports its own layer or a lower one, never a
     2  dynspec.checkpoint, dynspec.corpus, dynspec.parsers  what HF folders, the tiny pair's text
                                                              and every argparse parser share
     3  dynspec.runtime, dynspec.config       config reads runtime.loop and runtime.policy, and
-                                             runtime's session and generate command read config,
-                                             so the two are one layer
+                                             runtime's engine setup and generate command read
+                                             config, so the two are one layer
     4  dynspec.convert
     5  dynspec.build                         engine dirs: convert's manifest, runtime's policy
     6  dynspec.pairs                         the tiny and random pairs: runtime's reference model
@@ -17,9 +17,9 @@ The layers, lowest first (a module imports its own layer or a lower one, never a
     8  dynspec.benchmarks                    drives all of the above
     9  dynspec.cli                           the `dynspec` command (it loads each subcommand module
                                              by name: SUBCOMMAND_MODULES, not an import statement)
-so in particular runtime imports nothing from convert, build, pairs, triton_repo, benchmarks or cli
-(shared code lives below it: runtime/tune.py, runtime/schedule_args.py, dynspec/corpus.py,
-dynspec/checkpoint/shapes.py), and a change above runtime never reaches the engine.
+so in particular runtime imports nothing from convert, build (but KNOWN_UPWARD), pairs,
+triton_repo, benchmarks or cli: what they share with it lives at or below it (runtime/tune.py,
+runtime/schedule_args.py, dynspec/corpus.py, dynspec/checkpoint/shapes.py).
 
 No import cycle anywhere, function-level imports included: a cycle is reported as its module path,
 "dynspec.a -> dynspec.b -> dynspec.a". One import style inside each package: all absolute or all

@@ -267,7 +267,9 @@ class ReferenceEngine:
         return self.attention
 
     def accept(self, D, g):
-        """(accepted n [B], tokens E [B, K+1]) of drafts D, target greedy g (draft_chain.accept)."""
+        """(accepted n [B], tokens E [B, K+1]) of drafts D, target greedy g (draft_chain.accept), on
+        the slot state as reserve / release left it (flushed first)."""
+        self.slots.flush()
         return draft_chain.accept(self.parts(), D, g)
 
     def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:

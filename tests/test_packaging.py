@@ -18,7 +18,7 @@ def test_build_declares_every_folder_and_ships_the_data(tmp_path):
     absent = [line for line in out.splitlines() if "absent from the `packages` configuration" in line]
     assert not absent, absent
     lib = tmp_path / "lib" / "dynspec"
-    for rel in ["checkpoint/tensor_reader.py", "pairs/corpus.py", "pairs/tiny_pair.py", "runtime/engines/reference/load.py",
+    for rel in ["checkpoint/tensor_reader.py", "corpus.py", "pairs/tiny_pair.py", "runtime/engines/reference/load.py",
                 "assets/tiny/build_info.json", "assets/tiny/target/model.safetensors",
                 "assets/tiny/target/tokenizer.json", "assets/tiny/draft/config.json",
                 "triton_repo/templates/reference/dynspec/config.pbtxt",

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from dynspec.runtime.plan import launches_async
 
 if TYPE_CHECKING:
-    from dynspec.runtime.executor import Executor
     from dynspec.runtime.plan import StepPlan, StepResult
     from dynspec.runtime.requests import IterationStats, Launched
 
@@ -48,11 +47,13 @@ def serving_loop(device, overlap: bool | str = "auto") -> Loop:
 
 
 class LoopStrategy:
-    """One executor loop: step() runs an iteration through the executor's plan and fold."""
+    """One executor loop: step() runs an iteration through its executor `ex` (runtime/executor.py,
+    not imported here: it imports this module), which plans (ex.plan), moves the host state
+    (ex.advance) and folds (ex.fold)."""
     kind: Loop
     windows = 1                     # verify windows (K+1 each) a request's cache holds past its last token
 
-    def __init__(self, ex: "Executor"):
+    def __init__(self, ex):
         self.ex = ex
         self.async_launch = launches_async(ex.engine)   # launch returns before the device has run the step
         self.slack = self.cache_slack(ex.engine.max_draft_len)
@@ -128,7 +129,7 @@ class OverlappedLoop(LoopStrategy):
     windows = 2     # a row that finished in step i still runs step i+1 from where the device left
                     # it, up to K_i + 1 past its last planned position, and writes K_{i+1} + 1 there
 
-    def __init__(self, ex: "Executor"):
+    def __init__(self, ex):
         super().__init__(ex)
         self.launched: Launched | None = None     # the iteration in flight, its result not read
 
@@ -183,7 +184,7 @@ class OverlappedLoop(LoopStrategy):
 STRATEGIES: dict[Loop, type[LoopStrategy]] = {Loop.SERIAL: SerialLoop, Loop.OVERLAPPED: OverlappedLoop}
 
 
-def loop_strategy(loop: Loop, ex: "Executor") -> LoopStrategy:
+def loop_strategy(loop: Loop, ex) -> LoopStrategy:
     """The strategy that runs `loop` for ex: Loop.SERIAL on an engine.async_launch engine is
     DeferredLoop. Made once, in Executor.__init__."""
     if loop is Loop.SERIAL and launches_async(ex.engine):

@@ -159,3 +159,20 @@ def test_the_loop_modules_keep_their_size_limits():
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 assert lines <= (300 if isinstance(node, ast.ClassDef) else 80), (name, node.name, lines)
+
+
+def runtime_imports(name: str) -> set[str]:
+    """The dynspec.runtime modules `name` imports anywhere in its text (TYPE_CHECKING included)."""
+    out = set()
+    for node in ast.walk(ast.parse((RUNTIME / name).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dynspec.runtime."):
+            out.add(node.module.split(".")[2])
+    return out
+
+
+def test_the_strategies_import_down_only():
+    """executor -> loop -> plan, requests: the strategies reach their executor through the object it
+    hands them, so no import (not even under TYPE_CHECKING) closes a cycle."""
+    assert "loop" in runtime_imports("executor.py")
+    assert runtime_imports("loop.py") <= {"plan", "requests"}
+    assert "loop" not in runtime_imports("plan.py") | runtime_imports("requests.py")

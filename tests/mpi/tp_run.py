@@ -88,7 +88,7 @@ def main() -> None:
     sched = DraftSchedule.parse(a.schedule)
     jobs = [Job(tuple(j["ids"]), int(j["max_new"]), int(j.get("at", 0))) for j in json.load(open(a.prompts))]
 
-    captured = [0]            # graphs this rank captured (capture_graphs' count)
+    captured = [0]            # graphs this rank captured (capture's count)
     wholes = [0]              # mixed forwards this rank ran through mixed_graphs.py
     from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 

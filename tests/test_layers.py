@@ -63,12 +63,7 @@ KNOWN_UPWARD = {
 }
 
 # Import cycles that remain, each as its sorted set of modules: the fix.
-KNOWN_CYCLES = {
-    ("dynspec.runtime.executor", "dynspec.runtime.loop", "dynspec.runtime.overlap", "dynspec.runtime.planning"):
-        "runtime/loop.py imports Executor from runtime/executor.py under TYPE_CHECKING (for the strategies' "
-        "annotations) while executor -> planning -> overlap -> loop: annotate with a Protocol of what a "
-        "strategy reads of the executor, defined in loop.py, and drop the import",
-}
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 
 # Packages whose modules mix relative and absolute imports of the package: the fix.
 KNOWN_MIXED_STYLE: dict[str, str] = {}

@@ -56,13 +56,17 @@ class LoopStrategy:
     def __init__(self, ex):
         self.ex = ex
         self.async_launch = launches_async(ex.engine)   # launch returns before the device has run the step
-        self.slack = self.cache_slack(ex.engine.max_draft_len)
 
     @classmethod
     def cache_slack(cls, max_draft_len: int) -> int:
         """Positions a request's cache needs past prompt + max_new_tokens: `windows` verify windows.
         max_draft_len 4: SerialLoop 5, OverlappedLoop 10."""
         return (max_draft_len + 1) * cls.windows
+
+    @property
+    def slack(self) -> int:
+        """This executor's cache slack (its engine is read at the first submit, not before)."""
+        return self.cache_slack(self.ex.engine.max_draft_len)
 
     @property
     def in_flight(self) -> bool:

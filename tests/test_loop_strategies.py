@@ -49,6 +49,12 @@ def test_the_executor_makes_its_loops_strategy_once(loop, async_launch, kind):
     assert ex.strategy.slack == cache_slack(eng.max_draft_len, loop)
 
 
+@pytest.mark.parametrize("loop", Loop)
+def test_making_the_strategy_reads_no_engine_limit(loop):
+    """Executor(None, ...) is made (tests/test_triton_soak.py): the slack reads the engine at submit."""
+    assert Executor(None, DraftSchedule.static(2, 4), loop=loop).loop is loop
+
+
 @pytest.mark.parametrize("loop,async_launch,kind", CASES)
 def test_submit_admits_up_to_the_strategys_slack(loop, async_launch, kind):
     """max_seq_len 30, max_draft_len 4: a 1-token prompt takes 30 - 1 - slack new tokens, not one more."""

@@ -59,7 +59,7 @@ def open_reference_engine(cfg: EngineConfig, *, device: str = "cpu", max_draft_l
     check_positions(cfg.target_dir, ref.max_seq_len, "max_seq_len (--max-seq-len or engine.json reference.max_seq_len)")
     sizes = dict(max_batch_size=ref.max_batch_size, max_seq_len=ref.max_seq_len,
                  max_draft_len=max(cfg.schedule.max_draft_len, max_draft_len or 0, 1),
-                 max_num_tokens=ref.max_num_tokens)
+                 max_num_tokens=ref.max_num_tokens, graphs=ref.graphs)
     if tp is not None:
         from dynspec.runtime.engines.reference.tp import load_tp_engine
 

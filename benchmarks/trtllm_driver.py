@@ -140,7 +140,6 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     import asyncio
 
     from dynspec.benchmarks.engines import engine_choice, versions
-    from dynspec.build.llm_api import read_options
     from dynspec.benchmarks.metrics import RunRecord, StepRecord, summarize
     from dynspec.benchmarks.report import write_all
     from dynspec.benchmarks.sweep_plan import resolve
@@ -148,6 +147,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     from dynspec.benchmarks.workload import take
     from dynspec.runtime.acceptance import Greedy
     from dynspec.runtime.engines.trtllm import TrtllmEngine, load_options
+    from dynspec.runtime.engines.trtllm_options import read_options
 
     choice = engine_choice(args)
     cfg = choice.config

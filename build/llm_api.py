@@ -24,23 +24,17 @@ Newer pins change only speculative_config (render_speculative_config).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import yaml
 
-from dynspec.build.trtllm_release import SpeculationGate, gate_options, release
-from dynspec.errors import DynspecError
+# The file's name and draft key, and its reader, live with the runtime that opens the file: one
+# reader of the format, shared by every stage.
+from dynspec.runtime.engines.trtllm_options import DRAFT_KEY, DRAFT_KEYS, OPTIONS_FILE, read_options  # noqa: F401
+from dynspec.runtime.engines.trtllm_release import SpeculationGate, gate_options, release
 from dynspec.runtime.policy import DraftSchedule
 
-OPTIONS_FILE = "llm_api_options.yaml"
 DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's own default; also bounds one prefill chunk
-# The draft checkpoint's key in speculative_config. TRT-LLM PR 10099 renamed the field to
-# speculative_model and kept speculative_model_dir as a validation alias; before it only
-# speculative_model_dir exists. So speculative_model_dir is valid on either side of the PR, and
-# a config never holds both (extra='forbid' rejects the pair). docs/design.md, section 2.
-DRAFT_KEY = "speculative_model_dir"
-DRAFT_KEYS = ("speculative_model_dir", "speculative_model")
 
 
 @dataclass(frozen=True)
@@ -137,20 +131,6 @@ def render_options(target_dir: str, draft_dir: str, schedule: DraftSchedule,
         },
         "speculative_config": spec,
     }
-
-
-def read_options(path: str | Path) -> dict:
-    """Parse an LLM-API options YAML; a missing, unparseable or non-mapping file names itself."""
-    path = Path(path)
-    if not path.is_file():
-        raise DynspecError(f"LLM API options {path} do not exist")
-    try:
-        obj = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise DynspecError(f"{path} is not valid YAML: {e}") from e
-    if not isinstance(obj, dict):
-        raise DynspecError(f"{path} must hold a YAML mapping of LLM() arguments, not {type(obj).__name__}")
-    return obj
 
 
 def to_yaml(options: dict) -> str:

@@ -15,8 +15,8 @@ Floor example, min_k=1, max_batch_size=64:
 """
 from __future__ import annotations
 
-from dynspec.build.trtllm_release import release
 from dynspec.errors import DynspecError
+from dynspec.runtime.engines.trtllm_release import release
 from dynspec.runtime.policy import DraftSchedule
 
 # major.minor -> what happens to the draft while K = 0 on that release, and the source. Every

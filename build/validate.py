@@ -2,7 +2,7 @@
 are written, so a bad engine dir fails here and not at `LLM(...)` start-up on eight GPUs.
 
 Rules (docs/design.md section 2; DecodingBaseConfig.validate_draft_len_schedule_and_sort in
-TRT-LLM's llm_args.py; the release rows in build/trtllm_release.py):
+TRT-LLM's llm_args.py; the release rows in runtime/engines/trtllm_release.py):
     all       max_draft_len in 1..MAX_DRAFT_LEN (dynspec's ceiling, runtime/policy.py),
               keys in 1..MAX_BATCH_SIZE (int32), values >= 0 and <= max_draft_len, values
               non-increasing with the key, every key <= max_batch_size is a CUDA-graph batch size
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from dynspec.build.trtllm_release import TrtllmRelease, release
 from dynspec.errors import DynspecError
+from dynspec.runtime.engines.trtllm_release import TrtllmRelease, release
 from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN
 
 

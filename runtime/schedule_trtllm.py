@@ -17,7 +17,7 @@ from typing import Mapping
 from dynspec.runtime.schedule_limits import ScheduleError
 
 # major.minor -> meaning of the keys of `draft_len_schedule`.
-TRTLLM_DIALECTS = {(1, 2): "lower", (1, 3): "upper", (1, 4): "upper"}   # build/trtllm_release.py
+TRTLLM_DIALECTS = {(1, 2): "lower", (1, 3): "upper", (1, 4): "upper"}   # runtime/engines/trtllm_release.py
 
 # ASCII digits only: str.isdigit() and re's \d also accept '４' or '١'.
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:[.\-+]?(?:rc|a|b|post|dev)[0-9]*)?", re.ASCII)

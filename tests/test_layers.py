@@ -17,9 +17,10 @@ The layers, lowest first (a module imports its own layer or a lower one, never a
     8  dynspec.benchmarks                    drives all of the above
     9  dynspec.cli                           the `dynspec` command (it loads each subcommand module
                                              by name: SUBCOMMAND_MODULES, not an import statement)
-so in particular runtime imports nothing from convert, build (but KNOWN_UPWARD), pairs,
-triton_repo, benchmarks or cli: what they share with it lives at or below it (runtime/tune.py,
-runtime/schedule_args.py, dynspec/corpus.py, dynspec/checkpoint/shapes.py).
+so in particular runtime imports nothing from convert, build, pairs, triton_repo, benchmarks or
+cli: what they share with it lives at or below it (runtime/tune.py, runtime/schedule_args.py,
+runtime/engines/trtllm_options.py, runtime/engines/trtllm_release.py, dynspec/corpus.py,
+dynspec/checkpoint/shapes.py).
 
 No import cycle anywhere, function-level imports included: a cycle is reported as its module path,
 "dynspec.a -> dynspec.b -> dynspec.a". One import style inside each package: all absolute or all
@@ -52,15 +53,7 @@ LAYERS = (
 )
 
 # Imports from a lower layer to a higher one that remain, each (importer, imported): the fix.
-KNOWN_UPWARD = {
-    ("dynspec.runtime.engines.trtllm", "dynspec.build.llm_api"):
-        "runtime/engines/trtllm.py reads the engine dir's LLM-API options (DRAFT_KEY, DRAFT_KEYS, read_options): "
-        "move that reader, with build/trtllm_release.py's release(), below runtime/engines (e.g. "
-        "runtime/engines/trtllm_options.py) and let build/ import it from there",
-    ("dynspec.runtime.engines.trtllm", "dynspec.build.trtllm_release"):
-        "runtime/engines/trtllm.py calls build/trtllm_release.py's release(): move trtllm_release.py down "
-        "with the options reader above",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 # Import cycles that remain, each as its sorted set of modules: the fix.
 KNOWN_CYCLES: dict[tuple[str, ...], str] = {}

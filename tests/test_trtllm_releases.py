@@ -1,6 +1,6 @@
 """Contract with each TRT-LLM release dynspec renders LLM-API options for: 1.2.1 (the pin), 1.3.x, 1.4.x.
 
-The facts per release (build/trtllm_release.py; TRT-LLM PRs 10860, 12905, 17366, 18721) are written
+The facts per release (runtime/engines/trtllm_release.py; TRT-LLM PRs 10860, 12905, 17366, 18721) are written
 out below a second time, independently of dynspec's code: the exact speculative_config keys, the
 two draft_len_schedule lookups, and the gate knob names each release accepts.
 """
@@ -14,9 +14,9 @@ import pytest
 
 from dynspec.build.llm_api import LlmApiSettings, decode_tokens, render_options
 from dynspec.build.trap import trap_warning
-from dynspec.build.trtllm_release import SpeculationGate, release
 from dynspec.build.validate import validate_options
 from dynspec.errors import DynspecError
+from dynspec.runtime.engines.trtllm_release import SpeculationGate, release
 from dynspec.runtime.policy import DraftSchedule
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "trtllm_1_2_1_llm_args.json").read_text())

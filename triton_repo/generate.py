@@ -15,10 +15,10 @@ from typing import Any, Mapping
 
 from dynspec.artifacts import atomic_dir, check_apart, write_json
 from dynspec.build.engine_dir import options_file
-from dynspec.build.llm_api import read_options
 from dynspec.config import ENGINE_JSON, EngineConfig
 from dynspec.errors import DynspecError
-from dynspec.build.trtllm_release import release
+from dynspec.runtime.engines.trtllm_options import read_options
+from dynspec.runtime.engines.trtllm_release import release
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.fill import fill_tree, pbtxt_string
 
@@ -86,7 +86,7 @@ def rendered_speculative_config(cfg: EngineConfig) -> dict | None:
     if not sched.tiers:
         return None
     spec = {"decoding_type": "Eagle3", "max_draft_len": sched.max_draft_len, "speculative_model_dir": cfg.draft_dir}
-    key = release(cfg.trtllm_version).one_model_key      # build/trtllm_release.py: per release
+    key = release(cfg.trtllm_version).one_model_key      # runtime/engines/trtllm_release.py: per release
     if key != "rejected":                                  # 1.4 takes no eagle3_one_model key (PR 17366)
         spec["eagle3_one_model"] = key != "false"
     spec["draft_len_schedule"] = sched.to_trtllm(cfg.trtllm_version)

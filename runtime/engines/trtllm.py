@@ -52,10 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
-from dynspec.build.llm_api import DRAFT_KEY, DRAFT_KEYS, read_options
-from dynspec.build.trtllm_release import release
 from dynspec.config import EngineConfig
 from dynspec.errors import DynspecError
+from dynspec.runtime.engines.trtllm_options import DRAFT_KEY, DRAFT_KEYS, read_options
+from dynspec.runtime.engines.trtllm_release import release
 from dynspec.runtime.executor import IterationStats
 from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule
 

@@ -1,7 +1,8 @@
 """What each TRT-LLM release dynspec renders for accepts in `speculative_config`.
 
 One row per major.minor. The rows are facts from TRT-LLM's sources and pull requests
-(docs/design.md, section 2); every renderer and validator in build/ reads them from here.
+(docs/design.md, section 2); every renderer and validator in build/, and the TRT-LLM engine,
+read them from here.
 
     release  schedule keys          eagle3_one_model        speculation gate knobs
     1.2.x    lower bounds (1.2.1)   written false           acceptance_window, acceptance_length_threshold

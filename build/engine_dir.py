@@ -14,13 +14,14 @@ from pathlib import Path
 
 from dynspec.artifacts import atomic_dir
 from dynspec.build.baseline import SCRIPT, BaselineSpec, baseline_script
-from dynspec.build.llm_api import OPTIONS_FILE, LlmApiSettings, decode_tokens, render_options, to_yaml
+from dynspec.build.llm_api import LlmApiSettings, decode_tokens, render_options, to_yaml
 from dynspec.build.plan import GB, MemoryPlan, memory_plan
 from dynspec.build.trap import floor_schedule, trap_warning
 from dynspec.build.validate import validate_options
 from dynspec.config import COST_MODEL_JSON, EngineConfig, ReferenceSettings
 from dynspec.convert.manifest import manifest_shape, read_manifest
 from dynspec.errors import DynspecError
+from dynspec.runtime.engines.trtllm_options import OPTIONS_FILE
 from dynspec.runtime.policy import DraftSchedule
 
 DEFAULT_MAX_SEQ_LEN = 4096

@@ -30,7 +30,7 @@ import yaml
 
 # The file's name and draft key, and its reader, live with the runtime that opens the file: one
 # reader of the format, shared by every stage.
-from dynspec.runtime.engines.trtllm_options import DRAFT_KEY, DRAFT_KEYS, OPTIONS_FILE, read_options  # noqa: F401
+from dynspec.runtime.engines.trtllm_options import DRAFT_KEY
 from dynspec.runtime.engines.trtllm_release import SpeculationGate, gate_options, release
 from dynspec.runtime.policy import DraftSchedule
 

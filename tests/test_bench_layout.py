@@ -1,7 +1,7 @@
-"""The shape of benchmarks/: every import between its modules (module level, inside functions,
-under TYPE_CHECKING: all of them, read with ast) goes one way, with no cycle; the figures and
-reports never reach a runner, runners never reach the suite; and no module or function outgrows
-its size limit. Static: nothing is imported or run."""
+"""The shape of benchmarks/: along every import between its modules (module level, inside
+functions, under TYPE_CHECKING: all of them, read with ast) the figures and reports never reach a
+runner and runners never reach the suite; no module or function outgrows its size limit (no
+import cycle anywhere: tests/test_layers.py). Static: nothing is imported or run."""
 from __future__ import annotations
 
 import ast
@@ -50,37 +50,6 @@ def graph() -> dict[str, set[str]]:
     return {m: imported(p, set(mods)) for m, p in mods.items()}
 
 
-def cycles(g: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module, and modules that import themselves."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in g[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in g[v]:
-                out.append(sorted(comp))
-
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def reach(g: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -96,11 +65,6 @@ def test_the_walker_sees_function_level_imports(tmp_path):
     p.write_text("from dynspec.benchmarks import a\n\ndef f():\n    from dynspec.benchmarks.b import x\n"
                  "    import dynspec.benchmarks.c\n")
     assert imported(p, {"a", "b", "c", "d"}) == {"a", "b", "c"}
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}}) == [["a", "b", "c"], ["d"]]
-
-
-def test_benchmarks_have_no_import_cycle():
-    assert cycles(graph()) == []
 
 
 def test_figures_never_reach_a_runner_and_runners_never_reach_the_suite():

@@ -67,6 +67,7 @@ class SimEngine:
     """Engine protocol (runtime/plan.py) on a cost model; see the module docstring."""
 
     vocab_size = 1 << 30             # the workload's token ids are never read
+    async_launch = False             # launch runs the step on the simulated clock (runtime/plan.py)
 
     def __init__(self, cost: CostModel, shape: SimShape, clock: SimClock, prices: StepPrices = StepPrices()):
         if shape.max_draft_len > cost.draft_lens[-1]:

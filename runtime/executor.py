@@ -44,7 +44,7 @@ from dynspec.runtime.acceptance import AcceptanceModel, Greedy, rate_of
 from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.executor_thread import LoopThread
 from dynspec.runtime.gc_heap import pause_seconds
-from dynspec.runtime.loop import DeferredLoop, Loop, LoopStrategy, OverlappedLoop, SerialLoop, loop_strategy
+from dynspec.runtime.loop import Loop, LoopStrategy, loop_strategy
 from dynspec.runtime.plan import Engine, PromptChunk, StepPlan, StepResult
 from dynspec.runtime.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
 from dynspec.runtime.policy import Policy, speculates
@@ -56,9 +56,6 @@ __all__ = ["Engine", "Executor", "IterationStats", "RequestHandle", "RequestResu
 
 
 class Executor:
-    # each loop's step(), by the names the executor's own methods had (tests/test_loop.py reads them)
-    _step_serial, _step_deferred, _step_overlapped = SerialLoop.step, DeferredLoop.step, OverlappedLoop.step
-
     def __init__(
         self,
         engine: Engine,

@@ -232,7 +232,8 @@ class Engine(Protocol):
     def result(self, handle: object) -> StepResult: ...                               # wait for that step's result
 
 
-def launches_async(engine: Engine) -> bool:
-    """engine.async_launch; an engine that does not declare it (a test's or the simulator's
-    stand-in, whose launch runs the step) launches synchronously: False."""
-    return bool(getattr(engine, "async_launch", False))
+def launches_async(engine: Engine | None) -> bool:
+    """engine.async_launch, which every engine declares (the stand-ins of the tests and the
+    simulator too: False, their launch runs the step). None: no engine yet (Executor(None, ...),
+    made before any engine is), False."""
+    return engine is not None and bool(engine.async_launch)

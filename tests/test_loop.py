@@ -10,7 +10,7 @@ from dynspec.benchmarks import sweep_modes
 from dynspec.benchmarks.figures_common import figure_rows
 from dynspec.errors import DynspecError
 from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import Loop, serving_loop
+from dynspec.runtime.loop import DeferredLoop, Loop, OverlappedLoop, SerialLoop, serving_loop
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_workload import FakeEngine
 
@@ -70,12 +70,13 @@ def test_overlapped_loop_launches_the_next_step_before_reading_the_last(async_la
 
 
 def test_the_loop_is_bound_once():
-    """step() is the method chosen in __init__; nothing re-reads the loop afterwards."""
-    for loop, async_launch, name in ((Loop.SERIAL, False, "_step_serial"), (Loop.SERIAL, True, "_step_deferred"),
-                                     (Loop.OVERLAPPED, False, "_step_overlapped"),
-                                     (Loop.OVERLAPPED, True, "_step_overlapped")):
+    """step() is the strategy's, chosen in __init__; nothing re-reads the loop afterwards."""
+    for loop, async_launch, kind in ((Loop.SERIAL, False, SerialLoop), (Loop.SERIAL, True, DeferredLoop),
+                                     (Loop.OVERLAPPED, False, OverlappedLoop),
+                                     (Loop.OVERLAPPED, True, OverlappedLoop)):
         ex = Executor(CallLog(async_launch), DraftSchedule.static(2, 4), loop=loop)
-        assert ex._step.__func__ is getattr(Executor, name), (loop, async_launch)
+        assert type(ex.strategy) is kind, (loop, async_launch)
+        assert ex._step.__self__ is ex.strategy and ex._step.__func__ is kind.step, (loop, async_launch)
 
 
 def test_serving_loop_rule():

@@ -169,6 +169,7 @@ class FakeEngine:
     """Protocol-complete stand-in: every draft is accepted, tokens count up, slots never run out."""
 
     max_seq_len, max_draft_len, vocab_size, max_num_tokens, max_reservation = 10_000, 4, 1000, 8192, 10_000
+    async_launch = False                   # launch runs the step (runtime/plan.py's Engine protocol)
 
     def __init__(self, max_batch_size=64):
         self.max_batch_size = max_batch_size

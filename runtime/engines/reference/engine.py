@@ -97,7 +97,7 @@ class ReferenceEngine:
                         max_batch_size=max_batch_size, max_seq_len=max_seq_len)   # before any table is built
         # CPU: every batch size is its own shape (no padding work); CUDA: padded graph buckets
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))
-        self.async_launch = on_cuda        # launch returns before the device has run the step (executor.py)
+        self.async_launch = on_cuda        # launch returns before the device has run the step (runtime/loop.py)
         self.capture = tuple(draft.capture_layers)
         draft.kernels = target.kernels                         # the draft's glue on the target's Kernels
         self.vocab_size = target.config.vocab_size

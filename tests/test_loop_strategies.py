@@ -68,7 +68,7 @@ def test_submit_admits_up_to_the_strategys_slack(loop, async_launch, kind):
 def test_async_launch_is_part_of_the_engine_protocol():
     assert Engine.__annotations__["async_launch"] == "bool"
     assert launches_async(CallLog(True)) and not launches_async(CallLog(False))
-    assert not launches_async(FakeEngine())           # a stand-in that does not declare it launches synchronously
+    assert not launches_async(FakeEngine())           # a stand-in whose launch runs the step declares False
     assert LeaderEngine(CallLog(True), channel=None).async_launch is True     # TP's leader: its local engine's
 
 

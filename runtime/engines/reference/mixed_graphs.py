@@ -293,7 +293,7 @@ class WholeMixed:
     # ---- graphs ---------------------------------------------------------------------------
     def capture(self, keys: Iterable[Key]) -> int:
         """Warm up and capture each key's forward as a graph chain (one pool). CUDA only; call with
-        the engine's step buffers on the padding rows (capture_graphs leaves them so)."""
+        the engine's step buffers on the padding rows (capture.capture_whole_graphs leaves them so)."""
         keys = [k for k in sorted(set(keys)) if k not in self.graphs]
         if not keys:
             return 0

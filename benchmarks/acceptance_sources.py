@@ -189,8 +189,8 @@ def from_trtllm_jsonl(lines: Iterable[str], path: str) -> MeasuredAcceptance:
 
 # ---- profile.json --------------------------------------------------------------------------
 def from_profile(doc: Mapping, path: str) -> MeasuredAcceptance:
-    """The profile's measured rates, read by the one profile reader (runtime/cost_model.py)."""
-    from dynspec.runtime.cost_model import Profile
+    """The profile's measured rates, read by the one profile reader (runtime/policy/cost_model.py)."""
+    from dynspec.runtime.policy.cost_model import Profile
 
     pp = Profile.from_json(doc, where=path).per_position
     if not pp:

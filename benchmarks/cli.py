@@ -25,7 +25,7 @@ def _command(word: str, args: argparse.Namespace) -> str:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable, write_json
     from dynspec.benchmarks.engines import apply_bench_env, engine_choice, set_cpu_threads, versions
-    from dynspec.runtime.session import check_device
+    from dynspec.runtime.generate.session import check_device
     from dynspec.benchmarks.mpi import log, world
     from dynspec.benchmarks.profile import run_profile
     from dynspec.benchmarks.flags import int_list
@@ -100,8 +100,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
     from dynspec.errors import DynspecError
-    from dynspec.runtime.cost_model import Profile
-    from dynspec.runtime.tune import tune
+    from dynspec.runtime.policy.cost_model import Profile
+    from dynspec.runtime.policy.tune import tune
 
     for flag, path in (("--out", args.out), ("--report", args.report), ("--vllm-grid", args.vllm_grid)):
         if path is not None:
@@ -147,7 +147,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _vllm_grid(results) -> dict:
     """vLLM's speculative_config fragment from [(ContextTable, TuneResult)], one per profiled context."""
     from dynspec.errors import DynspecError
-    from dynspec.runtime.schedule_vllm import to_vllm_grid
+    from dynspec.runtime.policy.schedule_vllm import to_vllm_grid
 
     if any(t.context_len is None for t, _ in results):
         raise DynspecError("--vllm-grid needs each table's context_len; the profile does not record it")
@@ -180,7 +180,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from dynspec.benchmarks.engines import add_engine_args
-    from dynspec.runtime.tune import DRAFT_MARGIN
+    from dynspec.runtime.policy.tune import DRAFT_MARGIN
 
     p = sub.add_parser("profile", help="measure iteration time per (batch size, K) -> profile.json")
     add_engine_args(p)

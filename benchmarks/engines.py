@@ -99,8 +99,8 @@ def check_bench_flags(args: argparse.Namespace) -> None:
 
 def check_positions(args: argparse.Namespace, cfg) -> None:
     """--context-len / --context-lens / --max-seq-len / synthetic --input-len + --output-len fit the target's
-    max_position_embeddings (the cache is refused beyond it: runtime/session.py)."""
-    from dynspec.runtime.session import check_positions as within
+    max_position_embeddings (the cache is refused beyond it: runtime/generate/session.py)."""
+    from dynspec.runtime.generate.session import check_positions as within
 
     for attr in POSITION_FLAGS:
         v = getattr(args, attr, None)
@@ -119,7 +119,7 @@ def check_positions(args: argparse.Namespace, cfg) -> None:
 
 def engine_choice(args: argparse.Namespace) -> EngineChoice:
     from dynspec.config import EngineConfig
-    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+    from dynspec.runtime.generate.session import engine_config_for, tiny_pair_dirs
 
     if args.engine_dir:
         if args.target or args.draft:
@@ -215,7 +215,7 @@ def open_reference(cfg, *, device: str, max_batch_size: int, max_seq_len: int, m
     """The reference engine sized for exactly what a benchmark needs: the KV cache is
     max_batch_size x max_seq_len and drafts go up to max_draft_len (the engine dir's own sizes
     and its schedule's K do not enlarge it: every request must fit prompt + output + K + 1)."""
-    from dynspec.runtime.session import open_reference_engine
+    from dynspec.runtime.generate.session import open_reference_engine
 
     return open_reference_engine(replace(cfg, schedule=DraftSchedule()), device=device, max_draft_len=max_draft_len,
                                  max_batch_size=max_batch_size, max_seq_len=max_seq_len)
@@ -253,7 +253,7 @@ def graphs_run(cfg, device: str) -> str:
 
 def open_sized(cfg, *, device: str, max_batch_size: int, max_seq_len: int, max_draft_len: int, tp=None):
     """open_reference's engine, or (tp: this rank's TpContext) its shard on tp.device."""
-    from dynspec.runtime.session import open_reference_engine
+    from dynspec.runtime.generate.session import open_reference_engine
 
     sizes = dict(max_batch_size=max_batch_size, max_seq_len=max_seq_len, max_draft_len=max_draft_len)
     if tp is None:

@@ -20,7 +20,7 @@ def _steps(row: Mapping) -> tuple[list[str], list[list[list]]]:
 def host_cost(row: Mapping) -> dict | None:
     """median policy_us / median step_us over every adaptive iteration of the row's trials and
     replicas: policy 20, 30, 25 us and steps 10000, 12000, 11000 us -> 25 / 11000 = 0.00227; the
-    same of policy_exposed_us (the part no launched step ran under; runtime/executor.py) where
+    same of policy_exposed_us (the part no launched step ran under; runtime/serving/executor.py) where
     recorded: exposed 10, 12, 11 us -> 11 / 11000 = 0.001."""
     import statistics
 

@@ -67,7 +67,7 @@ def _model(text: str | None, seed: int):
     """The sweep's acceptance model as parsed by the sweep (seed included); a trace path that does
     not resolve from here is tried under the repo; None when it cannot be read."""
     from dynspec.errors import DynspecError
-    from dynspec.runtime.acceptance import parse_acceptance
+    from dynspec.runtime.policy.acceptance import parse_acceptance
 
     if not text:
         return None
@@ -87,7 +87,7 @@ def true_rates(table: Mapping, model) -> list[tuple[float, float, float | None]]
     table order (replica, then finishing order); the rate is rate_of(resolve(model, n), key), n the
     replica's request count. Requests without a rate (real acceptance) or a K (no decode step) are
     left out. bernoulli-mix:0.9@0.5,0.2@0.5: every rate is 0.9 or 0.2."""
-    from dynspec.runtime.acceptance import rate_of, resolve
+    from dynspec.runtime.policy.acceptance import rate_of, resolve
 
     if model is None or not table:
         return []

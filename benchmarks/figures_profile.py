@@ -86,7 +86,7 @@ def mixed_plot(fig: Mapping) -> dict:
 def tp_figures(tp1: Mapping, tp2: Mapping) -> dict:
     """The same profile at TP=1 and TP=2: iteration ms per (b, K), TP=1 / TP=2 per shape, and the
     b=1 decode / GEMM floor of each (profile --floor)."""
-    from dynspec.runtime.cost_model import Profile
+    from dynspec.runtime.policy.cost_model import Profile
 
     def it(p):               # its one table, in either profile format
         table = Profile.from_json(p, "tp profile").table(where="tp profile").iteration_ms
@@ -113,8 +113,8 @@ def tp_plot(fig: Mapping) -> dict:
 
 def cost_model_figures(profile: Mapping, path) -> dict:
     """The installed cost model: iteration ms at every profiled (context, b, K), read by the one
-    reader of the format (runtime/cost_model.py CostModel)."""
-    from dynspec.runtime.cost_model import CostModel
+    reader of the format (runtime/policy/cost_model.py CostModel)."""
+    from dynspec.runtime.policy.cost_model import CostModel
 
     cm = CostModel.load(path)
     ms = {str(ctx): {f"{b}:{k}": cm.lookup(b, k, ctx).ms for b in cm.batch_sizes for k in cm.draft_lens}

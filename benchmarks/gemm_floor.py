@@ -83,7 +83,7 @@ def graph_replay_ms(engine, shape: Shape, context_len: int, *, repeats: int, pas
     TP leaders, K > 0)."""
     import torch
 
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
 
     get = getattr(engine, "decode_graph", None)
     if get is None or engine.device.type != "cuda" or shape.k:
@@ -116,9 +116,9 @@ def overlap_decode_ms(engine, context_len: int, *, warmup: int, repeats: int) ->
     "last_position"}."""
     import random
 
-    from dynspec.runtime.executor import Executor
-    from dynspec.runtime.loop import Loop
-    from dynspec.runtime.overlap import cache_slack
+    from dynspec.runtime.serving.executor import Executor
+    from dynspec.runtime.serving.loop import Loop
+    from dynspec.runtime.serving.overlap import cache_slack
     from dynspec.runtime.policy import DraftSchedule
 
     n_new = warmup + repeats + 2               # the first token comes with the prefill, one more to close

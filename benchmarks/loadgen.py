@@ -21,7 +21,7 @@ import numpy as np
 
 from dynspec.benchmarks.metrics import RequestTiming, RunRecord, StepRecord
 from dynspec.benchmarks.workload import BenchRequest
-from dynspec.runtime.driver import closed_loop as closed_loop_jobs
+from dynspec.runtime.serving.driver import closed_loop as closed_loop_jobs
 
 Progress = Callable[[int], None]     # called with the number of requests that just finished
 

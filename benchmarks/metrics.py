@@ -26,7 +26,7 @@ timings plus the executor's per-iteration stats. Replicas of an mpirun sweep eac
                        rest lies before the first step and after the last; gpu_gap_mixed_share: the
                        share of those gaps that came before an iteration with prompt chunks
     gc_pause_fraction  share of the wall time in the cycle collector (`gc_pauses`): a pause
-                       between steps the device may idle through (runtime/gc_heap.py)
+                       between steps the device may idle through (runtime/serving/gc_heap.py)
 
 Worked example, two iterations (b=2, K=3, accepted 4) and (b=2, K=0):
     mean_k = 1.5;  acceptance_rate = 4 / 6;  mean_accepted_len = (4 + 4) / 4 = 2.0
@@ -40,7 +40,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from dynspec.runtime.draft_counts import acceptance, mean_k
+from dynspec.runtime.policy.draft_counts import acceptance, mean_k
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ class RequestTiming:
 
     @property
     def mean_k(self) -> float | None:
-        """runtime/draft_counts.mean_k; None when the engine does not report it."""
+        """runtime/policy/draft_counts.mean_k; None when the engine does not report it."""
         return None if self.drafted is None or self.decode_steps is None else mean_k(self.drafted, self.decode_steps)
 
     @property
     def acceptance(self) -> float | None:
-        """runtime/draft_counts.acceptance; None when not reported or it never drafted."""
+        """runtime/policy/draft_counts.acceptance; None when not reported or it never drafted."""
         return None if self.accepted_drafts is None else acceptance(self.accepted_drafts, self.drafted)
 
     @property
@@ -278,7 +278,7 @@ def engine_idle(records: Sequence[RunRecord]) -> float | None:
 
 def gc_pauses(records: Sequence[RunRecord]) -> float | None:
     """Share of the wall time the process spent in cycle collections between the steps (the
-    first step's share, which reaches back before the run, left out; runtime/gc_heap.py). Example:
+    first step's share, which reaches back before the run, left out; runtime/serving/gc_heap.py). Example:
     a 16.0-ms run whose steps report 0, 0.4 and 0 ms -> 0.025. None without wall time or steps."""
     wall = sum(rec.duration_s for rec in records)
     later = [s for rec in records for s in rec.steps[1:]]

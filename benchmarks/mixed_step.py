@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
 from dynspec.errors import DynspecError
-from dynspec.runtime.session import check_device
+from dynspec.runtime.generate.session import check_device
 
 
 def parse_points(text: str) -> tuple[tuple[int, int, int], ...]:
@@ -93,7 +93,7 @@ def capture(engine, points, cfg) -> tuple[set, str | None]:
     fails (a finding, not a stop: eager still runs)."""
     from dynspec.config import GraphMode
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.plan import PromptChunk, make_plan
+    from dynspec.runtime.serving.plan import PromptChunk, make_plan
     from dynspec.runtime.policy import ConstantK
 
     if engine.device.type != "cuda":
@@ -129,7 +129,7 @@ def run(args, on_point=None) -> dict:
 
     from dynspec.benchmarks.engines import open_sized
     from dynspec.benchmarks.step_timing import reserved_rows
-    from dynspec.runtime.plan import PromptChunk, make_plan
+    from dynspec.runtime.serving.plan import PromptChunk, make_plan
 
     apply_bench_env()
     check_device(args.device)
@@ -174,7 +174,7 @@ def _time_point(engine, args, point, mixed, decode, full: bool) -> dict:
     import os
 
     from dynspec.benchmarks.step_timing import step_kernels, time_plans, trace_steps
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
 
     b, k, chunk = point
     modes = ["eager", "full"] if full else ["eager"]

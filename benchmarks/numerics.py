@@ -33,7 +33,7 @@ def agreement(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> dict:
 
 
 def _outputs(executor, prompts, max_new: int, concurrency: int) -> list[tuple[int, ...]]:
-    from dynspec.runtime.driver import run_closed_loop
+    from dynspec.runtime.serving.driver import run_closed_loop
 
     results = run_closed_loop(executor, prompts, max_new, concurrency)
     return [tuple(r.output_ids) for r in results]
@@ -42,7 +42,7 @@ def _outputs(executor, prompts, max_new: int, concurrency: int) -> list[tuple[in
 def measure(dtype: str, num_prompts: int, max_new: int, concurrency: int, k: int, device: str = "cpu") -> dict:
     from dynspec.corpus import default_prompts
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import engine_config_for, open_executor, tiny_pair_dirs
+    from dynspec.runtime.generate.session import engine_config_for, open_executor, tiny_pair_dirs
     from transformers import AutoTokenizer
 
     target, draft = tiny_pair_dirs()
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("num_prompts", "max_new_tokens", "concurrency", "k"):
             if getattr(args, flag) < 1:
                 raise DynspecError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
-        from dynspec.runtime.session import check_device
+        from dynspec.runtime.generate.session import check_device
 
         check_device(args.device)
         doc = measure(args.dtype, args.num_prompts, args.max_new_tokens, args.concurrency, args.k, args.device)

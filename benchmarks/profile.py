@@ -1,7 +1,7 @@
 """Measure the engine's iteration time for each (context, batch size b, draft length K); K = 0 is
 plain decode. One engine, its graphs captured once, times every context's grid in turn.
 
-profile.json (the format and its reader: runtime/cost_model.py):
+profile.json (the format and its reader: runtime/policy/cost_model.py):
     {"format": "dynspec-profile/2", "device": "cuda:0 (NVIDIA H200)", "context_lens": [512, 2048],
      "tables": [{"context_len": 512,
                  "iteration_ms": {"1": {"0": 4.4, "1": 4.9, "2": 5.3}, "8": {...}},   # median of repeats
@@ -44,12 +44,12 @@ from typing import Mapping, Sequence
 
 from dynspec.benchmarks.engines import open_sized
 from dynspec.benchmarks.gemm_floor import FLOOR_CONTEXT, measure_floor
-from dynspec.runtime.session import target_positions
+from dynspec.runtime.generate.session import target_positions
 from dynspec.benchmarks.step_timing import Shape, time_shapes
 from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
-from dynspec.runtime.cost_model import ContextTable, Profile
-from dynspec.runtime.tune import per_position_rates
+from dynspec.runtime.policy.cost_model import ContextTable, Profile
+from dynspec.runtime.policy.tune import per_position_rates
 
 
 def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
@@ -81,10 +81,10 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
 def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[float, ...]:
     """Real (greedy) per-position acceptance at a static K over the requests."""
     from dynspec.benchmarks.loadgen import closed_loop
-    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.serving.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
 
-    from dynspec.runtime.tune_at_start import AcceptanceRecorder
+    from dynspec.runtime.generate.tune_at_start import AcceptanceRecorder
 
     rec = AcceptanceRecorder(engine)
     ex = Executor(rec, DraftSchedule.static(k, engine.max_batch_size), keep_warm=True)
@@ -112,8 +112,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
     replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.loop import Loop
-    from dynspec.runtime.overlap import cache_slack
+    from dynspec.runtime.serving.loop import Loop
+    from dynspec.runtime.serving.overlap import cache_slack
     from dynspec.runtime.policy import ConstantK
 
     batch_sizes = sorted(set(batch_sizes))
@@ -157,7 +157,7 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
                         repeats, acceptance_requests, acceptance_concurrency, meta, progress,
                         floor_context if floor else None)
     from dynspec.benchmarks.mpi import split_leaders, world
-    from dynspec.runtime.tp_lifecycle import run_replica
+    from dynspec.runtime.tp.tp_lifecycle import run_replica
 
     leaders = split_leaders(world(), tp)                     # collective: every rank, before the groups
     meta = dict(meta or {}, tp=tp)

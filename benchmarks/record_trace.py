@@ -7,7 +7,7 @@ For each held-out prompt (decode.check_prompts: windows of the stdlib modules th
 pair's build_info.json records as held out of training) the target decodes greedily, and at
 every output offset t = 0..new-1 a greedy draft chain of depth kmax starts from the true
 prefix; r_t = how many of its drafts equal the target's greedy tokens t+1.. in a row. The file
-format and replay: runtime/acceptance_trace.py, runtime/acceptance.py (TraceReplay).
+format and replay: runtime/policy/acceptance_trace.py, runtime/policy/acceptance.py (TraceReplay).
 
     prompt p (n tokens) + greedy out[0..new+kmax-1]        out[0] comes from the prefill
     chain at t: draft rows @0..@n+t-1 from the target's captures, then kmax chain steps
@@ -46,7 +46,7 @@ def chain_runs(target, draft, prompt: list[int], new: int, kmax: int) -> list[in
     import torch
 
     from dynspec.pairs.decode import greedy_continue
-    from dynspec.runtime.acceptance import accepted_prefix
+    from dynspec.runtime.policy.acceptance import accepted_prefix
 
     with torch.no_grad():
         n = len(prompt)
@@ -90,7 +90,7 @@ def record(folder: Path, prompts: int, new: int, kmax: int, prompt_len: int, com
 
     from dynspec.corpus import ASSET_DIR, recorded_split
     from dynspec.pairs.decode import check_prompts
-    from dynspec.runtime.acceptance_trace import Trace
+    from dynspec.runtime.policy.acceptance_trace import Trace
     from dynspec.runtime.engines.reference.load import load_draft, load_target
 
     target = load_target(folder / "target")
@@ -130,7 +130,7 @@ def make_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, command: str) -> dict:
     from dynspec.corpus import ASSET_DIR
     from dynspec.errors import DynspecError
-    from dynspec.runtime.acceptance_trace import MAX_KMAX, summary, write_trace
+    from dynspec.runtime.policy.acceptance_trace import MAX_KMAX, summary, write_trace
 
     for flag, v, lo in (("--prompts", args.prompts, 1), ("--new", args.new, 2), ("--kmax", args.kmax, 1),
                         ("--prompt-len", args.prompt_len, 2)):

@@ -15,7 +15,7 @@ T prompt-chunk tokens, base the profile's time of the step's decode rows:
               + chunk_fixed_ms + chunk_ms_per_token x T         (a step with chunks: the whole-forward graph)
               + draft_chunk_ms_per_token x T                    (a drafting mode's draft pass over the chunk)
               + (ragged_factor - 1) x base                      (rows at different K_i)
-StepPrices (runtime/step_prices.py) holds what the profile does not time, per device, fitted on
+StepPrices (runtime/policy/step_prices.py) holds what the profile does not time, per device, fitted on
 recorded GPU runs (benchmarks/sim_fit.py); without one a chunk token costs the plain-step curve's slope at B and
 nothing else is added. Worked example, the H100 profile of benchmarks/sim_data (context 128): b = 13
 at K = 0 without keep-warm runs the 16-row graph, base = decode_ms(16) = 6.58.
@@ -28,11 +28,11 @@ from typing import Sequence
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Greedy, TraceReplay, accept_lengths, draft_uniforms, rate_of
-from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for
-from dynspec.runtime.split_cost import SplitCost
-from dynspec.runtime.step_prices import StepPrices
+from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, TraceReplay, accept_lengths, draft_uniforms, rate_of
+from dynspec.runtime.policy.cost_model import CostModel
+from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for
+from dynspec.runtime.policy.split_cost import SplitCost
+from dynspec.runtime.policy.step_prices import StepPrices
 
 
 class SimClock:
@@ -64,10 +64,10 @@ class SimShape:
 
 
 class SimEngine:
-    """Engine protocol (runtime/plan.py) on a cost model; see the module docstring."""
+    """Engine protocol (runtime/serving/plan.py) on a cost model; see the module docstring."""
 
     vocab_size = 1 << 30             # the workload's token ids are never read
-    async_launch = False             # launch runs the step on the simulated clock (runtime/plan.py)
+    async_launch = False             # launch runs the step on the simulated clock (runtime/serving/plan.py)
 
     def __init__(self, cost: CostModel, shape: SimShape, clock: SimClock, prices: StepPrices = StepPrices()):
         if shape.max_draft_len > cost.draft_lens[-1]:

@@ -22,8 +22,8 @@ import numpy as np
 
 from dynspec.benchmarks.sim_engine import FEATURES
 from dynspec.errors import DynspecError
-from dynspec.runtime import step_prices
-from dynspec.runtime.step_prices import StepPrices
+from dynspec.runtime.policy import step_prices
+from dynspec.runtime.policy.step_prices import StepPrices
 
 FIT_ROUNDS = 2
 

@@ -64,8 +64,8 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
     iterations, mean_k, mixed_iterations, p50_ttft_s, ...}, the sweep's order."""
     from dynspec.benchmarks.sweep_plan import LoadPoint, load_plan, poisson_at
     from dynspec.benchmarks.workload import LengthDist, synthetic
-    from dynspec.runtime.acceptance import parse_acceptance
-    from dynspec.runtime.cost_model import CostModel
+    from dynspec.runtime.policy.acceptance import parse_acceptance
+    from dynspec.runtime.policy.cost_model import CostModel
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
@@ -98,9 +98,9 @@ def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, s
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
     from dynspec.benchmarks.sweep_modes import base_mode
-    from dynspec.runtime.acceptance import resolve
-    from dynspec.runtime.executor import Executor
-    from dynspec.runtime.step_prices import StepPrices
+    from dynspec.runtime.policy.acceptance import resolve
+    from dynspec.runtime.serving.executor import Executor
+    from dynspec.runtime.policy.step_prices import StepPrices
 
     clock = SimClock()
     engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens), clock,
@@ -149,7 +149,7 @@ def observations(runs, prices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def fit_prices(runs):
     """The step prices of recorded runs (sim_fit.py's module docstring): FIT_ROUNDS replays and fits."""
     from dynspec.benchmarks import sim_fit
-    from dynspec.runtime.step_prices import StepPrices
+    from dynspec.runtime.policy.step_prices import StepPrices
 
     prices = StepPrices(chunk_ms_per_token=0.0)
     for _ in range(sim_fit.FIT_ROUNDS):

@@ -35,7 +35,7 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
     """Every recorded run under data_dir (DIR/runs.json with its cost model beside it, and the step
     prices it names: fitted on runs of the same device, sim_fit.py), with `held_out` set in its meta
     where those prices were not fitted on it."""
-    from dynspec.runtime.step_prices import read
+    from dynspec.runtime.policy.step_prices import read
 
     out = []
     for f in sorted(Path(data_dir).glob("*/runs.json")):
@@ -156,7 +156,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int, default=256, help="the engine's max batch size (default 256)")
     p.add_argument("--max-seq-len", type=int, default=432, help="the engine's cache positions per row (default 432)")
     p.add_argument("--max-num-tokens", type=int, default=8192, help="tokens per iteration (default 8192)")
-    p.add_argument("--step-prices", metavar="FILE", help="the device's fitted step prices (runtime/step_prices.py):"
+    p.add_argument("--step-prices", metavar="FILE", help="the device's fitted step prices (runtime/policy/step_prices.py):"
                                                          " the steps' and the per-request policies' ragged price")
     p.add_argument("--out", required=True, help="results/NAME -> NAME.json and NAME.md")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.cost_model:
                 raise DynspecError("give --cost-model FILE (the engine's profile.json) or --validate DIR")
-            from dynspec.runtime.step_prices import read
+            from dynspec.runtime.policy.step_prices import read
 
             prices = read(args.step_prices)[0] if args.step_prices else None
             run = SimRun(tuple(sweep_flags), args.cost_model, args.max_batch_size, args.max_seq_len, args.max_num_tokens,

@@ -30,7 +30,7 @@ def synthetic_plan(engine, shape: Shape, context_len: int, slots: Sequence[int],
     contents do not change the cost)."""
     import random
 
-    from dynspec.runtime.plan import make_plan
+    from dynspec.runtime.serving.plan import make_plan
 
     rng = random.Random(seed)
     b = shape.batch_size
@@ -72,7 +72,7 @@ def time_shapes(engine, shapes: Sequence[Shape], context_len: int, *, warmup: in
     The repeats are split over `passes` passes through all shapes, each run starting with one
     untimed step, so a burst of machine noise spoils a part of every shape's samples rather
     than all of one shape's."""
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
 
     with reserved_rows(engine, max(s.batch_size for s in shapes), context_len + max(s.k for s in shapes) + 1) as slots:
         plans = {s: synthetic_plan(engine, s, context_len, slots) for s in shapes}
@@ -116,7 +116,7 @@ def step_kernels(engine, plan, steps: int, top: int = 30) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
 
     for _ in range(3):
         engine.step(plan, Greedy())
@@ -150,7 +150,7 @@ def trace_steps(engine, plans: dict, steps: int, path: str) -> str:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
 
     for plan in plans.values():
         for _ in range(2):

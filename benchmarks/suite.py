@@ -57,7 +57,7 @@ from dynspec.benchmarks.suite_provenance import REPO, _now, provenance
 from dynspec.benchmarks.suite_spec import COST_MODEL, Config, StageSpec, figure_stages, output_names
 from dynspec.benchmarks.suite_stages import StageFailure, check_engine, missing_cost_model, prepare, run_stages
 from dynspec.errors import DynspecError
-from dynspec.runtime.session import check_device
+from dynspec.runtime.generate.session import check_device
 
 def default_out_root() -> Path:
     """Where results go unless --out-root says otherwise: $XDG_CACHE_HOME/dynspec/results, else

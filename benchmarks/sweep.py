@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except DynspecError as e:
         log(f"error: {e}", all_ranks=True)
         code = 2
-    from dynspec.runtime.tp_lifecycle import exit_status
+    from dynspec.runtime.tp.tp_lifecycle import exit_status
 
     return exit_status(code)
 

@@ -54,12 +54,12 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                         " sustained there (median of its trials; else the first mode's)")
     g.add_argument("--modes", default="baseline,static,dynamic",
                    help="comma list of baseline, static (K = --static-k), static:K (e.g. static:1,static:5),"
-                        " dynamic (the schedule) and adaptive (the cost model's policy, runtime/adaptive.py)")
+                        " dynamic (the schedule) and adaptive (the cost model's policy, runtime/policy/adaptive.py)")
     g.add_argument("--cost-model", metavar="FILE",
                    help="adaptive mode: the cost model, a profile.json (default: ENGINE_DIR/cost_model.json)")
     g.add_argument("--step-prices", metavar="FILE|DIR",
                    help="per-request modes: price per-row K vectors with this device's fitted step prices"
-                        " (runtime/step_prices.py); a folder gives the file of the running device, if any"
+                        " (runtime/policy/step_prices.py); a folder gives the file of the running device, if any"
                         " (default: ENGINE_DIR/step_prices.json beside the cost model, else the split price)")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",

@@ -160,7 +160,7 @@ def graph_keys(specs: Sequence, max_batch_size: int, max_num_tokens: int | None)
     batch buckets, up to the bucket of the spec's own largest batch; the union over specs.
     Engine 256 (buckets 1, 2, 4, ..., 256), a spec of C <= 64: its graphs of buckets 1..64."""
     from dynspec.runtime.engines.reference.engine import capture_order, reachable_graphs
-    from dynspec.runtime.plan import batch_buckets, bucket_for
+    from dynspec.runtime.serving.plan import batch_buckets, bucket_for
 
     buckets = batch_buckets(max_batch_size)
     keys: set = set()

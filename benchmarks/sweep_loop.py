@@ -20,7 +20,7 @@ def open_engine(specs: Sequence[SweepSpec], cfg, device: str, tp=None):
     the same keys in the same order."""
     from dynspec.benchmarks.engines import open_sized
     from dynspec.benchmarks.sweep_cases import engine_sizes, graph_keys
-    from dynspec.runtime.session import capture
+    from dynspec.runtime.generate.session import capture
 
     sizes = engine_sizes(specs)
     engine = open_sized(cfg, device=device, tp=tp, **sizes)
@@ -74,8 +74,8 @@ class ReferenceSweep:
     def executor(self, mode: str, n: int) -> StepTrace:
         """A fresh executor (its request ids, the acceptance keys, count from 0) for a run of n
         requests, through the mode's executor loop (SweepSpec.loops)."""
-        from dynspec.runtime.acceptance import resolve as resolve_acceptance
-        from dynspec.runtime.executor import Executor
+        from dynspec.runtime.policy.acceptance import resolve as resolve_acceptance
+        from dynspec.runtime.serving.executor import Executor
 
         return StepTrace(Executor(self.engine, self.schedules[mode], keep_warm=self.warm[mode],
                                   acceptance=resolve_acceptance(self.spec.acceptance, n), allow_lossy=True,
@@ -124,7 +124,7 @@ class ReferenceSweep:
 
         from dynspec.benchmarks.loadgen import closed_loop, open_loop
         from dynspec.benchmarks.workload import take
-        from dynspec.runtime.gc_heap import freeze_heap
+        from dynspec.runtime.serving.gc_heap import freeze_heap
 
         spec, w, bar = self.spec, self.w, self.bar
         n = spec.count.at(p)
@@ -137,7 +137,7 @@ class ReferenceSweep:
                     bar.set_postfix_str(f"{p.label} {m}" + (f" trial {t + 1}" if spec.trials > 1 else ""))
                 torch.manual_seed(spec.seed + w.rank)     # Bernoulli draws: the same stream for every run
                 traced = self.executor(m, n)
-                freeze_heap()       # untimed: earlier runs' records out of the collector's walk (runtime/gc_heap.py)
+                freeze_heap()       # untimed: earlier runs' records out of the collector's walk (runtime/serving/gc_heap.py)
                 w.barrier()
                 cb = bar.update if bar is not None else None
                 if p.concurrency is not None:
@@ -151,7 +151,7 @@ class ReferenceSweep:
     def point_rows(self, records: list) -> list[dict]:
         """Rows of the finished load points (rank 0; [] elsewhere): the median trial + spread per mode."""
         from dynspec.benchmarks.metrics import request_table, summarize
-        from dynspec.runtime.acceptance import resolve as resolve_acceptance
+        from dynspec.runtime.policy.acceptance import resolve as resolve_acceptance
 
         spec, w = self.spec, self.w
         gathered = w.gather(records)

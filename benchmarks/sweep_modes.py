@@ -2,11 +2,11 @@
 
     baseline   K = 0 always                 static     one K (--static-k) for every batch size
     static:K   that K for every batch size  dynamic    the engine's (or a tuned) schedule
-    adaptive   the cost model's policy (runtime/adaptive.py)
-    per-request  each row's own K from its acceptance and the cost model (runtime/per_request.py)
-    per-request-oracle  per-request's rules on each request's true rate (runtime/per_request_oracle.py;
+    adaptive   the cost model's policy (runtime/policy/adaptive.py)
+    per-request  each row's own K from its acceptance and the cost model (runtime/policy/per_request.py)
+    per-request-oracle  per-request's rules on each request's true rate (runtime/policy/per_request_oracle.py;
                  benchmarks only: the ceiling of any learned per-request policy)
-A mode runs through the executor's serving loop (runtime/loop.py serving_loop: overlapped on CUDA,
+A mode runs through the executor's serving loop (runtime/serving/loop.py serving_loop: overlapped on CUDA,
 serial on CPU, or as engine.json reference.overlap pins it), unless it names one with a suffix:
     'dynamic+serial'    the serial loop          'dynamic+overlap'   the overlapped loop
 So on CUDA 'baseline+serial,baseline' runs the target alone through both loops.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.loop import Loop
+from dynspec.runtime.serving.loop import Loop
 from dynspec.runtime.policy import POLICIES, DraftSchedule, registered_name
 
 
@@ -142,9 +142,9 @@ def cost_model_path(args: argparse.Namespace) -> Path:
 
 
 def adaptive_policy(path: Path, max_draft_len: int | None):
-    """The adaptive mode's policy (runtime/adaptive.py): the cost model at `path`, K at most
+    """The adaptive mode's policy (runtime/policy/adaptive.py): the cost model at `path`, K at most
     max_draft_len (None: every K the cost model profiled)."""
-    from dynspec.runtime.adaptive import load_policy
+    from dynspec.runtime.policy.adaptive import load_policy
 
     return load_policy(path, max_draft_len)
 
@@ -152,9 +152,9 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
 def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor: float | None = None):
     """The policy of a cost-model mode (COST_MODES: 'adaptive', 'per-request', 'per-request-oracle'),
     K at most max_draft_len; the per-request modes price per-row vectors with ragged_factor (None:
-    that of step_prices.json beside the cost model, else 1.0: runtime/step_prices.py)."""
-    from dynspec.runtime.cost_model import CostModel
-    from dynspec.runtime.step_prices import ragged_factor_beside
+    that of step_prices.json beside the cost model, else 1.0: runtime/policy/step_prices.py)."""
+    from dynspec.runtime.policy.cost_model import CostModel
+    from dynspec.runtime.policy.step_prices import ragged_factor_beside
 
     ragged = ragged_factor_beside(path) if ragged_factor is None else ragged_factor
     return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged)
@@ -165,7 +165,7 @@ def step_prices_factor(args: argparse.Namespace) -> float | None:
     said in one line); None without the flag (cost_policy then reads the engine dir's)."""
     if not getattr(args, "step_prices", None):
         return None
-    from dynspec.runtime.step_prices import for_device
+    from dynspec.runtime.policy.step_prices import for_device
 
     dev = "cpu"
     if str(args.device).startswith("cuda"):
@@ -196,7 +196,7 @@ def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | 
 
 def policy_label(policy) -> str:
     """A schedule's CLI form ('24:3,179:1'); the registered name of a cost-model policy ('adaptive',
-    'per-request' or 'per-request-oracle': runtime/policy.py POLICIES)."""
+    'per-request' or 'per-request-oracle': runtime/policy/__init__.py POLICIES)."""
     name = registered_name(policy)
     return policy.to_spec() if name == "schedule" else name
 

@@ -16,8 +16,8 @@ from dynspec.benchmarks.sweep_modes import (COST_MODES, LOOP_SUFFIXES, TRTLLM_MO
                                             mode_loops, mode_policies, parse_modes, read_schedule_arg, split_mode,
                                             step_prices_factor)
 from dynspec.errors import DynspecError
-from dynspec.runtime.loop import Loop
-from dynspec.runtime.overlap import cache_slack
+from dynspec.runtime.serving.loop import Loop
+from dynspec.runtime.serving.overlap import cache_slack
 from dynspec.runtime.policy import DraftSchedule
 
 
@@ -121,7 +121,7 @@ class SweepSpec:
 def check_flags(args: argparse.Namespace) -> None:
     """The cheap checks, before any model is touched."""
     from dynspec.benchmarks.workload import LengthDist
-    from dynspec.runtime.acceptance import parse_acceptance
+    from dynspec.runtime.policy.acceptance import parse_acceptance
 
     modes = parse_modes(args.modes)
     named = [split_mode(m)[1] for m in modes if split_mode(m)[1]]
@@ -183,7 +183,7 @@ def load_plan(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[LoadPoin
 def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     from dynspec.benchmarks.engines import target_vocab_size
     from dynspec.benchmarks.workload import check_fits, write_jsonl
-    from dynspec.runtime.acceptance import parse_acceptance
+    from dynspec.runtime.policy.acceptance import parse_acceptance
 
     modes = parse_modes(args.modes)
     conc, points, count = load_plan(args)
@@ -194,7 +194,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     cost_model = cost_model_path(args) if any(base_mode(m) in COST_MODES for m in modes) else None
     ragged = None
     if cost_model is not None:
-        from dynspec.runtime.step_prices import ragged_factor_beside
+        from dynspec.runtime.policy.step_prices import ragged_factor_beside
 
         ragged = step_prices_factor(args) or ragged_factor_beside(cost_model)
     schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged)   # kmax: the engine's max_draft_len
@@ -231,13 +231,13 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
 
 
 def widest_loop(loops: Mapping[str, Loop]) -> Loop:
-    """The loop whose cache slack the engine needs (runtime/overlap.py): OVERLAPPED if any mode runs it."""
+    """The loop whose cache slack the engine needs (runtime/serving/overlap.py): OVERLAPPED if any mode runs it."""
     return Loop.OVERLAPPED if Loop.OVERLAPPED in loops.values() else Loop.SERIAL
 
 
 def check_overlap_fits(loops: Mapping[str, Loop], longest: int, max_draft_len: int, max_seq_len: int) -> None:
     """A mode of the overlapped loop (loops: mode -> its loop) needs cache_slack(K, OVERLAPPED) =
-    2 (K + 1) positions past prompt + output (runtime/overlap.py), K the engine's max_draft_len:
+    2 (K + 1) positions past prompt + output (runtime/serving/overlap.py), K the engine's max_draft_len:
     longest 416, K 7, --max-seq-len 424 -> "... needs --max-seq-len 432 ...". One line, before
     anything runs."""
     over = [m for m, loop in loops.items() if loop is Loop.OVERLAPPED]

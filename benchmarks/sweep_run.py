@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dynspec.benchmarks.engines import BENCH_ENV, apply_bench_env
-from dynspec.runtime.session import check_device
+from dynspec.runtime.generate.session import check_device
 from dynspec.benchmarks.mpi import World, log, world
 from dynspec.benchmarks.sweep_args import command_line
 from dynspec.benchmarks.sweep_loop import open_for_rank, open_engine, run_reference
@@ -112,8 +112,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dynspec.benchmarks.engines import set_cpu_threads
     from dynspec.benchmarks.mpi import split_leaders
     from dynspec.benchmarks.sweep_cases import case_runs
-    from dynspec.runtime.tp_layout import layout
-    from dynspec.runtime.tp_lifecycle import run_replica
+    from dynspec.runtime.tp.tp_layout import layout
+    from dynspec.runtime.tp.tp_lifecycle import run_replica
 
     apply_bench_env()
     runs = case_runs(args, argv)                           # every case's flags checked, before any model

@@ -8,7 +8,7 @@ Every rank loads its shard and runs the same steps itself (SPMD: no leader chann
 step is the engine's alone, as at TP=1). For each mode in --modes the b=1 decode graph is
 captured again with that all-reduce, then timed (step_timing.time_shapes, median); the modes
 rotate over --trials passes so drift hits all of them. Modes: nccl, one-shot
-(runtime/allreduce.py: torch's one-shot kernel, then the norm, as served), one-shot-fused (the sum
+(runtime/tp/allreduce.py: torch's one-shot kernel, then the norm, as served), one-shot-fused (the sum
 fused into the residual add and RMSNorm after it: fused_allreduce_norm.py, not yet served), skip (no
 communication: wrong sums; the step without its collectives, so comm_fraction = 1 - skip / mode).
 
@@ -31,7 +31,7 @@ import sys
 from dynspec.benchmarks.engines import add_engine_args, add_step_timing_args, apply_bench_env, engine_choice
 from dynspec.benchmarks.gemm_floor import FLOOR_CONTEXT as CONTEXT      # profile --floor's context, 1024
 from dynspec.errors import DynspecError
-from dynspec.runtime.session import check_device
+from dynspec.runtime.generate.session import check_device
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from dynspec.runtime.tp_lifecycle import exit_status
+    from dynspec.runtime.tp.tp_lifecycle import exit_status
 
     try:
         return exit_status(run(args))
@@ -63,9 +63,9 @@ def run(args) -> int:
     from dynspec.benchmarks.step_timing import Shape, sync_device, time_shapes
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.policy import ConstantK
-    from dynspec.runtime.tp_groups import abort_on_error, init_tp
-    from dynspec.runtime.tp_layout import log
-    from dynspec.runtime.tp_lifecycle import shutdown
+    from dynspec.runtime.tp.tp_groups import abort_on_error, init_tp
+    from dynspec.runtime.tp.tp_layout import log
+    from dynspec.runtime.tp.tp_lifecycle import shutdown
 
     apply_bench_env()
     check_device(args.device)

@@ -203,7 +203,7 @@ def soak(minutes: float, clients: int = 2, sample_s: float = 30.0, pause_s: floa
     postfix the requests done, the failures and the last RSS sample."""
     from dynspec.config import EngineConfig, ReferenceSettings
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.runtime.generate.session import tiny_pair_dirs
     from dynspec.triton_repo.generate import generate_repo
     from dynspec.triton_repo.serving import load_model_info
     from dynspec.triton_repo.server_process import launch

@@ -145,7 +145,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     from dynspec.benchmarks.sweep_plan import resolve
     from dynspec.benchmarks.sweep_rows import make_row, median_trial, trial_fields
     from dynspec.benchmarks.workload import take
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
     from dynspec.runtime.engines.trtllm import TrtllmEngine, load_options
     from dynspec.runtime.engines.trtllm_options import read_options
 

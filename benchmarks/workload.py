@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.driver import iter_jsonl_lines
+from dynspec.runtime.serving.driver import iter_jsonl_lines
 
 Tokenizer = Callable[[str], Sequence[int]]
 

@@ -13,7 +13,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from dynspec.build.engine_dir import BuildRequest, plan_build, write_engine_dir
     from dynspec.build.plan import format_plan
     from dynspec.errors import DynspecError
-    from dynspec.runtime.schedule_args import schedule_of
+    from dynspec.runtime.policy.schedule_args import schedule_of
 
     if args.out is None and not args.plan:
         raise DynspecError("--out ENGINE_DIR is required (or pass --plan to print the memory plan only)")
@@ -49,7 +49,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from dynspec.runtime.schedule_args import add_schedule_args
+    from dynspec.runtime.policy.schedule_args import add_schedule_args
 
     p = sub.add_parser("build", help="engine dir: TRT-LLM LLM-API options + engine.json (+ baseline script)")
     p.add_argument("--target", required=True, metavar="DIR", help="target from `dynspec convert target`")

@@ -110,7 +110,7 @@ def plan_build(req: BuildRequest) -> BuildPlan:
         raise DynspecError(f"--max-num-tokens {req.max_num_tokens} is smaller than one verify window: "
                            f"max K + 1 = {window} for schedule {schedule.to_spec()!r}")
     if req.cost_model:                    # the adaptive policy picks only K the engine is built for
-        from dynspec.runtime.cost_model import CostModel
+        from dynspec.runtime.policy.cost_model import CostModel
 
         CostModel.load(req.cost_model, schedule.max_draft_len, f"--schedule {schedule.to_spec()}")
     warning = trap_warning(req.trtllm_version, schedule, req.max_batch_size)
@@ -200,7 +200,7 @@ def write_engine_dir(req: BuildRequest, bp: BuildPlan, out: str | os.PathLike, f
     cfg = engine_config(req, bp, out)
     cost = None
     if req.cost_model:                    # read and checked before anything is written
-        from dynspec.runtime.cost_model import CostModel
+        from dynspec.runtime.policy.cost_model import CostModel
 
         CostModel.load(req.cost_model)
         cost = Path(req.cost_model).read_bytes()

@@ -3,7 +3,7 @@ are written, so a bad engine dir fails here and not at `LLM(...)` start-up on ei
 
 Rules (docs/design.md section 2; DecodingBaseConfig.validate_draft_len_schedule_and_sort in
 TRT-LLM's llm_args.py; the release rows in runtime/engines/trtllm_release.py):
-    all       max_draft_len in 1..MAX_DRAFT_LEN (dynspec's ceiling, runtime/policy.py),
+    all       max_draft_len in 1..MAX_DRAFT_LEN (dynspec's ceiling, runtime/policy/__init__.py),
               keys in 1..MAX_BATCH_SIZE (int32), values >= 0 and <= max_draft_len, values
               non-increasing with the key, every key <= max_batch_size is a CUDA-graph batch size
     1.2.x     key 1 exists and equals max_draft_len; eagle3_one_model is false;

@@ -10,13 +10,13 @@ import sys
 from dynspec.errors import DynspecError
 from dynspec.parsers import Parser
 from dynspec.runtime.policy import MAX_BATCH_SIZE
-from dynspec.runtime.schedule_args import add_schedule_args, schedule_of
+from dynspec.runtime.policy.schedule_args import add_schedule_args, schedule_of
 
 # Modules that add subcommands: each has `register(subparsers)`.
 SUBCOMMAND_MODULES = (
     "dynspec.convert.cli",        # convert target | convert eagle3
     "dynspec.build.cli",          # build
-    "dynspec.runtime.generate_cli",  # generate
+    "dynspec.runtime.generate.generate_cli",  # generate
     "dynspec.benchmarks.cli",     # profile, tune
     "dynspec.triton_repo.cli",    # triton
 )
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{_name(args)}: interrupted", file=sys.stderr, flush=True)
         code = 130
-    life = sys.modules.get("dynspec.runtime.tp_lifecycle")     # loaded: a TP run may exit hard (shutdown)
+    life = sys.modules.get("dynspec.runtime.tp.tp_lifecycle")     # loaded: a TP run may exit hard (shutdown)
     return life.exit_status(code) if life is not None else code
 
 

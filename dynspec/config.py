@@ -16,7 +16,7 @@ engine.json (written by `dynspec build`):
                 "keep_warm": true, "max_num_tokens": 8192, "graphs": "full", "overlap": "auto"},
   "llm_api_options": "llm_api_options.yaml",
   "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance,
-                                           # or "per-request": each row's own K (runtime/per_request.py)
+                                           # or "per-request": each row's own K (runtime/policy/per_request.py)
   "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is not "schedule"
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
@@ -34,7 +34,7 @@ reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mix
 CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
 
 reference.overlap (true, false or "auto", the default: true on CUDA, false elsewhere): the
-executor's overlapped loop (Executor(loop=Loop.OVERLAPPED), runtime/loop.py serving_loop;
+executor's overlapped loop (Executor(loop=Loop.OVERLAPPED), runtime/serving/loop.py serving_loop;
 docs/design.md, "The overlapped loop"):
 iteration i+1 is planned and launched while iteration i runs. Each request's cache then holds two
 verify windows past its last token instead of one. The serial loop stays the CPU's and the oracle.
@@ -49,7 +49,7 @@ from typing import Any, Mapping
 
 from dynspec.artifacts import read_json, write_json
 from dynspec.errors import DynspecError
-from dynspec.runtime.loop import Loop, serving_loop
+from dynspec.runtime.serving.loop import Loop, serving_loop
 from dynspec.runtime.policy import MAX_BATCH_SIZE, SERVED_POLICIES, DraftSchedule
 
 ENGINE_FORMAT = "dynspec-engine/1"
@@ -59,7 +59,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192   # TRT-LLM's default
 MAX_TP = 1024                   # ranks per replica
 MAX_ENGINE_JSON_BYTES = 64 * 2**20   # engine.json with both manifests is a few kB
 STR_FIELDS = ("target_dir", "draft_dir", "trtllm_version", "llm_api_options", "cost_model")
-POLICIES = SERVED_POLICIES      # engine.json's `policy`: the served names of runtime/policy.py POLICIES
+POLICIES = SERVED_POLICIES      # engine.json's `policy`: the served names of runtime/policy/__init__.py POLICIES
 COST_MODEL_JSON = "cost_model.json"
 INT_FIELDS = ("tp", "max_batch_size", "max_seq_len")
 MAP_FIELDS = ("manifests", "build")
@@ -89,7 +89,7 @@ class ReferenceSettings:
     overlap: bool | str = "auto"   # the executor's overlapped loop: true, false, "auto" (module docstring)
 
     def loop(self, device) -> Loop:
-        """The executor's loop on `device` (runtime/loop.py serving_loop): "auto" -> OVERLAPPED on
+        """The executor's loop on `device` (runtime/serving/loop.py serving_loop): "auto" -> OVERLAPPED on
         CUDA, SERIAL elsewhere; true / false pin it."""
         return serving_loop(device, self.overlap)
 

@@ -174,9 +174,9 @@ def run_whole_interpreted() -> None:
     from dynspec.runtime.engines.reference import ragged
     from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
     from dynspec.runtime.engines.reference.load import load_reference_engine
-    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.serving.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import capture
+    from dynspec.runtime.generate.session import capture
     from tests.helpers_models import make_tiny_draft, make_tiny_target
     from tests.test_executor import greedy_many
     from tests.test_per_request import FlipRows

@@ -1,4 +1,4 @@
-"""Per-request benchmark acceptance models (runtime/acceptance.py) and the reference engine's
+"""Per-request benchmark acceptance models (runtime/policy/acceptance.py) and the reference engine's
 per-slot rates: parsing, the rate each request key gets, and the engine's draws at those rates."""
 import math
 import random
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import (Bernoulli, BernoulliMix, Greedy, Shift, draft_uniforms, key_uniform,
+from dynspec.runtime.policy.acceptance import (Bernoulli, BernoulliMix, Greedy, Shift, draft_uniforms, key_uniform,
                                         parse_acceptance, rate_of, resolve)
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
+from dynspec.runtime.serving.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_pair
 

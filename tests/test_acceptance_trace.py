@@ -1,5 +1,5 @@
-"""Recorded acceptance traces (runtime/acceptance_trace.py), their replay (TraceReplay in
-runtime/acceptance.py) and the recorder (benchmarks/record_trace.py), checked against the tiny
+"""Recorded acceptance traces (runtime/policy/acceptance_trace.py), their replay (TraceReplay in
+runtime/policy/acceptance.py) and the recorder (benchmarks/record_trace.py), checked against the tiny
 pair's own speculative decoding."""
 import json
 from pathlib import Path
@@ -9,9 +9,9 @@ import pytest
 
 from dynspec.benchmarks.record_trace import TRACE, chain_runs, main, one_thread, replay_steps
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import (TraceReplay, accept_bits, accept_lengths, parse_acceptance, rate_of,
+from dynspec.runtime.policy.acceptance import (TraceReplay, accept_bits, accept_lengths, parse_acceptance, rate_of,
                                         resolve, trace_table)
-from dynspec.runtime.acceptance_trace import (FORMAT, Trace, from_vllm_stats, read_trace, steps_to_offsets,
+from dynspec.runtime.policy.acceptance_trace import (FORMAT, Trace, from_vllm_stats, read_trace, steps_to_offsets,
                                               summary, trace_text, write_trace)
 
 GOOD = {"format": FORMAT, "source": {"pair": "test"}, "kmax": 4, "requests": [[4, 3, 0, 1], [0, 0, 2]]}

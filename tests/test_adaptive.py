@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
-from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings, PolicyInputs, choose_k, expected_tokens
-from dynspec.runtime.cost_model import CostModel
+from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings, PolicyInputs, choose_k, expected_tokens
+from dynspec.runtime.policy.cost_model import CostModel
 
 S = AdaptiveSettings()
 
@@ -292,7 +292,7 @@ def test_costs_are_looked_up_at_the_bucket_the_step_runs_at():
 
 
 def test_calibration_ratios_decay_shrink_and_clip():
-    from dynspec.runtime.cost_calibration import CostCalibration
+    from dynspec.runtime.policy.cost_calibration import CostCalibration
 
     cal = CostCalibration(max_k=3, half_life=1e9)
     assert cal.scales() == (1.0,) * 7 and cal.slot(0, True) == 4 and cal.slot(0, False) == 0 and cal.slot(2, True) == 2

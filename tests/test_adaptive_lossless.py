@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
-from dynspec.runtime.cost_calibration import EXTRA
-from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings
+from dynspec.runtime.policy.cost_calibration import EXTRA
+from dynspec.runtime.policy.cost_model import CostModel
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.session import tiny_pair_dirs
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.generate.session import tiny_pair_dirs
 from tests.test_executor import greedy_many, hf_target, pair  # noqa: F401  (fixtures)
 
 DT = torch.float64
@@ -46,8 +46,8 @@ def replayed(stats, policy, eng):
     """K of every iteration recomputed by choose_k from the inputs the stats record (previous K and
     iterations since speculation and probes since rebuilt from the sequence): the decision used
     nothing else."""
-    from dynspec.runtime.adaptive import PolicyInputs
-    from dynspec.runtime.plan import bucket_for, cap_k
+    from dynspec.runtime.policy.adaptive import PolicyInputs
+    from dynspec.runtime.serving.plan import bucket_for, cap_k
 
     prev, since, probes, out = 0, 0, 0, []
     for s in stats:
@@ -114,7 +114,7 @@ def test_lossless_when_acceptance_collapses_k_drops_to_0_and_probes(pair, hf_tar
 def test_engine_json_policy_and_cost_model_field(tmp_path):
     from dynspec.config import EngineConfig
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import engine_config_for, policy_of
+    from dynspec.runtime.generate.session import engine_config_for, policy_of
 
     cfg = engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("4:4"))
     assert cfg.policy == "schedule" and policy_of(cfg) == cfg.schedule
@@ -138,7 +138,7 @@ def test_generate_adaptive_mode_needs_a_cost_model_and_runs_with_one(tmp_path):
     r = subprocess.run(base + ["--modes", "adaptive"], capture_output=True, text=True)
     assert r.returncode != 0 and "--modes adaptive needs --cost-model FILE" in r.stderr
     cost = tmp_path / "cost.json"
-    from dynspec.runtime.cost_model import ContextTable, Profile
+    from dynspec.runtime.policy.cost_model import ContextTable, Profile
 
     cost.write_text(json.dumps(Profile("synthetic", (ContextTable(
         64, {1: {0: 10.0, 1: 11.0, 2: 12.0}, 4: {0: 10.0, 1: 11.5, 2: 13.0}}),)).to_json()))

@@ -1,11 +1,11 @@
-"""runtime/allreduce.py on CPU: the modes, and the refusals that name what is wrong. The sums
+"""runtime/tp/allreduce.py on CPU: the modes, and the refusals that name what is wrong. The sums
 themselves run in every TP test (gloo here; NCCL and the one-shot kernel in test_gpu_tp.py)."""
 import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.allreduce import Reducer
-from dynspec.runtime.tp_groups import init_tp
+from dynspec.runtime.tp.allreduce import Reducer
+from dynspec.runtime.tp.tp_groups import init_tp
 
 
 def test_unknown_mode_is_refused_by_name():
@@ -49,7 +49,7 @@ def test_one_shot_takes_only_what_its_kernel_can_sum():
 
 
 def test_peer_offsets_are_elements_from_this_ranks_buffer_and_aligned():
-    from dynspec.runtime.allreduce import peer_offsets
+    from dynspec.runtime.tp.allreduce import peer_offsets
 
     assert peer_offsets(1000, [1000, 1064, 936], 2) == [0, 32, -32]
     with pytest.raises(DynspecError, match=r"not 16-byte aligned to each other: offsets \[0, 8\]"):
@@ -61,7 +61,7 @@ def test_the_fused_norm_is_taken_only_for_one_shot_shapes_it_handles():
     part contiguous, r of part's shape, weight [n]. Anything else takes the all-reduce and then the
     model's add_rms_norm: on CPU (gloo) always, as tests/test_tp.py runs it."""
     pytest.importorskip("triton")
-    from dynspec.runtime.allreduce import FusedPeers
+    from dynspec.runtime.tp.allreduce import FusedPeers
 
     r = Reducer("nccl", None, torch.device("cpu"))
     part, res, w = torch.zeros(2, 64), torch.zeros(2, 64), torch.ones(64)

@@ -325,7 +325,7 @@ def test_refills_ride_in_the_decode_iterations():
     same iteration as the decode rows (inflight batching), and the step stats show both."""
     from dynspec.benchmarks.loadgen import closed_loop
     from dynspec.benchmarks.workload import BenchRequest
-    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.serving.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
     from tests.test_workload import FakeEngine
 

@@ -279,7 +279,7 @@ def test_70b_memory_plan_by_hand(tmp_path, capsys):
 def test_reference_engine_reads_engine_dir(pair, tmp_path):
     """convert -> build -> the reference engine opens ENGINE_DIR and generates."""
     pytest.importorskip("dynspec.runtime.engines.reference.load")
-    from dynspec.runtime.session import open_executor
+    from dynspec.runtime.generate.session import open_executor
 
     out = tmp_path / "e"
     assert build(pair, out, "--threshold", "4", "--max-draft-len", "3", "--max-batch-size", "8") == 0
@@ -366,7 +366,7 @@ def test_build_out_overlapping_an_input_is_refused(pair, tmp_path, capsys, out_o
 def test_generate_flags_override_engine_json_reference(pair, tmp_path):
     """`dynspec generate --max-num-tokens/--max-seq-len/--concurrency` reach ReferenceSettings."""
     from dynspec.cli import make_parser
-    from dynspec.runtime.generate_setup import _engine_config
+    from dynspec.runtime.generate.generate_setup import _engine_config
 
     assert build(pair, tmp_path / "e", "--schedule", "4:4", "--max-num-tokens", "100") == 0
     args = make_parser().parse_args(["generate", "--engine-dir", str(tmp_path / "e")])

@@ -17,7 +17,7 @@ from tiny_checkpoints import make_llama  # noqa: E402
 from dynspec.checkpoint.config_fields import check_config  # noqa: E402
 from dynspec.cli import main  # noqa: E402
 from dynspec.errors import DynspecError  # noqa: E402
-from dynspec.runtime.session import tiny_pair_dirs  # noqa: E402
+from dynspec.runtime.generate.session import tiny_pair_dirs  # noqa: E402
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 256}

@@ -1,4 +1,4 @@
-"""runtime/cost_model.py: the profile.json reader (formats 1 and 2) and CostModel.lookup's worked examples."""
+"""runtime/policy/cost_model.py: the profile.json reader (formats 1 and 2) and CostModel.lookup's worked examples."""
 import json
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.cost_model import PROFILE_FORMAT, ContextTable, CostModel, Profile
+from dynspec.runtime.policy.cost_model import PROFILE_FORMAT, ContextTable, CostModel, Profile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,14 +176,14 @@ def test_context_table_json_keys_are_strings():
 
 
 def test_importing_the_cost_model_loads_no_torch():
-    code = "import sys, dynspec.runtime.cost_model; print('torch' in sys.modules)"
+    code = "import sys, dynspec.runtime.policy.cost_model; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def test_row_is_lookup_for_every_k_at_once():
     """The policy's one call per iteration equals a lookup per K, inside and outside the grid."""
-    from dynspec.runtime.cost_model import CostModel
+    from dynspec.runtime.policy.cost_model import CostModel
 
     c = CostModel("t", (256, 1024), (1, 8, 64), (0, 1, 3), None,
                   (((4.0, 4.4, 5.0), (4.5, 5.0, 6.0), (9.0, 11.0, 15.0)),
@@ -200,7 +200,7 @@ def test_row_interpolates_plain_decode_like_every_k():
     """decode_ms (K=0 without keep-warm) goes through the same bilinear rule: b=5 is 4/7 of the
     way from 1 to 8, ctx 640 halfway from 256 to 1024:
         ctx 256: 3.6 + 4/7 * (4.3 - 3.6) = 4.0     ctx 1024: 4.6 + 4/7 * (5.3 - 4.6) = 5.0   -> 4.5"""
-    from dynspec.runtime.cost_model import CostModel, ContextTable, Profile
+    from dynspec.runtime.policy.cost_model import CostModel, ContextTable, Profile
 
     tables = tuple(ContextTable(ctx, {1: {0: 4.0 + d, 1: 4.4 + d}, 8: {0: 4.5 + d, 1: 5.0 + d}},
                                 {1: 3.6 + d, 8: 4.3 + d}) for ctx, d in ((256, 0.0), (1024, 1.0)))

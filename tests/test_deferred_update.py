@@ -1,4 +1,4 @@
-"""The serial loop's deferred update (runtime/executor.py, "Deferred update"): on an engine whose
+"""The serial loop's deferred update (runtime/serving/executor.py, "Deferred update"): on an engine whose
 launch returns before the device has run the step, the estimate / calibration update of step i
 runs after step i+1's launch, so i+1's K reads the estimate through i-1. Checked on CPU by
 declaring the CPU engine asynchronous (its launch then runs the step before returning, which
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
-from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
-from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.executor import Executor
+from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings
+from dynspec.runtime.serving.driver import run_closed_loop
+from dynspec.runtime.serving.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_adaptive_lossless import linear_cost
 from tests.test_executor import engine, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)

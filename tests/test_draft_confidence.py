@@ -71,7 +71,7 @@ def test_online_predictions_never_see_later_steps(recorded):
 
 
 def test_shrinkage_matches_the_row_table():
-    from dynspec.runtime.row_table import RowTable
+    from dynspec.runtime.policy.row_table import RowTable
 
     on, tab = dc.Online(3, w=4.0), RowTable(1, 3)
     steps = [(3, 2), (3, 0), (2, 2), (3, 3)]

@@ -78,7 +78,7 @@ def _calls(path: Path) -> set[str]:
 
 
 def _imports_capture(path: Path) -> bool:
-    return any(isinstance(n, ast.ImportFrom) and n.module == "dynspec.runtime.session"
+    return any(isinstance(n, ast.ImportFrom) and n.module == "dynspec.runtime.generate.session"
                and any(a.name == "capture" for a in n.names) for n in ast.walk(ast.parse(path.read_text())))
 
 
@@ -87,7 +87,7 @@ def test_serving_and_the_gpu_tests_share_one_capture_sequence():
     tests, the CPU tests that capture, the TP ranks and the sweep; no other sequence exists."""
     from dynspec.runtime.engines.reference.engine import ReferenceEngine
 
-    serving = ROOT / "runtime" / "session.py"
+    serving = ROOT / "runtime" / "generate" / "session.py"
     assert "capture" in _calls(serving)
     for path in ("tests/test_gpu.py", "tests/helpers_paged.py", "tests/test_target_only.py", "tests/test_inflight.py",
                  "tests/mpi/tp_run.py"):
@@ -135,10 +135,10 @@ def test_a_step_plan_through_launch(capsys):
     it has left at most 5 times."""
     import torch
 
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
     from dynspec.runtime.engines.reference.load import load_reference_engine
-    from dynspec.runtime.plan import make_plan
-    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.runtime.serving.plan import make_plan
+    from dynspec.runtime.generate.session import tiny_pair_dirs
 
     eng = load_reference_engine(*tiny_pair_dirs(), dtype="float32", max_batch_size=2, max_seq_len=64, max_draft_len=2)
     slots = [eng.reserve(16, key=i) for i in range(2)]

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
+from dynspec.runtime.serving.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_pair
 
@@ -176,7 +176,7 @@ def test_requests_wait_for_a_free_row_and_nothing_crashes(pair, hf_target):
 
 
 def test_bernoulli_acceptance_is_refused_outside_benchmarks(pair):
-    from dynspec.runtime.acceptance import Bernoulli
+    from dynspec.runtime.policy.acceptance import Bernoulli
 
     with pytest.raises(DynspecError, match="only benchmarks"):
         Executor(engine(pair), DraftSchedule.static(2, 4), acceptance=Bernoulli(0.7))
@@ -197,7 +197,7 @@ def test_stats_are_bounded_and_pollable(pair):
 
 
 def test_bad_prompt_lines_name_the_file_and_line(tmp_path):
-    from dynspec.runtime.driver import read_prompts
+    from dynspec.runtime.serving.driver import read_prompts
 
     f = tmp_path / "in.jsonl"
     f.write_text('{"id": "a", "input_ids": [1, 2]}\n\n{"id": "b", "input_ids": [1, \n')
@@ -372,7 +372,7 @@ def test_a_cancelled_queued_request_ends_at_the_next_iteration(pair):
 def test_engines_keep_their_own_kernels_and_random_state(pair):
     """Issue 13.11: one engine's fused kernels are not switched on for every engine, and the
     Bernoulli model's draws leave the global torch RNG alone (they are a hash: acceptance.py)."""
-    from dynspec.runtime.acceptance import Bernoulli
+    from dynspec.runtime.policy.acceptance import Bernoulli
 
     fused = load_reference_engine(*pair, dtype=DT, max_batch_size=2, max_seq_len=64, max_draft_len=4,
                                   fused_kernels=True)
@@ -393,7 +393,7 @@ def test_engines_keep_their_own_kernels_and_random_state(pair):
 def test_draft_uniforms_are_a_fixed_hash_of_key_and_position():
     """u(seed, key, position): the same on every call, in [0, 1), about p of them below p,
     with no correlation between neighbouring positions or keys; another seed or key draws anew."""
-    from dynspec.runtime.acceptance import draft_uniforms
+    from dynspec.runtime.policy.acceptance import draft_uniforms
 
     keys, pos = torch.arange(1000), torch.arange(400)[None].expand(1000, 400)
     u = draft_uniforms(3, keys, pos)
@@ -416,7 +416,7 @@ def test_bernoulli_acceptance_is_fixed_by_request_and_position(pair):
     accepted as far as draft_uniforms(seed, r, position) < p holds, in every step. Three
     requests one after another reuse slot 0 with ids 0, 1, 2, so the key is the request's id,
     not its slot, and K differs per run (3, then 5) over the same requests."""
-    from dynspec.runtime.acceptance import Bernoulli, draft_uniforms
+    from dynspec.runtime.policy.acceptance import Bernoulli, draft_uniforms
 
     for k in (3, 5):
         eng = engine(pair)
@@ -438,7 +438,7 @@ def test_bernoulli_acceptance_is_fixed_by_request_and_position(pair):
 
 def test_one_host_read_per_step(pair, monkeypatch):
     """Issue 13.11: a step reads the device once (the results), whatever the acceptance model."""
-    from dynspec.runtime.acceptance import Bernoulli
+    from dynspec.runtime.policy.acceptance import Bernoulli
 
     eng = engine(pair)
     ex = Executor(eng, DraftSchedule.static(3, 16), acceptance=Bernoulli(0.6), allow_lossy=True)
@@ -487,7 +487,7 @@ def test_a_failing_policy_ends_its_requests_and_the_loop_serves_on(pair):
     target, draft = pair
     eng = load_reference_engine(target, draft, dtype="float64", max_batch_size=4, max_seq_len=96, max_draft_len=4)
     class Faulty:
-        """Claims K <= 4 (runtime/policy.py Policy), gives 7 > max_draft_len at b=2."""
+        """Claims K <= 4 (runtime/policy/__init__.py Policy), gives 7 > max_draft_len at b=2."""
         max_draft_len, drafts, chooses_keep_warm = 4, True, False
 
         def __call__(self, b: int) -> int:
@@ -497,7 +497,7 @@ def test_a_failing_policy_ends_its_requests_and_the_loop_serves_on(pair):
             return (self(b),)
 
         def decide(self, x):
-            from dynspec.runtime.step_decision import one_k
+            from dynspec.runtime.policy.step_decision import one_k
 
             return one_k(self(x.batch_size), x)
 
@@ -542,7 +542,7 @@ def test_reference_graphs_setting_round_trips_and_retired_keys_are_refused(tmp_p
     import json
 
     from dynspec.config import EngineConfig, GraphMode, ReferenceSettings
-    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+    from dynspec.runtime.generate.session import engine_config_for, tiny_pair_dirs
 
     cfg = engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("4:4"),
                             ReferenceSettings(graphs=GraphMode.EAGER))

@@ -12,7 +12,7 @@ from dynspec.benchmarks.figures_per_request import (PER_REQUEST, REPO, SCATTER_P
 from dynspec.benchmarks.suite_config import load_config, parse_config
 from dynspec.benchmarks.summary import suite_figures
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import BernoulliMix, Shift, TraceReplay, parse_acceptance, rate_of
+from dynspec.runtime.policy.acceptance import BernoulliMix, Shift, TraceReplay, parse_acceptance, rate_of
 
 FIELDS = ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", "acceptance", "key"]
 STEP_FIELDS = ["k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size", "policy_exposed_us"]

@@ -106,7 +106,7 @@ def test_word_matching_costs_the_same_for_many_words_as_for_one():
 def server(tmp_path_factory):
     from dynspec.config import EngineConfig, ReferenceSettings
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.runtime.generate.session import tiny_pair_dirs
     from dynspec.triton_repo.generate import generate_repo
     from dynspec.triton_repo.server_process import launch
 

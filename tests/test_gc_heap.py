@@ -1,4 +1,4 @@
-"""The collector and the serving loop (runtime/gc_heap.py): a frozen heap leaves the collector's
+"""The collector and the serving loop (runtime/serving/gc_heap.py): a frozen heap leaves the collector's
 walk, the pause clock counts real collections, and the executor hands each iteration its share,
 which the sweep metrics turn into gc_pause_fraction."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import gc
 import pytest
 
 from dynspec.benchmarks.metrics import RunRecord, StepRecord, gc_pauses
-from dynspec.runtime.driver import run_closed_loop
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.gc_heap import freeze_heap, pause_seconds
+from dynspec.runtime.serving.driver import run_closed_loop
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.gc_heap import freeze_heap, pause_seconds
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_executor import engine, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
 
@@ -77,7 +77,7 @@ def test_gc_pause_fraction_leaves_the_first_step_out():
 
 FROZEN_CYCLE = """
 import sys
-from dynspec.runtime.gc_heap import freeze_heap
+from dynspec.runtime.serving.gc_heap import freeze_heap
 
 class Node:
     def __init__(self):

@@ -4,7 +4,7 @@ leaves out iterations that carried prompt chunks only (b=0 chose no K)."""
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.driver import read_prompts
+from dynspec.runtime.serving.driver import read_prompts
 
 
 @pytest.mark.parametrize("value", ["true", "false"])
@@ -25,8 +25,8 @@ def test_read_prompts_keeps_integer_ids(tmp_path):
 
 def test_generate_report_leaves_prompt_only_iterations_out_of_k_per_batch():
     """An iteration that only carried prompt chunks (b=0) chose no K; the report must not show b=0."""
-    from dynspec.runtime.generate_report import summarize
-    from dynspec.runtime.executor import IterationStats, RequestResult
+    from dynspec.runtime.generate.generate_report import summarize
+    from dynspec.runtime.serving.executor import IterationStats, RequestResult
 
     stats = [IterationStats(0, 0, 0, 0, 0, 0, 0.01, 0.0, decode_rows=0, prefill_tokens=9),
              IterationStats(1, 2, 4, 8, 5, 7, 0.01, 0.0, decode_rows=2, prefill_tokens=0)]
@@ -46,15 +46,15 @@ SMALL = ["--num-prompts", "4", "--max-new-tokens", "8", "--trials", "1"]
 
 def adaptive(*ks: int):
     """An AdaptivePolicy whose candidates are ks (a synthetic cost model profiling those K)."""
-    from dynspec.runtime.adaptive import AdaptivePolicy
-    from dynspec.runtime.cost_model import CostModel
+    from dynspec.runtime.policy.adaptive import AdaptivePolicy
+    from dynspec.runtime.policy.cost_model import CostModel
 
     row = tuple(10.0 + k for k in ks)
     return AdaptivePolicy(CostModel("synthetic", (64,), (1, 16), tuple(ks), None, ((row, row),)))
 
 
 def test_schedule_and_policy_in_words():
-    from dynspec.runtime.driver import describe_policy, describe_schedule
+    from dynspec.runtime.serving.driver import describe_policy, describe_schedule
 
     assert describe_schedule(DraftSchedule.parse("4:4,8:2")) == "4:4,8:2 (K=4 for b<=4, K=2 for b<=8, K=0 above)"
     assert describe_schedule(DraftSchedule()) == "none (K=0 at every batch size)"
@@ -103,7 +103,7 @@ def test_the_embedded_pair_is_tuned_where_it_runs(capsys):
 
 
 def test_header_names_the_adaptive_cost_model(tmp_path, capsys):
-    from dynspec.runtime.cost_model import ContextTable, Profile
+    from dynspec.runtime.policy.cost_model import ContextTable, Profile
 
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps(Profile("synthetic", (ContextTable(
@@ -121,7 +121,7 @@ def test_trials_below_one_are_refused(capsys):
 
 
 def stats_row(b: int, k: int, end_s: float, prefill: int = 0):
-    from dynspec.runtime.executor import IterationStats
+    from dynspec.runtime.serving.executor import IterationStats
 
     return IterationStats(0, b, k, b * k, 0, b, 0.01, 0.0, decode_rows=b, prefill_tokens=prefill, end_s=end_s)
 
@@ -129,7 +129,7 @@ def stats_row(b: int, k: int, end_s: float, prefill: int = 0):
 def test_each_iteration_counts_at_its_fastest_trial():
     """Trial 1 slow at iteration 0, trial 2 slow at iteration 1: the figure takes 1 s + 2 s, not a
     trial's total; trials that ran different iterations have no such figure."""
-    from dynspec.runtime.generate_report import fastest_seconds
+    from dynspec.runtime.generate.generate_report import fastest_seconds
 
     t1 = [stats_row(2, 4, 10.0 + 5.0), stats_row(2, 4, 10.0 + 5.0 + 2.0)]
     t2 = [stats_row(2, 4, 20.0 + 1.0), stats_row(2, 4, 20.0 + 1.0 + 9.0)]
@@ -144,7 +144,7 @@ def figures(tps: float, k: int = 0) -> dict:
 
 
 def test_the_verdict_says_where_speculation_pays_and_what_dynamic_did():
-    from dynspec.runtime.generate_report import verdict
+    from dynspec.runtime.generate.generate_report import verdict
 
     low = {"baseline": figures(100.0), "static": figures(135.0, 4), "dynamic": figures(134.0, 4)}
     high = {"baseline": figures(100.0), "static": figures(92.0, 4), "dynamic": figures(93.0, 4)}
@@ -158,7 +158,7 @@ def test_the_verdict_says_where_speculation_pays_and_what_dynamic_did():
 
 
 def test_the_text_line_names_a_prompt_whose_text_differs():
-    from dynspec.runtime.generate_report import text_line
+    from dynspec.runtime.generate.generate_report import text_line
 
     same = {(1, "baseline", 0): [(1, 2), (3,)], (1, "static", 0): [(1, 2), (3,)]}
     assert text_line(same) == "text: identical in every mode, load and trial (2 prompts; 2 modes x 1 loads x 1 trials)"
@@ -229,7 +229,7 @@ def test_ctrl_c_before_the_job_starts_ends_with_one_line_and_status_130(monkeypa
     real = importlib.import_module
 
     def interrupted(name, *a, **kw):
-        if name == "dynspec.runtime.generate_cli":
+        if name == "dynspec.runtime.generate.generate_cli":
             raise KeyboardInterrupt
         return real(name, *a, **kw)
 

@@ -15,10 +15,10 @@ import torch
 
 from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import Loop
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import Loop
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import capture
+from dynspec.runtime.generate.session import capture
 from tests.helpers_greedy import assert_greedy_up_to_ties
 from tests.helpers_lockstep import serve_in_lockstep
 from tests.helpers_models import make_tiny_pair
@@ -174,7 +174,7 @@ def test_nothing_compiles_serving_llama_shapes_in_bf16_in_waves(tmp_path_factory
     32 requests through 16 rows, so the second wave arrives beside decode rows. After the
     capture nothing compiles, and no step stalls (a first use compiling there took 1-2 s)."""
     from dynspec.pairs.random_pair import write_random_pair
-    from dynspec.runtime.acceptance import Bernoulli, Greedy
+    from dynspec.runtime.policy.acceptance import Bernoulli, Greedy
 
     paths = write_random_pair(tmp_path_factory.mktemp("llama_shapes") / "pair", "llama-3.1-8b", layers=3,
                               device="cuda")
@@ -224,7 +224,7 @@ def test_the_overlapped_loop_serves_arrivals_with_no_hidden_sync(pair):
     makes any synchronizing call PyTorch knows of (a pageable copy, .item(), nonzero) raise
     wherever it is, planning, admission, staging or launch: the loop's one wait per iteration is
     the result copy's event. Its tokens equal the serial loop's on the same engine."""
-    from dynspec.runtime.driver import closed_loop
+    from dynspec.runtime.serving.driver import closed_loop
 
     rng = random.Random(9)
     jobs = [(tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))), rng.randint(2, 30)) for _ in range(40)]
@@ -253,7 +253,7 @@ def test_whole_k0_graphs_leave_the_eager_state(pair, keep_warm, monkeypatch):
     one with whole graphs, one running mixed iterations eagerly. Bernoulli acceptance is a hash of (request, position), so both
     make the same plans and accept the same counts even where a draft differs; after every step
     the carried draft state agrees (float32; the kernels differ, so within tolerance)."""
-    from dynspec.runtime.acceptance import Bernoulli
+    from dynspec.runtime.policy.acceptance import Bernoulli
 
     runs = _spy_whole(monkeypatch)
     policy = DraftSchedule.parse("2:3,4:0")                     # K = 0 from 3 rows up
@@ -343,10 +343,10 @@ def test_decode_b1_1024_context_timing():
     """b=1 plain decode with 1024 tokens of context in a 4096-token cache, bf16, at the 8B shape:
     eager steps, then the decode graph chain. Prints the figures; asserts only that a graphed
     step is no slower than an eager one."""
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
     from dynspec.runtime.engines.reference.graph_keys import GraphKey
     from dynspec.runtime.engines.reference.engine import ReferenceEngine
-    from dynspec.runtime.plan import PromptChunk, make_plan
+    from dynspec.runtime.serving.plan import PromptChunk, make_plan
 
     target, draft = _llama8b_shaped_pair()
     ctx, ms = 1024, {}

@@ -4,7 +4,7 @@ tests/mpi/tp_run.py serves test_tp.py's jobs (schedule 5:15, concurrency 10: K f
 15 and 0 both ways, prompts arrive while others decode) on the tiny 4-head / 2-KV-head pair:
     - CUDA graphs (decode graphs and the mixed iterations' whole-forward graphs, with their NCCL
       or one-shot all-reduces captured) give the eager engine's tokens;
-    - the one-shot all-reduce (runtime/allreduce.py) gives NCCL's tokens: at N=2 both compute
+    - the one-shot all-reduce (runtime/tp/allreduce.py) gives NCCL's tokens: at N=2 both compute
       a + b, one IEEE result, so the bits agree;
     - every rank ran the same (iteration, b, K, graph keys) sequence, and no decode iteration
       fell back to eager.

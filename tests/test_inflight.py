@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.engines.reference.kv_cache import BlockAllocator
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.plan import batch_buckets, bucket_for, cap_k, chunk_sizes
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import capture
+from dynspec.runtime.generate.session import capture
 from tests.helpers_lockstep import serve_arrivals, serve_in_lockstep
 from tests.test_executor import DT, greedy_many, hf_target, pair, prompts  # noqa: F401  (fixtures)
 

@@ -14,8 +14,8 @@ from tiny_checkpoints import make_eagle3, make_llama  # noqa: E402
 from dynspec.cli import main  # noqa: E402
 from dynspec.config import EngineConfig  # noqa: E402
 from dynspec.errors import DynspecError  # noqa: E402
-from dynspec.runtime.cost_model import ContextTable, Profile  # noqa: E402
-from dynspec.runtime.session import policy_of  # noqa: E402
+from dynspec.runtime.policy.cost_model import ContextTable, Profile  # noqa: E402
+from dynspec.runtime.generate.session import policy_of  # noqa: E402
 
 
 def cost_file(path: Path, kmax: int) -> Path:

@@ -7,7 +7,7 @@ The layers, lowest first (a module imports its own layer or a lower one, never a
     1  dynspec.artifacts
     2  dynspec.checkpoint, dynspec.corpus, dynspec.parsers  what HF folders, the tiny pair's text
                                                              and every argparse parser share
-    3  dynspec.runtime, dynspec.config       config reads runtime.loop and runtime.policy, and
+    3  dynspec.runtime, dynspec.config       config reads runtime.serving.loop and runtime.policy, and
                                              runtime's engine setup and generate command read
                                              config, so the two are one layer
     4  dynspec.convert
@@ -18,7 +18,7 @@ The layers, lowest first (a module imports its own layer or a lower one, never a
     9  dynspec.cli                           the `dynspec` command (it loads each subcommand module
                                              by name: SUBCOMMAND_MODULES, not an import statement)
 so in particular runtime imports nothing from convert, build, pairs, triton_repo, benchmarks or
-cli: what they share with it lives at or below it (runtime/tune.py, runtime/schedule_args.py,
+cli: what they share with it lives at or below it (runtime/policy/tune.py, runtime/policy/schedule_args.py,
 runtime/engines/trtllm_options.py, runtime/engines/trtllm_release.py, dynspec/corpus.py,
 dynspec/checkpoint/shapes.py).
 

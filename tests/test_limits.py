@@ -13,7 +13,7 @@ from dynspec.cli import main
 from dynspec.config import EngineConfig, ReferenceSettings
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import tiny_pair_dirs
+from dynspec.runtime.generate.session import tiny_pair_dirs
 
 
 def tiny_engine_dir(root: Path, *, top_batch=8, ref_batch=8, ref_seq=256, **edit) -> Path:
@@ -222,7 +222,7 @@ def test_sweep_numeric_flags_are_bounded(tmp_path, capsys, flags, words):
 def test_a_sparse_prompts_file_is_refused_without_reading_it_whole(tmp_path):
     import tracemalloc
 
-    from dynspec.runtime.driver import MAX_PROMPT_LINE_BYTES, read_prompt_lines
+    from dynspec.runtime.serving.driver import MAX_PROMPT_LINE_BYTES, read_prompt_lines
 
     f = tmp_path / "sparse.jsonl"
     with open(f, "wb") as fh:
@@ -239,7 +239,7 @@ def test_a_sparse_prompts_file_is_refused_without_reading_it_whole(tmp_path):
 
 
 def test_prompt_count_is_bounded(tmp_path, monkeypatch):
-    from dynspec.runtime import driver
+    from dynspec.runtime.serving import driver
 
     monkeypatch.setattr(driver, "MAX_PROMPTS", 3)
     f = tmp_path / "p.jsonl"

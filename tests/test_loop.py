@@ -1,7 +1,7 @@
-"""The executor loop, chosen once (runtime/loop.py, runtime/executor.py): which engine calls each
+"""The executor loop, chosen once (runtime/serving/loop.py, runtime/serving/executor.py): which engine calls each
 Loop makes, the serving loop's rule, and the sweeps' default (benchmarks/sweep_modes.py: a mode
 without a suffix runs the serving loop, '+serial' and '+overlap' name one). Oracles: the engine's
-own call log and the rule written out in runtime/loop.py's docstring."""
+own call log and the rule written out in runtime/serving/loop.py's docstring."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +9,8 @@ import pytest
 from dynspec.benchmarks import sweep_modes
 from dynspec.benchmarks.figures_common import figure_rows
 from dynspec.errors import DynspecError
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import DeferredLoop, Loop, OverlappedLoop, SerialLoop, serving_loop
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import DeferredLoop, Loop, OverlappedLoop, SerialLoop, serving_loop
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_workload import FakeEngine
 
@@ -52,7 +52,7 @@ def test_serial_loop_on_a_synchronous_engine_runs_each_step_whole():
 
 
 def test_serial_loop_on_an_asynchronous_engine_launches_then_reads_each_step():
-    """The deferred update (runtime/executor.py): launch i, then result i, never step."""
+    """The deferred update (runtime/serving/executor.py): launch i, then result i, never step."""
     ex, eng = served(Loop.SERIAL, async_launch=True)
     assert {c for c, _ in eng.calls} == {"launch", "result"}
     assert [c for c, _ in eng.calls] == ["launch", "result"] * (len(eng.calls) // 2)
@@ -117,7 +117,7 @@ def test_a_sweep_resolves_its_modes_loops_on_its_device(device, loop):
     from dynspec.benchmarks import sweep_plan
     from dynspec.benchmarks.mpi import World
     from dynspec.benchmarks.sweep_args import make_parser
-    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+    from dynspec.runtime.generate.session import engine_config_for, tiny_pair_dirs
 
     cfg = engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("2:3"))
     args = make_parser().parse_args(["--device", device, "--modes", "baseline,dynamic,static:2+serial",

@@ -1,4 +1,4 @@
-"""The executor's loops as strategies (runtime/loop.py): SerialLoop, DeferredLoop and OverlappedLoop
+"""The executor's loops as strategies (runtime/serving/loop.py): SerialLoop, DeferredLoop and OverlappedLoop
 each own step(), their cache slack and what they carry between iterations; the Executor plans
 (Executor.plan) and folds (Executor.advance, Executor.fold) and reads no loop flag once it is
 made. Oracles: the cache slack rule as written before the strategies, (K+1) x (2 if overlapped
@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import DeferredLoop, Loop, OverlappedLoop, SerialLoop
-from dynspec.runtime.overlap import cache_slack
-from dynspec.runtime.plan import Engine, launches_async
-from dynspec.runtime.plan_channel import LeaderEngine
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import DeferredLoop, Loop, OverlappedLoop, SerialLoop
+from dynspec.runtime.serving.overlap import cache_slack
+from dynspec.runtime.serving.plan import Engine, launches_async
+from dynspec.runtime.serving.plan_channel import LeaderEngine
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_loop import CallLog
 from tests.test_workload import FakeEngine
 
-RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime" / "serving"
 CASES = [(Loop.SERIAL, False, SerialLoop), (Loop.SERIAL, True, DeferredLoop),
          (Loop.OVERLAPPED, False, OverlappedLoop), (Loop.OVERLAPPED, True, OverlappedLoop)]
 
@@ -34,7 +34,7 @@ def executor(loop: Loop, async_launch: bool, **kw) -> tuple[Executor, CallLog]:
 
 @pytest.mark.parametrize("k", range(9))
 def test_each_strategys_cache_slack_is_the_loops_slack_as_it_was(k):
-    """K=4: serial 5, overlapped 10 (runtime/overlap.py's docstring before the strategies)."""
+    """K=4: serial 5, overlapped 10 (runtime/serving/overlap.py's docstring before the strategies)."""
     before = {loop: (k + 1) * (2 if loop is Loop.OVERLAPPED else 1) for loop in Loop}
     assert SerialLoop.cache_slack(k) == DeferredLoop.cache_slack(k) == before[Loop.SERIAL] == k + 1
     assert OverlappedLoop.cache_slack(k) == before[Loop.OVERLAPPED] == 2 * (k + 1)
@@ -157,7 +157,7 @@ def test_the_executor_reads_no_loop_flag_after_construction():
 
 
 def test_the_loop_modules_keep_their_size_limits():
-    """runtime/loop.py and runtime/executor.py: module <= 350 lines, class <= 300, function <= 80."""
+    """runtime/serving/loop.py and runtime/serving/executor.py: module <= 350 lines, class <= 300, function <= 80."""
     for name in ("loop.py", "executor.py", "overlap.py", "plan.py"):
         text = (RUNTIME / name).read_text()
         assert len(text.splitlines()) <= 350, name
@@ -172,7 +172,7 @@ def runtime_imports(name: str) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse((RUNTIME / name).read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dynspec.runtime."):
-            out.add(node.module.split(".")[2])
+            out.add(node.module.split(".")[-1])
     return out
 
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import Loop
-from dynspec.runtime.overlap import cache_slack, row_inputs
-from dynspec.runtime.plan import batch_buckets
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import Loop
+from dynspec.runtime.serving.overlap import cache_slack, row_inputs
+from dynspec.runtime.serving.plan import batch_buckets
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import tiny_pair_dirs
+from dynspec.runtime.generate.session import tiny_pair_dirs
 from tests.test_adaptive_lossless import linear_cost
 from tests.test_executor import DT, greedy_many, hf_target, pair, prompts, serves_on_after_a_failing  # noqa: F401
 
@@ -270,7 +270,7 @@ def test_one_host_read_per_iteration_and_none_inside_a_launch(pair, monkeypatch)
     """Every device -> host read the executor's iterations make, logged beside the engine's launch
     and result calls: launch i+1 comes before result i, launches read nothing, and each result
     reads once (Bernoulli acceptance: its draws are on the device too)."""
-    from dynspec.runtime.acceptance import Bernoulli
+    from dynspec.runtime.policy.acceptance import Bernoulli
 
     eng = engine(pair)
     spy = Spy(eng)
@@ -330,7 +330,7 @@ def test_engine_json_overlap_switch_round_trips_and_generate_honours_it(tmp_path
 
     from dynspec.cli import main as dynspec_main
     from dynspec.config import EngineConfig, ReferenceSettings
-    from dynspec.runtime.session import engine_config_for
+    from dynspec.runtime.generate.session import engine_config_for
 
     auto = ReferenceSettings()
     assert auto.overlap == "auto" and auto.loop("cuda:0") is Loop.OVERLAPPED and auto.loop("cpu") is Loop.SERIAL

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import Loop
-from dynspec.runtime.per_request import RowInputs
-from dynspec.runtime.plan import make_plan
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import Loop
+from dynspec.runtime.policy.per_request import RowInputs
+from dynspec.runtime.serving.plan import make_plan
 from dynspec.runtime.policy import Policy
-from dynspec.runtime.row_table import RowTable
-from dynspec.runtime.session import tiny_pair_dirs
-from dynspec.runtime.step_decision import StepDecision, StepInputs
+from dynspec.runtime.policy.row_table import RowTable
+from dynspec.runtime.generate.session import tiny_pair_dirs
+from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 from tests.helpers_lockstep import serve_arrivals
 from tests.test_executor import greedy_many
 
@@ -100,14 +100,14 @@ def test_a_row_accepts_no_more_than_its_own_k(tiny):
     """One step, two rows on the same prompt (the draft agrees with the target on it), K = 3 with
     row_k (3, 1): the second row accepts at most 1, and both emit transformers' tokens."""
     from dynspec.corpus import default_prompts
-    from dynspec.runtime.acceptance import Greedy
+    from dynspec.runtime.policy.acceptance import Greedy
 
     target, draft, tok, hf = tiny
     eng = load_reference_engine(target, draft, dtype=DT, max_batch_size=2, max_seq_len=96, max_draft_len=3)
     prompt = default_prompts(tok, n=1, length=24)[0]
     ref = greedy_many(hf, [prompt], 8)[0]
     slots = [eng.reserve(len(prompt) + 8, key=i) for i in range(2)]
-    from dynspec.runtime.plan import PromptChunk
+    from dynspec.runtime.serving.plan import PromptChunk
 
     first = make_plan(0, (), (), (), False, eng.buckets,
                       chunks=[PromptChunk(s, 0, tuple(prompt), None) for s in slots])
@@ -160,7 +160,7 @@ def test_pooled_update_does_not_count_a_row_capped_at_its_k_as_a_rejection():
 def linear_split_cost(kmax=4, base=10.0, per_token=0.5, per_draft=0.6):
     """ms(b, K) = base + per_token x b(K+1) + per_draft x K at every b and context; decode_ms
     the same at K=0 without the keep-warm (per_draft x 0.25 less)."""
-    from dynspec.runtime.cost_model import ContextTable, CostModel, Profile
+    from dynspec.runtime.policy.cost_model import ContextTable, CostModel, Profile
 
     bs = (1, 2, 4, 8, 16)
     tables = tuple(ContextTable(c, {b: {k: base + per_token * b * (k + 1) + per_draft * k + (0.15 if k == 0 else 0)
@@ -175,10 +175,10 @@ def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
     ones near 0 (below 0.7: in steps where no vector beats the batch-level decision by the margin,
     every row takes that decision's K), the easy ones at 2 and more; the batch-level adaptive policy
     gives both the same K (low: the hard rows' drafts cost as much as the easy rows')."""
-    from dynspec.runtime.acceptance import BernoulliMix, rate_of
-    from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
-    from dynspec.runtime.driver import run_closed_loop
-    from dynspec.runtime.per_request import PerRequestPolicy
+    from dynspec.runtime.policy.acceptance import BernoulliMix, rate_of
+    from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings
+    from dynspec.runtime.serving.driver import run_closed_loop
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
     from tests.helpers_models import make_tiny_pair
 
     import tempfile
@@ -207,8 +207,8 @@ def test_per_request_policy_gives_easy_requests_more_drafts_than_hard_ones():
 def test_trace_replay_on_the_engine_accepts_the_recorded_runs(tmp_path):
     """TraceReplay on the reference engine: each row accepts min(r, K_i), r its request's recorded
     run at its pending position (acceptance.accept_lengths, the host's reading of the trace)."""
-    from dynspec.runtime.acceptance import TraceReplay, accept_lengths
-    from dynspec.runtime.plan import PromptChunk
+    from dynspec.runtime.policy.acceptance import TraceReplay, accept_lengths
+    from dynspec.runtime.serving.plan import PromptChunk
     from tests.helpers_models import make_tiny_pair
 
     trace = TraceReplay(str(Path(__file__).parents[1] / "benchmarks" / "traces" / "tiny_pair.json"), seed=1)
@@ -238,8 +238,8 @@ def test_trace_replay_on_the_engine_accepts_the_recorded_runs(tmp_path):
 def test_probes_ride_along_a_drafting_step_or_come_together():
     """Rows at K=0 for PROBE_EVERY iterations draft one token: beside rows that draft anyway, or
     all in one step once the whole batch has sat at K=0 that long, never one row a step alone."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PROBE_EVERY, PerRequestPolicy
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PROBE_EVERY, PerRequestPolicy
 
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     low = np.full((4, 4), 0.02)
@@ -262,9 +262,9 @@ def test_probes_ride_along_a_drafting_step_or_come_together():
 def test_one_k_for_every_row_when_it_is_within_the_margin():
     """Rows at nearly one rate: the per-row optimum gains under the margin (2%) over the best
     uniform K, so every row takes that K (the pure-decode graphs); a bimodal batch keeps its vector."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PerRequestPolicy
-    from dynspec.runtime.per_row import SplitCost, allocate
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
+    from dynspec.runtime.policy.per_row import SplitCost, allocate
 
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     near = np.clip(0.7 + np.random.default_rng(0).normal(0, 0.08, (8, 4)), 0, 1)   # rates 0.7 +- 0.08
@@ -284,8 +284,8 @@ def test_ragged_steps_are_priced_by_their_own_served_ratio():
     """A bimodal batch (4 rows at 0.95, 4 at 0.1) takes a per-row vector at the profile's price;
     served ragged steps measured 30% above their profile (the ragged slot at 1.3, the uniform
     slots at 1.0) make every row take one K; a 10% ratio leaves the vector, whose gain is larger."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PerRequestPolicy
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
 
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     bimodal = np.array([[0.95] * 4] * 4 + [[0.1] * 4] * 4)
@@ -304,8 +304,8 @@ def test_a_dear_ragged_price_never_hides_a_uniform_k_nor_prices_one():
     slot at 1.3 (which makes every vector lose at its price) still gets K >= 1 for every row. Rates
     0.4 with the uniform slots at 1.3 and the ragged slot at 1.0: a uniform vector at the ragged
     price would beat plain decode but loses at its own, so plain decode."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PerRequestPolicy
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
 
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
 
@@ -323,8 +323,8 @@ def test_an_engine_that_pads_rows_gets_one_k_for_every_row():
     """Engine.packs_rows False (rows padded to max K_i): a row below the max would pay for tokens
     it cannot accept, so the bimodal batch takes one K; low rates give plain decode, and its probe
     is K=1 for every row."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PROBE_EVERY, PerRequestPolicy
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PROBE_EVERY, PerRequestPolicy
 
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     bimodal = np.array([[0.95] * 4] * 4 + [[0.1] * 4] * 4)
@@ -348,11 +348,11 @@ def test_a_ragged_step_is_calibrated_in_its_own_slot():
     one to its K's."""
     from types import SimpleNamespace
 
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.cost_calibration import CostCalibration
-    from dynspec.runtime.per_request import PerRequestPolicy
-    from dynspec.runtime.planning import KDecider
-    from dynspec.runtime.plan import StepResult
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.cost_calibration import CostCalibration
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
+    from dynspec.runtime.serving.planning import KDecider
+    from dynspec.runtime.serving.plan import StepResult
 
     engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, buckets=(1, 2))
     k = KDecider(engine, PerRequestPolicy(linear_split_cost(), AdaptiveSettings()), True)
@@ -366,8 +366,8 @@ def test_a_ragged_step_is_calibrated_in_its_own_slot():
 def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
     """probe_interval's example; a row with one probe behind it is due at twice PROBE_EVERY, not
     before; the executor counts a row's probes and clears them when it drafts otherwise."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PROBE_BACKOFF, PROBE_EVERY, PerRequestPolicy, probe_interval
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PROBE_BACKOFF, PROBE_EVERY, PerRequestPolicy, probe_interval
 
     assert probe_interval((0, 1, 5), 3) == [PROBE_EVERY, 2 * PROBE_EVERY, PROBE_EVERY << PROBE_BACKOFF]
     assert probe_interval((), 2) == [PROBE_EVERY] * 2
@@ -384,8 +384,8 @@ def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
 
     from types import SimpleNamespace
 
-    from dynspec.runtime.planning import KDecider
-    from dynspec.runtime.requests import Request
+    from dynspec.runtime.serving.planning import KDecider
+    from dynspec.runtime.serving.requests import Request
 
     class Scripted(PerRequestPolicy):                      # the rows' K's given, as a probe or not
         def decide_rows(self, x):
@@ -407,9 +407,9 @@ def test_no_probes_without_a_profiled_k1_and_the_cap_0_tier_runs_as_the_schedule
     """A profile without K=1 leaves rows at K=0 unprobed (a probe's cost is unknown) instead of
     failing the iteration; at a b the schedule caps at K=0 the policy keeps the draft warm as the
     schedule does and reports the profile's own (unscaled) time."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.cost_model import ContextTable, CostModel, Profile
-    from dynspec.runtime.per_request import PROBE_EVERY, PerRequestPolicy
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.cost_model import ContextTable, CostModel, Profile
+    from dynspec.runtime.policy.per_request import PROBE_EVERY, PerRequestPolicy
     from dynspec.runtime.policy import DraftSchedule
 
     bs = (1, 4, 16)

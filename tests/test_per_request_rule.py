@@ -1,5 +1,5 @@
-"""The per-request rule finds each request's rate (runtime/per_request.py, runtime/row_table.py):
-against the oracle (runtime/per_request_oracle.py) on the H100 cost model of benchmarks/sim_data."""
+"""The per-request rule finds each request's rate (runtime/policy/per_request.py, runtime/policy/row_table.py):
+against the oracle (runtime/policy/per_request_oracle.py) on the H100 cost model of benchmarks/sim_data."""
 from __future__ import annotations
 
 import random
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.per_request import PerRequestPolicy, RowInputs
-from dynspec.runtime.per_request_oracle import PerRequestOracle
-from dynspec.runtime.row_table import RowTable
+from dynspec.runtime.policy.cost_model import CostModel
+from dynspec.runtime.policy.per_request import PerRequestPolicy, RowInputs
+from dynspec.runtime.policy.per_request_oracle import PerRequestOracle
+from dynspec.runtime.policy.row_table import RowTable
 
 PROFILE = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_data" / "h100-36ff40d" / "profile.json"
 B, P = 64, 4
@@ -77,7 +77,7 @@ def test_rows_of_one_rate_run_as_the_adaptive_policy_runs_them():
     request at one rate, no per-row vector beats the batch-level decision by the margin, so the
     per-request policy serves exactly what adaptive serves, step for step."""
     from dynspec.benchmarks.sim_run import SimRun, simulate
-    from dynspec.runtime.step_prices import read
+    from dynspec.runtime.policy.step_prices import read
 
     data = PROFILE.parents[1]
     prices = read(data / "h100_prices.json")[0]

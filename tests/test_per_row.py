@@ -1,4 +1,4 @@
-"""runtime/per_row.py: per-row shrinkage, the split step cost, and the per-row K allocation against
+"""runtime/policy/per_row.py: per-row shrinkage, the split step cost, and the per-row K allocation against
 an independent exhaustive oracle."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance_estimate import AcceptanceEstimate
-from dynspec.runtime.cost_model import PROFILE_FORMAT, CostModel, Profile
-from dynspec.runtime.per_row import Allocation, SplitCost, allocate, brute_force, uniform_allocation
-from dynspec.runtime.row_table import RowTable
+from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
+from dynspec.runtime.policy.cost_model import PROFILE_FORMAT, CostModel, Profile
+from dynspec.runtime.policy.per_row import Allocation, SplitCost, allocate, brute_force, uniform_allocation
+from dynspec.runtime.policy.row_table import RowTable
 
 
 def cost_model(tables: dict, decode: dict | None = None) -> CostModel:
@@ -75,7 +75,7 @@ def test_worked_example_split_and_allocation():
     assert uniform_allocation(WORKED_RATES, sc, 0, 100) is None
 
 
-# ---- 1. shrinkage (runtime/row_table.py) -----------------------------------------------------------
+# ---- 1. shrinkage (runtime/policy/row_table.py) -----------------------------------------------------------
 def rates_after(steps, prior, weight, positions=None):
     """One slot's shrunk rates after (k, accepted) steps."""
     t = RowTable(2, positions or len(prior))
@@ -336,8 +336,8 @@ def test_runs_at_256_rows():
 def test_calibrated_split_cost_scales_each_uniform_step_and_plain_decode():
     """calibrated(scales): every profiled uniform (b, K) costs s_K times its profile (K=0: the
     keep-warm slot), plain decode s_0 times; an empty scale tuple changes nothing."""
-    from dynspec.runtime.cost_model import ContextTable, CostModel, Profile
-    from dynspec.runtime.per_row import SplitCost
+    from dynspec.runtime.policy.cost_model import ContextTable, CostModel, Profile
+    from dynspec.runtime.policy.per_row import SplitCost
 
     bs = (1, 4, 16)
     tables = tuple(ContextTable(c, {b: {k: 5 + 0.3 * b * (k + 1) + 0.7 * k for k in range(4)} for b in bs},
@@ -371,7 +371,7 @@ def test_the_small_scan_equals_the_numpy_scan(monkeypatch):
     """b x cap <= SMALL runs in plain Python: the same K vectors, tokens and ms as the numpy scan
     (ties included), on random rates and profiled costs whose chain does not fall; and
     uniform_allocation's plain-Python gains pick the numpy sum's K."""
-    from dynspec.runtime import per_row
+    from dynspec.runtime.policy import per_row
 
     rnd = random.Random(17)
     cases = 0

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dynspec.cli import main
 from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError
-from dynspec.runtime.schedule_trtllm import trtllm_dialect
+from dynspec.runtime.policy.schedule_trtllm import trtllm_dialect
 from tests.test_vllm_schedule import vllm_dense_lookup
 
 
@@ -263,8 +263,8 @@ def test_our_build_folder_does_not_shadow_pypa_build(tmp_path):
 # ---- the Policy protocol -------------------------------------------------------------------------
 def test_every_policy_class_is_a_policy():
     """DraftSchedule (parsed, static, threshold, empty), ConstantK and AdaptivePolicy answer the
-    protocol's questions (runtime/policy.py's table); a bare callable does not."""
-    from dynspec.runtime.adaptive import AdaptivePolicy
+    protocol's questions (runtime/policy/__init__.py's table); a bare callable does not."""
+    from dynspec.runtime.policy.adaptive import AdaptivePolicy
     from dynspec.runtime.policy import ConstantK, Policy, speculates
     from tests.test_adaptive_lossless import linear_cost
 

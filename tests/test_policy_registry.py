@@ -1,5 +1,5 @@
 """One policy protocol: every policy answers decide(StepInputs) -> StepDecision, the executor's K
-decision has one path, and runtime/policy.py POLICIES names every policy for the command line,
+decision has one path, and runtime/policy/__init__.py POLICIES names every policy for the command line,
 engine.json and the benchmarks' labels."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import POLICIES, SERVED_POLICIES, ConstantK, DraftSchedule, registered_name
-from dynspec.runtime.step_decision import StepDecision, StepInputs
+from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 from tests.test_per_request import linear_split_cost
 
 ENGINE = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=8, packs_rows=True, buckets=(1, 2, 4, 8))
 
 
 def rows(n: int):
-    from dynspec.runtime.requests import Request
+    from dynspec.runtime.serving.requests import Request
 
     return [Request(i, (1, 2), 8, frozenset(), 0.0, slot=i) for i in range(n)]
 
@@ -37,7 +37,7 @@ def test_the_registry_names_every_policy_once_with_what_it_reads():
 @pytest.mark.parametrize("name", ["adaptive", "per-request", "per-request-oracle"])
 def test_a_cost_model_policy_is_made_and_labelled_by_its_name(name):
     from dynspec.benchmarks.sweep_modes import policy_label
-    from dynspec.runtime.driver import describe_policy
+    from dynspec.runtime.serving.driver import describe_policy
 
     policy = POLICIES[name].make(linear_split_cost(), max_draft_len=3, cap=DraftSchedule.parse("8:3"))
     assert registered_name(policy) == policy_label(policy) == name
@@ -63,7 +63,7 @@ def test_a_schedule_and_a_constant_k_give_every_row_one_k():
 
 
 def test_the_adaptive_decision_is_its_rule_for_every_row():
-    from dynspec.runtime.adaptive import AdaptivePolicy, AdaptiveSettings
+    from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings
 
     policy = AdaptivePolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     for rate, since in ((0.9, 0), (0.02, 0), (0.02, 10 ** 6)):
@@ -77,9 +77,9 @@ def test_the_adaptive_decision_is_its_rule_for_every_row():
 def test_the_executor_hands_a_row_policy_its_rows_and_its_batch_fallback_the_same_step():
     """KDecider builds one StepInputs: the per-request policy decides on it exactly as its row rule
     does on the RowInputs made of it."""
-    from dynspec.runtime.adaptive import AdaptiveSettings
-    from dynspec.runtime.per_request import PerRequestPolicy, RowInputs
-    from dynspec.runtime.planning import KDecider
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PerRequestPolicy, RowInputs
+    from dynspec.runtime.serving.planning import KDecider
 
     policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
     k = KDecider(ENGINE, policy, True)
@@ -95,7 +95,7 @@ def test_the_executor_hands_a_row_policy_its_rows_and_its_batch_fallback_the_sam
 def test_a_new_policy_is_one_class_the_executor_runs_without_knowing_it():
     """Any object with decide() runs through the one path: K above the engine's max_draft_len is
     refused, K above the token budget capped, the row hook gets each row's counts."""
-    from dynspec.runtime.planning import KDecider
+    from dynspec.runtime.serving.planning import KDecider
 
     class Fixed:
         max_draft_len, drafts, chooses_keep_warm = 4, True, False
@@ -135,8 +135,9 @@ def test_runtime_imports_no_benchmark_module_for_its_policies():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "runtime"
-    for name in ("policy.py", "step_decision.py", "planning.py", "adaptive.py", "per_request.py",
-                 "per_request_oracle.py", "requests.py", "session.py", "driver.py", "generate_setup.py"):
+    for name in ("policy/__init__.py", "policy/step_decision.py", "serving/planning.py", "policy/adaptive.py",
+                 "policy/per_request.py", "policy/per_request_oracle.py", "serving/requests.py",
+                 "generate/session.py", "serving/driver.py", "generate/generate_setup.py"):
         tree = ast.parse((root / name).read_text())
         mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not [m for m in mods if m.startswith("dynspec.benchmarks")], name

@@ -10,7 +10,7 @@ from dynspec.benchmarks.engines import open_sized
 from dynspec.benchmarks.gemm_floor import measure_floor, overlap_decode_ms
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+from dynspec.runtime.generate.session import engine_config_for, tiny_pair_dirs
 
 
 @pytest.fixture(scope="module")

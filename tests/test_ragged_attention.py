@@ -101,7 +101,7 @@ def test_serving_capture_runs_mixed_iterations_eagerly_when_whole_graphs_fail(ca
     the whole graphs; strict (benchmarks) raises when those fail, strict=False (serving) warns
     and drops them (mixed iterations run eagerly). Under "eager" only the warm-up runs."""
     from dynspec.config import GraphMode, ReferenceSettings
-    from dynspec.runtime.session import capture
+    from dynspec.runtime.generate.session import capture
 
     class Engine:
         def __init__(self):

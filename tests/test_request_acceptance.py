@@ -21,9 +21,9 @@ import torch
 from dynspec.benchmarks.loadgen import closed_loop
 from dynspec.benchmarks.metrics import REQUEST_FIELDS, RequestTiming, request_row, request_table
 from dynspec.benchmarks.workload import BenchRequest
-from dynspec.runtime.acceptance import Bernoulli, Greedy
+from dynspec.runtime.policy.acceptance import Bernoulli, Greedy
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor, RequestResult
+from dynspec.runtime.serving.executor import Executor, RequestResult
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.http_rules import Events, acceptance_fields, list_output_ids, merge
 from dynspec.triton_repo.request_acceptance import (ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, RequestAcceptance,
@@ -256,7 +256,7 @@ def test_the_model_outputs_of_a_finished_request():
 def test_a_request_holds_its_whole_counts_when_it_ends(pair, monkeypatch):
     """The executor counts a step's drafts before it appends the step's tokens, so a reader woken
     by the end of a stream reads whole counts: at finish() they already equal the final ones."""
-    from dynspec.runtime import requests
+    from dynspec.runtime.serving import requests
 
     at_end, real = {}, requests.finish
 

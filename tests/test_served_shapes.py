@@ -12,7 +12,7 @@ import pytest
 
 from dynspec.runtime.engines.reference import ragged
 from dynspec.runtime.engines.reference.load import load_reference_engine
-from dynspec.runtime.executor import Executor
+from dynspec.runtime.serving.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
 from tests.test_executor import pair  # noqa: F401  (fixture)
 
@@ -36,7 +36,7 @@ def test_served_item_launches_use_the_constants_warm_chunks_made(pair, monkeypat
     """An engine on the Triton branch with a recorder in the kernel's place (gathered SDPA
     underneath): the constants of every item-form launch while serving arrivals at K = 0, 3 and 1
     are among those warm_chunks launched, one set per pool layout (target, draft)."""
-    from dynspec.runtime.driver import closed_loop
+    from dynspec.runtime.serving.driver import closed_loop
     from dynspec.runtime.engines.reference.attention import sdpa_attention
 
     seen: list[tuple] = []
@@ -81,7 +81,7 @@ def test_eager_decode_rows_read_the_graphs_table_width_where_triton_runs(pair, m
     iteration) and pure decode steps. Every decode batch has the whole table's width, where the
     step's own `read` blocks would give a new (PER, SPLITS) and so a new kernel; the tokens equal
     the plain CPU engine's."""
-    from dynspec.runtime.driver import closed_loop
+    from dynspec.runtime.serving.driver import closed_loop
     from dynspec.runtime.engines.reference.attention import sdpa_attention
 
     widths = []

@@ -17,9 +17,9 @@ import pytest
 from dynspec.benchmarks import simulate
 from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import Bernoulli
-from dynspec.runtime.cost_model import CostModel
-from dynspec.runtime.plan import make_plan
+from dynspec.runtime.policy.acceptance import Bernoulli
+from dynspec.runtime.policy.cost_model import CostModel
+from dynspec.runtime.serving.plan import make_plan
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_data"
 

@@ -12,13 +12,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dynspec.runtime.engines.reference.slot_state as engine_mod
-from dynspec.runtime.acceptance import BernoulliMix, Greedy, Shift, rate_of
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.policy.acceptance import BernoulliMix, Greedy, Shift, rate_of
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.load import load_reference_engine
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import Loop
-from dynspec.runtime.plan import make_plan
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import Loop
+from dynspec.runtime.serving.plan import make_plan
 from dynspec.runtime.policy import DraftSchedule
 from tests.helpers_models import make_tiny_pair
 

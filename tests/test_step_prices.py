@@ -1,4 +1,4 @@
-"""runtime/step_prices.py: the prices file, read whole or refused in one line, and a device's
+"""runtime/policy/step_prices.py: the prices file, read whole or refused in one line, and a device's
 prices found by name (the sweep's --step-prices)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from dynspec.benchmarks.sweep_modes import step_prices_factor
 from dynspec.errors import DynspecError
-from dynspec.runtime import step_prices
-from dynspec.runtime.step_prices import StepPrices, for_device
+from dynspec.runtime.policy import step_prices
+from dynspec.runtime.policy.step_prices import StepPrices, for_device
 
 SIM_DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_data"
 

@@ -59,7 +59,7 @@ def test_adaptive_needs_a_cost_model_and_names_the_path(tmp_path):
 
 
 def test_the_sweep_records_a_resolved_shift_and_nothing_for_other_models():
-    from dynspec.runtime.acceptance import Bernoulli, Shift, resolve
+    from dynspec.runtime.policy.acceptance import Bernoulli, Shift, resolve
 
     assert sweep_modes.shift_of(resolve(Shift(0.8, 0.2, 0.5), 64)) == {"key": 32, "before": 0.8, "after": 0.2}
     assert sweep_modes.shift_of(Shift(0.8, 0.2, 0.5)) is None            # a fraction is not a key yet
@@ -208,7 +208,7 @@ def _sweep_args(st) -> dict[str, argparse.Namespace]:
 
 @pytest.mark.parametrize("name", ADAPTIVE)
 def test_adaptive_configs_check_their_modes_and_acceptance(name, tmp_path):
-    from dynspec.runtime.acceptance import parse_acceptance
+    from dynspec.runtime.policy.acceptance import parse_acceptance
 
     for a in [a for st in stage_commands(load_config(name), tmp_path / "engine", tmp_path / "res")
               if st.argv[2] == "dynspec.benchmarks.sweep" for a in _sweep_args(st).values()]:
@@ -370,7 +370,7 @@ draft-lens = "0,1,2"
 warmup = 1
 repeats = 2
 """
-    # the cost_model figures read the profile through runtime/cost_model.py: sweep figures here
+    # the cost_model figures read the profile through runtime/policy/cost_model.py: sweep figures here
     (tmp_path / "cm.toml").write_text(_toml("cm", prof + TUNE_SWEEP, "sweep"))
     (tmp_path / "use.toml").write_text(_toml("use", TUNE_SWEEP, "sweep"))
     out, work = tmp_path / "results", tmp_path / "work"

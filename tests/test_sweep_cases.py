@@ -11,7 +11,7 @@ from dynspec.benchmarks.suite import run_config
 from dynspec.benchmarks.suite_commands import stage_commands
 from dynspec.benchmarks.suite_config import load_config, parse_config
 from dynspec.errors import DynspecError
-from dynspec.runtime.cost_model import ContextTable, Profile
+from dynspec.runtime.policy.cost_model import ContextTable, Profile
 
 # the fields of a row that timing decides; everything else is set by the workload, the modes and
 # the (seeded) acceptance draws, so a case and its plain sweep agree on it exactly
@@ -340,7 +340,7 @@ def test_cases_under_tensor_parallelism_share_one_engine_of_two_ranks(tmp_path):
 
 def test_a_case_the_engine_cannot_hold_is_named(tmp_path, capsys):
     """A case's concurrency beyond the engine dir's batch limit: refused at resolve, naming the case."""
-    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.runtime.generate.session import tiny_pair_dirs
 
     assert sweep_cases.case_out("r/sweep.json", "p015") == "r/sweep_p015" == sweep_cases.case_out("r/sweep", "p015")
     f = _write_cases(tmp_path / "cases.json", [{"name": "a", "args": []},

@@ -12,7 +12,7 @@ import pytest
 
 from dynspec.benchmarks import sweep, sweep_modes
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import tiny_pair_dirs
+from dynspec.runtime.generate.session import tiny_pair_dirs
 from tests.helpers_mpi import mpirun
 
 SCHEDULE = "2:3"          # dynamic: K=3 for batches 1..2, K=0 above (so C=4 crosses the threshold)

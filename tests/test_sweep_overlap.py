@@ -9,8 +9,8 @@ import pytest
 
 from dynspec.benchmarks import summary, sweep, sweep_modes, sweep_plan, sweep_run
 from dynspec.errors import DynspecError
-from dynspec.runtime.loop import Loop
-from dynspec.runtime.overlap import cache_slack
+from dynspec.runtime.serving.loop import Loop
+from dynspec.runtime.serving.overlap import cache_slack
 
 MODES = "baseline,baseline+overlap,dynamic,dynamic+overlap"
 FLAGS = ["--schedule", "2:3", "--acceptance", "real", "--prompts", "stdlib", "--input-len", "8:16",
@@ -185,7 +185,7 @@ def test_the_overlap_config_cases_fit_one_engine_of_their_overlapped_loops(tmp_p
     from dynspec.benchmarks.mpi import World
     from dynspec.benchmarks.suite_commands import stage_commands
     from dynspec.benchmarks.suite_config import load_config
-    from dynspec.runtime.session import engine_config_for, tiny_pair_dirs
+    from dynspec.runtime.generate.session import engine_config_for, tiny_pair_dirs
 
     st = next(s for s in stage_commands(load_config("overlap"), tmp_path / "e", tmp_path / "r") if s.files)
     (path, text), = st.files

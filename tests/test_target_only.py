@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.plan import PromptChunk, make_plan
-from dynspec.runtime.adaptive import AdaptivePolicy
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.plan import PromptChunk, make_plan
+from dynspec.runtime.policy.adaptive import AdaptivePolicy
 from dynspec.runtime.policy import ConstantK, DraftSchedule, speculates
-from dynspec.runtime.session import capture
+from dynspec.runtime.generate.session import capture
 from tests.test_executor import hf_target, pair  # noqa: F401  (fixtures)
 from tests.test_inflight import engine, pad_rows_to_buckets, serve_arrivals_and_check
 

@@ -9,13 +9,13 @@ import torch
 
 from dynspec import corpus
 from dynspec.corpus import default_prompts
-from dynspec.runtime.generate_setup import _tokenizer
-from dynspec.runtime.driver import run_closed_loop
+from dynspec.runtime.generate.generate_setup import _tokenizer
+from dynspec.runtime.serving.driver import run_closed_loop
 from dynspec.runtime.engines.reference.engine import ReferenceEngine
 from dynspec.runtime.engines.reference.load import load_draft, load_target
-from dynspec.runtime.executor import Executor
+from dynspec.runtime.serving.executor import Executor
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.session import tiny_pair_dirs
+from dynspec.runtime.generate.session import tiny_pair_dirs
 
 K = 4
 
@@ -89,7 +89,7 @@ class PhasePolicy:
     """Test-only policy driven by the iteration count (concurrency 1): K for `spec_first`
     iterations, 0 for `pause`, then K again. The product policy is a pure function of b."""
 
-    max_draft_len, drafts, chooses_keep_warm = K, True, False      # runtime/policy.py Policy
+    max_draft_len, drafts, chooses_keep_warm = K, True, False      # runtime/policy/__init__.py Policy
 
     def __init__(self, spec_first: int, pause: int):
         self.i, self.a, self.b = 0, spec_first, spec_first + pause
@@ -102,7 +102,7 @@ class PhasePolicy:
         return (0, K)
 
     def decide(self, x):
-        from dynspec.runtime.step_decision import one_k
+        from dynspec.runtime.policy.step_decision import one_k
 
         return one_k(self(x.batch_size), x)
 

@@ -23,8 +23,8 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.engines.reference import tp, tp_shard
 from dynspec.runtime.engines.reference.layer_ops import apply_rope, rms_norm, rope_tables, silu_mul
 from dynspec.runtime.engines.reference.model_config import TargetConfig
-from dynspec.runtime.tp_groups import TpContext, init_tp
-from dynspec.runtime.tp_layout import layout
+from dynspec.runtime.tp.tp_groups import TpContext, init_tp
+from dynspec.runtime.tp.tp_layout import layout
 from tests.helpers_models import make_tiny_draft, make_tiny_target
 from tests.mpi.tp_run import Job, drive
 from tests.helpers_mpi import ONE_THREAD, mpirun
@@ -338,7 +338,7 @@ def tp1_outputs(pair):
     """TP=1 in this process (the same engine code, no process group) and transformers greedy."""
     from transformers import LlamaForCausalLM
 
-    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.serving.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
 
     sched = DraftSchedule.parse(SCHEDULE)
@@ -426,7 +426,7 @@ def test_tp2_with_whole_mixed_forwards_equals_tp1(tmp_path, pair, tp1_outputs):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tp2_per_row_k_through_whole_forwards_and_the_overlapped_loop_equals_transformers(tmp_path, pair, tp1_outputs):
-    """Each row's own K drawn afresh every iteration (runtime/per_request.py), the rows packed
+    """Each row's own K drawn afresh every iteration (runtime/policy/per_request.py), the rows packed
     unpadded in the whole forwards, the overlapped loop, mpirun -n 2: every rank runs the same
     steps and the tokens are transformers' greedy ones."""
     proc, wall, out = run_tp(tmp_path, pair, 2, None, "--per-row", "5", "--whole-mixed", "--overlap")
@@ -566,6 +566,6 @@ def test_hard_exit_keeps_the_clis_status_and_fails_without_it(tail, status):
     """After shutdown on CUDA a rank leaves through hard_exit. Its status is the one the CLI handed
     to exit_status; an exception after the last collective (before exit_status) exits 1, not 0,
     and so does a SystemExit that bypassed exit_status (atexit cannot see its code)."""
-    code = f"from dynspec.runtime.tp_lifecycle import exit_status, hard_exit\nhard_exit()\n{tail}\n"
+    code = f"from dynspec.runtime.tp.tp_lifecycle import exit_status, hard_exit\nhard_exit()\n{tail}\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == status, proc.stderr

@@ -140,10 +140,10 @@ def test_mpirun_sweep_tp2_writes_one_json(tmp_path, pair):
 def test_engine_takes_every_argmax_through_the_collectives(pair):
     """The engine asks Collectives.argmax for every greedy id (so a TP engine can use the
     vocabulary-parallel argmax); the tokens stay those of the plain argmax."""
-    from dynspec.runtime.driver import run_closed_loop
+    from dynspec.runtime.serving.driver import run_closed_loop
     from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.engines.reference.model import Collectives
-    from dynspec.runtime.executor import Executor
+    from dynspec.runtime.serving.executor import Executor
     from dynspec.runtime.policy import DraftSchedule
 
     class Counting(Collectives):
@@ -169,7 +169,7 @@ def test_engine_takes_every_argmax_through_the_collectives(pair):
 
 def test_float64_is_refused_on_cuda(pair, capsys):
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import engine_config_for, open_reference_engine
+    from dynspec.runtime.generate.session import engine_config_for, open_reference_engine
     from dynspec.config import ReferenceSettings
 
     cfg = engine_config_for(pair[0], pair[1], DraftSchedule.parse(SCHEDULE), ReferenceSettings(dtype="float64"))
@@ -181,9 +181,9 @@ def test_float64_is_refused_on_cuda(pair, capsys):
 
 
 def test_open_executor_bounds_its_stats_log(pair):
-    from dynspec.runtime.driver import run_closed_loop
+    from dynspec.runtime.serving.driver import run_closed_loop
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.session import engine_config_for, open_executor
+    from dynspec.runtime.generate.session import engine_config_for, open_executor
 
     cfg = engine_config_for(pair[0], pair[1], DraftSchedule.parse(SCHEDULE))
     ex = open_executor(cfg, stats_limit=3, max_batch_size=2, max_seq_len=64)
@@ -192,7 +192,7 @@ def test_open_executor_bounds_its_stats_log(pair):
 
 
 def test_interleave_puts_replica_shares_back_in_prompt_order():
-    from dynspec.runtime.generate_report import interleave
+    from dynspec.runtime.generate.generate_report import interleave
 
     assert interleave([["a0", "a2", "a4"], ["a1", "a3"]], 5) == ["a0", "a1", "a2", "a3", "a4"]
     assert interleave([["a0"]], 1) == ["a0"]

@@ -1,5 +1,5 @@
-"""Hostile `trace:PATH` files (runtime/acceptance_trace.read_trace, reached by `--acceptance
-trace:PATH` through runtime/acceptance.parse_acceptance): a FIFO, /dev/zero, a directory, a file
+"""Hostile `trace:PATH` files (runtime/policy/acceptance_trace.read_trace, reached by `--acceptance
+trace:PATH` through runtime/policy/acceptance.parse_acceptance): a FIFO, /dev/zero, a directory, a file
 past the size cap, a small file whose padded table would be huge, non-UTF-8 bytes and deep
 nesting. Each is one DynspecError line naming the file, before any large read or allocation.
 The reads that could hang or exhaust memory run in a child process under a time and memory limit,
@@ -12,14 +12,14 @@ import sys
 import pytest
 
 from dynspec.errors import DynspecError
-from dynspec.runtime import acceptance_trace
-from dynspec.runtime.acceptance_trace import FORMAT, MAX_FILE_BYTES, MAX_TABLE_BYTES, Trace, read_trace
+from dynspec.runtime.policy import acceptance_trace
+from dynspec.runtime.policy.acceptance_trace import FORMAT, MAX_FILE_BYTES, MAX_TABLE_BYTES, Trace, read_trace
 
 CHILD = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import parse_acceptance
+from dynspec.runtime.policy.acceptance import parse_acceptance
 try:
     parse_acceptance("trace:" + sys.argv[1])
 except DynspecError as e:

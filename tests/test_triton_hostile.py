@@ -28,7 +28,7 @@ MAX_SEQ_LEN = 1024
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.runtime.generate.session import tiny_pair_dirs
 
     target, draft = tiny_pair_dirs()
     root = tmp_path_factory.mktemp("engine")

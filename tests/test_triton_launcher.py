@@ -62,7 +62,7 @@ def expected(chain):
     """The prompt's greedy continuation from the same engine dir, run offline (the oracle)."""
     import torch
 
-    from dynspec.runtime.session import open_executor
+    from dynspec.runtime.generate.session import open_executor
     from dynspec.triton_repo.serving import load_model_info
 
     cfg = EngineConfig.load(chain[0])

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dynspec.config import EngineConfig, ReferenceSettings
-from dynspec.runtime.executor import IterationStats
+from dynspec.runtime.serving.executor import IterationStats
 from dynspec.runtime.policy import DraftSchedule
 from dynspec.triton_repo.model_metrics import StatsCursor
 from dynspec.triton_repo.request_acceptance import ACCEPTANCE_BUCKETS, ACCEPTANCE_OUTPUTS, mean_k_buckets
@@ -214,7 +214,7 @@ def test_stats_cursor_reports_new_iterations_only():
 # ---- the server ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from dynspec.runtime.session import tiny_pair_dirs
+    from dynspec.runtime.generate.session import tiny_pair_dirs
 
     target, draft = tiny_pair_dirs()
     if not Path(target, "config.json").is_file():
@@ -254,7 +254,7 @@ def oracle(engine):
     (one torch thread: the server and the clients share the two cores)."""
     import torch
 
-    from dynspec.runtime.session import open_executor
+    from dynspec.runtime.generate.session import open_executor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

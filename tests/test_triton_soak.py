@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from dynspec.benchmarks.triton_soak import ROTATION, slope_kb_per_min, soak
-from dynspec.runtime.executor import Executor, IterationStats
+from dynspec.runtime.serving.executor import Executor, IterationStats
 from dynspec.runtime.policy import DraftSchedule
 
 

@@ -76,7 +76,7 @@ def expected(chain):
     import torch
 
     from dynspec.config import EngineConfig
-    from dynspec.runtime.session import open_executor
+    from dynspec.runtime.generate.session import open_executor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

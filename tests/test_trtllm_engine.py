@@ -288,7 +288,7 @@ def test_the_fake_rejects_unknown_arguments(fake_trtllm, engine_dir):
 
 def test_generate_streams_and_records_iterations(fake_trtllm, engine_dir):
     from dynspec.runtime.engines.trtllm import TrtllmEngine
-    from dynspec.runtime.executor import IterationStats
+    from dynspec.runtime.serving.executor import IterationStats
 
     with TrtllmEngine.open(engine_dir) as eng:
         outs = eng.generate([[5, 6, 7], [40]], max_new_tokens=6)

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from dynspec.runtime.tune import expected_tokens, interpolate, per_position_rates, tune
+from dynspec.runtime.policy.tune import expected_tokens, interpolate, per_position_rates, tune
 from dynspec.cli import main
 from dynspec.errors import DynspecError
-from dynspec.runtime.cost_model import Profile
+from dynspec.runtime.policy.cost_model import Profile
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.schedule_vllm import _vllm_buckets, _vllm_steps
+from dynspec.runtime.policy.schedule_vllm import _vllm_buckets, _vllm_steps
 
 POW2 = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KS = (0, 1, 2, 3, 4)
@@ -419,7 +419,7 @@ def test_vllm_grid_buckets_look_up_the_schedule_tuned_for_their_context(tmp_path
 
 
 def test_vllm_grid_renderer_is_a_full_grid_vllm_accepts():
-    from dynspec.runtime.schedule_vllm import to_vllm_grid, vllm_context_buckets
+    from dynspec.runtime.policy.schedule_vllm import to_vllm_grid, vllm_context_buckets
 
     a, b = DraftSchedule.parse("4:3"), DraftSchedule.parse("2:3,8:1")
     g = to_vllm_grid([(512, a), (2048, b)])

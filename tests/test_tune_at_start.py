@@ -1,13 +1,13 @@
-"""The main job's schedule tuned at start (runtime/tune_at_start.py): priced by served runs of the
+"""The main job's schedule tuned at start (runtime/generate/tune_at_start.py): priced by served runs of the
 job's own loads, prompt chunks beside decoding rows included, K > 0 only where it serves PAYS x
 K=0's tok/s."""
-from dynspec.runtime.tune_at_start import PAYS, TUNE_WAVES, served_table, tune_prompts
+from dynspec.runtime.generate.tune_at_start import PAYS, TUNE_WAVES, served_table, tune_prompts
 
 ACCEPTANCE = (0.75, 0.87, 0.89, 0.88)
 
 
 def schedule_of(served):
-    from dynspec.runtime.tune import tune
+    from dynspec.runtime.policy.tune import tune
 
     return tune(served_table(served, ACCEPTANCE), ACCEPTANCE, 4, min_gain=PAYS).schedule
 
@@ -21,7 +21,7 @@ def test_each_load_is_tuned_on_two_waves_of_its_own_prompts():
 
 def test_the_served_table_prices_an_iteration_by_the_served_tok_s():
     """At b = C, the tune rule's gain of K over K=0 is the served tok/s ratio, whatever the acceptance."""
-    from dynspec.runtime.tune import expected_tokens
+    from dynspec.runtime.policy.tune import expected_tokens
 
     table = served_table({16: {0: 2000.0, 3: 2500.0}}, ACCEPTANCE)
     gain = expected_tokens(3, ACCEPTANCE) * table[16][0] / table[16][3]
@@ -47,7 +47,7 @@ def test_k_stays_on_where_it_serves_pays_times_k0():
 def test_each_iteration_is_priced_at_the_lower_quartile_of_its_shape():
     """Trial 2 slowed every iteration of K=0 (a neighbour): 8 decode steps of 1 ms and one prompt
     batch of 10 ms per trial; the price is the quartile, not a trial's total nor one lucky step."""
-    from dynspec.runtime.tune_at_start import priced
+    from dynspec.runtime.generate.tune_at_start import priced
 
     sig = [(0, 0, 1024, 0, 0)] + [(16, 0, 0, 0, 16)] * 8
     quiet = [0.010] + [0.001 + 0.0001 * i for i in range(8)]

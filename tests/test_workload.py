@@ -11,9 +11,9 @@ from dynspec.benchmarks.sweep_modes import mode_schedules, parse_modes, read_sch
 from dynspec.benchmarks.sweep_plan import LoadPoint, parse_waves_at, RequestCount
 from dynspec.benchmarks.workload import BenchRequest, LengthDist, check_fits, closed_loop_iterations, load_jsonl, synthetic, synthetic_lengths, take, write_jsonl
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import Bernoulli
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.plan import StepResult
+from dynspec.runtime.policy.acceptance import Bernoulli
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.plan import StepResult
 from dynspec.runtime.policy import DraftSchedule
 
 
@@ -169,7 +169,7 @@ class FakeEngine:
     """Protocol-complete stand-in: every draft is accepted, tokens count up, slots never run out."""
 
     max_seq_len, max_draft_len, vocab_size, max_num_tokens, max_reservation = 10_000, 4, 1000, 8192, 10_000
-    async_launch = False                   # launch runs the step (runtime/plan.py's Engine protocol)
+    async_launch = False                   # launch runs the step (runtime/serving/plan.py's Engine protocol)
 
     def __init__(self, max_batch_size=64):
         self.max_batch_size = max_batch_size

@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from dynspec.runtime.draft_counts import acceptance, mean_k
+from dynspec.runtime.policy.draft_counts import acceptance, mean_k
 
 GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/(generate|generate_stream)$")
 INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")

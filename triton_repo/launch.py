@@ -13,7 +13,7 @@ workers (docs/serving_with_triton.md, "Tensor parallel").
     MPI ranks 1..N-1  join as TP ranks 1..N-1, load their shards, serve_worker until the leader's STOP
 
 The stub cannot be an MPI rank (tritonserver spawns it), so the N TP ranks meet at a TCPStore the
-launcher hosts (runtime/tp_endpoint.py, init_tp_endpoint), not through MPI.
+launcher hosts (runtime/tp/tp_endpoint.py, init_tp_endpoint), not through MPI.
 
 Ending, each bounded in time:
   - SIGTERM / SIGINT to the launcher (its pid is on the ready line): the server stops, the model's
@@ -46,7 +46,7 @@ def check_launch(repo: str | os.PathLike, world_size: int, tp: int) -> RepoLaunc
     the reference variant, a pair that does not split N ways (check_tp), float64 on a GPU."""
     from dynspec.artifacts import read_json
     from dynspec.config import EngineConfig
-    from dynspec.runtime.tp_layout import layout
+    from dynspec.runtime.tp.tp_layout import layout
     from dynspec.triton_repo.generate import REPO_MANIFEST
 
     lay = layout(0, world_size, tp)
@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = make_parser().parse_args(argv)
 
-    from dynspec.runtime.tp_groups import host_rendezvous, local_rank, mpi_world
-    from dynspec.runtime.tp_layout import timeout_from_env
+    from dynspec.runtime.tp.tp_groups import host_rendezvous, local_rank, mpi_world
+    from dynspec.runtime.tp.tp_layout import timeout_from_env
     from dynspec.triton_repo.tp_ranks import read_fault, run_worker
 
     comm, rank, size = mpi_world()
@@ -142,6 +142,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from dynspec.runtime.tp_lifecycle import exit_status
+    from dynspec.runtime.tp.tp_lifecycle import exit_status
 
     sys.exit(exit_status(main()))      # a CUDA worker leaves through hard_exit, which needs this status

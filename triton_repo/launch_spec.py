@@ -33,7 +33,7 @@ class TpLaunch:
     join_timeout_s: float
 
     def env(self) -> dict[str, str]:
-        from dynspec.runtime.tp_layout import TIMEOUT_ENV
+        from dynspec.runtime.tp.tp_layout import TIMEOUT_ENV
 
         return {ENV_ENDPOINT: self.endpoint, ENV_SIZE: str(self.tp), ENV_ENGINE_DIR: self.engine_dir,
                 ENV_DEVICE: self.device, ENV_LOCAL_RANK: str(self.local_rank), TIMEOUT_ENV: repr(self.timeout_s),
@@ -42,8 +42,8 @@ class TpLaunch:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "TpLaunch | None":
         """None without DYNSPEC_TP_ENDPOINT (a plain `server.py` launch); a bad value is an error naming it."""
-        from dynspec.runtime.tp_groups import parse_endpoint
-        from dynspec.runtime.tp_layout import TIMEOUT_ENV
+        from dynspec.runtime.tp.tp_groups import parse_endpoint
+        from dynspec.runtime.tp.tp_layout import TIMEOUT_ENV
 
         if ENV_ENDPOINT not in env:
             return None

@@ -80,12 +80,12 @@ class ModelMetrics:
             "iterations": family("dynspec_iterations_total", "Executor iterations, by draft length k",
                                  family.COUNTER),
             "acceptance": family("dynspec_acceptance_estimate", "The executor's estimate of draft position 1's "
-                                 "acceptance rate at the latest iteration (runtime/acceptance_estimate.py)",
+                                 "acceptance rate at the latest iteration (runtime/policy/acceptance_estimate.py)",
                                  family.GAUGE),
             "probes": family("dynspec_probe_iterations_total", "K=1 iterations the adaptive policy took to "
                              "measure acceptance while K=0 was best", family.COUNTER),
             "gc": family("dynspec_gc_pause_seconds_total", "Seconds the serving process spent in Python's cycle "
-                         "collector between iterations (its heap is frozen at start: runtime/gc_heap.py)",
+                         "collector between iterations (its heap is frozen at start: runtime/serving/gc_heap.py)",
                          family.COUNTER),
             "finished": family("dynspec_requests_finished_total", "Finished requests, by reason",
                                family.COUNTER),

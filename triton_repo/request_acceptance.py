@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dynspec.runtime import draft_counts
+from dynspec.runtime.policy import draft_counts
 
 # Output tensors of a finished request (config.pbtxt's outputs after output_ids), each of shape [1]:
 #   accepted_drafts INT32  draft tokens of the request the target accepted

@@ -58,7 +58,7 @@ def policy_line(cfg, policy) -> str:
     at model load:
         'schedule 4:4 (K=4 for b<=4, K=0 above); policy: schedule'
         'schedule 4:4 (K=4 for b<=4, K=0 above) bounds K; policy: adaptive (cost model E/cost_model.json, K 0..4)'"""
-    from dynspec.runtime.driver import describe_policy, describe_schedule
+    from dynspec.runtime.serving.driver import describe_policy, describe_schedule
 
     kind = describe_policy(policy, cfg.cost_model)
     return f"schedule {describe_schedule(cfg.schedule)}{' bounds K' if kind != 'schedule' else ''}; policy: {kind}"

@@ -15,7 +15,7 @@ def open_rank(cfg, ctx):
     graphs of every (bucket, K) the engine's policy reaches, captured on every rank in one order (their
     warm-up runs collectives), as open_executor does for one device."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.session import capture, open_reference_engine, policy_of
+    from dynspec.runtime.generate.session import capture, open_reference_engine, policy_of
 
     policy = policy_of(cfg)
     engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy.max_draft_len)
@@ -41,10 +41,10 @@ class TpLeader:
 
         import torch.distributed as dist
 
-        from dynspec.runtime.executor import Executor
-        from dynspec.runtime.plan_channel import LeaderEngine, PlanChannel
-        from dynspec.runtime.tp_endpoint import init_tp_endpoint
-        from dynspec.runtime.tp_groups import parse_endpoint, wait_for_peers
+        from dynspec.runtime.serving.executor import Executor
+        from dynspec.runtime.serving.plan_channel import LeaderEngine, PlanChannel
+        from dynspec.runtime.tp.tp_endpoint import init_tp_endpoint
+        from dynspec.runtime.tp.tp_groups import parse_endpoint, wait_for_peers
 
         launch.check_model(engine_dir, device)
         self.ctx = init_tp_endpoint(launch.endpoint, 0, launch.tp, device=device, local_rank=launch.local_rank,
@@ -54,7 +54,7 @@ class TpLeader:
         self.channel = PlanChannel(self.ctx)
         self.engine = LeaderEngine(engine, self.channel)
         limit = {} if stats_limit is None else {"stats_limit": stats_limit}
-        from dynspec.runtime.session import policy_of
+        from dynspec.runtime.generate.session import policy_of
 
         self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm,
                                  loop=cfg.reference.loop(engine.device), **limit)
@@ -78,7 +78,7 @@ class TpLeader:
 
     def close(self, teardown_s: float = 5.0) -> str | None:
         """STOP to the workers, then the process groups go (bounded). None, or what went wrong."""
-        from dynspec.runtime.tp_groups import TpFault, release_groups
+        from dynspec.runtime.tp.tp_groups import TpFault, release_groups
 
         problem = None
         try:
@@ -115,12 +115,12 @@ def run_worker(launch: RepoLaunch, endpoint: str, rank: int, comm, timeout_s: fl
     """MPI rank `rank` >= 1 as TP rank `rank`: join, load its shard, serve the leader's calls until
     STOP. Any failure aborts the MPI job (abort_on_error), which ends the launcher and its server."""
     from dynspec.config import EngineConfig
-    from dynspec.runtime.gc_heap import freeze_heap
-    from dynspec.runtime.plan_channel import PlanChannel, serve_worker
-    from dynspec.runtime.tp_endpoint import init_tp_endpoint
-    from dynspec.runtime.tp_groups import TpFault, abort_on_error, local_rank, wait_for_peers
-    from dynspec.runtime.tp_layout import log
-    from dynspec.runtime.tp_lifecycle import shutdown
+    from dynspec.runtime.serving.gc_heap import freeze_heap
+    from dynspec.runtime.serving.plan_channel import PlanChannel, serve_worker
+    from dynspec.runtime.tp.tp_endpoint import init_tp_endpoint
+    from dynspec.runtime.tp.tp_groups import TpFault, abort_on_error, local_rank, wait_for_peers
+    from dynspec.runtime.tp.tp_layout import log
+    from dynspec.runtime.tp.tp_lifecycle import shutdown
 
     try:
         ctx = init_tp_endpoint(endpoint, rank, launch.tp, device=launch.device, local_rank=local_rank(),
@@ -131,7 +131,7 @@ def run_worker(launch: RepoLaunch, endpoint: str, rank: int, comm, timeout_s: fl
         raise
     with abort_on_error(ctx):
         engine = open_rank(EngineConfig.load(launch.engine_dir), ctx)
-        freeze_heap()                 # the loaded shard out of the collector's walk (runtime/gc_heap.py)
+        freeze_heap()                 # the loaded shard out of the collector's walk (runtime/serving/gc_heap.py)
         wait_for_peers(ctx, join_timeout_s)
         try:
             calls = serve_worker(engine, PlanChannel(ctx))

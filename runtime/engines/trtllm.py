@@ -56,7 +56,7 @@ from dynspec.config import EngineConfig
 from dynspec.errors import DynspecError
 from dynspec.runtime.engines.trtllm_options import DRAFT_KEY, DRAFT_KEYS, read_options
 from dynspec.runtime.engines.trtllm_release import release
-from dynspec.runtime.executor import IterationStats
+from dynspec.runtime.serving.executor import IterationStats
 from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule
 
 

@@ -33,7 +33,7 @@ from dynspec.errors import DynspecError
 
 PINNED = "1.2.1"    # the default `--trtllm-version`
 
-# Same grammar as runtime/schedule_trtllm.py: '1.2.1', '1.3.0rc5', '1.4.0.post1'; ASCII digits only.
+# Same grammar as runtime/policy/schedule_trtllm.py: '1.2.1', '1.3.0rc5', '1.4.0.post1'; ASCII digits only.
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:[.\-+]?(?:rc|a|b|post|dev)[0-9]*)?", re.ASCII)
 
 

@@ -10,8 +10,8 @@ import time
 import torch
 
 from dynspec.runtime.engines.reference.tp import vocab_parallel_argmax
-from dynspec.runtime.tp_groups import init_tp
-from dynspec.runtime.tp_layout import log
+from dynspec.runtime.tp.tp_groups import init_tp
+from dynspec.runtime.tp.tp_layout import log
 
 VOCAB, ROWS, REPEATS = 128256, 320, 5
 

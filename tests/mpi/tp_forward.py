@@ -11,8 +11,8 @@ import torch
 
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 from dynspec.runtime.engines.reference.tp import apply_tp
-from dynspec.runtime.tp_groups import abort_on_error, init_tp
-from dynspec.runtime.tp_lifecycle import shutdown
+from dynspec.runtime.tp.tp_groups import abort_on_error, init_tp
+from dynspec.runtime.tp.tp_lifecycle import shutdown
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:

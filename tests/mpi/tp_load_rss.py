@@ -18,8 +18,8 @@ from dynspec.runtime.engines.reference import tp, tp_shard
 from dynspec.runtime.engines.reference.draft import Eagle3Config
 from dynspec.runtime.engines.reference.load import load_draft, load_target
 from dynspec.runtime.engines.reference.model_config import TargetConfig
-from dynspec.runtime.tp_groups import TpContext
-from dynspec.runtime.tp_layout import layout
+from dynspec.runtime.tp.tp_groups import TpContext
+from dynspec.runtime.tp.tp_layout import layout
 
 
 def anon_kib() -> int:

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 from dynspec.runtime.engines.reference.tp import load_tp_engine
 from dynspec.runtime.engines.reference.tp_stats import StepRecorder
-from dynspec.runtime.executor import Executor
-from dynspec.runtime.loop import Loop
-from dynspec.runtime.overlap import cache_slack
-from dynspec.runtime.plan_channel import LeaderEngine
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import Loop
+from dynspec.runtime.serving.overlap import cache_slack
+from dynspec.runtime.serving.plan_channel import LeaderEngine
 from dynspec.runtime.policy import DraftSchedule
-from dynspec.runtime.tp_groups import TpFault
-from dynspec.runtime.tp_layout import log
-from dynspec.runtime.tp_lifecycle import exit_status, run_replica
+from dynspec.runtime.tp.tp_groups import TpFault
+from dynspec.runtime.tp.tp_layout import log
+from dynspec.runtime.tp.tp_lifecycle import exit_status, run_replica
 
 
 class FaultAt:
@@ -102,7 +102,7 @@ def main() -> None:
                                 max_draft_len=max(sched.max_draft_len, 1))
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
-            from dynspec.runtime.session import capture
+            from dynspec.runtime.generate.session import capture
 
             captured[0] = capture(engine, reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
                                                            engine.max_num_tokens))
@@ -148,7 +148,7 @@ def drive(ex: Executor, jobs: list[Job]) -> list:
 
 
 class FlipRows:
-    """A policy with the row_rates hook (runtime/policy.py Policy) drawing each row's K afresh every iteration."""
+    """A policy with the row_rates hook (runtime/policy/__init__.py Policy) drawing each row's K afresh every iteration."""
     drafts, chooses_keep_warm = True, False
 
     def __init__(self, max_draft_len: int, seed: int):
@@ -163,7 +163,7 @@ class FlipRows:
         return table.rates(slots, pool, 4.0)
 
     def decide(self, x):
-        from dynspec.runtime.step_decision import StepDecision
+        from dynspec.runtime.policy.step_decision import StepDecision
 
         return StepDecision(tuple(self.rng.randint(0, x.max_k) for _ in range(x.batch_size)), True, policy="per-request")
 

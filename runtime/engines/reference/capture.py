@@ -1,7 +1,7 @@
 """Graph capture and the warm-ups before serving: the pure-decode graph chains per GraphKey, the
 whole-forward graphs of mixed iterations (mixed_graphs.py), and the eager paths' kernels compiled
 ahead of the first served step. The one sequence that runs them, for serving, tests and
-benchmarks alike, is runtime/session.py `capture`:
+benchmarks alike, is runtime/generate/session.py `capture`:
     capture_decode_graphs -> warm_chunks -> capture_whole_graphs (CUDA: then warm_mixed)
 Each function here takes what it uses: the step's parts (step_state.StepParts), the graph
 tables it fills, and the engine's `step` for the warm-ups."""
@@ -12,14 +12,14 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from dynspec.runtime.acceptance import Greedy
+from dynspec.runtime.policy.acceptance import Greedy
 from dynspec.runtime.engines.reference.draft_chain import device_fn
 from dynspec.runtime.engines.reference.graph_keys import GraphKey, capture_order
 from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain, capture_chain, chain_cuts, timed_capture
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 from dynspec.runtime.engines.reference.mixed_layout import least_tokens, whole_keys
 from dynspec.runtime.engines.reference.step_state import StepParts
-from dynspec.runtime.plan import PromptChunk, StepPlan, make_plan
+from dynspec.runtime.serving.plan import PromptChunk, StepPlan, make_plan
 
 
 def capture_decode_graphs(s: StepParts, chains: dict, keys: Iterable[GraphKey]) -> tuple[int, CaptureCost]:

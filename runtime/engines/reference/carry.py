@@ -28,7 +28,7 @@ import torch
 
 from dynspec.runtime.engines.reference.attention import RaggedBatch
 from dynspec.runtime.engines.reference.step_state import StepBuffers
-from dynspec.runtime.plan import StepPlan, StepResult
+from dynspec.runtime.serving.plan import StepPlan, StepResult
 
 
 def gather_carried(buf: StepBuffers, B: int) -> None:

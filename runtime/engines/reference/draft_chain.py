@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from dynspec.runtime.acceptance import accepted_prefix, draft_uniforms
+from dynspec.runtime.policy.acceptance import accepted_prefix, draft_uniforms
 from dynspec.runtime.engines.reference.attention import RaggedBatch, uniform_batch
 from dynspec.runtime.engines.reference.step_state import StepParts
 

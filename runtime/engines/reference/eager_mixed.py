@@ -13,7 +13,7 @@ from dynspec.runtime.engines.reference.attention import RaggedBatch, ragged_batc
 from dynspec.runtime.engines.reference.carry import with_device_rows
 from dynspec.runtime.engines.reference.draft_chain import accept, decode_rows, draft_chain, draft_next, refresh
 from dynspec.runtime.engines.reference.step_state import StepParts
-from dynspec.runtime.plan import StepPlan
+from dynspec.runtime.serving.plan import StepPlan
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import torch
 
 from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel
+from dynspec.runtime.policy.acceptance import AcceptanceModel
 from dynspec.runtime.engines.reference import capture, draft_chain, eager_mixed
 from dynspec.runtime.engines.reference.carry import ResultReader, StepHandle, gather_carried, last_chunk_rows, save_carried
 from dynspec.runtime.engines.reference.graph_keys import GraphKey, Route, capture_order, reachable_graphs
@@ -45,7 +45,7 @@ from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 from dynspec.runtime.engines.reference.ragged import ATTENTIONS, RaggedAttention, choose_attention
 from dynspec.runtime.engines.reference.slot_state import SlotState
 from dynspec.runtime.engines.reference.step_state import CarriedHeads, StepBuffers, StepParts
-from dynspec.runtime.plan import StepPlan, StepResult, batch_buckets, bucket_for
+from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for
 
 __all__ = ["ATTENTIONS", "GraphKey", "ReferenceEngine", "capture_order", "reachable_graphs"]
 
@@ -97,7 +97,7 @@ class ReferenceEngine:
                         max_batch_size=max_batch_size, max_seq_len=max_seq_len)   # before any table is built
         # CPU: every batch size is its own shape (no padding work); CUDA: padded graph buckets
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))
-        self.async_launch = on_cuda        # launch returns before the device has run the step (runtime/loop.py)
+        self.async_launch = on_cuda        # launch returns before the device has run the step (runtime/serving/loop.py)
         self.capture = tuple(draft.capture_layers)
         draft.kernels = target.kernels                         # the draft's glue on the target's Kernels
         self.vocab_size = target.config.vocab_size

@@ -1,6 +1,6 @@
 """The all-reduce of a row-parallel output (o_proj, down_proj), the residual add and the next
 RMSNorm in one Triton launch, over the one-shot all-reduce's symmetric buffer
-(runtime/allreduce.py). Where the unfused TP step runs the one-shot kernel and then
+(runtime/tp/allreduce.py). Where the unfused TP step runs the one-shot kernel and then
 norm_kernel's add_rms_norm (two launches, the sum written and read back once in between), this
 kernel, for this rank, per program p of G, rows p, p + G, ...:
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
-from dynspec.runtime.plan import batch_buckets, bucket_for, cap_k
+from dynspec.runtime.serving.plan import batch_buckets, bucket_for, cap_k
 from dynspec.runtime.policy import speculates
 
 
@@ -36,7 +36,7 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
     Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
         spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
     An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each,
-    and its K=0 steps run with or without keep-warm (runtime/adaptive.py, step 4): both decode graphs.
+    and its K=0 steps run with or without keep-warm (runtime/policy/adaptive.py, step 4): both decode graphs.
     A policy that never drafts (policy.speculates) gets decode keys without keep-warm or draft.
     """
     buckets = batch_buckets(max_batch_size)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.acceptance import AcceptanceModel, Greedy, TraceReplay, rate_of, trace_table
+from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, TraceReplay, rate_of, trace_table
 from dynspec.runtime.engines.reference.attention import to_device
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK, BlockAllocator
 

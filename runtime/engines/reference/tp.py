@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from dynspec.runtime.engines.reference.layer_ops import first_max
 from dynspec.runtime.engines.reference.tp_shard import TpShape, check_tp, shard_part, shard_vocab, shard_weights
-from dynspec.runtime.tp_groups import TpContext
+from dynspec.runtime.tp.tp_groups import TpContext
 
 
 # ----------------------------------------------------------------------------- the vocabulary-parallel argmax
@@ -73,7 +73,7 @@ class TpCollectives:
 
     def add_rms_norm(self, part: Tensor, r: Tensor, weight: Tensor, eps: float, f) -> tuple[Tensor, Tensor]:
         """r + the sum of part over the ranks, and its norm: one launch where the reducer fuses
-        them (one-shot on CUDA, runtime/allreduce.py), else the all-reduce (NCCL, gloo) and then
+        them (one-shot on CUDA, runtime/tp/allreduce.py), else the all-reduce (NCCL, gloo) and then
         the model's add_rms_norm (the Triton one with compiled kernels on CUDA)."""
         reducer = self.ctx.reducer
         if reducer is not None and reducer.fuses_norm(part, r, weight):

@@ -88,8 +88,8 @@ class TritonPythonModel:
         _import_runtime(params.get("python_site_packages", ""))
         from dynspec.config import EngineConfig
         from dynspec.errors import DynspecError
-        from dynspec.runtime.gc_heap import freeze_heap
-        from dynspec.runtime.session import open_executor
+        from dynspec.runtime.serving.gc_heap import freeze_heap
+        from dynspec.runtime.generate.session import open_executor
         from dynspec.triton_repo import launch, model_metrics, request_parsing, serving, tp_ranks
 
         self.serving, self.parsing, self.request_errors = serving, request_parsing, (DynspecError,)
@@ -103,7 +103,7 @@ class TritonPythonModel:
         self.tp = None if tp is None else tp_ranks.TpLeader(tp, cfg, params["engine_dir"], device, kept)
         self.executor = self.tp.executor if self.tp is not None else \
             open_executor(cfg, device=device, stats_limit=kept)
-        freeze_heap()        # the served heap out of the collector's walk (runtime/gc_heap.py)
+        freeze_heap()        # the served heap out of the collector's walk (runtime/serving/gc_heap.py)
         max_draft_len = getattr(self.executor.engine, "max_draft_len", cfg.schedule.max_draft_len)
         self.metrics = model_metrics.ModelMetrics(
             pb_utils.MetricFamily, {"model": args["model_name"], "version": args["model_version"]}, max_draft_len)

@@ -137,9 +137,9 @@ class TritonPythonModel:
         fault = self._fault()
         if fault is not None:
             with self.lock:
+                self.metrics.rejected("tp_fault")
                 sender.send(_error(f"tensor-parallel group failed: {fault}", pb_utils.TritonError.UNAVAILABLE),
                             flags=FINAL)
-                self.metrics.rejected("tp_fault")
             return
         try:
             parameters = json.loads(request.parameters() or "{}")
@@ -160,8 +160,8 @@ class TritonPythonModel:
         with self.lock:
             if not known:
                 pb_utils.Logger.log_error(f"dynspec: cannot accept request: {e!r}")
-            sender.send(_error(message, code), flags=FINAL)
             self.metrics.rejected("invalid_argument" if known else "internal")
+            sender.send(_error(message, code), flags=FINAL)
 
     def _start(self, sender, parameters, inputs):
         try:
@@ -171,8 +171,8 @@ class TritonPythonModel:
                 gone = sender.is_cancelled()
             if gone:                            # its client left while it was parsed
                 with self.lock:
-                    sender.send(_error("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
                     self.metrics.finished("cancelled")
+                    sender.send(_error("request cancelled", pb_utils.TritonError.CANCELLED), flags=FINAL)
                 return
             handle = self.executor.submit(req.prompt_ids, req.max_tokens, req.stop_ids)
         except Exception as e:
@@ -200,6 +200,7 @@ class TritonPythonModel:
         text = self.serving.TextStream(self.info.decode, prefix)
         watch = self.serving.OutputWatch(req)
         ids, end = list(prefix), None       # stream: ids not sent yet; otherwise: every id
+        recorded = False
         try:
             for chunk in handle.stream():
                 keep, end = watch.push(chunk)
@@ -217,27 +218,27 @@ class TritonPythonModel:
             fault = self._fault() if reason in ("error", "cancelled") else None
             if fault is not None:
                 reason = "tp_fault"
-                self._send(live, _error(f"tensor-parallel group failed: {fault}", pb_utils.TritonError.UNAVAILABLE),
-                           final=True)
+                last = _error(f"tensor-parallel group failed: {fault}", pb_utils.TritonError.UNAVAILABLE)
             elif reason == "refused":
-                self._send(live, _error(end, pb_utils.TritonError.INVALID_ARG), final=True)
+                last = _error(end, pb_utils.TritonError.INVALID_ARG)
             elif reason == "cancelled":
-                self._send(live, _error("request cancelled", pb_utils.TritonError.CANCELLED), final=True)
+                last = _error("request cancelled", pb_utils.TritonError.CANCELLED)
             elif reason not in ("length", "stop"):
-                self._send(live, _error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL), final=True)
-            elif req.stream:
-                self._send(live, _response(ids, text.flush(), counts), final=True)
+                last = _error(f"generation failed ({reason})", pb_utils.TritonError.INTERNAL)
             else:
-                self._send(live, _response(ids, self.info.decode(ids), counts), final=True)
-            with self.lock:
+                last = _response(ids, text.flush() if req.stream else self.info.decode(ids), counts)
+            with self.lock:                 # before the reply: a client holding its answer finds it in /metrics
                 self.metrics.finished(reason)
                 if reason in ("length", "stop"):
                     self.metrics.observe(counts)
+            recorded = True
+            self._send(live, last, final=True)
         except Exception as e:
             handle.cancel()
             with self.lock:
                 pb_utils.Logger.log_warn(f"dynspec: request {handle.id} dropped: {e!r}")
-                self.metrics.finished("dropped")
+                if not recorded:
+                    self.metrics.finished("dropped")
             try:
                 self._send(live, _error(f"request dropped: {e}", pb_utils.TritonError.INTERNAL), final=True)
             except Exception:

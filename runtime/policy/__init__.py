@@ -46,7 +46,8 @@ class Policy(Protocol):
     Each iteration it answers `decide(StepInputs) -> StepDecision` (runtime/policy/step_decision.py).
     Optional hooks: initial_estimate() / initial_calibration() start the pooled estimate and the cost
     ratios (runtime/policy/adaptive.py); with row_rates(table, slots, pool, keys, truth) the executor keeps
-    each row's counts and hands it the rows' rates, StepInputs.rates (runtime/policy/per_request.py)."""
+    each row's counts and hands it the rows' rates, StepInputs.rates (runtime/policy/per_request.py);
+    with reads_prompts True it is handed the prompts waiting, StepInputs.waiting (prefill_price.py)."""
 
     @property
     def max_draft_len(self) -> int: ...            # the largest K it may pick: the engine is sized for it

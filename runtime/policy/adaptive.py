@@ -60,7 +60,11 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy.acceptance_estimate import HALF_LIFE_ROWS, AcceptanceEstimate
 from dynspec.runtime.policy.cost_calibration import COLD, KEEP_WARM, CostCalibration
 from dynspec.runtime.policy.cost_model import CostModel
+from dynspec.runtime.policy.prefill_price import PromptSide, prompt_side
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
+
+
+TTFT_WEIGHT = 0.0     # the default prompt weight (prefill_price.py)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class AdaptiveSettings:
     calibrate: bool = True           # scale profiled times by served/profiled ratios (False: the profile alone)
     half_life: float = HALF_LIFE_ROWS   # the estimate's memory, in rows drafted at position 1
     prior: float | None = None       # a_1 before any data; None: the profile's measured a_1, else 0.5
+    ttft_weight: float = TTFT_WEIGHT  # a prompt whose prefill the step ends weighs this many decode rows
+                                     # that gain one token at any K (prefill_price.py; 0: throughput alone)
 
     def __post_init__(self) -> None:
         if self.margin < 0 or self.draft_margin < 1 or not 0 < self.probe_loss < 1:
@@ -86,6 +92,8 @@ class AdaptiveSettings:
                                f"{self.max_probe_interval} must satisfy 1 <= min <= max")
         if not 0 <= self.probe_backoff <= 16:
             raise DynspecError(f"adaptive settings: probe_backoff {self.probe_backoff} must be in 0..16")
+        if not self.ttft_weight >= 0 or not math.isfinite(self.ttft_weight):
+            raise DynspecError(f"adaptive settings: ttft_weight {self.ttft_weight} must be a finite number >= 0")
         if self.explore_band < 0 or self.explore_steps < 0:
             raise DynspecError(f"adaptive settings: explore_band {self.explore_band} and explore_steps "
                                f"{self.explore_steps} must be >= 0")
@@ -163,16 +171,21 @@ def _cost_row(cost: CostModel, x: PolicyInputs, context: float, row) -> "CostRow
     return None if x.batch_size > cost.batch_sizes[-1] else row(x.bucket or x.batch_size, context)
 
 
-def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
-    """choose_k on a cost row already looked up (None: b above the profiled batch sizes). One pass
-    over K ascending builds E(K), gain and score (the policy runs every iteration: no containers)."""
+def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: AdaptiveSettings,
+            side: PromptSide | None = None) -> Decision:
+    """choose_k on a cost row already looked up (None: b above the profiled batch sizes), with the
+    step's prompt side (prefill_price.py: the chunk's extra ms by K, the prompts it ends, weighed by
+    s.ttft_weight; None: no prompt waits). One pass over K ascending builds E(K), gain and score
+    (the policy runs every iteration: no containers)."""
     ks = candidates if candidates[-1] <= x.max_k else [k for k in candidates if k <= x.max_k]
     if row is None or len(ks) < 2:
         return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
     ms, decode, extrapolated = row
     scale = x.cost_scale                                   # [K = 0..max_k, keep-warm K=0, cold, ragged]
     plain = decode if decode is not None else ms[0]        # no decode_ms: the keep-warm time, an upper bound
-    base = plain * scale[0] if scale else plain
+    add = side.extra_ms if side is not None else None      # [K] the chunk's extra ms
+    base = (plain * scale[0] if scale else plain) + (add[0] if add else 0.0)
+    w, b = s.ttft_weight, x.batch_size
     acc, prev, dm = x.acceptance, x.previous_k, s.draft_margin
     if len(acc) < ks[-1]:
         raise DynspecError(f"K={ks[-1]} needs {ks[-1]} per-position acceptance rates; {len(acc)} given")
@@ -188,7 +201,9 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
         t = ms[j]
         if t is None or j not in ks:
             continue
-        gain = e * base / (t * scale[j] if scale else t)
+        gain = e * base / ((t * scale[j] if scale else t) + (add[j] if add else 0.0))
+        if side is not None:
+            gain *= side.weight(j, b, e, w)
         score = gain / pen
         if score > best_score:                            # ties go to the smaller K
             best, best_score, best_gain = j, score, gain
@@ -213,7 +228,8 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
             return Decision(1, best, gain1, "probe", extrapolated, predicted_ms=ms[1])
     if k:
         return Decision(k, best, gain, reason, extrapolated, predicted_ms=ms[k])
-    gain = base / (ms[0] * scale[KEEP_WARM]) if warm and scale else base / ms[0] if warm else 1.0
+    a0 = add[0] if add else 0.0
+    gain = base / (ms[0] * scale[KEEP_WARM] + a0) if warm and scale else base / (ms[0] + a0) if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
 
 
@@ -248,6 +264,11 @@ class AdaptivePolicy:
         """A K=0 step keeps the draft warm only while K=0 is held against a better K (step 5)."""
         return True
 
+    @property
+    def reads_prompts(self) -> bool:
+        """The step's waiting prompts change its decision: the profile prices chunks, or they weigh."""
+        return self.cost.chunk is not None or self.settings.ttft_weight > 0
+
     def choices(self, batch_size: int) -> tuple[int, ...]:
         """Any candidate at any batch size: K in (0, 1, 2) -> (0, 1, 2)."""
         return self.candidates
@@ -275,8 +296,16 @@ class AdaptivePolicy:
     def choose(self, inputs: PolicyInputs) -> Decision:
         """choose_k with the cost row at the context rounded to CONTEXT_STEP tokens (a row moves
         by well under 1% over 16 tokens), looked up once per (bucket, rounded context)."""
-        row = _cost_row(self.cost, inputs, round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP, self._row)
-        return _choose(inputs, row, self.candidates, self.settings)
+        context = round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP
+        row = _cost_row(self.cost, inputs, context, self._row)
+        return _choose(inputs, row, self.candidates, self.settings, self.prompt_side(inputs, context))
+
+    def prompt_side(self, x: StepInputs, context: float) -> PromptSide | None:
+        """The step's prompt side (prefill_price.py) up to the largest candidate; None without waiting prompts."""
+        if not x.waiting:
+            return None
+        return prompt_side(self.cost, x.waiting, x.token_budget, x.batch_size, x.bucket, context,
+                           min(self.candidates[-1], x.max_k))
 
     def _row(self, b: int, context: int) -> "CostRow":
         hit = self._rows.get((b, context))

@@ -5,14 +5,13 @@ profile.json (`dynspec profile --context-lens 512,2048` writes format 2):
      "context_lens": [512, 2048],
      "tables": [{"context_len": 512,
                  "iteration_ms": {"1": {"0": 4.4, "1": 4.9}, "8": {...}},   # b -> K -> median ms
-                 "decode_ms": {"1": 4.2, "8": ...}},       # K = 0 without the keep-warm draft extend
-                {"context_len": 2048, ...}],
+                 "decode_ms": {"1": 4.2, "8": ...},        # K = 0 without the keep-warm draft extend
+                 "chunk_ms": {"128": {"1": {"0": 6.0, "1": 6.6}, "8": {...}}}},   # optional (--chunk-lens):
+                {"context_len": 2048, ...}],             # chunk -> b -> K -> ms with a prompt chunk riding
      "acceptance": {"per_position": [0.8, 0.7]},           # optional: --measure-acceptance
      "keep_warm": true, "repeats": 20, "command": "dynspec profile ...", ...}   # the rest: meta
-Format 1 ("dynspec-profile/1", or no "format") is one table at the top level:
-    {"device": ..., "context_len": 1024, "iteration_ms": {...}, "decode_ms": {...}, "acceptance": ...}
-It is read as a profile of one context (context_len may be absent there: tune needs no context,
-the cost model refuses it).
+Format 1 ("dynspec-profile/1", or no "format"), still read, is one table at the top level: {"device": ...,
+"context_len": 1024, "iteration_ms": ..., "decode_ms": ...} (no context_len: the cost model refuses it).
 
 CostModel.lookup(b, K, context) -> CostLookup(ms, extrapolated, note):
   - in b: linear between profiled batch sizes, in each of the two tables that bracket the context;
@@ -26,7 +25,7 @@ CostModel.lookup(b, K, context) -> CostLookup(ms, extrapolated, note):
   - a K that was not profiled raises DynspecError (K's graphs and costs are never guessed).
 CostModel.row(b, context) -> (ms for every K, plain-decode ms or None, extrapolated): the same
 interpolation for all K at once, plus `decode_ms` (K=0 without the keep-warm draft extend) when
-every table has it for every batch size.
+every table has it for every batch size. CostModel.chunk prices a prompt chunk (chunk_cost.py).
 Worked example, contexts 512 and 1536, b 1 and 5, K = 2:
     ms(K=2)      b=1    b=5
     ctx  512    12.0   16.0
@@ -34,8 +33,7 @@ Worked example, contexts 512 and 1536, b 1 and 5, K = 2:
     lookup(3, 2, 1024) -> 16.0            b=3 is halfway: 14.0 at 512, 18.0 at 1536; 1024 halfway
     lookup(3, 2, 2560) -> 22.0, extrapolated   context: 18.0 + (18.0 - 14.0) / 1024 * 1024
     lookup(9, 2, 512)  -> 20.0, extrapolated   b: 16.0 + (16.0 - 12.0) / 4 * 4
-    lookup(3, 2, 256)  -> 14.0, extrapolated   context clamped to 512
-Pure: no torch.
+    lookup(3, 2, 256)  -> 14.0, extrapolated   context clamped to 512       Pure: no torch.
 """
 from __future__ import annotations
 
@@ -45,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.policy.chunk_cost import ChunkCost
 
 PROFILE_FORMAT = "dynspec-profile/2"
 PROFILE_FORMAT_ONE = "dynspec-profile/1"      # one table at the top level; still read
@@ -57,6 +56,7 @@ class ContextTable:
     context_len: int | None
     iteration_ms: Mapping[int, Mapping[int, float]]          # b -> K -> ms
     decode_ms: Mapping[int, float] | None = None             # b -> plain target step without keep-warm
+    chunk_ms: Mapping[int, Mapping[int, Mapping[int, float]]] | None = None   # chunk tokens -> b -> K -> ms
 
     def to_json(self) -> dict:
         d = {"context_len": self.context_len,
@@ -64,6 +64,9 @@ class ContextTable:
                               for b, row in sorted(self.iteration_ms.items())}}
         if self.decode_ms is not None:
             d["decode_ms"] = {str(b): ms for b, ms in sorted(self.decode_ms.items())}
+        if self.chunk_ms is not None:
+            d["chunk_ms"] = {str(c): {str(b): {str(k): ms for k, ms in sorted(row.items())} for b, row in sorted(t.items())}
+                             for c, t in sorted(self.chunk_ms.items())}
         return d
 
 
@@ -140,29 +143,41 @@ def _table(d: Mapping, where: str, at: str) -> ContextTable:
         raise DynspecError(f"{at}: field 'context_len' = {ctx!r} is not an integer >= 1")
     if "iteration_ms" not in d:
         raise DynspecError(f"{at}: missing field 'iteration_ms'")
-    table = d["iteration_ms"]
-    if not isinstance(table, Mapping) or not table:
-        raise DynspecError(f"{at}: field 'iteration_ms' must be a non-empty object {{\"<b>\": {{\"<K>\": ms}}}}")
-    it: dict[int, dict[int, float]] = {}
-    for bs, row in table.items():
-        b = _int_key(bs, f"{at}: iteration_ms key")
-        if b < 1:
-            raise DynspecError(f"{at}: iteration_ms key {bs!r} is not a batch size >= 1")
-        if not isinstance(row, Mapping) or not row:
-            raise DynspecError(f"{at}: iteration_ms[{bs!r}] must be a non-empty object {{\"<K>\": ms}}")
-        it[b] = {}
-        for ks, ms in row.items():
-            k = _int_key(ks, f"{at}: iteration_ms[{bs!r}] key")
-            if k < 0:
-                raise DynspecError(f"{at}: iteration_ms[{bs!r}] key {ks!r} is a negative K")
-            it[b][k] = _number(ms, f"{at}: iteration_ms[{bs!r}][{ks!r}]")
+    it = _grid_of(d["iteration_ms"], f"{at}: iteration_ms")
+    chunk = d.get("chunk_ms")
+    if chunk is not None:
+        if not isinstance(chunk, Mapping) or not chunk:
+            raise DynspecError(f"{at}: field 'chunk_ms' must be a non-empty object {{\"<chunk>\": {{\"<b>\": ...}}}}")
+        chunk = {_int_key(cs, f"{at}: chunk_ms key"): _grid_of(t, f"{at}: chunk_ms[{cs!r}]") for cs, t in chunk.items()}
+        if min(chunk) < 1:
+            raise DynspecError(f"{at}: chunk_ms key {min(chunk)} is not a chunk of >= 1 tokens")
     dec, decode = d.get("decode_ms"), None
     if dec is not None:
         if not isinstance(dec, Mapping):
             raise DynspecError(f"{at}: field 'decode_ms' must be an object {{\"<b>\": ms}}")
         decode = {_int_key(bs, f"{at}: decode_ms key"): _number(ms, f"{at}: decode_ms[{bs!r}]")
                   for bs, ms in dec.items()}
-    return ContextTable(ctx, it, decode)
+    return ContextTable(ctx, it, decode, chunk)
+
+
+def _grid_of(table, at: str) -> dict[int, dict[int, float]]:
+    """{"<b>": {"<K>": ms}} -> {b: {K: ms}}; `at` names the field in an error."""
+    if not isinstance(table, Mapping) or not table:
+        raise DynspecError(f"{at} must be a non-empty object {{\"<b>\": {{\"<K>\": ms}}}}")
+    it: dict[int, dict[int, float]] = {}
+    for bs, row in table.items():
+        b = _int_key(bs, f"{at} key")
+        if b < 1:
+            raise DynspecError(f"{at} key {bs!r} is not a batch size >= 1")
+        if not isinstance(row, Mapping) or not row:
+            raise DynspecError(f"{at}[{bs!r}] must be a non-empty object {{\"<K>\": ms}}")
+        it[b] = {}
+        for ks, ms in row.items():
+            k = _int_key(ks, f"{at}[{bs!r}] key")
+            if k < 0:
+                raise DynspecError(f"{at}[{bs!r}] key {ks!r} is a negative K")
+            it[b][k] = _number(ms, f"{at}[{bs!r}][{ks!r}]")
+    return it
 
 
 def _tables(d: Mapping, where: str) -> tuple[ContextTable, ...]:
@@ -218,6 +233,7 @@ class CostModel:
     per_position: tuple[float, ...] | None
     ms: tuple[tuple[tuple[float, ...], ...], ...]            # [context][batch size][K index]
     decode: tuple[tuple[float, ...], ...] | None = None      # [context][batch size] K=0 without keep-warm
+    chunk: "ChunkCost | None" = None                         # the chunk axis (runtime/policy/chunk_cost.py)
     # [context][batch size][K index..., plain decode]: what row() interpolates (derived)
     _grid: tuple = field(init=False, repr=False, compare=False)
 
@@ -285,7 +301,8 @@ class CostModel:
         ms = tuple(tuple(tuple(t.iteration_ms[b][k] for k in ks) for b in bs) for t in profile.tables)
         full = all(t.decode_ms is not None and all(b in t.decode_ms for b in bs) for t in profile.tables)
         decode = tuple(tuple(t.decode_ms[b] for b in bs) for t in profile.tables) if full else None
-        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms, decode)
+        chunk = ChunkCost.from_tables(profile.tables, bs, ks, where)
+        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms, decode, chunk)
 
     @classmethod
     def load(cls, path, max_draft_len: int | None = None, bound: str = "") -> "CostModel":

@@ -136,7 +136,9 @@ class PerRequestPolicy(AdaptivePolicy):
         cap = self._cap(b, x.max_k)
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
         raw = self._split(b, context)
-        cost = raw.calibrated(x.cost_scale)             # uniform vectors: the decode graphs, each depth
+        side = self.prompt_side(x.batch, context) if x.batch is not None and self.cost.chunk is not None else None
+        extra = side.extra_ms if side is not None else ()   # a riding chunk's price by depth (its wait: the floor's)
+        cost = raw.calibrated(x.cost_scale).plus(extra)  # uniform vectors: the decode graphs, each depth
         if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
             warm = x.keep_warm
             return StepDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm),
@@ -151,7 +153,7 @@ class PerRequestPolicy(AdaptivePolicy):
             u = None                                    # one K for every row, only above K=0
         probing = due if x.since_spec >= PROBE_EVERY else ()   # the whole batch sat at K=0 that long
         if x.packed and b > 1:
-            a = self._packed(x.cost_scale, raw, cost, rates, cap, budget, due, probing, u)
+            a = self._packed(x.cost_scale, raw, cost, rates, cap, budget, due, probing, u, extra)
         else:                                           # (one row: every vector is uniform)
             a = _padded(rates, cost, u, probing)
         plain = b / cost.decode_ms if cost.decode_ms else None
@@ -163,13 +165,13 @@ class PerRequestPolicy(AdaptivePolicy):
                             policy=LABEL)
 
     def _packed(self, scales, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,
-                due: tuple[int, ...], probing: tuple[int, ...], u: Allocation | None) -> Allocation:
+                due: tuple[int, ...], probing: tuple[int, ...], u: Allocation | None, extra=()) -> Allocation:
         """The K vector where the engine verifies each row's K_i + 1 tokens packed: allocate over
         every vector at the ragged price (SplitCost.ragged); a per-row answer stands only where
         it beats one K >= 1 for every row (u, at the uniform steps' own prices) by the settings'
         margin; a uniform or all-zero answer gives way to u, else to plain decode (with the due
         rows' probe). Due rows ride along a per-row step that drafts anyway."""
-        ragged = raw.ragged(scales).scaled(self.ragged_factor)
+        ragged = raw.ragged(scales).scaled(self.ragged_factor).plus(extra)
         a = allocate(rates, ragged, cap, budget, cost.decode_ms, probing)
         probed = set(a.probed)
         base = {0 if i in probed else k for i, k in enumerate(a.ks)}     # the K's before probes

@@ -102,6 +102,20 @@ class SplitCost:
         return self._with(f_ms=f, chain_ms=chain, uniform_ms=tuple(u * factor for u in self.uniform_ms),
                           floor_ms=self.floor_ms * factor)
 
+    def plus(self, extra_ms) -> "SplitCost":
+        """A prompt chunk's extra ms by depth (prefill_price.PromptSide.extra_ms, [K]) on each chain and on
+        plain decode (depth 0's). chain (0.5, 1.0), decode 10.0, extra (2.0, 2.5) -> (2.5, 3.5), 12.0."""
+        if not any(extra_ms):
+            return self
+        chain = self.chain_ms.copy()
+        n = min(len(chain), len(extra_ms))
+        chain[:n] += np.asarray(extra_ms[:n], dtype=float)
+        chain.flags.writeable = False
+        return self._with(chain_ms=chain, decode_ms=None if self.decode_ms is None else self.decode_ms + extra_ms[0],
+                          uniform_ms=tuple(u + (extra_ms[k] if k < len(extra_ms) else 0.0)
+                                           for k, u in zip(self.draft_lens, self.uniform_ms)),
+                          floor_ms=self.floor_ms + min(extra_ms))
+
     def _with(self, **fields) -> "SplitCost":
         """A copy with `fields` replaced, unchecked (dataclasses.replace re-runs __init__: a
         tenth of a decision's host time)."""

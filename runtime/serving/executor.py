@@ -166,7 +166,7 @@ class Executor:
             rin = plan_row_inputs(rows, prev)            # planning's, shared with make_plan
             tp0 = self.clock()
             rates = self._k.estimate.rates() if b else ()
-            k, decision, context, scale = self._k.decide(rows, rin.context, rates)
+            k, decision, context, scale = self._k.decide(rows, rin.context, rates, self._backlog(b))
             t_policy = self.clock() - tp0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
@@ -180,6 +180,12 @@ class Executor:
             raise
         return Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
                         t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1)
+
+    def _backlog(self, b: int) -> tuple[int, ...]:
+        """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""
+        if not b or not getattr(self.policy, "reads_prompts", False):
+            return ()
+        return self._pool.backlog(min(self.engine.max_batch_size, self.engine.max_num_tokens) - b)
 
     def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new

@@ -44,14 +44,14 @@ class KDecider:
             self._row_table = RowTable(self.engine.max_batch_size + 1, max(self.engine.max_draft_len, 1))
         return self._row_table
 
-    def decide(self, rows: Sequence[Request], positions: Sequence[int],
-               rates: tuple[float, ...]) -> tuple[int, StepDecision | None, float, tuple[float, ...]]:
+    def decide(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...],
+               waiting: tuple[int, ...] = ()) -> tuple[int, StepDecision | None, float, tuple[float, ...]]:
         """(K, the policy's decision or None without rows, mean context, cost scales used) for these
-        decode rows: the policy's K of each row, within the engine's max_draft_len (else an error)
-        and capped to the token budget."""
+        decode rows (and the prompt tokens waiting: StepInputs.waiting): the policy's K of each row,
+        within the engine's max_draft_len (else an error) and capped to the token budget."""
         if not rows:
             return 0, None, 0.0, ()
-        x = self.inputs(rows, positions, rates)
+        x = self.inputs(rows, positions, rates, waiting)
         d = self.policy.decide(x)
         kmax, b = self.engine.max_draft_len, x.batch_size
         if len(d.ks) != b or min(d.ks) < 0 or d.k > kmax:
@@ -67,7 +67,8 @@ class KDecider:
                     r.probes = r.probes + 1 if i in probed else 0
         return d.k, d, x.context, x.cost_scale
 
-    def inputs(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...]) -> StepInputs:
+    def inputs(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...],
+               waiting: tuple[int, ...] = ()) -> StepInputs:
         """This iteration's StepInputs for b >= 1 decode rows: each row's rates, idle iterations and
         probes only for a policy with the row_rates hook (its rates from the row table, or the truth)."""
         eng, cal, b = self.engine, self.calibration, len(rows)
@@ -79,7 +80,8 @@ class KDecider:
                            idle=[r.idle for r in rows], row_probes=[r.probes for r in rows], packed=eng.packs_rows)
         return StepInputs(b, sum(positions) / b, rates, self.prev_k, self.since_spec,
                           cap_k(eng.max_draft_len, b, eng.max_num_tokens), bucket_for(b, eng.buckets), scale,
-                          self.keep_warm, plain, self.probes, **per_row)
+                          self.keep_warm, plain, self.probes, **per_row, waiting=tuple(waiting),
+                          token_budget=eng.max_num_tokens if waiting else 0)
 
     def count_k(self, k: int, decision: StepDecision | None) -> None:
         """The memory of an iteration with decode rows run at K (Executor.advance: SerialLoop when it

@@ -43,6 +43,15 @@ class RequestPool:
             finish(req, reason, self.clock())
         self.waiting.clear()
 
+    def backlog(self, free_rows: int) -> tuple[int, ...]:
+        """Prompt tokens still to prefill, in the order chunks take the budget: the admitted requests'
+        rest, then the first waiting ones that `free_rows` more slots could admit (the policy's
+        StepInputs.waiting). Rows (100, 40 of 80 prefilled), queue (30, 50), free_rows 3 -> (100, 40, 30)."""
+        out = [len(r.prompt) - r.prefilled for r in self.prefilling]
+        with self.lock:
+            out += [len(r.prompt) for _, r in zip(range(max(0, free_rows - len(out))), self.waiting)]
+        return tuple(out)
+
     def admit(self, engine, left: int, slack: int, on_admit: Callable[[int], None]) -> None:
         """Admit waiting requests for `left` budget tokens beyond what the prefilling ones still
         need, while a slot, their blocks (prompt + new tokens + slack) and a decode row at K=0 are

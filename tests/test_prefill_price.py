@@ -1,0 +1,153 @@
+"""The prompt side of an iteration as the policies price it: the profile's chunk axis (its reader,
+its interpolation), the chunk and the prompts a step ends (runtime/policy/prefill_price.py), the
+adaptive and per-request rules on them, and the prefill-aware rule lossless against transformers
+greedy (float64) with chunks riding beside decode rows."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from dynspec.errors import DynspecError
+from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings, PolicyInputs
+from dynspec.runtime.policy.cost_model import CostModel, Profile
+from dynspec.runtime.policy.prefill_price import PromptSide, chunk_tokens, finishing, prompt_side
+from dynspec.runtime.policy.split_cost import SplitCost
+
+KS = (0, 1, 2)
+
+
+def profile_doc(extra=(2.0, 6.8), chunks=(128, 512), step=(10.0, 11.0, 12.0), decode=9.8, bs=(16, 64)) -> dict:
+    """Two contexts; every (b, K) at `step`, plain decode at `decode`; a chunk of c tokens adds
+    extra[i] over the rows' step at every b and K (K=0: over plain decode)."""
+    def table(ctx):
+        it = {str(b): {str(k): step[k] for k in KS} for b in bs}
+        dec = {str(b): decode for b in bs}
+        ch = {str(c): {str(b): {str(k): (decode if k == 0 else step[k]) + e for k in KS} for b in bs}
+              for c, e in zip(chunks, extra)}
+        return {"context_len": ctx, "iteration_ms": it, "decode_ms": dec, "chunk_ms": ch}
+    return {"format": "dynspec-profile/2", "device": "synthetic", "context_lens": [128, 512],
+            "tables": [table(128), table(512)]}
+
+
+def test_chunk_axis_is_read_written_back_and_interpolated_as_the_docstring_says():
+    prof = Profile.from_json(profile_doc())
+    assert Profile.from_json(json.loads(json.dumps(prof.to_json()))) == prof
+    cost = CostModel.from_profile(prof)
+    assert cost.chunk.chunk_lens == (128, 512)
+    row = lambda t: cost.chunk.row(cost, 64, 128, t)     # noqa: E731
+    assert row(320) == pytest.approx((4.4,) * 3)
+    assert row(32) == pytest.approx((2.0,) * 3)          # below the shortest: its extra
+    assert row(1024) == pytest.approx((13.2,) * 3)       # above: the last segment extended
+    assert row(0) == (0.0,) * 3
+    one = CostModel.from_profile(Profile.from_json(profile_doc(extra=(2.0,), chunks=(128,))))
+    assert one.chunk.row(one, 16, 300, 512) == pytest.approx((8.0,) * 3)   # one length: in proportion above
+    assert CostModel.from_profile(Profile.from_json({**profile_doc(), "tables": [
+        {k: v for k, v in t.items() if k != "chunk_ms"} for t in profile_doc()["tables"]]})).chunk is None
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["tables"][1].pop("chunk_ms"), r"tables\[1\]: chunk_ms has chunks \[\], the first table \[128, 512\]"),
+    (lambda d: d["tables"][0]["chunk_ms"]["128"].pop("16"), r"chunk_ms\['128'\] must time every batch size"),
+    (lambda d: [t.pop("decode_ms") for t in d["tables"]], r"chunk_ms needs decode_ms"),
+    (lambda d: d["tables"][0]["chunk_ms"].update({"x": {}}), r"chunk_ms key 'x' is not an integer"),
+    (lambda d: d["tables"][0]["chunk_ms"]["128"]["16"].update({"1": -3}), r"chunk_ms\['128'\]\['16'\]\['1'\] = -3"),
+])
+def test_a_bad_chunk_axis_is_refused_by_field(edit, match):
+    d = profile_doc()
+    edit(d)
+    with pytest.raises(DynspecError, match=match):
+        CostModel.from_profile(Profile.from_json(d, where="p.json"), where="p.json")
+
+
+def test_chunk_and_finishing_prompts_follow_the_planners_rule():
+    assert chunk_tokens((100, 40), 8192, 64, 4) == 140 and chunk_tokens((100, 40), 400, 64, 4) == 80
+    assert finishing((30, 50, 20), 90) == 2 and finishing((30,), 29) == 0
+    cost = CostModel.from_profile(Profile.from_json(profile_doc()))
+    side = prompt_side(cost, (250, 300), 400, 64, 64, 128, 2)
+    assert side.finishing == (1, 1, 0)               # K=0, 1, 2 leave 336, 272, 208 tokens: the 250 fit twice
+    # the chunk is priced at chunk(0) = 336 tokens for every K: a larger K makes nothing cheaper
+    assert side.extra_ms == pytest.approx((2.0 + 4.8 * (336 - 128) / 384,) * 3)
+    assert prompt_side(cost, (), 400, 64, 64, 128, 2) is None
+
+
+def test_the_prompt_weight_worked_example():
+    side = PromptSide((0.0, 0.0, 0.0), (1, 1, 1))
+    gain = 1.75 * 10 / 12
+    assert gain * side.weight(2, 16, 1.75, 0.0) == pytest.approx(1.458, abs=1e-3)
+    assert gain * side.weight(2, 16, 1.75, 16.0) == pytest.approx(1.146, abs=1e-3)
+    assert gain * side.weight(2, 16, 1.75, 64.0) == pytest.approx(0.958, abs=1e-3)
+
+
+def inputs(b=16, waiting=(), acc=(0.5, 0.5), budget=8192):
+    return PolicyInputs(b, 128.0, acc, max_k=2, bucket=b, waiting=waiting, token_budget=budget)
+
+
+def test_adaptive_prices_the_chunk_and_weighs_the_prompt_it_ends():
+    # a = 0.5: E = 1, 1.5, 1.75; rows alone 9.8 / 11 / 12 ms -> K=1 gains 1.336, K=2 1.429: K=2.
+    # A 128-token chunk adding 2 ms at every K shrinks the relative cost of drafting: the same K, larger gain.
+    cost = CostModel.from_profile(Profile.from_json(profile_doc()))
+    plain = AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0))
+    alone, with_chunk = plain.choose(inputs()), plain.choose(inputs(waiting=(128,)))
+    assert (alone.k, with_chunk.k) == (2, 2)
+    assert alone.gain == pytest.approx(1.75 * 9.8 / 12) and with_chunk.gain == pytest.approx(1.75 * 11.8 / 14)
+    # at a = 0.15, K=1 alone scores 1.15 x 9.8 / 11 / 1.01 = 1.014, inside the 2% hold band over plain decode;
+    # beside the chunk 1.15 x 11.8 / 13 / 1.01 = 1.034: the chunk's fixed cost pays for the draft
+    assert plain.choose(inputs(acc=(0.15, 0.15))).k == 0
+    assert plain.choose(inputs(acc=(0.15, 0.15), waiting=(128,))).k == 1
+    # the prompt's weight: one prompt ending in the step at 64 rows' weight -> plain decode for that step only
+    weighed = AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=64))
+    assert weighed.reads_prompts and weighed.choose(inputs(waiting=(128,))).k == 0
+    assert weighed.choose(inputs()).k == 2
+    assert weighed.choose(inputs(waiting=(9000,))).k == 2        # the prompt does not end in this step
+    with pytest.raises(DynspecError, match="ttft_weight -1"):
+        AdaptiveSettings(ttft_weight=-1)
+
+
+def test_split_cost_plus_adds_the_chunk_by_depth():
+    cost = CostModel.from_profile(Profile.from_json(profile_doc()))
+    s = SplitCost.at(cost, 16, 128)
+    p = s.plus((2.0, 2.5, 3.0))
+    assert p.step_ms(16, 0) == pytest.approx(s.step_ms(16, 0) + 2.0)
+    assert p.step_ms(40, 2) == pytest.approx(s.step_ms(40, 2) + 3.0)
+    assert p.decode_ms == pytest.approx(s.decode_ms + 2.0) and s.plus((0.0,) * 3) is s
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import LlamaForCausalLM
+
+    from dynspec.runtime.generate.session import tiny_pair_dirs
+
+    target, draft = tiny_pair_dirs()
+    return target, draft, LlamaForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
+
+
+def test_prefill_aware_rule_is_lossless_and_drops_k_where_a_prompt_ends(tiny):
+    """Arrivals staggered so prompts' chunks ride beside decode rows (a small token budget splits
+    some of them): every output is transformers' greedy one, and the steps that end a prompt's
+    prefill run at K=0 while the others speculate."""
+    from dynspec.runtime.engines.reference.load import load_reference_engine
+    from dynspec.runtime.serving.driver import run_closed_loop
+    from dynspec.runtime.serving.executor import Executor
+    from tests.test_executor import greedy_many
+
+    target, draft, hf = tiny
+    eng = load_reference_engine(target, draft, dtype=torch.float64, max_batch_size=4, max_seq_len=128,
+                                max_draft_len=2, max_num_tokens=40)
+    rng = random.Random(3)
+    ps = [tuple(rng.randrange(3, eng.vocab_size) for _ in range(rng.randrange(6, 30))) for _ in range(10)]
+    cost = CostModel.from_profile(Profile.from_json(profile_doc(bs=(1, 4))))
+    mixed_k0 = {}
+    for w in (0.0, 64.0):
+        policy = AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=w, prior=0.9))
+        ex = Executor(eng, policy, stats_limit=None)
+        res = run_closed_loop(ex, ps, 16, concurrency=3)
+        assert [r.output_ids for r in res] == greedy_many(hf, ps, 16)
+        stats = [s for s in ex.stats if s.batch_size]
+        mixed = [s for s in stats if s.prefill_tokens]
+        assert mixed and any(s.k > 0 for s in stats if not s.prefill_tokens)
+        mixed_k0[w] = sum(s.k == 0 for s in mixed) / len(mixed)
+    assert mixed_k0[0.0] < 0.5 <= mixed_k0[64.0], mixed_k0

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.policy.grid import lerp as _lerp, segment as _segment
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,6 @@ class ChunkCost:
     def row(self, cost, b: float, context: float, tokens: int) -> tuple[float, ...]:
         """[K index] extra ms of a `tokens`-token chunk at (b, context) on `cost`'s grid (a CostModel);
         all zero for tokens <= 0."""
-        from dynspec.runtime.policy.cost_model import _lerp, _segment
-
         n = len(cost.draft_lens)
         if tokens <= 0:
             return (0.0,) * n

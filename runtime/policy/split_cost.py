@@ -21,7 +21,8 @@ import numpy as np
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.cost_calibration import EXTRA, KEEP_WARM, RAGGED
-from dynspec.runtime.policy.cost_model import CostModel, _segment
+from dynspec.runtime.policy.cost_model import CostModel
+from dynspec.runtime.policy.grid import segment as _segment
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,5 +155,5 @@ def _plain_curve(cm: CostModel, ns: np.ndarray, context: float) -> np.ndarray:
 
 
 def _lerp(y0: np.ndarray, y1: np.ndarray, t) -> np.ndarray:
-    """cost_model._lerp elementwise: past y1 (t > 1) the slope is floored at 0."""
+    """grid.lerp elementwise: past y1 (t > 1) the slope is floored at 0."""
     return np.where(t <= 1.0, y0 + t * (y1 - y0), y1 + (t - 1.0) * np.maximum(0.0, y1 - y0))

@@ -45,6 +45,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if not ks or min(ks) < 0:
         raise DynspecError(f"--draft-lens {args.draft_lens!r} needs integers >= 0")
     ctxs = tuple(sorted(set(int_list(args.context_lens, "--context-lens"))))
+    chunk_lens = tuple(sorted(set(int_list(args.chunk_lens, "--chunk-lens")))) if args.chunk_lens else ()
     if args.warmup < 0 or args.repeats < 1:
         raise DynspecError(f"--warmup {args.warmup} / --repeats {args.repeats}: need warmup >= 0 and repeats >= 1")
     set_cpu_threads(args.threads, args.device)
@@ -59,7 +60,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if not args.no_progress and world().is_root:
         from tqdm import tqdm
 
-        n_shapes = len(bs) * (len(set(ks) | {0}) + 1)
+        n_shapes = len(bs) * (len(set(ks) | {0}) * (1 + len(chunk_lens)) + 1)
         bar = tqdm(total=len(ctxs) * n_shapes * min(3, args.repeats), unit="run", desc="profile", file=sys.stderr)
     prof = run_profile(
         cfg, device=args.device, batch_sizes=bs, draft_lens=ks, context_lens=ctxs,
@@ -70,7 +71,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "acceptance_source": (None if reqs is None else
                                     f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
         progress=bar.update if bar else None, max_seq_len=args.max_seq_len, floor=args.floor, tp=args.tp,
-        allreduce=args.allreduce,
+        allreduce=args.allreduce, chunk_lens=chunk_lens,
     )
     if bar:
         bar.close()
@@ -83,6 +84,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"{'b':>5} " + " ".join(f"{f'K={k} ms':>10}" for k in sorted(t.iteration_ms[min(t.iteration_ms)])))
         for b in sorted(t.iteration_ms):
             print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(t.iteration_ms[b].items())))
+        for c, rows in sorted((t.chunk_ms or {}).items()):
+            print(f"  with a {c}-token chunk")
+            for b in sorted(rows):
+                print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(rows[b].items())))
     if prof.per_position:
         print("acceptance per position:", ", ".join(f"{a:.3f}" for a in prof.per_position))
     floor = prof.meta.get("floor")
@@ -188,6 +193,8 @@ def register(sub) -> None:
     p.add_argument("--draft-lens", default="0,1,2,3,4", help="K values; 0 (plain decode) is always added")
     p.add_argument("--context-lens", default="128", metavar="N[,N...]",
                    help="KV length of every row while timing; several (512,1024,2048) give one table each")
+    p.add_argument("--chunk-lens", metavar="N[,N...]", help="also time every (b, K) with a prompt chunk of N tokens "
+                   "riding (e.g. 128,512): the policies then price the chunk of the step they decide")
     p.add_argument("--max-seq-len", type=int, help="cache length (default: context + K + 1); CUDA graphs attend"
                    " over all of it, so pass the sweep's to predict the sweep")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per shape")

@@ -78,6 +78,23 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
     return table, decode
 
 
+def measure_chunk_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
+                     chunk_lens: Sequence[int], *, warmup: int = 3, repeats: int = 10,
+                     progress=None) -> dict[int, dict[int, dict[int, float]]]:
+    """{chunk: {b: {K: ms}}}: each (b, K) with one last prompt chunk of `chunk` tokens riding
+    (profile.json's chunk_ms, runtime/policy/chunk_cost.py); K = 0 without keep-warm (a mixed K=0
+    step prices over plain decode)."""
+    over = [(b, k, c) for c in chunk_lens for b in batch_sizes for k in draft_lens
+            if b * (k + 1) + c > engine.max_num_tokens]
+    if over:
+        b, k, c = over[0]
+        raise DynspecError(f"--chunk-lens: b={b} at K={k} with a {c}-token chunk is {b * (k + 1) + c} tokens, above "
+                           f"the engine's max_num_tokens {engine.max_num_tokens}")
+    grid = [Shape(b, k, False, c) for c in chunk_lens for b in batch_sizes for k in draft_lens]
+    ms = time_shapes(engine, grid, context_len, warmup=warmup, repeats=repeats, progress=progress)
+    return {c: {b: {k: ms[Shape(b, k, False, c)] for k in draft_lens} for b in batch_sizes} for c in chunk_lens}
+
+
 def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[float, ...]:
     """Real (greedy) per-position acceptance at a static K over the requests."""
     from dynspec.benchmarks.loadgen import closed_loop
@@ -99,7 +116,7 @@ def weight_bytes(module) -> int:
 def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_lens: Sequence[int],
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
                 meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None,
-                floor: bool = False, tp: int = 1, allreduce: str = "auto") -> Profile | None:
+                floor: bool = False, tp: int = 1, allreduce: str = "auto", chunk_lens: Sequence[int] = ()) -> Profile | None:
     """Open cfg's reference engine sized for the grid, capture its graphs on CUDA once, time every
     (b, K) at each context in context_lens (ascending, one table each).
 
@@ -110,11 +127,11 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     under TP its GEMMs are one rank's shard, without the collectives.
     tp: under `mpirun -n R*tp`, every rank loads its shard and the R leaders time (each step
     broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
-    replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md)."""
-    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md).
+    chunk_lens: also time each (b, K) with a prompt chunk of each length riding (measure_chunk_ms);
+    on CUDA under graphs "full" the mixed steps run their whole-forward graphs, as served."""
     from dynspec.runtime.serving.loop import Loop
     from dynspec.runtime.serving.overlap import cache_slack
-    from dynspec.runtime.policy import ConstantK
 
     batch_sizes = sorted(set(batch_sizes))
     draft_lens = sorted(set(draft_lens))
@@ -125,7 +142,11 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
         draft_lens = [0] + draft_lens          # plain decode is the baseline every gain is measured against
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
-    seq = context_lens[-1] + kmax + 1
+    max_b += 1 if chunk_lens else 0            # the chunk's prompt takes a slot beside the rows
+    chunk_lens = sorted(set(chunk_lens))
+    if chunk_lens and chunk_lens[0] < 1:
+        raise DynspecError(f"--chunk-lens {chunk_lens} needs chunks of >= 1 tokens")
+    seq = context_lens[-1] + max([kmax + 1] + chunk_lens)
     floor_context = FLOOR_CONTEXT
     if floor:                                  # the overlapped decode's verify windows past the floor's context
         slack = cache_slack(max(kmax, 1), Loop.OVERLAPPED)
@@ -146,16 +167,13 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
         engine = open_sized(cfg, device=device, tp=ctx, max_batch_size=max_b, max_seq_len=seq,
                             max_draft_len=max(kmax, 1))
         if device.startswith("cuda") and cfg.reference.graphs is GraphMode.FULL:
-            policies = [ConstantK(k) for k in draft_lens]
-            keys = (set(reachable_graphs(policies, max_b, keep_warm, engine.max_num_tokens))
-                    | set(reachable_graphs([ConstantK(0)], max_b, False, engine.max_num_tokens)))
-            engine.capture_decode_graphs(keys)          # timed steps are pure decode
+            _capture(engine, cfg, draft_lens, max_b, keep_warm, chunk_lens)
         return engine
 
     if tp == 1:
         return _measure(load(), cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup,
                         repeats, acceptance_requests, acceptance_concurrency, meta, progress,
-                        floor_context if floor else None)
+                        floor_context if floor else None, chunk_lens)
     from dynspec.benchmarks.mpi import split_leaders, world
     from dynspec.runtime.tp.tp_lifecycle import run_replica
 
@@ -163,7 +181,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     meta = dict(meta or {}, tp=tp)
     ctx, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
         engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
-        acceptance_requests, acceptance_concurrency, meta, progress, floor_context if floor else None), device=device,
+        acceptance_requests, acceptance_concurrency, meta, progress, floor_context if floor else None, chunk_lens),
+        device=device,
         allreduce=allreduce)
     if leaders is None:
         return None
@@ -176,8 +195,25 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
                    dict(prof.meta, replicas=leaders.size, replica_decode_ms=every, **used))
 
 
+def _capture(engine, cfg, draft_lens, max_b: int, keep_warm: bool, chunk_lens) -> None:
+    """The graphs of every timed shape: the decode graphs; with chunk_lens the serving capture
+    sequence (runtime/generate/session.py capture: the whole-forward graphs of mixed steps too)."""
+    from dynspec.runtime.engines.reference.engine import reachable_graphs
+    from dynspec.runtime.policy import ConstantK
+
+    keys = (set(reachable_graphs([ConstantK(k) for k in draft_lens], max_b, keep_warm, engine.max_num_tokens))
+            | set(reachable_graphs([ConstantK(0)], max_b, False, engine.max_num_tokens)))
+    if chunk_lens:
+        from dynspec.runtime.generate.session import capture
+
+        capture(engine, keys, cfg.reference)
+    else:
+        engine.capture_decode_graphs(keys)
+
+
 def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
-             acceptance_requests, acceptance_concurrency, meta, progress, floor: int | None) -> Profile:
+             acceptance_requests, acceptance_concurrency, meta, progress, floor: int | None,
+             chunk_lens: Sequence[int] = ()) -> Profile:
     """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP); floor:
     the context of measure_floor's decode step, or None (no floor)."""
     from dynspec.benchmarks.engines import device_name, graphs_run
@@ -187,7 +223,9 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_wa
     for ctx in context_lens:
         table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, ctx, keep_warm=keep_warm,
                                              warmup=warmup, repeats=repeats, progress=progress)
-        tables.append(ContextTable(ctx, table, decode))
+        chunk = measure_chunk_ms(engine, batch_sizes, draft_lens, ctx, chunk_lens, warmup=warmup, repeats=repeats,
+                                 progress=progress) if chunk_lens else None
+        tables.append(ContextTable(ctx, table, decode, chunk))
     pp = None
     if acceptance_requests and kmax > 0:
         pp = measure_acceptance(engine, acceptance_requests, kmax, acceptance_concurrency)

@@ -23,19 +23,23 @@ class Shape:
     batch_size: int
     k: int
     keep_warm: bool
+    chunk: int = 0           # tokens of one prompt chunk riding in the step (its prompt's last), in slot slots[b]
 
 
 def synthetic_plan(engine, shape: Shape, context_len: int, slots: Sequence[int], seed: int = 0):
     """b rows (in cache slots[:b]) whose pending token sits at position context_len (cache
-    contents do not change the cost)."""
+    contents do not change the cost); with shape.chunk, a last chunk of that many tokens of a
+    prompt at position context_len in slots[b]."""
     import random
 
-    from dynspec.runtime.serving.plan import make_plan
+    from dynspec.runtime.serving.plan import PromptChunk, make_plan
 
     rng = random.Random(seed)
-    b = shape.batch_size
+    b, c = shape.batch_size, shape.chunk
+    chunks = [PromptChunk(slots[b], context_len, tuple(rng.randrange(2, 16) for _ in range(c)), None)] if c else []
     return make_plan(shape.k, positions=[context_len] * b, pending=[rng.randrange(2, 16) for _ in range(b)],
-                     stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets, slots=slots[:b])
+                     stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets, slots=slots[:b],
+                     chunks=chunks)
 
 
 class reserved_rows:
@@ -74,7 +78,9 @@ def time_shapes(engine, shapes: Sequence[Shape], context_len: int, *, warmup: in
     than all of one shape's."""
     from dynspec.runtime.policy.acceptance import Greedy
 
-    with reserved_rows(engine, max(s.batch_size for s in shapes), context_len + max(s.k for s in shapes) + 1) as slots:
+    rows = max(s.batch_size + (1 if s.chunk else 0) for s in shapes)
+    span = context_len + max(max(s.k + 1, s.chunk) for s in shapes)
+    with reserved_rows(engine, rows, span) as slots:
         plans = {s: synthetic_plan(engine, s, context_len, slots) for s in shapes}
         return time_plans(engine, plans, Greedy(), warmup=warmup, repeats=repeats, passes=passes, progress=progress)
 

@@ -151,3 +151,22 @@ def test_prefill_aware_rule_is_lossless_and_drops_k_where_a_prompt_ends(tiny):
         assert mixed and any(s.k > 0 for s in stats if not s.prefill_tokens)
         mixed_k0[w] = sum(s.k == 0 for s in mixed) / len(mixed)
     assert mixed_k0[0.0] < 0.5 <= mixed_k0[64.0], mixed_k0
+
+
+def test_profile_times_the_chunk_axis_and_the_cost_model_reads_it(tmp_path, capsys):
+    """`dynspec profile --chunk-lens` on the tiny pair (CPU): every (b, K) with each chunk riding,
+    one table per context, read back by the cost model; a chunk past what the target holds is refused."""
+    from dynspec.cli import main
+
+    out = tmp_path / "p.json"
+    args = ["profile", "--batch-sizes", "1,2", "--draft-lens", "0,1", "--context-lens", "16,32", "--repeats", "1",
+            "--warmup", "0", "--no-progress", "--out", str(out)]
+    assert main(args + ["--chunk-lens", "8,24"]) == 0
+    prof = Profile.load(out)
+    assert [sorted(t.chunk_ms) for t in prof.tables] == [[8, 24], [8, 24]]
+    assert all(sorted(t.chunk_ms[8]) == [1, 2] and sorted(t.chunk_ms[8][2]) == [0, 1] for t in prof.tables)
+    cost = CostModel.load(out)
+    assert cost.chunk.chunk_lens == (8, 24) and all(x >= 0 for x in cost.chunk.row(cost, 2, 20, 16))
+    assert "with a 24-token chunk" in capsys.readouterr().out
+    assert main(args + ["--chunk-lens", "9000"]) == 2
+    assert "max_seq_len 9032" in capsys.readouterr().err          # context 32 + the 9000-token chunk

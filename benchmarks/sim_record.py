@@ -62,8 +62,11 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
     rates = {str(r["matched_concurrency"]): r["request_rate"] for r in rows
              if r.get("request_rate") and r["mode"] == rows[0]["mode"]}
     measured = [dict(load=load_label(r), mode=r["mode"], **{k: r[k] for k in MEASURED}) for r in rows]
-    return {"config": config, "case": case,
-            "flags": load_flags(env["command"], env.get("schedules", {}).get("dynamic")),
+    flags = load_flags(env["command"], env.get("schedules", {}).get("dynamic"))
+    weight = (env.get("adaptive") or {}).get("ttft_weight")     # None: recorded before it existed (replayed at 0)
+    if "--ttft-weight" not in flags and weight is not None:
+        flags += ["--ttft-weight", f"{weight:g}"]
+    return {"config": config, "case": case, "flags": flags,
             "max_batch_size": env["max_batch_size"], "max_seq_len": env["max_seq_len"], "max_num_tokens": 8192,
             "poisson_rates": rates, "command": env["command"], "cost_model": cost_model, "measured": measured}
 

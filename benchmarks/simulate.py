@@ -31,6 +31,9 @@ RATIO_TOLERANCE = 0.03        # |simulated ratio / measured ratio - 1|, mode / b
 
 
 # ---- validation against recorded GPU sweeps -------------------------------------------------------
+NO_PROMPT_WEIGHT = ("--ttft-weight", "0")   # runs recorded before the weight existed ran without it
+
+
 def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
     """Every recorded run under data_dir (DIR/runs.json with its cost model beside it, and the step
     prices it names: fitted on runs of the same device, sim_fit.py), with `held_out` set in its meta
@@ -49,9 +52,10 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
                 prices, _, fitted_on = read(f.parent / doc["prices"])
             for r in doc["runs"]:
                 rates = tuple((int(c), float(v)) for c, v in r.get("poisson_rates", {}).items())
+                flags = tuple(r["flags"]) + (() if "--ttft-weight" in r["flags"] else NO_PROMPT_WEIGHT)
                 out.append((dict(r, device=doc["device"], commit=doc["commit"], held_out=f.parent.name not in fitted_on,
                                  data_dir=f.parent.name),
-                            SimRun(tuple(r["flags"]), str(f.parent / r.get("cost_model", doc["cost_model"])),
+                            SimRun(flags, str(f.parent / r.get("cost_model", doc["cost_model"])),
                                    int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
                                    rates, prices, rule=rule)))
         except (OSError, ValueError, KeyError, TypeError) as e:

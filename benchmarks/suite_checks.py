@@ -32,6 +32,8 @@ FLAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")        # a flag as its tool 
 TOOL_PARSERS = {"sweep": ("dynspec.benchmarks.sweep", None), "profile": ("dynspec.benchmarks.cli", "profile"),
                 "tune": ("dynspec.benchmarks.cli", "tune"), "mixed_step": ("dynspec.benchmarks.mixed_step", None),
                 "simulate": ("dynspec.benchmarks.simulate", None)}
+# a tool that hands the flags it does not know to another's parser: simulate replays sweep flags
+FORWARDS = {"simulate": ("sweep", ("--out", "-"))}
 ERROR_LINE = re.compile(r"error|exception|traceback|killed|abort", re.IGNORECASE)
 LOG_TAIL_BYTES = 64 * 1024
 ERROR_LINE_CHARS = 400
@@ -110,13 +112,19 @@ def check_tool_args(tool: str, args: Sequence[tuple[str, object]], argv: Sequenc
         if not FLAG_KEY.fullmatch(key):
             raise DynspecError(f"{where}: key {key!r} is not a flag name (letters, digits, '-', '_'; no '=')")
         action = actions.get(f"--{key}")
+        if action is None and tool in FORWARDS:
+            action = tool_parser(FORWARDS[tool][0])._option_string_actions.get(f"--{key}")
         if action is None:
             raise DynspecError(f"{where}: {tool} has no flag --{key} (flags are spelled in full, as in "
                                f"`{tool} --help`)")
         if action.dest in ours or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             raise DynspecError(f"{where}: {key!r} is set by the suite from [engine] and the results dir")
     try:
-        parser.parse_args(list(argv))
+        if tool in FORWARDS:
+            fwd, extra = FORWARDS[tool]
+            tool_parser(fwd).parse_args(parser.parse_known_args(list(argv))[1] + list(extra))
+        else:
+            parser.parse_args(list(argv))
     except DynspecError as e:
         raise DynspecError(f"{where}: {tool} refuses the stage's flags: {e}") from None
     except SystemExit:

@@ -18,7 +18,7 @@ TOOLS = {"sweep": ["-m", "dynspec.benchmarks.sweep"], "profile": ["-m", "dynspec
 # "per_request" read every stage named sweep or sweep_*, at least one
 FIGURE_STAGES = {"sweep": ("sweep",), "decode_floor": ("floor",), "mixed_step": ("mixed",),
                  "varied_vs_fixed": ("varied", "fixed"), "tp": ("tp1", "tp2"), "adaptive": (), "per_request": (),
-                 "cost_model": ("profile",), "sim_validate": ("validation",), "overlap": ("sweep_varied", "sweep_fixed", "sweep_regime_b", "floor")}
+                 "cost_model": ("profile",), "sim_validate": ("validation",), "sim_ttft": ("ttft_0",), "overlap": ("sweep_varied", "sweep_fixed", "sweep_regime_b", "floor")}
 FIGURES = tuple(FIGURE_STAGES)
 SWEEP_STAGE_FIGURES = ("adaptive", "per_request")     # the kinds that read every sweep / sweep_* stage
 # what a profile stage may install into the prepared engine dir (`install = "cost_model.json"`)

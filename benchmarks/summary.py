@@ -90,6 +90,10 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
         from dynspec.benchmarks.simulate import validation_figures
 
         return validation_figures(_read(d / "validation.json"))
+    if kind == "sim_ttft":
+        from dynspec.benchmarks.figures_ttft import stage_names, ttft_figures
+
+        return ttft_figures({n: _read(d / f"{n}.json") for n in stage_names(list(repeats))})
     if kind == "overlap":
         names = _floor_names(repeats)
         fig = overlap_figures(*(_read(d / f"sweep_{c}.json") for c in ("varied", "fixed", "regime_b")),

@@ -149,15 +149,18 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
     return load_policy(path, max_draft_len)
 
 
-def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor: float | None = None):
+def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor: float | None = None,
+                ttft_weight: float | None = None):
     """The policy of a cost-model mode (COST_MODES: 'adaptive', 'per-request', 'per-request-oracle'),
     K at most max_draft_len; the per-request modes price per-row vectors with ragged_factor (None:
-    that of step_prices.json beside the cost model, else 1.0: runtime/policy/step_prices.py)."""
+    that of step_prices.json beside the cost model, else 1.0: runtime/policy/step_prices.py); every one
+    weighs a prompt its step ends at ttft_weight (None: the default, runtime/policy/prefill_price.py)."""
     from dynspec.runtime.policy.cost_model import CostModel
     from dynspec.runtime.policy.step_prices import ragged_factor_beside
 
     ragged = ragged_factor_beside(path) if ragged_factor is None else ragged_factor
-    return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged)
+    return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged,
+                                          ttft_weight=ttft_weight)
 
 
 def step_prices_factor(args: argparse.Namespace) -> float | None:
@@ -180,7 +183,8 @@ def step_prices_factor(args: argparse.Namespace) -> float | None:
 
 
 def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,
-                  cost_model: Path | None, ragged_factor: float | None = None) -> tuple[dict, int]:
+                  cost_model: Path | None, ragged_factor: float | None = None,
+                  ttft_weight: float | None = None) -> tuple[dict, int]:
     """({mode: the policy it runs}, the largest K any of them picks: the engine's max_draft_len):
     the schedules of mode_schedules, and each cost-model mode's policy on `cost_model` with K up to
     that max (cost_policy; ragged_factor as there). cost_model None: no cost-model mode may be asked."""
@@ -190,7 +194,7 @@ def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | 
         kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
         for m in modes:
             if base_mode(m) in COST_MODES:
-                schedules[m] = cost_policy(m, cost_model, kmax, ragged_factor)
+                schedules[m] = cost_policy(m, cost_model, kmax, ragged_factor, ttft_weight)
     return {m: schedules[m] for m in modes}, kmax
 
 

@@ -116,6 +116,7 @@ class SweepSpec:
     max_draft_len: int
     cost_model: str | None = None   # the adaptive mode's profile.json
     ragged_factor: float | None = None   # the per-request modes' price of a per-row vector over its split
+    ttft_weight: float | None = None     # the cost-model modes' weight of a finishing prompt (None: default)
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -197,7 +198,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
         from dynspec.runtime.policy.step_prices import ragged_factor_beside
 
         ragged = step_prices_factor(args) or ragged_factor_beside(cost_model)
-    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged)   # kmax: the engine's max_draft_len
+    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged, args.ttft_weight)   # kmax: the engine's max_draft_len
     engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
@@ -227,7 +228,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()),
                      tuple(loops.items()), acceptance,
                      reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
-                     None if cost_model is None else str(cost_model), ragged)
+                     None if cost_model is None else str(cost_model), ragged,
+                     None if cost_model is None else _ttft_weight(schedules))
 
 
 def widest_loop(loops: Mapping[str, Loop]) -> Loop:
@@ -309,3 +311,8 @@ def closed_loop_floor(env: Mapping, row: Mapping) -> int | None:
         return None
     mine = take(outs.tolist(), count.at(LoadPoint(concurrency=c)))     # rank 0's shard, as run_reference takes it
     return closed_loop_iterations(mine, c, lag=int(row.get("loop") == "overlap"))
+
+
+def _ttft_weight(policies: dict) -> float | None:
+    """The finishing-prompt weight the cost-model modes run with (prefill_price.py), as recorded."""
+    return next((float(p.settings.ttft_weight) for p in policies.values() if hasattr(p, "settings")), None)

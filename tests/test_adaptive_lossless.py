@@ -53,7 +53,8 @@ def replayed(stats, policy, eng):
     for s in stats:
         d = policy.decide(PolicyInputs(s.batch_size, s.context, s.acceptance, prev, since,
                                        cap_k(eng.max_draft_len, s.batch_size, eng.max_num_tokens),
-                                       bucket_for(s.batch_size, eng.buckets), s.cost_scale, probes=probes))
+                                       bucket_for(s.batch_size, eng.buckets), s.cost_scale, probes=probes,
+                                       waiting=s.waiting, token_budget=eng.max_num_tokens if s.waiting else 0))
         assert d.keep_warm == s.keep_warm or d.k > 0
         out.append(d.k)
         prev, since = s.k, (0 if s.k else since + 1)

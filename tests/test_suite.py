@@ -65,10 +65,14 @@ def parsed(stage: Stage, monkeypatch) -> argparse.Namespace:
 
         assert rest[0] in ("profile", "tune")
         return _parse(make_parser().parse_args, rest)
-    if module == "dynspec.benchmarks.simulate":
+    if module == "dynspec.benchmarks.simulate":         # its own flags, the rest a sweep's (as main parses them)
         from dynspec.benchmarks.simulate import make_parser
+        from dynspec.benchmarks.sweep import make_parser as sweep_parser
 
-        return _parse(make_parser().parse_args, rest)
+        ns, sweep_flags = make_parser().parse_known_args(rest)
+        if sweep_flags:
+            _parse(sweep_parser().parse_args, [*sweep_flags, "--out", "-"])
+        return ns
     assert module == "dynspec.benchmarks.mixed_step"
     return _parse(lambda a: _mixed_step_parse(a, monkeypatch), rest)
 

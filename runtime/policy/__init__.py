@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from dynspec.errors import DynspecError
@@ -312,13 +312,17 @@ class PolicyKind:
     benchmark_only: bool = False
 
     def make(self, cost, max_draft_len: int | None = None, cap: DraftSchedule | None = None,
-             ragged_factor: float = 1.0):
+             ragged_factor: float = 1.0, ttft_weight: float | None = None):
         """The policy on a CostModel: K <= max_draft_len (None: every K profiled); a per-row policy caps
-        K_i by cap's K at b, prices vectors with ragged_factor (runtime/policy/step_prices.py)."""
+        K_i by cap's K at b, prices vectors with ragged_factor (runtime/policy/step_prices.py);
+        ttft_weight: a finishing prompt's weight (runtime/policy/prefill_price.py; None: the default)."""
         if not self.cost_model:
             raise DynspecError(f"policy {self.name!r} reads no cost model")
         module, _, cls = self.path.partition(":")
-        return getattr(importlib.import_module(module), cls).from_cost(cost, max_draft_len, cap, ragged_factor)
+        policy = getattr(importlib.import_module(module), cls).from_cost(cost, max_draft_len, cap, ragged_factor)
+        if ttft_weight is not None:
+            policy.settings = replace(policy.settings, ttft_weight=float(ttft_weight))
+        return policy
 
 
 POLICIES = {p.name: p for p in (PolicyKind("schedule", "dynspec.runtime.policy:DraftSchedule"),

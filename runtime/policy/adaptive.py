@@ -64,7 +64,7 @@ from dynspec.runtime.policy.prefill_price import PromptSide, prompt_side
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 
 
-TTFT_WEIGHT = 0.0     # the default prompt weight (prefill_price.py)
+TTFT_WEIGHT = 64.0    # the default prompt weight (prefill_price.py; chosen on the simulator: docs/design.md)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,8 @@ class Executor:
             rin = plan_row_inputs(rows, prev)            # planning's, shared with make_plan
             tp0 = self.clock()
             rates = self._k.estimate.rates() if b else ()
-            k, decision, context, scale = self._k.decide(rows, rin.context, rates, self._backlog(b))
+            waiting = self._backlog(b)
+            k, decision, context, scale = self._k.decide(rows, rin.context, rates, waiting)
             t_policy = self.clock() - tp0
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
             if not rows and not chunks:
@@ -179,7 +180,7 @@ class Executor:
             self._pool.fail(rows + (list(self._pool.prefilling) if chunked is None else chunked))   # None: admission failed
             raise
         return Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
-                        t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1)
+                        t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1, waiting)
 
     def _backlog(self, b: int) -> tuple[int, ...]:
         """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""

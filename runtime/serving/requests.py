@@ -38,6 +38,7 @@ class IterationStats:
     oldest_key: int | None = None   # smallest request id among the decode rows
     keep_warm: bool = False      # the step's plan kept the draft warm (K=0)
     cost_scale: tuple[float, ...] = ()   # adaptive: the served/profiled step-time ratios the decision used
+    waiting: tuple[int, ...] = ()        # the prompt tokens waiting that the decision read (StepInputs.waiting)
     # where the engine reports them (StepResult.device_s / idle_s; the reference engine does)
     device_seconds: float | None = None  # the step's device time, first enqueued work to its result copy
     gpu_idle_s: float | None = None      # device idle before the step: the previous step's end to its start
@@ -123,6 +124,7 @@ class Launched:
     t_policy: float                      # the K decision's share of planning
     t_policy_exposed: float              # ... of it, with no step in flight on an asynchronous device
     launch_s: float                      # time inside engine.launch (OverlappedLoop; ~0 serial: no launch)
+    waiting: tuple[int, ...] = ()        # the prompts the policy read (StepInputs.waiting)
 
     def requests(self) -> list["Request"]:
         return list(self.rows) + list(self.chunked)
@@ -228,7 +230,8 @@ def iteration_stats(iteration: int, launched: Launched, result: StepResult, emit
                           policy_seconds=launched.t_policy + update_s,
                           policy_exposed_seconds=launched.t_policy_exposed + update_exposed_s,
                           oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
-                          cost_scale=launched.scale, device_seconds=result.device_s, gpu_idle_s=result.idle_s, **kw)
+                          cost_scale=launched.scale, waiting=launched.waiting, device_seconds=result.device_s,
+                          gpu_idle_s=result.idle_s, **kw)
 
 
 class StatsLog:

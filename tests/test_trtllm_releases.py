@@ -221,3 +221,17 @@ def test_draft_lengths_read_upper_bound_releases(version):
 
     lengths = draft_lengths(render(version), version)
     assert [lengths.k(b) for b in (1, 4, 5, 8, 9)] == [4, 4, 2, 2, 0] and lengths.max_draft_len == 4
+
+
+@pytest.mark.parametrize("version", PINS)
+def test_no_release_gets_the_drafter_keep_alive_keys_and_k0_is_warned(version):
+    """keep_drafter_warm / min_runtime_draft_len exist only in open PR 16888 (runtime/engines/trtllm_release.py):
+    no pin renders them, and a schedule that reaches K=0 is warned with the --min-draft-len 1 floor."""
+    from dynspec.build.trap import trap_warning
+    from dynspec.runtime.engines.trtllm_release import DRAFTER_KEEP_ALIVE_KEYS
+
+    opts = render(version)
+    flat = json.dumps(opts)
+    assert not any(k in flat for k in DRAFTER_KEEP_ALIVE_KEYS)
+    w = trap_warning(version, DraftSchedule.parse("4:4,8:2"), 64)
+    assert "from batch size 9" in w and "--min-draft-len 1" in w

@@ -20,6 +20,13 @@ Sources:
 - 1.4.x: PR 17366 (NVIDIA/TensorRT-LLM#17366, "BREAKING: Force 2 model spec dec to fall back to 1
   model") makes every EAGLE-3 config one-model; PR 18721 (NVIDIA/TensorRT-LLM#18721) removes the
   two-model path. The schedule keeps 1.3's upper-bound dialect, so 1.4 is rendered with it.
+- Keeping the drafter alive at K=0: `keep_drafter_warm` and `min_runtime_draft_len` come from one open PR,
+  16888 (NVIDIA/TensorRT-LLM#16888), as read-only properties of DecodingBaseConfig
+  (tensorrt_llm/llmapi/llm_args.py of the PR's branch; its keep-warm iteration: warm only for Eagle3 /
+  MTP-Eagle one-model linear drafting, min 0 there, 1 for other one-engine modes, 0 for two-model), and
+  from no release: 1.2.x-1.4.x have neither, and as properties they are no LLM-API keys at all. So
+  DRAFTER_KEEP_ALIVE_KEYS are rendered on no pin; where the schedule reaches K=0, `dynspec build` warns
+  and offers `--min-draft-len 1` (build/trap.py).
 Not established from a release tag: which 1.3.0rc first carries PR 12905 (1.3.0rcN builds older
 than its merge still take the 1.2 gate names), and whether 1.4 refuses an eagle3_one_model key or
 ignores it; dynspec never writes the key on 1.4 and refuses it there, which is valid either way.
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 from dynspec.errors import DynspecError
 
 PINNED = "1.2.1"    # the default `--trtllm-version`
+DRAFTER_KEEP_ALIVE_KEYS = ("keep_drafter_warm", "min_runtime_draft_len")   # PR 16888 only: never rendered
 
 # Same grammar as runtime/policy/schedule_trtllm.py: '1.2.1', '1.3.0rc5', '1.4.0.post1'; ASCII digits only.
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.[0-9]+)?(?:[.\-+]?(?:rc|a|b|post|dev)[0-9]*)?", re.ASCII)

@@ -67,7 +67,8 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
     if "--ttft-weight" not in flags and weight is not None:
         flags += ["--ttft-weight", f"{weight:g}"]
     return {"config": config, "case": case, "flags": flags,
-            "max_batch_size": env["max_batch_size"], "max_seq_len": env["max_seq_len"], "max_num_tokens": 8192,
+            "max_batch_size": env["max_batch_size"], "max_seq_len": env["max_seq_len"],
+            "max_num_tokens": env.get("max_num_tokens", 8192),     # recorded since; the default before
             "poisson_rates": rates, "command": env["command"], "cost_model": cost_model, "measured": measured}
 
 

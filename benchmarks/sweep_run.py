@@ -166,6 +166,7 @@ def run_planned(plans: Sequence[PlannedSweep], i: int, engine, lw: World, w: Wor
     env = None
     if w.is_root:
         env = env_block(a, p.spec, p.cfg, p.source, a.device, w, p.case.argv, a.tp)
+        env["max_num_tokens"] = engine.max_num_tokens      # the token budget each step was shaped under
         shared = shared_engine_block(
             [q.case for q in plans], i, {"max_batch_size": engine.max_batch_size, "max_seq_len": engine.max_seq_len,
                                          "max_draft_len": engine.max_draft_len},

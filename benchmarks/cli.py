@@ -106,7 +106,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
     from dynspec.errors import DynspecError
     from dynspec.runtime.policy.cost_model import Profile
-    from dynspec.runtime.policy.tune import tune
+    from dynspec.runtime.policy.tune import tune, with_chunks
 
     for flag, path in (("--out", args.out), ("--report", args.report), ("--vllm-grid", args.vllm_grid)):
         if path is not None:
@@ -122,7 +122,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise DynspecError(f"{src} {budget!r} must be an integer of at least 1")
     acc, source = _tune_acceptance(args)
     tables = prof.tables if args.vllm_grid else (one,)
-    results = [(t, tune(t.iteration_ms, acc, args.max_draft_len, args.min_gain, budget, args.draft_margin))
+    def served(t):            # the steps as served: a share of them carry a prompt chunk (--chunk-share)
+        return t.iteration_ms if args.chunk_share is None else with_chunks(prof, t, args.chunk_share, args.chunk_tokens)
+
+    results = [(t, tune(served(t), acc, args.max_draft_len, args.min_gain, budget, args.draft_margin))
                for t in tables]
     res = next((r for t, r in results if t is one), None)
     grid = _vllm_grid(results) if args.vllm_grid else None
@@ -237,6 +240,10 @@ def register(sub) -> None:
     t.add_argument("--draft-margin", type=float, default=DRAFT_MARGIN, metavar="X",
                    help="each further draft position must add a factor X to the predicted gain (default %(default)g)"
                         " (margin for acceptance error; K=4 over K=3 then needs 1%% more)")
+    t.add_argument("--chunk-share", type=float, metavar="F",
+                   help="price the steps as served: a share F of iterations carry a prompt chunk (the iteration "
+                        "stats' prefill_tokens > 0), priced by the profile's chunk axis (dynspec profile --chunk-lens)")
+    t.add_argument("--chunk-tokens", type=int, default=128, metavar="T", help="--chunk-share's mean chunk tokens")
     t.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="token budget: never pick K with b x (K+1) > N"
                         " (default: the profile's 'max_num_tokens', if any)")

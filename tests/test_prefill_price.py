@@ -170,3 +170,25 @@ def test_profile_times_the_chunk_axis_and_the_cost_model_reads_it(tmp_path, caps
     assert "with a 24-token chunk" in capsys.readouterr().out
     assert main(args + ["--chunk-lens", "9000"]) == 2
     assert "max_seq_len 9032" in capsys.readouterr().err          # context 32 + the 9000-token chunk
+
+
+def test_tune_prices_the_served_steps_chunks(tmp_path, capsys):
+    """`dynspec tune --chunk-share F --chunk-tokens T`: at a = 0.1, K=1 gains 1.1 x 10 / 11 = 1.0 over the
+    rows alone (K=0 after the draft margin); with every step carrying a 128-token chunk (+2 ms)
+    1.1 x 12 / 13 = 1.015: K=1. A profile without the chunk axis is refused."""
+    from dynspec.cli import main
+
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(profile_doc()))
+    base = ["tune", "--profile", str(f), "--context", "128", "--acceptance", "0.1", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--chunk-share", "1", "--chunk-tokens", "128"]) == 0
+    chunked = json.loads(capsys.readouterr().out)
+    assert plain["schedule"] == "" and chunked["schedule"].endswith(":1"), (plain["schedule"], chunked["schedule"])
+    bare = profile_doc()
+    for t in bare["tables"]:
+        del t["chunk_ms"]
+    f.write_text(json.dumps(bare))
+    assert main(base + ["--chunk-share", "0.5"]) == 2
+    assert "--chunk-share needs a profile with a chunk axis" in capsys.readouterr().err

@@ -15,6 +15,8 @@ T prompt-chunk tokens, base the profile's time of the step's decode rows:
               + chunk_fixed_ms + chunk_ms_per_token x T         (a step with chunks: the whole-forward graph)
               + draft_chunk_ms_per_token x T                    (a drafting mode's draft pass over the chunk)
               + (ragged_factor - 1) x base                      (rows at different K_i)
+Where the profile has a chunk axis (`dynspec profile --chunk-lens`), a chunk's price is its extra
+there instead (chunk_cost.py, at B, c, the step's K), the draft's pass over it included.
 StepPrices (runtime/policy/step_prices.py) holds what the profile does not time, per device, fitted on
 recorded GPU runs (benchmarks/sim_fit.py); without one a chunk token costs the plain-step curve's slope at B and
 nothing else is added. Worked example, the H100 profile of benchmarks/sim_data (context 128): b = 13
@@ -146,9 +148,20 @@ class SimEngine:
         feats = (1.0, float(T), 1.0 if T else 0.0, float(draft_t), ragged)
         self.base_ms += base
         self.features = [a + f for a, f in zip(self.features, feats)]
-        ms = base - p.host_ms + (p.chunk_fixed_ms + per_token * T if T else 0.0) \
-            + p.draft_chunk_ms_per_token * draft_t + (p.ragged_factor - 1.0) * ragged
+        chunk = p.chunk_fixed_ms + per_token * T + p.draft_chunk_ms_per_token * draft_t if T else 0.0
+        if T and self.cost.chunk is not None:            # the profile times chunks: its chunk axis instead
+            chunk = self._profiled_chunk(plan, T)
+        ms = base - p.host_ms + chunk + (p.ragged_factor - 1.0) * ragged
         return max(ms, 0.1 * base)
+
+    def _profiled_chunk(self, plan: StepPlan, T: int) -> float:
+        """A T-token chunk's extra over the rows' step, from the profile's chunk axis at the step's
+        bucket, context and (deepest) K; no rows: over a one-row plain step."""
+        b = plan.batch_size
+        B = bucket_for(b, self.buckets) if b else 1
+        context = sum(plan.positions) / b if b else 0.0
+        k = plan.k if plan.k in self.cost.draft_lens else 0
+        return self.cost.chunk.row(self.cost, B, context, T)[self.cost.draft_lens.index(k)]
 
     def _base(self, plan: StepPlan) -> tuple[float, SplitCost]:
         b = plan.batch_size

@@ -192,3 +192,22 @@ def test_tune_prices_the_served_steps_chunks(tmp_path, capsys):
     f.write_text(json.dumps(bare))
     assert main(base + ["--chunk-share", "0.5"]) == 2
     assert "--chunk-share needs a profile with a chunk axis" in capsys.readouterr().err
+
+
+def test_the_simulator_prices_a_chunk_by_the_profiles_chunk_axis():
+    """A step of 16 rows at K=2 with a 320-token chunk: the rows' profiled 12 ms plus the chunk axis'
+    extra at 320 tokens (4.4 ms), in place of the fitted linear chunk price."""
+    from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
+    from dynspec.runtime.policy.step_prices import StepPrices
+    from dynspec.runtime.serving.plan import PromptChunk, make_plan
+
+    cost = CostModel.from_profile(Profile.from_json(profile_doc()))
+    eng = SimEngine(cost, shape_of(64, 1024, 2), SimClock(), StepPrices(chunk_fixed_ms=5.0, chunk_ms_per_token=1.0))
+    slots = [eng.reserve(400, key=i) for i in range(17)]
+    chunk = PromptChunk(slots[16], 0, (1,) * 320, None)
+    plan = make_plan(2, positions=[128] * 16, pending=[1] * 16, stale=[False] * 16, keep_warm=False,
+                     buckets=eng.buckets, slots=slots[:16], chunks=[chunk])
+    assert eng.step_ms(plan) == pytest.approx(12.0 + 4.4)
+    bare = make_plan(2, positions=[128] * 16, pending=[1] * 16, stale=[False] * 16, keep_warm=False,
+                     buckets=eng.buckets, slots=slots[:16])
+    assert eng.step_ms(bare) == pytest.approx(12.0)

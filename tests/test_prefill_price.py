@@ -211,3 +211,30 @@ def test_the_simulator_prices_a_chunk_by_the_profiles_chunk_axis():
     bare = make_plan(2, positions=[128] * 16, pending=[1] * 16, stale=[False] * 16, keep_warm=False,
                      buckets=eng.buckets, slots=slots[:16])
     assert eng.step_ms(bare) == pytest.approx(12.0)
+
+
+def test_per_request_weighs_a_finishing_prompt_as_its_floor_does():
+    """Rows at 0.95, 0.95, 0.05, 0.05 (pool 0.5): alone, a vector drafting the easy rows beats nothing it
+    must; beside a prompt that the step ends at weight 64 the floor's plain decode (gain 1.0) stands,
+    because the vector's gain is weighed like the floor's, not left unweighed above it."""
+    import numpy as np
+
+    from dynspec.runtime.policy.per_request import PerRequestPolicy, RowInputs
+    from dynspec.runtime.policy.step_decision import StepInputs
+
+    cost = CostModel.from_profile(Profile.from_json(profile_doc(bs=(1, 4, 16))))
+    rates = np.array([[0.95, 0.95]] * 2 + [[0.05, 0.05]] * 2)
+
+    def decide(w, waiting):
+        pol = PerRequestPolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=w))
+        return pol.decide(StepInputs(4, 128.0, (0.5, 0.5), max_k=2, bucket=4, rates=rates, idle=[0] * 4,
+                                     row_probes=[0] * 4, waiting=waiting, token_budget=8192 if waiting else 0))
+
+    assert decide(0.0, (100,)).k == 2 and decide(64.0, ()).k == 2
+    weighed = decide(64.0, (100,))
+    assert weighed.ks == (0, 0, 0, 0) and weighed.gain == pytest.approx(1.0)
+    # the per-row vector itself (before the floor): the same K's, its gain weighed below plain decode's
+    x = StepInputs(4, 128.0, (0.5, 0.5), max_k=2, bucket=4, rates=rates, waiting=(100,), token_budget=8192)
+    row = {w: PerRequestPolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=w))._per_row(
+        RowInputs(4, 128.0, x.acceptance, rates, np.zeros(4), 2, batch=x)) for w in (0.0, 64.0)}
+    assert row[64.0].ks == row[0.0].ks and any(row[0.0].ks) and row[64.0].gain < 1.0 < row[0.0].gain

@@ -21,6 +21,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.policy.cost_model import CostModel
 from dynspec.runtime.policy.per_row import Allocation, allocate, uniform_allocation
+from dynspec.runtime.policy.prefill_price import finishing
 from dynspec.runtime.policy.row_table import RowTable
 from dynspec.runtime.policy.split_cost import SplitCost
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
@@ -131,6 +132,19 @@ class PerRequestPolicy(AdaptivePolicy):
                             probes=tuple(range(b)) if batch.probe else (), reason="batch " + batch.reason,
                             policy=LABEL)
 
+    def _weight(self, a: Allocation, x: StepInputs | None) -> float:
+        """gain_w / gain of allocation a: the prompts the step ends weighed as adaptive weighs them
+        (prefill_price.py), so the floor compares like with like: (T + w f(V)) / T x b / (b + w f(b)),
+        T a's expected tokens, f(n) the prompts that end beside n verify tokens."""
+        w = self.settings.ttft_weight
+        if x is None or not w or not x.waiting or not a.expected_tokens > 0:
+            return 1.0
+        b = x.batch_size
+        fin0 = finishing(x.waiting, x.token_budget - b)
+        fin = finishing(x.waiting, x.token_budget - b - sum(a.ks))
+        t = a.expected_tokens
+        return (t + w * fin) / t * b / (b + w * fin0) if fin0 else 1.0
+
     def _per_row(self, x: RowInputs) -> StepDecision:
         b = x.batch_size
         cap = self._cap(b, x.max_k)
@@ -161,7 +175,8 @@ class PerRequestPolicy(AdaptivePolicy):
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
         profiled = raw.step_ms(a.verify_tokens, a.depth) if any(a.ks) else _k0_ms(raw, b, warm)
         return StepDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
-                            gain=a.tokens_per_ms / plain if plain else None, probes=a.probed, reason=a.reason,
+                            gain=a.tokens_per_ms / plain * self._weight(a, x.batch) if plain else None,
+                            probes=a.probed, reason=a.reason,
                             policy=LABEL)
 
     def _packed(self, scales, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,

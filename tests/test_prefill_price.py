@@ -89,7 +89,7 @@ def test_adaptive_prices_the_chunk_and_weighs_the_prompt_it_ends():
     # a = 0.5: E = 1, 1.5, 1.75; rows alone 9.8 / 11 / 12 ms -> K=1 gains 1.336, K=2 1.429: K=2.
     # A 128-token chunk adding 2 ms at every K shrinks the relative cost of drafting: the same K, larger gain.
     cost = CostModel.from_profile(Profile.from_json(profile_doc()))
-    plain = AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0))
+    plain = AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=0))
     alone, with_chunk = plain.choose(inputs()), plain.choose(inputs(waiting=(128,)))
     assert (alone.k, with_chunk.k) == (2, 2)
     assert alone.gain == pytest.approx(1.75 * 9.8 / 12) and with_chunk.gain == pytest.approx(1.75 * 11.8 / 14)

@@ -184,7 +184,7 @@ class Executor:
 
     def _backlog(self, b: int) -> tuple[int, ...]:
         """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""
-        if not b or not getattr(self.policy, "reads_prompts", False):
+        if not b or not self._k.reads_prompts:
             return ()
         return self._pool.backlog(min(self.engine.max_batch_size, self.engine.max_num_tokens) - b)
 

@@ -25,6 +25,7 @@ class KDecider:
         self.estimate = _start(policy, "initial_estimate")
         self.calibration = _start(policy, "initial_calibration")
         self.row_rates = getattr(policy, "row_rates", None)   # a policy that reads each row's own counts
+        self.reads_prompts = bool(getattr(policy, "reads_prompts", False))   # ... or the prompts waiting
         self.prev_k = 0                           # K of the last iteration with decode rows
         self.since_spec = 0                       # iterations with rows since the last one at K > 0
         self.probes = 0                           # probes since the last speculative step that was not one

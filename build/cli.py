@@ -29,7 +29,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         kv_cache_fraction=args.kv_cache_fraction, min_draft_len=args.min_draft_len, gpu_mem_gb=args.gpu_mem_gb,
         baseline=args.baseline_trt_engine, reference_dtype=args.reference_dtype,
         reference_max_batch_size=args.reference_max_batch_size, reference_max_seq_len=args.reference_max_seq_len,
-        max_num_tokens=args.max_num_tokens, cost_model=args.cost_model,
+        max_num_tokens=args.max_num_tokens, cost_model=args.cost_model, ttft_weight=args.ttft_weight,
     )
     bp = plan_build(req)
     if args.plan:
@@ -73,6 +73,9 @@ def register(sub) -> None:
                    help="also write the legacy convert_checkpoint.py + trtllm-build script for a no-speculation engine")
     p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
     p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
+    p.add_argument("--ttft-weight", type=float, metavar="W",
+                   help="with --cost-model: a prompt whose prefill a step ends weighs W decode rows (engine.json "
+                        "ttft_weight; default: the policy's, runtime/policy/prefill_price.py)")
     p.add_argument("--cost-model", metavar="PROFILE.json",
                    help="a `dynspec profile` JSON: copied to ENGINE_DIR/cost_model.json and engine.json policy "
                         "'adaptive' (the reference engine picks K from it and the measured acceptance)")

@@ -45,6 +45,7 @@ class BuildRequest:
     reference_max_seq_len: int | None = None     # default: min(1024, max_seq_len)
     max_num_tokens: int | None = None            # tokens per iteration (TRT-LLM + reference); see config.py
     cost_model: str | None = None                # a `dynspec profile` JSON: policy "adaptive" (reference engine)
+    ttft_weight: float | None = None             # the adaptive policy's prompt weight (None: its default)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
         ),
         llm_api_options=OPTIONS_FILE,
         policy="adaptive" if req.cost_model else "schedule",
+        ttft_weight=req.ttft_weight,
         manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
         build=build,
     )

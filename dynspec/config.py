@@ -18,6 +18,8 @@ engine.json (written by `dynspec build`):
   "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance,
                                            # or "per-request": each row's own K (runtime/policy/per_request.py)
   "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is not "schedule"
+  "ttft_weight": null,                     # a cost-model policy's weight of a prompt its step ends (a number
+                                           # >= 0; null: the policy's default, runtime/policy/prefill_price.py)
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
 }
@@ -142,6 +144,7 @@ class EngineConfig:
     llm_api_options: str = "llm_api_options.yaml"
     policy: str = "schedule"
     cost_model: str = COST_MODEL_JSON
+    ttft_weight: float | None = None
     manifests: Mapping[str, Any] = field(default_factory=dict)
     build: Mapping[str, Any] = field(default_factory=dict)   # `dynspec build` choices + memory plan
 
@@ -158,6 +161,9 @@ class EngineConfig:
                 raise DynspecError(f"field {name!r} is {v}; it must be at least 1")
         if self.policy not in POLICIES:
             raise DynspecError(f"field 'policy' is {self.policy!r}; it must be one of {list(POLICIES)}")
+        w = self.ttft_weight
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float("inf")):
+            raise DynspecError(f"field 'ttft_weight' is {w!r}; it must be a number >= 0 or null")
         if self.tp > MAX_TP:
             raise DynspecError(f"field 'tp' is {self.tp}; one replica spans at most {MAX_TP} ranks")
         if self.max_batch_size > MAX_BATCH_SIZE:

@@ -238,3 +238,27 @@ def test_per_request_weighs_a_finishing_prompt_as_its_floor_does():
     row = {w: PerRequestPolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=w))._per_row(
         RowInputs(4, 128.0, x.acceptance, rates, np.zeros(4), 2, batch=x)) for w in (0.0, 64.0)}
     assert row[64.0].ks == row[0.0].ks and any(row[0.0].ks) and row[64.0].gain < 1.0 < row[0.0].gain
+
+
+def test_the_weight_is_an_engine_json_field_read_by_the_served_policy(tmp_path):
+    """engine.json ttft_weight reaches the served policy (session.policy_of); null keeps the
+    policy's default; a negative, boolean or text weight is refused naming the field."""
+    from dataclasses import replace
+
+    from dynspec.config import EngineConfig
+    from dynspec.runtime.generate.session import engine_config_for, policy_of, tiny_pair_dirs
+    from dynspec.runtime.policy import DraftSchedule
+    from dynspec.runtime.policy.adaptive import TTFT_WEIGHT
+
+    (tmp_path / "cost_model.json").write_text(json.dumps(profile_doc(bs=(1, 4))))
+    cfg = replace(engine_config_for(*tiny_pair_dirs(), DraftSchedule.parse("2:2")), policy="adaptive")
+    cfg.write(tmp_path)
+    assert policy_of(EngineConfig.load(tmp_path)).settings.ttft_weight == TTFT_WEIGHT
+    replace(cfg, ttft_weight=8.0).write(tmp_path)
+    loaded = EngineConfig.load(tmp_path)
+    assert loaded.ttft_weight == 8.0 and policy_of(loaded).settings.ttft_weight == 8.0
+    doc = json.loads((tmp_path / "engine.json").read_text())
+    for bad in (-1, True, "8"):
+        (tmp_path / "engine.json").write_text(json.dumps(dict(doc, ttft_weight=bad)))
+        with pytest.raises(DynspecError, match=r"engine.json: field 'ttft_weight' is .*; it must be a number >= 0"):
+            EngineConfig.load(tmp_path)

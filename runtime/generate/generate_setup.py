@@ -138,10 +138,12 @@ def _adaptive(args, cfg, mode: str = "adaptive"):
 
         eng = EngineConfig.load(args.engine_dir)
         kmax, bound = eng.schedule.max_draft_len, _engine_bound(args.engine_dir, eng)
+        weight = eng.ttft_weight
     else:                             # a pair: the engine is sized for the policy, up to MAX_DRAFT_LEN
         kmax, bound = MAX_DRAFT_LEN, "MAX_DRAFT_LEN, the largest K the reference engine runs"
+        weight = None
     cost = CostModel.load(path, kmax, bound)
-    return POLICIES[mode].make(cost)
+    return POLICIES[mode].make(cost, ttft_weight=args.ttft_weight if args.ttft_weight is not None else weight)
 
 
 def parse_loads(text: str) -> tuple[int, ...]:

@@ -105,7 +105,7 @@ def policy_of(cfg: EngineConfig):
 
         k = cfg.schedule.max_draft_len
         cost = CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}")
-        return kind.make(cost, cap=cfg.schedule)
+        return kind.make(cost, cap=cfg.schedule, ttft_weight=cfg.ttft_weight)
     return cfg.schedule
 
 

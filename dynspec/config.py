@@ -13,7 +13,7 @@ engine.json (written by `dynspec build`):
   "max_batch_size": 256,
   "max_seq_len": 4096,
   "reference": {"dtype": "float32", "max_batch_size": 64, "max_seq_len": 1024,
-                "keep_warm": true, "max_num_tokens": 8192, "graphs": "full", "overlap": "auto"},
+                "draft_sync": "lazy", "max_num_tokens": 8192, "graphs": "full", "overlap": "auto"},
   "llm_api_options": "llm_api_options.yaml",
   "policy": "schedule",                    # or "adaptive": K from cost_model.json + measured acceptance,
                                            # or "per-request": each row's own K (runtime/policy/per_request.py)
@@ -35,6 +35,12 @@ It must hold one verify window: max_num_tokens >= max K + 1 (e.g. schedule 4:4 -
 reference.graphs (GraphMode): "full" replays CUDA graphs for pure-decode and mixed iterations on
 CUDA; "eager" runs every step eagerly (the same kernels). CPU always runs eagerly.
 
+reference.draft_sync ("lazy", the default, "warm" or "off"; docs/design.md, "Draft sync"): what
+the draft does while a row runs at K=0. lazy: nothing but keep the target's captured features; the
+row's draft K/V is caught up when it drafts again. warm: extend the draft's K/V every K=0 step.
+off: nothing; only the draft head is rebuilt when K resumes. An older engine.json's
+"keep_warm": true / false reads as "warm" / "off".
+
 reference.overlap (true, false or "auto", the default: true on CUDA, false elsewhere): the
 executor's overlapped loop (Executor(loop=Loop.OVERLAPPED), runtime/serving/loop.py serving_loop;
 docs/design.md, "The overlapped loop"):
@@ -52,6 +58,7 @@ from typing import Any, Mapping
 from dynspec.artifacts import read_json, write_json
 from dynspec.errors import DynspecError
 from dynspec.runtime.serving.loop import Loop, serving_loop
+from dynspec.runtime.serving.plan import DRAFT_SYNCS
 from dynspec.runtime.policy import MAX_BATCH_SIZE, SERVED_POLICIES, DraftSchedule
 
 ENGINE_FORMAT = "dynspec-engine/1"
@@ -85,7 +92,7 @@ class ReferenceSettings:
     dtype: str = "float32"
     max_batch_size: int = 64
     max_seq_len: int = 1024
-    keep_warm: bool = True
+    draft_sync: str = "lazy"       # "lazy" | "warm" | "off" (module docstring)
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS   # tokens per iteration: decode rows x (K+1) + prompt chunks
     graphs: GraphMode = GraphMode.FULL
     overlap: bool | str = "auto"   # the executor's overlapped loop: true, false, "auto" (module docstring)
@@ -102,8 +109,9 @@ class ReferenceSettings:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DynspecError(f"reference.{name}={v!r} must be an integer of at least 1")
-        if not isinstance(self.keep_warm, bool):
-            raise DynspecError(f"reference.keep_warm={self.keep_warm!r} must be true or false")
+        if self.draft_sync not in DRAFT_SYNCS:
+            raise DynspecError(f"reference.draft_sync={self.draft_sync!r} must be one of "
+                               f"{', '.join(repr(m) for m in DRAFT_SYNCS)}")
         if not isinstance(self.overlap, bool) and self.overlap != "auto":
             raise DynspecError(f"reference.overlap={self.overlap!r} must be true, false or \"auto\"")
         try:
@@ -111,6 +119,11 @@ class ReferenceSettings:
         except ValueError:
             raise DynspecError(f"reference.graphs={self.graphs!r} is not one of "
                                f"{[m.value for m in GraphMode]}") from None
+
+    @property
+    def keep_warm(self) -> bool:
+        """The K=0 steps extend the draft's K/V (draft_sync "warm")."""
+        return self.draft_sync == "warm"
 
     def to_json(self) -> dict:
         return dict(asdict(self), graphs=self.graphs.value)
@@ -123,6 +136,15 @@ class ReferenceSettings:
         if retired:
             raise DynspecError(f"{where}: field 'reference.{retired[0]}' is retired (the engine has one path "
                                f"per step, chosen by reference.graphs); rebuild the engine dir with `dynspec build`")
+        if "keep_warm" in d:                   # an older engine.json: keep_warm true / false
+            warm = d["keep_warm"]
+            if not isinstance(warm, bool):
+                raise DynspecError(f"{where}: field 'reference.keep_warm'={warm!r} must be true or false "
+                                   f"(or give reference.draft_sync: 'lazy', 'warm' or 'off')")
+            if "draft_sync" in d:
+                raise DynspecError(f"{where}: fields 'reference.keep_warm' and 'reference.draft_sync' are both "
+                                   f"given; keep draft_sync")
+            d = {**{k: v for k, v in d.items() if k != "keep_warm"}, "draft_sync": "warm" if warm else "off"}
         try:
             return cls(**d)
         except TypeError as e:

@@ -20,7 +20,7 @@ def open_rank(cfg, ctx):
     policy = policy_of(cfg)
     engine = open_reference_engine(cfg, tp=ctx, max_draft_len=policy.max_draft_len)
     if ctx.device.type == "cuda":
-        capture(engine, reachable_graphs([policy], engine.max_batch_size, cfg.reference.keep_warm,
+        capture(engine, reachable_graphs([policy], engine.max_batch_size, cfg.reference.draft_sync,
                                          engine.max_num_tokens), cfg.reference, strict=False)
     return engine
 
@@ -56,7 +56,7 @@ class TpLeader:
         limit = {} if stats_limit is None else {"stats_limit": stats_limit}
         from dynspec.runtime.generate.session import policy_of
 
-        self.executor = Executor(self.engine, policy_of(cfg), keep_warm=cfg.reference.keep_warm,
+        self.executor = Executor(self.engine, policy_of(cfg), draft_sync=cfg.reference.draft_sync,
                                  loop=cfg.reference.loop(engine.device), **limit)
         # the launcher's store: where report() leaves a fault (it lives and dies with the launcher)
         self._store = dist.TCPStore(*parse_endpoint(launch.endpoint), None, False,

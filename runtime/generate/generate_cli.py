@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from dynspec.config import DTYPES
+from dynspec.runtime.serving.plan import DRAFT_SYNCS
 from dynspec.errors import DynspecError
 from dynspec.runtime.generate.generate_report import interleave, mode_figures, render, write_jsonl
 from dynspec.runtime.generate.generate_setup import (PAIR_SCHEDULE, _adaptive, _check_flags, _config_vocab, _engine_config,
@@ -44,7 +45,11 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="torch CPU threads (default 1: on a shared machine one thread is disturbed least; "
                         "0: torch's own default)")
-    p.add_argument("--no-keep-warm", action="store_true", help="do not extend the draft's KV while K=0")
+    p.add_argument("--draft-sync", choices=DRAFT_SYNCS,
+                   help="the draft while a row runs at K=0 (docs/design.md, \"Draft sync\"): lazy = keep the "
+                        "target's features, catch the draft's KV up when K resumes; warm = extend the draft's KV "
+                        "every K=0 step; off = neither (default: engine.json's reference.draft_sync, else lazy)")
+    p.add_argument("--no-keep-warm", action="store_true", help="deprecated: --draft-sync off")
     p.add_argument("--prompts", help="JSONL: {'id', 'input_ids'} or {'id', 'prompt'}, run whole at every load "
                                       "(default: built-in prompts; the embedded pair's are its own training text)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt, at most")
@@ -173,7 +178,7 @@ def _tune(engine, by_load, kmax, cfg, args, stop):
     runs = TUNE_TRIALS * len(by_load) * (kmax + 1)
     with tqdm(total=runs, desc="tuning", file=sys.stderr, leave=False, disable=args.no_progress) as bar:
         return tune_here(engine, by_load, max_k=kmax, new_tokens=min(TUNE_NEW_TOKENS, args.max_new_tokens),
-                         stop_ids=stop, keep_warm=cfg.reference.keep_warm, loop=cfg.reference.loop(engine.device),
+                         stop_ids=stop, draft_sync=cfg.reference.draft_sync, loop=cfg.reference.loop(engine.device),
                          progress=bar)
 
 
@@ -196,7 +201,7 @@ def _run_modes(engine, ctx, mine, modes, policies, cfg, args, stop) -> dict:
     for t in range(args.trials):
         for c, prompts in mine.items():
             for mode in modes[t % len(modes):] + modes[:t % len(modes)]:
-                ex = Executor(engine, policies[mode], keep_warm=cfg.reference.keep_warm, stats_limit=None,
+                ex = Executor(engine, policies[mode], draft_sync=cfg.reference.draft_sync, stats_limit=None,
                               loop=cfg.reference.loop(engine.device))  # whole run
                 freeze_heap()     # runtime/serving/gc_heap.py: what the run meets is built; no full collection walks it
                 desc = f"C={c} {mode:>8}" + (f" {t + 1}/{args.trials}" if args.trials > 1 else "")

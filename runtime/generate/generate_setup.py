@@ -4,6 +4,7 @@ the prompts and the cost-model policies."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,8 +51,20 @@ def _engine_config(args):
             raise DynspecError(f"--max-num-tokens {args.max_num_tokens} is smaller than one verify window "
                                f"(max K + 1 = {window})")
         ref = replace(ref, max_num_tokens=args.max_num_tokens)
-    ref = replace(ref, max_batch_size=max(args.concurrency), keep_warm=not args.no_keep_warm)   # the cache for C rows
+    ref = replace(ref, max_batch_size=max(args.concurrency), draft_sync=_draft_sync(args, ref.draft_sync))   # C rows
     return replace(cfg, schedule=sched or cfg.schedule, reference=ref)
+
+
+def _draft_sync(args, configured: str) -> str:
+    """--draft-sync, else "off" for the deprecated --no-keep-warm (one line on stderr), else the
+    engine's (engine.json reference.draft_sync, default "lazy")."""
+    if args.no_keep_warm:
+        print("dynspec generate: --no-keep-warm is deprecated; use --draft-sync off", file=sys.stderr)
+        if args.draft_sync not in (None, "off"):
+            raise DynspecError(f"--no-keep-warm (--draft-sync off) and --draft-sync {args.draft_sync} disagree; "
+                               f"give --draft-sync alone")
+        return "off"
+    return args.draft_sync or configured
 
 
 def _engine_bound(engine_dir: str, cfg) -> str:

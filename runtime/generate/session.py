@@ -110,7 +110,7 @@ def policy_of(cfg: EngineConfig):
 
 
 def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | None = None,
-                  keep_warm: bool | None = None, acceptance: AcceptanceModel = Greedy(),
+                  draft_sync: str | None = None, acceptance: AcceptanceModel = Greedy(),
                   allow_lossy: bool = False, stats_limit: int | None = None, **overrides):
     """Engine + Executor for cfg. On CUDA (session.capture) with reference.graphs "full", graphs
     for every (bucket, K) the policy can reach are captured here, before the first request.
@@ -118,14 +118,14 @@ def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | No
     from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
     from dynspec.runtime.serving.executor import Executor
 
-    warm = cfg.reference.keep_warm if keep_warm is None else keep_warm
+    sync = cfg.reference.draft_sync if draft_sync is None else draft_sync
     policy = policy or policy_of(cfg)
     engine = open_reference_engine(cfg, device=device, max_draft_len=policy.max_draft_len, **overrides)
     if device.startswith("cuda"):
-        capture(engine, reachable_graphs([policy], engine.max_batch_size, warm, engine.max_num_tokens), cfg.reference,
+        capture(engine, reachable_graphs([policy], engine.max_batch_size, sync, engine.max_num_tokens), cfg.reference,
                 strict=False)
     limit = {} if stats_limit is None else {"stats_limit": stats_limit}
-    return Executor(engine, policy, keep_warm=warm, acceptance=acceptance, allow_lossy=allow_lossy,
+    return Executor(engine, policy, draft_sync=sync, acceptance=acceptance, allow_lossy=allow_lossy,
                     loop=cfg.reference.loop(engine.device), **limit)
 
 

@@ -62,7 +62,7 @@ def tuning_clock(device, loop) -> tuple[Callable[[], float], str]:
 
 
 def serve_every_k(engine, by_load: dict[int, list], max_k: int, new_tokens: int, *, stop_ids=(),
-                  keep_warm: bool = True, loop=None, trials: int = TUNE_TRIALS,
+                  draft_sync: str = "lazy", loop=None, trials: int = TUNE_TRIALS,
                   clock: Callable[[], float] = time.perf_counter, progress=None):
     """Serve each load's prompts in a closed loop at C at K = 0..max_k as the job's modes do (K=0: the
     target alone, as baseline; K > 0: static K), `trials` times (trial t starts the K's at t) ->
@@ -83,11 +83,11 @@ def serve_every_k(engine, by_load: dict[int, list], max_k: int, new_tokens: int,
     kw = {} if loop is None else {"loop": loop}
     top = max(by_load)
     for k in (0, max_k):        # warm-up: the largest load's prompt batch and decode rows, at both ends of K
-        run_closed_loop(Executor(engine, policy(k), keep_warm=keep_warm, **kw), by_load[top][:top], 4, top, stop_ids)
+        run_closed_loop(Executor(engine, policy(k), draft_sync=draft_sync, **kw), by_load[top][:top], 4, top, stop_ids)
     for t in range(trials):
         for c, prompts in by_load.items():
             for k in [*range(t % (max_k + 1), max_k + 1), *range(t % (max_k + 1))]:
-                ex = Executor(rec if k == max_k else engine, policy(k), keep_warm=keep_warm, stats_limit=None, **kw)
+                ex = Executor(rec if k == max_k else engine, policy(k), draft_sync=draft_sync, stats_limit=None, **kw)
                 freeze_heap()
                 marks, stats = [clock()], []
                 handles = closed_loop(ex, [(p, new_tokens) for p in prompts], c, stop_ids,
@@ -127,7 +127,7 @@ def served_table(served: dict[int, dict[int, float]], acceptance) -> dict[int, d
 
 
 def tune_here(engine, by_load: dict[int, list], *, max_k: int, new_tokens: int, stop_ids=(),
-              keep_warm: bool = True, loop=None, progress=None) -> Tuned | None:
+              draft_sync: str = "lazy", loop=None, progress=None) -> Tuned | None:
     """The job's own serving, priced, then `dynspec tune`, in seconds.
     1. Serve: each load C's prompts (tune_prompts) in a closed loop at C at every static K = 0..max_k,
        TUNE_TRIALS times (serve_every_k, timed by tuning_clock): served tok/s per (C, K) (priced: each
@@ -142,7 +142,7 @@ def tune_here(engine, by_load: dict[int, list], *, max_k: int, new_tokens: int, 
     if max_k < 1 or not loads:
         return None
     clock, clock_name = tuning_clock(engine.device, loop)
-    served, steps = serve_every_k(engine, loads, max_k, new_tokens, stop_ids=stop_ids, keep_warm=keep_warm,
+    served, steps = serve_every_k(engine, loads, max_k, new_tokens, stop_ids=stop_ids, draft_sync=draft_sync,
                                   loop=loop, clock=clock, progress=progress)
     try:
         acceptance = per_position_rates(steps, max_k)

@@ -44,8 +44,9 @@ from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, rate_of
 from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.serving.executor_thread import LoopThread
 from dynspec.runtime.serving.gc_heap import pause_seconds
+from dynspec.runtime.serving.draft_sync import plan_sync
 from dynspec.runtime.serving.loop import Loop, LoopStrategy, loop_strategy
-from dynspec.runtime.serving.plan import Engine, PromptChunk, StepPlan, StepResult
+from dynspec.runtime.serving.plan import Engine, PromptChunk, StepPlan, StepResult, sync_mode
 from dynspec.runtime.serving.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
 from dynspec.runtime.policy import Policy, speculates
 from dynspec.runtime.serving.request_pool import RequestPool
@@ -61,7 +62,8 @@ class Executor:
         engine: Engine,
         policy: Policy,
         *,
-        keep_warm: bool = True,
+        draft_sync: str = "lazy",
+        keep_warm: bool | None = None,
         acceptance: AcceptanceModel = Greedy(),
         allow_lossy: bool = False,
         clock: Callable[[], float] = time.perf_counter,
@@ -77,9 +79,13 @@ class Executor:
             raise DynspecError(
                 f"acceptance model {acceptance} does not reproduce the target's output; only benchmarks may use it"
             )
-        # a policy that never drafts runs the target alone: no keep-warm, no draft pass over prompts
+        # draft_sync (docs/design.md, "Draft sync"): "lazy", "warm" or "off"; keep_warm, where given,
+        # is the older flag (True "warm", False "off") that some benchmark drivers still pass
+        sync = sync_mode(draft_sync if keep_warm is None else keep_warm, "draft_sync" if keep_warm is None else "keep_warm")
+        # a policy that never drafts runs the target alone: no draft sync, no draft pass over prompts
         self.draft = speculates(policy)
-        self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, keep_warm and self.draft, acceptance
+        self.draft_sync = sync if self.draft else "off"
+        self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, self.draft_sync == "warm", acceptance
         self._k = KDecider(engine, policy, self.keep_warm,   # the K decision and what it remembers
                            truth=None if acceptance.lossless else functools.partial(rate_of, acceptance))
         self.clock = clock
@@ -169,10 +175,14 @@ class Executor:
             waiting = self._backlog(b)
             k, decision, context, scale = self._k.decide(rows, rin.context, rates, waiting)
             t_policy = self.clock() - tp0
-            chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1))
+            budget = self.engine.max_num_tokens
+            sync = plan_sync(self.draft_sync, rows, rin.context, decision.ks if decision else (),
+                             getattr(self.engine, "draft_sync_cap", 0), budget - b * (k + 1))
+            k = sync.k
+            chunks, chunked = self._chunks(budget - b * (k + 1) - sync.tokens)
             if not rows and not chunks:
                 return None
-            plan = make_step_plan(k, rows, rin, decision, self.keep_warm, self.engine, chunks,
+            plan = make_step_plan(k, rows, rin, decision, self.draft_sync, self.engine, chunks, sync,
                                   carry=carry, draft=self.draft)
             t1 = self.clock()
             handle = launch(plan) if launch is not None else None
@@ -180,7 +190,8 @@ class Executor:
             self._pool.fail(rows + (list(self._pool.prefilling) if chunked is None else chunked))   # None: admission failed
             raise
         return Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
-                        t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1, waiting)
+                        t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1, waiting,
+                        sync.behind, sync.dropped)
 
     def _backlog(self, b: int) -> tuple[int, ...]:
         """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""
@@ -197,13 +208,16 @@ class Executor:
 
     def advance(self, launched: Launched, warm: bool) -> None:
         """The host state the next plan needs from a step (SerialLoop: at its fold; OverlappedLoop:
-        at its launch): each row's draft head (warm: the result's draft_warm, or K > 0 at the launch),
+        at its launch): each row's draft head (warm: the result's draft_warm, or K > 0 at the launch)
+        and how far its draft is behind (lazy sync: runtime/serving/draft_sync.py),
         prompt progress (a request whose last chunk ran is a decode row from the next iteration on),
         the previous K. The tokens come with the fold."""
         plan = launched.plan
         with self._pool.lock:
             for req in launched.rows:
                 req.draft_warm = warm
+            for req, behind in zip(launched.rows, launched.draft_behind):   # lazy draft sync
+                req.draft_behind = behind
             self._pool.advance_prompts(launched.chunked, plan.chunks)
         if plan.batch_size:
             self._k.count_k(plan.k, launched.decision)

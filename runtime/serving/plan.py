@@ -27,6 +27,8 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
+from dynspec.errors import DynspecError
+
 if TYPE_CHECKING:
     from dynspec.runtime.policy.acceptance import AcceptanceModel
 
@@ -42,6 +44,32 @@ class PromptChunk:
     @property
     def last(self) -> bool:
         return self.next_token is None
+
+
+DRAFT_SYNCS = ("lazy", "warm", "off")     # how the draft follows K=0 rows (docs/design.md, "Draft sync")
+
+
+def sync_mode(draft_sync: str | bool, where: str = "draft_sync") -> str:
+    """A draft sync mode, one of DRAFT_SYNCS; a bool is the older keep_warm (True "warm", False
+    "off"). where: the field or flag named in the error. sync_mode(True) = "warm"."""
+    if isinstance(draft_sync, bool):
+        return "warm" if draft_sync else "off"
+    if draft_sync not in DRAFT_SYNCS:
+        raise DynspecError(f"{where}={draft_sync!r} is not one of {', '.join(DRAFT_SYNCS)}")
+    return draft_sync
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Lazy draft sync (docs/design.md, "Draft sync"): the draft's K/V of draft positions
+    start..start+len(tokens)-1 of the sequence in `slot`, written before the step's draft work.
+    Draft position p holds entry (x_{p+1}, h_p): tokens[i] = x_{start+i+1} (the request's own
+    tokens, from the host), h_p from the engine's feature store.
+    Example: a row at pending position 50 after 6 lazy K=0 steps (positions 44..49) resumes K:
+    CatchUp(slot, 44, (x45, .., x49)) writes draft positions 44..48, the refresh of its head 49."""
+    slot: int
+    start: int
+    tokens: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -62,6 +90,9 @@ class StepPlan:
     draft: bool = True              # False: the target alone (a policy that never drafts): no draft
                                     # pass over prompt chunks, no draft state kept
     row_k: tuple[int, ...] = ()     # [b] each row's own K_i <= k (a per-request policy); default all k
+    lazy: bool = False              # lazy draft sync: K=0 rows keep their target features in the engine's
+                                    # store instead of extending the draft (keep_warm is False then)
+    catch_up: tuple[CatchUp, ...] = ()   # lazy: the draft K/V to write before the step's draft work
 
     def __post_init__(self) -> None:
         if not self.slots:
@@ -75,6 +106,17 @@ class StepPlan:
     def per_row(self) -> bool:
         """Rows at different K (some K_i < k)."""
         return any(k != self.k for k in self.row_k)
+
+    @property
+    def sync(self) -> str:
+        """The K=0 rows' draft sync: "warm" (extend the draft's K/V), "lazy" (store the features)
+        or "off" (nothing)."""
+        return "warm" if self.keep_warm else "lazy" if self.lazy else "off"
+
+    @property
+    def catch_up_tokens(self) -> int:
+        """Draft entries the catch-up writes (they count against max_num_tokens)."""
+        return sum(len(c.tokens) for c in self.catch_up)
 
     @property
     def carried_rows(self) -> int:
@@ -174,11 +216,14 @@ def make_plan(
     carry: bool = False,
     draft: bool = True,
     row_k: Sequence[int] | None = None,
+    lazy: bool = False,
+    catch_up: Sequence[CatchUp] = (),
 ) -> StepPlan:
     """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks.
     from_device / carry: the overlapped loop's rows carried on the device (module docstring).
     draft False: K must be 0 and keep_warm False (the target alone).
-    row_k: each row's K_i (a per-request policy), K = max(row_k); None: every row at K."""
+    row_k: each row's K_i (a per-request policy), K = max(row_k); None: every row at K.
+    lazy / catch_up: lazy draft sync (StepPlan; keep_warm False with it)."""
     b = len(positions)
     row_k = (k,) * b if row_k is None or not b else tuple(int(x) for x in row_k)
     if b and (len(row_k) != b or min(row_k) < 0 or max(row_k) != k):
@@ -192,6 +237,8 @@ def make_plan(
         raise ValueError("a plan needs at least one decode row or prompt chunk")
     if not draft and (k and b or keep_warm):
         raise ValueError(f"a plan without the draft runs K=0 without keep-warm (K={k}, keep_warm={keep_warm})")
+    if lazy and keep_warm:
+        raise ValueError("a plan's draft sync is one of warm (keep_warm) and lazy, not both")
     return StepPlan(
         k=k if b else 0,
         batch_size=b,
@@ -206,6 +253,8 @@ def make_plan(
         carry=carry,
         draft=draft,
         row_k=row_k,
+        lazy=lazy and draft,
+        catch_up=tuple(catch_up),
     )
 
 

@@ -7,6 +7,7 @@ import math
 from typing import Sequence
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.serving.draft_sync import RowSync
 from dynspec.runtime.serving.overlap import row_inputs
 from dynspec.runtime.serving.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
 from dynspec.runtime.serving.requests import Launched, Request
@@ -114,7 +115,7 @@ class KDecider:
         """A folded step with decode rows: the estimate / calibration update pending (apply_pending)."""
         plan, decision = launched.plan, launched.decision
         slot = None
-        if decision and decision.predicted_ms and not plan.chunks and self.calibration is not None:
+        if decision and decision.predicted_ms and not (plan.chunks or plan.catch_up) and self.calibration is not None:
             slot = self.calibration.slot(plan.k, plan.keep_warm, True in plan.stale, plan.per_row)
         self.pending = (plan.k, result.accepted, plan.row_k if plan.per_row else None, slot, seconds * 1e3,
                         decision.predicted_ms if decision else None)
@@ -168,20 +169,25 @@ def prompt_chunks(reqs: Sequence[Request], left: int) -> tuple[tuple[PromptChunk
     return tuple(chunks), chunked
 
 
-def make_step_plan(k: int, rows: Sequence[Request], rin, decision, keep_warm: bool, engine, chunks,
-                   carry: bool, draft: bool) -> StepPlan:
-    """The iteration's StepPlan (plan.make_plan) from its rows, K decision and chunks."""
+def make_step_plan(k: int, rows: Sequence[Request], rin, decision, draft_sync: str, engine, chunks,
+                   sync: RowSync, carry: bool, draft: bool) -> StepPlan:
+    """The iteration's StepPlan (plan.make_plan) from its rows, K decision, draft sync (the
+    executor's mode; the rows' RowSync: each row's K, stale head and catch-up) and chunks.
+    keep_warm: the decision's (a policy may choose it) under "warm" only."""
+    warm = draft_sync == "warm"
     return make_plan(
         k,
         positions=rin.positions,
         pending=rin.pending,
-        stale=[not r.draft_warm for r in rows],
-        keep_warm=decision.keep_warm if decision else keep_warm,
+        stale=sync.stale,
+        keep_warm=(decision.keep_warm if decision else True) and warm,
         buckets=engine.buckets,
         slots=[r.slot for r in rows],
         chunks=chunks,
         from_device=rin.from_device,
         carry=carry,
         draft=draft,
-        row_k=decision.ks if decision else None,
+        row_k=sync.ks if rows else None,
+        lazy=draft_sync == "lazy",
+        catch_up=sync.catch_up,
     )

@@ -46,6 +46,9 @@ class IterationStats:
     overlapped: bool = False     # run by the overlapped loop (seconds = device_seconds where known)
     gc_seconds: float = 0.0      # cycle collections in this process since the previous stats (or the executor began)
                                  # (runtime/serving/gc_heap.py; a pause there is a gap the device may idle in)
+    # lazy draft sync (docs/design.md, "Draft sync")
+    catch_up_tokens: int = 0     # draft entries the step's catch-up wrote (within max_num_tokens)
+    stale_draft_tokens: int = 0  # draft positions dropped past the feature store's cap: their K/V stays stale
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class Request:
     finish_s: float | None = None
     cancelled: bool = False
     draft_warm: bool = True
+    draft_behind: int = 0            # lazy draft sync: draft positions below its pending one lacking K/V
+                                     # (runtime/serving/draft_sync.py)
     slot: int | None = None          # cache slot while admitted
     prefilled: int = 0               # prompt tokens already in the cache
     accepted: int = 0                # its accepted drafts, drafted tokens, decode iterations (RequestResult)
@@ -125,6 +130,8 @@ class Launched:
     t_policy_exposed: float              # ... of it, with no step in flight on an asynchronous device
     launch_s: float                      # time inside engine.launch (OverlappedLoop; ~0 serial: no launch)
     waiting: tuple[int, ...] = ()        # the prompts the policy read (StepInputs.waiting)
+    draft_behind: tuple[int, ...] = ()   # [b] lazy draft sync: each row's draft_behind once it ran (else ())
+    stale_draft: int = 0                 # draft positions left stale this iteration (the store's cap)
 
     def requests(self) -> list["Request"]:
         return list(self.rows) + list(self.chunked)
@@ -231,7 +238,8 @@ def iteration_stats(iteration: int, launched: Launched, result: StepResult, emit
                           policy_exposed_seconds=launched.t_policy_exposed + update_exposed_s,
                           oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
                           cost_scale=launched.scale, waiting=launched.waiting, device_seconds=result.device_s,
-                          gpu_idle_s=result.idle_s, **kw)
+                          gpu_idle_s=result.idle_s, catch_up_tokens=plan.catch_up_tokens,
+                          stale_draft_tokens=launched.stale_draft, **kw)
 
 
 class StatsLog:

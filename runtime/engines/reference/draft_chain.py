@@ -17,8 +17,12 @@ Speculative step, K drafts, worked for K=2, accepted n=1:
                entries up to L+n+1 are right; the one at index n is the next step's entry L'
                -> new next_draft, draft_hidden, last_capture = H_{L+n}.  Later entries are
                overwritten before they are read.
-Plain decode (K=0): target([x_L]) -> g0. Keep-warm writes the draft K/V of entry L+1 only;
-the first speculative step after a K=0 stretch rebuilds the draft head from (x_L, last_capture) first.
+Plain decode (K=0): target([x_L]) -> g0. The draft sync (docs/design.md, "Draft sync"): warm
+writes the draft K/V of entry L+1 only; lazy stores h_L in the feature store (step_state.FeatureStore),
+and the step where the row drafts again writes the missed entries first (lazy_sync.py); off
+writes nothing. The first speculative step after a K=0 stretch rebuilds the draft head from
+(x_L, last_capture) first (refresh). Every speculative step stores each decode row's h_L too (a
+row at K_r = 0 in a K > 0 step may still be catching up).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ def device_fn(s: StepParts, key, read: int | None) -> None:
     if key.kind == "spec":
         speculate(s, B, key.k, read)
     elif key.kind == "decode":
-        decode(s, B, key.keep_warm, read)
+        decode(s, B, key.sync, read)
     else:
         refresh(s, B, read)
 
@@ -105,20 +109,25 @@ def speculate(s: StepParts, B: int, K: int, read) -> None:
     tokens = torch.cat([buf.x[:B, None], D], 1)                          # [B, K+1]
     g, H = s.target.run(tokens.reshape(-1), batch, capture=s.capture, attention=s.attention, greedy=True)
     n, E = accept(s, D, g.view(B, K + 1))
-    catch_up(s, E, H.view(B, K + 1, -1), batch, n)
+    H = H.view(B, K + 1, -1)
+    s.features.write(buf.slot[:B], buf.pos[:B], H[:, 0])                # h_L (lazy sync)
+    catch_up(s, E, H, batch, n)
     buf.out_tokens[:B, : K + 1] = E
     buf.out_n[:B] = n
 
 
-def decode(s: StepParts, B: int, keep_warm: bool, read) -> None:
-    """Plain decode. Keep-warm writes only the draft's K/V for the new entry (no draft
-    attention, MLP or lm_head); the draft head (next_draft, draft_hidden) is rebuilt by
-    `refresh` when speculation resumes, so every later draft step sees a complete cache."""
+def decode(s: StepParts, B: int, sync: str, read) -> None:
+    """Plain decode under draft sync `sync` (plan.StepPlan.sync). "warm" writes only the draft's
+    K/V for the new entry (no draft attention, MLP or lm_head); "lazy" stores the capture h_L
+    (no draft work: the catch-up writes the entry later); "off" neither. The draft head
+    (next_draft, draft_hidden) is rebuilt by `refresh` when speculation resumes."""
     buf = s.buffers
     batch = decode_rows(s, B, buf.pos[:B, None], read)
     g, H = s.target.run(buf.x[:B], batch, capture=s.capture, attention=s.attention, greedy=True)   # [B]
-    if keep_warm:
+    if sync == "warm":
         s.draft.extend_kv(g, H, batch)                                   # entry L+1 @ draft pos L
+    elif sync == "lazy":
+        s.features.write(buf.slot[:B], buf.pos[:B], H)                  # h_L, for entry L+1
     s.heads.set_heads(buf.slot[:B], capture=H)
     buf.out_tokens[:B, 0] = g
     buf.out_n[:B] = 0

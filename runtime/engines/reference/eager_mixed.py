@@ -87,6 +87,7 @@ def mixed_catch_up(s: StepParts, plan: StepPlan, D, g, H, m: MixedInputs) -> Non
     entries and the chunks' entries; the b real rows and the last chunks keep their heads."""
     b, B, T, buf = plan.batch_size, plan.bucket, plan.k + 1, s.buffers
     n, E = accept(s, D, g.view(B, T))
+    s.features.write(buf.slot[:B], buf.pos[:B], H[: m.nd].view(B, T, -1)[:, 0])      # h_L (lazy sync)
     buf.out_tokens[:b, :T] = E[:b]
     buf.out_n[:b] = n[:b]
     d, h = draft_next(s, torch.cat([E.reshape(-1), m.nxt]), H, m.batch)
@@ -97,12 +98,15 @@ def mixed_catch_up(s: StepParts, plan: StepPlan, D, g, H, m: MixedInputs) -> Non
 
 
 def mixed_decode_end(s: StepParts, plan: StepPlan, g, H, m: MixedInputs, read: int) -> None:
-    """K = 0: the b rows' outputs and keep-warm K/V, then the draft's pass over the chunks;
-    without the draft (plan.draft False) the rows' outputs alone (H is None: nothing captured)."""
+    """K = 0: the b rows' outputs and their draft sync (warm: the K/V; lazy: the features), then the
+    draft's pass over the chunks; without the draft (plan.draft False) the rows' outputs alone
+    (H is None: nothing captured)."""
     b, buf = plan.batch_size, s.buffers
     if b:
         if plan.keep_warm:
             s.draft.extend_kv(g[:b], H[:b], decode_rows(s, b, buf.pos[:b, None], read))
+        elif plan.lazy:
+            s.features.write(buf.slot[:b], buf.pos[:b], H[:b])
         if plan.draft:
             s.heads.set_heads(buf.slot[:b], capture=H[:b])
         buf.out_tokens[:b, 0] = g[:b]

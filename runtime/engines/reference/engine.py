@@ -36,7 +36,7 @@ import torch
 from dynspec.config import GraphMode
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.acceptance import AcceptanceModel
-from dynspec.runtime.engines.reference import capture, draft_chain, eager_mixed
+from dynspec.runtime.engines.reference import capture, draft_chain, eager_mixed, lazy_sync
 from dynspec.runtime.engines.reference.carry import ResultReader, StepHandle, gather_carried, last_chunk_rows, save_carried
 from dynspec.runtime.engines.reference.graph_keys import GraphKey, Route, capture_order, reachable_graphs
 from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain
@@ -44,10 +44,12 @@ from dynspec.runtime.engines.reference.kv_cache import BlockAllocator, available
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
 from dynspec.runtime.engines.reference.ragged import ATTENTIONS, RaggedAttention, choose_attention
 from dynspec.runtime.engines.reference.slot_state import SlotState
-from dynspec.runtime.engines.reference.step_state import CarriedHeads, StepBuffers, StepParts
+from dynspec.runtime.engines.reference.step_state import CarriedHeads, FeatureStore, StepBuffers, StepParts
 from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for
 
-__all__ = ["ATTENTIONS", "GraphKey", "ReferenceEngine", "capture_order", "reachable_graphs"]
+__all__ = ["ATTENTIONS", "DRAFT_SYNC_CAP", "GraphKey", "ReferenceEngine", "capture_order", "reachable_graphs"]
+
+DRAFT_SYNC_CAP = 256      # tokens of target captures kept per slot for lazy draft sync (FeatureStore)
 
 
 def _flushed(name: str) -> property:
@@ -79,7 +81,7 @@ class ReferenceEngine:
 
     def __init__(self, target, draft, *, max_batch_size: int, max_seq_len: int, max_draft_len: int,
                  max_num_tokens: int = 8192, block_size: int | None = None, num_blocks: int | None = None,
-                 attention: str = "auto", graphs: GraphMode = GraphMode.FULL):
+                 attention: str = "auto", graphs: GraphMode = GraphMode.FULL, draft_sync_cap: int = DRAFT_SYNC_CAP):
         if max_num_tokens < max_draft_len + 1:
             raise DynspecError(f"max_num_tokens={max_num_tokens} is smaller than one verify window "
                                f"(max_draft_len {max_draft_len} + 1 = {max_draft_len + 1})")
@@ -92,7 +94,11 @@ class ReferenceEngine:
         bs = block_size or (128 if on_cuda else 16)
         per_seq = -(-max_seq_len // bs)
         n_blocks = num_blocks or 1 + max_batch_size * per_seq
-        self.kv_bytes = kv_pool_bytes(target.config, draft.config, n_blocks, bs, p.element_size())
+        fused = len(draft.capture_layers) * target.config.hidden_size
+        n = max_batch_size + 1                          # slot max_batch_size: padding rows (scratch block)
+        self.draft_sync_cap = draft_sync_cap            # lazy sync: the store's tokens a slot (0: none)
+        self.kv_bytes = (kv_pool_bytes(target.config, draft.config, n_blocks, bs, p.element_size())
+                         + n * max(draft_sync_cap, 1) * fused * p.element_size())     # + the feature store
         check_pool_fits(self.kv_bytes, available_bytes(self.device), device=self.device,
                         max_batch_size=max_batch_size, max_seq_len=max_seq_len)   # before any table is built
         # CPU: every batch size is its own shape (no padding work); CUDA: padded graph buckets
@@ -108,11 +114,11 @@ class ReferenceEngine:
         self.block_size, self.max_blocks_per_seq = bs, per_seq
         target.setup_pool(n_blocks, bs, per_seq * bs)
         draft.setup_pool(n_blocks, bs, per_seq * bs)
-        n, dev = max_batch_size + 1, p.device          # slot max_batch_size: padding rows (scratch block)
+        dev = p.device
         self.pad_slot = max_batch_size
         self.slots = SlotState(self.blocks, n, n_blocks, per_seq, dev)
-        fused = len(self.capture) * target.config.hidden_size
         self.heads = CarriedHeads.allocate(n, draft.config.hidden_size, fused, p.dtype, dev)
+        self.features = FeatureStore.allocate(n, draft_sync_cap, fused, p.dtype, dev)    # [S, cap, w]
         self.buffers = StepBuffers.allocate(n, max_draft_len, dev)
         self._host_np = self.buffers.host_in.numpy()         # [7, R], shares its memory
         self.results = ResultReader(self.device, n * (max_draft_len + 3))
@@ -167,6 +173,7 @@ class ReferenceEngine:
         if plan.carried_rows:
             gather_carried(buf, b)
         read = -(-(plan.max_position + 1) // self.block_size)     # blocks this step reads (eager)
+        lazy_sync.catch_up(s, plan.catch_up)     # lazy sync: rows resuming K, before any draft work
         route, keys = self.route(plan)
         if route is Route.WHOLE_GRAPH:
             firsts = self._whole(s, plan, keys[0])
@@ -199,7 +206,7 @@ class ReferenceEngine:
         if plan.chunks:
             return Route.WHOLE_EAGER, ()
         if K == 0:
-            keys = (GraphKey("decode", B, keep_warm=plan.keep_warm),)
+            keys = (GraphKey("decode", B, sync=plan.sync),)
         else:
             keys = ((GraphKey("refresh", B),) if any(plan.stale) else ()) + (GraphKey("spec", B, K),)
         return self._decode_route(), keys
@@ -210,7 +217,7 @@ class ReferenceEngine:
     def parts(self) -> StepParts:
         """What this step's device functions take (step_state.StepParts)."""
         return StepParts(self.target, self.draft, self.buffers, self.heads, self.slots, self.decode_attention(),
-                         self.triton, self.capture, self.block_size, self.max_blocks_per_seq)
+                         self.triton, self.capture, self.block_size, self.max_blocks_per_seq, self.features)
 
     def result(self, handle: StepHandle) -> StepResult:
         """The launched step's result: waits for its copy only (the step's one host sync)."""
@@ -254,7 +261,7 @@ class ReferenceEngine:
     def _whole(self, s: StepParts, plan: StepPlan, key) -> torch.Tensor:
         """A whole-forward iteration of `key` -> the first generated token of each last chunk
         [n_last] (stale rows refreshed first, by the refresh graph)."""
-        self.whole.stage(key, plan.chunks, plan.keep_warm, plan.slots, plan.row_k)
+        self.whole.stage(key, plan.chunks, plan.sync, plan.slots, plan.row_k)
         if plan.batch_size and plan.k and any(plan.stale):
             self._run(s, GraphKey("refresh", plan.bucket), None, self._decode_route())
         if self.on_dispatch is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
-from dynspec.runtime.serving.plan import batch_buckets, bucket_for, cap_k
+from dynspec.runtime.serving.plan import batch_buckets, bucket_for, cap_k, sync_mode
 from dynspec.runtime.policy import speculates
 
 
@@ -23,22 +23,29 @@ class GraphKey:
     kind: str                # "spec" | "decode" | "refresh"
     bucket: int              # padded row count
     k: int = 0               # drafted tokens per row; > 0 only for "spec"
-    keep_warm: bool = False  # "decode" only: the draft extends its KV over the new token
+    sync: str = "off"        # "decode" only, the draft sync (plan.StepPlan.sync): "warm" the draft
+                             # extends its KV over the new token, "lazy" the features are stored, "off"
     draft: bool = True       # "decode" only, False: a policy that never drafts (its mixed iterations
-                             # run the target alone; its decode steps share the keep_warm=False graph)
+                             # run the target alone; its decode steps share the sync="off" graph)
+
+    @property
+    def keep_warm(self) -> bool:
+        return self.sync == "warm"
 
 
-def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
+def reachable_graphs(policies: Iterable, max_batch_size: int, draft_sync: str | bool,
                      max_num_tokens: int | None = None) -> tuple[GraphKey, ...]:
     """Every graph some batch size 1..max_batch_size can reach under any of the policies,
     with K capped to the token budget as the executor caps it (plan.cap_k).
 
     Example: threshold K=4 up to b=5, max batch 8, buckets (1, 2, 4, 8):
-        spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, keep_warm)   refresh (1) (2) (4) (8)
-    An AdaptivePolicy may pick any of its candidates at any batch size: every bucket gets each,
-    and its K=0 steps run with or without keep-warm (runtime/policy/adaptive.py, step 4): both decode graphs.
-    A policy that never drafts (policy.speculates) gets decode keys without keep-warm or draft.
+        spec (1,4) (2,4) (4,4) (8,4)   [b=5 pads to 8]   decode (8, sync)   refresh (1) (2) (4) (8)
+    draft_sync: "lazy", "warm" or "off" (sync_mode; a bool: warm or off). An AdaptivePolicy may
+    pick any of its candidates at any batch size: every bucket gets each, and under "warm" its K=0
+    steps run with or without keep-warm (runtime/policy/adaptive.py, step 4): both decode graphs.
+    A policy that never drafts (policy.speculates) gets decode keys without draft sync or draft.
     """
+    sync = sync_mode(draft_sync)
     buckets = batch_buckets(max_batch_size)
     keys: set[GraphKey] = set()
     for policy in policies:
@@ -53,15 +60,15 @@ def reachable_graphs(policies: Iterable, max_batch_size: int, keep_warm: bool,
                     keys.add(GraphKey("spec", bucket, k))
                     keys.add(GraphKey("refresh", bucket))      # first spec step after a K=0 stretch
                 else:
-                    keys.add(GraphKey("decode", bucket, keep_warm=keep_warm))
-                    if keep_warm and policy.chooses_keep_warm:
-                        keys.add(GraphKey("decode", bucket, keep_warm=False))
+                    keys.add(GraphKey("decode", bucket, sync=sync))
+                    if sync == "warm" and policy.chooses_keep_warm:
+                        keys.add(GraphKey("decode", bucket, sync="off"))
     return capture_order(keys)
 
 
 def capture_order(keys: Iterable[GraphKey]) -> tuple[GraphKey, ...]:
-    """The keys once each, in one total order (kind, bucket, k, keep_warm). Under TP every rank
+    """The keys once each, in one total order (kind, bucket, k, sync, draft). Under TP every rank
     warms up and captures in this order, so their collectives pair up: a set ordered by (kind,
-    bucket, k) alone leaves decode (4, keep_warm) and decode (4) in hash order, which differs per
+    bucket, k) alone leaves decode (4, warm) and decode (4) in hash order, which differs per
     process, and the ranks would run different collectives until NCCL's watchdog fires."""
-    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.keep_warm, g.draft)))
+    return tuple(sorted(set(keys), key=lambda g: (g.kind, g.bucket, g.k, g.sync, g.draft)))

@@ -129,12 +129,12 @@ class WholeMixed:
         return next(((n, B, T, d) for n in self.buckets if n > key[0] and (n, B, T, d) in self.graphs), None)
 
     # ---- host side ------------------------------------------------------------------------
-    def stage(self, key: Key, chunks: Sequence, keep_warm: bool, slots: Sequence[int] = (),
+    def stage(self, key: Key, chunks: Sequence, sync: str, slots: Sequence[int] = (),
               row_k: Sequence[int] = ()) -> None:
         """An iteration of `key`'s inputs, laid out on the host and copied in one transfer: the
         decode rows in `slots` at row_k[r] + 1 tokens each (default T), the chunks' tokens after
         them, every token past them padding (token 0 at position 0 of the padding slot, K/V into
-        the scratch block), the cell map and the work items."""
+        the scratch block), the cell map and the work items. sync: plan.StepPlan.sync."""
         s, bs, top = self.s, self.s.block_size, self.top
         pad_slot = s.buffers.pad_slot
         Np, B, T, _ = key
@@ -146,7 +146,7 @@ class WholeMixed:
         tok[:], pos[:], write[:] = 0, 0, SCRATCH_BLOCK * bs
         nxt[:], cell[:], last[:], at[:], last_slot[:] = 0, -1, 0, top, pad_slot
         cell[:n], cellp[:B * T] = cells, packed
-        warm[0] = int(keep_warm)
+        warm[0] = int(sync == "warm")
         i, m = n, 0
         for c in chunks:
             k = len(c.tokens)
@@ -269,18 +269,22 @@ class WholeMixed:
         buf.out_tokens[:B, :T] = E
         buf.out_n[:B] = acc
         tokens = torch.where(dec, E.reshape(-1)[cell], self.in_nxt[:Np])                  # [Np]
+        first = self.in_cellp[torch.arange(B, device=s.device) * T]                          # [B] cells of x_L
+        s.features.write(buf.slot[:B], buf.pos[:B], H[first])                            # h_L (lazy sync)
         heads = torch.cat([self.in_cellp[torch.arange(B, device=s.device) * T + acc], self.in_last])   # [B + LAST]
         slot = torch.cat([buf.slot[:B], self.in_last_slot])
         d, dh = s.draft.run(tokens, H[:Np], whole, s.attention, greedy=True, rows=heads)
         s.heads.set_heads(slot, s.draft.to_target_ids(d), dh, H[heads])
 
     def _finish(self, g: Tensor, H: Tensor, B: int, Np: int, dec: Tensor, cell: Tensor, whole: RaggedBatch) -> None:
-        """A K = 0 iteration's end: the rows' captures, then one draft pass over every packed token,
-        the rows' keep-warm entries (g_r, h_r) (K/V into the scratch block unless the plan keeps
-        warm) and the chunks' (x_{p+1}, h_p), its head at the last chunks' last tokens only."""
+        """A K = 0 iteration's end: the rows' captures (carried, and into the feature store for
+        lazy sync), then one draft pass over every packed token, the rows' keep-warm entries
+        (g_r, h_r) (K/V into the scratch block unless the plan keeps warm) and the chunks'
+        (x_{p+1}, h_p), its head at the last chunks' last tokens only."""
         s = self.s
         if B:
             s.heads.set_heads(s.buffers.slot[:B], capture=H[self.in_cellp[:B]])
+            s.features.write(s.buffers.slot[:B], s.buffers.pos[:B], H[self.in_cellp[:B]])
         self.in_nxt.index_copy_(0, self.in_at, g[B:])      # a last chunk's x_e is its first generated token
         tokens = torch.where(dec, g[:B][cell], self.in_nxt[:Np]) if B else self.in_nxt[:Np]     # [Np]
         scratch = torch.full_like(whole.write_index, SCRATCH_BLOCK * s.block_size)
@@ -323,7 +327,7 @@ class WholeMixed:
         self.tokens.zero_()
         self.positions.zero_()
         self.write_index.fill_(SCRATCH_BLOCK * self.s.block_size)
-        self.stage(key or (self.top, 0, 1, True), (), keep_warm=False)     # no rows, no chunks: every input padding
+        self.stage(key or (self.top, 0, 1, True), (), "off")     # no rows, no chunks: every input padding
 
     def run(self, key: Key) -> Tensor:
         """One whole iteration of `key` after `stage` (pending tokens, positions and slots of

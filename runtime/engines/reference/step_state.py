@@ -1,5 +1,6 @@
 """The state a step runs on, typed: the static step buffers (StepBuffers), the carried draft head
-of every slot (CarriedHeads), and what a step's device functions take (StepParts).
+of every slot (CarriedHeads), the lazy draft sync's FeatureStore, and what a step's device
+functions take (StepParts).
 
 Every tensor here is allocated once and written in place only (`t[...] = ...`, copy_): the
 captured CUDA graphs read these very tensors, so no field is ever rebound.
@@ -92,6 +93,36 @@ class CarriedHeads:
 
 
 @dataclass(frozen=True)
+class FeatureStore:
+    """Lazy draft sync (docs/design.md, "Draft sync"): each slot's newest `cap` target captures
+    h_p, by position p, in a ring ring[slot, p % cap] [S, cap, w] (w = n_capture * h_target), for
+    the catch-up that writes the draft's K/V of the lazy K=0 steps when the row drafts again.
+    Written with index tensors (a scatter: CUDA-graph capturable) by every decode row of every
+    step. A token costs w x dtype size bytes a slot: e.g. 3 x 4096 x 2 = 24 KiB (bf16, an 8B
+    target), cap 256 -> 6 MiB a slot. The draft's fc output (h_draft wide, here 8 KiB) would be a
+    third of that but costs the fc GEMM at every K=0 step; the store keeps the features (a copy).
+    cap 0 (no lazy sync): a ring of one entry that every write lands in and nothing reads."""
+    ring: Tensor                     # [S, max(cap, 1), w]
+    cap: int
+
+    @classmethod
+    def allocate(cls, n: int, cap: int, width: int, dtype, device) -> "FeatureStore":
+        return cls(torch.zeros(n, max(cap, 1), width, dtype=dtype, device=device), cap)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.ring.shape[2] * self.ring.element_size()
+
+    def write(self, slot: Tensor, pos: Tensor, h: Tensor) -> None:
+        """h [n, w]: the captures of rows `slot` [n] at positions `pos` [n]."""
+        self.ring[slot, pos % self.ring.shape[1]] = h
+
+    def read(self, slot: Tensor, pos: Tensor) -> Tensor:
+        """The captures at (slot [N], pos [N]) -> [N, w] (each within its slot's newest cap)."""
+        return self.ring[slot, pos % self.ring.shape[1]]
+
+
+@dataclass(frozen=True)
 class StepParts:
     """What a step's device functions take (draft_chain, eager_mixed, mixed_graphs, carry).
     attention: the step's attention object (attention.SdpaAttention or ragged.RaggedAttention,
@@ -107,6 +138,7 @@ class StepParts:
     capture: tuple[int, ...]          # the target layers whose outputs the draft reads
     block_size: int
     max_blocks_per_seq: int
+    features: FeatureStore            # lazy draft sync's store of target captures
 
     @property
     def device(self) -> torch.device:

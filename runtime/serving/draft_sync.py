@@ -1,0 +1,74 @@
+"""Lazy draft sync on the host (docs/design.md, "Draft sync"): which rows catch their draft up
+this iteration, within the token budget, and which wait at K = 0 until they have.
+
+Each request counts `draft_behind`: the draft positions just below its pending position L whose
+draft K/V is missing, L - behind .. L - 1 (one a lazy K = 0 step: a row at K = 0 advances one
+position a step). The engine's feature store holds a slot's captures of its newest `cap`
+positions (L - cap .. L - 1 at planning), so a row more than cap behind drops the oldest: their
+draft K/V stays stale (counted: stale_draft_tokens). When a row's K turns > 0 the catch-up writes
+positions L - behind .. L - 2 (plan.CatchUp, its tokens the request's own x_{p+1}) and the step's
+refresh rebuilds L - 1 and the head. A catch-up that does not fit what the budget leaves (budget
+- b x (K+1), first come first served) writes what fits; the row runs at K_r = 0 meanwhile.
+
+Worked example, cap 8, budget 20, two rows at K=3 wanted (8 decode tokens, 12 left):
+    row A  L = 50, behind 6    catch-up 44..48 (5 tokens)      K_A = 3, behind after 0
+    row B  L = 70, behind 11   drop 3 (stale), behind 8;       catch-up 62..68 (7 tokens: 12 - 5)
+                                                                K_B = 3, behind after 0
+    with budget 16 (8 left): A as above, B writes 62..64 (3), K_B = 0, behind after 8 - 3 + 1 = 6.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from dynspec.runtime.serving.plan import CatchUp
+from dynspec.runtime.serving.requests import Request
+
+
+@dataclass(frozen=True)
+class RowSync:
+    """The draft sync of an iteration's decode rows (plan_sync)."""
+    ks: tuple[int, ...]             # [b] each row's K: the decision's, 0 where a catch-up is unfinished
+    stale: tuple[bool, ...]         # [b] rows whose draft head the step rebuilds (plan.stale)
+    catch_up: tuple[CatchUp, ...]   # the K/V written before the step's draft work
+    behind: tuple[int, ...]         # [b] each row's draft_behind once the step ran (lazy; else ())
+    dropped: int = 0                # draft positions past the store's cap this iteration: stale for good
+
+    @property
+    def k(self) -> int:
+        return max(self.ks, default=0)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.catch_up)
+
+
+def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], cap: int,
+              left: int) -> RowSync:
+    """The rows' RowSync under draft sync `mode`. lengths: each row's exact pending position
+    where it is behind (the overlapped loop's lower bound: a row behind ran at K_r = 0 in the step
+    in flight); ks: the decision's K of each row; cap: the engine's store (0: none); left: the
+    budget's tokens past b x (K+1)."""
+    if mode != "lazy":
+        return RowSync(tuple(ks), tuple(not r.draft_warm for r in rows), (), ())
+    out_k, stale, spans, behind, dropped = list(ks), [], [], [], 0
+    for i, (req, L) in enumerate(zip(rows, lengths)):
+        n = min(req.draft_behind, cap)
+        dropped += req.draft_behind - n
+        stale.append(not req.draft_warm or n > 0)
+        if not out_k[i]:
+            behind.append(n + 1)                      # a lazy K=0 step: position L missed too
+            continue
+        need = max(n - 1, 0)                          # L - n .. L - 2; the refresh writes L - 1
+        c = min(need, left)
+        if c:
+            seq = req.prompt + tuple(req.out)         # x_j = seq[j]
+            start = L - n
+            spans.append(CatchUp(req.slot, start, seq[start + 1:start + 1 + c]))
+            left -= c
+        if c < need:
+            out_k[i] = 0                              # drafts once caught up
+            behind.append(n - c + 1)
+        else:
+            behind.append(0)
+    return RowSync(tuple(out_k), tuple(stale), tuple(spans), tuple(behind), dropped)

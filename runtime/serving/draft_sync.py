@@ -8,7 +8,8 @@ positions (L - cap .. L - 1 at planning), so a row more than cap behind drops th
 draft K/V stays stale (counted: stale_draft_tokens). When a row's K turns > 0 the catch-up writes
 positions L - behind .. L - 2 (plan.CatchUp, its tokens the request's own x_{p+1}) and the step's
 refresh rebuilds L - 1 and the head. A catch-up that does not fit what the budget leaves (budget
-- b x (K+1), first come first served) writes what fits; the row runs at K_r = 0 meanwhile.
+- b x (K+1), first come first served) writes what fits; the row runs at K_r = 0 meanwhile (and
+where that leaves every row at K = 0, the catch-up takes what b x 1 leaves instead).
 
 Worked example, cap 8, budget 20, two rows at K=3 wanted (8 decode tokens, 12 left):
     row A  L = 50, behind 6    catch-up 44..48 (5 tokens)      K_A = 3, behind after 0
@@ -44,13 +45,25 @@ class RowSync:
 
 
 def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], cap: int,
-              left: int) -> RowSync:
+              budget: int) -> RowSync:
     """The rows' RowSync under draft sync `mode`. lengths: each row's exact pending position
     where it is behind (the overlapped loop's lower bound: a row behind ran at K_r = 0 in the step
-    in flight); ks: the decision's K of each row; cap: the engine's store (0: none); left: the
-    budget's tokens past b x (K+1)."""
+    in flight); ks: the decision's K of each row; cap: the engine's store (0: none); budget:
+    max_num_tokens. The catch-up takes what b x (K+1) leaves; where that leaves every row at
+    K = 0, it takes what b x 1 leaves (so a catch-up always moves on)."""
     if mode != "lazy":
         return RowSync(tuple(ks), tuple(not r.draft_warm for r in rows), (), ())
+    b = len(rows)
+    sync = _rows(rows, lengths, ks, cap, budget - b * (max(ks, default=0) + 1), True)
+    if max(ks, default=0) and not sync.k:
+        sync = _rows(rows, lengths, ks, cap, budget - b, False)
+    return sync
+
+
+def _rows(rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], cap: int, left: int,
+          drafting: bool) -> RowSync:
+    """plan_sync's pass over the rows with `left` catch-up tokens, first come first served;
+    drafting False: every row runs at K = 0 (catching up all the same)."""
     out_k, stale, spans, behind, dropped = list(ks), [], [], [], 0
     for i, (req, L) in enumerate(zip(rows, lengths)):
         n = min(req.draft_behind, cap)
@@ -60,13 +73,13 @@ def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Se
             behind.append(n + 1)                      # a lazy K=0 step: position L missed too
             continue
         need = max(n - 1, 0)                          # L - n .. L - 2; the refresh writes L - 1
-        c = min(need, left)
+        c = max(min(need, left), 0)
         if c:
             seq = req.prompt + tuple(req.out)         # x_j = seq[j]
             start = L - n
             spans.append(CatchUp(req.slot, start, seq[start + 1:start + 1 + c]))
             left -= c
-        if c < need:
+        if c < need or not drafting:
             out_k[i] = 0                              # drafts once caught up
             behind.append(n - c + 1)
         else:

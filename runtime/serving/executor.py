@@ -177,7 +177,7 @@ class Executor:
             t_policy = self.clock() - tp0
             budget = self.engine.max_num_tokens
             sync = plan_sync(self.draft_sync, rows, rin.context, decision.ks if decision else (),
-                             getattr(self.engine, "draft_sync_cap", 0), budget - b * (k + 1))
+                             getattr(self.engine, "draft_sync_cap", 0), budget)
             k = sync.k
             chunks, chunked = self._chunks(budget - b * (k + 1) - sync.tokens)
             if not rows and not chunks:

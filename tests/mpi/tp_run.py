@@ -74,7 +74,9 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true",
                     help="capture every reachable decode graph and the whole-forward mixed graphs first (CUDA)")
     ap.add_argument("--allreduce", default="auto")
-    ap.add_argument("--no-keep-warm", action="store_true")
+    ap.add_argument("--draft-sync", choices=("lazy", "warm", "off"), default="warm")
+    ap.add_argument("--max-num-tokens", type=int, default=8192)
+    ap.add_argument("--sync-cap", type=int, default=256, help="the engine's lazy sync store, tokens a slot")
     ap.add_argument("--whole-mixed", action="store_true",
                     help="mixed iterations through mixed_graphs.py's functions (uncaptured on CPU)")
     ap.add_argument("--overlap", action="store_true", help="the executor's overlapped loop (Executor(loop=Loop.OVERLAPPED))")
@@ -99,12 +101,13 @@ def main() -> None:
         engine = load_tp_engine(a.target, a.draft, ctx, dtype=a.dtype, max_batch_size=a.concurrency,
                                 max_seq_len=max(len(j.ids) + j.max_new for j in jobs)
                                 + cache_slack(sched.max_draft_len, loop_of(a)) + 1,
-                                max_draft_len=max(sched.max_draft_len, 1))
+                                max_draft_len=max(sched.max_draft_len, 1), max_num_tokens=a.max_num_tokens,
+                                draft_sync_cap=a.sync_cap)
         if a.graphs:                                  # every rank captures the same keys in the same order
             from dynspec.runtime.engines.reference.graph_keys import reachable_graphs
             from dynspec.runtime.generate.session import capture
 
-            captured[0] = capture(engine, reachable_graphs([sched], a.concurrency, not a.no_keep_warm,
+            captured[0] = capture(engine, reachable_graphs([sched], a.concurrency, a.draft_sync,
                                                            engine.max_num_tokens))
         if a.whole_mixed:
             engine.capture_whole_graphs()
@@ -170,7 +173,7 @@ class FlipRows:
 
 def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
     policy = sched if a.per_row is None else FlipRows(sched.max_draft_len, a.per_row)
-    ex = Executor(engine, policy, keep_warm=not a.no_keep_warm, loop=loop_of(a))
+    ex = Executor(engine, policy, draft_sync=a.draft_sync, loop=loop_of(a))
     if a.fault:
         ex.start()                                   # the serving loop, as Triton runs it
         handles = [ex.submit(j.ids, j.max_new) for j in jobs[: a.concurrency]]
@@ -185,7 +188,8 @@ def lead(engine: LeaderEngine, sched: DraftSchedule, jobs, a) -> dict:
     ex.run_until_idle()                              # overlapped: the last launched iteration's result
     return {"outputs": [list(r.output_ids) for r in results], "finish": [r.finish_reason for r in results],
             "overlapped": sum(s.overlapped for s in ex.stats), "iterations": len(ex.stats),
-            "per_row_steps": sum(1 for s in ex.stats if s.drafted not in (0, s.batch_size * s.k))}
+            "per_row_steps": sum(1 for s in ex.stats if s.drafted not in (0, s.batch_size * s.k)),
+            "catch_up": [s.catch_up_tokens for s in ex.stats], "stale_draft": sum(s.stale_draft_tokens for s in ex.stats)}
 
 
 if __name__ == "__main__":

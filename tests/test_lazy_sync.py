@@ -1,0 +1,164 @@
+"""Lazy draft sync (docs/design.md, "Draft sync"; runtime/serving/draft_sync.py,
+runtime/engines/reference/lazy_sync.py): lossless against transformers greedy (float64, the tiny
+trained pair) with K flipping 4 -> 0 -> 4, prompt chunks in flight, catch-ups split over
+iterations by a small max_num_tokens and the feature store's cap reached; after a K=0 stretch the
+draft accepts what the warm draft accepts; `off` accepts less; the generate CLI's flags."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dynspec.cli import main
+from dynspec.errors import DynspecError
+from dynspec.runtime.engines.reference.load import load_reference_engine
+from dynspec.runtime.generate.session import tiny_pair_dirs
+from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.serving.driver import run_closed_loop
+from dynspec.runtime.serving.executor import Executor
+from dynspec.runtime.serving.loop import Loop
+from tests.test_executor import greedy_many
+
+DT = torch.float64
+K = 4
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from dynspec.corpus import default_prompts
+
+    target, draft = tiny_pair_dirs()
+    hf = LlamaForCausalLM.from_pretrained(target, dtype=DT).eval()
+    return target, draft, default_prompts(AutoTokenizer.from_pretrained(target), n=6, length=24), hf
+
+
+class Cycle:
+    """Test-only policy driven by the iteration count: K for `on` iterations, then 0 for `off`,
+    repeating (every row at one K)."""
+
+    max_draft_len, drafts, chooses_keep_warm = K, True, False      # runtime/policy/__init__.py Policy
+
+    def __init__(self, on: int, off: int):
+        self.i, self.on, self.off = 0, on, off
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        return (0, K)
+
+    def decide(self, x):
+        from dynspec.runtime.policy.step_decision import one_k
+
+        self.i += 1
+        return one_k(K if (self.i - 1) % (self.on + self.off) < self.on else 0, x)
+
+
+def engine(tiny, *, budget=8192, cap=256, batch=3, whole=False):
+    eng = load_reference_engine(tiny[0], tiny[1], dtype=DT, max_batch_size=batch, max_seq_len=160,
+                                max_draft_len=K, max_num_tokens=budget, draft_sync_cap=cap)
+    if whole:
+        eng.capture_whole_graphs()            # CPU: the whole-forward functions, uncaptured
+    return eng
+
+
+@pytest.mark.parametrize("loop,whole", [(Loop.SERIAL, False), (Loop.OVERLAPPED, False), (Loop.SERIAL, True)])
+def test_lossless_through_flips_split_catch_ups_and_the_cap(tiny, loop, whole):
+    """3 rows over 6 prompts (chunks of later prompts ride beside the decode rows), K=4 for 3
+    iterations then 0 for 9; budget 20 leaves 5 catch-up tokens beside 3 rows at K=4, so catch-ups
+    take several iterations (the row at K=0 meanwhile); a store of 6 tokens drops the oldest."""
+    eng = engine(tiny, budget=20, cap=6, whole=whole)
+    ex = Executor(eng, Cycle(3, 9), draft_sync="lazy", stats_limit=None, loop=loop)
+    results = run_closed_loop(ex, tiny[2], 40, concurrency=3)
+    assert [r.output_ids for r in results] == greedy_many(tiny[3], tiny[2], 40)
+    st = ex.stats
+    ups = [i for i, s in enumerate(st) if s.catch_up_tokens]
+    assert ups and any(b == a + 1 for a, b in zip(ups, ups[1:]))       # catch-ups over successive iterations
+    assert all(s.catch_up_tokens + s.decode_rows * (s.k + 1) + s.prefill_tokens <= 20 for s in st)
+    assert sum(s.stale_draft_tokens for s in st) > 0                   # the cap was reached
+    assert any(s.drafted < s.batch_size * s.k for s in st if s.catch_up_tokens)   # a row waited at K=0
+    assert any(s.prefill_tokens and s.batch_size for s in st)          # chunks beside decode rows
+
+
+def accepted_by_position(tiny, sync, cap=256):
+    """Per prompt, one row at a time: (position, accepted) of every speculative step, K=4 for 6
+    iterations, 0 for 30, then 4 again."""
+    eng = engine(tiny, batch=1, cap=cap)
+    out = []
+    for p in tiny[2][:4]:
+        ex = Executor(eng, Cycle(6, 30), draft_sync=sync, stats_limit=None)
+        (res,) = run_closed_loop(ex, [p], 80, concurrency=1)
+        pos, rows = len(p), []
+        for s in ex.stats:
+            if s.k:
+                rows.append((pos, s.accepted))
+            pos += s.emitted
+        out.append((res.output_ids, rows))
+    return out
+
+
+def test_after_a_k0_stretch_lazy_accepts_what_warm_accepts_and_off_less(tiny):
+    """The catch-up writes the draft K/V warm's K=0 steps wrote (one layer: entry j's K/V is a
+    function of (x_j, h_{j-1}) alone), so every speculative step accepts the same; the draft left
+    stale (off) accepts less; a store of 8 tokens (the stretch is 30) lands in between."""
+    lazy, warm, off = (accepted_by_position(tiny, m) for m in ("lazy", "warm", "off"))
+    assert [o for o, _ in lazy] == [o for o, _ in warm] == [o for o, _ in off]
+    assert [r for _, r in lazy] == [r for _, r in warm]
+    total = {m: sum(a for _, rows in runs for _, a in rows) for m, runs in (("warm", warm), ("off", off))}
+    assert total["off"] < total["warm"], total
+
+
+def run_cli(tmp_path, name, *flags, budget="256"):
+    stats, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
+    assert main(["generate", "--schedule", "4:4", "--concurrency", "5", "--num-prompts", "5", "--max-num-tokens",
+                 budget, "--modes", "dynamic", "--trials", "1", "--no-progress", "--stats", str(stats),
+                 "--out", str(out), *flags]) == 0
+    rows = [json.loads(ln) for ln in stats.read_text().splitlines()]
+    return rows, out.read_text()
+
+
+def test_generate_lazy_equals_warm_per_step_and_off_accepts_less(tmp_path, capsys):
+    """`dynspec generate --schedule 4:4 --concurrency 5 --num-prompts 5 --modes dynamic --stats S`,
+    5 rows at K=0 then 4 at K=4: the same accepted drafts at every step under lazy and warm, the
+    same text; off accepts less. Budget 256: the catch-up fits beside the rows (at 48 it is split,
+    the rows draft later, and only the text is the same: the second half)."""
+    lazy, warm, off = (run_cli(tmp_path, m, "--draft-sync", m) for m in ("lazy", "warm", "off"))
+    steps = {m: [(s["batch_size"], s["k"], s["accepted"]) for s in r[0]] for m, r in
+             (("lazy", lazy), ("warm", warm), ("off", off))}
+    assert lazy[1] == warm[1] == off[1]
+    assert steps["lazy"] == steps["warm"]
+    assert sum(s["catch_up_tokens"] for s in lazy[0]) > 0 and not any(s["catch_up_tokens"] for s in warm[0])
+    stretch = max(i for i, s in enumerate(warm[0]) if s["batch_size"] == 5)
+    assert any(s["k"] for s in warm[0][stretch + 1:])                  # K resumed after the stretch
+    assert steps["off"] != steps["warm"]
+    assert sum(a for *_, a in steps["off"]) < sum(a for *_, a in steps["warm"])
+    split, _ = run_cli(tmp_path, "split", "--draft-sync", "lazy", budget="48")
+    ups = [s["catch_up_tokens"] for s in split]
+    assert sum(1 for u in ups if u) > 1 and max(ups) <= 48 - 4
+    assert _ == run_cli(tmp_path, "split_warm", "--draft-sync", "warm", budget="48")[1]
+
+
+def test_no_keep_warm_is_off_with_one_deprecation_line(tmp_path, capsys):
+    off, text = run_cli(tmp_path, "off", "--draft-sync", "off")
+    capsys.readouterr()
+    old, old_text = run_cli(tmp_path, "old", "--no-keep-warm")
+    err = capsys.readouterr().err
+    assert err.count("--no-keep-warm is deprecated; use --draft-sync off") == 1
+    assert text == old_text and [s["accepted"] for s in off] == [s["accepted"] for s in old]
+    with pytest.raises(SystemExit):
+        main(["generate", "--draft-s", "off"])                           # no abbreviations
+    assert main(["generate", "--no-keep-warm", "--draft-sync", "warm", "--no-progress"]) == 2
+
+
+def test_engine_json_keep_warm_reads_as_warm_or_off_and_bad_values_are_named():
+    from dynspec.config import ReferenceSettings
+
+    assert ReferenceSettings.from_json({"keep_warm": True}, "E/engine.json").draft_sync == "warm"
+    assert ReferenceSettings.from_json({"keep_warm": False}, "E/engine.json").draft_sync == "off"
+    assert ReferenceSettings.from_json({}, "E/engine.json").draft_sync == "lazy"
+    with pytest.raises(DynspecError, match=r"E/engine.json: reference.draft_sync='cold' must be one of"):
+        ReferenceSettings.from_json({"draft_sync": "cold"}, "E/engine.json")
+    with pytest.raises(DynspecError, match=r"E/engine.json: field 'reference.keep_warm'='yes' must be true or false"):
+        ReferenceSettings.from_json({"keep_warm": "yes"}, "E/engine.json")
+    with pytest.raises(DynspecError, match="draft_sync='on' is not one of lazy, warm, off"):
+        Executor(None, DraftSchedule.parse("4:4"), draft_sync="on")

@@ -341,9 +341,11 @@ def test_adaptive_graphs_cover_every_k_and_both_plain_decodes():
     from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
 
     pol = AdaptivePolicy(cost(), max_draft_len=2)
-    keys = set(reachable_graphs([pol], 4, keep_warm=True))
+    keys = set(reachable_graphs([pol], 4, "warm"))
     want = {GraphKey(kind, b, k) for b in (1, 2, 4) for kind, k in (("spec", 1), ("spec", 2), ("refresh", 0))}
-    want |= {GraphKey("decode", b, keep_warm=w) for b in (1, 2, 4) for w in (True, False)}
+    want |= {GraphKey("decode", b, sync=w) for b in (1, 2, 4) for w in ("warm", "off")}
     assert keys == want
-    cold = set(reachable_graphs([pol], 4, keep_warm=False))
-    assert cold == want - {GraphKey("decode", b, keep_warm=True) for b in (1, 2, 4)}
+    cold = set(reachable_graphs([pol], 4, "off"))
+    assert cold == want - {GraphKey("decode", b, sync="warm") for b in (1, 2, 4)}
+    lazy = set(reachable_graphs([pol], 4, "lazy"))
+    assert lazy == cold - {GraphKey("decode", b) for b in (1, 2, 4)} | {GraphKey("decode", b, sync="lazy") for b in (1, 2, 4)}

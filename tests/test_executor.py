@@ -458,11 +458,12 @@ def test_one_host_read_per_step(pair, monkeypatch):
 
 
 def test_graph_keys_name_one_thing_per_field():
-    """Issue 13.12: GraphKey.k is the draft count only; keep-warm has its own field."""
+    """Issue 13.12: GraphKey.k is the draft count only; the draft sync has its own field."""
     from dynspec.runtime.engines.reference.graph_keys import GraphKey, reachable_graphs
 
-    keys = reachable_graphs([DraftSchedule.threshold(4, 5)], 8, keep_warm=True)
-    assert GraphKey("decode", 8, 0, keep_warm=True) in keys
+    keys = reachable_graphs([DraftSchedule.threshold(4, 5)], 8, "warm")
+    assert GraphKey("decode", 8, 0, sync="warm") in keys and GraphKey("decode", 8, 0, sync="warm").keep_warm
+    assert GraphKey("decode", 8, sync="lazy") in reachable_graphs([DraftSchedule.threshold(4, 5)], 8, "lazy")
     assert GraphKey("spec", 8, 4) in keys and GraphKey("refresh", 8) in keys
     assert all(g.k == 0 for g in keys if g.kind != "spec")
 

@@ -336,14 +336,15 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
     check_budget(ex, budget)
 
 
-@pytest.mark.parametrize("keep_warm", [True, False])
-def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm):
+@pytest.mark.parametrize("sync", ["warm", "off", "lazy"])
+def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, sync):
     """A whole-graph mixed iteration ends the step in the graph (at K = 0 mixed_graphs.WholeMixed._finish:
     greedy head, the rows' captures, keep-warm K/V, the draft's pass over the chunks with its head
     at the last tokens only; at K > 0 _verify: the draft chain, acceptance, one draft pass over
     the rows' catch-up entries and the chunks). Two engines serve the same arrivals in lockstep,
     one through it, one eagerly; after every step their carried state (next draft, draft hidden,
-    last capture) and both caches match outside the scratch block. A wrong draft state would not
+    last capture), both caches outside the scratch block and, under lazy draft sync, the feature
+    store (runtime/engines/reference/lazy_sync.py) match. A wrong draft state would not
     change the tokens (drafts are verified), so tokens alone could not catch it."""
     from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
 
@@ -354,7 +355,7 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm)
         pad_rows_to_buckets(e)
     engines[0].capture_whole_graphs()
     engines[0].on_dispatch = lambda key: isinstance(key, tuple) and ts.append(key[2] if key[1] else 0)   # T of rows
-    exs = [Executor(e, policy, keep_warm=keep_warm) for e in engines]
+    exs = [Executor(e, policy, draft_sync=sync) for e in engines]
     rng = random.Random(41)
     ps = prompts(10, seed=41, lo=4, hi=30)
     lens = [rng.randint(2, 12) for _ in ps]
@@ -369,6 +370,8 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, keep_warm)
         for x, y in ((a.draft.k_cache, b.draft.k_cache), (a.draft.v_cache, b.draft.v_cache),
                      (a.target.k_cache, b.target.k_cache)):
             torch.testing.assert_close(x[..., live, :], y[..., live, :], rtol=1e-9, atol=1e-9)
+        if sync == "lazy":
+            torch.testing.assert_close(a.features.ring[:n], b.features.ring[:n], rtol=1e-9, atol=1e-9)
 
     serve_in_lockstep(exs, ps, lens, rng, check)
     assert ts.count(1) >= 3 and sum(t > 1 for t in ts) >= 2 and [s.batch_size for s in exs[0].stats] == [s.batch_size for s in exs[1].stats]

@@ -456,6 +456,23 @@ def test_tp2_overlapped_loop_equals_tp1_and_transformers(tmp_path, pair, tp1_out
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_tp2_lazy_draft_sync_with_split_catch_ups_equals_tp1(tmp_path, pair, tp1_outputs):
+    """Lazy draft sync under mpirun -n 2 (docs/design.md, "Draft sync"): the K=0 stretch at b=10
+    stores the features, the rows catch their draft up when K returns, a budget of 64 tokens splits
+    those catch-ups over iterations and a store of 8 tokens drops the oldest; the catch-up spans
+    ride in the broadcast plan, so both ranks run the same steps, and the tokens are TP=1's."""
+    proc, wall, out = run_tp(tmp_path, pair, 2, None, "--draft-sync", "lazy", "--max-num-tokens", "64",
+                             "--sync-cap", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["outputs"] == tp1_outputs[0]
+    check_same_steps(doc, range(2))
+    ups = [i for i, c in enumerate(doc["catch_up"]) if c]
+    assert any(b == a + 1 for a, b in zip(ups, ups[1:])) and doc["stale_draft"] > 0, doc["catch_up"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_tp4_replicated_kv_heads_equals_tp1(tmp_path, pair, tp1_outputs):
     proc, wall, out = run_tp(tmp_path, pair, 4)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -44,16 +44,16 @@ class RowSync:
         return sum(len(c.tokens) for c in self.catch_up)
 
 
-def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], cap: int,
-              budget: int) -> RowSync:
+def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], engine) -> RowSync:
     """The rows' RowSync under draft sync `mode`. lengths: each row's exact pending position
     where it is behind (the overlapped loop's lower bound: a row behind ran at K_r = 0 in the step
-    in flight); ks: the decision's K of each row; cap: the engine's store (0: none); budget:
-    max_num_tokens. The catch-up takes what b x (K+1) leaves; where that leaves every row at
+    in flight); ks: the decision's K of each row; engine: its max_num_tokens (the budget) and
+    draft_sync_cap (its feature store's tokens a slot; an engine without one: 0, every missed
+    position stale). The catch-up takes what b x (K+1) leaves; where that leaves every row at
     K = 0, it takes what b x 1 leaves (so a catch-up always moves on)."""
     if mode != "lazy":
         return RowSync(tuple(ks), tuple(not r.draft_warm for r in rows), (), ())
-    b = len(rows)
+    b, budget, cap = len(rows), engine.max_num_tokens, getattr(engine, "draft_sync_cap", 0)
     sync = _rows(rows, lengths, ks, cap, budget - b * (max(ks, default=0) + 1), True)
     if max(ks, default=0) and not sync.k:
         sync = _rows(rows, lengths, ks, cap, budget - b, False)

@@ -81,7 +81,7 @@ class Executor:
             )
         # draft_sync (docs/design.md, "Draft sync"): "lazy", "warm" or "off"; keep_warm, where given,
         # is the older flag (True "warm", False "off") that some benchmark drivers still pass
-        sync = sync_mode(draft_sync if keep_warm is None else keep_warm, "draft_sync" if keep_warm is None else "keep_warm")
+        sync = sync_mode(draft_sync, "draft_sync") if keep_warm is None else sync_mode(bool(keep_warm), "keep_warm")
         # a policy that never drafts runs the target alone: no draft sync, no draft pass over prompts
         self.draft = speculates(policy)
         self.draft_sync = sync if self.draft else "off"
@@ -175,11 +175,9 @@ class Executor:
             waiting = self._backlog(b)
             k, decision, context, scale = self._k.decide(rows, rin.context, rates, waiting)
             t_policy = self.clock() - tp0
-            budget = self.engine.max_num_tokens
-            sync = plan_sync(self.draft_sync, rows, rin.context, decision.ks if decision else (),
-                             getattr(self.engine, "draft_sync_cap", 0), budget)
+            sync = plan_sync(self.draft_sync, rows, rin.context, decision.ks if decision else (), self.engine)
             k = sync.k
-            chunks, chunked = self._chunks(budget - b * (k + 1) - sync.tokens)
+            chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1) - sync.tokens)
             if not rows and not chunks:
                 return None
             plan = make_step_plan(k, rows, rin, decision, self.draft_sync, self.engine, chunks, sync,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dynspec.errors import DynspecError
 from dynspec.runtime.engines.reference.slot_state import SlotState
 
 
@@ -107,6 +108,9 @@ class FeatureStore:
 
     @classmethod
     def allocate(cls, n: int, cap: int, width: int, dtype, device) -> "FeatureStore":
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise DynspecError(f"ReferenceEngine draft_sync_cap={cap!r} must be an integer of at least 0 "
+                               f"(tokens of target features kept a slot for lazy draft sync)")
         return cls(torch.zeros(n, max(cap, 1), width, dtype=dtype, device=device), cap)
 
     @property

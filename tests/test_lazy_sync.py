@@ -162,3 +162,32 @@ def test_engine_json_keep_warm_reads_as_warm_or_off_and_bad_values_are_named():
         ReferenceSettings.from_json({"keep_warm": "yes"}, "E/engine.json")
     with pytest.raises(DynspecError, match="draft_sync='on' is not one of lazy, warm, off"):
         Executor(None, DraftSchedule.parse("4:4"), draft_sync="on")
+
+
+def draft_kv(eng, slot: int, upto: int) -> torch.Tensor:
+    """The draft's K and V of draft positions 0..upto-1 of `slot` [2, layers, kvh, upto, hd]."""
+    table, bs = eng.slots.table(slot), eng.block_size
+    idx = torch.tensor([table[p // bs] * bs + p % bs for p in range(upto)])
+    return torch.stack([eng.draft.k_cache[:, :, idx], eng.draft.v_cache[:, :, idx]])
+
+
+def test_the_caught_up_draft_cache_is_the_warm_one(tiny):
+    """Two engines serve the same two requests step by step, one lazy, one warm (budget 8192: every
+    catch-up fits, so both run the same plans). After every step, each lazy row that is not behind
+    holds in its draft cache, at every position below its pending one, warm's K/V."""
+    engines = [engine(tiny, batch=2) for _ in range(2)]
+    exs = [Executor(e, Cycle(4, 10), draft_sync=m, stats_limit=None) for e, m in zip(engines, ("lazy", "warm"))]
+    hs = [[ex.submit(p, 60) for p in tiny[2][:2]] for ex in exs]
+    checked = 0
+    while any(not h.done for h in hs[0]):
+        for ex in exs:
+            ex.step()
+        for req in exs[0]._pool.rows:
+            if req.draft_behind == 0 and req.draft_warm:
+                L = req.length
+                torch.testing.assert_close(draft_kv(engines[0], req.slot, L), draft_kv(engines[1], req.slot, L),
+                                           rtol=1e-12, atol=1e-12)
+                checked += 1
+    assert [h.result().output_ids for h in hs[0]] == [h.result().output_ids for h in hs[1]]
+    assert [s.k for s in exs[0].stats] == [s.k for s in exs[1].stats]
+    assert sum(s.catch_up_tokens for s in exs[0].stats) > 0 and checked > 20

@@ -165,10 +165,11 @@ def test_engine_json_keep_warm_reads_as_warm_or_off_and_bad_values_are_named():
 
 
 def draft_kv(eng, slot: int, upto: int) -> torch.Tensor:
-    """The draft's K and V of draft positions 0..upto-1 of `slot` [2, layers, kvh, upto, hd]."""
+    """The draft's K and V of draft positions 0..upto-1 of `slot` [2, kvh, upto, hd] (its one layer's
+    pools are [kvh, blocks x block_size, hd])."""
     table, bs = eng.slots.table(slot), eng.block_size
     idx = torch.tensor([table[p // bs] * bs + p % bs for p in range(upto)])
-    return torch.stack([eng.draft.k_cache[:, :, idx], eng.draft.v_cache[:, :, idx]])
+    return torch.stack([eng.draft.k_cache[:, idx], eng.draft.v_cache[:, idx]])
 
 
 def test_the_caught_up_draft_cache_is_the_warm_one(tiny):

@@ -42,10 +42,10 @@ def tiny():
     return target, draft, AutoTokenizer.from_pretrained(target), LlamaForCausalLM.from_pretrained(target, dtype=DT).eval()
 
 
-def replayed(stats, policy, eng):
+def replayed(stats, policy, eng, keep_warm: bool = False):
     """K of every iteration recomputed by choose_k from the inputs the stats record (previous K and
     iterations since speculation and probes since rebuilt from the sequence): the decision used
-    nothing else."""
+    nothing else. keep_warm: the executor's (its draft sync "warm"; the default, lazy, is not)."""
     from dynspec.runtime.policy.adaptive import PolicyInputs
     from dynspec.runtime.serving.plan import bucket_for, cap_k
 
@@ -54,7 +54,8 @@ def replayed(stats, policy, eng):
         d = policy.decide(PolicyInputs(s.batch_size, s.context, s.acceptance, prev, since,
                                        cap_k(eng.max_draft_len, s.batch_size, eng.max_num_tokens),
                                        bucket_for(s.batch_size, eng.buckets), s.cost_scale, probes=probes,
-                                       waiting=s.waiting, token_budget=eng.max_num_tokens if s.waiting else 0))
+                                       waiting=s.waiting, token_budget=eng.max_num_tokens if s.waiting else 0,
+                                       keep_warm=keep_warm))
         assert d.keep_warm == s.keep_warm or d.k > 0
         out.append(d.k)
         prev, since = s.k, (0 if s.k else since + 1)

@@ -563,18 +563,19 @@ def test_mpirun_refuses_an_impossible_split_before_reading_weights(tmp_path):
 def test_every_rank_captures_graphs_in_the_same_order():
     """Ranks are separate processes with their own string-hash seeds. Graph warm-up and capture
     run collectives, so each rank must walk the keys in one order: the sweep's set of keys from
-    a keep_warm mode and a plain one holds decode (b, keep_warm) beside decode (b) at every
+    a keep-warm mode and a plain one holds decode (b, warm) beside decode (b, off) at every
     bucket, and ordering by (kind, bucket, k) alone left those in hash order (2 H200s: NCCL
     watchdog timeout in warm-up, the ranks one collective apart)."""
     code = ("from dynspec.runtime.engines.reference.graph_keys import capture_order, reachable_graphs\n"
             "from dynspec.runtime.policy import ConstantK, DraftSchedule\n"
-            "keys = set(reachable_graphs([DraftSchedule.parse('4:3')], 64, True))"
-            " | set(reachable_graphs([ConstantK(0)], 64, False))\n"
+            "keys = set(reachable_graphs([DraftSchedule.parse('4:3')], 64, 'warm'))"
+            " | set(reachable_graphs([DraftSchedule.parse('4:3')], 64, 'lazy'))"
+            " | set(reachable_graphs([ConstantK(0)], 64, 'off'))\n"
             "print([tuple(vars(k).values()) for k in capture_order(keys)])")
     orders = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
     assert len(orders) == 1
-    assert "('decode', 8, 0, False, True), ('decode', 8, 0, True, True)" in orders.pop()
+    assert "('decode', 8, 0, 'lazy', True), ('decode', 8, 0, 'off', True), ('decode', 8, 0, 'warm', True)" in orders.pop()
 
 
 @pytest.mark.parametrize("tail,status", [("exit_status(0)", 0), ("exit_status(3)", 3),

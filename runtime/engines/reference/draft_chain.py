@@ -109,9 +109,7 @@ def speculate(s: StepParts, B: int, K: int, read) -> None:
     tokens = torch.cat([buf.x[:B, None], D], 1)                          # [B, K+1]
     g, H = s.target.run(tokens.reshape(-1), batch, capture=s.capture, attention=s.attention, greedy=True)
     n, E = accept(s, D, g.view(B, K + 1))
-    H = H.view(B, K + 1, -1)
-    s.features.write(buf.slot[:B], buf.pos[:B], H[:, 0])                # h_L (lazy sync)
-    catch_up(s, E, H, batch, n)
+    catch_up(s, E, H.view(B, K + 1, -1), batch, n)
     buf.out_tokens[:B, : K + 1] = E
     buf.out_n[:B] = n
 
@@ -134,9 +132,10 @@ def decode(s: StepParts, B: int, sync: str, read) -> None:
 
 
 def catch_up(s: StepParts, E, H, batch, n) -> None:
-    """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n.
-    E [B, T], H [B, T, w]."""
+    """Draft entries L+1..L+T from (E_i, H_i) at draft positions L..L+T-1; keep index n; h_L into
+    the feature store (lazy sync). E [B, T], H [B, T, w]."""
     B, T = E.shape
     d, h = draft_next(s, E.reshape(-1), H.reshape(B * T, -1), batch)
-    rows = torch.arange(B, device=E.device)
-    s.heads.set_heads(s.buffers.slot[:B], d.view(B, T)[rows, n], h.view(B, T, -1)[rows, n], H[rows, n])
+    rows, slot = torch.arange(B, device=E.device), s.buffers.slot[:B]
+    s.heads.set_heads(slot, d.view(B, T)[rows, n], h.view(B, T, -1)[rows, n], H[rows, n])
+    s.features.write(slot, s.buffers.pos[:B], H[:, 0])

@@ -97,9 +97,9 @@ class ReferenceEngine:
         fused = len(draft.capture_layers) * target.config.hidden_size
         n = max_batch_size + 1                          # slot max_batch_size: padding rows (scratch block)
         self.draft_sync_cap = draft_sync_cap            # lazy sync: the store's tokens a slot (0: none)
-        self.kv_bytes = (kv_pool_bytes(target.config, draft.config, n_blocks, bs, p.element_size())
-                         + n * max(draft_sync_cap, 1) * fused * p.element_size())     # + the feature store
-        check_pool_fits(self.kv_bytes, available_bytes(self.device), device=self.device,
+        self.kv_bytes = kv_pool_bytes(target.config, draft.config, n_blocks, bs, p.element_size())
+        store = n * max(draft_sync_cap, 1) * fused * p.element_size()          # the FeatureStore, beside the pool
+        check_pool_fits(self.kv_bytes, available_bytes(self.device) - store, device=self.device,
                         max_batch_size=max_batch_size, max_seq_len=max_seq_len)   # before any table is built
         # CPU: every batch size is its own shape (no padding work); CUDA: padded graph buckets
         self.buckets = batch_buckets(max_batch_size) if on_cuda else tuple(range(1, max_batch_size + 1))

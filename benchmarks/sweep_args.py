@@ -72,8 +72,11 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                    help="real (greedy, lossless) | bernoulli:P | bernoulli-mix:P1@W1,P2@W2 (each request's P by a hash"
                         " of its id) | shift:P1,P2@AT (P1 before request AT, a key or a fraction of the load"
                         " point's requests; P2 after): labelled models for random-weight checkpoints")
+    g.add_argument("--draft-sync", choices=("engine", "lazy", "warm", "off"), default="engine",
+                   help="drafting modes: what the draft does while K=0 (docs/design.md, \"Draft sync\"; default: the"
+                        " engine dir's reference.draft_sync)")
     g.add_argument("--keep-warm", choices=("engine", "on", "off"), default="engine",
-                   help="dynamic mode: keep the draft warm while K=0 (default: the engine dir's setting)")
+                   help="the former --draft-sync: on = warm, off = off (engine: --draft-sync decides)")
     w = p.add_argument_group("workload")
     w.add_argument("--dataset", metavar="FILE.jsonl", help="trtllm-bench JSONL (task_id, input_ids|prompt, output_tokens)")
     w.add_argument("--prompts", choices=("random", "stdlib"), default="random",

@@ -68,7 +68,7 @@ class ReferenceSweep:
 
     def __init__(self, spec: SweepSpec, engine, w: World):
         self.spec, self.engine, self.w = spec, engine, w
-        self.schedules, self.warm, self.loops = dict(spec.schedules), dict(spec.keep_warm), dict(spec.loops)
+        self.schedules, self.warm, self.loops = dict(spec.schedules), dict(spec.draft_sync), dict(spec.loops)
         self.bar = None
 
     def executor(self, mode: str, n: int) -> StepTrace:
@@ -77,7 +77,7 @@ class ReferenceSweep:
         from dynspec.runtime.policy.acceptance import resolve as resolve_acceptance
         from dynspec.runtime.serving.executor import Executor
 
-        return StepTrace(Executor(self.engine, self.schedules[mode], keep_warm=self.warm[mode],
+        return StepTrace(Executor(self.engine, self.schedules[mode], draft_sync=self.warm[mode],
                                   acceptance=resolve_acceptance(self.spec.acceptance, n), allow_lossy=True,
                                   loop=self.loops[mode]), adaptive=base_mode(mode) in COST_MODES)
 

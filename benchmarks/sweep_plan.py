@@ -101,7 +101,7 @@ class SweepSpec:
     modes: tuple[str, ...]
     points: tuple[LoadPoint, ...]
     schedules: tuple[tuple[str, DraftSchedule], ...]
-    keep_warm: tuple[tuple[str, bool], ...]
+    draft_sync: tuple[tuple[str, str], ...]   # mode -> "lazy" | "warm" | "off" (baseline: off)
     loops: tuple[tuple[str, Loop], ...]       # the executor loop each mode runs (sweep_modes.mode_loop)
     acceptance: object
     requests: tuple               # the whole seeded workload (BenchRequest)
@@ -199,10 +199,12 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
 
         ragged = step_prices_factor(args) or ragged_factor_beside(cost_model)
     schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged, args.ttft_weight)   # kmax: the engine's max_draft_len
-    engine_warm = cfg.reference.keep_warm if args.keep_warm == "engine" else args.keep_warm == "on"
+    sync = cfg.reference.draft_sync if args.draft_sync == "engine" else args.draft_sync
+    if args.keep_warm != "engine":                  # the former flag: on = warm, off = off
+        sync = "warm" if args.keep_warm == "on" else "off"
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
-    keep_warm = {m: (False if base_mode(m) == "baseline" else engine_warm) for m in modes}
+    draft_sync = {m: ("off" if base_mode(m) == "baseline" else sync) for m in modes}
     # a mode without a loop suffix runs the executor's serving loop on this device (TensorRT-LLM: its own)
     loops = mode_loops(modes, Loop.SERIAL if args.engine == "trtllm" else cfg.reference.loop(args.device))
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
@@ -225,7 +227,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
             raise DynspecError(f"--max-seq-len {args.max_seq_len} is below the {max_seq} positions the workload needs")
         max_seq = args.max_seq_len
     check_fits(reqs, max_seq, kmax, vocab, where=args.dataset or "synthetic workload")
-    return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(keep_warm.items()),
+    return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(draft_sync.items()),
                      tuple(loops.items()), acceptance,
                      reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
                      None if cost_model is None else str(cost_model), ragged,

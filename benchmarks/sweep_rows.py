@@ -82,7 +82,8 @@ def median_trial(mets: Sequence):
     return sorted(mets, key=lambda x: x.output_tok_per_s)[(len(mets) - 1) // 2]
 
 
-def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, keep_warm: bool, met, world_size: int) -> dict:
+def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, draft_sync: str, met,
+             world_size: int) -> dict:
     row = {
         "mode": mode,
         "loop": LOOP_LABELS[dict(spec.loops)[mode]],   # serial | overlap: the executor loop the mode ran
@@ -93,7 +94,7 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
         "acceptance_model": str(spec.acceptance),
         "schedule": policy_label(schedule),
         "policy": registered_name(schedule),     # schedule, adaptive, per-request or per-request-oracle
-        "keep_warm": keep_warm,
+        "draft_sync": draft_sync,                # lazy | warm | off: the draft while K=0
     }
     row.update(met.to_json())
     return row

@@ -57,7 +57,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "adaptive": None if spec.cost_model is None else {"cost_model": spec.cost_model,
                                                             "ragged_factor": spec.ragged_factor,
                                                             "ttft_weight": spec.ttft_weight},
-        "keep_warm": dict(spec.keep_warm),
+        "draft_sync": dict(spec.draft_sync),
         "workload": spec.workload,
         "seed": spec.seed,
         "trials": spec.trials,

@@ -16,8 +16,8 @@ Per iteration, K is the mode's schedule at numActiveRequests and acceptance come
 iteration stats (enable_iter_perf_stats), both read by the engine's one parser, iteration_record. With --trials T every mode runs T times (one LLM start each), the
 mode order rotated per trial; a row is the median trial with the spread of all T, as in sweep.py.
 
-keep_warm in each row says whether the draft is kept up to date while K = 0: False for the
-baseline (no draft), and False for every TRT-LLM version dynspec renders: each has the
+draft_sync in each row says what the draft does while K = 0 ("warm": kept up to date; "off": not):
+"off" for the baseline (no draft), and "off" for every TRT-LLM version dynspec renders: each has the
 stale-draft trap (build/trap.py: on 1.2.x the two-model drafter is skipped at K=0 and never
 catches up; PR 16888, still open, addresses only the one-engine path).
 
@@ -77,11 +77,11 @@ def mode_options(base: dict, mode: str, schedule, static_k: int, trtllm_version:
     return opts
 
 
-def keep_warm_label(mode: str, trtllm_version: str) -> bool:
-    """Is the draft kept up to date while K = 0 in this mode on this TRT-LLM version?"""
+def draft_sync_label(mode: str, trtllm_version: str) -> str:
+    """"warm" where the draft is kept up to date while K = 0 in this mode on this TRT-LLM version, else "off"."""
     from dynspec.build.trap import has_stale_draft_trap
 
-    return mode != "baseline" and not has_stale_draft_trap(trtllm_version)
+    return "warm" if mode != "baseline" and not has_stale_draft_trap(trtllm_version) else "off"
 
 
 def steps_from_stats(stats: Sequence, lengths) -> tuple:
@@ -163,7 +163,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     static_k = schedules["static"].max_draft_len if "static" in schedules else 0
     if any(p.concurrency is None for p in spec.points):
         raise DynspecError("--engine trtllm supports closed-loop --concurrency only")
-    warm = {m: keep_warm_label(m, cfg.trtllm_version) for m in spec.modes}
+    warm = {m: draft_sync_label(m, cfg.trtllm_version) for m in spec.modes}
     trials: dict[tuple, list] = {}                        # (point, mode) -> RunMetrics of each trial
     n = len(spec.modes)
     for t in range(spec.trials):
@@ -195,7 +195,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
                    "versions": versions(), "command": _launch_line(argv),
                    "acceptance_model": str(spec.acceptance), "acceptance_lossless": True,
                    "schedules": {m: s.to_spec() for m, s in spec.schedules}, "workload": spec.workload,
-                   "keep_warm": warm,
+                   "draft_sync": warm,
                    "trtllm_version": cfg.trtllm_version, "seed": spec.seed},
            "rows": rows}
     write_all(doc, args.out)

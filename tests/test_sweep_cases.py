@@ -205,7 +205,7 @@ def test_graph_keys_are_each_cases_own_in_the_shared_engines_buckets(cost_model)
     class Spec:
         def __init__(self, b, schedules):
             self.max_batch_size, self.modes = b, tuple(schedules)
-            self.schedules, self.keep_warm = tuple(schedules.items()), tuple((m, False) for m in schedules)
+            self.schedules, self.draft_sync = tuple(schedules.items()), tuple((m, "off") for m in schedules)
 
     small = Spec(2, {"static:3": DraftSchedule.static(3, 2)})
     big = Spec(8, {"baseline": DraftSchedule()})

@@ -47,7 +47,7 @@ def check_rows(doc, replicas, requests_per_replica):
         if r["mode"] == "baseline":
             assert r["mean_k"] == 0 and all(k == 0 for _, k in ks), where
             assert r["mean_accepted_len"] == 1.0 and r["acceptance_rate"] is None, where
-            assert r["keep_warm"] is False, where
+            assert r["draft_sync"] == "off", where
         elif r["mode"] == "static":
             assert r["mean_k"] == STATIC_K and all(k == STATIC_K for _, k in ks), where
         else:

@@ -36,7 +36,7 @@ def test_overlapped_modes_serve_the_same_tokens_through_the_overlapped_loop(swep
             assert over["output_tokens"] == serial["output_tokens"] > 0, (m, c)
             assert serial["overlapped_iterations"] == 0
             assert over["overlapped_iterations"] == over["iterations"] > 0
-            assert over["schedule"] == serial["schedule"] and over["keep_warm"] == serial["keep_warm"]
+            assert over["schedule"] == serial["schedule"] and over["draft_sync"] == serial["draft_sync"]
         assert rows[("baseline+overlap", c)]["mean_k"] == 0
         # K=0 rows run the fewest iterations their closed loop allows (prompts fit one step's budget;
         # at C=4 two requests wait for a slot)

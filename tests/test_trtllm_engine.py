@@ -470,13 +470,13 @@ def test_engine_and_driver_read_stats_the_same_way():
         steps_from_stats([NO_ACTIVE_COUNT], lengths_121())
 
 
-def test_keep_warm_labels_are_honest():
-    from dynspec.benchmarks.trtllm_driver import keep_warm_label
+def test_draft_sync_labels_are_honest():
+    from dynspec.benchmarks.trtllm_driver import draft_sync_label
 
-    for version in ("1.2.1", "1.3.0rc2"):
-        assert keep_warm_label("baseline", version) is False
-        assert keep_warm_label("dynamic", version) is False        # stale-draft trap: build/trap.py
-        assert keep_warm_label("static", version) is False
+    for version in ("1.2.1", "1.3.0rc2", "1.4.0"):
+        assert draft_sync_label("baseline", version) == "off"
+        assert draft_sync_label("dynamic", version) == "off"        # stale-draft trap: build/trap.py
+        assert draft_sync_label("static", version) == "off"
 
 
 def test_sweep_driver_runs_on_trtllm_engine(fake_trtllm, engine_dir, tmp_path, monkeypatch):
@@ -497,9 +497,9 @@ def test_sweep_driver_runs_on_trtllm_engine(fake_trtllm, engine_dir, tmp_path, m
     doc = json.loads(out.with_suffix(".json").read_text())
     assert [FakeLLM.instances[i].spec is None for i in range(3)] == [True, False, False]
     assert len(started) == 3 and all(o["enable_iter_perf_stats"] for o in started)
-    assert doc["env"]["keep_warm"] == {"baseline": False, "static": False, "dynamic": False}
+    assert doc["env"]["draft_sync"] == {"baseline": "off", "static": "off", "dynamic": "off"}   # the K=0 trap
     rows = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}
-    assert all(r["keep_warm"] is False for r in rows.values())
+    assert all(r["draft_sync"] == doc["env"]["draft_sync"][r["mode"]] for r in rows.values())
     assert all(r["output_tokens"] == 2 * 6 for r in rows.values())
     assert rows[("baseline", 1)]["mean_k"] == 0 and rows[("static", 2)]["mean_k"] == 3
     sched = {1: 4, 2: 2, 3: 0}                                    # "1:4,2:2" rendered for 1.2.1

@@ -105,7 +105,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
     from dynspec.errors import DynspecError
-    from dynspec.runtime.policy.cost_model import Profile
+    from dynspec.runtime.policy.cost_model import CostModel, Profile
     from dynspec.runtime.policy.tune import tune, with_chunks
 
     for flag, path in (("--out", args.out), ("--report", args.report), ("--vllm-grid", args.vllm_grid)):
@@ -122,8 +122,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise DynspecError(f"{src} {budget!r} must be an integer of at least 1")
     acc, source = _tune_acceptance(args)
     tables = prof.tables if args.vllm_grid else (one,)
+    cost = None if args.chunk_share is None else CostModel.from_profile(prof, where=str(args.profile))
+
     def served(t):            # the steps as served: a share of them carry a prompt chunk (--chunk-share)
-        return t.iteration_ms if args.chunk_share is None else with_chunks(prof, t, args.chunk_share, args.chunk_tokens)
+        return t.iteration_ms if cost is None else with_chunks(cost, t, args.chunk_share, args.chunk_tokens)
 
     results = [(t, tune(served(t), acc, args.max_draft_len, args.min_gain, budget, args.draft_margin))
                for t in tables]

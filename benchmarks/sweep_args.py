@@ -34,6 +34,7 @@ import shlex
 from typing import Sequence
 
 from dynspec.benchmarks.engines import add_engine_args
+from dynspec.runtime.policy.schedule_args import add_ttft_weight_arg
 
 
 def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -61,9 +62,7 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                    help="per-request modes: price per-row K vectors with this device's fitted step prices"
                         " (runtime/policy/step_prices.py); a folder gives the file of the running device, if any"
                         " (default: ENGINE_DIR/step_prices.json beside the cost model, else the split price)")
-    g.add_argument("--ttft-weight", type=float, metavar="W",
-                   help="cost-model modes: a prompt whose prefill a step ends weighs W decode rows that gain one"
-                        " token at any K (runtime/policy/prefill_price.py; 0: throughput alone; default: the policy's)")
+    add_ttft_weight_arg(g, "the policy's")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",
                    help="schedule of the dynamic mode, e.g. '4:4,8:2' or @schedule.txt from `dynspec tune`"

@@ -49,7 +49,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from dynspec.runtime.policy.schedule_args import add_schedule_args
+    from dynspec.runtime.policy.schedule_args import add_schedule_args, add_ttft_weight_arg
 
     p = sub.add_parser("build", help="engine dir: TRT-LLM LLM-API options + engine.json (+ baseline script)")
     p.add_argument("--target", required=True, metavar="DIR", help="target from `dynspec convert target`")
@@ -73,9 +73,7 @@ def register(sub) -> None:
                    help="also write the legacy convert_checkpoint.py + trtllm-build script for a no-speculation engine")
     p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
     p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
-    p.add_argument("--ttft-weight", type=float, metavar="W",
-                   help="with --cost-model: a prompt whose prefill a step ends weighs W decode rows (engine.json "
-                        "ttft_weight; default: the policy's, runtime/policy/prefill_price.py)")
+    add_ttft_weight_arg(p, "the policy's; kept in engine.json ttft_weight")
     p.add_argument("--cost-model", metavar="PROFILE.json",
                    help="a `dynspec profile` JSON: copied to ENGINE_DIR/cost_model.json and engine.json policy "
                         "'adaptive' (the reference engine picks K from it and the measured acceptance)")

@@ -20,7 +20,7 @@ MODES = ("baseline", "static", "dynamic") + COST_MODES
 
 
 def register(sub) -> None:
-    from dynspec.runtime.policy.schedule_args import add_schedule_args
+    from dynspec.runtime.policy.schedule_args import add_schedule_args, add_ttft_weight_arg
 
     p = sub.add_parser(
         "generate", help="generate with the reference engine (default: the embedded tiny pair)",
@@ -61,9 +61,7 @@ def register(sub) -> None:
                    help="comma list of baseline (K=0), static (K=max everywhere), dynamic (the schedule), "
                         "adaptive (K from the cost model and the measured acceptance: runtime/policy/adaptive.py), "
                         "per-request (each row's own K: runtime/policy/per_request.py)")
-    p.add_argument("--ttft-weight", type=float, metavar="W",
-                   help="cost-model modes: a prompt whose prefill a step ends weighs W decode rows (default: "
-                        "engine.json ttft_weight, else the policy's; runtime/policy/prefill_price.py)")
+    add_ttft_weight_arg(p, "engine.json ttft_weight, else the policy's")
     p.add_argument("--cost-model", metavar="FILE",
                    help="adaptive and per-request modes' cost model, a `dynspec profile` JSON "
                         "(default: ENGINE_DIR/cost_model.json)")

@@ -30,11 +30,10 @@ class ChunkCost:
     def from_tables(cls, tables, batch_sizes, draft_lens, where: str = "profile") -> "ChunkCost | None":
         """The grid from a profile's ContextTables (None where no table has chunk_ms); every table
         needs the same chunk lengths, each with iteration_ms's batch sizes and K's, and decode_ms."""
-        have = [t.chunk_ms is not None for t in tables]
-        if not any(have):
+        timed = [t.chunk_ms for t in tables if t.chunk_ms is not None]
+        if not timed:
             return None
-        first = tables[0].chunk_ms or {}
-        lens = tuple(sorted(first))
+        lens = tuple(sorted(timed[0]))
         grid = []
         for i, t in enumerate(tables):
             at = f"{where}: tables[{i}]"

@@ -21,7 +21,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy.adaptive import CONTEXT_STEP, AdaptivePolicy, AdaptiveSettings
 from dynspec.runtime.policy.cost_model import CostModel
 from dynspec.runtime.policy.per_row import Allocation, allocate, uniform_allocation
-from dynspec.runtime.policy.prefill_price import finishing
+from dynspec.runtime.policy.prefill_price import finishing, prompt_weight
 from dynspec.runtime.policy.row_table import RowTable
 from dynspec.runtime.policy.split_cost import SplitCost
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
@@ -139,11 +139,8 @@ class PerRequestPolicy(AdaptivePolicy):
         w = self.settings.ttft_weight
         if x is None or not w or not x.waiting or not a.expected_tokens > 0:
             return 1.0
-        b = x.batch_size
-        fin0 = finishing(x.waiting, x.token_budget - b)
-        fin = finishing(x.waiting, x.token_budget - b - sum(a.ks))
-        t = a.expected_tokens
-        return (t + w * fin) / t * b / (b + w * fin0) if fin0 else 1.0
+        b, left = x.batch_size, x.token_budget - x.batch_size
+        return prompt_weight(a.expected_tokens, b, finishing(x.waiting, left - sum(a.ks)), finishing(x.waiting, left), w)
 
     def _per_row(self, x: RowInputs) -> StepDecision:
         b = x.batch_size

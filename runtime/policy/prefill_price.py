@@ -32,10 +32,18 @@ class PromptSide:
     finishing: tuple[int, ...]       # prompts whose prefill ends in the step
 
     def weight(self, k: int, b: int, e: float, w: float) -> float:
-        """gain_w(K) / gain(K) = (b E(K) + w finishing(K)) / ((b + w finishing(0)) E(K)); 1 when w = 0."""
-        if not w or not self.finishing[0]:
-            return 1.0
-        return (b * e + w * self.finishing[k]) / (b + w * self.finishing[0]) / e
+        """gain_w(K) / gain(K) of b rows at K, each gaining E(K) tokens (prompt_weight)."""
+        return prompt_weight(b * e, b, self.finishing[k], self.finishing[0], w)
+
+
+def prompt_weight(tokens: float, b: int, fin: int, fin0: int, w: float) -> float:
+    """gain_w / gain of a step of b rows expecting `tokens` tokens beside `fin` finishing prompts
+    (fin0 at K=0): (tokens + w fin) / tokens x b / (b + w fin0); 1 when w = 0 or none finish at K=0.
+    The one form of the weight, for one K of every row (PromptSide.weight) and a per-row vector alike.
+    prompt_weight(28, 16, 1, 1, 16) = 44 / 28 x 16 / 32 = 0.786 (module docstring: 1.458 x 0.786 = 1.146)."""
+    if not w or not fin0:
+        return 1.0
+    return (tokens + w * fin) / tokens * b / (b + w * fin0)
 
 
 def chunk_tokens(waiting: Sequence[int], budget: int, b: int, k: int) -> int:

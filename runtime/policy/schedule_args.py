@@ -1,6 +1,8 @@
 """The --schedule SPEC | --threshold N --max-draft-len K flags of every command that takes a draft
-schedule (`dynspec schedule`, `dynspec build`, `dynspec generate`), added and read in one place
-below the commands, so that the generate command in runtime/ needs nothing from dynspec/cli.py:
+schedule (`dynspec schedule`, `dynspec build`, `dynspec generate`), and the --ttft-weight W flag of
+every command that builds a cost-model policy (`dynspec build`, `dynspec generate`, the sweep), added
+and read in one place below the commands, so that the generate command in runtime/ needs nothing
+from dynspec/cli.py:
 
     p = argparse.ArgumentParser(); add_schedule_args(p, required=False)
     schedule_of(p.parse_args([]))                                   -> None (not required, not given)
@@ -21,6 +23,13 @@ def add_schedule_args(p: argparse.ArgumentParser, required: bool = True) -> None
     p.add_argument("--threshold", type=int, metavar="N", help="speculate for batch sizes 1..N, K=0 above")
     p.add_argument("--max-draft-len", type=int, metavar="K", help="K used with --threshold")
     p.set_defaults(_schedule_required=required)
+
+
+def add_ttft_weight_arg(p, default: str) -> None:
+    """--ttft-weight W on parser or group p; `default` says what applies without it."""
+    p.add_argument("--ttft-weight", type=float, metavar="W",
+                   help="cost-model policies: a prompt whose prefill a step ends weighs W decode rows that gain one "
+                        f"token at any K (runtime/policy/prefill_price.py; 0: throughput alone; default: {default})")
 
 
 def schedule_of(args: argparse.Namespace) -> DraftSchedule | None:

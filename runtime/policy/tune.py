@@ -251,17 +251,15 @@ def per_position_rates(steps: Sequence[tuple[int, Sequence[int]]], k: int) -> tu
     return tuple(counts[i] / counts[i - 1] if counts[i - 1] else 0.0 for i in range(1, k + 1))
 
 
-def with_chunks(profile, table, share: float, tokens: int) -> dict[int, dict[int, float]]:
+def with_chunks(cost, table, share: float, tokens: int) -> dict[int, dict[int, float]]:
     """The table's iteration_ms as served steps: a `share` of iterations carry a `tokens`-token
-    prompt chunk, priced by the profile's chunk axis (chunk_cost.py) at each profiled (b, K):
+    prompt chunk, priced by the chunk axis of `cost` (the profile's CostModel: chunk_cost.py) at
+    each profiled (b, K):
         ms'(b, K) = ms(b, K) + share x extra(b, K, tokens)     (K = 0: over plain decode, decode_ms)
     Example: ms(16, 0) 10.0, ms(16, 2) 12.0, extra 2.0 at every K, share 0.3 -> 10.6 and 12.6: drafting's
     cost relative to the step falls, so a larger K may pay."""
-    from dynspec.runtime.policy.cost_model import CostModel
-
     if not 0.0 <= share <= 1.0 or tokens < 1:
         raise DynspecError(f"--chunk-share {share} must be in [0, 1] and --chunk-tokens {tokens} at least 1")
-    cost = CostModel.from_profile(profile)
     if cost.chunk is None:
         raise DynspecError("--chunk-share needs a profile with a chunk axis (dynspec profile --chunk-lens 128,512)")
     out = {}

@@ -71,7 +71,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               "acceptance_source": (None if reqs is None else
                                     f"greedy verification at static K={max(ks)} over {len(reqs)} requests: {wdesc}")},
         progress=bar.update if bar else None, max_seq_len=args.max_seq_len, floor=args.floor, tp=args.tp,
-        allreduce=args.allreduce, chunk_lens=chunk_lens,
+        allreduce=args.allreduce, chunk_lens=chunk_lens, catch_up=args.catch_up,
     )
     if bar:
         bar.close()
@@ -200,6 +200,9 @@ def register(sub) -> None:
                    help="KV length of every row while timing; several (512,1024,2048) give one table each")
     p.add_argument("--chunk-lens", metavar="N[,N...]", help="also time every (b, K) with a prompt chunk of N tokens "
                    "riding (e.g. 128,512): the policies then price the chunk of the step they decide")
+    p.add_argument("--catch-up", type=int, default=0, metavar="N",
+                   help="lazy draft sync: also time the K=1 step of b rows that each catch up N draft entries first "
+                        "(profile.json's catch_up; the engine's draft_sync must be lazy)")
     p.add_argument("--max-seq-len", type=int, help="cache length (default: context + K + 1); CUDA graphs attend"
                    " over all of it, so pass the sweep's to predict the sweep")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per shape")

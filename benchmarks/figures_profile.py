@@ -135,3 +135,32 @@ def cost_model_plot(fig: Mapping) -> dict:
               for ctx, t in fig["iteration_ms"].items() for k in fig["draft_lens"]}
     return {"title": "iteration ms per (context, b, K)", "x": "batch size b", "y": "ms", "xlog": True,
             "series": series}
+
+
+def draft_sync_figures(profile: Mapping) -> dict:
+    """What K=0 costs and what resuming costs, from a profile (docs/design.md, "Draft sync"), at its
+    first context: {"draft_sync": "lazy", "context_len": 128,
+                    "k0_vs_decode": {"64": 1.002, ...},          # iteration_ms K=0 / decode_ms
+                    "catch_up": {"tokens": 100, "vs_decode": {"64": 0.41, ...}}}   # (K=1 with catch-up
+    - K=1) / decode_ms; catch_up None without profile --catch-up."""
+    t = profile["tables"][0]
+    it, dec = t["iteration_ms"], t.get("decode_ms") or {}
+    k0 = {b: it[b]["0"] / dec[b] for b in it if "0" in it[b] and dec.get(b)}
+    cu, out = profile.get("catch_up"), None
+    if isinstance(cu, Mapping):
+        out = {"tokens": cu["tokens"], "vs_decode": {b: (ms - it[b]["1"]) / dec[b] for b, ms in cu["ms"].items()
+                                                      if b in it and "1" in it[b] and dec.get(b)}}
+    sync = profile.get("draft_sync") or ("warm" if profile.get("keep_warm") else "off")   # (older profiles)
+    return {"draft_sync": sync, "context_len": t["context_len"], "k0_vs_decode": k0,
+            "catch_up": out}
+
+
+def draft_sync_note(fig: Mapping) -> str:
+    """One summary line: the K=0 step over plain decode at b >= 64, and the catch-up at b = 64."""
+    k0 = ", ".join(f"b={b} {r:.3f}" for b, r in fig["k0_vs_decode"].items() if int(b) >= 64)
+    line = f"Draft sync {fig['draft_sync']} (profile, context {fig['context_len']}): K=0 step / plain decode {k0}."
+    cu = fig["catch_up"]
+    if cu and "64" in cu["vs_decode"]:
+        line += (f" Resuming after {cu['tokens']} K=0 steps at b=64: the catch-up costs"
+                 f" {cu['vs_decode']['64']:.2f} plain decode steps.")
+    return line

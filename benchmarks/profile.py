@@ -54,11 +54,12 @@ from dynspec.runtime.policy.tune import per_position_rates
 
 def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int, *,
                          keep_warm: bool = True, warmup: int = 3, repeats: int = 10,
-                         progress=None) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+                         progress=None, lazy: bool = False) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
     """({b: {K: ms}}, {b: plain-decode ms without keep-warm}) for the engine as it is set up.
 
-    K = 0 is timed as serving runs it (with keep-warm when the engine keeps the draft warm);
-    decode_ms is the bare target step, what a no-speculation server pays."""
+    K = 0 is timed as serving runs it: with keep-warm when the engine keeps the draft warm, with
+    the features stored for a later catch-up under lazy draft sync (lazy); decode_ms is the bare
+    target step, what a no-speculation server pays."""
     bad = [b for b in batch_sizes if not 1 <= b <= engine.max_batch_size]
     if bad:
         raise DynspecError(f"batch sizes {bad} are outside 1..{engine.max_batch_size} (the engine's max_batch_size)")
@@ -69,11 +70,14 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
     if need > engine.max_seq_len:
         raise DynspecError(f"--context-lens: context {context_len} + K {max(draft_lens)} + 1 = {need} exceeds "
                            f"max_seq_len {engine.max_seq_len}")
-    grid = [Shape(b, k, keep_warm and k == 0) for b in batch_sizes for k in draft_lens]
+    def shape(b: int, k: int) -> Shape:
+        return Shape(b, k, keep_warm and k == 0, lazy=lazy and not keep_warm and k == 0)
+
+    grid = [shape(b, k) for b in batch_sizes for k in draft_lens]
     bare = [Shape(b, 0, False) for b in batch_sizes]
     ms = time_shapes(engine, list(dict.fromkeys(grid + bare)), context_len, warmup=warmup, repeats=repeats,
                      progress=progress)
-    table = {b: {k: ms[Shape(b, k, keep_warm and k == 0)] for k in draft_lens} for b in batch_sizes}
+    table = {b: {k: ms[shape(b, k)] for k in draft_lens} for b in batch_sizes}
     decode = {b: ms[Shape(b, 0, False)] for b in batch_sizes}
     return table, decode
 
@@ -93,6 +97,24 @@ def measure_chunk_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[in
     grid = [Shape(b, k, False, c) for c in chunk_lens for b in batch_sizes for k in draft_lens]
     ms = time_shapes(engine, grid, context_len, warmup=warmup, repeats=repeats, progress=progress)
     return {c: {b: {k: ms[Shape(b, k, False, c)] for k in draft_lens} for b in batch_sizes} for c in chunk_lens}
+
+
+def measure_catch_up_ms(engine, batch_sizes: Sequence[int], context_len: int, tokens: int, *, warmup: int = 3,
+                        repeats: int = 10, progress=None) -> dict:
+    """Lazy draft sync's resumption (docs/design.md, "Draft sync"): the K=1 step of b rows that each
+    catch up `tokens` draft entries first (a K=0 stretch of that many steps), at every b whose
+    catch-up and verify tokens fit the token budget. -> profile.json's "catch_up":
+        {"tokens": 100, "k": 1, "context_len": 128, "ms": {"64": 9.1, ...}}
+    Its cost is ms[b] - iteration_ms[b][1]; a plain decode step is decode_ms[b]."""
+    if not 1 <= tokens <= context_len:
+        raise DynspecError(f"--catch-up {tokens} must be in 1..{context_len} (the first profiled context)")
+    if getattr(engine, "draft_sync_cap", 0) < tokens:             # (a TP leader keeps none)
+        raise DynspecError(f"--catch-up {tokens}: the engine keeps {getattr(engine, 'draft_sync_cap', 0)} tokens of features a row"
+                           f" (draft_sync lazy, its cap)")
+    bs = [b for b in batch_sizes if b * (tokens + 2) <= engine.max_num_tokens]
+    shapes = [Shape(b, 1, False, catch_up=tokens) for b in bs]
+    ms = time_shapes(engine, shapes, context_len, warmup=warmup, repeats=repeats, progress=progress)
+    return {"tokens": tokens, "k": 1, "context_len": context_len, "ms": {str(sh.batch_size): ms[sh] for sh in shapes}}
 
 
 def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[float, ...]:
@@ -116,7 +138,8 @@ def weight_bytes(module) -> int:
 def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_lens: Sequence[int],
                 warmup: int = 3, repeats: int = 10, acceptance_requests=None, acceptance_concurrency: int = 4,
                 meta: Mapping[str, object] | None = None, progress=None, max_seq_len: int | None = None,
-                floor: bool = False, tp: int = 1, allreduce: str = "auto", chunk_lens: Sequence[int] = ()) -> Profile | None:
+                floor: bool = False, tp: int = 1, allreduce: str = "auto", chunk_lens: Sequence[int] = (),
+                catch_up: int = 0) -> Profile | None:
     """Open cfg's reference engine sized for the grid, capture its graphs on CUDA once, time every
     (b, K) at each context in context_lens (ascending, one table each).
 
@@ -167,13 +190,13 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
         engine = open_sized(cfg, device=device, tp=ctx, max_batch_size=max_b, max_seq_len=seq,
                             max_draft_len=max(kmax, 1))
         if device.startswith("cuda") and cfg.reference.graphs is GraphMode.FULL:
-            _capture(engine, cfg, draft_lens, max_b, keep_warm, chunk_lens)
+            _capture(engine, cfg, draft_lens, max_b, chunk_lens)
         return engine
 
     if tp == 1:
         return _measure(load(), cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup,
                         repeats, acceptance_requests, acceptance_concurrency, meta, progress,
-                        floor_context if floor else None, chunk_lens)
+                        floor_context if floor else None, chunk_lens, catch_up)
     from dynspec.benchmarks.mpi import split_leaders, world
     from dynspec.runtime.tp.tp_lifecycle import run_replica
 
@@ -181,7 +204,8 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     meta = dict(meta or {}, tp=tp)
     ctx, _, prof = run_replica(tp, load, lambda engine, ctx: _measure(
         engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
-        acceptance_requests, acceptance_concurrency, meta, progress, floor_context if floor else None, chunk_lens),
+        acceptance_requests, acceptance_concurrency, meta, progress, floor_context if floor else None, chunk_lens,
+        catch_up),
         device=device,
         allreduce=allreduce)
     if leaders is None:
@@ -195,13 +219,14 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
                    dict(prof.meta, replicas=leaders.size, replica_decode_ms=every, **used))
 
 
-def _capture(engine, cfg, draft_lens, max_b: int, keep_warm: bool, chunk_lens) -> None:
+def _capture(engine, cfg, draft_lens, max_b: int, chunk_lens) -> None:
     """The graphs of every timed shape: the decode graphs; with chunk_lens the serving capture
     sequence (runtime/generate/session.py capture: the whole-forward graphs of mixed steps too)."""
     from dynspec.runtime.engines.reference.engine import reachable_graphs
     from dynspec.runtime.policy import ConstantK
 
-    keys = (set(reachable_graphs([ConstantK(k) for k in draft_lens], max_b, keep_warm, engine.max_num_tokens))
+    keys = (set(reachable_graphs([ConstantK(k) for k in draft_lens], max_b, cfg.reference.draft_sync,
+                                 engine.max_num_tokens))
             | set(reachable_graphs([ConstantK(0)], max_b, False, engine.max_num_tokens)))
     if chunk_lens:
         from dynspec.runtime.generate.session import capture
@@ -213,7 +238,7 @@ def _capture(engine, cfg, draft_lens, max_b: int, keep_warm: bool, chunk_lens) -
 
 def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_warm, seq, max_b, warmup, repeats,
              acceptance_requests, acceptance_concurrency, meta, progress, floor: int | None,
-             chunk_lens: Sequence[int] = ()) -> Profile:
+             chunk_lens: Sequence[int] = (), catch_up: int = 0) -> Profile:
     """run_profile's measurements on an open engine (a TP leader's LeaderEngine under TP); floor:
     the context of measure_floor's decode step, or None (no floor)."""
     from dynspec.benchmarks.engines import device_name, graphs_run
@@ -222,19 +247,24 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_wa
     tables = []
     for ctx in context_lens:
         table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, ctx, keep_warm=keep_warm,
-                                             warmup=warmup, repeats=repeats, progress=progress)
+                                             warmup=warmup, repeats=repeats, progress=progress,
+                                             lazy=cfg.reference.draft_sync == "lazy")
         chunk = measure_chunk_ms(engine, batch_sizes, draft_lens, ctx, chunk_lens, warmup=warmup, repeats=repeats,
                                  progress=progress) if chunk_lens else None
         tables.append(ContextTable(ctx, table, decode, chunk))
     pp = None
     if acceptance_requests and kmax > 0:
         pp = measure_acceptance(engine, acceptance_requests, kmax, acceptance_concurrency)
-    info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
+    info = {"max_seq_len": seq, "max_batch_size": max_b, "keep_warm": keep_warm,
+            "draft_sync": cfg.reference.draft_sync, "dtype": cfg.reference.dtype, "warmup": warmup, "repeats": repeats,
             "statistic": "median", "target_weight_bytes": weight_bytes(engine.target),
             "graphs": graphs_run(cfg, device), "cuda_graphs": graphs_run(cfg, device) == GraphMode.FULL.value}
     budget = getattr(cfg.reference, "max_num_tokens", None)
     if budget is not None:
         info["max_num_tokens"] = budget          # the token budget `dynspec tune` must respect
+    if catch_up:
+        info["catch_up"] = measure_catch_up_ms(engine, batch_sizes, context_lens[0], catch_up, warmup=warmup,
+                                               repeats=repeats, progress=progress)
     if floor is not None:
         fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20), context_len=floor)
         info.update(gemm_floor_ms=fl["gemm_floor_ms"], floor=fl)

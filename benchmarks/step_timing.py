@@ -24,6 +24,8 @@ class Shape:
     k: int
     keep_warm: bool
     chunk: int = 0           # tokens of one prompt chunk riding in the step (its prompt's last), in slot slots[b]
+    lazy: bool = False       # K=0 with lazy draft sync: the rows' features stored for a later catch-up
+    catch_up: int = 0        # lazy draft sync: draft entries each row catches up before the step's draft work
 
 
 def synthetic_plan(engine, shape: Shape, context_len: int, slots: Sequence[int], seed: int = 0):
@@ -32,14 +34,16 @@ def synthetic_plan(engine, shape: Shape, context_len: int, slots: Sequence[int],
     prompt at position context_len in slots[b]."""
     import random
 
-    from dynspec.runtime.serving.plan import PromptChunk, make_plan
+    from dynspec.runtime.serving.plan import CatchUp, PromptChunk, make_plan
 
     rng = random.Random(seed)
     b, c = shape.batch_size, shape.chunk
     chunks = [PromptChunk(slots[b], context_len, tuple(rng.randrange(2, 16) for _ in range(c)), None)] if c else []
+    n = shape.catch_up                   # entries context_len - n .. context_len - 1 of every row
+    spans = [CatchUp(s, context_len - n, tuple(rng.randrange(2, 16) for _ in range(n))) for s in slots[:b]] if n else []
     return make_plan(shape.k, positions=[context_len] * b, pending=[rng.randrange(2, 16) for _ in range(b)],
                      stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets, slots=slots[:b],
-                     chunks=chunks)
+                     chunks=chunks, lazy=shape.lazy, catch_up=spans)
 
 
 class reserved_rows:

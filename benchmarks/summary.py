@@ -32,8 +32,8 @@ from typing import Mapping
 from dynspec.benchmarks.figures_adaptive import adaptive_figures, adaptive_plot, adaptive_table
 from dynspec.benchmarks.figures_per_request import per_request_figures, per_request_plot, per_request_table
 from dynspec.benchmarks.figures_overlap import overlap_figures, overlap_plot, overlap_table
-from dynspec.benchmarks.figures_profile import (cost_model_figures, cost_model_plot, cost_model_table, floor_figures,
-                                                floor_plot, floor_table, mixed_figures, mixed_plot, mixed_table,
+from dynspec.benchmarks.figures_profile import (cost_model_figures, cost_model_plot, cost_model_table,
+                                                draft_sync_figures, draft_sync_note, floor_figures, floor_plot, floor_table, mixed_figures, mixed_plot, mixed_table,
                                                 tp_figures, tp_plot, tp_table)
 from dynspec.benchmarks.figures_sweep import (sweep_figures, sweep_plot, sweep_table, varied_fixed_figures,
                                               varied_fixed_plot, varied_fixed_table)
@@ -57,13 +57,23 @@ def _read(path) -> dict:
     return read_json(path, "stage output")
 
 
+def _with_draft_sync(d: Path, fig: dict, table_of) -> tuple[dict, dict]:
+    """fig and its table, with the profile's draft-sync costs (figures_profile.draft_sync_figures)
+    where the config profiled (profile.json beside the sweep)."""
+    table = table_of(fig)
+    if (d / "profile.json").is_file():
+        fig = dict(fig, draft_sync=draft_sync_figures(_read(d / "profile.json")))
+        table = dict(table, notes=[*table.get("notes", ()), draft_sync_note(fig["draft_sync"])])
+    return fig, table
+
+
 def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
     """A config's figures from its stage outputs in `results` (benchmarks/suite.py writes them):
     {"values": ..., "table": {"header", "rows"}, "plot": {...}} (suite_report.write_suite_report)."""
     d = Path(results)
     if kind == "sweep":
-        fig = sweep_figures(_read(d / "sweep.json"))
-        return {"values": fig, "table": sweep_table(fig), "plot": sweep_plot(fig)}
+        fig, table = _with_draft_sync(d, sweep_figures(_read(d / "sweep.json")), sweep_table)
+        return {"values": fig, "table": table, "plot": sweep_plot(fig)}
     if kind == "decode_floor":
         names = _floor_names(repeats)
         fig = floor_figures([_read(d / f"{x}.json") for x in names])

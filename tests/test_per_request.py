@@ -444,3 +444,25 @@ def test_a_per_row_plan_below_the_least_bucket_pads_up_to_a_captured_key(tiny):
     assert eng.whole.captured_above((32, 4, 3, True)) == (48, 4, 3, True)
     assert eng.whole.captured_above((48, 4, 3, True)) is None
     assert eng.whole.captured_above((16, 4, 3, False)) is None       # another row shape: never borrowed
+
+
+def test_the_batch_floor_scores_one_k_on_the_rows_own_rates():
+    """The pooled estimate is measured on the rows that drafted: after a vector that drafts only
+    the 0.95 rows of a 0.95 / 0.05 batch it reads 0.95, and the batch-level K for every row
+    looks far better than it is. The floor scores that K on the rows' own rates, so the
+    vector (easy rows drafting, hard rows at K=0) stands; with a pool that is right (the rows'
+    mean) the choice is the same."""
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
+
+    policy = PerRequestPolicy(linear_split_cost(per_token=0.1, per_draft=0.3), AdaptiveSettings(calibrate=False))
+    rates = np.array([[0.95] * 4] * 3 + [[0.05] * 4] * 13)
+
+    def decide(pool):
+        batch = StepInputs(16, 100.0, (pool,) * 4, max_k=4, bucket=16)
+        return policy.decide_rows(RowInputs(16, 100.0, (pool,) * 4, rates, np.zeros(16), 4, True, 0, batch=batch))
+
+    assert policy.choose(StepInputs(16, 100.0, (0.95,) * 4, max_k=4, bucket=16)).k >= 3   # the biased pool
+    for pool in (0.95, 0.22):
+        d = decide(pool)
+        assert {k for k in d.ks[3:]} == {0} and min(d.ks[:3]) >= 2, (pool, d)

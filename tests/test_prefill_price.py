@@ -236,7 +236,7 @@ def test_per_request_weighs_a_finishing_prompt_as_its_floor_does():
     # the per-row vector itself (before the floor): the same K's, its gain weighed below plain decode's
     x = StepInputs(4, 128.0, (0.5, 0.5), max_k=2, bucket=4, rates=rates, waiting=(100,), token_budget=8192)
     row = {w: PerRequestPolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=w))._per_row(
-        RowInputs(4, 128.0, x.acceptance, rates, np.zeros(4), 2, batch=x)) for w in (0.0, 64.0)}
+        RowInputs(4, 128.0, x.acceptance, rates, np.zeros(4), 2, batch=x))[0] for w in (0.0, 64.0)}
     assert row[64.0].ks == row[0.0].ks and any(row[0.0].ks) and row[64.0].gain < 1.0 < row[0.0].gain
 
 

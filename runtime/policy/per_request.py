@@ -84,6 +84,8 @@ class PerRequestPolicy(AdaptivePolicy):
             raise DynspecError(f"per-request policy: ragged_factor {ragged_factor} is outside 0.5..4")
         self.ragged_factor = float(ragged_factor)   # a per-row vector's excess over the split (step_prices.py)
         self.floor = bool(floor)                    # the batch-level decision as the floor (decide_rows)
+        self.rated_floor = True                     # ... its gain no higher than on the rows' own rates
+        self.bucketed = True                        # per-row vectors priced at the bucket the step pads to
         if not prior_weight > 0 or not optimism >= 0:
             raise DynspecError(f"per-request policy: prior_weight {prior_weight} must be > 0 pseudo-trials and"
                                f" optimism {optimism} >= 0 standard deviations")
@@ -117,16 +119,24 @@ class PerRequestPolicy(AdaptivePolicy):
         """The per-row decision (_per_row) where it runs rows at different K and beats the batch-level
         adaptive decision (AdaptivePolicy.choose on x.batch, capped alike) by the settings' margin;
         otherwise that decision for every row, so rows of one rate run exactly as adaptive runs them.
+        The batch-level gain counts no higher than that K gains on the rows' own rates,
+        sum_i E_i(K) / t(K): the pool is measured on the rows that drafted, so after a vector that
+        drafts only the 0.95 rows of a 0.95 / 0.05 mix it reads 0.95, and K=3 for every row would
+        look 1.46x where it is 1.18x. Rows of one rate (their optimistic rates at or above the
+        pool) keep the batch-level gain, so they run as adaptive runs them.
         Example: gains 1.30 per-row against 1.25 batch-level (margin 2%: 1.275) -> the vector; 1.27 ->
         the batch-level K for every row."""
-        d = self._per_row(x)
+        d, uniform_gain = self._per_row(x)
         if x.batch is None or not self.floor:
             return d
         b = x.batch_size
         batch = self.choose(replace(x.batch, max_k=min(x.batch.max_k, self._cap(b, x.max_k))))
         probed = set(d.probes)
+        floor = batch.gain
+        if batch.k and floor is not None and self.rated_floor:   # no higher than on the rows' own rates
+            floor = min(floor, uniform_gain(batch.k) or 0.0)
         if len({0 if i in probed else k for i, k in enumerate(d.ks)}) > 1 and d.gain is not None \
-                and batch.gain is not None and d.gain >= batch.gain * (1 + self.settings.margin):
+                and floor is not None and d.gain >= floor * (1 + self.settings.margin):
             return d
         return StepDecision((batch.k,) * b, keep_warm=batch.keep_warm, predicted_ms=batch.predicted_ms, gain=batch.gain,
                             probes=tuple(range(b)) if batch.probe else (), reason="batch " + batch.reason,
@@ -142,18 +152,21 @@ class PerRequestPolicy(AdaptivePolicy):
         b, left = x.batch_size, x.token_budget - x.batch_size
         return prompt_weight(a.expected_tokens, b, finishing(x.waiting, left - sum(a.ks)), finishing(x.waiting, left), w)
 
-    def _per_row(self, x: RowInputs) -> StepDecision:
+    def _per_row(self, x: RowInputs) -> tuple[StepDecision, Callable[[int], "float | None"]]:
+        """(the per-row decision, K -> the gain of K for every row on the rows' rates and the uniform
+        steps' price, prompt-weighed like the decision; None where plain decode is not profiled)."""
         b = x.batch_size
         cap = self._cap(b, x.max_k)
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
-        raw = self._split(b, context)
+        bucket = x.batch.bucket if self.bucketed and x.batch is not None and x.batch.bucket >= b else b
+        raw = self._split(bucket, context).rows(b)      # priced at the bucket the step pads to
         side = self.prompt_side(x.batch, context) if x.batch is not None and self.cost.chunk is not None else None
         extra = side.extra_ms if side is not None else ()   # a riding chunk's price by depth (its wait: the floor's)
         cost = raw.calibrated(x.cost_scale).plus(extra)  # uniform vectors: the decode graphs, each depth
         if cap == 0:                                    # the schedule's K=0 tier: as the schedule runs it
             warm = x.keep_warm
             return StepDecision((0,) * b, keep_warm=warm, gain=1.0, reason="cap", predicted_ms=_k0_ms(raw, b, warm),
-                                policy=LABEL)
+                                policy=LABEL), lambda k: None
         # probes take K=1: none where the profile has no K=1 (a probe's cost would be unknown); no
         # row is due before PROBE_EVERY idle iterations (the shortest interval)
         due = tuple(i for i, (n, t) in enumerate(zip(x.idle, probe_interval(x.probes, b))) if n >= t) \
@@ -171,10 +184,17 @@ class PerRequestPolicy(AdaptivePolicy):
         warm = x.keep_warm and a.reason != "plain decode"
         # the profile's time of the chosen option, unscaled (what the calibration compares with)
         profiled = raw.step_ms(a.verify_tokens, a.depth) if any(a.ks) else _k0_ms(raw, b, warm)
-        return StepDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
-                            gain=a.tokens_per_ms / plain * self._weight(a, x.batch) if plain else None,
-                            probes=a.probed, reason=a.reason,
-                            policy=LABEL)
+        d = StepDecision(a.ks, keep_warm=warm and not any(a.ks), predicted_ms=profiled,
+                         gain=a.tokens_per_ms / plain * self._weight(a, x.batch) if plain else None,
+                         probes=a.probed, reason=a.reason, policy=LABEL)
+
+        def uniform_gain(k: int) -> float | None:
+            if not plain or not 0 < k <= cap or not math.isfinite(cost.chain_ms[k]):
+                return None if not plain else 0.0
+            e = float(b + np.cumprod(rates[:, :k], axis=1).sum())
+            ms = cost.uniform_step_ms(k)
+            return e / ms / plain * self._weight(Allocation((k,) * b, e, ms, e / ms, "uniform"), x.batch)
+        return d, uniform_gain
 
     def _packed(self, scales, raw: SplitCost, cost: SplitCost, rates: np.ndarray, cap: int, budget: int,
                 due: tuple[int, ...], probing: tuple[int, ...], u: Allocation | None, extra=()) -> Allocation:
@@ -230,7 +250,7 @@ def _padded(rates: np.ndarray, cost: SplitCost, u: Allocation | None, due: tuple
     b = rates.shape[0]
     if u is not None:
         return u
-    return _zero(rates, cost, (1,) * b if due else (0,) * b, cost.step_ms(2 * b, 1), tuple(range(b)) if due else ())
+    return _zero(rates, cost, (1,) * b if due else (0,) * b, cost.uniform_step_ms(1), tuple(range(b)) if due else ())
 
 
 def _zero(rates: np.ndarray, cost: SplitCost, ks: tuple[int, ...], probe_ms: float, probed: tuple[int, ...]) -> Allocation:

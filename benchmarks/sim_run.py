@@ -28,7 +28,7 @@ class SimRun:
     policy_ragged: float = 1.0                   # the per-request policies' ragged_factor (as the run served)
     rule: tuple = ()                             # the per-request policies' settings as the run served them
 
-    RULE_FIELDS = ("prior_weight", "optimism", "floor", "rated_floor", "bucketed")   # what a recorded rule may set
+    RULE_FIELDS = ("prior_weight", "optimism", "floor", "rated_floor")   # what a recorded rule may set
 
 def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
     from dynspec.benchmarks.sweep_args import make_parser

@@ -72,24 +72,18 @@ def test_optimistic_rates_worked_example():
     assert r == pytest.approx([0.3 + (0.21 / 2) ** 0.5, 0.99, 0.075 + (0.075 * 0.925 / 5) ** 0.5])
 
 
-@pytest.mark.parametrize("rate", [0.3, 0.5, 0.8])
-def test_rows_of_one_rate_run_as_the_adaptive_policy_runs_them(rate):
+def test_rows_of_one_rate_run_as_the_adaptive_policy_runs_them():
     """On the serving simulator (benchmarks/sim_run.py, the H100 profile and step prices): with every
-    request at one rate, per-row vectors almost never beat the batch-level decision by the margin,
-    so the per-request policy serves what adaptive serves: the same at C=16, and at C=64 at most
-    a fraction of a percent above it (a batch below its bucket, b=40 of 64, verifies one token
-    per pad row in a per-row step, K + 1 in the decode graphs), never below."""
+    request at one rate, no per-row vector beats the batch-level decision by the margin, so the
+    per-request policy serves exactly what adaptive serves, step for step."""
     from dynspec.benchmarks.sim_run import SimRun, simulate
     from dynspec.runtime.policy.step_prices import read
 
     data = PROFILE.parents[1]
     prices = read(data / "h100_prices.json")[0]
-    for c in ("16", "64"):
-        rows = simulate(SimRun(("--modes", "adaptive,per-request", "--acceptance", f"bernoulli:{rate}", "--concurrency",
-                                c, "--waves", "2"), str(data / "h100-6e9fc00" / "profile_per_request_bimodal.json"),
-                               256, 432, prices=prices, policy_ragged=prices.ragged_factor))
-        ad, pr = rows
-        ratio = pr["output_tok_per_s"] / ad["output_tok_per_s"]
-        assert 1.0 - 1e-9 <= ratio <= 1.01, (c, ratio)
-        if c == "16":
-            assert (pr["iterations"], pr["mean_k"]) == (ad["iterations"], ad["mean_k"])
+    rows = simulate(SimRun(("--modes", "adaptive,per-request", "--acceptance", "bernoulli:0.5", "--concurrency", "64",
+                            "--waves", "2"), str(data / "h100-6e9fc00" / "profile_per_request_bimodal.json"), 256, 432,
+                           prices=prices, policy_ragged=prices.ragged_factor))
+    ad, pr = rows
+    assert (pr["iterations"], pr["mean_k"]) == (ad["iterations"], ad["mean_k"])
+    assert pr["output_tok_per_s"] == pytest.approx(ad["output_tok_per_s"], rel=1e-9)

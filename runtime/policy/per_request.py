@@ -85,7 +85,6 @@ class PerRequestPolicy(AdaptivePolicy):
         self.ragged_factor = float(ragged_factor)   # a per-row vector's excess over the split (step_prices.py)
         self.floor = bool(floor)                    # the batch-level decision as the floor (decide_rows)
         self.rated_floor = True                     # ... its gain no higher than on the rows' own rates
-        self.bucketed = True                        # per-row vectors priced at the bucket the step pads to
         if not prior_weight > 0 or not optimism >= 0:
             raise DynspecError(f"per-request policy: prior_weight {prior_weight} must be > 0 pseudo-trials and"
                                f" optimism {optimism} >= 0 standard deviations")
@@ -158,8 +157,7 @@ class PerRequestPolicy(AdaptivePolicy):
         b = x.batch_size
         cap = self._cap(b, x.max_k)
         context = round(x.context / CONTEXT_STEP) * CONTEXT_STEP
-        bucket = x.batch.bucket if self.bucketed and x.batch is not None and x.batch.bucket >= b else b
-        raw = self._split(bucket, context).rows(b)      # priced at the bucket the step pads to
+        raw = self._split(b, context)
         side = self.prompt_side(x.batch, context) if x.batch is not None and self.cost.chunk is not None else None
         extra = side.extra_ms if side is not None else ()   # a riding chunk's price by depth (its wait: the floor's)
         cost = raw.calibrated(x.cost_scale).plus(extra)  # uniform vectors: the decode graphs, each depth
@@ -192,7 +190,7 @@ class PerRequestPolicy(AdaptivePolicy):
             if not plain or not 0 < k <= cap or not math.isfinite(cost.chain_ms[k]):
                 return None if not plain else 0.0
             e = float(b + np.cumprod(rates[:, :k], axis=1).sum())
-            ms = cost.uniform_step_ms(k)
+            ms = cost.step_ms(b * (k + 1), k)
             return e / ms / plain * self._weight(Allocation((k,) * b, e, ms, e / ms, "uniform"), x.batch)
         return d, uniform_gain
 
@@ -250,7 +248,7 @@ def _padded(rates: np.ndarray, cost: SplitCost, u: Allocation | None, due: tuple
     b = rates.shape[0]
     if u is not None:
         return u
-    return _zero(rates, cost, (1,) * b if due else (0,) * b, cost.uniform_step_ms(1), tuple(range(b)) if due else ())
+    return _zero(rates, cost, (1,) * b if due else (0,) * b, cost.step_ms(2 * b, 1), tuple(range(b)) if due else ())
 
 
 def _zero(rates: np.ndarray, cost: SplitCost, ks: tuple[int, ...], probe_ms: float, probed: tuple[int, ...]) -> Allocation:

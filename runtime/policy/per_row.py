@@ -118,7 +118,7 @@ def uniform_allocation(rates: np.ndarray, cost: SplitCost, cap: int, token_budge
         tokens += gains[k - 1]
         if b * (k + 1) > token_budget or not math.isfinite(cost.chain_ms[k]):
             continue
-        ms = cost.uniform_step_ms(k)
+        ms = cost.step_ms(b * (k + 1), k)
         if best is None or tokens / ms > best[1] / best[2]:
             best = (k, tokens, ms)
     if best is None:

@@ -39,7 +39,6 @@ class SplitCost:
     decode_ms: float | None          # plain step without keep-warm at b (None: not profiled)
     floor_ms: float
     extrapolated: bool = False       # the row at (b, context), or f up to b * (max K + 1), left the profile
-    pad: int = 0                     # rows the step pads up to its bucket, one verify token each (rows())
 
     @classmethod
     def at(cls, cost_model: CostModel, b: int, context: float) -> "SplitCost":
@@ -55,22 +54,6 @@ class SplitCost:
         floor = min(float(f[b]), min(uniform))
         return cls(b, float(context), f, chain, tuple(uniform), ks, decode, floor,
                    extrap or top > cost_model.batch_sizes[-1])
-
-    def rows(self, b: int) -> "SplitCost":
-        """The price of b rows in a step padded to this split's b (the bucket B): each pad row verifies
-        one token, so ms(V, m) = f_B(V + B - b) + chain_B(m), and one K for every row (the decode
-        graphs: B(K + 1) tokens) is uniform_ms(K). B = 8, b = 5: ms(7, 1) = f_8(10) + chain_8(1)."""
-        if not 1 <= b <= self.b:
-            raise DynspecError(f"split cost: {b} rows do not fit its bucket of {self.b}")
-        if b == self.b:
-            return self
-        pad = self.b - b
-        f = self.f_ms[pad:]
-        return self._with(b=b, f_ms=f, pad=pad)
-
-    def uniform_step_ms(self, k: int) -> float:
-        """One K for every row, as the decode graphs run it (every pad row at K too)."""
-        return self.step_ms(self.b * (k + 1) + self.pad * k, k)
 
     @property
     def max_depth(self) -> int:

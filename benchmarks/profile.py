@@ -145,14 +145,14 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
 
     max_seq_len: the cache length (default: just enough for the largest context). Give the sweep's
     when comparing with it: captured graphs are sized for the whole cache, so it sets part of their cost.
-    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context, or as much as the
-    target's max_position_embeddings leaves) on the same engine;
-    under TP its GEMMs are one rank's shard, without the collectives.
+    floor: also measure_floor (gemm_floor_ms and decode at b=1, 1024 context, or as much as the target's
+    max_position_embeddings leaves) on the same engine; under TP its GEMMs are one rank's shard, alone.
     tp: under `mpirun -n R*tp`, every rank loads its shard and the R leaders time (each step
     broadcast to its workers, as in serving); world rank 0 returns replica 0's profile with every
     replica's decode_ms in meta, the other ranks None (docs/tensor_parallel.md).
     chunk_lens: also time each (b, K) with a prompt chunk of each length riding (measure_chunk_ms);
-    on CUDA under graphs "full" the mixed steps run their whole-forward graphs, as served."""
+    on CUDA under graphs "full" the mixed steps run their whole-forward graphs, as served.
+    catch_up: also time the K=1 step after that many K=0 steps (lazy draft sync: measure_catch_up_ms)."""
     from dynspec.runtime.serving.loop import Loop
     from dynspec.runtime.serving.overlap import cache_slack
 
@@ -161,13 +161,11 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     context_lens = sorted(set(context_lens))
     if not context_lens or context_lens[0] < 1:
         raise DynspecError(f"--context-lens {context_lens} needs one or more contexts >= 1")
-    if 0 not in draft_lens:
-        draft_lens = [0] + draft_lens          # plain decode is the baseline every gain is measured against
+    draft_lens = [0] + draft_lens if 0 not in draft_lens else draft_lens   # plain decode: every gain's baseline
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
     max_b += 1 if chunk_lens else 0            # the chunk's prompt takes a slot beside the rows
-    chunk_lens = sorted(set(chunk_lens))
-    if chunk_lens and chunk_lens[0] < 1:
+    if (chunk_lens := sorted(set(chunk_lens))) and chunk_lens[0] < 1:
         raise DynspecError(f"--chunk-lens {chunk_lens} needs chunks of >= 1 tokens")
     seq = context_lens[-1] + max([kmax + 1] + chunk_lens)
     floor_context = FLOOR_CONTEXT

@@ -439,13 +439,16 @@ def test_worktree_tree_is_the_commits_tree_until_a_file_changes(tmp_path):
 
 
 def test_the_serving_configs_run_the_sustained_load_through_the_serving_loop(tmp_path, monkeypatch):
-    """Regime B's lengths and acceptance, six waves at C = 16 and 64 (serving, which profiles and
-    installs the engine's cost model first) and 256 (serving_256, on the same engine), Poisson at
-    each C, the target alone, the tuned schedule and adaptive in the serving loop, 3 trials."""
-    profile, tune, sweep = stage_commands(load_config("serving"), tmp_path / "e", tmp_path / "r")
-    assert profile.name == "profile" and str(profile.install).endswith("/e/cost_model.json")
-    for (tune, sweep), cs in (((tune, sweep), "16,64"),
-                              (stage_commands(load_config("serving_256"), tmp_path / "e", tmp_path / "r"), "256")):
+    """Regime B's lengths and acceptance, six waves at C = 16 and 64 (serving) and 256 (serving_256,
+    on the same engine), each profiling and installing the engine's cost model first (the same grid,
+    lazy sync's catch-up too), Poisson at each C, the target alone, the tuned schedule and adaptive in
+    the serving loop, 3 trials."""
+    runs = [(stage_commands(load_config(name), tmp_path / "e", tmp_path / "r"), cs)
+            for name, cs in (("serving", "16,64"), ("serving_256", "256"))]
+    assert runs[0][0][0].argv == runs[1][0][0].argv
+    for (profile, tune, sweep), cs in runs:
+        assert profile.name == "profile" and str(profile.install).endswith("/e/cost_model.json")
+        assert "--catch-up" in profile.argv
         a = parsed(sweep, monkeypatch)
         assert (a.concurrency, a.poisson_at, a.waves, a.trials) == (cs, cs, 6, 3)
         assert a.modes == "baseline,dynamic,adaptive"            # no suffix: the serving loop (overlapped on CUDA)

@@ -231,7 +231,7 @@ def test_the_overlapped_loop_serves_arrivals_with_no_hidden_sync(pair):
     policy = DraftSchedule.parse("2:5,4:3,8:1")
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=5, max_num_tokens=64)
-    capture(eng, reachable_graphs([policy], 16, True, 64))
+    capture(eng, reachable_graphs([policy], 16, "lazy", 64))
     serial = [h.result().output_ids for h in closed_loop(Executor(eng, policy), jobs, 12)]
     ex = Executor(eng, policy, loop=Loop.OVERLAPPED)
     torch.cuda.set_sync_debug_mode("error")
@@ -509,7 +509,7 @@ def test_per_row_k_through_captured_whole_graphs_equals_transformers(pair, monke
     policy = FlipRows(4, seed=2)
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
                                 max_draft_len=4, max_num_tokens=64)
-    capture(eng, reachable_graphs([policy], 16, True, 64))
+    capture(eng, reachable_graphs([policy], 16, "lazy", 64))
     runs.clear()
     rng = random.Random(4)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 40))) for _ in range(16)]

@@ -152,13 +152,15 @@ def draft_sync_figures(profile: Mapping) -> dict:
                                                       if b in it and "1" in it[b] and dec.get(b)}}
     sync = profile.get("draft_sync") or ("warm" if profile.get("keep_warm") else "off")   # (older profiles)
     return {"draft_sync": sync, "context_len": t["context_len"], "k0_vs_decode": k0,
-            "catch_up": out}
+            "catch_up": out, "eager_fallbacks": profile.get("eager_fallbacks")}
 
 
 def draft_sync_note(fig: Mapping) -> str:
     """One summary line: the K=0 step over plain decode at b >= 64, and the catch-up at b = 64."""
     k0 = ", ".join(f"b={b} {r:.3f}" for b, r in fig["k0_vs_decode"].items() if int(b) >= 64)
     line = f"Draft sync {fig['draft_sync']} (profile, context {fig['context_len']}): K=0 step / plain decode {k0}."
+    if fig.get("eager_fallbacks"):
+        line += f" ({fig['eager_fallbacks']} steps ran eagerly: a graph was missing.)"
     cu = fig["catch_up"]
     if cu and "64" in cu["vs_decode"]:
         line += (f" Resuming after {cu['tokens']} K=0 steps at b=64: the catch-up costs"

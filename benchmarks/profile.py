@@ -263,6 +263,7 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_wa
     if catch_up:
         info["catch_up"] = measure_catch_up_ms(engine, batch_sizes, context_lens[0], catch_up, warmup=warmup,
                                                repeats=repeats, progress=progress)
+    info["eager_fallbacks"] = getattr(engine, "eager_fallbacks", 0)   # steps timed outside their graphs
     if floor is not None:
         fl = measure_floor(engine, warmup=max(warmup, 3), repeats=max(repeats, 20), context_len=floor)
         info.update(gemm_floor_ms=fl["gemm_floor_ms"], floor=fl)

@@ -106,15 +106,20 @@ def measure_catch_up_ms(engine, batch_sizes: Sequence[int], context_len: int, to
     catch-up and verify tokens fit the token budget. -> profile.json's "catch_up":
         {"tokens": 100, "k": 1, "context_len": 128, "ms": {"64": 9.1, ...}}
     Its cost is ms[b] - iteration_ms[b][1]; a plain decode step is decode_ms[b]."""
-    if not 1 <= tokens <= context_len:
-        raise DynspecError(f"--catch-up {tokens} must be in 1..{context_len} (the first profiled context)")
-    if getattr(engine, "draft_sync_cap", 0) < tokens:             # (a TP leader keeps none)
-        raise DynspecError(f"--catch-up {tokens}: the engine keeps {getattr(engine, 'draft_sync_cap', 0)} tokens of features a row"
-                           f" (draft_sync lazy, its cap)")
+    _check_catch_up(tokens, context_len)
+    cap = getattr(engine, "draft_sync_cap", 0)                  # (a TP leader keeps none)
+    if cap < tokens:
+        raise DynspecError(f"--catch-up {tokens}: the engine keeps {cap} tokens of features a row (draft_sync lazy, its cap)")
     bs = [b for b in batch_sizes if b * (tokens + 2) <= engine.max_num_tokens]
     shapes = [Shape(b, 1, False, catch_up=tokens) for b in bs]
     ms = time_shapes(engine, shapes, context_len, warmup=warmup, repeats=repeats, progress=progress)
     return {"tokens": tokens, "k": 1, "context_len": context_len, "ms": {str(sh.batch_size): ms[sh] for sh in shapes}}
+
+
+def _check_catch_up(tokens: int, context_len: int) -> None:
+    """--catch-up N (0: none) fits the first profiled context."""
+    if tokens and not 1 <= tokens <= context_len:
+        raise DynspecError(f"--catch-up {tokens} must be in 1..{context_len} (the first profiled context)")
 
 
 def measure_acceptance(engine, requests, k: int, concurrency: int) -> tuple[float, ...]:
@@ -156,15 +161,14 @@ def run_profile(cfg, *, device: str, batch_sizes: Sequence[int], draft_lens: Seq
     from dynspec.runtime.serving.loop import Loop
     from dynspec.runtime.serving.overlap import cache_slack
 
-    batch_sizes = sorted(set(batch_sizes))
-    draft_lens = sorted(set(draft_lens))
-    context_lens = sorted(set(context_lens))
+    batch_sizes, draft_lens, context_lens = sorted(set(batch_sizes)), sorted(set(draft_lens)), sorted(set(context_lens))
     if not context_lens or context_lens[0] < 1:
         raise DynspecError(f"--context-lens {context_lens} needs one or more contexts >= 1")
     draft_lens = [0] + draft_lens if 0 not in draft_lens else draft_lens   # plain decode: every gain's baseline
     kmax = max(draft_lens)
     max_b = max(batch_sizes + ([acceptance_concurrency] if acceptance_requests else []))
     max_b += 1 if chunk_lens else 0            # the chunk's prompt takes a slot beside the rows
+    _check_catch_up(catch_up, context_lens[0])          # before the engine opens
     if (chunk_lens := sorted(set(chunk_lens))) and chunk_lens[0] < 1:
         raise DynspecError(f"--chunk-lens {chunk_lens} needs chunks of >= 1 tokens")
     seq = context_lens[-1] + max([kmax + 1] + chunk_lens)

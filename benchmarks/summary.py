@@ -33,7 +33,8 @@ from dynspec.benchmarks.figures_adaptive import adaptive_figures, adaptive_plot,
 from dynspec.benchmarks.figures_per_request import per_request_figures, per_request_plot, per_request_table
 from dynspec.benchmarks.figures_overlap import overlap_figures, overlap_plot, overlap_table
 from dynspec.benchmarks.figures_profile import (cost_model_figures, cost_model_plot, cost_model_table,
-                                                draft_sync_figures, draft_sync_note, floor_figures, floor_plot, floor_table, mixed_figures, mixed_plot, mixed_table,
+                                                draft_sync_figures, draft_sync_note, floor_figures, floor_plot,
+                                                floor_table, mixed_figures, mixed_plot, mixed_table,
                                                 tp_figures, tp_plot, tp_table)
 from dynspec.benchmarks.figures_sweep import (sweep_figures, sweep_plot, sweep_table, varied_fixed_figures,
                                               varied_fixed_plot, varied_fixed_table)

@@ -166,9 +166,9 @@ def graph_keys(specs: Sequence, max_batch_size: int, max_num_tokens: int | None)
     keys: set = set()
     for spec in specs:
         top = bucket_for(spec.max_batch_size, buckets)
-        schedules, warm = dict(spec.schedules), dict(spec.draft_sync)
+        schedules, sync = dict(spec.schedules), dict(spec.draft_sync)
         for m in spec.modes:
-            keys |= {g for g in reachable_graphs([schedules[m]], max_batch_size, warm[m], max_num_tokens)
+            keys |= {g for g in reachable_graphs([schedules[m]], max_batch_size, sync[m], max_num_tokens)
                      if g.bucket <= top}
     return capture_order(keys)
 

@@ -68,7 +68,7 @@ class ReferenceSweep:
 
     def __init__(self, spec: SweepSpec, engine, w: World):
         self.spec, self.engine, self.w = spec, engine, w
-        self.schedules, self.warm, self.loops = dict(spec.schedules), dict(spec.draft_sync), dict(spec.loops)
+        self.schedules, self.sync, self.loops = dict(spec.schedules), dict(spec.draft_sync), dict(spec.loops)
         self.bar = None
 
     def executor(self, mode: str, n: int) -> StepTrace:
@@ -77,7 +77,7 @@ class ReferenceSweep:
         from dynspec.runtime.policy.acceptance import resolve as resolve_acceptance
         from dynspec.runtime.serving.executor import Executor
 
-        return StepTrace(Executor(self.engine, self.schedules[mode], draft_sync=self.warm[mode],
+        return StepTrace(Executor(self.engine, self.schedules[mode], draft_sync=self.sync[mode],
                                   acceptance=resolve_acceptance(self.spec.acceptance, n), allow_lossy=True,
                                   loop=self.loops[mode]), adaptive=base_mode(mode) in COST_MODES)
 
@@ -177,7 +177,7 @@ class ReferenceSweep:
             for m in spec.modes:
                 mets = trials[(p, m)]
                 med = median_trial(mets)
-                row = make_row(p, m, spec, self.schedules[m], self.warm[m], med, w.size)
+                row = make_row(p, m, spec, self.schedules[m], self.sync[m], med, w.size)
                 row.update(trial_fields(mets), overlapped_iterations=overlapped_its[(p, m)][mets.index(med)],
                            per_request=tables[(p, m)][mets.index(med)])    # the median trial's requests
                 if forward is not None:

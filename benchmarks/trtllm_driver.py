@@ -163,7 +163,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     static_k = schedules["static"].max_draft_len if "static" in schedules else 0
     if any(p.concurrency is None for p in spec.points):
         raise DynspecError("--engine trtllm supports closed-loop --concurrency only")
-    warm = {m: draft_sync_label(m, cfg.trtllm_version) for m in spec.modes}
+    sync = {m: draft_sync_label(m, cfg.trtllm_version) for m in spec.modes}
     trials: dict[tuple, list] = {}                        # (point, mode) -> RunMetrics of each trial
     n = len(spec.modes)
     for t in range(spec.trials):
@@ -186,7 +186,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
     for p in spec.points:                                   # the median trial + spread, as sweep's rows
         for m in spec.modes:
             mets = trials[(p, m)]
-            row = make_row(p, m, spec, schedules[m], warm[m], median_trial(mets), 1)
+            row = make_row(p, m, spec, schedules[m], sync[m], median_trial(mets), 1)
             row.update(trial_fields(mets))
             rows.append(row)
     doc = {"env": {"name": Path(args.out).name, "device": "cuda (TensorRT-LLM)", "engine": "trtllm",
@@ -195,7 +195,7 @@ def run_trtllm_sweep(args, argv: Sequence[str]) -> int:
                    "versions": versions(), "command": _launch_line(argv),
                    "acceptance_model": str(spec.acceptance), "acceptance_lossless": True,
                    "schedules": {m: s.to_spec() for m, s in spec.schedules}, "workload": spec.workload,
-                   "draft_sync": warm,
+                   "draft_sync": sync,
                    "trtllm_version": cfg.trtllm_version, "seed": spec.seed},
            "rows": rows}
     write_all(doc, args.out)

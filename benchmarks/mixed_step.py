@@ -52,6 +52,9 @@ def make_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     p.add_argument("--points", default="1:0:128,16:0:128,64:0:128,64:2:64,128:0:256", help="b:K:chunk,...")
     p.add_argument("--context-len", type=int, default=512)
+    p.add_argument("--draft-sync", choices=("lazy", "warm"), default="lazy",
+                   help="K=0 points as this draft sync serves them: lazy stores the chunk's features (no draft "
+                        "pass: plan.store_chunks), warm runs the draft over the chunk and keeps the rows' draft warm")
     add_step_timing_args(p, 20, "CUDA: also profile STEPS eager and STEPS full mixed steps per point, and "
                                 "STEPS decode steps (kernel time against wall time: eager_kernels, "
                                 "full_kernels, decode_kernels)")
@@ -87,13 +90,26 @@ def eager_mixed(engine):
         engine.whole = whole
 
 
-def capture(engine, points, cfg) -> tuple[set, str | None]:
+def point_plans(engine, point, sync: str, ctx: int, pending, slots, toks):
+    """(mixed, decode) plans of point b:K:chunk: b rows at position ctx in slots[:b], the chunk's
+    tokens in slots[b]; K = 0 under `sync` (lazy: the chunk stored, plan.store_chunks)."""
+    from dynspec.runtime.serving.plan import PromptChunk, make_plan
+
+    b, k, _ = point
+    lazy = sync == "lazy" and k == 0
+    common = dict(positions=[ctx] * b, pending=list(pending), stale=[False] * b, keep_warm=k == 0 and not lazy,
+                  buckets=engine.buckets, slots=list(slots)[:b], lazy=lazy)
+    mixed = make_plan(k, chunks=[PromptChunk(list(slots)[b], 0, tuple(toks), None)], store_chunks=lazy and b > 0,
+                      **common)
+    return mixed, make_plan(k, **common)
+
+
+def capture(engine, points, cfg, sync: str) -> tuple[set, str | None]:
     """Under graphs "full" on CUDA: the points' decode graphs and one whole-forward graph per
     point's (Np, B, T) -> (the whole keys, None), or (set(), the error) when the whole capture
     fails (a finding, not a stop: eager still runs)."""
     from dynspec.config import GraphMode
     from dynspec.runtime.engines.reference.engine import reachable_graphs
-    from dynspec.runtime.serving.plan import PromptChunk, make_plan
     from dynspec.runtime.policy import ConstantK
 
     if engine.device.type != "cuda":
@@ -103,13 +119,12 @@ def capture(engine, points, cfg) -> tuple[set, str | None]:
         return set(), None
     keys = set()
     for b, k, _ in points:
-        keys |= set(reachable_graphs([ConstantK(k)], b, True, engine.max_num_tokens))
+        keys |= set(reachable_graphs([ConstantK(k)], b, sync, engine.max_num_tokens))
     engine.capture_decode_graphs(keys)
     engine.warm_chunks()
     try:
         engine.capture_whole_graphs()                 # the buffers; the keys follow from their buckets
-        plans = [make_plan(k, [1] * b, [0] * b, [False] * b, False, engine.buckets,
-                           chunks=[PromptChunk(0, 0, (0,) * c, None)]) for b, k, c in points]
+        plans = [point_plans(engine, (b, k, c), sync, 1, [0] * b, range(b + 1), (0,) * c)[0] for b, k, c in points]
         whole = {w for w in map(engine.whole.key, plans) if w}
         engine.capture_whole_graphs(exact=whole)
         return whole, None
@@ -129,7 +144,6 @@ def run(args, on_point=None) -> dict:
 
     from dynspec.benchmarks.engines import open_sized
     from dynspec.benchmarks.step_timing import reserved_rows
-    from dynspec.runtime.serving.plan import PromptChunk, make_plan
 
     apply_bench_env()
     check_device(args.device)
@@ -142,13 +156,13 @@ def run(args, on_point=None) -> dict:
     need = max(b * (k + 1) + c for b, k, c in points)
     if need > engine.max_num_tokens:
         raise DynspecError(f"--points need {need} tokens in one iteration; max_num_tokens is {engine.max_num_tokens}")
-    whole, whole_error = capture(engine, points, cfg)
+    whole, whole_error = capture(engine, points, cfg, args.draft_sync)
     rng = random.Random(0)
     rows = []
     doc = {"context_len": ctx, "device": torch.cuda.get_device_name() if engine.device.type == "cuda" else "cpu",
            "dtype": cfg.reference.dtype, "graphs": cfg.reference.graphs.value if engine.device.type == "cuda" else "eager",
            "mixed_graph_buckets": list(engine.whole.buckets) if engine.whole else None,
-           "whole_error": whole_error, "points": rows,
+           "whole_error": whole_error, "draft_sync": args.draft_sync, "points": rows,
            "capture": {name: dataclasses.asdict(c) for name, c in getattr(engine, "capture_costs", {}).items()},
            "statistic": f"median of {args.trials} trials, each the median of {args.repeats} steps",
            "command": " ".join(["python -m dynspec.benchmarks.mixed_step", *sys.argv[1:]])}
@@ -156,10 +170,7 @@ def run(args, on_point=None) -> dict:
         for b, k, chunk in points:
             pending = [rng.randrange(2, 16) for _ in range(b)]
             toks = tuple(rng.randrange(2, 16) for _ in range(chunk))
-            common = dict(positions=[ctx] * b, pending=pending, stale=[False] * b, keep_warm=k == 0,
-                          buckets=engine.buckets, slots=slots[:b])
-            mixed = make_plan(k, chunks=[PromptChunk(slots[b], 0, toks, None)], **common)
-            decode = make_plan(k, **common)
+            mixed, decode = point_plans(engine, (b, k, chunk), args.draft_sync, ctx, pending, slots, toks)
             full = bool(whole) and engine.whole.key(mixed) in whole
             rows.append(_time_point(engine, args, (b, k, chunk), mixed, decode, full))
             print(json.dumps({m: rows[-1][m] for m in ("point", "eager_ms", "full_ms", "decode_ms")}), flush=True)

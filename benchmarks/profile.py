@@ -73,9 +73,9 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
     def shape(b: int, k: int) -> Shape:
         return Shape(b, k, keep_warm and k == 0, lazy=lazy and not keep_warm and k == 0)
 
-    grid = [shape(b, k) for b in batch_sizes for k in draft_lens]
-    bare = [Shape(b, 0, False) for b in batch_sizes]
-    ms = time_shapes(engine, list(dict.fromkeys(grid + bare)), context_len, warmup=warmup, repeats=repeats,
+    # each b's plain decode timed beside its K grid, so their ratio is of neighbouring samples
+    grid = [s for b in batch_sizes for s in (Shape(b, 0, False), *(shape(b, k) for k in draft_lens))]
+    ms = time_shapes(engine, list(dict.fromkeys(grid)), context_len, warmup=warmup, repeats=repeats,
                      progress=progress)
     table = {b: {k: ms[shape(b, k)] for k in draft_lens} for b in batch_sizes}
     decode = {b: ms[Shape(b, 0, False)] for b in batch_sizes}
@@ -84,19 +84,22 @@ def measure_iteration_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequenc
 
 def measure_chunk_ms(engine, batch_sizes: Sequence[int], draft_lens: Sequence[int], context_len: int,
                      chunk_lens: Sequence[int], *, warmup: int = 3, repeats: int = 10,
-                     progress=None) -> dict[int, dict[int, dict[int, float]]]:
+                     progress=None, lazy: bool = False) -> dict[int, dict[int, dict[int, float]]]:
     """{chunk: {b: {K: ms}}}: each (b, K) with one last prompt chunk of `chunk` tokens riding
     (profile.json's chunk_ms, runtime/policy/chunk_cost.py); K = 0 without keep-warm (a mixed K=0
-    step prices over plain decode)."""
+    step prices over plain decode), under lazy draft sync as served: the chunk stored (plan.store_chunks)."""
     over = [(b, k, c) for c in chunk_lens for b in batch_sizes for k in draft_lens
             if b * (k + 1) + c > engine.max_num_tokens]
     if over:
         b, k, c = over[0]
         raise DynspecError(f"--chunk-lens: b={b} at K={k} with a {c}-token chunk is {b * (k + 1) + c} tokens, above "
                            f"the engine's max_num_tokens {engine.max_num_tokens}")
-    grid = [Shape(b, k, False, c) for c in chunk_lens for b in batch_sizes for k in draft_lens]
+    def shape(b: int, k: int, c: int) -> Shape:
+        return Shape(b, k, False, c, lazy=lazy and k == 0)
+
+    grid = [shape(b, k, c) for c in chunk_lens for b in batch_sizes for k in draft_lens]
     ms = time_shapes(engine, grid, context_len, warmup=warmup, repeats=repeats, progress=progress)
-    return {c: {b: {k: ms[Shape(b, k, False, c)] for k in draft_lens} for b in batch_sizes} for c in chunk_lens}
+    return {c: {b: {k: ms[shape(b, k, c)] for k in draft_lens} for b in batch_sizes} for c in chunk_lens}
 
 
 def measure_catch_up_ms(engine, batch_sizes: Sequence[int], context_len: int, tokens: int, *, warmup: int = 3,
@@ -248,11 +251,11 @@ def _measure(engine, cfg, device, batch_sizes, draft_lens, context_lens, keep_wa
     kmax = max(draft_lens)
     tables = []
     for ctx in context_lens:
+        lazy = cfg.reference.draft_sync == "lazy"
         table, decode = measure_iteration_ms(engine, batch_sizes, draft_lens, ctx, keep_warm=keep_warm,
-                                             warmup=warmup, repeats=repeats, progress=progress,
-                                             lazy=cfg.reference.draft_sync == "lazy")
+                                             warmup=warmup, repeats=repeats, progress=progress, lazy=lazy)
         chunk = measure_chunk_ms(engine, batch_sizes, draft_lens, ctx, chunk_lens, warmup=warmup, repeats=repeats,
-                                 progress=progress) if chunk_lens else None
+                                 progress=progress, lazy=lazy) if chunk_lens else None
         tables.append(ContextTable(ctx, table, decode, chunk))
     pp = None
     if acceptance_requests and kmax > 0:

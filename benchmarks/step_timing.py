@@ -43,7 +43,7 @@ def synthetic_plan(engine, shape: Shape, context_len: int, slots: Sequence[int],
     spans = [CatchUp(s, context_len - n, tuple(rng.randrange(2, 16) for _ in range(n))) for s in slots[:b]] if n else []
     return make_plan(shape.k, positions=[context_len] * b, pending=[rng.randrange(2, 16) for _ in range(b)],
                      stale=[False] * b, keep_warm=shape.keep_warm, buckets=engine.buckets, slots=slots[:b],
-                     chunks=chunks, lazy=shape.lazy, catch_up=spans)
+                     chunks=chunks, lazy=shape.lazy, catch_up=spans, store_chunks=shape.lazy and bool(b and c))
 
 
 class reserved_rows:

@@ -346,10 +346,12 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, sync):
     at the last tokens only; at K > 0 _verify: the draft chain, acceptance, one draft pass over
     the rows' catch-up entries and the chunks). Two engines serve the same arrivals in lockstep,
     one through it, one eagerly; after every step their carried state (next draft, draft hidden,
-    last capture), both caches outside the scratch block and, under lazy draft sync, the feature
-    store (runtime/engines/reference/lazy_sync.py) match. A wrong draft state would not
-    change the tokens (drafts are verified), so tokens alone could not catch it."""
-    from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
+    last capture), both caches at every position a later step reads (each live request's
+    positions below its pending one: past it, a row at K_r = 0 beside drafting rows, still catching
+    up, leaves the rejected drafts' K/V on the eager path and nothing on the packed one, and those
+    are rewritten before they are read) and, under lazy draft sync, the feature store
+    (runtime/engines/reference/lazy_sync.py) match. A wrong draft state would not change the tokens
+    (drafts are verified), so tokens alone could not catch it."""
 
     ts = []
     policy = DraftSchedule.parse("1:3,2:2,3:0")          # K = 0 from 3 decode rows up
@@ -362,11 +364,17 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, sync):
     rng = random.Random(41)
     ps = prompts(10, seed=41, lo=4, hi=30)
     lens = [rng.randint(2, 12) for _ in ps]
-    live = slice(engines[0].block_size * (SCRATCH_BLOCK + 1), None)
+    def read_later(e, ex) -> torch.Tensor:
+        """Cache rows of each live request's positions below its pending one (prompts: prefilled)."""
+        bs, pool = e.block_size, ex._pool
+        spans = [(r.slot, r.length) for r in pool.rows] + [(r.slot, r.prefilled) for r in pool.prefilling]
+        return torch.tensor([e.slots.table(s)[p // bs] * bs + p % bs for s, n in spans for p in range(n)], dtype=torch.long)
 
     def check(step: int) -> None:
         a, b = engines
         n = a.pad_slot
+        live = read_later(a, exs[0])
+        assert torch.equal(live, read_later(b, exs[1])), step
         assert torch.equal(a.next_draft[:n], b.next_draft[:n]), step
         torch.testing.assert_close(a.draft_hidden[:n], b.draft_hidden[:n], rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(a.last_capture[:n], b.last_capture[:n], rtol=1e-9, atol=1e-9)

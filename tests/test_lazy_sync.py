@@ -192,3 +192,43 @@ def test_the_caught_up_draft_cache_is_the_warm_one(tiny):
     assert [h.result().output_ids for h in hs[0]] == [h.result().output_ids for h in hs[1]]
     assert [s.k for s in exs[0].stats] == [s.k for s in exs[1].stats]
     assert sum(s.catch_up_tokens for s in exs[0].stats) > 0 and checked > 20
+
+
+def test_prompt_chunks_catch_up_within_the_budget():
+    """draft_sync's "Prompts" example: a 300-token prompt whose chunk 0..99 was stored; its next
+    chunk, in a step that drafts, first catches up positions 0..99 (x1..x100), and both fit the
+    budget; a second request behind waits where its catch-up leaves no token for its chunk; past
+    the cap the oldest positions are dropped."""
+    from dynspec.runtime.serving.draft_sync import chunk_catch_up
+    from dynspec.runtime.serving.planning import prompt_chunks
+    from dynspec.runtime.serving.requests import Request
+
+    a = Request(0, tuple(range(1000, 1300)), 8, frozenset(), 0.0, slot=3, prefilled=100, draft_behind=100)
+    b = Request(1, tuple(range(40)), 8, frozenset(), 0.0, slot=5, prefilled=10, draft_behind=10)
+    chunks, chunked = prompt_chunks([a, b], 305, cap=256)
+    assert [(c.start, len(c.tokens)) for c in chunks] == [(100, 200)] and chunked == [a]   # 100 + 200; b: 5 - 10 < 1
+    spans, dropped = chunk_catch_up(chunked, [100], 256)
+    assert spans[0].slot == 3 and spans[0].start == 0 and spans[0].tokens == tuple(range(1001, 1101)) and not dropped
+    assert prompt_chunks([a, b], 305)[1] == [a, b]                    # no cap: the chunks' draft pass is deferred
+    spans, dropped = chunk_catch_up([a], [100], 64)
+    assert (spans[0].start, len(spans[0].tokens), dropped) == (36, 64, 36)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_stored_prompts_accept_what_drafted_prompts_accept(tiny, whole):
+    """3 rows, K=4 for 2 iterations then 0 for 5: prompts of later requests ride in K=0 steps and
+    are stored (no draft pass), their draft caught up when their rows draft. The catch-up writes
+    the K/V the draft pass wrote and the refresh rebuilds the head, so every step accepts what it
+    accepts with the draft run over every chunk, and the text is transformers' greedy."""
+    runs = {}
+    for store in (True, False):
+        eng = engine(tiny, budget=8192, cap=256, whole=whole)
+        ex = Executor(eng, Cycle(2, 5), draft_sync="lazy", stats_limit=None, store_prompts=store)
+        out = [r.output_ids for r in run_closed_loop(ex, tiny[2], 40, concurrency=3)]
+        runs[store] = out, [(s.k, s.accepted) for s in ex.stats], ex.stats
+    assert runs[True][0] == runs[False][0] == greedy_many(tiny[3], tiny[2], 40)
+    assert runs[True][1] == runs[False][1]
+    stored = sum(s.stored_prompt_tokens for s in runs[True][2])
+    assert stored > 0 and not any(s.stored_prompt_tokens for s in runs[False][2])
+    # each stored prompt is caught up but its last position, which the refresh rebuilds
+    assert sum(s.catch_up_tokens for s in runs[True][2]) >= sum(s.catch_up_tokens for s in runs[False][2]) + stored - 6

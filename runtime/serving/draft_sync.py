@@ -16,6 +16,13 @@ Worked example, cap 8, budget 20, two rows at K=3 wanted (8 decode tokens, 12 le
     row B  L = 70, behind 11   drop 3 (stale), behind 8;       catch-up 62..68 (7 tokens: 12 - 5)
                                                                 K_B = 3, behind after 0
     with budget 16 (8 left): A as above, B writes 62..64 (3), K_B = 0, behind after 8 - 3 + 1 = 6.
+
+Prompts (store_chunks): a lazy K=0 step with decode rows stores its chunks' features instead of
+running the draft over them, and each chunk's request falls behind by its tokens (a stored last
+chunk leaves the row with a stale head). A later chunk that does run the draft first catches up
+its request's newest min(behind, cap) positions below it (chunk_catch_up), within the budget.
+Example, cap 256: a 300-token prompt in chunks 0..99 (stored) and 100..299 (drafted) -> the second
+step writes draft positions 0..99 (CatchUp(slot, 0, x1..x100)), then its chunk's 100..299.
 """
 from __future__ import annotations
 
@@ -85,3 +92,16 @@ def _rows(rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], ca
         else:
             behind.append(0)
     return RowSync(tuple(out_k), tuple(stale), tuple(spans), tuple(behind), dropped)
+
+
+def chunk_catch_up(chunked: Sequence[Request], starts: Sequence[int], cap: int) -> tuple[tuple[CatchUp, ...], int]:
+    """The catch-ups of prompt chunks that run the draft (module docstring, "Prompts"): for each
+    request behind, starting a chunk at position starts[i], its newest min(behind, cap) positions
+    below it -> (spans, positions dropped past the cap: stale for good)."""
+    spans, dropped = [], 0
+    for req, start in zip(chunked, starts):
+        n = min(req.draft_behind, cap)
+        dropped += req.draft_behind - n
+        if n:
+            spans.append(CatchUp(req.slot, start - n, req.prompt[start - n + 1:start + 1]))
+    return tuple(spans), dropped

@@ -44,7 +44,7 @@ from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, rate_of
 from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.serving.executor_thread import LoopThread
 from dynspec.runtime.serving.gc_heap import pause_seconds
-from dynspec.runtime.serving.draft_sync import plan_sync
+from dynspec.runtime.serving.draft_sync import chunk_catch_up, plan_sync
 from dynspec.runtime.serving.loop import Loop, LoopStrategy, loop_strategy
 from dynspec.runtime.serving.plan import Engine, PromptChunk, StepPlan, StepResult, sync_mode
 from dynspec.runtime.serving.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
@@ -74,6 +74,10 @@ class Executor:
         # Loop.OVERLAPPED (docs/design.md, "The overlapped loop"): plan and launch iteration i+1
         # before reading iteration i's result (runtime/serving/loop.py)
         loop: Loop = Loop.SERIAL,
+        # lazy sync: a K=0 step with decode rows stores its prompt chunks' target features and the
+        # draft catches up when the row drafts (runtime/serving/draft_sync.py, "Prompts"); False: the
+        # draft runs over every chunk in its step
+        store_prompts: bool = True,
     ):
         if not acceptance.lossless and not allow_lossy:
             raise DynspecError(
@@ -85,6 +89,7 @@ class Executor:
         # a policy that never drafts runs the target alone: no draft sync, no draft pass over prompts
         self.draft = speculates(policy)
         self.draft_sync = sync if self.draft else "off"
+        self.store_prompts = store_prompts and self.draft_sync == "lazy" and getattr(engine, "draft_sync_cap", 0) > 0
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, self.draft_sync == "warm", acceptance
         self._k = KDecider(engine, policy, self.keep_warm,   # the K decision and what it remembers
                            truth=None if acceptance.lossless else functools.partial(rate_of, acceptance))
@@ -177,11 +182,14 @@ class Executor:
             t_policy = self.clock() - tp0
             sync = plan_sync(self.draft_sync, rows, rin.context, decision.ks if decision else (), self.engine)
             k = sync.k
-            chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1) - sync.tokens)
+            store = self.store_prompts and b > 0 and k == 0           # the chunks' draft pass deferred
+            cap = getattr(self.engine, "draft_sync_cap", 0) if self.draft_sync == "lazy" and not store else None
+            chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1) - sync.tokens, cap)
             if not rows and not chunks:
                 return None
+            ups, dropped = chunk_catch_up(chunked, [c.start for c in chunks], cap) if cap is not None else ((), 0)
             plan = make_step_plan(k, rows, rin, decision, self.draft_sync, self.engine, chunks, sync,
-                                  carry=carry, draft=self.draft)
+                                  carry=carry, draft=self.draft, chunk_catch_up=ups, store_chunks=store and bool(chunks))
             t1 = self.clock()
             handle = launch(plan) if launch is not None else None
         except BaseException:
@@ -189,7 +197,7 @@ class Executor:
             raise
         return Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
                         t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1, waiting,
-                        sync.behind, sync.dropped)
+                        sync.behind, sync.dropped + dropped)
 
     def _backlog(self, b: int) -> tuple[int, ...]:
         """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""
@@ -197,12 +205,12 @@ class Executor:
             return ()
         return self._pool.backlog(min(self.engine.max_batch_size, self.engine.max_num_tokens) - b)
 
-    def _chunks(self, left: int) -> tuple[tuple[PromptChunk, ...], list[Request]]:
+    def _chunks(self, left: int, cap: int | None) -> tuple[tuple[PromptChunk, ...], list[Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
         ones, admitted while a slot, their blocks (with the loop's cache slack) and a decode row
-        at K=0 are free."""
+        at K=0 are free. cap: planning.prompt_chunks' (the prompts' catch-ups under lazy sync)."""
         self._pool.admit(self.engine, left, self.strategy.slack, self._k.new_request)
-        return prompt_chunks(list(self._pool.prefilling), left)
+        return prompt_chunks(list(self._pool.prefilling), left, cap)
 
     def advance(self, launched: Launched, warm: bool) -> None:
         """The host state the next plan needs from a step (SerialLoop: at its fold; OverlappedLoop:
@@ -216,7 +224,7 @@ class Executor:
                 req.draft_warm = warm
             for req, behind in zip(launched.rows, launched.draft_behind):   # lazy draft sync
                 req.draft_behind = behind
-            self._pool.advance_prompts(launched.chunked, plan.chunks)
+            self._pool.advance_prompts(launched.chunked, plan.chunks, plan.store_chunks)
         if plan.batch_size:
             self._k.count_k(plan.k, launched.decision)
 

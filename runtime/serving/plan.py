@@ -93,6 +93,8 @@ class StepPlan:
     lazy: bool = False              # lazy draft sync: K=0 rows keep their target features in the engine's
                                     # store instead of extending the draft (keep_warm is False then)
     catch_up: tuple[CatchUp, ...] = ()   # lazy: the draft K/V to write before the step's draft work
+    store_chunks: bool = False      # lazy, K=0 with decode rows: the chunks' draft pass is deferred (their
+                                    # target features stored; the draft catches up when the row drafts)
 
     def __post_init__(self) -> None:
         if not self.slots:
@@ -218,12 +220,13 @@ def make_plan(
     row_k: Sequence[int] | None = None,
     lazy: bool = False,
     catch_up: Sequence[CatchUp] = (),
+    store_chunks: bool = False,
 ) -> StepPlan:
     """Pure: the whole iteration's shape from (b, K), each row's length and the prompt chunks.
     from_device / carry: the overlapped loop's rows carried on the device (module docstring).
     draft False: K must be 0 and keep_warm False (the target alone).
     row_k: each row's K_i (a per-request policy), K = max(row_k); None: every row at K.
-    lazy / catch_up: lazy draft sync (StepPlan; keep_warm False with it)."""
+    lazy / catch_up / store_chunks: lazy draft sync (StepPlan; keep_warm False with it)."""
     b = len(positions)
     row_k = (k,) * b if row_k is None or not b else tuple(int(x) for x in row_k)
     if b and (len(row_k) != b or min(row_k) < 0 or max(row_k) != k):
@@ -239,6 +242,9 @@ def make_plan(
         raise ValueError(f"a plan without the draft runs K=0 without keep-warm (K={k}, keep_warm={keep_warm})")
     if lazy and keep_warm:
         raise ValueError("a plan's draft sync is one of warm (keep_warm) and lazy, not both")
+    if store_chunks and not (lazy and draft and b and not k and chunks):
+        raise ValueError(f"store_chunks is a lazy K=0 step's with decode rows and chunks (lazy={lazy}, K={k}, "
+                         f"b={b}, chunks={len(chunks)})")
     return StepPlan(
         k=k if b else 0,
         batch_size=b,
@@ -255,6 +261,7 @@ def make_plan(
         row_k=row_k,
         lazy=lazy and draft,
         catch_up=tuple(catch_up),
+        store_chunks=store_chunks,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Sequence
 from dynspec.errors import DynspecError
 from dynspec.runtime.serving.draft_sync import RowSync
 from dynspec.runtime.serving.overlap import row_inputs
-from dynspec.runtime.serving.plan import PromptChunk, StepPlan, StepResult, bucket_for, cap_k, chunk_sizes, make_plan
+from dynspec.runtime.serving.plan import CatchUp, PromptChunk, StepPlan, StepResult, bucket_for, cap_k, make_plan
 from dynspec.runtime.serving.requests import Launched, Request
 from dynspec.runtime.policy.row_table import RowTable
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
@@ -155,14 +155,19 @@ def plan_row_inputs(rows: Sequence[Request], prev: Launched | None):
                       [prev.plan.k if id(r) in ran else 0 for r in rows])
 
 
-def prompt_chunks(reqs: Sequence[Request], left: int) -> tuple[tuple[PromptChunk, ...], list[Request]]:
-    """The admitted requests' next prompt chunks within `left` tokens (plan.chunk_sizes), and the
-    request of each chunk."""
-    sizes = chunk_sizes(left, [len(r.prompt) - r.prefilled for r in reqs])
+def prompt_chunks(reqs: Sequence[Request], left: int, cap: int | None = None
+                  ) -> tuple[tuple[PromptChunk, ...], list[Request]]:
+    """The admitted requests' next prompt chunks within `left` tokens, first come first served
+    (as plan.chunk_sizes), and the request of each chunk. cap (lazy sync, a step that drafts its
+    chunks): a request behind (draft_sync.chunk_catch_up) spends min(behind, cap) of `left` on its
+    catch-up before its chunk, and waits where that leaves no token for the chunk."""
     chunks, chunked = [], []
-    for req, n in zip(reqs, sizes):
-        if n == 0:
+    for req in reqs:
+        need = min(req.draft_behind, cap) if cap is not None else 0
+        n = min(len(req.prompt) - req.prefilled, left - need)
+        if n <= 0:
             continue
+        left -= n + need
         s, e = req.prefilled, req.prefilled + n
         chunks.append(PromptChunk(req.slot, s, req.prompt[s:e], req.prompt[e] if e < len(req.prompt) else None))
         chunked.append(req)
@@ -170,10 +175,12 @@ def prompt_chunks(reqs: Sequence[Request], left: int) -> tuple[tuple[PromptChunk
 
 
 def make_step_plan(k: int, rows: Sequence[Request], rin, decision, draft_sync: str, engine, chunks,
-                   sync: RowSync, carry: bool, draft: bool) -> StepPlan:
+                   sync: RowSync, carry: bool, draft: bool, chunk_catch_up: Sequence[CatchUp] = (),
+                   store_chunks: bool = False) -> StepPlan:
     """The iteration's StepPlan (plan.make_plan) from its rows, K decision, draft sync (the
-    executor's mode; the rows' RowSync: each row's K, stale head and catch-up) and chunks.
-    keep_warm: the decision's (a policy may choose it) under "warm" only."""
+    executor's mode; the rows' RowSync: each row's K, stale head and catch-up), chunks and their
+    lazy sync (the prompts' catch-ups; store_chunks). keep_warm: the decision's (a policy may
+    choose it) under "warm" only."""
     warm = draft_sync == "warm"
     return make_plan(
         k,
@@ -189,5 +196,6 @@ def make_step_plan(k: int, rows: Sequence[Request], rin, decision, draft_sync: s
         draft=draft,
         row_k=sync.ks if rows else None,
         lazy=draft_sync == "lazy",
-        catch_up=sync.catch_up,
+        catch_up=sync.catch_up + tuple(chunk_catch_up),
+        store_chunks=store_chunks,
     )

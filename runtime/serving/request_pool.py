@@ -74,15 +74,18 @@ class RequestPool:
                 on_admit(slot)
                 self.prefilling.append(req)
 
-    def advance_prompts(self, chunked: Sequence[Request], chunks: Sequence[PromptChunk]) -> None:
+    def advance_prompts(self, chunked: Sequence[Request], chunks: Sequence[PromptChunk], stored: bool = False) -> None:
         """Prompt progress of the chunks that ran; a request whose last chunk ran becomes a decode
-        row with a warm draft head (called with the lock held)."""
+        row with a warm draft head (called with the lock held). stored (plan.store_chunks): the
+        draft did not run over them, so each request falls behind by its chunk's tokens and a last
+        chunk leaves a stale head; otherwise the step caught each request up (draft_sync.chunk_catch_up)."""
         for req, chunk in zip(chunked, chunks):
             req.prefilled += len(chunk.tokens)
+            req.draft_behind = req.draft_behind + len(chunk.tokens) if stored else 0
             if chunk.last:
                 self.prefilling.remove(req)
                 self.rows.append(req)
-                req.draft_warm = True
+                req.draft_warm = not stored
 
     def retire(self, release: Callable[[int], None], rows_leave: Callable[[float], None]) -> None:
         """End cancelled waiting requests; release the slots of finished or cancelled ones.

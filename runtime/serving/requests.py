@@ -49,6 +49,7 @@ class IterationStats:
     # lazy draft sync (docs/design.md, "Draft sync")
     catch_up_tokens: int = 0     # draft entries the step's catch-up wrote (within max_num_tokens)
     stale_draft_tokens: int = 0  # draft positions dropped past the feature store's cap: their K/V stays stale
+    stored_prompt_tokens: int = 0  # chunk tokens whose draft pass was deferred (plan.store_chunks)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,8 @@ def iteration_stats(iteration: int, launched: Launched, result: StepResult, emit
                           oldest_key=min(r.id for r in rows) if rows else None, keep_warm=plan.keep_warm,
                           cost_scale=launched.scale, waiting=launched.waiting, device_seconds=result.device_s,
                           gpu_idle_s=result.idle_s, catch_up_tokens=plan.catch_up_tokens,
-                          stale_draft_tokens=launched.stale_draft, **kw)
+                          stale_draft_tokens=launched.stale_draft,
+                          stored_prompt_tokens=plan.prefill_tokens if plan.store_chunks else 0, **kw)
 
 
 class StatsLog:

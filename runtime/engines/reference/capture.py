@@ -17,7 +17,7 @@ from dynspec.runtime.engines.reference.draft_chain import device_fn
 from dynspec.runtime.engines.reference.graph_keys import GraphKey, capture_order
 from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain, capture_chain, chain_cuts, timed_capture
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
-from dynspec.runtime.engines.reference.mixed_layout import least_tokens, whole_keys
+from dynspec.runtime.engines.reference.mixed_layout import STORE, least_tokens, whole_keys
 from dynspec.runtime.engines.reference.step_state import StepParts
 from dynspec.runtime.serving.plan import PromptChunk, StepPlan, make_plan
 
@@ -65,7 +65,8 @@ def capture_whole_graphs(s: StepParts, whole: WholeMixed, row_buckets: Sequence[
     (token bucket, row bucket, T, draft) (mixed_graphs.py): for the row shapes of `keys` with every
     token bucket they can reach (mixed_layout.least_tokens), plus chunk-only iterations, plus
     the `exact` keys (CUDA). -> (how many, cost)."""
-    rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, g.draft) for g in keys if g.kind != "refresh"}
+    rows = {(g.bucket, g.k + 1 if g.kind == "spec" else 1, STORE if g.sync == "lazy" and g.draft else g.draft)
+            for g in keys if g.kind != "refresh"}                     # lazy K=0: chunks stored (mixed_layout.STORE)
     s.slots.flush()                 # not inside a capture (capture_decode_graphs)
     s.buffers.pad_rows()
     below = dict(zip(row_buckets, (0,) + tuple(row_buckets)[:-1]))   # row bucket -> the one below it

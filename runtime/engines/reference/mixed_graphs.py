@@ -19,23 +19,21 @@ Example b=3 in row bucket 4 at K = (2, 0, 1), T=3, chunks of 5 and 3 tokens, Np=
     cells   row a: 0 1 2, row b: 3, row c: 6 7  (cells 4, 5, 8 and row 3's verify nothing)
     items   (sa, 0, 3) (sb, 3, 1) (sc, 4, 2) (sx, 6, 4) (sx, 10, 1) (sy, 11, 3) (pad, 14, 2), then empty ones
 
-Inputs: the chunks' tokens, positions, K/V write indices and draft inputs at their packed
-places, the cell map both ways, the last-token indices and the work items are laid out on the
-host (`stage`, numpy) in one pinned buffer and reach the device in one copy; the graph merges the
-decode rows' tokens and positions (from the engine's step_in copy and the draft chain) into the
-forward's buffers through the cell map (`_pack`: one launch of pack_kernel.py with the Triton attention).
+Inputs (the chunks' tokens, positions, K/V write indices and draft inputs, the cell map both
+ways, the last-token indices, the work items) are laid out on the host (`stage`) in one pinned
+buffer, one copy; the graph merges the decode rows' tokens and positions (the engine's step_in
+copy, the draft chain) in through the cell map (`_pack`: one launch of pack_kernel.py on Triton).
 
-The graph holds the whole iteration (at most CHUNKS chunks; `key` refuses more: those
-iterations run eagerly). K = 0 keys (T = 1): the forward, the decode rows' outputs, and one draft
-pass over every packed token: the chunks' entries and the rows' keep-warm entries (their K/V
-into the scratch block when the plan does not keep warm), its outputs at the last chunks' last
-tokens only. K > 0 keys: the draft chain of the decode rows first (their K drafts from the
-carried heads), the forward, acceptance (row r accepts at most K_r), and one draft pass over every
-packed token, its outputs at each row's accepted index and each last chunk's last token. Stale
-rows are refreshed before, by the refresh graph.
+The graph holds the whole iteration (at most CHUNKS chunks; more run eagerly). K = 0 keys (T = 1):
+the forward, the rows' outputs, then one draft pass over every packed token (the chunks' entries;
+the rows' keep-warm entries, into the scratch block unless the plan keeps warm), its outputs at the
+last chunks' last tokens; under lazy sync (draft STORE: plan.store_chunks) no draft pass, every
+token's capture into the feature store (the draft catches up when its row drafts). K > 0 keys: the
+rows' draft chain from their carried heads, the forward, acceptance (row r at most K_r), one draft
+pass over every packed token, outputs at each row's accepted index and each last chunk's last
+token. Stale rows are refreshed before, by the refresh graph.
 
-On CPU without Triton (tests) the same functions run uncaptured with gathered SDPA over a batch
-built on the host.
+On CPU without Triton (tests) the same functions run uncaptured, with gathered SDPA.
 """
 from __future__ import annotations
 
@@ -50,7 +48,7 @@ from dynspec.runtime.engines.reference.attention import (ITEM_FIELDS, ITEM_TOKEN
 from dynspec.runtime.engines.reference.draft_chain import accept, draft_chain
 from dynspec.runtime.engines.reference.graphs import capture_chain, chain_cuts, no_cut
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
-from dynspec.runtime.engines.reference.mixed_layout import (BUCKETS, Key, cell_map, item_cap, least_tokens,
+from dynspec.runtime.engines.reference.mixed_layout import (BUCKETS, STORE, Key, cell_map, item_cap, least_tokens,
                                                             mixed_buckets, whole_keys)
 from dynspec.runtime.engines.reference.step_state import StepParts
 
@@ -75,16 +73,15 @@ class WholeMixed:
         dev = parts.device
         self.cuda = cuda = dev.type == "cuda"
         S = self.LAST
-        # staged inputs, int64, each at its packed place (decode tokens' entries unused):
-        #   tokens | positions | write index [top each] | draft inputs [top + 1: the last is where
-        #   padding's scatter lands] | cell of each packed token (-1: not a decode token) [top] |
-        #   packed token of each cell [G] | last token (packed) | its place in the draft inputs |
-        #   its slot [LAST each] | keep-warm flag [1] | work items [3 I, laid out [3, I_key]]
-        split = (top, top, top, top + 1, top, G, S, S, S, 1, ITEM_FIELDS * I)
+        # staged inputs, int64, at packed places: tokens | positions | write index [top each] | draft
+        #   inputs [top + 1: the last takes padding's scatter] | cell of each packed token (-1: none) [top] |
+        #   packed token of each cell [G] | last token (packed) | its draft-input place | its slot [LAST each]
+        #   | keep-warm flag [1] | work items [3 I] | feature-store slot (STORE: chunks' newest cap; else pad) [top]
+        split = (top, top, top, top + 1, top, G, S, S, S, 1, ITEM_FIELDS * I, top)
         with torch.inference_mode():
             self.inp = torch.zeros(sum(split), dtype=torch.long, device=dev)
             (self.in_tok, self.in_pos, self.in_write, self.in_nxt, self.in_cell, self.in_cellp, self.in_last,
-             self.in_at, self.in_last_slot, self.in_warm, self.in_items) = self.inp.split(split)
+             self.in_at, self.in_last_slot, self.in_warm, self.in_items, self.in_store) = self.inp.split(split)
             self.tokens = torch.zeros(top, dtype=torch.long, device=dev)             # [Np] the forward's inputs
             self.positions = torch.zeros_like(self.tokens)
             self.write_index = torch.zeros_like(self.tokens)
@@ -106,13 +103,13 @@ class WholeMixed:
         return next((b for b in self.buckets if b >= n), None)
 
     def key(self, plan) -> Key | None:
-        """The key of a StepPlan: (the token bucket of its tokens, its row bucket, K+1, plan.draft);
-        None above the top token bucket or past CHUNKS chunks.
+        """The key of a StepPlan: (the token bucket of its tokens, its row bucket, K+1, plan.draft,
+        STORE where plan.store_chunks); None above the top token bucket or past CHUNKS chunks.
         Example: b=3 at K=1 in row bucket 4 plus 5 + 3 chunk tokens -> 14 tokens -> (16, 4, 2, True)."""
         n = self.bucket(plan.decode_tokens + plan.prefill_tokens)
         if n is None or len(plan.chunks) > self.CHUNKS:
             return None
-        return (n, plan.bucket, plan.k + 1, plan.draft)
+        return (n, plan.bucket, plan.k + 1, STORE if plan.store_chunks else plan.draft)
 
     def route_key(self, plan) -> Key | None:
         """The key `plan` runs under here, or None (eager): on CUDA a captured key only; on CPU any
@@ -140,11 +137,11 @@ class WholeMixed:
         Np, B, T, _ = key
         if self._free is not None:
             self._free.synchronize()
-        tok, pos, write, nxt, cell, cellp, last, at, last_slot, warm, items = self._inp_np
+        tok, pos, write, nxt, cell, cellp, last, at, last_slot, warm, items, store = self._inp_np
         row_k = tuple(row_k) or (T - 1,) * len(slots)
         cells, packed, n = cell_map(row_k, B, T)
         tok[:], pos[:], write[:] = 0, 0, SCRATCH_BLOCK * bs
-        nxt[:], cell[:], last[:], at[:], last_slot[:] = 0, -1, 0, top, pad_slot
+        nxt[:], cell[:], last[:], at[:], last_slot[:], store[:] = 0, -1, 0, top, pad_slot, pad_slot
         cell[:n], cellp[:B * T] = cells, packed
         warm[0] = int(sync == "warm")
         i, m = n, 0
@@ -157,6 +154,7 @@ class WholeMixed:
             write[i:i + k] = np.asarray(table)[p // bs] * bs + p % bs
             nxt[i:i + k - 1] = c.tokens[1:]
             nxt[i + k - 1] = c.next_token or 0                 # a last chunk's: its first generated token (graph)
+            store[i + max(k - s.features.cap, 0):i + k] = c.slot   # a ring of cap: the chunk's newest cap
             if c.last:
                 last[m], at[m], last_slot[m] = i + k - 1, i + k - 1, c.slot
                 m += 1
@@ -214,7 +212,9 @@ class WholeMixed:
                 if n:
                     s.buffers.out_tokens[:B, 0] = g[:n]
                     s.buffers.out_n[:B] = 0
-                if draft:
+                if draft == STORE:
+                    self._store(H, B, Np)
+                elif draft:
                     self._finish(g, H, B, Np, dec, cell, whole)
             else:
                 self._verify(g, H, D, B, T, Np, dec, cell, whole)
@@ -261,8 +261,7 @@ class WholeMixed:
         rows' grid (row r at most K_r: engine.accept), then one draft pass over every packed token
         (the rows' catch-up entries (E_i, H_i) and the chunks' entries (x_{p+1}, h_p)), its head at
         each row's accepted cell and at each last chunk's last token. g [B*T + LAST], H [Np, w].
-        Example rows at K = (2, 0, 1), T = 3, packed cells as in the module docstring, accepted
-        (1, 0, 1), one last chunk ending at packed 10: heads = packed of cells (1, 3, 7) + [10] = [1, 3, 5, 10]."""
+        Example the module docstring's rows, accepted (1, 0, 1), a last chunk ending at 10: heads [1, 3, 5, 10]."""
         s, buf, n = self.s, self.s.buffers, B * T
         self.in_nxt.index_copy_(0, self.in_at, g[n:])       # a last chunk's x_e is its first generated token
         acc, E = accept(s, D, g[:n].view(B, T))                                            # [B], [B, T]
@@ -276,15 +275,26 @@ class WholeMixed:
         d, dh = s.draft.run(tokens, H[:Np], whole, s.attention, greedy=True, rows=heads)
         s.heads.set_heads(slot, s.draft.to_target_ids(d), dh, H[heads])
 
-    def _finish(self, g: Tensor, H: Tensor, B: int, Np: int, dec: Tensor, cell: Tensor, whole: RaggedBatch) -> None:
-        """A K = 0 iteration's end: the rows' captures (carried, and into the feature store for
-        lazy sync), then one draft pass over every packed token, the rows' keep-warm entries
-        (g_r, h_r) (K/V into the scratch block unless the plan keeps warm) and the chunks'
-        (x_{p+1}, h_p), its head at the last chunks' last tokens only."""
-        s = self.s
+    def _rows_captured(self, H: Tensor, B: int) -> None:
+        """K = 0: each decode row's capture h_L carried (for a refresh) and into the feature store."""
         if B:
-            s.heads.set_heads(s.buffers.slot[:B], capture=H[self.in_cellp[:B]])
-            s.features.write(s.buffers.slot[:B], s.buffers.pos[:B], H[self.in_cellp[:B]])
+            h, buf = H[self.in_cellp[:B]], self.s.buffers
+            self.s.heads.set_heads(buf.slot[:B], capture=h)
+            self.s.features.write(buf.slot[:B], buf.pos[:B], h)
+
+    def _store(self, H: Tensor, B: int, Np: int) -> None:
+        """A lazy K = 0 iteration's end (STORE): no draft work; the rows' captures as _finish's, each chunk
+        token's h_p stored at (its slot, p), each last chunk's carried for the refresh of its head."""
+        s = self.s
+        self._rows_captured(H, B)
+        s.features.write(self.in_store[:Np], self.positions[:Np], H[:Np])
+        s.heads.set_heads(self.in_last_slot, capture=H[self.in_last])
+
+    def _finish(self, g: Tensor, H: Tensor, B: int, Np: int, dec: Tensor, cell: Tensor, whole: RaggedBatch) -> None:
+        """A K = 0 iteration's end: the rows' captures, then one draft pass over the rows' keep-warm entries
+        (g_r, h_r) (K/V to scratch unless kept warm) and the chunks' (x_{p+1}, h_p), heads at last chunks."""
+        s = self.s
+        self._rows_captured(H, B)
         self.in_nxt.index_copy_(0, self.in_at, g[B:])      # a last chunk's x_e is its first generated token
         tokens = torch.where(dec, g[:B][cell], self.in_nxt[:Np]) if B else self.in_nxt[:Np]     # [Np]
         scratch = torch.full_like(whole.write_index, SCRATCH_BLOCK * s.block_size)
@@ -321,19 +331,17 @@ class WholeMixed:
         return len(keys)
 
     def _idle(self, key: Key | None = None) -> None:
-        """Buffers that make a warm-up or capture of `key` harmless: every token a pad token, every
-        write into the scratch block (padding slot, no keep-warm), the work items laid out for the
-        key (its decode rows and the pad's, on the padding slot)."""
+        """Buffers that make a warm-up or capture of `key` harmless: pad tokens, writes into the scratch
+        block (padding slot, no keep-warm), the key's work items (its rows and the pad's, padding slot)."""
         self.tokens.zero_()
         self.positions.zero_()
         self.write_index.fill_(SCRATCH_BLOCK * self.s.block_size)
         self.stage(key or (self.top, 0, 1, True), (), "off")     # no rows, no chunks: every input padding
 
     def run(self, key: Key) -> Tensor:
-        """One whole iteration of `key` after `stage` (pending tokens, positions and slots of
-        its decode rows already in the engine's x / pos / slot, padding rows past the real ones;
-        stale rows refreshed before): its outputs in the engine's out_tokens / out_n and carried
-        state, and the first generated token of each last chunk, in the returned self.firsts [LAST]."""
+        """One whole iteration of `key` after `stage` (its rows' pending tokens, positions and slots in the
+        engine's x / pos / slot, padding rows past them; stale rows refreshed before): its outputs in
+        out_tokens / out_n and the carried state; each last chunk's first generated token, self.firsts [LAST]."""
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()

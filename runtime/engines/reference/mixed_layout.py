@@ -9,7 +9,8 @@ import numpy as np
 
 from dynspec.runtime.engines.reference.attention import ITEM_TOKENS
 
-Key = tuple[int, int, int, bool]       # (Np, B, T, draft)
+Key = tuple[int, int, int, int]        # (Np, B, T, draft): draft False (0), True (1) or STORE
+STORE = 2     # draft of a lazy K=0 key: the chunks' target features stored, no draft pass (plan.store_chunks)
 
 # Token buckets up to 1024 (above that a forward is GEMM-bound and the launches a graph saves are
 # a small share of it), 16 apart up to 128, 32 up to 512, 64 up to 1024: at most a gap of 1/5 past
@@ -37,9 +38,10 @@ def least_tokens(B: int, T: int, below: int) -> int:
 def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int],
                least=lambda B, T: B * T + 1) -> tuple[Key, ...]:
     """Every (Np, B, T, draft) some iteration can reach, for each row shape (B, T, draft) and
-    chunk-only iterations (0, 1, draft): the token buckets from least(B, T) (least_tokens) up.
+    chunk-only iterations (0, 1, draft; never STORE: that needs decode rows): the token buckets
+    from least(B, T) (least_tokens) up.
     ((1, 2, True),), buckets (16, 32) -> (16,0,1,T) (16,1,2,T) (32,0,1,T) (32,1,2,T)."""
-    shapes = set(rows) | {(0, 1, d) for _, _, d in rows}
+    shapes = set(rows) | {(0, 1, bool(d)) for _, _, d in rows}
     buckets = sorted(token_buckets)
     out = set()
     for B, T, d in shapes:

@@ -51,6 +51,11 @@ class RowSync:
         return sum(len(c.tokens) for c in self.catch_up)
 
 
+def store_cap(engine) -> int:
+    """The engine's feature store's tokens a slot (draft_sync_cap); an engine without one: 0."""
+    return getattr(engine, "draft_sync_cap", 0)
+
+
 def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Sequence[int], engine) -> RowSync:
     """The rows' RowSync under draft sync `mode`. lengths: each row's exact pending position
     where it is behind (the overlapped loop's lower bound: a row behind ran at K_r = 0 in the step
@@ -60,7 +65,7 @@ def plan_sync(mode: str, rows: Sequence[Request], lengths: Sequence[int], ks: Se
     K = 0, it takes what b x 1 leaves (so a catch-up always moves on)."""
     if mode != "lazy":
         return RowSync(tuple(ks), tuple(not r.draft_warm for r in rows), (), ())
-    b, budget, cap = len(rows), engine.max_num_tokens, getattr(engine, "draft_sync_cap", 0)
+    b, budget, cap = len(rows), engine.max_num_tokens, store_cap(engine)
     sync = _rows(rows, lengths, ks, cap, budget - b * (max(ks, default=0) + 1), True)
     if max(ks, default=0) and not sync.k:
         sync = _rows(rows, lengths, ks, cap, budget - b, False)

@@ -44,7 +44,7 @@ from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, rate_of
 from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
 from dynspec.runtime.serving.executor_thread import LoopThread
 from dynspec.runtime.serving.gc_heap import pause_seconds
-from dynspec.runtime.serving.draft_sync import chunk_catch_up, plan_sync
+from dynspec.runtime.serving.draft_sync import chunk_catch_up, plan_sync, store_cap
 from dynspec.runtime.serving.loop import Loop, LoopStrategy, loop_strategy
 from dynspec.runtime.serving.plan import Engine, PromptChunk, StepPlan, StepResult, sync_mode
 from dynspec.runtime.serving.planning import KDecider, make_step_plan, plan_row_inputs, prompt_chunks
@@ -89,7 +89,7 @@ class Executor:
         # a policy that never drafts runs the target alone: no draft sync, no draft pass over prompts
         self.draft = speculates(policy)
         self.draft_sync = sync if self.draft else "off"
-        self.store_prompts = store_prompts and self.draft_sync == "lazy" and getattr(engine, "draft_sync_cap", 0) > 0
+        self.store_prompts = store_prompts and self.draft_sync == "lazy" and store_cap(engine) > 0
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, self.draft_sync == "warm", acceptance
         self._k = KDecider(engine, policy, self.keep_warm,   # the K decision and what it remembers
                            truth=None if acceptance.lossless else functools.partial(rate_of, acceptance))
@@ -183,7 +183,7 @@ class Executor:
             sync = plan_sync(self.draft_sync, rows, rin.context, decision.ks if decision else (), self.engine)
             k = sync.k
             store = self.store_prompts and b > 0 and k == 0           # the chunks' draft pass deferred
-            cap = getattr(self.engine, "draft_sync_cap", 0) if self.draft_sync == "lazy" and not store else None
+            cap = store_cap(self.engine) if self.draft_sync == "lazy" and not store else None
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1) - sync.tokens, cap)
             if not rows and not chunks:
                 return None

@@ -85,12 +85,12 @@ def graph_replay_ms(engine, shape: Shape, context_len: int, *, repeats: int, pas
 
     from dynspec.runtime.policy.acceptance import Greedy
 
-    get = getattr(engine, "decode_graph", None)
-    if get is None or engine.device.type != "cuda" or shape.k:
+    chains = getattr(engine, "graph_chains", None)           # the reference engine's decode graphs by GraphKey
+    if not chains or engine.device.type != "cuda" or shape.k:
         return None
     with reserved_rows(engine, shape.batch_size, context_len + 1) as slots:
         plan = synthetic_plan(engine, shape, context_len, slots)
-        graphs = get(plan.bucket, plan.keep_warm)
+        graphs = chains.get(engine.route(plan)[1][0])           # K = 0: the one decode key
         if graphs is None:
             return None
         engine.step(plan, Greedy())

@@ -62,3 +62,16 @@ def test_the_floor_of_a_short_model_takes_the_context_it_has(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     floor = json.loads(out.read_text())["floor"]
     assert 1000 <= floor["context_len"] < 1024 and floor["decode_ms"] > 0
+
+
+def test_the_graph_replay_reads_the_decode_key_the_engine_routes(engine):
+    """graph_replay_ms (CUDA) replays engine.graph_chains[key] for the key engine.route gives a
+    plain decode plan: both exist on the reference engine and the key is its pure-decode one, so
+    the floor's graph_ms is not silently None on a GPU."""
+    from dynspec.benchmarks.step_timing import Shape, reserved_rows, synthetic_plan
+    from dynspec.runtime.engines.reference.graph_keys import GraphKey, Route
+
+    assert isinstance(engine.graph_chains, dict)
+    with reserved_rows(engine, 1, 201) as slots:
+        route, keys = engine.route(synthetic_plan(engine, Shape(1, 0, False), 200, slots))
+    assert route is Route.DECODE_EAGER and keys == (GraphKey("decode", 1, sync="off"),)     # CPU: eager

@@ -67,8 +67,8 @@ class Executor:
         acceptance: AcceptanceModel = Greedy(),
         allow_lossy: bool = False,
         clock: Callable[[], float] = time.perf_counter,
-        # newest IterationStats kept for `stats`/`stats_since` (None: all); one costs ~285 B, so
-        # 65536 is ~19 MB. Pollers read every few ms and the sweeps record steps through on_step,
+        # newest IterationStats kept for `stats`/`stats_since` (None: all); one costs ~400 B, so
+        # 65536 is ~26 MB. Pollers read every few ms and the sweeps record steps through on_step,
         # so neither needs more; a one-shot run that summarizes every iteration passes None.
         stats_limit: int | None = 65536,
         # Loop.OVERLAPPED (docs/design.md, "The overlapped loop"): plan and launch iteration i+1

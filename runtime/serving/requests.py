@@ -13,7 +13,7 @@ from dynspec.runtime.policy.draft_counts import acceptance, mean_k
 from dynspec.runtime.serving.plan import StepPlan, StepResult
 from dynspec.runtime.policy.step_decision import StepDecision
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IterationStats:
     iteration: int
     batch_size: int

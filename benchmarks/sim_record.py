@@ -66,7 +66,10 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
     weight = (env.get("adaptive") or {}).get("ttft_weight")     # None: recorded before it existed (replayed at 0)
     if "--ttft-weight" not in flags and weight is not None:
         flags += ["--ttft-weight", f"{weight:g}"]
-    return {"config": config, "case": case, "flags": flags,
+    syncs = {r["draft_sync"] for r in rows if r.get("draft_sync") not in (None, "off")}
+    if len(syncs) > 1:
+        raise DynspecError(f"{path}: its drafting modes ran under different draft syncs {sorted(syncs)}")
+    return {"config": config, "case": case, "flags": flags, "draft_sync": syncs.pop() if syncs else "warm",
             "max_batch_size": env["max_batch_size"], "max_seq_len": env["max_seq_len"],
             "max_num_tokens": env.get("max_num_tokens", 8192),     # recorded since; the default before
             "poisson_rates": rates, "command": env["command"], "cost_model": cost_model, "measured": measured}
@@ -109,6 +112,10 @@ def record(results: Sequence[Path], out: Path, prices: str) -> dict:
            "source": f"benchmarks/results/{{{','.join(m['config'] for m, _ in dirs)}}}: one suite run per config on one"
                      " GPU; measured tok/s = the median trial of 3",
            "cost_model": runs[0]["cost_model"], "prices": prices, "runs": runs}
+    syncs = {r.pop("draft_sync") for r in runs}
+    if len(syncs) > 1:
+        raise DynspecError(f"{', '.join(map(str, results))}: sweeps under different draft syncs {sorted(syncs)}")
+    doc["draft_sync"] = syncs.pop()                 # the replay's (simulate.py); rows without one: warm
     (tmp / "runs.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -27,6 +27,8 @@ class SimRun:
     prices: object = None                        # step_prices.StepPrices (None: unfitted)
     policy_ragged: float = 1.0                   # the per-request policies' ragged_factor (as the run served)
     rule: tuple = ()                             # the per-request policies' settings as the run served them
+    draft_sync: str = "warm"                     # the drafting modes' draft sync as served (baseline: none)
+    store_prompts: bool = True                   # lazy sync stored K=0 steps' prompt chunks (Executor's option)
 
     RULE_FIELDS = ("prior_weight", "optimism", "floor", "rated_floor")   # what a recorded rule may set
 
@@ -39,6 +41,15 @@ def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
         return parser.parse_args([*flags, "--out", "-"])
     except (argparse.ArgumentError, SystemExit) as e:
         raise DynspecError(f"simulator: sweep flags {' '.join(flags)!r} do not parse: {e}") from None
+
+
+def served_sync(flags: Sequence[str]) -> str:
+    """The drafting modes' draft sync a sweep's flags ask for (sweep_plan's rule): --keep-warm on/off
+    (the former flag), else --draft-sync, whose default ("engine") is engine.json's default, lazy."""
+    args = _sweep_args(flags)
+    if args.keep_warm != "engine":
+        return "warm" if args.keep_warm == "on" else "off"
+    return "lazy" if args.draft_sync == "engine" else args.draft_sync
 
 
 def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0,
@@ -66,12 +77,14 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
     from dynspec.benchmarks.sweep_plan import LoadPoint, load_plan, poisson_at
     from dynspec.benchmarks.workload import LengthDist, synthetic
     from dynspec.runtime.policy.acceptance import parse_acceptance
-    from dynspec.runtime.policy.cost_model import CostModel
+    from dynspec.benchmarks.sim_engine import catch_up_line
+    from dynspec.runtime.policy.cost_model import CostModel, Profile
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
     pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged, run.rule)
     cost = CostModel.load(run.cost_model)
+    line = catch_up_line(Profile.load(run.cost_model)) if run.draft_sync == "lazy" else (0.0, 0.0)
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
     n = max(count.at(p) for p in points)
     reqs = synthetic(n, LengthDist.parse(args.input_len, "--input-len"), LengthDist.parse(args.output_len, "--output-len"),
@@ -80,33 +93,37 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
     rows: list[dict] = []
     bar = _bar((len(points) + len(poisson_at(args))) * len(pols), progress)
     for p in points:
-        done = [_one(run, cost, pols[m], m, p, acceptance, reqs[:count.at(p)], kmax, args.seed) for m in pols]
+        done = [_one(run, cost, line, pols[m], m, p, acceptance, reqs[:count.at(p)], kmax, args.seed) for m in pols]
         rows += done
         bar.update(len(done))
         if p.concurrency in poisson_at(args):
             ref = next((r for r in done if r["mode"] == "baseline"), done[0])
             rate = rates.get(p.concurrency, ref["requests_per_s"])
             q = LoadPoint(request_rate=rate, matched_concurrency=p.concurrency)
-            rows += [_one(run, cost, pols[m], m, q, acceptance, reqs[:count.at(q)], kmax, args.seed) for m in pols]
+            rows += [_one(run, cost, line, pols[m], m, q, acceptance, reqs[:count.at(q)], kmax, args.seed) for m in pols]
             bar.update(len(pols))
     bar.close()
     return rows
 
 
-def _one(run: SimRun, cost, policy, mode: str, p, acceptance, reqs, kmax: int, seed: int) -> dict:
-    """One (load point, mode) on a fresh simulated engine and executor -> its row."""
+def _one(run: SimRun, cost, line, policy, mode: str, p, acceptance, reqs, kmax: int, seed: int) -> dict:
+    """One (load point, mode) on a fresh simulated engine and executor -> its row (line: the
+    catch-up's price, sim_engine.catch_up_line)."""
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
     from dynspec.benchmarks.sweep_modes import base_mode
     from dynspec.runtime.policy.acceptance import resolve
+    from dynspec.runtime.engines.reference.engine import DRAFT_SYNC_CAP
     from dynspec.runtime.serving.executor import Executor
     from dynspec.runtime.policy.step_prices import StepPrices
 
     clock = SimClock()
-    engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens), clock,
-                       run.prices or StepPrices())
-    ex = Executor(engine, policy, keep_warm=base_mode(mode) != "baseline", acceptance=resolve(acceptance, len(reqs)),
+    lazy = run.draft_sync == "lazy"
+    engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens,
+                                      draft_sync_cap=DRAFT_SYNC_CAP if lazy else 0), clock, run.prices or StepPrices(), line)
+    ex = Executor(engine, policy, draft_sync=run.draft_sync if base_mode(mode) != "baseline" else "off",
+                  store_prompts=run.store_prompts, acceptance=resolve(acceptance, len(reqs)),
                   allow_lossy=True, clock=clock, stats_limit=0)
     if p.concurrency is not None:
         rec = closed_loop(ex, reqs, p.concurrency, clock=clock)

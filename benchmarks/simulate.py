@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from dynspec.benchmarks.sim_run import SimRun, load_key, fit_prices, simulate
+from dynspec.benchmarks.sim_run import SimRun, load_key, fit_prices, served_sync, simulate
 from dynspec.errors import DynspecError
 
 TOK_TOLERANCE = 0.05          # |simulated / measured - 1| per mode and load
@@ -57,7 +57,8 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
                                  data_dir=f.parent.name),
                             SimRun(flags, str(f.parent / r.get("cost_model", doc["cost_model"])),
                                    int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
-                                   rates, prices, rule=rule)))
+                                   rates, prices, rule=rule, draft_sync=doc.get("draft_sync", "warm"),
+                                   store_prompts=bool(doc.get("store_prompts", True)))))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DynspecError(f"{f}: not a recorded-runs file ({type(e).__name__}: {e})") from None
     if not out:
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
             prices = read(args.step_prices)[0] if args.step_prices else None
             run = SimRun(tuple(sweep_flags), args.cost_model, args.max_batch_size, args.max_seq_len, args.max_num_tokens,
-                         prices=prices, policy_ragged=prices.ragged_factor if prices else 1.0)
+                         prices=prices, policy_ragged=prices.ragged_factor if prices else 1.0,
+                         draft_sync=served_sync(sweep_flags))
             rows = simulate(run, not args.no_progress)
             doc, md = {"rows": rows, "flags": sweep_flags}, _rows_table(rows)
         _write(Path(args.out), doc, md)

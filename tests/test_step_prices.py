@@ -60,15 +60,14 @@ def test_a_recorded_command_becomes_the_replays_flags():
 
 
 def test_the_data_set_is_the_committed_results(tmp_path):
-    """benchmarks/sim_data/h100-fec0955 is sim_record of the committed H100 results it names."""
+    """benchmarks/sim_data/h100-0f964d7 is sim_record of the committed H100 results it names."""
     from dynspec.benchmarks.sim_record import record
 
     results = SIM_DATA.parent / "results"
-    want = json.loads((SIM_DATA / "h100-fec0955" / "runs.json").read_text())
-    manifest = json.loads((results / "serving" / "manifest.json").read_text())
+    want = json.loads((SIM_DATA / "h100-0f964d7" / "runs.json").read_text())
+    manifest = json.loads((results / "serving_256" / "manifest.json").read_text())
     if manifest.get("git_worktree_tree") != want["tree"]:
         pytest.skip("benchmarks/results holds a newer run than this data set")
-    got = record([results / c for c in ("serving_256", "serving")], tmp_path / "d",
-                 "../h100_prices.json")
-    assert got == want
-    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted(p.name for p in (SIM_DATA / "h100-fec0955").iterdir())
+    got = record([results / "serving_256"], tmp_path / "d", "../h100_prices.json")
+    assert got == want and want["draft_sync"] == "lazy"
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted(p.name for p in (SIM_DATA / "h100-0f964d7").iterdir())

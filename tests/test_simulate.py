@@ -103,3 +103,13 @@ def test_lazy_sync_is_priced_as_served():
     assert eng.step_ms(drafted) - eng.step_ms(stored) == pytest.approx(0.004 * 100)
     caught = make_plan(0, store_chunks=True, catch_up=[CatchUp(1, 50, (5,) * 49)], **common)
     assert eng.step_ms(caught) - eng.step_ms(stored) == pytest.approx(fixed + per * 49)
+
+
+def test_the_replay_serves_the_draft_sync_the_sweep_flags_ask_for():
+    """simulate's sweep-flag runs serve what the sweep would (sweep_plan's rule): engine.json's
+    default (lazy) unless --draft-sync or the former --keep-warm says otherwise."""
+    from dynspec.benchmarks.sim_run import served_sync
+
+    assert served_sync(["--concurrency", "4"]) == "lazy"
+    assert served_sync(["--draft-sync", "warm"]) == "warm"
+    assert served_sync(["--keep-warm", "off", "--draft-sync", "warm"]) == "off"

@@ -8,6 +8,7 @@ first graph, the GPU runs while the host submits the rest. Example, 32 layers (c
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -80,9 +81,19 @@ class CaptureCost:
 
 
 def timed_capture(fn: Callable[[], int]) -> tuple[int, CaptureCost]:
-    """fn() -> graphs captured, run between two device syncs -> (that count, its CaptureCost)."""
+    """fn() -> graphs captured, run between two device syncs -> (that count, its CaptureCost).
+    The cycle collector runs once before and is off during fn: a collection inside a capture can
+    free another engine's graphs and tensors mid-capture (CUDA calls a capture may not see; a
+    suspect in the capture failures of docs/design.md, "CUDA graphs", not a proven cause)."""
+    gc.collect()
     torch.cuda.synchronize()
     t0, m0 = time.perf_counter(), torch.cuda.memory_reserved()
-    n = fn()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        n = fn()
+    finally:
+        if was:
+            gc.enable()
     torch.cuda.synchronize()
     return n, CaptureCost(n, time.perf_counter() - t0, torch.cuda.memory_reserved() - m0)

@@ -232,3 +232,14 @@ def test_stored_prompts_accept_what_drafted_prompts_accept(tiny, whole):
     assert stored > 0 and not any(s.stored_prompt_tokens for s in runs[False][2])
     # each stored prompt is caught up but its last position, which the refresh rebuilds
     assert sum(s.catch_up_tokens for s in runs[True][2]) >= sum(s.catch_up_tokens for s in runs[False][2]) + stored - 6
+
+
+def test_a_stored_chunk_keeps_its_newest_cap_tokens():
+    """mixed_layout.store_slots, the one rule of both mixed paths: a chunk's newest cap tokens go to
+    its slot's ring, older ones to the pad slot (a chunk longer than the ring would overwrite itself)."""
+    from dynspec.runtime.engines.reference.mixed_layout import store_slots
+    from dynspec.runtime.serving.plan import PromptChunk
+
+    chunks = [PromptChunk(5, 0, (1, 2, 3), None), PromptChunk(6, 40, (4, 5), None)]
+    assert store_slots(chunks, 2, 9).tolist() == [9, 5, 5, 6, 6]
+    assert store_slots(chunks, 256, 9).tolist() == [5, 5, 5, 6, 6] and store_slots((), 2, 9).tolist() == []

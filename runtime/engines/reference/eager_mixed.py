@@ -12,6 +12,7 @@ import torch
 from dynspec.runtime.engines.reference.attention import RaggedBatch, ragged_batch, to_device
 from dynspec.runtime.engines.reference.carry import with_device_rows
 from dynspec.runtime.engines.reference.draft_chain import accept, decode_rows, draft_chain, draft_next, refresh
+from dynspec.runtime.engines.reference.mixed_layout import store_slots
 from dynspec.runtime.engines.reference.step_state import StepParts
 from dynspec.runtime.serving.plan import StepPlan
 
@@ -23,7 +24,7 @@ class MixedInputs:
     nxt: torch.Tensor             # [Nc] their draft inputs x_{p+1} (a last chunk's last: set to g0)
     last_idx: torch.Tensor        # [n_last] packed index of each last chunk's last token
     last_slot: torch.Tensor       # [n_last] its slot
-    store: torch.Tensor           # [2, Nc] each chunk token's (feature-store slot, position): plan.store_chunks
+    store_slot: torch.Tensor      # [Nc] each chunk token's feature-store slot (mixed_layout.store_slots)
     batch: RaggedBatch            # every row: B decode rows then the chunks
     c_batch: RaggedBatch          # the chunks alone (their own packing from 0)
     nd: int                       # B x T decode tokens ahead of the chunks
@@ -60,8 +61,7 @@ def mixed_inputs(s: StepParts, plan: StepPlan) -> MixedInputs:
     so one issued later would stall the host until the work queued before it ends; these are
     pinned (to_device, ragged_batch).
     One tensor, split: [prompt tokens Nc | their draft inputs Nc | last chunks' packed index |
-    their slot | each token's store slot (a chunk's newest cap; older ones the pad slot) Nc | its
-    position Nc]. Packed index of chunk token j: B*T + j."""
+    their slot | each token's store slot Nc]. Packed index of chunk token j: B*T + j."""
     b, B, T, chunks = plan.batch_size, plan.bucket, plan.k + 1, plan.chunks
     nd = i = plan.padded_decode_tokens
     ends = []
@@ -69,21 +69,20 @@ def mixed_inputs(s: StepParts, plan: StepPlan) -> MixedInputs:
         i += len(c.tokens)
         ends.append(i - 1)                                               # packed index of its last token
     last_rows = [j for j, c in enumerate(chunks) if c.last]
-    pad, cap = B - b, s.features.cap                                     # padding rows: slot pad_slot at 1
     host = [[t for c in chunks for t in c.tokens],
             [t for c in chunks for t in c.tokens[1:] + (c.next_token or 0,)],
             [ends[j] for j in last_rows], [chunks[j].slot for j in last_rows],
-            [c.slot if i >= len(c.tokens) - cap else s.buffers.pad_slot for c in chunks for i in range(len(c.tokens))],
-            [p for c in chunks for p in range(c.start, c.start + len(c.tokens))]]
+            store_slots(chunks, s.features.cap, s.buffers.pad_slot).tolist()]
     flat = to_device(torch.tensor([x for part in host for x in part], dtype=torch.long), s.device)
-    prompt, nxt, last_idx, last_slot, *store = flat.split([len(x) for x in host])
+    prompt, nxt, last_idx, last_slot, store_slot = flat.split([len(x) for x in host])
+    pad = B - b                                                          # padding rows: slot pad_slot at 1
     slots = list(plan.slots) + [s.buffers.pad_slot] * pad + [c.slot for c in chunks]
     starts = list(plan.positions) + [1] * pad + [c.start for c in chunks]
     lens = [T] * B + [len(c.tokens) for c in chunks]
     tables, bs = s.slots.block_tables, s.block_size
     c_batch = ragged_batch(tables, slots[B:], starts[B:], lens[B:], bs)
     batch = ragged_batch(tables, slots, starts, lens, bs) if B else c_batch
-    return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, torch.stack(store), batch, c_batch, nd)
+    return MixedInputs(prompt, nxt.clone(), last_idx, last_slot, store_slot, batch, c_batch, nd)
 
 
 def mixed_catch_up(s: StepParts, plan: StepPlan, D, g, H, m: MixedInputs) -> None:
@@ -117,7 +116,7 @@ def mixed_decode_end(s: StepParts, plan: StepPlan, g, H, m: MixedInputs, read: i
         buf.out_tokens[:b, 0] = g[:b]
         buf.out_n[:b] = 0
     if plan.store_chunks:
-        s.features.write(m.store[0], m.store[1], H[m.nd:])
+        s.features.write(m.store_slot, m.c_batch.positions, H[m.nd:])
         s.heads.set_heads(m.last_slot, capture=H[m.last_idx])
     elif plan.draft:
         d, h = draft_next(s, m.nxt, H[m.nd:], m.c_batch)

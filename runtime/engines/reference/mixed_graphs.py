@@ -49,7 +49,7 @@ from dynspec.runtime.engines.reference.draft_chain import accept, draft_chain
 from dynspec.runtime.engines.reference.graphs import capture_chain, chain_cuts, no_cut
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
 from dynspec.runtime.engines.reference.mixed_layout import (BUCKETS, STORE, Key, cell_map, item_cap, least_tokens,
-                                                            mixed_buckets, whole_keys)
+                                                            mixed_buckets, store_slots, whole_keys)
 from dynspec.runtime.engines.reference.step_state import StepParts
 
 __all__ = ["BUCKETS", "Key", "WholeMixed", "cell_map", "item_cap", "least_tokens", "mixed_buckets", "whole_keys"]
@@ -154,11 +154,11 @@ class WholeMixed:
             write[i:i + k] = np.asarray(table)[p // bs] * bs + p % bs
             nxt[i:i + k - 1] = c.tokens[1:]
             nxt[i + k - 1] = c.next_token or 0                 # a last chunk's: its first generated token (graph)
-            store[i + max(k - s.features.cap, 0):i + k] = c.slot   # a ring of cap: the chunk's newest cap
             if c.last:
                 last[m], at[m], last_slot[m] = i + k - 1, i + k - 1, c.slot
                 m += 1
             i += k
+        store[n:i] = store_slots(chunks, s.features.cap, pad_slot)
         # rows: the decode rows, the chunks, the pad's tail in rows of one work item each
         tail = [(pad_slot, min(ITEM_TOKENS, Np - j)) for j in range(i, Np, ITEM_TOKENS)]
         rows = ([(s, k + 1) for s, k in zip(slots, row_k)] + [(c.slot, len(c.tokens)) for c in chunks] + tail)

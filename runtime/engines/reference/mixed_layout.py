@@ -58,6 +58,14 @@ def item_cap(Np: int, B: int, T: int, max_chunks: int) -> int:
     return B * -(-T // ITEM_TOKENS) + -(-Np // ITEM_TOKENS) + min(Np, max_chunks) + 1
 
 
+def store_slots(chunks: Sequence, cap: int, pad_slot: int) -> np.ndarray:
+    """Pure. The feature-store slot of each chunk token, packed in chunk order, for a step that stores
+    its chunks (STORE): a chunk's newest `cap` tokens go to its slot (the ring holds that many), the
+    older ones to the pad slot. Chunks of 3 and 2 tokens in slots 5 and 6, cap 2, pad 9: [9 5 5 6 6]."""
+    return np.concatenate([[pad_slot] * max(len(c.tokens) - cap, 0) + [c.slot] * min(len(c.tokens), cap)
+                           for c in chunks]).astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
+
+
 def cell_map(row_k: Sequence[int], B: int, T: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Pure. The decode rows' packing: (cell of each packed decode token [n], packed token of each
     cell [B*T] (cells that verify nothing: 0), n). row_k (2, 0, 1), B 4, T 3:

@@ -109,8 +109,10 @@ def measure_catch_up_ms(engine, batch_sizes: Sequence[int], context_len: int, to
     catch-up and verify tokens fit the token budget. -> profile.json's "catch_up":
         {"tokens": 100, "k": 1, "context_len": 128, "ms": {"64": 9.1, ...}}
     Its cost is ms[b] - iteration_ms[b][1]; a plain decode step is decode_ms[b]."""
+    from dynspec.runtime.serving.draft_sync import store_cap
+
     _check_catch_up(tokens, context_len)
-    cap = getattr(engine, "draft_sync_cap", 0)                  # (a TP leader keeps none)
+    cap = store_cap(engine)                                     # (a TP leader keeps none)
     if cap < tokens:
         raise DynspecError(f"--catch-up {tokens}: the engine keeps {cap} tokens of features a row (draft_sync lazy, its cap)")
     bs = [b for b in batch_sizes if b * (tokens + 2) <= engine.max_num_tokens]

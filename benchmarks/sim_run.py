@@ -44,12 +44,12 @@ def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
 
 
 def served_sync(flags: Sequence[str]) -> str:
-    """The drafting modes' draft sync a sweep's flags ask for (sweep_plan's rule): --keep-warm on/off
-    (the former flag), else --draft-sync, whose default ("engine") is engine.json's default, lazy."""
-    args = _sweep_args(flags)
-    if args.keep_warm != "engine":
-        return "warm" if args.keep_warm == "on" else "off"
-    return "lazy" if args.draft_sync == "engine" else args.draft_sync
+    """The drafting modes' draft sync a sweep's flags ask for (sweep_plan.draft_sync_of), the engine
+    dir's being engine.json's default."""
+    from dynspec.benchmarks.sweep_plan import draft_sync_of
+    from dynspec.config import ReferenceSettings
+
+    return draft_sync_of(_sweep_args(flags), ReferenceSettings().draft_sync)
 
 
 def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0,

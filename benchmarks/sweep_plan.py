@@ -181,6 +181,14 @@ def load_plan(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[LoadPoin
                                       parse_waves_at(args.waves_at, conc))
 
 
+def draft_sync_of(args: argparse.Namespace, engine_sync: str) -> str:
+    """The drafting modes' draft sync from the sweep's flags: --keep-warm on/off (the former flag:
+    on = warm, off = off), else --draft-sync, whose "engine" is the engine dir's (`engine_sync`)."""
+    if args.keep_warm != "engine":
+        return "warm" if args.keep_warm == "on" else "off"
+    return engine_sync if args.draft_sync == "engine" else args.draft_sync
+
+
 def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     from dynspec.benchmarks.engines import target_vocab_size
     from dynspec.benchmarks.workload import check_fits, write_jsonl
@@ -199,9 +207,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
 
         ragged = step_prices_factor(args) or ragged_factor_beside(cost_model)
     schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged, args.ttft_weight)   # kmax: the engine's max_draft_len
-    sync = cfg.reference.draft_sync if args.draft_sync == "engine" else args.draft_sync
-    if args.keep_warm != "engine":                  # the former flag: on = warm, off = off
-        sync = "warm" if args.keep_warm == "on" else "off"
+    sync = draft_sync_of(args, cfg.reference.draft_sync)
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
     draft_sync = {m: ("off" if base_mode(m) == "baseline" else sync) for m in modes}

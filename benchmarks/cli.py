@@ -106,7 +106,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from dynspec.artifacts import check_apart, check_writable, read_json, write_json, write_text
     from dynspec.errors import DynspecError
     from dynspec.runtime.policy.cost_model import CostModel, Profile
-    from dynspec.runtime.policy.tune import tune, with_chunks
+    from dynspec.runtime.policy.tune import tune, with_chunks, with_prefill
 
     for flag, path in (("--out", args.out), ("--report", args.report), ("--vllm-grid", args.vllm_grid)):
         if path is not None:
@@ -122,9 +122,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise DynspecError(f"{src} {budget!r} must be an integer of at least 1")
     acc, source = _tune_acceptance(args)
     tables = prof.tables if args.vllm_grid else (one,)
+    prices = _tune_prices(args, prof.device)
     cost = None if args.chunk_share is None else CostModel.from_profile(prof, where=str(args.profile))
 
-    def served(t):            # the steps as served: a share of them carry a prompt chunk (--chunk-share)
+    def served(t):            # the steps as served: --chunk-share's chunks, or --prefill-ratio's prompts
+        if prices is not None:
+            return with_prefill(t.iteration_ms, acc, args.prefill_ratio, prices, raw.get("draft_sync") == "warm")
         return t.iteration_ms if cost is None else with_chunks(cost, t, args.chunk_share, args.chunk_tokens)
 
     results = [(t, tune(served(t), acc, args.max_draft_len, args.min_gain, budget, args.draft_margin))
@@ -152,6 +155,26 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.vllm_grid:
         write_json(args.vllm_grid, grid)
     return 0
+
+
+def _tune_prices(args: argparse.Namespace, device: str):
+    """--prefill-ratio's step prices: --step-prices FILE, or the profile device's file in a folder."""
+    from dynspec.errors import DynspecError
+    from dynspec.runtime.policy.step_prices import for_device, profiled_device
+
+    if args.prefill_ratio is None:
+        if args.step_prices:
+            raise DynspecError("--step-prices prices --prefill-ratio's prompts; give --prefill-ratio too")
+        return None
+    if args.chunk_share is not None:
+        raise DynspecError("give one of --chunk-share (the profile's chunk axis) and --prefill-ratio (step prices)")
+    if not args.step_prices:
+        raise DynspecError("--prefill-ratio needs --step-prices FILE|DIR (the device's fitted step prices)")
+    prices = for_device(args.step_prices, profiled_device(device))
+    if prices is None:        # a folder without this device's file: the suite's configs run on any GPU
+        print(f"--step-prices {args.step_prices}: no prices of {device!r}; --prefill-ratio ignored, decode steps"
+              " priced alone", file=sys.stderr, flush=True)
+    return prices
 
 
 def _vllm_grid(results) -> dict:
@@ -249,6 +272,11 @@ def register(sub) -> None:
                    help="price the steps as served: a share F of iterations carry a prompt chunk (the iteration "
                         "stats' prefill_tokens > 0), priced by the profile's chunk axis (dynspec profile --chunk-lens)")
     t.add_argument("--chunk-tokens", type=int, default=128, metavar="T", help="--chunk-share's mean chunk tokens")
+    t.add_argument("--prefill-ratio", type=float, metavar="R",
+                   help="price the steps as served under sustained load: R prompt tokens per generated token (mean"
+                        " prompt / mean output length) ride in each step's chunks, priced by --step-prices")
+    t.add_argument("--step-prices", metavar="FILE|DIR", help="--prefill-ratio's per-token chunk prices: a step-prices"
+                   " file, or a folder holding the profile device's (benchmarks/sim_data)")
     t.add_argument("--max-num-tokens", type=int, metavar="N",
                    help="token budget: never pick K with b x (K+1) > N"
                         " (default: the profile's 'max_num_tokens', if any)")

@@ -439,3 +439,68 @@ def test_vllm_grid_needs_context_lengths(tmp_path, capsys):
     path.write_text(json.dumps({"iteration_ms": {"1": {"0": 10.0, "2": 11.0}}}))        # format 1, no context_len
     assert main(["tune", "--profile", str(path), "--acceptance", "0.7", "--vllm-grid", str(tmp_path / "v.json")]) == 2
     assert "needs each table's context_len" in capsys.readouterr().err and not (tmp_path / "v.json").exists()
+
+
+# ---- prompts prefilled beside the rows (--prefill-ratio) -----------------------------------
+def _prices(**kw):
+    from dynspec.runtime.policy.step_prices import StepPrices
+
+    return StepPrices(**({"chunk_ms_per_token": 0.030, "draft_chunk_ms_per_token": 0.0037} | kw))
+
+
+def test_with_prefill_worked_example_turns_k_off_where_the_prompts_dilute_the_gain():
+    """docs example: H100, context 256, a = 0.5, one prompt token per generated token. Decode steps
+    alone give K=1 1.036x at b=256; as served, the target's prefill is the same per token at every K
+    and the K=1 step also runs the draft over its chunk: 0.974x, K=0."""
+    from dynspec.runtime.policy.tune import with_prefill
+
+    table = {128: {0: 8.99, 1: 11.0}, 256: {0: 12.03, 1: 17.42}}
+    served = with_prefill(table, 0.5, 1.0, _prices())
+    assert served[256][0] == pytest.approx(12.03 + 256 * 0.030)
+    assert served[256][1] == pytest.approx(17.42 + 384 * 0.0337)
+    assert 1.5 * served[256][0] / served[256][1] == pytest.approx(0.974, abs=5e-4)
+    assert tune(table, 0.5).row(256).k == 1 and tune(served, 0.5).row(256).k == 0
+    assert tune(served, 0.5).row(128).k == 1                                       # 1.102x there
+    warm = with_prefill(table, 0.5, 1.0, _prices(), draft_at_k0=True)             # warm sync: K=0 pays the draft too
+    assert warm[256][0] == pytest.approx(12.03 + 256 * 0.0337) and warm[256][1] == served[256][1]
+    assert with_prefill(table, 0.5, 0.0, _prices()) == table
+    assert with_prefill({1: {0: 5.0, 3: 6.0}}, (0.5,), 1.0, _prices())[1][3] == 6.0  # K past the rates: never picked
+    with pytest.raises(DynspecError, match="--prefill-ratio -1 must be"):
+        with_prefill(table, 0.5, -1, _prices())
+    with pytest.raises(DynspecError, match="chunk_ms_per_token"):
+        with_prefill(table, 0.5, 1.0, _prices(chunk_ms_per_token=None))
+
+
+def test_tune_cli_prefill_ratio_reads_the_profile_devices_prices(tmp_path, capsys):
+    """--step-prices DIR picks the *_prices.json of the profile's GPU ('cuda (NAME)'); a folder without
+    it prices decode steps alone and says so; a file of another GPU and half-given flags are refused."""
+    from dynspec.runtime.policy import step_prices
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"device": f"cuda ({h100})", "iteration_ms": {
+        "128": {"0": 8.99, "1": 11.0}, "256": {"0": 12.03, "1": 17.42}}}))
+    prices = tmp_path / "prices"
+    prices.mkdir()
+    step_prices.write(prices / "h100_prices.json", _prices(), h100, ["x"], ["chunk_tokens"])
+    base = ["tune", "--profile", str(path), "--acceptance", "0.5", "--draft-margin", "1", "--json"]
+    assert main(base) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == "256:1"
+    assert main(base + ["--prefill-ratio", "1", "--step-prices", str(prices)]) == 0
+    served = json.loads(capsys.readouterr().out)["schedule"]
+    assert served.startswith("2") and int(served.split(":")[0]) < 256, served    # K=1 stops below b=256
+    other = tmp_path / "other"
+    other.mkdir()
+    assert main(base + ["--prefill-ratio", "1", "--step-prices", str(other)]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["schedule"] == "256:1" and "no prices of 'cuda (NVIDIA H100" in out.err
+    step_prices.write(other / "h200_prices.json", _prices(), "NVIDIA H200", ["y"], ["chunk_tokens"])
+    for flags, msg in ((["--prefill-ratio", "1", "--step-prices", str(other / "h200_prices.json")],
+                        "step prices of 'NVIDIA H200', and this engine runs on 'NVIDIA H100"),
+                       (["--prefill-ratio", "1"], "--prefill-ratio needs --step-prices"),
+                       (["--step-prices", str(prices)], "give --prefill-ratio too"),
+                       (["--prefill-ratio", "1", "--step-prices", str(prices), "--chunk-share", "0.5"],
+                        "give one of --chunk-share")):
+        assert main(base + flags) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err

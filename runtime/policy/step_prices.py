@@ -84,6 +84,13 @@ def for_device(path: os.PathLike, device: str) -> StepPrices | None:
     return prices
 
 
+def profiled_device(label: str) -> str:
+    """A profile's device label as for_device takes it: 'cuda (NVIDIA H100 80GB HBM3)' (benchmarks/
+    engines.device_name) -> 'NVIDIA H100 80GB HBM3'; 'cpu' -> 'cpu'."""
+    head, sep, rest = label.partition(" (")
+    return rest[:-1] if sep and rest.endswith(")") else label
+
+
 def ragged_factor_beside(cost_model_path: os.PathLike) -> float:
     """The ragged_factor of step_prices.json beside a cost model, 1.0 where there is none."""
     p = Path(cost_model_path).with_name(STEP_PRICES)

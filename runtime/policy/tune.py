@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy.adaptive import expected_tokens  # noqa: F401  (tune's E[tokens | K], one definition)
+from dynspec.runtime.policy.adaptive import expected_tokens   # tune's E[tokens | K], one definition
 from dynspec.runtime.policy import DraftSchedule
 
 Acceptance = float | Sequence[float]
@@ -267,3 +267,33 @@ def with_chunks(cost, table, share: float, tokens: int) -> dict[int, dict[int, f
         extra = dict(zip(cost.draft_lens, cost.chunk.row(cost, b, table.context_len, tokens)))
         out[b] = {k: ms + share * extra.get(k, 0.0) for k, ms in row.items()}
     return out
+
+
+def with_prefill(iteration_ms, acceptance: Acceptance, ratio: float, prices,
+                 draft_at_k0: bool = False) -> dict[int, dict[int, float]]:
+    """The table's iteration_ms as served under sustained load: every generated token brings `ratio`
+    prompt tokens (mean prompt / mean output length), prefilled in chunks beside the decode rows and
+    priced per token by the device's fitted step prices (step_prices.py). A step of b rows at K makes
+    b x E(K) tokens, so it carries b x E(K) x ratio chunk tokens:
+        ms'(b, K) = ms(b, K) + b E(K) ratio (chunk_ms_per_token + draft_chunk_ms_per_token [K > 0])
+    The target's prefill costs the same per generated token at every K, which dilutes drafting's gain;
+    the draft's pass over the chunk is paid by K > 0 steps only (lazy sync stores a K=0 step's chunk;
+    draft_at_k0: warm sync, every step pays it).
+    Worked example, H100 at context 256, a = 0.5, ratio 1, 0.030 + 0.0037 ms a chunk token:
+        b=256: ms 12.03 (K=0), 17.42 (K=1); E(1) = 1.5
+        ms'(256, 0) = 12.03 + 256 x 0.030 = 19.71;  ms'(256, 1) = 17.42 + 384 x 0.0337 = 30.36
+        gain(256, 1) = 1.5 x 19.71 / 30.36 = 0.974 (decode steps alone: 1.5 x 12.03 / 17.42 = 1.036)"""
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio >= 0):
+        raise DynspecError(f"--prefill-ratio {ratio!r} must be a number of at least 0 (prompt tokens per output token)")
+    if prices.chunk_ms_per_token is None:
+        raise DynspecError("--prefill-ratio needs step prices with chunk_ms_per_token (benchmarks/sim_fit.py)")
+    target, draft = prices.chunk_ms_per_token, prices.draft_chunk_ms_per_token
+    known = math.inf if isinstance(acceptance, (int, float)) else len(acceptance)    # K's tune may pick
+
+    def served(b: int, k: int, ms: float) -> float:
+        if k > known:
+            return ms
+        return ms + b * expected_tokens(k, acceptance) * ratio * (target + (draft if k > 0 or draft_at_k0 else 0.0))
+
+    return {b: {k: served(b, k, ms) for k, ms in row.items()} for b, row in iteration_ms.items()}
+

@@ -113,3 +113,32 @@ def test_the_replay_serves_the_draft_sync_the_sweep_flags_ask_for():
     assert served_sync(["--concurrency", "4"]) == "lazy"
     assert served_sync(["--draft-sync", "warm"]) == "warm"
     assert served_sync(["--keep-warm", "off", "--draft-sync", "warm"]) == "off"
+
+
+def test_a_schedule_tuned_on_served_steps_stops_drafting_where_serving_256_lost(tmp_path, capsys):
+    """The H100 run at 0f964d7 (serving_256: C=256, a = 0.5, prompts 64..192, outputs 32..224): the
+    schedule tuned on its decode steps drafts K=1 up to b=256 and served 0.963x baseline (measured;
+    the replay agrees within 1%). Tuned with --prefill-ratio 1 (one prompt token per generated
+    token, at the H100's fitted prices) K=1 stops below b=256, and the replay serves >= baseline."""
+    from dynspec.cli import main
+
+    run = json.loads((DATA / "h100-0f964d7" / "runs.json").read_text())["runs"][0]
+    profile = str(DATA / "h100-0f964d7" / run["cost_model"])
+    tune = ["tune", "--profile", profile, "--context", "256", "--acceptance", "0.5", "--json"]
+    assert main(tune) == 0
+    decode_only = json.loads(capsys.readouterr().out)["schedule"]
+    assert main(tune + ["--prefill-ratio", "1", "--step-prices", str(DATA)]) == 0
+    served = json.loads(capsys.readouterr().out)["schedule"]
+    assert decode_only.endswith("256:1") and int(served.rsplit(",", 1)[-1].split(":")[0]) < 256, (decode_only, served)
+
+    def ratio(schedule: str) -> float:
+        out = tmp_path / schedule.replace(",", "_").replace(":", "-")
+        assert simulate.main(["--cost-model", profile, "--step-prices", str(DATA / "h100_prices.json"),
+                              "--max-seq-len", str(run["max_seq_len"]), "--out", str(out), "--no-progress",
+                              "--modes", "baseline,dynamic", "--dynamic-schedule", schedule, "--acceptance",
+                              "bernoulli:0.5", "--input-len", "64:192", "--output-len", "32:224", "--concurrency",
+                              "256", "--waves", "6", "--warmup-requests", "2", "--trials", "1"]) == 0
+        tok = {r["mode"]: r["output_tok_per_s"] for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+        return tok["dynamic"] / tok["baseline"]
+
+    assert ratio(decode_only) < 0.975 and ratio(served) >= 0.995

@@ -158,7 +158,7 @@ class SimEngine:
         if T and self.cost.chunk is not None:            # the profile times chunks: its chunk axis instead
             chunk = self._profiled_chunk(plan, T)
         n = plan.catch_up_tokens
-        ms = base - p.host_ms + chunk + (p.ragged_factor - 1.0) * ragged + (self.catch_up[0] + self.catch_up[1] * n if n else 0.0)
+        ms = base - p.host_ms + chunk + ((p.ragged_factor or 1.0) - 1.0) * ragged + (self.catch_up[0] + self.catch_up[1] * n if n else 0.0)
         return max(ms, 0.1 * base)
 
     def _profiled_chunk(self, plan: StepPlan, T: int) -> float:

@@ -10,7 +10,8 @@ The prices are the least-squares solution of
 each run weighted by 1 / measured_r (relative error), then the replay is repeated with the fitted
 prices (the policies' calibration reads the step times) and refitted: FIT_ROUNDS rounds
 (simulate.fit_prices runs the replays; this module is the pure part). A price
-the runs cannot identify (no per-row step in a serving-only set) stays at its neutral value.
+the runs cannot identify (no per-row step in a serving-only set) stays at its neutral value, and
+the ragged factor is then written null: not measured (step_prices.policy_ragged).
 Worked example, two runs with S = (900, 1000) ms, F = ((100, 0, 0, 0, 0), (100, 1000, 10, 0, 0))
 and measured (880, 1030): host 0.2 ms a step, a chunk's 1000 tokens + 10 fixed cost 50 ms.
 """
@@ -37,7 +38,8 @@ def solve(F: np.ndarray, S: np.ndarray, y: np.ndarray) -> StepPrices:
     theta = np.zeros(F.shape[1])
     theta[used] = np.linalg.lstsq(F[:, used] * w[:, None], (y - S) * w, rcond=None)[0]
     return StepPrices(host_ms=float(-theta[0]), chunk_ms_per_token=float(theta[1]), chunk_fixed_ms=float(theta[2]),
-                      draft_chunk_ms_per_token=float(theta[3]), ragged_factor=float(1.0 + theta[4]))
+                      draft_chunk_ms_per_token=float(theta[3]),
+                      ragged_factor=float(1.0 + theta[4]) if 4 in used else None)   # no per-row step: not measured
 
 
 def write(path: Path, prices: StepPrices, device: str, fitted_on: list[str]) -> None:

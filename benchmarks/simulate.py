@@ -182,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.cost_model:
                 raise DynspecError("give --cost-model FILE (the engine's profile.json) or --validate DIR")
-            from dynspec.runtime.policy.step_prices import read
+            from dynspec.runtime.policy.step_prices import policy_ragged, read
 
             prices = read(args.step_prices)[0] if args.step_prices else None
             run = SimRun(tuple(sweep_flags), args.cost_model, args.max_batch_size, args.max_seq_len, args.max_num_tokens,
-                         prices=prices, policy_ragged=prices.ragged_factor if prices else 1.0,
+                         prices=prices, policy_ragged=policy_ragged(prices) if prices else 1.0,
                          draft_sync=served_sync(sweep_flags))
             rows = simulate(run, not args.no_progress)
             doc, md = {"rows": rows, "flags": sweep_flags}, _rows_table(rows)

@@ -168,7 +168,7 @@ def step_prices_factor(args: argparse.Namespace) -> float | None:
     said in one line); None without the flag (cost_policy then reads the engine dir's)."""
     if not getattr(args, "step_prices", None):
         return None
-    from dynspec.runtime.policy.step_prices import for_device
+    from dynspec.runtime.policy.step_prices import for_device, policy_ragged
 
     dev = "cpu"
     if str(args.device).startswith("cuda"):
@@ -179,7 +179,7 @@ def step_prices_factor(args: argparse.Namespace) -> float | None:
     if prices is None:
         print(f"--step-prices {args.step_prices}: no prices of {dev!r}; per-row vectors at their split price", flush=True)
         return 1.0
-    return prices.ragged_factor
+    return policy_ragged(prices)
 
 
 def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,

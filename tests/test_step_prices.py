@@ -71,3 +71,32 @@ def test_the_data_set_is_the_committed_results(tmp_path):
     got = record([results / "serving_256"], tmp_path / "d", "../h100_prices.json")
     assert got == want and want["draft_sync"] == "lazy"
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted(p.name for p in (SIM_DATA / "h100-0f964d7").iterdir())
+
+def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
+    """The H200's prices were fitted on a serving run with no per-row step, so its ragged factor is
+    null; the per-request policy then prices per-row vectors at UNMEASURED_RAGGED. Replayed on the
+    H200 profile of per_request_bimodal (mix30, C = 64), per-request runs as adaptive does; priced at
+    1.0, as that GPU run was (0.77x baseline there), it runs per-row vectors."""
+    import numpy as np
+
+    from dynspec.benchmarks import sim_fit, simulate
+
+    h200 = step_prices.read(SIM_DATA / "h200_prices.json")[0]
+    assert h200.ragged_factor is None and step_prices.policy_ragged(h200) == step_prices.UNMEASURED_RAGGED
+    F = np.array([[100.0, 0, 0, 0, 0], [100.0, 1000, 10, 0, 0], [200.0, 500, 5, 0, 0]])    # no per-row step
+    assert sim_fit.solve(F, np.array([900.0, 1000, 1900]), np.array([880.0, 1030, 1900])).ragged_factor is None
+    profile = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "per_request_bimodal" / "profile.json"
+    assert "H200" in json.loads(profile.read_text())["device"]
+
+    def mean_k(prices_file, out):
+        assert simulate.main(["--cost-model", str(profile), "--step-prices", str(prices_file), "--out", str(out),
+                              "--no-progress", "--modes", "adaptive,per-request", "--acceptance",
+                              "bernoulli-mix:0.95@0.3,0.05@0.7", "--input-len", "64:192", "--output-len", "32:224",
+                              "--concurrency", "64", "--waves", "2", "--warmup-requests", "0", "--trials", "1"]) == 0
+        return {r["mode"]: r["mean_k"] for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+
+    off = mean_k(SIM_DATA / "h200_prices.json", tmp_path / "off")
+    flat = tmp_path / "flat.json"
+    step_prices.write(flat, StepPrices(**{**h200.__dict__, "ragged_factor": 1.0}), "NVIDIA H200", ["x"], [])
+    on = mean_k(flat, tmp_path / "on")
+    assert off["per-request"] == off["adaptive"] and on["per-request"] > on["adaptive"] + 0.2, (off, on)

@@ -9,9 +9,10 @@ and the per-request policy.
 host_ms: serial host time inside each profiled step (the overlapped loop hides it); chunk_*: a step
 with prompt chunks over its rows' profiled time (fixed + per token; None: the plain-step curve's
 slope); draft_chunk_ms_per_token: a drafting mode's draft pass over each chunk token;
-ragged_factor: a per-row K vector's step over its split price (runtime/policy/split_cost.py). Where an
-engine dir holds step_prices.json beside cost_model.json, the per-request policies price per-row
-vectors with its ragged_factor.
+ragged_factor: a per-row K vector's step over its split price (runtime/policy/split_cost.py); null
+where the runs fitted held no per-row step (not measured on that device: the policies then price
+per-row vectors at UNMEASURED_RAGGED, policy_ragged). Where an engine dir holds step_prices.json
+beside cost_model.json, the per-request policies price per-row vectors with its ragged_factor.
 """
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ from pathlib import Path
 from dynspec.errors import DynspecError
 
 STEP_PRICES = "step_prices.json"      # its name in an engine dir
+# A per-row vector on a device whose per-row steps were never measured: priced at 4x its split, it
+# stands almost nowhere, and per-request runs as the batch-level policy plus its probes. Measured:
+# 1.20 on the H100; on an H200 priced at 1.0, per-request served 0.70x baseline at C=256
+# (docs/design.md, "Why the tuned schedule still loses at C = 256").
+UNMEASURED_RAGGED = 4.0
 MAX_BYTES = 1 << 20
 
 
@@ -33,13 +39,13 @@ class StepPrices:
     chunk_fixed_ms: float = 0.0
     chunk_ms_per_token: float | None = None
     draft_chunk_ms_per_token: float = 0.0
-    ragged_factor: float = 1.0
+    ragged_factor: float | None = 1.0     # None: not measured on the device (module docstring)
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 raise DynspecError(f"step prices: {k} = {v!r} is not a finite number")
-        if not 0.5 <= self.ragged_factor <= 4.0:
+        if self.ragged_factor is not None and not 0.5 <= self.ragged_factor <= 4.0:
             raise DynspecError(f"step prices: ragged_factor {self.ragged_factor} is outside 0.5..4")
 
 
@@ -91,7 +97,13 @@ def profiled_device(label: str) -> str:
     return rest[:-1] if sep and rest.endswith(")") else label
 
 
+def policy_ragged(prices: StepPrices) -> float:
+    """The factor the per-request policies price per-row vectors at: the measured one, else
+    UNMEASURED_RAGGED."""
+    return UNMEASURED_RAGGED if prices.ragged_factor is None else prices.ragged_factor
+
+
 def ragged_factor_beside(cost_model_path: os.PathLike) -> float:
-    """The ragged_factor of step_prices.json beside a cost model, 1.0 where there is none."""
+    """policy_ragged of step_prices.json beside a cost model, 1.0 where there is none."""
     p = Path(cost_model_path).with_name(STEP_PRICES)
-    return read(p)[0].ragged_factor if p.is_file() else 1.0
+    return policy_ragged(read(p)[0]) if p.is_file() else 1.0

@@ -77,6 +77,8 @@ def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
     null; the per-request policy then prices per-row vectors at UNMEASURED_RAGGED. Replayed on the
     H200 profile of per_request_bimodal (mix30, C = 64), per-request runs as adaptive does; priced at
     1.0, as that GPU run was (0.77x baseline there), it runs per-row vectors."""
+    import dataclasses
+
     import numpy as np
 
     from dynspec.benchmarks import sim_fit, simulate
@@ -97,6 +99,6 @@ def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
 
     off = mean_k(SIM_DATA / "h200_prices.json", tmp_path / "off")
     flat = tmp_path / "flat.json"
-    step_prices.write(flat, StepPrices(**{**h200.__dict__, "ragged_factor": 1.0}), "NVIDIA H200", ["x"], [])
+    step_prices.write(flat, dataclasses.replace(h200, ragged_factor=1.0), "NVIDIA H200", ["x"], [])
     on = mean_k(flat, tmp_path / "on")
     assert off["per-request"] == off["adaptive"] and on["per-request"] > on["adaptive"] + 0.2, (off, on)

@@ -93,7 +93,7 @@ def for_device(path: os.PathLike, device: str) -> StepPrices | None:
 def profiled_device(label: str) -> str:
     """A profile's device label as for_device takes it: 'cuda (NVIDIA H100 80GB HBM3)' (benchmarks/
     engines.device_name) -> 'NVIDIA H100 80GB HBM3'; 'cpu' -> 'cpu'."""
-    head, sep, rest = label.partition(" (")
+    _, sep, rest = label.partition(" (")
     return rest[:-1] if sep and rest.endswith(")") else label
 
 

@@ -296,4 +296,3 @@ def with_prefill(iteration_ms, acceptance: Acceptance, ratio: float, prices,
         return ms + b * expected_tokens(k, acceptance) * ratio * (target + (draft if k > 0 or draft_at_k0 else 0.0))
 
     return {b: {k: served(b, k, ms) for k, ms in row.items()} for b, row in iteration_ms.items()}
-

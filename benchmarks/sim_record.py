@@ -72,7 +72,8 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
     return {"config": config, "case": case, "flags": flags, "draft_sync": syncs.pop() if syncs else "warm",
             "max_batch_size": env["max_batch_size"], "max_seq_len": env["max_seq_len"],
             "max_num_tokens": env.get("max_num_tokens", 8192),     # recorded since; the default before
-            "poisson_rates": rates, "command": env["command"], "cost_model": cost_model, "measured": measured}
+            "poisson_rates": rates, "command": env["command"], "cost_model": cost_model, "measured": measured,
+            **({"policy_prices": prices} if (prices := (env.get("adaptive") or {}).get("step_prices")) else {})}
 
 
 def commit_of(tree: str) -> str | None:

@@ -25,7 +25,7 @@ class SimRun:
     max_num_tokens: int = 8192
     rates: tuple[tuple[int, float], ...] = ()    # Poisson rate per --poisson-at C (default: the baseline's simulated)
     prices: object = None                        # step_prices.StepPrices (None: unfitted)
-    policy_ragged: float = 1.0                   # the per-request policies' ragged_factor (as the run served)
+    policy_prices: object = None                 # the cost-model policies' StepPrices as the run served (None: none)
     rule: tuple = ()                             # the per-request policies' settings as the run served them
     draft_sync: str = "warm"                     # the drafting modes' draft sync as served (baseline: none)
     store_prompts: bool = True                   # lazy sync stored K=0 steps' prompt chunks (Executor's option)
@@ -52,18 +52,18 @@ def served_sync(flags: Sequence[str]) -> str:
     return draft_sync_of(_sweep_args(flags), ReferenceSettings().draft_sync)
 
 
-def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, ragged_factor: float = 1.0,
+def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, prices=None,
              rule: tuple = ()) -> tuple[dict, int]:
     """({mode: the policy the sweep runs it with}, the engine's max_draft_len): sweep_modes.mode_policies
-    on the sweep's flags (no engine dir); the per-request modes price per-row vectors with
-    ragged_factor and take `rule` ((name, value) pairs of PerRequestPolicy's settings: a recorded
+    on the sweep's flags (no engine dir), priced with `prices` (StepPrices, None: none); the
+    per-request modes take `rule` ((name, value) pairs of PerRequestPolicy's settings: a recorded
     run's rule, where it ran an earlier one)."""
     from dynspec.benchmarks.sweep_modes import base_mode, mode_policies, parse_modes, read_schedule_arg
     from dynspec.runtime.policy import DraftSchedule
 
     modes = parse_modes(args.modes)
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else DraftSchedule()
-    pols, kmax = mode_policies(modes, dynamic, args.static_k, max_batch_size, Path(cost_model), ragged_factor,
+    pols, kmax = mode_policies(modes, dynamic, args.static_k, max_batch_size, Path(cost_model), prices,
                                args.ttft_weight)
     for m, pol in pols.items():
         for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
@@ -82,7 +82,7 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
-    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_ragged, run.rule)
+    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_prices, run.rule)
     cost = CostModel.load(run.cost_model)
     line = catch_up_line(Profile.load(run.cost_model)) if run.draft_sync == "lazy" else (0.0, 0.0)
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)

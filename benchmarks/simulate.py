@@ -57,13 +57,23 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
                                  data_dir=f.parent.name),
                             SimRun(flags, str(f.parent / r.get("cost_model", doc["cost_model"])),
                                    int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
-                                   rates, prices, rule=rule, draft_sync=doc.get("draft_sync", "warm"),
+                                   rates, prices, policy_prices=_served_prices(r), rule=rule,
+                                   draft_sync=doc.get("draft_sync", "warm"),
                                    store_prompts=bool(doc.get("store_prompts", True)))))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DynspecError(f"{f}: not a recorded-runs file ({type(e).__name__}: {e})") from None
     if not out:
         raise DynspecError(f"{data_dir}: no */runs.json with recorded GPU runs")
     return out
+
+
+def _served_prices(run: dict):
+    """The StepPrices a recorded run's cost-model policies ran with (sim_record: its env block's), None
+    where it records none (runs before the policies took them: per-row vectors at 1.0, chunks unpriced)."""
+    from dynspec.runtime.policy.step_prices import StepPrices
+
+    doc = run.get("policy_prices")
+    return None if doc is None else StepPrices(**doc)
 
 
 def validate(data_dir: Path, progress: bool = False) -> list[dict]:
@@ -162,7 +172,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=432, help="the engine's cache positions per row (default 432)")
     p.add_argument("--max-num-tokens", type=int, default=8192, help="tokens per iteration (default 8192)")
     p.add_argument("--step-prices", metavar="FILE", help="the device's fitted step prices (runtime/policy/step_prices.py):"
-                                                         " the steps' and the per-request policies' ragged price")
+                                                         " the steps' prices and the cost-model policies' (per-row vectors, prompt chunks)")
     p.add_argument("--out", required=True, help="results/NAME -> NAME.json and NAME.md")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p
@@ -182,12 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.cost_model:
                 raise DynspecError("give --cost-model FILE (the engine's profile.json) or --validate DIR")
-            from dynspec.runtime.policy.step_prices import policy_ragged, read
+            from dynspec.runtime.policy.step_prices import read
 
             prices = read(args.step_prices)[0] if args.step_prices else None
             run = SimRun(tuple(sweep_flags), args.cost_model, args.max_batch_size, args.max_seq_len, args.max_num_tokens,
-                         prices=prices, policy_ragged=policy_ragged(prices) if prices else 1.0,
-                         draft_sync=served_sync(sweep_flags))
+                         prices=prices, policy_prices=prices, draft_sync=served_sync(sweep_flags))
             rows = simulate(run, not args.no_progress)
             doc, md = {"rows": rows, "flags": sweep_flags}, _rows_table(rows)
         _write(Path(args.out), doc, md)

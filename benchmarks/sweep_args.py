@@ -59,9 +59,10 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     g.add_argument("--cost-model", metavar="FILE",
                    help="adaptive mode: the cost model, a profile.json (default: ENGINE_DIR/cost_model.json)")
     g.add_argument("--step-prices", metavar="FILE|DIR",
-                   help="per-request modes: price per-row K vectors with this device's fitted step prices"
-                        " (runtime/policy/step_prices.py); a folder gives the file of the running device, if any"
-                        " (default: ENGINE_DIR/step_prices.json beside the cost model, else the split price)")
+                   help="cost-model modes: price per-row K vectors, and prompt chunks where the profile has no"
+                        " chunk axis, with this device's fitted step prices (runtime/policy/step_prices.py); a folder"
+                        " gives the file of the running device, if any (default: ENGINE_DIR/step_prices.json beside"
+                        " the cost model, else neither is priced)")
     add_ttft_weight_arg(g, "the policy's")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",

@@ -149,27 +149,24 @@ def adaptive_policy(path: Path, max_draft_len: int | None):
     return load_policy(path, max_draft_len)
 
 
-def cost_policy(mode: str, path: Path, max_draft_len: int | None, ragged_factor: float | None = None,
-                ttft_weight: float | None = None):
+def cost_policy(mode: str, path: Path, max_draft_len: int | None, prices=None, ttft_weight: float | None = None):
     """The policy of a cost-model mode (COST_MODES: 'adaptive', 'per-request', 'per-request-oracle'),
-    K at most max_draft_len; the per-request modes price per-row vectors with ragged_factor (None:
-    that of step_prices.json beside the cost model, else 1.0: runtime/policy/step_prices.py); every one
-    weighs a prompt its step ends at ttft_weight (None: the default, runtime/policy/prefill_price.py)."""
+    K at most max_draft_len, priced with `prices` (the device's StepPrices, None: none;
+    runtime/policy/__init__.py PolicyKind.make); every one weighs a prompt its step ends at
+    ttft_weight (None: the default, runtime/policy/prefill_price.py)."""
     from dynspec.runtime.policy.cost_model import CostModel
-    from dynspec.runtime.policy.step_prices import ragged_factor_beside
 
-    ragged = ragged_factor_beside(path) if ragged_factor is None else ragged_factor
-    return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, ragged_factor=ragged,
-                                          ttft_weight=ttft_weight)
+    return POLICIES[base_mode(mode)].make(CostModel.load(path), max_draft_len, prices=prices, ttft_weight=ttft_weight)
 
 
-def step_prices_factor(args: argparse.Namespace) -> float | None:
-    """--step-prices' ragged_factor on the running device (a folder without its device's file: 1.0,
-    said in one line); None without the flag (cost_policy then reads the engine dir's)."""
+def policy_prices(args: argparse.Namespace, cost_model: Path):
+    """The StepPrices the cost-model modes run with: --step-prices' of the running device (a folder
+    without that device's file: none, said in one line), else step_prices.json beside the cost model
+    (runtime/policy/step_prices.py); None: none."""
+    from dynspec.runtime.policy.step_prices import for_device, prices_beside
+
     if not getattr(args, "step_prices", None):
-        return None
-    from dynspec.runtime.policy.step_prices import for_device, policy_ragged
-
+        return prices_beside(cost_model)
     dev = "cpu"
     if str(args.device).startswith("cuda"):
         import torch
@@ -177,24 +174,23 @@ def step_prices_factor(args: argparse.Namespace) -> float | None:
         dev = torch.cuda.get_device_name(torch.device(args.device).index or 0)
     prices = for_device(args.step_prices, dev)
     if prices is None:
-        print(f"--step-prices {args.step_prices}: no prices of {dev!r}; per-row vectors at their split price", flush=True)
-        return 1.0
-    return policy_ragged(prices)
+        print(f"--step-prices {args.step_prices}: no prices of {dev!r}; per-row vectors at their split price,"
+              f" prompt chunks unpriced", flush=True)
+    return prices
 
 
 def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,
-                  cost_model: Path | None, ragged_factor: float | None = None,
-                  ttft_weight: float | None = None) -> tuple[dict, int]:
+                  cost_model: Path | None, prices=None, ttft_weight: float | None = None) -> tuple[dict, int]:
     """({mode: the policy it runs}, the largest K any of them picks: the engine's max_draft_len):
     the schedules of mode_schedules, and each cost-model mode's policy on `cost_model` with K up to
-    that max (cost_policy; ragged_factor as there). cost_model None: no cost-model mode may be asked."""
+    that max (cost_policy; prices as there). cost_model None: no cost-model mode may be asked."""
     schedules: dict = mode_schedules(modes, dynamic, static_k, max_batch_size)
     kmax = max([s.max_draft_len for s in schedules.values()] + [1])
     if any(base_mode(m) in COST_MODES for m in modes):
         kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
         for m in modes:
             if base_mode(m) in COST_MODES:
-                schedules[m] = cost_policy(m, cost_model, kmax, ragged_factor, ttft_weight)
+                schedules[m] = cost_policy(m, cost_model, kmax, prices, ttft_weight)
     return {m: schedules[m] for m in modes}, kmax
 
 

@@ -14,7 +14,7 @@ from dynspec.benchmarks.mpi import World
 from dynspec.benchmarks.sweep_args import make_parser
 from dynspec.benchmarks.sweep_modes import (COST_MODES, LOOP_SUFFIXES, TRTLLM_MODES, base_mode, cost_model_path,
                                             mode_loops, mode_policies, parse_modes, read_schedule_arg, split_mode,
-                                            step_prices_factor)
+                                            policy_prices)
 from dynspec.errors import DynspecError
 from dynspec.runtime.serving.loop import Loop
 from dynspec.runtime.serving.overlap import cache_slack
@@ -115,7 +115,7 @@ class SweepSpec:
     max_seq_len: int
     max_draft_len: int
     cost_model: str | None = None   # the adaptive mode's profile.json
-    ragged_factor: float | None = None   # the per-request modes' price of a per-row vector over its split
+    step_prices: object = None           # the cost-model modes' StepPrices (sweep_modes.policy_prices; None: none)
     ttft_weight: float | None = None     # the cost-model modes' weight of a finishing prompt (None: default)
 
 
@@ -201,12 +201,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     max_b = max(conc) if conc else cfg.reference.max_batch_size
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
     cost_model = cost_model_path(args) if any(base_mode(m) in COST_MODES for m in modes) else None
-    ragged = None
-    if cost_model is not None:
-        from dynspec.runtime.policy.step_prices import ragged_factor_beside
-
-        ragged = step_prices_factor(args) or ragged_factor_beside(cost_model)
-    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, ragged, args.ttft_weight)   # kmax: the engine's max_draft_len
+    prices = policy_prices(args, cost_model) if cost_model is not None else None
+    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, prices, args.ttft_weight)   # kmax: the engine's max_draft_len
     sync = draft_sync_of(args, cfg.reference.draft_sync)
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0
@@ -236,7 +232,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     return SweepSpec(args.engine, modes, points, tuple(schedules.items()), tuple(draft_sync.items()),
                      tuple(loops.items()), acceptance,
                      reqs, desc, count, poisson_at(args), args.trials, args.warmup_requests, args.seed, max_b, max_seq, kmax,
-                     None if cost_model is None else str(cost_model), ragged,
+                     None if cost_model is None else str(cost_model), prices,
                      None if cost_model is None else _ttft_weight(schedules))
 
 

@@ -19,6 +19,7 @@ from dynspec.benchmarks.sweep_loop import open_for_rank, open_engine, run_refere
 from dynspec.benchmarks.sweep_plan import SweepSpec, check_overlap_fits, resolve
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy.step_prices import policy_record
 
 
 def check_engine_overlap(plans: Sequence["PlannedSweep"]) -> None:
@@ -55,7 +56,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "acceptance_lossless": bool(spec.acceptance.lossless),
         "schedules": {m: s.to_spec() for m, s in spec.schedules if isinstance(s, DraftSchedule)},
         "adaptive": None if spec.cost_model is None else {"cost_model": spec.cost_model,
-                                                            "ragged_factor": spec.ragged_factor,
+                                                            **policy_record(spec.step_prices),
                                                             "ttft_weight": spec.ttft_weight},
         "draft_sync": dict(spec.draft_sync),
         "workload": spec.workload,

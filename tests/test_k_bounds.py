@@ -71,6 +71,11 @@ def test_loading_an_engine_whose_cost_model_outgrew_it_is_refused(adaptive_engin
     eng = tmp_path / "e"
     shutil.copytree(adaptive_engine, eng)
     assert policy_of(EngineConfig.load(eng)).max_draft_len == 4
+    assert policy_of(EngineConfig.load(eng)).cost.chunk is None
+    from dynspec.runtime.policy import step_prices
+
+    step_prices.write(eng / step_prices.STEP_PRICES, step_prices.StepPrices(chunk_ms_per_token=0.03), "cpu", ["x"], [])
+    assert type(policy_of(EngineConfig.load(eng)).cost.chunk).__name__ == "FittedChunk"   # the engine dir's prices
     cost_file(eng / "cost_model.json", 40)
     with pytest.raises(DynspecError, match=r"cost_model.json: profiles K=40, above the engine's max_draft_len 4 "
                                            r"\(engine.json schedule 4:4\)"):

@@ -83,7 +83,7 @@ def test_rows_of_one_rate_run_as_the_adaptive_policy_runs_them():
     prices = read(data / "h100_prices.json")[0]
     rows = simulate(SimRun(("--modes", "adaptive,per-request", "--acceptance", "bernoulli:0.5", "--concurrency", "64",
                             "--waves", "2"), str(data / "h100-6e9fc00" / "profile_per_request_bimodal.json"), 256, 432,
-                           prices=prices, policy_ragged=prices.ragged_factor))
+                           prices=prices, policy_prices=prices))
     ad, pr = rows
     assert (pr["iterations"], pr["mean_k"]) == (ad["iterations"], ad["mean_k"])
     assert pr["output_tok_per_s"] == pytest.approx(ad["output_tok_per_s"], rel=1e-9)

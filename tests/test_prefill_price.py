@@ -262,3 +262,34 @@ def test_the_weight_is_an_engine_json_field_read_by_the_served_policy(tmp_path):
         (tmp_path / "engine.json").write_text(json.dumps(dict(doc, ttft_weight=bad)))
         with pytest.raises(DynspecError, match=r"engine.json: field 'ttft_weight' is .*; it must be a number >= 0"):
             EngineConfig.load(tmp_path)
+
+
+def test_fitted_prices_price_a_chunk_where_the_profile_has_no_chunk_axis():
+    """chunk_cost.FittedChunk: the worked example (the H100's fitted prices, a 256-token chunk: 5.68 ms
+    at K=0, 6.62 ms at K > 0), a short chunk's negative fit clamped at 0, and with_fitted_chunks
+    leaving a profile's own chunk axis, and prices without a chunk price, alone."""
+    import dataclasses
+
+    from dynspec.runtime.policy import POLICIES
+    from dynspec.runtime.policy.chunk_cost import FittedChunk, with_fitted_chunks
+    from dynspec.runtime.policy.step_prices import StepPrices
+
+    h100 = StepPrices(host_ms=0.32, chunk_fixed_ms=-2.015, chunk_ms_per_token=0.0301, draft_chunk_ms_per_token=0.00367)
+    bare = CostModel.from_profile(Profile.from_json({**profile_doc(), "tables": [
+        {k: v for k, v in t.items() if k != "chunk_ms"} for t in profile_doc()["tables"]]}))
+    priced = with_fitted_chunks(bare, h100)
+    assert isinstance(priced.chunk, FittedChunk) and bare.chunk is None
+    assert priced.chunk.row(priced, 64, 128, 256) == pytest.approx((5.6906, 6.6301, 6.6301), abs=1e-4)
+    assert priced.chunk.row(priced, 64, 128, 32) == pytest.approx((0.0, 0.1174, 0.1174), abs=1e-4)   # target: clamped
+    assert priced.chunk.row(priced, 64, 128, 0) == (0.0, 0.0, 0.0)
+    assert with_fitted_chunks(bare, dataclasses.replace(h100, chunk_fixed_ms=-20.0)).chunk.row(bare, 16, 128, 64)[0] == 0.0
+    axis = CostModel.from_profile(Profile.from_json(profile_doc()))
+    assert with_fitted_chunks(axis, h100) is axis
+    assert with_fitted_chunks(bare, None) is bare
+    assert with_fitted_chunks(bare, StepPrices(ragged_factor=1.2)) is bare
+    pol = POLICIES["adaptive"].make(bare, prices=h100, ttft_weight=0)        # throughput alone: reads the
+    assert pol.reads_prompts and isinstance(pol.cost.chunk, FittedChunk)      # prompts to price their chunk
+    assert not POLICIES["adaptive"].make(bare, ttft_weight=0).reads_prompts
+    x = PolicyInputs(64, 128, (0.6, 0.6), bucket=64, waiting=(256,), token_budget=8192)
+    side = pol.prompt_side(x, 128)
+    assert side.extra_ms == pytest.approx((5.6906, 6.6301, 6.6301), abs=1e-4) and side.finishing == (1, 1, 1)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dynspec.benchmarks.sweep_modes import step_prices_factor
+from dynspec.benchmarks.sweep_modes import policy_prices
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import step_prices
 from dynspec.runtime.policy.step_prices import StepPrices, for_device
@@ -38,13 +38,18 @@ def test_a_bad_file_is_named(tmp_path):
 
 
 def test_the_sweep_flag_on_cpu(tmp_path, capsys):
+    cost_model = tmp_path / "engine" / "cost_model.json"
     args = argparse.Namespace(step_prices=str(SIM_DATA), device="cpu")
-    assert step_prices_factor(args) == 1.0
-    assert "no prices of 'cpu'; per-row vectors at their split price" in capsys.readouterr().out
+    assert policy_prices(args, cost_model) is None
+    assert "no prices of 'cpu'; per-row vectors at their split price, prompt chunks unpriced" in capsys.readouterr().out
     p = tmp_path / "cpu.json"
     step_prices.write(p, StepPrices(ragged_factor=1.25), "cpu", ["x"], [])
-    assert step_prices_factor(argparse.Namespace(step_prices=str(p), device="cpu")) == 1.25
-    assert step_prices_factor(argparse.Namespace(step_prices=None, device="cpu")) is None
+    assert policy_prices(argparse.Namespace(step_prices=str(p), device="cpu"), cost_model).ragged_factor == 1.25
+    assert policy_prices(argparse.Namespace(step_prices=None, device="cpu"), cost_model) is None
+    cost_model.parent.mkdir()
+    step_prices.write(cost_model.with_name(step_prices.STEP_PRICES), StepPrices(ragged_factor=1.5), "cpu", ["x"], [])
+    assert policy_prices(argparse.Namespace(step_prices=None, device="cpu"), cost_model).ragged_factor == 1.5
+    assert policy_prices(args, cost_model) is None            # the flag's folder first, even without the device
 
 
 def test_a_recorded_command_becomes_the_replays_flags():
@@ -102,3 +107,17 @@ def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
     step_prices.write(flat, dataclasses.replace(h200, ragged_factor=1.0), "NVIDIA H200", ["x"], [])
     on = mean_k(flat, tmp_path / "on")
     assert off["per-request"] == off["adaptive"] and on["per-request"] > on["adaptive"] + 0.2, (off, on)
+
+
+def test_a_runs_policy_prices_are_recorded_and_replayed():
+    """The sweep's env block records the prices its cost-model policies ran with (policy_record); the
+    replay gives its policies the same (simulate._served_prices), and none for runs that record none."""
+    from dynspec.benchmarks.simulate import _served_prices
+
+    h100 = step_prices.read(SIM_DATA / "h100_prices.json")[0]
+    rec = step_prices.policy_record(h100)
+    assert rec["ragged_factor"] == h100.ragged_factor
+    assert _served_prices({"policy_prices": json.loads(json.dumps(rec["step_prices"]))}) == h100
+    assert step_prices.policy_record(None) == {"ragged_factor": 1.0, "step_prices": None}
+    assert step_prices.policy_record(StepPrices(ragged_factor=None))["ragged_factor"] == step_prices.UNMEASURED_RAGGED
+    assert _served_prices({}) is None

@@ -155,8 +155,11 @@ def _adaptive(args, cfg, mode: str = "adaptive"):
     else:                             # a pair: the engine is sized for the policy, up to MAX_DRAFT_LEN
         kmax, bound = MAX_DRAFT_LEN, "MAX_DRAFT_LEN, the largest K the reference engine runs"
         weight = None
+    from dynspec.runtime.policy.step_prices import prices_beside
+
     cost = CostModel.load(path, kmax, bound)
-    return POLICIES[mode].make(cost, ttft_weight=args.ttft_weight if args.ttft_weight is not None else weight)
+    return POLICIES[mode].make(cost, prices=prices_beside(path),
+                               ttft_weight=args.ttft_weight if args.ttft_weight is not None else weight)
 
 
 def parse_loads(text: str) -> tuple[int, ...]:

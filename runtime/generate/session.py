@@ -96,16 +96,18 @@ def capture(engine, keys, ref: ReferenceSettings = ReferenceSettings(), strict: 
 
 def policy_of(cfg: EngineConfig):
     """engine.json's policy (runtime/policy/__init__.py POLICIES): its schedule, or a cost-model policy on its
-    cost model (per-request: each K_i capped by the schedule's K at b)."""
+    cost model (per-request: each K_i capped by the schedule's K at b), priced with the step_prices.json
+    beside it, if any (runtime/policy/step_prices.py)."""
     from dynspec.runtime.policy import POLICIES
 
     kind = POLICIES[cfg.policy]
     if kind.cost_model:              # a K above the schedule's max_draft_len is refused, naming the file
         from dynspec.runtime.policy.cost_model import CostModel
+        from dynspec.runtime.policy.step_prices import prices_beside
 
         k = cfg.schedule.max_draft_len
         cost = CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}")
-        return kind.make(cost, cap=cfg.schedule, ttft_weight=cfg.ttft_weight)
+        return kind.make(cost, cap=cfg.schedule, prices=prices_beside(cfg.cost_model), ttft_weight=cfg.ttft_weight)
     return cfg.schedule
 
 

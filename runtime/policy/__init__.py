@@ -312,14 +312,21 @@ class PolicyKind:
     benchmark_only: bool = False
 
     def make(self, cost, max_draft_len: int | None = None, cap: DraftSchedule | None = None,
-             ragged_factor: float = 1.0, ttft_weight: float | None = None):
+             prices=None, ttft_weight: float | None = None):
         """The policy on a CostModel: K <= max_draft_len (None: every K profiled); a per-row policy caps
-        K_i by cap's K at b, prices vectors with ragged_factor (runtime/policy/step_prices.py);
+        K_i by cap's K at b. prices: the device's StepPrices (runtime/policy/step_prices.py; None: none
+        fitted): per-row vectors at policy_ragged (None: their split price), prompt chunks at their
+        fitted prices where the profile has no chunk axis (chunk_cost.with_fitted_chunks);
         ttft_weight: a finishing prompt's weight (runtime/policy/prefill_price.py; None: the default)."""
+        from dynspec.runtime.policy.chunk_cost import with_fitted_chunks
+        from dynspec.runtime.policy.step_prices import policy_ragged
+
         if not self.cost_model:
             raise DynspecError(f"policy {self.name!r} reads no cost model")
         module, _, cls = self.path.partition(":")
-        policy = getattr(importlib.import_module(module), cls).from_cost(cost, max_draft_len, cap, ragged_factor)
+        ragged = 1.0 if prices is None else policy_ragged(prices)
+        policy = getattr(importlib.import_module(module), cls).from_cost(with_fitted_chunks(cost, prices),
+                                                                         max_draft_len, cap, ragged)
         if ttft_weight is not None:
             policy.settings = replace(policy.settings, ttft_weight=float(ttft_weight))
         return policy

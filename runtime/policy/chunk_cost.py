@@ -76,3 +76,34 @@ class ChunkCost:
             return tuple(max(0.0, y) * max(1.0, tokens / lens[0]) for y in in_ctx(0))
         (ji, jt), _ = _segment(lens, float(tokens), "chunk")
         return tuple(max(0.0, _lerp(y0, y1, jt)) for y0, y1 in zip(in_ctx(ji), in_ctx(ji + 1)))
+
+
+@dataclass(frozen=True)
+class FittedChunk:
+    """A chunk's extra from the device's fitted step prices (step_prices.py), for a profile without
+    the chunk axis; the same row() as ChunkCost:
+        extra(K, T) = max(0, chunk_fixed_ms + chunk_ms_per_token T) + draft_chunk_ms_per_token T [K > 0]
+    The draft's pass over the chunk is paid by K > 0 steps only: lazy draft sync (the default) stores
+    a K=0 step's chunk for a later catch-up (plan.store_chunks).
+    Worked example, the H100's prices (-2.015, 0.0301, 0.00367), T = 256: K=0 5.68 ms; K>0 6.62 ms."""
+    fixed_ms: float
+    ms_per_token: float
+    draft_ms_per_token: float
+
+    def row(self, cost, b: float, context: float, tokens: int) -> tuple[float, ...]:
+        """[K index of cost.draft_lens] extra ms of a `tokens`-token chunk (b, context: unused)."""
+        if tokens <= 0:
+            return (0.0,) * len(cost.draft_lens)
+        target = max(0.0, self.fixed_ms + self.ms_per_token * tokens)
+        return tuple(target + (self.draft_ms_per_token * tokens if k else 0.0) for k in cost.draft_lens)
+
+
+def with_fitted_chunks(cost, prices):
+    """`cost` (a CostModel) with its chunks priced by `prices` (a StepPrices or None) where its profile
+    has no chunk axis and the prices fit a chunk token; otherwise `cost` itself."""
+    if cost.chunk is not None or prices is None or prices.chunk_ms_per_token is None:
+        return cost
+    from dataclasses import replace
+
+    return replace(cost, chunk=FittedChunk(prices.chunk_fixed_ms, prices.chunk_ms_per_token,
+                                           prices.draft_chunk_ms_per_token))

@@ -11,8 +11,11 @@ with prompt chunks over its rows' profiled time (fixed + per token; None: the pl
 slope); draft_chunk_ms_per_token: a drafting mode's draft pass over each chunk token;
 ragged_factor: a per-row K vector's step over its split price (runtime/policy/split_cost.py); null
 where the runs fitted held no per-row step (not measured on that device: the policies then price
-per-row vectors at UNMEASURED_RAGGED, policy_ragged). Where an engine dir holds step_prices.json
-beside cost_model.json, the per-request policies price per-row vectors with its ragged_factor.
+per-row vectors at UNMEASURED_RAGGED, policy_ragged). The cost-model policies take a device's prices
+(runtime/policy/__init__.py PolicyKind.make): per-row vectors at policy_ragged, and a prompt chunk at
+its chunk prices where the profile has no chunk axis (chunk_cost.FittedChunk). Served and swept
+policies read step_prices.json beside the engine's cost_model.json (prices_beside), the sweep's
+--step-prices before it.
 """
 from __future__ import annotations
 
@@ -103,7 +106,14 @@ def policy_ragged(prices: StepPrices) -> float:
     return UNMEASURED_RAGGED if prices.ragged_factor is None else prices.ragged_factor
 
 
-def ragged_factor_beside(cost_model_path: os.PathLike) -> float:
-    """policy_ragged of step_prices.json beside a cost model, 1.0 where there is none."""
+def prices_beside(cost_model_path: os.PathLike) -> StepPrices | None:
+    """step_prices.json beside a cost model (an engine dir's), None where there is none."""
     p = Path(cost_model_path).with_name(STEP_PRICES)
-    return policy_ragged(read(p)[0]) if p.is_file() else 1.0
+    return read(p)[0] if p.is_file() else None
+
+
+def policy_record(prices: StepPrices | None) -> dict:
+    """What a run's cost-model policies were priced with, for its env block (the replay reads it back:
+    benchmarks/sim_record.py): {"ragged_factor": policy_ragged or 1.0, "step_prices": the prices or None}."""
+    return {"ragged_factor": 1.0 if prices is None else policy_ragged(prices),
+            "step_prices": None if prices is None else asdict(prices)}

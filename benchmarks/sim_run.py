@@ -64,7 +64,7 @@ def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, pri
     modes = parse_modes(args.modes)
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else DraftSchedule()
     pols, kmax = mode_policies(modes, dynamic, args.static_k, max_batch_size, Path(cost_model), prices,
-                               args.ttft_weight)
+                               args.ttft_weight, args.prefill_k)
     for m, pol in pols.items():
         for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
             setattr(pol, name, value)

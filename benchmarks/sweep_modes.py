@@ -180,11 +180,20 @@ def policy_prices(args: argparse.Namespace, cost_model: Path):
 
 
 def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,
-                  cost_model: Path | None, prices=None, ttft_weight: float | None = None) -> tuple[dict, int]:
+                  cost_model: Path | None, prices=None, ttft_weight: float | None = None,
+                  prefill_k: int | None = None) -> tuple[dict, int]:
     """({mode: the policy it runs}, the largest K any of them picks: the engine's max_draft_len):
-    the schedules of mode_schedules, and each cost-model mode's policy on `cost_model` with K up to
-    that max (cost_policy; prices as there). cost_model None: no cost-model mode may be asked."""
+    the schedules of mode_schedules (dynamic's K capped at prefill_k on iterations that end a
+    prompt's prefill: runtime/policy/prefill_cap.py; None: no cap), and each cost-model mode's policy
+    on `cost_model` with K up to that max (cost_policy; prices as there). cost_model None: no
+    cost-model mode may be asked."""
     schedules: dict = mode_schedules(modes, dynamic, static_k, max_batch_size)
+    if prefill_k is not None:
+        from dynspec.runtime.policy.prefill_cap import PrefillCap
+
+        for m in modes:
+            if base_mode(m) == "dynamic":
+                schedules[m] = PrefillCap(schedules[m], prefill_k)
     kmax = max([s.max_draft_len for s in schedules.values()] + [1])
     if any(base_mode(m) in COST_MODES for m in modes):
         kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])
@@ -195,8 +204,10 @@ def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | 
 
 
 def policy_label(policy) -> str:
-    """A schedule's CLI form ('24:3,179:1'); the registered name of a cost-model policy ('adaptive',
+    """A schedule's CLI form ('24:3,179:1'; capped: '24:3,179:1 prefill-k 0'); the registered name of a cost-model policy ('adaptive',
     'per-request' or 'per-request-oracle': runtime/policy/__init__.py POLICIES)."""
+    if hasattr(policy, "prefill_k"):                     # a capped schedule (PrefillCap)
+        return policy.to_spec()
     name = registered_name(policy)
     return policy.to_spec() if name == "schedule" else name
 

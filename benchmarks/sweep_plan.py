@@ -137,6 +137,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.tp != 1 and args.engine == "trtllm":
         raise DynspecError(f"--tp {args.tp} is the reference engine's; TensorRT-LLM takes its TP from the engine dir "
                            f"(mpirun -n N trtllm-llmapi-launch ...)")
+    if args.prefill_k is not None and (args.prefill_k < 0 or args.engine == "trtllm"):
+        raise DynspecError(f"--prefill-k {args.prefill_k}: " + ("must be >= 0" if args.prefill_k < 0 else
+                           "TensorRT-LLM's dynamic draft length reads the batch size alone (reference engine only)"))
     if args.concurrency.strip():
         int_list(args.concurrency, "--concurrency")
     if args.request_rate.strip():
@@ -202,7 +205,8 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
     cost_model = cost_model_path(args) if any(base_mode(m) in COST_MODES for m in modes) else None
     prices = policy_prices(args, cost_model) if cost_model is not None else None
-    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, prices, args.ttft_weight)   # kmax: the engine's max_draft_len
+    schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, prices, args.ttft_weight,
+                                    args.prefill_k)   # kmax: the engine's max_draft_len
     sync = draft_sync_of(args, cfg.reference.draft_sync)
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0

@@ -54,7 +54,9 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "command": command_line(argv, w.size),
         "acceptance_model": str(spec.acceptance),
         "acceptance_lossless": bool(spec.acceptance.lossless),
-        "schedules": {m: s.to_spec() for m, s in spec.schedules if isinstance(s, DraftSchedule)},
+        "schedules": {m: getattr(s, "schedule", s).to_spec() for m, s in spec.schedules
+                      if isinstance(getattr(s, "schedule", s), DraftSchedule)},
+        "prefill_k": next((s.prefill_k for _, s in spec.schedules if hasattr(s, "prefill_k")), None),
         "adaptive": None if spec.cost_model is None else {"cost_model": spec.cost_model,
                                                             **policy_record(spec.step_prices),
                                                             "ttft_weight": spec.ttft_weight},

@@ -1,48 +1,58 @@
-"""The sim_ttft suite figures: the prompt weight's trade-off (runtime/policy/prefill_price.py) on
-the serving simulator, one simulate stage per weight (stages ttft_<w>, each `--ttft-weight w`).
-Per weight, load and cost-model mode: sustained tok/s and TTFT p50 / p99, each over the
-baseline's at the same load (the baseline does not read the weight)."""
+"""The sim_ttft suite figures: prefill-aware K's trade-off on the serving simulator, one simulate
+stage per setting: adaptive's prompt weight (runtime/policy/prefill_price.py; stages ttft_<w>, each
+`--ttft-weight w`) and the dynamic schedule's prefill cap (runtime/policy/prefill_cap.py; stages
+prefill_k_<k>, each `--prefill-k k`, prefill_k_none without). Per setting, load and drafting mode:
+sustained tok/s and TTFT p50 / p99, each over the baseline's at the same load (the baseline reads
+neither setting)."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 from dynspec.errors import DynspecError
 
-PREFIX = "ttft_"
+PREFIXES = ("ttft_", "prefill_k_")
 
 
 def stage_names(names: Sequence[str]) -> list[str]:
-    return [n for n in names if n.startswith(PREFIX)]
+    return [n for n in names if n.startswith(PREFIXES)]
 
 
-def weight_of(flags: Sequence[str], where: str) -> float:
-    """The --ttft-weight of a simulate stage's sweep flags."""
-    try:
-        return float(flags[list(flags).index("--ttft-weight") + 1])
-    except (ValueError, IndexError):
-        raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give no --ttft-weight W") from None
+def setting_of(flags: Sequence[str], where: str) -> str:
+    """A simulate stage's setting from its sweep flags: 'weight 64' (--ttft-weight), 'prefill-k 0'
+    (--prefill-k), 'uncapped' (a dynamic stage with neither)."""
+    flags = list(flags)
+    for flag, label in (("--ttft-weight", "weight"), ("--prefill-k", "prefill-k")):
+        if flag in flags:
+            try:
+                return f"{label} {float(flags[flags.index(flag) + 1]):g}"
+            except (ValueError, IndexError):
+                raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without a number") from None
+    modes = flags[flags.index("--modes") + 1].split(",") if "--modes" in flags[:-1] else []
+    if "dynamic" in modes:
+        return "uncapped"
+    raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give no --ttft-weight W (adaptive) or dynamic mode")
 
 
 def ttft_figures(docs: Mapping[str, dict]) -> dict:
     """{stage: simulate's JSON} -> {"values", "table", "plot"} (benchmarks/suite_report.py)."""
     rows = []
     for name, doc in docs.items():
-        w = weight_of(doc["flags"], name)
+        w = setting_of(doc["flags"], name)
         base = {_load(r): r for r in doc["rows"] if r["mode"] == "baseline"}
         for r in doc["rows"]:
             b = base.get(_load(r))
             if r["mode"] == "baseline" or b is None:
                 continue
-            rows.append({"weight": w, "load": _load(r), "mode": r["mode"], "tok_per_s": r["output_tok_per_s"],
+            rows.append({"setting": w, "load": _load(r), "mode": r["mode"], "tok_per_s": r["output_tok_per_s"],
                          "tok_ratio": r["output_tok_per_s"] / b["output_tok_per_s"],
                          "p50_ttft_ms": _ms(r["p50_ttft_s"]), "p99_ttft_ms": _ms(r["p99_ttft_s"]),
                          "p50_ttft_ratio": _ratio(r["p50_ttft_s"], b["p50_ttft_s"]),
                          "p99_ttft_ratio": _ratio(r["p99_ttft_s"], b["p99_ttft_s"]),
                          "baseline_p50_ttft_ms": _ms(b["p50_ttft_s"]), "mean_k": r["mean_k"]})
-    rows.sort(key=lambda r: (r["mode"], r["load"], r["weight"]))
-    header = ["mode", "load", "weight", "tok/s", "x baseline", "TTFT p50 ms", "p50 x baseline", "TTFT p99 ms",
+    rows.sort(key=lambda r: (r["mode"], r["load"], _order(r["setting"])))
+    header = ["mode", "load", "setting", "tok/s", "x baseline", "TTFT p50 ms", "p50 x baseline", "TTFT p99 ms",
               "p99 x baseline", "mean K"]
-    body = [[r["mode"], r["load"], f"{r['weight']:g}", f"{r['tok_per_s']:.0f}", f"{r['tok_ratio']:.3f}",
+    body = [[r["mode"], r["load"], r["setting"], f"{r['tok_per_s']:.0f}", f"{r['tok_ratio']:.3f}",
              _show(r["p50_ttft_ms"]), _show(r["p50_ttft_ratio"], ".2f"), _show(r["p99_ttft_ms"]),
              _show(r["p99_ttft_ratio"], ".2f"), f"{r['mean_k']:.2f}"] for r in rows]
     series: dict = {}
@@ -50,9 +60,9 @@ def ttft_figures(docs: Mapping[str, dict]) -> dict:
         if r["p50_ttft_ratio"] is not None:
             y = r["p50_ttft_ratio"]
             series.setdefault(f"{r['mode']} {r['load']}", []).append([r["tok_ratio"], y, y, y])
-    plot = {"title": "simulated: the prompt weight's trade-off (points: weights, each over the baseline)",
+    plot = {"title": "simulated: prefill-aware K's trade-off (points: settings, each over the baseline)",
             "x": "sustained tok/s / baseline", "y": "TTFT p50 / baseline", "series": series}
-    notes = ["Simulated (benchmarks/simulate.py): one run per weight on the recorded device's profile and step "
+    notes = ["Simulated (benchmarks/simulate.py): one run per setting on the recorded device's profile and step "
              "prices; the GPU's effect is measured by the serving configs."]
     return {"values": {"rows": rows}, "table": {"header": header, "rows": body, "notes": notes}, "plot": plot}
 
@@ -71,3 +81,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _show(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def _order(setting: str) -> tuple:
+    """Table order within a mode and load: weights ascending; uncapped, then caps descending."""
+    label, _, v = setting.partition(" ")
+    return (0, float(v)) if label == "weight" else (1, 0.0) if label == "uncapped" else (2, -float(v))

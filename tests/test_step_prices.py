@@ -80,8 +80,9 @@ def test_the_data_set_is_the_committed_results(tmp_path):
 def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
     """The H200's prices were fitted on a serving run with no per-row step, so its ragged factor is
     null; the per-request policy then prices per-row vectors at UNMEASURED_RAGGED. Replayed on the
-    H200 profile of per_request_bimodal (mix30, C = 64), per-request runs as adaptive does; priced at
-    1.0, as that GPU run was (0.77x baseline there), it runs per-row vectors."""
+    H200 profile of benchmarks/sim_data (0a3d7b9; per_request_bimodal's workload, mix30, C = 64),
+    per-request runs as adaptive does; priced at 1.0, as the H200 run at 28850e6 was (0.77x baseline
+    there), it runs per-row vectors."""
     import dataclasses
 
     import numpy as np
@@ -92,7 +93,7 @@ def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
     assert h200.ragged_factor is None and step_prices.policy_ragged(h200) == step_prices.UNMEASURED_RAGGED
     F = np.array([[100.0, 0, 0, 0, 0], [100.0, 1000, 10, 0, 0], [200.0, 500, 5, 0, 0]])    # no per-row step
     assert sim_fit.solve(F, np.array([900.0, 1000, 1900]), np.array([880.0, 1030, 1900])).ragged_factor is None
-    profile = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "per_request_bimodal" / "profile.json"
+    profile = SIM_DATA / "h200-0a3d7b9" / "profile.json"
     assert "H200" in json.loads(profile.read_text())["device"]
 
     def mean_k(prices_file, out):

@@ -66,7 +66,7 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     add_ttft_weight_arg(g, "the policy's")
     g.add_argument("--prefill-k", type=int, metavar="K",
                    help="dynamic mode: K at most this on iterations that end a prompt's prefill, for time to first"
-                        " token (runtime/policy/prefill_cap.py; default: the schedule's K; reference engine only)")
+                        " token (runtime/policy/prefill_cap.py; default: engine.json prefill_k; reference engine only)")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",
                    help="schedule of the dynamic mode, e.g. '4:4,8:2' or @schedule.txt from `dynspec tune`"

@@ -205,8 +205,9 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else cfg.schedule
     cost_model = cost_model_path(args) if any(base_mode(m) in COST_MODES for m in modes) else None
     prices = policy_prices(args, cost_model) if cost_model is not None else None
+    cap = None if args.engine == "trtllm" else cfg.prefill_k if args.prefill_k is None else args.prefill_k
     schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, prices, args.ttft_weight,
-                                    args.prefill_k)   # kmax: the engine's max_draft_len
+                                    cap)   # kmax: the engine's max_draft_len
     sync = draft_sync_of(args, cfg.reference.draft_sync)
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0

@@ -30,6 +30,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         baseline=args.baseline_trt_engine, reference_dtype=args.reference_dtype,
         reference_max_batch_size=args.reference_max_batch_size, reference_max_seq_len=args.reference_max_seq_len,
         max_num_tokens=args.max_num_tokens, cost_model=args.cost_model, ttft_weight=args.ttft_weight,
+        prefill_k=args.prefill_k,
     )
     bp = plan_build(req)
     if args.plan:
@@ -49,7 +50,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from dynspec.runtime.policy.schedule_args import add_schedule_args, add_ttft_weight_arg
+    from dynspec.runtime.policy.schedule_args import add_prefill_k_arg, add_schedule_args, add_ttft_weight_arg
 
     p = sub.add_parser("build", help="engine dir: TRT-LLM LLM-API options + engine.json (+ baseline script)")
     p.add_argument("--target", required=True, metavar="DIR", help="target from `dynspec convert target`")
@@ -74,6 +75,7 @@ def register(sub) -> None:
     p.add_argument("--run", action="store_true", help="execute the baseline script after writing it")
     p.add_argument("--force", action="store_true", help="replace a non-empty ENGINE_DIR")
     add_ttft_weight_arg(p, "the policy's; kept in engine.json ttft_weight")
+    add_prefill_k_arg(p, "the schedule's K; kept in engine.json prefill_k")
     p.add_argument("--cost-model", metavar="PROFILE.json",
                    help="a `dynspec profile` JSON: copied to ENGINE_DIR/cost_model.json and engine.json policy "
                         "'adaptive' (the reference engine picks K from it and the measured acceptance)")

@@ -46,6 +46,7 @@ class BuildRequest:
     max_num_tokens: int | None = None            # tokens per iteration (TRT-LLM + reference); see config.py
     cost_model: str | None = None                # a `dynspec profile` JSON: policy "adaptive" (reference engine)
     ttft_weight: float | None = None             # the adaptive policy's prompt weight (None: its default)
+    prefill_k: int | None = None                 # the schedule's K on a step that ends a prefill (None: uncapped)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ def _check_flags(req: BuildRequest) -> None:
         raise DynspecError(f"--reference-max-batch-size {rb} exceeds --max-batch-size {req.max_batch_size}")
     if not req.schedule.tiers:
         raise DynspecError("the schedule never speculates (K=0 everywhere); there is nothing for the draft to do")
+    if req.prefill_k is not None and (req.prefill_k < 0 or req.cost_model):
+        raise DynspecError(f"--prefill-k {req.prefill_k} " + ("must be at least 0" if req.prefill_k < 0 else
+                           "caps a schedule's K; with --cost-model the adaptive policy weighs the prompt by --ttft-weight"))
 
 
 def plan_build(req: BuildRequest) -> BuildPlan:
@@ -128,7 +132,10 @@ def plan_build(req: BuildRequest) -> BuildPlan:
         gpu_bytes=int(req.gpu_mem_gb * GB), kv_fraction=req.kv_cache_fraction,
         max_seq_len=max_seq_len, max_batch_size=req.max_batch_size,
     )
-    warnings = (warning, budget_warning(schedule, req.max_batch_size, options["max_num_tokens"], req.trtllm_version))
+    capped = (f"warning: --prefill-k {req.prefill_k} is the reference engine's (engine.json prefill_k); TensorRT-LLM's "
+              f"draft_len_schedule reads the batch size alone" if req.prefill_k is not None else None)
+    warnings = (warning, budget_warning(schedule, req.max_batch_size, options["max_num_tokens"], req.trtllm_version),
+                capped)
     return BuildPlan(schedule, options, plan, tuple(w for w in warnings if w), tm, dm, max_seq_len)
 
 
@@ -192,6 +199,7 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
         llm_api_options=OPTIONS_FILE,
         policy="adaptive" if req.cost_model else "schedule",
         ttft_weight=req.ttft_weight,
+        prefill_k=req.prefill_k,
         manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
         build=build,
     )

@@ -103,3 +103,27 @@ def test_generate_refuses_a_schedule_above_the_engines_k(adaptive_engine, capsys
                  "--max-new-tokens", "2"]) == 2
     line = one_line(capsys)
     assert "--schedule 4:8" in line and "K=8" in line and "max_draft_len 4" in line, line
+
+
+def test_a_prefill_cap_is_an_engine_json_field_the_served_policy_reads(pair, tmp_path, capsys):
+    """`build --prefill-k 1` keeps engine.json prefill_k (with a warning: TensorRT-LLM has no such
+    cap), and the served policy is the schedule capped on steps that end a prefill; a bad value, or
+    one beside a cost model, is refused naming the flag or field."""
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
+
+    assert build(pair, tmp_path / "e", "--prefill-k", "1") == 0
+    assert "--prefill-k 1 is the reference engine's" in capsys.readouterr().err
+    cfg = EngineConfig.load(tmp_path / "e")
+    assert cfg.prefill_k == 1 and json.loads((tmp_path / "e" / "engine.json").read_text())["prefill_k"] == 1
+    pol = policy_of(cfg)
+    assert isinstance(pol, PrefillCap) and pol.schedule == cfg.schedule and pol.prefill_k == 1
+    assert build(pair, tmp_path / "f", "--prefill-k", "-1") == 2
+    assert "--prefill-k -1 must be at least 0" in one_line(capsys)
+    assert build(pair, tmp_path / "g", "--prefill-k", "0", "--cost-model", str(cost_file(tmp_path / "c.json", 4))) == 2
+    assert "--prefill-k 0 caps a schedule's K" in one_line(capsys)
+    doc = json.loads((tmp_path / "e" / "engine.json").read_text())
+    for bad, match in ((True, "field 'prefill_k' is True"), ("1", "field 'prefill_k' is '1'")):
+        with pytest.raises(DynspecError, match=match):
+            EngineConfig.from_json({**doc, "prefill_k": bad})
+    with pytest.raises(DynspecError, match="field 'prefill_k' caps a schedule's K; policy 'adaptive'"):
+        EngineConfig.from_json({**doc, "policy": "adaptive"})

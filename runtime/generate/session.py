@@ -97,7 +97,8 @@ def capture(engine, keys, ref: ReferenceSettings = ReferenceSettings(), strict: 
 def policy_of(cfg: EngineConfig):
     """engine.json's policy (runtime/policy/__init__.py POLICIES): its schedule, or a cost-model policy on its
     cost model (per-request: each K_i capped by the schedule's K at b), priced with the step_prices.json
-    beside it, if any (runtime/policy/step_prices.py)."""
+    beside it, if any (runtime/policy/step_prices.py); a schedule with prefill_k capped on the steps
+    that end a prompt's prefill (runtime/policy/prefill_cap.py)."""
     from dynspec.runtime.policy import POLICIES
 
     kind = POLICIES[cfg.policy]
@@ -108,6 +109,10 @@ def policy_of(cfg: EngineConfig):
         k = cfg.schedule.max_draft_len
         cost = CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}")
         return kind.make(cost, cap=cfg.schedule, prices=prices_beside(cfg.cost_model), ttft_weight=cfg.ttft_weight)
+    if cfg.prefill_k is not None:
+        from dynspec.runtime.policy.prefill_cap import PrefillCap
+
+        return PrefillCap(cfg.schedule, cfg.prefill_k)
     return cfg.schedule
 
 

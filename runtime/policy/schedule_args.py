@@ -32,6 +32,13 @@ def add_ttft_weight_arg(p, default: str) -> None:
                         f"token at any K (runtime/policy/prefill_price.py; 0: throughput alone; default: {default})")
 
 
+def add_prefill_k_arg(p, default: str) -> None:
+    """--prefill-k K on parser or group p; `default` says what applies without it."""
+    p.add_argument("--prefill-k", type=int, metavar="K",
+                   help="a schedule's K at most K on an iteration that ends a prompt's prefill, for time to first "
+                        f"token (runtime/policy/prefill_cap.py; reference engine only; default: {default})")
+
+
 def schedule_of(args: argparse.Namespace) -> DraftSchedule | None:
     if args.schedule is None and args.threshold is None and not args._schedule_required:
         return None

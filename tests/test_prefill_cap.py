@@ -1,12 +1,9 @@
 """runtime/policy/prefill_cap.py: a schedule's K capped on the steps that end a prompt's prefill;
-the module docstring's worked example, its graphs' K's, the sweep flag's checks, and the rule
-lossless against transformers greedy (float64) with prompts riding beside decode rows."""
+the module docstring's worked example, its graphs' K's, the sweep flag's checks and the sim_ttft
+figures' settings (lossless against transformers greedy: tests/test_prefill_price.py)."""
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
@@ -41,33 +38,6 @@ def test_the_sweep_flag_caps_the_dynamic_mode_only(capsys):
     assert sweep.main(["--engine", "trtllm", "--engine-dir", "x", "--modes", "dynamic", "--prefill-k", "1",
                        "--out", "-"]) == 2
     assert "--prefill-k 1: TensorRT-LLM's dynamic draft length reads the batch size alone" in capsys.readouterr().err
-
-
-def test_capped_schedule_is_lossless_and_drops_k_where_a_prompt_ends():
-    """Staggered arrivals under a small token budget: every output is transformers' greedy one; with
-    the cap every step that ends a prompt's prefill runs at K=0, and the others at the schedule's K."""
-    from transformers import LlamaForCausalLM
-
-    from dynspec.runtime.engines.reference.load import load_reference_engine
-    from dynspec.runtime.generate.session import tiny_pair_dirs
-    from dynspec.runtime.policy.prefill_price import finishing
-    from dynspec.runtime.serving.driver import run_closed_loop
-    from dynspec.runtime.serving.executor import Executor
-    from tests.test_executor import greedy_many
-
-    target, draft = tiny_pair_dirs()
-    hf = LlamaForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
-    eng = load_reference_engine(target, draft, dtype=torch.float64, max_batch_size=4, max_seq_len=128,
-                                max_draft_len=2, max_num_tokens=40)
-    rng = random.Random(3)
-    ps = [tuple(rng.randrange(3, eng.vocab_size) for _ in range(rng.randrange(6, 30))) for _ in range(10)]
-    ex = Executor(eng, PrefillCap(DraftSchedule.parse("4:2"), 0), stats_limit=None)
-    res = run_closed_loop(ex, ps, 16, concurrency=3)
-    assert [r.output_ids for r in res] == greedy_many(hf, ps, 16)
-    rows = [s for s in ex.stats if s.batch_size]
-    ending = [s for s in rows if s.waiting and finishing(s.waiting, 40 - s.batch_size * 3)]   # at K=2
-    assert ending and all(s.k == 0 for s in ending)
-    assert any(s.k == 2 for s in rows if not s.prefill_tokens)
 
 
 def test_the_sim_ttft_figures_name_each_stages_setting():

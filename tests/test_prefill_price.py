@@ -116,41 +116,62 @@ def test_split_cost_plus_adds_the_chunk_by_depth():
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def staggered():
+    """The tiny pair in float64 under a 40-token budget, transformers' greedy (float64) and ten
+    prompts of 6..29 tokens: at concurrency 3 their chunks ride beside decode rows, some split."""
     from transformers import LlamaForCausalLM
 
+    from dynspec.runtime.engines.reference.load import load_reference_engine
     from dynspec.runtime.generate.session import tiny_pair_dirs
 
     target, draft = tiny_pair_dirs()
-    return target, draft, LlamaForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
-
-
-def test_prefill_aware_rule_is_lossless_and_drops_k_where_a_prompt_ends(tiny):
-    """Arrivals staggered so prompts' chunks ride beside decode rows (a small token budget splits
-    some of them): every output is transformers' greedy one, and the steps that end a prompt's
-    prefill run at K=0 while the others speculate."""
-    from dynspec.runtime.engines.reference.load import load_reference_engine
-    from dynspec.runtime.serving.driver import run_closed_loop
-    from dynspec.runtime.serving.executor import Executor
-    from tests.test_executor import greedy_many
-
-    target, draft, hf = tiny
+    hf = LlamaForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
     eng = load_reference_engine(target, draft, dtype=torch.float64, max_batch_size=4, max_seq_len=128,
                                 max_draft_len=2, max_num_tokens=40)
     rng = random.Random(3)
     ps = [tuple(rng.randrange(3, eng.vocab_size) for _ in range(rng.randrange(6, 30))) for _ in range(10)]
+    return eng, hf, ps
+
+
+def serve_greedy(staggered, policy) -> list:
+    """Serve the prompts with `policy` at concurrency 3, assert every output is transformers' greedy
+    one, and return the stats of the iterations with decode rows."""
+    from dynspec.runtime.serving.driver import run_closed_loop
+    from dynspec.runtime.serving.executor import Executor
+    from tests.test_executor import greedy_many
+
+    eng, hf, ps = staggered
+    ex = Executor(eng, policy, stats_limit=None)
+    res = run_closed_loop(ex, ps, 16, concurrency=3)
+    assert [r.output_ids for r in res] == greedy_many(hf, ps, 16)
+    return [s for s in ex.stats if s.batch_size]
+
+
+def test_prefill_aware_rule_is_lossless_and_drops_k_where_a_prompt_ends(staggered):
+    """Arrivals staggered so prompts' chunks ride beside decode rows (a small token budget splits
+    some of them): every output is transformers' greedy one, and the steps that end a prompt's
+    prefill run at K=0 while the others speculate."""
     cost = CostModel.from_profile(Profile.from_json(profile_doc(bs=(1, 4))))
     mixed_k0 = {}
     for w in (0.0, 64.0):
-        policy = AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0, ttft_weight=w, prior=0.9))
-        ex = Executor(eng, policy, stats_limit=None)
-        res = run_closed_loop(ex, ps, 16, concurrency=3)
-        assert [r.output_ids for r in res] == greedy_many(hf, ps, 16)
-        stats = [s for s in ex.stats if s.batch_size]
+        stats = serve_greedy(staggered, AdaptivePolicy(cost, AdaptiveSettings(calibrate=False, explore_steps=0,
+                                                                              ttft_weight=w, prior=0.9)))
         mixed = [s for s in stats if s.prefill_tokens]
         assert mixed and any(s.k > 0 for s in stats if not s.prefill_tokens)
         mixed_k0[w] = sum(s.k == 0 for s in mixed) / len(mixed)
     assert mixed_k0[0.0] < 0.5 <= mixed_k0[64.0], mixed_k0
+
+
+def test_a_capped_schedule_is_lossless_and_drops_k_where_a_prompt_ends(staggered):
+    """runtime/policy/prefill_cap.py on the same arrivals: every output is transformers' greedy one;
+    every step that ends a prompt's prefill (at the schedule's K=2) runs at K=0, and others at K=2."""
+    from dynspec.runtime.policy import DraftSchedule
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
+
+    stats = serve_greedy(staggered, PrefillCap(DraftSchedule.parse("4:2"), 0))
+    ending = [s for s in stats if s.waiting and finishing(s.waiting, 40 - s.batch_size * 3)]   # at K=2
+    assert ending and all(s.k == 0 for s in ending)
+    assert any(s.k == 2 for s in stats if not s.prefill_tokens)
 
 
 def test_profile_times_the_chunk_axis_and_the_cost_model_reads_it(tmp_path, capsys):

@@ -324,9 +324,8 @@ class PolicyKind:
         if not self.cost_model:
             raise DynspecError(f"policy {self.name!r} reads no cost model")
         module, _, cls = self.path.partition(":")
-        ragged = 1.0 if prices is None else policy_ragged(prices)
         policy = getattr(importlib.import_module(module), cls).from_cost(with_fitted_chunks(cost, prices),
-                                                                         max_draft_len, cap, ragged)
+                                                                         max_draft_len, cap, policy_ragged(prices))
         if ttft_weight is not None:
             policy.settings = replace(policy.settings, ttft_weight=float(ttft_weight))
         return policy

@@ -15,7 +15,7 @@ Worked example, b=64, context 128, chunk lengths 128 and 512:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.grid import lerp as _lerp, segment as _segment
@@ -103,7 +103,5 @@ def with_fitted_chunks(cost, prices):
     has no chunk axis and the prices fit a chunk token; otherwise `cost` itself."""
     if cost.chunk is not None or prices is None or prices.chunk_ms_per_token is None:
         return cost
-    from dataclasses import replace
-
     return replace(cost, chunk=FittedChunk(prices.chunk_fixed_ms, prices.chunk_ms_per_token,
                                            prices.draft_chunk_ms_per_token))

@@ -100,9 +100,11 @@ def profiled_device(label: str) -> str:
     return rest[:-1] if sep and rest.endswith(")") else label
 
 
-def policy_ragged(prices: StepPrices) -> float:
+def policy_ragged(prices: StepPrices | None) -> float:
     """The factor the per-request policies price per-row vectors at: the measured one, else
-    UNMEASURED_RAGGED."""
+    UNMEASURED_RAGGED; no prices at all: 1.0 (their split price)."""
+    if prices is None:
+        return 1.0
     return UNMEASURED_RAGGED if prices.ragged_factor is None else prices.ragged_factor
 
 
@@ -114,6 +116,6 @@ def prices_beside(cost_model_path: os.PathLike) -> StepPrices | None:
 
 def policy_record(prices: StepPrices | None) -> dict:
     """What a run's cost-model policies were priced with, for its env block (the replay reads it back:
-    benchmarks/sim_record.py): {"ragged_factor": policy_ragged or 1.0, "step_prices": the prices or None}."""
-    return {"ragged_factor": 1.0 if prices is None else policy_ragged(prices),
+    benchmarks/sim_record.py): {"ragged_factor": policy_ragged, "step_prices": the prices or None}."""
+    return {"ragged_factor": policy_ragged(prices),
             "step_prices": None if prices is None else asdict(prices)}

@@ -18,13 +18,16 @@ def stage_names(names: Sequence[str]) -> list[str]:
 
 
 def setting_of(flags: Sequence[str], where: str) -> str:
-    """A simulate stage's setting from its sweep flags: 'weight 64' (--ttft-weight), 'prefill-k 0'
-    (--prefill-k), 'uncapped' (a dynamic stage with neither)."""
+    """A simulate stage's setting from its sweep flags: 'weight 64' (--ttft-weight; 'weight 64,
+    catch-up unpriced' with --catch-up-price off), 'prefill-k 0' (--prefill-k), 'uncapped' (a
+    dynamic stage with neither)."""
     flags = list(flags)
+    unpriced = ", catch-up unpriced" if "--catch-up-price" in flags[:-1] and \
+        flags[flags.index("--catch-up-price") + 1] == "off" else ""
     for flag, label in (("--ttft-weight", "weight"), ("--prefill-k", "prefill-k")):
         if flag in flags:
             try:
-                return f"{label} {float(flags[flags.index(flag) + 1]):g}"
+                return f"{label} {float(flags[flags.index(flag) + 1]):g}{unpriced}"
             except (ValueError, IndexError):
                 raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without a number") from None
     modes = flags[flags.index("--modes") + 1].split(",") if "--modes" in flags[:-1] else []
@@ -84,6 +87,8 @@ def _show(x: float | None, fmt: str = ".1f") -> str:
 
 
 def _order(setting: str) -> tuple:
-    """Table order within a mode and load: weights ascending; uncapped, then caps descending."""
+    """Table order within a mode and load: weights ascending (each unpriced first); uncapped, then caps
+    descending."""
     label, _, v = setting.partition(" ")
-    return (0, float(v)) if label == "weight" else (1, 0.0) if label == "uncapped" else (2, -float(v))
+    v, _, unpriced = v.partition(",")
+    return (0, float(v), not unpriced) if label == "weight" else (1, 0.0, 0) if label == "uncapped" else (2, -float(v), 0)

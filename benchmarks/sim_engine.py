@@ -16,7 +16,7 @@ T prompt-chunk tokens, base the profile's time of the step's decode rows:
               + draft_chunk_ms_per_token x T                    (a drafting mode's draft pass over the chunk;
                                                                  none where lazy sync stores it: plan.store_chunks)
               + catch-up: fixed + per entry x entries           (lazy sync's catch-up, where the step has one;
-                                                                 the line through the profile's catch_up record)
+                                                                 CostModel.catch_up: runtime/policy/catch_up_price.py)
               + (ragged_factor - 1) x base                      (rows at different K_i)
 Where the profile has a chunk axis (`dynspec profile --chunk-lens`), a chunk's price is its extra
 there instead (chunk_cost.py, at B, c, the step's K), the draft's pass over it included.
@@ -34,6 +34,7 @@ import torch
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, TraceReplay, accept_lengths, draft_uniforms, rate_of
+from dynspec.runtime.policy.catch_up_price import CatchUpPrice
 from dynspec.runtime.policy.cost_model import CostModel
 from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for
 from dynspec.runtime.policy.split_cost import SplitCost
@@ -76,7 +77,7 @@ class SimEngine:
     async_launch = False             # launch runs the step on the simulated clock (runtime/serving/plan.py)
 
     def __init__(self, cost: CostModel, shape: SimShape, clock: SimClock, prices: StepPrices = StepPrices(),
-                 catch_up: tuple[float, float] = (0.0, 0.0)):
+                 catch_up: CatchUpPrice = CatchUpPrice()):
         if shape.max_draft_len > cost.draft_lens[-1]:
             raise DynspecError(f"simulator: max_draft_len {shape.max_draft_len} is above the cost model's profiled"
                                f" K {list(cost.draft_lens)}")
@@ -85,7 +86,7 @@ class SimEngine:
         self.max_draft_len, self.max_num_tokens = shape.max_draft_len, shape.max_num_tokens
         self.max_reservation = shape.max_seq_len
         self.packs_rows, self.draft_sync_cap = shape.packs_rows, shape.draft_sync_cap
-        self.catch_up = catch_up                   # (fixed ms, ms an entry): catch_up_line
+        self.catch_up = catch_up                   # lazy sync's catch-up (CostModel.catch_up; none: free)
         self.buckets = batch_buckets(shape.max_batch_size)
         self._free = list(range(shape.max_batch_size, 0, -1))    # slots 1..max_batch_size, 1 first
         self._key: dict[int, int] = {}
@@ -158,7 +159,7 @@ class SimEngine:
         if T and self.cost.chunk is not None:            # the profile times chunks: its chunk axis instead
             chunk = self._profiled_chunk(plan, T)
         n = plan.catch_up_tokens
-        ms = base - p.host_ms + chunk + ((p.ragged_factor or 1.0) - 1.0) * ragged + (self.catch_up[0] + self.catch_up[1] * n if n else 0.0)
+        ms = base - p.host_ms + chunk + ((p.ragged_factor or 1.0) - 1.0) * ragged + self.catch_up.ms(n)
         return max(ms, 0.1 * base)
 
     def _profiled_chunk(self, plan: StepPlan, T: int) -> float:
@@ -197,24 +198,6 @@ def _slope(split: SplitCost) -> float:
     return max(float(f[-1] - f[mid]) / max(len(f) - 1 - mid, 1), 0.0)
 
 
-def catch_up_line(profile) -> tuple[float, float]:
-    """(fixed ms, ms an entry) of lazy sync's catch-up: the least-squares line through a Profile's
-    catch_up record (`profile --catch-up N`: the K=1 step of b rows that each catch up N entries first,
-    less the plain K=1 step, against b x N entries); (0, 0) without one. Worked example, the H100's
-    fec0955 profile: b=1 0.67 ms for 100 entries, ..., b=64 2.65 ms for 6400 -> about (0.70, 0.0003)."""
-    import numpy as np
-
-    rec = profile.meta.get("catch_up")
-    table = next((t for t in profile.tables if rec and t.context_len == rec.get("context_len")), None)
-    if table is None:
-        return 0.0, 0.0
-    pts = [(int(b) * rec["tokens"], ms - table.iteration_ms[int(b)][rec["k"]]) for b, ms in rec["ms"].items()]
-    if len(pts) < 2:
-        return max(pts[0][1], 0.0) if pts else 0.0, 0.0
-    slope, fixed = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
-    return max(float(fixed), 0.0), max(float(slope), 0.0)
-
-
 def shape_of(max_batch_size: int, max_seq_len: int, max_draft_len: int, max_num_tokens: int = 8192,
              packs_rows: bool = True, draft_sync_cap: int = 0) -> SimShape:
     if min(max_batch_size, max_seq_len, max_num_tokens) < 1 or max_draft_len < 0:
@@ -223,4 +206,4 @@ def shape_of(max_batch_size: int, max_seq_len: int, max_draft_len: int, max_num_
     return SimShape(max_batch_size, max_seq_len, max_draft_len, max_num_tokens, packs_rows, draft_sync_cap)
 
 
-__all__: Sequence[str] = ("FEATURES", "SimClock", "SimEngine", "SimShape", "catch_up_line", "shape_of")
+__all__: Sequence[str] = ("FEATURES", "SimClock", "SimEngine", "SimShape", "shape_of")

@@ -29,8 +29,10 @@ class SimRun:
     rule: tuple = ()                             # the per-request policies' settings as the run served them
     draft_sync: str = "warm"                     # the drafting modes' draft sync as served (baseline: none)
     store_prompts: bool = True                   # lazy sync stored K=0 steps' prompt chunks (Executor's option)
+    adaptive_rule: tuple = ()                    # the cost-model policies' AdaptiveSettings as the run served them
 
     RULE_FIELDS = ("prior_weight", "optimism", "floor", "rated_floor")   # what a recorded rule may set
+    ADAPTIVE_RULE_FIELDS = ("price_catch_up", "catch_up_horizon")       # ... and a recorded adaptive rule
 
 def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
     from dynspec.benchmarks.sweep_args import make_parser
@@ -53,21 +55,24 @@ def served_sync(flags: Sequence[str]) -> str:
 
 
 def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, prices=None,
-             rule: tuple = ()) -> tuple[dict, int]:
+             rule: tuple = (), adaptive_rule: tuple = ()) -> tuple[dict, int]:
     """({mode: the policy the sweep runs it with}, the engine's max_draft_len): sweep_modes.mode_policies
     on the sweep's flags (no engine dir), priced with `prices` (StepPrices, None: none); the
     per-request modes take `rule` ((name, value) pairs of PerRequestPolicy's settings: a recorded
     run's rule, where it ran an earlier one)."""
-    from dynspec.benchmarks.sweep_modes import base_mode, mode_policies, parse_modes, read_schedule_arg
+    from dynspec.benchmarks.sweep_modes import base_mode, mode_policies, parse_modes, price_catch_ups, read_schedule_arg
     from dynspec.runtime.policy import DraftSchedule
 
     modes = parse_modes(args.modes)
     dynamic = read_schedule_arg(args.dynamic_schedule) if args.dynamic_schedule else DraftSchedule()
     pols, kmax = mode_policies(modes, dynamic, args.static_k, max_batch_size, Path(cost_model), prices,
                                args.ttft_weight, args.prefill_k)
+    price_catch_ups(pols, args.catch_up_price)
     for m, pol in pols.items():
         for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
             setattr(pol, name, value)
+        if adaptive_rule and hasattr(pol, "settings"):
+            pol.settings = replace(pol.settings, **dict(adaptive_rule))
     return pols, kmax
 
 
@@ -77,14 +82,14 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
     from dynspec.benchmarks.sweep_plan import LoadPoint, load_plan, poisson_at
     from dynspec.benchmarks.workload import LengthDist, synthetic
     from dynspec.runtime.policy.acceptance import parse_acceptance
-    from dynspec.benchmarks.sim_engine import catch_up_line
-    from dynspec.runtime.policy.cost_model import CostModel, Profile
+    from dynspec.runtime.policy.catch_up_price import CatchUpPrice
+    from dynspec.runtime.policy.cost_model import CostModel
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
-    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_prices, run.rule)
+    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_prices, run.rule, run.adaptive_rule)
     cost = CostModel.load(run.cost_model)
-    line = catch_up_line(Profile.load(run.cost_model)) if run.draft_sync == "lazy" else (0.0, 0.0)
+    line = cost.catch_up if run.draft_sync == "lazy" and cost.catch_up is not None else CatchUpPrice()
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)
     n = max(count.at(p) for p in points)
     reqs = synthetic(n, LengthDist.parse(args.input_len, "--input-len"), LengthDist.parse(args.output_len, "--output-len"),
@@ -108,7 +113,7 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
 
 def _one(run: SimRun, cost, line, policy, mode: str, p, acceptance, reqs, kmax: int, seed: int) -> dict:
     """One (load point, mode) on a fresh simulated engine and executor -> its row (line: the
-    catch-up's price, sim_engine.catch_up_line)."""
+    catch-up's price, CostModel.catch_up)."""
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of

@@ -48,6 +48,10 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
             rule = tuple(sorted(doc.get("per_request_rule", {}).items()))
             if any(k not in SimRun.RULE_FIELDS for k, _ in rule):
                 raise ValueError(f"per_request_rule may set {', '.join(SimRun.RULE_FIELDS)} only (got {dict(rule)})")
+            adaptive_rule = tuple(sorted(doc.get("adaptive_rule", {}).items()))
+            if any(k not in SimRun.ADAPTIVE_RULE_FIELDS for k, _ in adaptive_rule):
+                raise ValueError(f"adaptive_rule may set {', '.join(SimRun.ADAPTIVE_RULE_FIELDS)} only "
+                                 f"(got {dict(adaptive_rule)})")
             if doc.get("prices"):
                 prices, _, fitted_on = read(f.parent / doc["prices"])
             for r in doc["runs"]:
@@ -57,7 +61,7 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
                                  data_dir=f.parent.name),
                             SimRun(flags, str(f.parent / r.get("cost_model", doc["cost_model"])),
                                    int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
-                                   rates, prices, policy_prices=_served_prices(r), rule=rule,
+                                   rates, prices, policy_prices=_served_prices(r), rule=rule, adaptive_rule=adaptive_rule,
                                    draft_sync=doc.get("draft_sync", "warm"),
                                    store_prompts=bool(doc.get("store_prompts", True)))))
         except (OSError, ValueError, KeyError, TypeError) as e:

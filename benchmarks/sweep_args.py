@@ -64,6 +64,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
                         " gives the file of the running device, if any (default: ENGINE_DIR/step_prices.json beside"
                         " the cost model, else neither is priced)")
     add_ttft_weight_arg(g, "the policy's")
+    g.add_argument("--catch-up-price", choices=("on", "off"), default="on",
+                   help="cost-model modes under lazy draft sync: price the catch-up a drafting step runs first and"
+                        " the one a K=0 step leaves to the next (runtime/policy/adaptive.py, step 6; default: on)")
     g.add_argument("--prefill-k", type=int, metavar="K",
                    help="dynamic mode: K at most this on iterations that end a prompt's prefill, for time to first"
                         " token (runtime/policy/prefill_cap.py; default: engine.json prefill_k; reference engine only)")

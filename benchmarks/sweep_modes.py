@@ -14,6 +14,7 @@ So on CUDA 'baseline+serial,baseline' runs the target alone through both loops.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -201,6 +202,14 @@ def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | 
             if base_mode(m) in COST_MODES:
                 schedules[m] = cost_policy(m, cost_model, kmax, prices, ttft_weight)
     return {m: schedules[m] for m in modes}, kmax
+
+
+def price_catch_ups(policies: dict, on: str) -> dict:
+    """`policies` with every cost-model policy's catch-up price set by --catch-up-price ('on' | 'off')."""
+    for p in policies.values():
+        if hasattr(p, "settings"):
+            p.settings = replace(p.settings, price_catch_up=on == "on")
+    return policies
 
 
 def policy_label(policy) -> str:

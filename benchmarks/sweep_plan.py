@@ -13,8 +13,8 @@ from dynspec.benchmarks.flags import float_list, int_list
 from dynspec.benchmarks.mpi import World
 from dynspec.benchmarks.sweep_args import make_parser
 from dynspec.benchmarks.sweep_modes import (COST_MODES, LOOP_SUFFIXES, TRTLLM_MODES, base_mode, cost_model_path,
-                                            mode_loops, mode_policies, parse_modes, read_schedule_arg, split_mode,
-                                            policy_prices)
+                                            mode_loops, mode_policies, parse_modes, price_catch_ups, read_schedule_arg,
+                                            split_mode, policy_prices)
 from dynspec.errors import DynspecError
 from dynspec.runtime.serving.loop import Loop
 from dynspec.runtime.serving.overlap import cache_slack
@@ -208,6 +208,7 @@ def resolve(args: argparse.Namespace, w: World, cfg) -> SweepSpec:
     cap = None if args.engine == "trtllm" else cfg.prefill_k if args.prefill_k is None else args.prefill_k
     schedules, kmax = mode_policies(modes, dynamic, args.static_k, max_b, cost_model, prices, args.ttft_weight,
                                     cap)   # kmax: the engine's max_draft_len
+    price_catch_ups(schedules, args.catch_up_price)
     sync = draft_sync_of(args, cfg.reference.draft_sync)
     # baseline never drafts, so it never keeps the draft warm (it still runs the draft over prompt
     # chunks: the mixed graphs are shared between modes); static never reaches K=0

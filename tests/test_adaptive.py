@@ -8,7 +8,8 @@ import pytest
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.acceptance_estimate import AcceptanceEstimate
-from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings, PolicyInputs, choose_k, expected_tokens
+from dynspec.runtime.policy.adaptive import AdaptivePolicy, AdaptiveSettings, PolicyInputs, choose_k
+from dynspec.runtime.policy.expected_tokens import expected_tokens
 from dynspec.runtime.policy.cost_model import CostModel
 
 S = AdaptiveSettings()

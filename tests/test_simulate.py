@@ -83,20 +83,21 @@ def test_lazy_sync_is_priced_as_served():
     """A stored chunk pays no draft pass (sim_engine: draft_chunk_ms_per_token x T only where the
     draft runs over it); a catch-up pays the line through the profile's catch_up record: b=1 at
     100 entries and b=64 at 6400 lie near it (fec0955's H100 profile)."""
-    from dynspec.benchmarks.sim_engine import catch_up_line
+    from dynspec.runtime.policy.catch_up_price import catch_up_price
     from dynspec.runtime.policy.cost_model import Profile
     from dynspec.runtime.policy.step_prices import StepPrices
     from dynspec.runtime.serving.plan import CatchUp, PromptChunk
 
     path = DATA / "h100-fec0955" / "profile_serving_256.json"
     prof = Profile.load(path)
-    fixed, per = catch_up_line(prof)
+    line = catch_up_price(prof)
+    fixed, per = line.fixed_ms, line.ms_per_entry
     rec, table = prof.meta["catch_up"], next(t for t in prof.tables if t.context_len == 128)
     for b in (1, 64):
         measured = rec["ms"][str(b)] - table.iteration_ms[b][1]
         assert fixed + per * b * 100 == pytest.approx(measured, rel=0.25)
     eng = SimEngine(CostModel.load(path), shape_of(8, 256, 4, draft_sync_cap=256), SimClock(),
-                    StepPrices(draft_chunk_ms_per_token=0.004), (fixed, per))
+                    StepPrices(draft_chunk_ms_per_token=0.004), line)
     common = dict(positions=[100, 120], pending=[1, 1], stale=[False, False], keep_warm=False, buckets=eng.buckets,
                   slots=[1, 2], lazy=True, chunks=[PromptChunk(3, 0, (5,) * 100, None)])
     drafted, stored = make_plan(0, **common), make_plan(0, store_chunks=True, **common)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy.adaptive import expected_tokens
+from dynspec.runtime.policy.expected_tokens import expected_tokens
 from dynspec.runtime.generate.generate_report import TIE
 from dynspec.runtime.policy.tune import per_position_rates, tune
 

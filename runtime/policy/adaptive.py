@@ -37,6 +37,14 @@ Then, in order:
        draft's cache has a gap over the plain-decode stretch: lossless (the target verifies), but
        those rows may be accepted less, which the estimate measures. Rows admitted later have
        their whole prompt in the draft's cache.
+    6. lazy draft sync (runtime/policy/catch_up_price.py): a K > 0 step pays the catch-up it runs
+       first, c(n) = fixed + per entry x n / horizon over the rows' n entries behind (the entries'
+       part is shared by the drafting steps it buys). A K=0 step from a drafting state that carries
+       a chunk pays c(n + chunk) in t(0) where the next step, with no prompt and that catch-up to
+       pay, drafts: its stored chunk and rows then catch up at once. Example, b = 16, t(0) = 6.4,
+       t(1) = 7.0 with the chunk's draft pass, c = 1.0: K=0 saves 0.6 ms now and costs 1.0 ms next
+       step, so the drafting state holds K=1 through the chunk; at b = 256 the next step would not
+       resume (its one-step gain is under c), so the chunk step pauses at K=0 as before.
 s_K (runtime/policy/cost_calibration.py) is 1 until served steps are measured; a speculative step whose
 rows' draft heads are stale (after plain decode) calibrates its own slot, s_cold.
 
@@ -53,18 +61,19 @@ which sends its plan to the other TP ranks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.acceptance_estimate import HALF_LIFE_ROWS, AcceptanceEstimate
 from dynspec.runtime.policy.cost_calibration import COLD, KEEP_WARM, CostCalibration
 from dynspec.runtime.policy.cost_model import CostModel
-from dynspec.runtime.policy.prefill_price import PromptSide, prompt_side
+from dynspec.runtime.policy.catch_up_price import CatchUpPrice
+from dynspec.runtime.policy.prefill_price import PromptSide, chunk_tokens, prompt_side
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 
 
-TTFT_WEIGHT = 64.0    # the default prompt weight (prefill_price.py; chosen on the simulator: docs/design.md)
+TTFT_WEIGHT = 128.0   # the default prompt weight (prefill_price.py; chosen on the simulator: docs/design.md)
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,9 @@ class AdaptiveSettings:
     prior: float | None = None       # a_1 before any data; None: the profile's measured a_1, else 0.5
     ttft_weight: float = TTFT_WEIGHT  # a prompt whose prefill the step ends weighs this many decode rows
                                      # that gain one token at any K (prefill_price.py; 0: throughput alone)
+    price_catch_up: bool = True     # lazy draft sync: a drafting step pays its catch-up, and a K=0 step
+                                     # that a resumption follows pays the next one (step 6)
+    catch_up_horizon: float = 8.0    # ... its entries' part shared by this many drafting steps
 
     def __post_init__(self) -> None:
         if self.margin < 0 or self.draft_margin < 1 or not 0 < self.probe_loss < 1:
@@ -94,6 +106,8 @@ class AdaptiveSettings:
             raise DynspecError(f"adaptive settings: probe_backoff {self.probe_backoff} must be in 0..16")
         if not self.ttft_weight >= 0 or not math.isfinite(self.ttft_weight):
             raise DynspecError(f"adaptive settings: ttft_weight {self.ttft_weight} must be a finite number >= 0")
+        if not self.catch_up_horizon >= 1 or not math.isfinite(self.catch_up_horizon):
+            raise DynspecError(f"adaptive settings: catch_up_horizon {self.catch_up_horizon} must be a finite number >= 1")
         if self.explore_band < 0 or self.explore_steps < 0:
             raise DynspecError(f"adaptive settings: explore_band {self.explore_band} and explore_steps "
                                f"{self.explore_steps} must be >= 0")
@@ -117,43 +131,18 @@ class Decision:
         return self.reason == "probe"
 
 
-def expected_tokens(k: int, acceptance: float | Sequence[float]) -> float:
-    """E[tokens per row per step | K drafts] under one rate or per-position conditional rates
-    (the policy's and `dynspec tune`'s): 1 + sum_{i<=K} prod_{j<=i} a_j.
-    expected_tokens(3, 0.7) = 1 + 0.7 + 0.49 + 0.343 = 2.533."""
-    if k < 0:
-        raise DynspecError(f"negative draft length K={k}")
-    if isinstance(acceptance, (int, float)):
-        a = float(acceptance)
-        if not 0.0 <= a <= 1.0:
-            raise DynspecError(f"acceptance rate {a} is outside [0, 1]")
-        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
-    rates = [float(x) for x in acceptance]
-    for i, a in enumerate(rates[:k]):
-        if not 0.0 <= a <= 1.0:
-            raise DynspecError(f"per-position acceptance rate {i + 1} = {a} is outside [0, 1]")
-    return _expected_upto(k, rates)[k]
-
-
-def _expected_upto(k: int, rates: Sequence[float]) -> list[float]:
-    """[E(0), E(1), .., E(k)] of expected_tokens, built position by position (rates unchecked).
-    rates (0.5, 0.5): [1, 1.5, 1.75]."""
-    if k > len(rates):
-        raise DynspecError(f"K={k} needs {k} per-position acceptance rates; {len(rates)} given")
-    out, e, run = [1.0], 1.0, 1.0
-    for a in rates[:k]:
-        run *= a
-        e += run
-        out.append(e)
-    return out
-
-
 CostRow = tuple    # (ms by K: [max profiled K + 1], None where K was not profiled; plain-decode ms or None; extrapolated)
 
 
 def choose_k(x: PolicyInputs, cost: CostModel, candidates: Sequence[int], s: AdaptiveSettings) -> Decision:
     """The pure rule of the module docstring."""
-    return _choose(x, _cost_row(cost, x, x.context, lambda b, c: _by_k(cost, cost.row(b, c))), candidates, s)
+    return _choose(x, _cost_row(cost, x, x.context, lambda b, c: _by_k(cost, cost.row(b, c))), candidates, s,
+                   catch_up=_catch_up(cost, x, s))
+
+
+def _catch_up(cost: CostModel, x: PolicyInputs, s: AdaptiveSettings) -> CatchUpPrice | None:
+    """The catch-up price the step's decision reads (step 6): the profile's, under lazy sync."""
+    return cost.catch_up if s.price_catch_up and x.lazy else None
 
 
 def _by_k(cost: CostModel, row) -> CostRow:
@@ -172,11 +161,11 @@ def _cost_row(cost: CostModel, x: PolicyInputs, context: float, row) -> "CostRow
 
 
 def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: AdaptiveSettings,
-            side: PromptSide | None = None) -> Decision:
+            side: PromptSide | None = None, catch_up: CatchUpPrice | None = None) -> Decision:
     """choose_k on a cost row already looked up (None: b above the profiled batch sizes), with the
     step's prompt side (prefill_price.py: the chunk's extra ms by K, the prompts it ends, weighed by
-    s.ttft_weight; None: no prompt waits). One pass over K ascending builds E(K), gain and score
-    (the policy runs every iteration: no containers)."""
+    s.ttft_weight; None: no prompt waits) and lazy sync's catch-up price (step 6; None: unpriced).
+    One pass over K ascending builds E(K), gain and score (the policy runs every iteration: no containers)."""
     ks = candidates if candidates[-1] <= x.max_k else [k for k in candidates if k <= x.max_k]
     if row is None or len(ks) < 2:
         return Decision(0, 0, None, "unprofiled batch" if row is None else "best", keep_warm=False)
@@ -186,6 +175,10 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     add = side.extra_ms if side is not None else None      # [K] the chunk's extra ms
     base = (plain * scale[0] if scale else plain) + (add[0] if add else 0.0)
     w, b = s.ttft_weight, x.batch_size
+    h = s.catch_up_horizon                                # a drafting step catches up first
+    resume = catch_up.ms(x.behind, h) if catch_up is not None else 0.0
+    if catch_up is not None and side is not None and x.previous_k > 0:
+        base += _exit_ms(x, row, candidates, s, catch_up)
     acc, prev, dm = x.acceptance, x.previous_k, s.draft_margin
     if len(acc) < ks[-1]:
         raise DynspecError(f"K={ks[-1]} needs {ks[-1]} per-position acceptance rates; {len(acc)} given")
@@ -201,7 +194,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
         t = ms[j]
         if t is None or j not in ks:
             continue
-        gain = e * base / ((t * scale[j] if scale else t) + (add[j] if add else 0.0))
+        gain = e * base / ((t * scale[j] if scale else t) + (add[j] if add else 0.0) + resume)
         if side is not None:
             gain *= side.weight(j, b, e, w)
         score = gain / pen
@@ -231,6 +224,16 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     a0 = add[0] if add else 0.0
     gain = base / (ms[0] * scale[KEEP_WARM] + a0) if warm and scale else base / (ms[0] + a0) if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
+
+
+def _exit_ms(x: PolicyInputs, row: CostRow, candidates: Sequence[int], s: AdaptiveSettings,
+             catch_up: CatchUpPrice) -> float:
+    """What a K=0 step from a drafting state costs the next one (step 6): the catch-up of the rows'
+    entries and of the chunk it stores, where the next step, with no prompt waiting and that catch-up
+    to pay, drafts; else 0 (K=0 is not a pause but the start of a stretch)."""
+    after = x.behind + chunk_tokens(x.waiting, x.token_budget, x.batch_size, 0)
+    nxt = replace(x, previous_k=0, since_spec=1, waiting=(), token_budget=0, behind=after)
+    return catch_up.ms(after, s.catch_up_horizon) if _choose(nxt, row, candidates, s, None, catch_up).k else 0.0
 
 
 CONTEXT_STEP = 16          # AdaptivePolicy.decide looks costs up at the context rounded to this many tokens
@@ -298,7 +301,8 @@ class AdaptivePolicy:
         by well under 1% over 16 tokens), looked up once per (bucket, rounded context)."""
         context = round(inputs.context / CONTEXT_STEP) * CONTEXT_STEP
         row = _cost_row(self.cost, inputs, context, self._row)
-        return _choose(inputs, row, self.candidates, self.settings, self.prompt_side(inputs, context))
+        return _choose(inputs, row, self.candidates, self.settings, self.prompt_side(inputs, context),
+                       _catch_up(self.cost, inputs, self.settings))
 
     def prompt_side(self, x: StepInputs, context: float) -> PromptSide | None:
         """The step's prompt side (prefill_price.py) up to the largest candidate; None without waiting prompts."""

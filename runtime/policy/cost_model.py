@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.policy.catch_up_price import CatchUpPrice, catch_up_price
 from dynspec.runtime.policy.chunk_cost import ChunkCost
 from dynspec.runtime.policy.grid import lerp as _lerp, segment as _segment
 
@@ -234,6 +235,7 @@ class CostModel:
     ms: tuple[tuple[tuple[float, ...], ...], ...]            # [context][batch size][K index]
     decode: tuple[tuple[float, ...], ...] | None = None      # [context][batch size] K=0 without keep-warm
     chunk: "ChunkCost | None" = None                         # the chunk axis (runtime/policy/chunk_cost.py)
+    catch_up: "CatchUpPrice | None" = None                   # lazy sync's catch-up (runtime/policy/catch_up_price.py)
     # [context][batch size][K index..., plain decode]: what row() interpolates (derived)
     _grid: tuple = field(init=False, repr=False, compare=False)
 
@@ -302,7 +304,8 @@ class CostModel:
         full = all(t.decode_ms is not None and all(b in t.decode_ms for b in bs) for t in profile.tables)
         decode = tuple(tuple(t.decode_ms[b] for b in bs) for t in profile.tables) if full else None
         chunk = ChunkCost.from_tables(profile.tables, bs, ks, where)
-        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms, decode, chunk)
+        return cls(profile.device, tuple(profile.context_lens), bs, ks, profile.per_position, ms, decode, chunk,
+                   catch_up_price(profile, where))
 
     @classmethod
     def load(cls, path, max_draft_len: int | None = None, bound: str = "") -> "CostModel":

@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy.adaptive import expected_tokens
+from dynspec.runtime.policy.expected_tokens import expected_tokens
 from dynspec.runtime.policy.split_cost import SplitCost
 
 __all__ = ["Allocation", "SplitCost", "allocate", "brute_force", "uniform_allocation"]
@@ -231,7 +231,7 @@ def _forced(deep: np.ndarray, whole: np.ndarray, gm: np.ndarray, rm: np.ndarray,
 
 
 def brute_force(rates: np.ndarray, cost: SplitCost, cap: int, token_budget: int) -> Allocation:
-    """The optimum over every K vector in 0..cap^b (small b only): E by adaptive.expected_tokens,
+    """The optimum over every K vector in 0..cap^b (small b only): E by expected_tokens.py,
     ms by SplitCost.ms; the first best in lexicographic order of ks."""
     r = _check_rates(rates, cost.b, cap)
     b, cap = cost.b, min(cap, cost.max_depth)

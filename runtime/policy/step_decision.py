@@ -44,6 +44,9 @@ class StepInputs:
     waiting: tuple[int, ...] = ()    # prompt tokens each waiting request still needs, in chunk order
                                      # (runtime/policy/prefill_price.py); empty: no prompt waits
     token_budget: int = 0            # the engine's max_num_tokens (with waiting)
+    lazy: bool = False               # lazy draft sync: what a K=0 step leaves behind, a drafting step catches up
+    behind: int = 0                  # lazy: the draft entries this step catches up first if it drafts
+                                     # (runtime/serving/draft_sync.py: each row's min(draft_behind, cap) - 1)
 
 
 @dataclass(frozen=True)

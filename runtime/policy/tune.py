@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy.adaptive import expected_tokens   # tune's E[tokens | K], one definition
+from dynspec.runtime.policy.expected_tokens import expected_tokens   # tune's E[tokens | K], one definition
 from dynspec.runtime.policy import DraftSchedule
 
 Acceptance = float | Sequence[float]

@@ -92,7 +92,8 @@ class Executor:
         self.store_prompts = store_prompts and self.draft_sync == "lazy" and store_cap(engine) > 0
         self.engine, self.policy, self.keep_warm, self.acceptance = engine, policy, self.draft_sync == "warm", acceptance
         self._k = KDecider(engine, policy, self.keep_warm,   # the K decision and what it remembers
-                           truth=None if acceptance.lossless else functools.partial(rate_of, acceptance))
+                           truth=None if acceptance.lossless else functools.partial(rate_of, acceptance),
+                           lazy=self.draft_sync == "lazy" and store_cap(engine) > 0)
         self.clock = clock
         self._ids = itertools.count()
         self._pool = RequestPool(clock)            # the requests by state, and the lock

@@ -7,7 +7,7 @@ import math
 from typing import Sequence
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.serving.draft_sync import RowSync
+from dynspec.runtime.serving.draft_sync import RowSync, store_cap
 from dynspec.runtime.serving.overlap import row_inputs
 from dynspec.runtime.serving.plan import CatchUp, PromptChunk, StepPlan, StepResult, bucket_for, cap_k, make_plan
 from dynspec.runtime.serving.requests import Launched, Request
@@ -18,8 +18,8 @@ from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 class KDecider:
     """One K decision an iteration, and what the decisions remember between iterations."""
 
-    def __init__(self, engine, policy, keep_warm: bool, truth=None):
-        self.engine, self.policy, self.keep_warm = engine, policy, keep_warm
+    def __init__(self, engine, policy, keep_warm: bool, truth=None, lazy: bool = False):
+        self.engine, self.policy, self.keep_warm, self.lazy = engine, policy, keep_warm, lazy
         self.truth = truth                        # request key -> true rate (per_request.Truth), or None
         # the acceptance estimate (a policy without initial_estimate: made at the first step, the
         # engine is not read before) and the cost calibration (runtime/policy/__init__.py Policy, its hooks)
@@ -80,10 +80,12 @@ class KDecider:
             per_row = dict(rates=self.row_rates(self.row_table, [r.slot for r in rows], rates, [r.id for r in rows],
                                                 self.truth),
                            idle=[r.idle for r in rows], row_probes=[r.probes for r in rows], packed=eng.packs_rows)
+        cap = store_cap(eng) if self.lazy else 0
         return StepInputs(b, sum(positions) / b, rates, self.prev_k, self.since_spec,
                           cap_k(eng.max_draft_len, b, eng.max_num_tokens), bucket_for(b, eng.buckets), scale,
                           self.keep_warm, plain, self.probes, **per_row, waiting=tuple(waiting),
-                          token_budget=eng.max_num_tokens if waiting else 0)
+                          token_budget=eng.max_num_tokens if waiting else 0, lazy=self.lazy,
+                          behind=sum(max(min(r.draft_behind, cap) - 1, 0) for r in rows) if cap else 0)
 
     def count_k(self, k: int, decision: StepDecision | None) -> None:
         """The memory of an iteration with decode rows run at K (Executor.advance: SerialLoop when it

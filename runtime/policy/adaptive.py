@@ -41,10 +41,11 @@ Then, in order:
        first, c(n) = fixed + per entry x n / horizon over the rows' n entries behind (the entries'
        part is shared by the drafting steps it buys). A K=0 step from a drafting state that carries
        a chunk pays c(n + chunk) in t(0) where the next step, with no prompt and that catch-up to
-       pay, drafts: its stored chunk and rows then catch up at once. Example, b = 16, t(0) = 6.4,
-       t(1) = 7.0 with the chunk's draft pass, c = 1.0: K=0 saves 0.6 ms now and costs 1.0 ms next
-       step, so the drafting state holds K=1 through the chunk; at b = 256 the next step would not
-       resume (its one-step gain is under c), so the chunk step pauses at K=0 as before.
+       pay, drafts (else the pause starts a stretch and pays nothing now). Example, b = 16 at
+       a = 0.3 beside a 128-token prompt the step ends (w = 64), c = 1.0 ms: t(0) = 7.68, t(1) =
+       8.18 with the chunk's draft pass, gain_w(1) = 1.06 x 7.68 / 8.18 = 0.996, plain decode
+       unpriced; the next step would draft (1.3 x 6.4 / (6.5 + 1.0) = 1.11), so t(0) = 8.68,
+       gain_w(1) = 1.125 and K=1 holds (tests/test_catch_up_price.py).
 s_K (runtime/policy/cost_calibration.py) is 1 until served steps are measured; a speculative step whose
 rows' draft heads are stale (after plain decode) calibrates its own slot, s_cold.
 

@@ -127,3 +127,27 @@ def test_a_prefill_cap_is_an_engine_json_field_the_served_policy_reads(pair, tmp
             EngineConfig.from_json({**doc, "prefill_k": bad})
     with pytest.raises(DynspecError, match="field 'prefill_k' caps a schedule's K; policy 'adaptive'"):
         EngineConfig.from_json({**doc, "policy": "adaptive"})
+
+
+def test_generate_serves_engine_jsons_prefill_cap(pair, tmp_path, capsys):
+    """`dynspec generate --engine-dir` runs the dynamic mode as the server does: engine.json prefill_k
+    caps K on every step that ends a waiting prompt's prefill (its stats: the prompts waiting that the
+    decision read), and the header says so; the other steps run the schedule's K."""
+    from dynspec.runtime.policy.prefill_price import finishing
+
+    assert build(pair, tmp_path / "e", "--prefill-k", "0") == 0
+    cfg = EngineConfig.load(tmp_path / "e")
+    stats, prompts = tmp_path / "s.jsonl", tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "input_ids": [(7 * i + j) % 90 + 3 for j in range(n)]}) + "\n"
+                               for i, n in enumerate((6, 30, 8, 25, 12))))    # under 16 tokens a step: staggered
+    capsys.readouterr()
+    assert main(["generate", "--engine-dir", str(tmp_path / "e"), "--modes", "dynamic", "--concurrency", "2",
+                 "--prompts", str(prompts), "--max-new-tokens", "12", "--max-num-tokens", "16",
+                 "--stats", str(stats)]) == 0
+    assert "K<=0 on steps that end a prefill" in capsys.readouterr().out
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    budget = 16
+    ends = [r for r in rows if r["batch_size"] and r["waiting"]
+            and finishing(r["waiting"], budget - r["batch_size"] * (cfg.schedule.draft_len(r["batch_size"]) + 1))]
+    assert ends and all(r["k"] == 0 for r in ends)
+    assert any(r["k"] == cfg.schedule.draft_len(r["batch_size"]) > 0 for r in rows if r["batch_size"] and r not in ends)

@@ -103,6 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from dynspec.runtime.serving.driver import read_prompt_lines
     from dynspec.runtime.policy import DraftSchedule
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
     from dynspec.runtime.generate.session import open_reference_engine
     from dynspec.runtime.tp.tp_lifecycle import run_replica
 
@@ -120,7 +121,7 @@ def _generate(args: argparse.Namespace) -> int:
     policies = {
         "baseline": DraftSchedule(),
         "static": DraftSchedule.static(kmax, cfg.reference.max_batch_size),
-        "dynamic": cfg.schedule,
+        "dynamic": cfg.schedule if cfg.prefill_k is None else PrefillCap(cfg.schedule, cfg.prefill_k),
     }
     for m in COST_MODES:
         if m in modes:
@@ -260,12 +261,14 @@ def header(policies: dict, modes, loads: tuple[int, ...], source: str, cost_mode
     with an adaptive mode the policy names its cost model and K range."""
     from dynspec.runtime.serving.driver import describe_policy, schedule_words
 
-    sched = policies["dynamic"]
+    dyn = policies["dynamic"]
+    sched = getattr(dyn, "schedule", dyn)             # engine.json prefill_k: the schedule it caps (PrefillCap)
+    cap = f", K<={dyn.prefill_k} on steps that end a prefill" if sched is not dyn else ""
     kinds = []
     if any(m not in COST_MODES for m in modes):
         kinds.append(f"schedule ({source})")
     for m in COST_MODES:
         if m in modes:
             kinds.append(describe_policy(policies[m], cost_model))
-    return (f"schedule {sched}  concurrency {','.join(map(str, loads))}  ({schedule_words(sched)}); "
+    return (f"schedule {sched}  concurrency {','.join(map(str, loads))}  ({schedule_words(sched)}{cap}); "
             f"policy: {' + '.join(kinds)}")

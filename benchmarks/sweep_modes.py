@@ -189,12 +189,11 @@ def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | 
     on `cost_model` with K up to that max (cost_policy; prices as there). cost_model None: no
     cost-model mode may be asked."""
     schedules: dict = mode_schedules(modes, dynamic, static_k, max_batch_size)
-    if prefill_k is not None:
-        from dynspec.runtime.policy.prefill_cap import PrefillCap
+    from dynspec.runtime.policy.prefill_cap import capped
 
-        for m in modes:
-            if base_mode(m) == "dynamic":
-                schedules[m] = PrefillCap(schedules[m], prefill_k)
+    for m in modes:
+        if base_mode(m) == "dynamic":
+            schedules[m] = capped(schedules[m], prefill_k)
     kmax = max([s.max_draft_len for s in schedules.values()] + [1])
     if any(base_mode(m) in COST_MODES for m in modes):
         kmax = max([kmax, *adaptive_policy(cost_model, None).candidates])

@@ -103,7 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from dynspec.runtime.serving.driver import read_prompt_lines
     from dynspec.runtime.policy import DraftSchedule
-    from dynspec.runtime.policy.prefill_cap import PrefillCap
+    from dynspec.runtime.policy.prefill_cap import capped
     from dynspec.runtime.generate.session import open_reference_engine
     from dynspec.runtime.tp.tp_lifecycle import run_replica
 
@@ -121,7 +121,7 @@ def _generate(args: argparse.Namespace) -> int:
     policies = {
         "baseline": DraftSchedule(),
         "static": DraftSchedule.static(kmax, cfg.reference.max_batch_size),
-        "dynamic": cfg.schedule if cfg.prefill_k is None else PrefillCap(cfg.schedule, cfg.prefill_k),
+        "dynamic": capped(cfg.schedule, cfg.prefill_k),
     }
     for m in COST_MODES:
         if m in modes:

@@ -109,11 +109,9 @@ def policy_of(cfg: EngineConfig):
         k = cfg.schedule.max_draft_len
         cost = CostModel.load(cfg.cost_model, k, f"engine.json schedule {cfg.schedule.to_spec()}")
         return kind.make(cost, cap=cfg.schedule, prices=prices_beside(cfg.cost_model), ttft_weight=cfg.ttft_weight)
-    if cfg.prefill_k is not None:
-        from dynspec.runtime.policy.prefill_cap import PrefillCap
+    from dynspec.runtime.policy.prefill_cap import capped
 
-        return PrefillCap(cfg.schedule, cfg.prefill_k)
-    return cfg.schedule
+    return capped(cfg.schedule, cfg.prefill_k)
 
 
 def open_executor(cfg: EngineConfig, *, device: str = "cpu", policy: Policy | None = None,

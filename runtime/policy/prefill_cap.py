@@ -64,3 +64,8 @@ class PrefillCap:
     def to_spec(self) -> str:
         """The schedule's CLI form and the cap: '68:2,256:1 prefill-k 0'."""
         return f"{self.schedule.to_spec()} prefill-k {self.prefill_k}"
+
+
+def capped(schedule: DraftSchedule, prefill_k: int | None) -> "DraftSchedule | PrefillCap":
+    """The schedule as served with engine.json prefill_k or --prefill-k: itself where no cap is set."""
+    return schedule if prefill_k is None else PrefillCap(schedule, prefill_k)

@@ -29,10 +29,8 @@ class SimRun:
     rule: tuple = ()                             # the per-request policies' settings as the run served them
     draft_sync: str = "warm"                     # the drafting modes' draft sync as served (baseline: none)
     store_prompts: bool = True                   # lazy sync stored K=0 steps' prompt chunks (Executor's option)
-    adaptive_rule: tuple = ()                    # the cost-model policies' AdaptiveSettings as the run served them
 
     RULE_FIELDS = ("prior_weight", "optimism", "floor", "rated_floor")   # what a recorded rule may set
-    ADAPTIVE_RULE_FIELDS = ("price_catch_up", "catch_up_horizon")       # ... and a recorded adaptive rule
 
 def _sweep_args(flags: Sequence[str]) -> argparse.Namespace:
     from dynspec.benchmarks.sweep_args import make_parser
@@ -55,7 +53,7 @@ def served_sync(flags: Sequence[str]) -> str:
 
 
 def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, prices=None,
-             rule: tuple = (), adaptive_rule: tuple = ()) -> tuple[dict, int]:
+             rule: tuple = ()) -> tuple[dict, int]:
     """({mode: the policy the sweep runs it with}, the engine's max_draft_len): sweep_modes.mode_policies
     on the sweep's flags (no engine dir), priced with `prices` (StepPrices, None: none); the
     per-request modes take `rule` ((name, value) pairs of PerRequestPolicy's settings: a recorded
@@ -71,8 +69,6 @@ def policies(args: argparse.Namespace, cost_model: str, max_batch_size: int, pri
     for m, pol in pols.items():
         for name, value in rule if base_mode(m) in ("per-request", "per-request-oracle") else ():
             setattr(pol, name, value)
-        if adaptive_rule and hasattr(pol, "settings"):
-            pol.settings = replace(pol.settings, **dict(adaptive_rule))
     return pols, kmax
 
 
@@ -87,7 +83,7 @@ def simulate(run: SimRun, progress: bool = False) -> list[dict]:
 
     args = _sweep_args(run.flags)
     conc, points, count = load_plan(args)
-    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_prices, run.rule, run.adaptive_rule)
+    pols, kmax = policies(args, run.cost_model, run.max_batch_size, run.policy_prices, run.rule)
     cost = CostModel.load(run.cost_model)
     line = cost.catch_up if run.draft_sync == "lazy" and cost.catch_up is not None else CatchUpPrice()
     acceptance = parse_acceptance(args.acceptance, seed=args.seed)

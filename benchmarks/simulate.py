@@ -32,6 +32,7 @@ RATIO_TOLERANCE = 0.03        # |simulated ratio / measured ratio - 1|, mode / b
 
 # ---- validation against recorded GPU sweeps -------------------------------------------------------
 NO_PROMPT_WEIGHT = ("--ttft-weight", "0")   # runs recorded before the weight existed ran without it
+ADAPTIVE_RULE = {"price_catch_up": "--catch-up-price"}   # runs.json adaptive_rule: the sweep flag each field sets
 
 
 def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
@@ -48,20 +49,17 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
             rule = tuple(sorted(doc.get("per_request_rule", {}).items()))
             if any(k not in SimRun.RULE_FIELDS for k, _ in rule):
                 raise ValueError(f"per_request_rule may set {', '.join(SimRun.RULE_FIELDS)} only (got {dict(rule)})")
-            adaptive_rule = tuple(sorted(doc.get("adaptive_rule", {}).items()))
-            if any(k not in SimRun.ADAPTIVE_RULE_FIELDS for k, _ in adaptive_rule):
-                raise ValueError(f"adaptive_rule may set {', '.join(SimRun.ADAPTIVE_RULE_FIELDS)} only "
-                                 f"(got {dict(adaptive_rule)})")
+            served = _served_flags(doc.get("adaptive_rule", {}))
             if doc.get("prices"):
                 prices, _, fitted_on = read(f.parent / doc["prices"])
             for r in doc["runs"]:
                 rates = tuple((int(c), float(v)) for c, v in r.get("poisson_rates", {}).items())
-                flags = tuple(r["flags"]) + (() if "--ttft-weight" in r["flags"] else NO_PROMPT_WEIGHT)
+                flags = tuple(r["flags"]) + (() if "--ttft-weight" in r["flags"] else NO_PROMPT_WEIGHT) + served
                 out.append((dict(r, device=doc["device"], commit=doc["commit"], held_out=f.parent.name not in fitted_on,
                                  data_dir=f.parent.name),
                             SimRun(flags, str(f.parent / r.get("cost_model", doc["cost_model"])),
                                    int(r["max_batch_size"]), int(r["max_seq_len"]), int(r.get("max_num_tokens", 8192)),
-                                   rates, prices, policy_prices=_served_prices(r), rule=rule, adaptive_rule=adaptive_rule,
+                                   rates, prices, policy_prices=_served_prices(r), rule=rule,
                                    draft_sync=doc.get("draft_sync", "warm"),
                                    store_prompts=bool(doc.get("store_prompts", True)))))
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -69,6 +67,14 @@ def load_runs(data_dir: Path) -> list[tuple[dict, SimRun]]:
     if not out:
         raise DynspecError(f"{data_dir}: no */runs.json with recorded GPU runs")
     return out
+
+
+def _served_flags(rule: dict) -> tuple[str, ...]:
+    """The sweep flags of a data set's adaptive_rule (the cost-model policies as its runs served them,
+    where the rule has changed since): {"price_catch_up": false} -> ("--catch-up-price", "off")."""
+    if any(k not in ADAPTIVE_RULE for k in rule):
+        raise ValueError(f"adaptive_rule may set {', '.join(ADAPTIVE_RULE)} only (got {rule})")
+    return tuple(x for k, on in sorted(rule.items()) for x in (ADAPTIVE_RULE[k], "on" if on else "off"))
 
 
 def _served_prices(run: dict):

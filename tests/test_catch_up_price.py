@@ -118,9 +118,11 @@ def test_the_replay_of_the_run_that_lost_to_its_schedule_on_catch_ups():
     flags = list(run.flags)
     flags[flags.index("--concurrency") + 1] = "16"
     flags[flags.index("--poisson-at") + 1] = ""                  # the closed loop alone
+    assert flags[flags.index("--catch-up-price") + 1] == "off"   # the data set's adaptive_rule, as served
     tok = {}
     for priced in (False, True):
-        rows = simulate(replace(run, flags=tuple(flags), adaptive_rule=(("price_catch_up", priced),)))
+        flags[flags.index("--catch-up-price") + 1] = "on" if priced else "off"
+        rows = simulate(replace(run, flags=tuple(flags)))
         by = {r["mode"]: r["output_tok_per_s"] for r in rows if r["concurrency"] == 16}
         tok[priced] = by["adaptive"] / by["dynamic"]
     measured = {m["mode"]: m["output_tok_per_s"] for m in meta["measured"] if m["load"] == "C=16"}

@@ -176,8 +176,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     add = side.extra_ms if side is not None else None      # [K] the chunk's extra ms
     base = (plain * scale[0] if scale else plain) + (add[0] if add else 0.0)
     w, b = s.ttft_weight, x.batch_size
-    h = s.catch_up_horizon                                # a drafting step catches up first
-    resume = catch_up.ms(x.behind, h) if catch_up is not None else 0.0
+    resume = catch_up.ms(x.behind, s.catch_up_horizon) if catch_up is not None else 0.0   # a drafting step's catch-up
     if catch_up is not None and side is not None and x.previous_k > 0:
         base += _exit_ms(x, row, candidates, s, catch_up)
     acc, prev, dm = x.acceptance, x.previous_k, s.draft_margin

@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from dynspec.errors import DynspecError
+
 
 def chain_cuts(layers: int) -> frozenset[int]:
     """Pure. The target layers after which a graph chain starts its next graph: after layer 0
@@ -35,7 +37,9 @@ class GraphChain:
 def capture_chain(fn: Callable[[Callable[[int], None]], None], cuts: frozenset[int], pool, stream) -> GraphChain:
     """fn(cut) captured as consecutive graphs on `stream` into `pool`; fn calls cut(i) after
     target layer i, and a new graph starts after each layer in `cuts`. What passes between the
-    graphs stays in the pool, and nothing runs between their replays."""
+    graphs stays in the pool, and nothing runs between their replays. A synchronizing call inside
+    (.item(), a blocking copy, a stream sync) is refused: PyTorch's sync debug mode is "error"
+    meanwhile, so it raises before the call reaches CUDA. Any failure -> DynspecError."""
     graphs = [torch.cuda.CUDAGraph()]
     open_ = [False]                                          # a capture is under way
 
@@ -53,13 +57,20 @@ def capture_chain(fn: Callable[[Callable[[int], None]], None], cuts: frozenset[i
             graphs.append(torch.cuda.CUDAGraph())
             begin()
 
-    with torch.cuda.stream(stream):
-        begin()
-        try:
-            fn(cut)
-        finally:
-            if open_[0]:                                     # not after a failed begin: keep its error
-                end()
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")                 # a sync PyTorch knows of raises before it runs
+    try:
+        with torch.cuda.stream(stream):
+            begin()
+            try:
+                fn(cut)
+            finally:
+                if open_[0]:                                 # not after a failed begin: keep its error
+                    end()
+    except RuntimeError as e:
+        raise DynspecError(f"CUDA graph capture failed (graph {len(graphs)} of its chain): {e}") from e
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
     torch.cuda.current_stream().wait_stream(stream)
     return GraphChain(tuple(graphs))
 

@@ -1,61 +1,87 @@
-"""The sim_ttft suite figures: prefill-aware K's trade-off on the serving simulator, one simulate
-stage per setting: adaptive's prompt weight (runtime/policy/prefill_price.py; stages ttft_<w>, each
-`--ttft-weight w`) and the dynamic schedule's prefill cap (runtime/policy/prefill_cap.py; stages
-prefill_k_<k>, each `--prefill-k k`, prefill_k_none without). Per setting, load and drafting mode:
-sustained tok/s and TTFT p50 / p99, each over the baseline's at the same load (the baseline reads
-neither setting)."""
+"""The prefill-aware K figures: the trade-off between sustained tok/s and time to first token over
+settings of adaptive's prompt weight (runtime/policy/prefill_price.py; `--ttft-weight w`) and the
+dynamic schedule's prefill cap (runtime/policy/prefill_cap.py; `--prefill-k k`, uncapped without).
+Two sources, one table: sim_ttft's simulate stages (ttft_<w>, prefill_k_<k>: the serving
+simulator) and serving_ttft's sweep cases (sweep_<case>: measured on a GPU, trials paired). Per
+setting, load and drafting mode: sustained tok/s and TTFT p50 / p99, each over the baseline's at
+the same load and in the same run (the baseline reads neither setting)."""
 from __future__ import annotations
 
+import shlex
 from typing import Mapping, Sequence
 
+from dynspec.benchmarks.figures_common import paired_ratio
 from dynspec.errors import DynspecError
 
-PREFIXES = ("ttft_", "prefill_k_")
+PREFIXES = ("ttft_", "prefill_k_")       # sim_ttft's simulate stages (serving_ttft's: summary.sweep_stage_names)
 
 
 def stage_names(names: Sequence[str]) -> list[str]:
     return [n for n in names if n.startswith(PREFIXES)]
 
 
-def setting_of(flags: Sequence[str], where: str) -> str:
-    """A simulate stage's setting from its sweep flags: 'weight 64' (--ttft-weight; 'weight 64,
-    catch-up unpriced' with --catch-up-price off), 'prefill-k 0' (--prefill-k), 'uncapped' (a
-    dynamic stage with neither)."""
+def flags_of(doc: Mapping, where: str) -> list[str]:
+    """A stage's sweep flags: simulate's JSON carries them ("flags"); a sweep's has its command line
+    (env.command, a case's own flags included)."""
+    if "flags" in doc:
+        return list(doc["flags"])
+    try:
+        return shlex.split(doc["env"]["command"])
+    except (KeyError, TypeError, ValueError):
+        raise DynspecError(f"{where}: neither 'flags' nor 'env.command' gives its sweep flags") from None
+
+
+def setting_of(flags: Sequence[str], where: str, mode: str) -> str:
+    """A drafting mode's setting from its stage's sweep flags. dynamic: 'prefill-k 0' (--prefill-k)
+    or 'uncapped'; adaptive and per-request: 'weight 64' (--ttft-weight, else the default weight;
+    'weight 64, catch-up unpriced' with --catch-up-price off)."""
+    from dynspec.runtime.policy.adaptive import TTFT_WEIGHT
+
     flags = list(flags)
-    unpriced = ", catch-up unpriced" if "--catch-up-price" in flags[:-1] and \
-        flags[flags.index("--catch-up-price") + 1] == "off" else ""
-    for flag, label in (("--ttft-weight", "weight"), ("--prefill-k", "prefill-k")):
-        if flag in flags:
-            try:
-                return f"{label} {float(flags[flags.index(flag) + 1]):g}{unpriced}"
-            except (ValueError, IndexError):
-                raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without a number") from None
-    modes = flags[flags.index("--modes") + 1].split(",") if "--modes" in flags[:-1] else []
-    if "dynamic" in modes:
-        return "uncapped"
-    raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give no --ttft-weight W (adaptive) or dynamic mode")
+
+    def value(flag: str) -> float | None:
+        if flag not in flags:
+            return None
+        try:
+            return float(flags[flags.index(flag) + 1])
+        except (ValueError, IndexError):
+            raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without a number") from None
+
+    if mode == "dynamic":
+        k = value("--prefill-k")
+        return "uncapped" if k is None else f"prefill-k {k:g}"
+    if mode in ("adaptive", "per-request"):
+        unpriced = ", catch-up unpriced" if "--catch-up-price" in flags[:-1] and \
+            flags[flags.index("--catch-up-price") + 1] == "off" else ""
+        w = value("--ttft-weight")
+        return f"weight {TTFT_WEIGHT if w is None else w:g}{unpriced}"
+    raise DynspecError(f"{where}: mode {mode!r} has no prefill-aware setting (dynamic, adaptive or per-request)")
 
 
-def ttft_figures(docs: Mapping[str, dict]) -> dict:
-    """{stage: simulate's JSON} -> {"values", "table", "plot"} (benchmarks/suite_report.py)."""
+def ttft_figures(docs: Mapping[str, dict], measured: bool = False) -> dict:
+    """{stage: simulate's or sweep's JSON} -> {"values", "table", "plot"} (benchmarks/suite_report.py).
+    tok_ratio: the ratio of medians; tok_ratio_trials (measured): trial by trial (figures_common.paired_ratio)."""
     rows = []
     for name, doc in docs.items():
-        w = setting_of(doc["flags"], name)
+        flags = flags_of(doc, name)
         base = {_load(r): r for r in doc["rows"] if r["mode"] == "baseline"}
         for r in doc["rows"]:
             b = base.get(_load(r))
             if r["mode"] == "baseline" or b is None:
                 continue
-            rows.append({"setting": w, "load": _load(r), "mode": r["mode"], "tok_per_s": r["output_tok_per_s"],
+            rows.append({"setting": setting_of(flags, name, r["mode"]), "load": _load(r), "mode": r["mode"],
+                         "tok_per_s": r["output_tok_per_s"],
                          "tok_ratio": r["output_tok_per_s"] / b["output_tok_per_s"],
                          "p50_ttft_ms": _ms(r["p50_ttft_s"]), "p99_ttft_ms": _ms(r["p99_ttft_s"]),
                          "p50_ttft_ratio": _ratio(r["p50_ttft_s"], b["p50_ttft_s"]),
                          "p99_ttft_ratio": _ratio(r["p99_ttft_s"], b["p99_ttft_s"]),
                          "baseline_p50_ttft_ms": _ms(b["p50_ttft_s"]), "mean_k": r["mean_k"]})
+            if measured:
+                rows[-1]["tok_ratio_trials"] = {k: v for k, v in paired_ratio(r, [b]).items() if k != "of_medians"} or None
     rows.sort(key=lambda r: (r["mode"], r["load"], _order(r["setting"])))
     header = ["mode", "load", "setting", "tok/s", "x baseline", "TTFT p50 ms", "p50 x baseline", "TTFT p99 ms",
               "p99 x baseline", "mean K"]
-    body = [[r["mode"], r["load"], r["setting"], f"{r['tok_per_s']:.0f}", f"{r['tok_ratio']:.3f}",
+    body = [[r["mode"], r["load"], r["setting"], f"{r['tok_per_s']:.0f}", _show_ratio(r),
              _show(r["p50_ttft_ms"]), _show(r["p50_ttft_ratio"], ".2f"), _show(r["p99_ttft_ms"]),
              _show(r["p99_ttft_ratio"], ".2f"), f"{r['mean_k']:.2f}"] for r in rows]
     series: dict = {}
@@ -63,10 +89,13 @@ def ttft_figures(docs: Mapping[str, dict]) -> dict:
         if r["p50_ttft_ratio"] is not None:
             y = r["p50_ttft_ratio"]
             series.setdefault(f"{r['mode']} {r['load']}", []).append([r["tok_ratio"], y, y, y])
-    plot = {"title": "simulated: prefill-aware K's trade-off (points: settings, each over the baseline)",
+    what = "measured" if measured else "simulated"
+    plot = {"title": f"{what}: prefill-aware K's trade-off (points: settings, each over the baseline)",
             "x": "sustained tok/s / baseline", "y": "TTFT p50 / baseline", "series": series}
-    notes = ["Simulated (benchmarks/simulate.py): one run per setting on the recorded device's profile and step "
-             "prices; the GPU's effect is measured by the serving configs."]
+    notes = (["Measured: tok/s ratios are medians of per-trial ratios [min..max] against the baseline of the same "
+              "case; TTFT ratios are of the medians."] if measured else
+             ["Simulated (benchmarks/simulate.py): one run per setting on the recorded device's profile and step "
+              "prices; the GPU's effect is measured by the serving configs."])
     return {"values": {"rows": rows}, "table": {"header": header, "rows": body, "notes": notes}, "plot": plot}
 
 
@@ -80,6 +109,11 @@ def _ms(s: float | None) -> float | None:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
+
+
+def _show_ratio(r: Mapping) -> str:
+    t = r.get("tok_ratio_trials")
+    return f"{t['median']:.3f} [{t['min']:.3f}..{t['max']:.3f}]" if t else f"{r['tok_ratio']:.3f}"
 
 
 def _show(x: float | None, fmt: str = ".1f") -> str:

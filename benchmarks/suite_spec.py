@@ -14,13 +14,13 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 TOOLS = {"sweep": ["-m", "dynspec.benchmarks.sweep"], "profile": ["-m", "dynspec.cli", "profile"],
          "mixed_step": ["-m", "dynspec.benchmarks.mixed_step"], "tune": ["-m", "dynspec.cli", "tune"],
          "simulate": ["-m", "dynspec.benchmarks.simulate"]}
-# the stages each kind of figures reads (benchmarks/summary.py suite_figures); "adaptive" and
-# "per_request" read every stage named sweep or sweep_*, at least one
+# the stages each kind of figures reads (benchmarks/summary.py suite_figures); "adaptive",
+# "per_request" and "serving_ttft" read every stage named sweep or sweep_*, at least one
 FIGURE_STAGES = {"sweep": ("sweep",), "decode_floor": ("floor",), "mixed_step": ("mixed",),
                  "varied_vs_fixed": ("varied", "fixed"), "tp": ("tp1", "tp2"), "adaptive": (), "per_request": (),
-                 "cost_model": ("profile",), "sim_validate": ("validation",), "sim_ttft": ("ttft_0",), "overlap": ("sweep_varied", "sweep_fixed", "sweep_regime_b", "floor")}
+                 "cost_model": ("profile",), "sim_validate": ("validation",), "sim_ttft": ("ttft_0",), "serving_ttft": (), "overlap": ("sweep_varied", "sweep_fixed", "sweep_regime_b", "floor")}
 FIGURES = tuple(FIGURE_STAGES)
-SWEEP_STAGE_FIGURES = ("adaptive", "per_request")     # the kinds that read every sweep / sweep_* stage
+SWEEP_STAGE_FIGURES = ("adaptive", "per_request", "serving_ttft")     # the kinds that read every sweep / sweep_* stage
 # what a profile stage may install into the prepared engine dir (`install = "cost_model.json"`)
 INSTALLABLE = ("cost_model.json",)
 COST_MODEL = "cost_model.json"

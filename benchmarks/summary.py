@@ -101,10 +101,11 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
         from dynspec.benchmarks.simulate import validation_figures
 
         return validation_figures(_read(d / "validation.json"))
-    if kind == "sim_ttft":
+    if kind in ("sim_ttft", "serving_ttft"):
         from dynspec.benchmarks.figures_ttft import stage_names, ttft_figures
 
-        return ttft_figures({n: _read(d / f"{n}.json") for n in stage_names(list(repeats))})
+        names = stage_names(list(repeats)) if kind == "sim_ttft" else sweep_stage_names(repeats)
+        return ttft_figures({n: _read(d / f"{n}.json") for n in names}, measured=kind == "serving_ttft")
     if kind == "overlap":
         names = _floor_names(repeats)
         fig = overlap_figures(*(_read(d / f"sweep_{c}.json") for c in ("varied", "fixed", "regime_b")),

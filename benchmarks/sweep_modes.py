@@ -214,7 +214,9 @@ def price_catch_ups(policies: dict, on: str) -> dict:
 def policy_label(policy) -> str:
     """A schedule's CLI form ('24:3,179:1'; capped: '24:3,179:1 prefill-k 0'); the registered name of a cost-model policy ('adaptive',
     'per-request' or 'per-request-oracle': runtime/policy/__init__.py POLICIES)."""
-    if hasattr(policy, "prefill_k"):                     # a capped schedule (PrefillCap)
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
+
+    if isinstance(policy, PrefillCap):
         return policy.to_spec()
     name = registered_name(policy)
     return policy.to_spec() if name == "schedule" else name

@@ -19,6 +19,7 @@ from dynspec.benchmarks.sweep_loop import open_for_rank, open_engine, run_refere
 from dynspec.benchmarks.sweep_plan import SweepSpec, check_overlap_fits, resolve
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy.prefill_cap import PrefillCap
 from dynspec.runtime.policy.step_prices import policy_record
 
 
@@ -56,7 +57,7 @@ def env_block(args, spec: SweepSpec, cfg, source: str, device: str, w: World, ar
         "acceptance_lossless": bool(spec.acceptance.lossless),
         "schedules": {m: getattr(s, "schedule", s).to_spec() for m, s in spec.schedules
                       if isinstance(getattr(s, "schedule", s), DraftSchedule)},
-        "prefill_k": next((s.prefill_k for _, s in spec.schedules if hasattr(s, "prefill_k")), None),
+        "prefill_k": next((s.prefill_k for _, s in spec.schedules if isinstance(s, PrefillCap)), None),
         "adaptive": None if spec.cost_model is None else {"cost_model": spec.cost_model,
                                                             **policy_record(spec.step_prices),
                                                             "ttft_weight": spec.ttft_weight},

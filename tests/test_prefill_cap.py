@@ -40,12 +40,37 @@ def test_the_sweep_flag_caps_the_dynamic_mode_only(capsys):
     assert "--prefill-k 1: TensorRT-LLM's dynamic draft length reads the batch size alone" in capsys.readouterr().err
 
 
-def test_the_sim_ttft_figures_name_each_stages_setting():
+def test_the_ttft_figures_name_each_modes_setting():
     from dynspec.benchmarks.figures_ttft import setting_of, stage_names
+    from dynspec.runtime.policy.adaptive import TTFT_WEIGHT
 
-    assert setting_of(["--modes", "baseline,dynamic", "--prefill-k", "0"], "s") == "prefill-k 0"
-    assert setting_of(["--modes", "baseline,adaptive", "--ttft-weight", "64"], "s") == "weight 64"
-    assert setting_of(["--modes", "baseline,dynamic"], "s") == "uncapped"
-    with pytest.raises(DynspecError, match="s: its flags '--modes baseline' give no --ttft-weight"):
-        setting_of(["--modes", "baseline"], "s")
-    assert stage_names(["tune_050", "ttft_0", "prefill_k_none"]) == ["ttft_0", "prefill_k_none"]
+    assert setting_of(["--modes", "baseline,dynamic", "--prefill-k", "0"], "s", "dynamic") == "prefill-k 0"
+    assert setting_of(["--modes", "baseline,adaptive", "--ttft-weight", "64"], "s", "adaptive") == "weight 64"
+    assert setting_of(["--modes", "baseline,dynamic"], "s", "dynamic") == "uncapped"
+    # one case of dynamic capped beside adaptive: each mode its own setting
+    both = ["--modes", "baseline,dynamic,adaptive", "--prefill-k", "1", "--catch-up-price", "off"]
+    assert setting_of(both, "s", "dynamic") == "prefill-k 1"
+    assert setting_of(both, "s", "adaptive") == f"weight {TTFT_WEIGHT:g}, catch-up unpriced"
+    with pytest.raises(DynspecError, match="s: mode 'static:2' has no prefill-aware setting"):
+        setting_of(["--modes", "baseline,static:2"], "s", "static:2")
+    with pytest.raises(DynspecError, match="s: its flags .* give --prefill-k without a number"):
+        setting_of(["--modes", "dynamic", "--prefill-k"], "s", "dynamic")
+    assert stage_names(["tune_050", "ttft_0", "prefill_k_none", "sweep_uncapped"]) == ["ttft_0", "prefill_k_none"]
+
+
+def test_a_capped_schedule_is_the_schedule_policy_in_every_record_and_log_line():
+    """engine.json prefill_k serves a PrefillCap: the registry, the served model's log line and a
+    sweep row name it as the schedule it caps (a sweep on the real engine had refused it)."""
+    from types import SimpleNamespace
+
+    from dynspec.benchmarks.sweep_modes import policy_label
+    from dynspec.runtime.policy import registered_name
+    from dynspec.runtime.serving.driver import describe_policy
+    from dynspec.triton_repo.serving import policy_line
+
+    cap = PrefillCap(DraftSchedule.parse("4:4,68:2"), 0)
+    assert registered_name(cap) == "schedule"
+    assert describe_policy(cap) == "schedule (K<=0 on steps that end a prefill)"
+    assert policy_label(cap) == "4:4,68:2 prefill-k 0"
+    line = policy_line(SimpleNamespace(schedule=cap.schedule, cost_model=None), cap)
+    assert line.endswith("policy: schedule (K<=0 on steps that end a prefill)") and "bounds K" in line

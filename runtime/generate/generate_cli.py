@@ -259,11 +259,13 @@ def header(policies: dict, modes, loads: tuple[int, ...], source: str, cost_mode
     'schedule 4:4,8:2  concurrency 8  (K=4 for b<=4, K=2 for b<=8, K=0 above); policy: schedule (--schedule)'.
     The schedule shown is the dynamic mode's (static runs its largest K at every batch size);
     with an adaptive mode the policy names its cost model and K range."""
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
     from dynspec.runtime.serving.driver import describe_policy, schedule_words
 
     dyn = policies["dynamic"]
-    sched = getattr(dyn, "schedule", dyn)             # engine.json prefill_k: the schedule it caps (PrefillCap)
-    cap = f", K<={dyn.prefill_k} on steps that end a prefill" if sched is not dyn else ""
+    capped = isinstance(dyn, PrefillCap)              # engine.json prefill_k: the schedule it caps
+    sched = dyn.schedule if capped else dyn
+    cap = f", K<={dyn.prefill_k} on steps that end a prefill" if capped else ""
     kinds = []
     if any(m not in COST_MODES for m in modes):
         kinds.append(f"schedule ({source})")

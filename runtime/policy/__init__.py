@@ -340,7 +340,12 @@ SERVED_POLICIES = tuple(n for n, p in POLICIES.items() if not p.benchmark_only) 
 
 
 def registered_name(policy) -> str:
-    """The name POLICIES gives a policy's class: DraftSchedule -> 'schedule'."""
+    """The name POLICIES gives a policy's class: DraftSchedule -> 'schedule'; a schedule capped on
+    the steps that end a prefill (prefill_cap.PrefillCap, engine.json prefill_k) -> 'schedule'."""
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
+
+    if isinstance(policy, PrefillCap):
+        policy = policy.schedule
     path = f"{type(policy).__module__}:{type(policy).__qualname__}"
     for p in POLICIES.values():
         if p.path == path:

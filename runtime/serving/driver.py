@@ -176,12 +176,16 @@ def schedule_words(schedule) -> str:
 
 
 def describe_policy(policy, cost_model: str | Path | None = None) -> str:
-    """The policy kind in words: a DraftSchedule -> 'schedule'; a cost-model policy -> its registered
-    name (runtime/policy/__init__.py POLICIES) and candidates: 'adaptive (cost model FILE, K 0..4)', 'K 0,2,4'
+    """The policy kind in words: a DraftSchedule -> 'schedule'; capped (engine.json prefill_k) ->
+    'schedule (K<=0 on steps that end a prefill)'; a cost-model policy -> its registered name
+    (runtime/policy/__init__.py POLICIES) and candidates: 'adaptive (cost model FILE, K 0..4)', 'K 0,2,4'
     when they are not consecutive."""
     from dynspec.runtime.policy import POLICIES, registered_name
+    from dynspec.runtime.policy.prefill_cap import PrefillCap
 
     name = registered_name(policy)
+    if isinstance(policy, PrefillCap):
+        return f"{name} (K<={policy.prefill_k} on steps that end a prefill)"
     if not POLICIES[name].cost_model:
         return name
     ks = sorted(policy.candidates)

@@ -9,8 +9,10 @@ clock that the executor and the load generator read.
 
 Step price (ms), b decode rows, B = bucket_for(b) (the captured graph's rows), c = mean row position,
 T prompt-chunk tokens, base the profile's time of the step's decode rows:
-    base      uniform K: CostModel(B, K, c) (K=0 without keep-warm: decode_ms(B, c)); per-row K_i:
-              SplitCost(B, c).ms(sum_i (K_i + 1) + (B - b), max K_i); no rows: decode_ms(1, 0)
+    base      uniform K: CostModel(B, K, c) (K=0 without keep-warm: decode_ms(B, c)); per-row K_i in a
+              step with a prompt chunk: SplitCost(B, c).ms(sum_i (K_i + 1) + (B - b), max K_i), without
+              one CostModel(B, max K_i, c) (the CUDA engine's decode graph: plan.Engine
+              packs_rows_alone); no rows: decode_ms(1, 0)
     price     base - host_ms                                    (the overlapped loop hides the host)
               + chunk_fixed_ms + chunk_ms_per_token x T         (a step with chunks: the whole-forward graph)
               + draft_chunk_ms_per_token x T                    (a drafting mode's draft pass over the chunk;
@@ -66,8 +68,9 @@ class SimShape:
     max_seq_len: int
     max_draft_len: int
     max_num_tokens: int = 8192
-    packs_rows: bool = True          # the CUDA reference engine verifies each row's K_i + 1 tokens
+    packs_rows: bool = True          # the CUDA reference engine verifies each row's K_i + 1 tokens ...
     draft_sync_cap: int = 0          # lazy draft sync: the feature store's tokens a slot (0: none)
+    packs_rows_alone: bool = False   # ... packs_rows only in a step with a prompt chunk (plan.Engine)
 
 
 class SimEngine:
@@ -86,6 +89,7 @@ class SimEngine:
         self.max_draft_len, self.max_num_tokens = shape.max_draft_len, shape.max_num_tokens
         self.max_reservation = shape.max_seq_len
         self.packs_rows, self.draft_sync_cap = shape.packs_rows, shape.draft_sync_cap
+        self.packs_rows_alone = shape.packs_rows_alone
         self.catch_up = catch_up                   # lazy sync's catch-up (CostModel.catch_up; none: free)
         self.buckets = batch_buckets(shape.max_batch_size)
         self._free = list(range(shape.max_batch_size, 0, -1))    # slots 1..max_batch_size, 1 first
@@ -151,7 +155,7 @@ class SimEngine:
         if T and per_token is None:
             per_token = _slope(split)
         draft_t = T if plan.draft and not plan.store_chunks else 0
-        ragged = base if plan.per_row and plan.batch_size else 0.0
+        ragged = base if self._ragged(plan) else 0.0
         feats = (1.0, float(T), 1.0 if T else 0.0, float(draft_t), ragged)
         self.base_ms += base
         self.features = [a + f for a, f in zip(self.features, feats)]
@@ -178,11 +182,16 @@ class SimEngine:
         B = bucket_for(b, self.buckets)
         context = sum(plan.positions) / b
         split = self._split_at(B, context)
-        if plan.per_row:
+        if self._ragged(plan):
             return split.step_ms(plan.decode_tokens + (B - b), plan.k), split
         if plan.k == 0 and not plan.keep_warm and self.cost.decode is not None:
             return float(self.cost.row(B, context)[1]), split
         return float(self.cost.lookup(B, plan.k, context).ms), split
+
+    def _ragged(self, plan: StepPlan) -> bool:
+        """A per-row plan the engine runs packed (plan.Engine packs_rows, packs_rows_alone); else
+        every row runs max K_i tokens: the uniform price at plan.k."""
+        return bool(plan.per_row and plan.batch_size and self.packs_rows and (plan.chunks or self.packs_rows_alone))
 
     def _split_at(self, B: int, context: float) -> SplitCost:
         key = (B, int(round(context / 16)) * 16)

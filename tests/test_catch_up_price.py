@@ -96,7 +96,7 @@ def test_the_executor_counts_the_entries_a_drafting_step_catches_up():
     from dynspec.runtime.serving.planning import KDecider
     from dynspec.runtime.serving.requests import Request
 
-    engine = SimpleNamespace(max_draft_len=1, max_num_tokens=64, max_batch_size=8, packs_rows=True,
+    engine = SimpleNamespace(max_draft_len=1, max_num_tokens=64, max_batch_size=8, packs_rows=True, packs_rows_alone=True,
                              buckets=(1, 2, 4, 8), draft_sync_cap=256)
     rows = [Request(i, (1, 2), 8, frozenset(), 0.0, slot=i) for i in range(4)]
     for r, n in zip(rows, (0, 1, 5, 300)):

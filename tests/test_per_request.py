@@ -354,7 +354,7 @@ def test_a_ragged_step_is_calibrated_in_its_own_slot():
     from dynspec.runtime.serving.planning import KDecider
     from dynspec.runtime.serving.plan import StepResult
 
-    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, buckets=(1, 2))
+    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, packs_rows_alone=True, buckets=(1, 2))
     k = KDecider(engine, PerRequestPolicy(linear_split_cost(), AdaptiveSettings()), True)
     for row_k, slot in (((2, 1), CostCalibration(max_k=4).slot(2, False, ragged=True)), ((2, 2), 2)):
         plan = make_plan(2, (9, 9), (1, 1), (False, False), False, (1, 2), slots=(0, 1), row_k=row_k)
@@ -392,7 +392,7 @@ def test_a_row_whose_probes_fail_is_probed_ever_more_rarely():
             ks, probes = script.pop(0)
             return StepDecision(ks, keep_warm=True, predicted_ms=None, gain=None, probes=probes)
 
-    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, buckets=(1, 2))
+    engine = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=2, packs_rows=True, packs_rows_alone=True, buckets=(1, 2))
     k = KDecider(engine, Scripted(linear_split_cost(), AdaptiveSettings(calibrate=False)), True)
     rows = [Request(i, (1, 2), 8, frozenset(), 0.0, slot=i) for i in range(2)]
     script = [((1, 0), (0,)), ((0, 0), ()), ((1, 1), (0, 1)), ((2, 0), ())]

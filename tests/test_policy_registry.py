@@ -13,7 +13,7 @@ from dynspec.runtime.policy import POLICIES, SERVED_POLICIES, ConstantK, DraftSc
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 from tests.test_per_request import linear_split_cost
 
-ENGINE = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=8, packs_rows=True, buckets=(1, 2, 4, 8))
+ENGINE = SimpleNamespace(max_draft_len=4, max_num_tokens=64, max_batch_size=8, packs_rows=True, packs_rows_alone=True, buckets=(1, 2, 4, 8))
 
 
 def rows(n: int):
@@ -90,6 +90,22 @@ def test_the_executor_hands_a_row_policy_its_rows_and_its_batch_fallback_the_sam
                                         True, x))
     kk, d, context, scale = k.decide(rs, [100, 100, 100, 100], (0.8,) * 4)
     assert d == want and kk == d.k and context == 100.0 and scale == () and d.policy == "per-request"
+
+
+def test_rows_are_packed_where_the_engine_packs_them_in_this_step():
+    """A per-row vector runs packed on CUDA only in a step that carries a prompt chunk (without one it
+    runs the decode graph at max K_i: Engine.packs_rows_alone False), so a per-row policy is told
+    packed there only; on CPU the reference engine packs every step."""
+    from dynspec.runtime.policy.adaptive import AdaptiveSettings
+    from dynspec.runtime.policy.per_request import PerRequestPolicy
+    from dynspec.runtime.serving.planning import KDecider
+
+    policy = PerRequestPolicy(linear_split_cost(), AdaptiveSettings(calibrate=False))
+    cuda = SimpleNamespace(**{**vars(ENGINE), "packs_rows_alone": False})
+    for engine, waiting, packed in ((cuda, (), False), (cuda, (40,), True), (ENGINE, (), True),
+                                    (SimpleNamespace(**{**vars(ENGINE), "packs_rows": False}), (40,), False)):
+        x = KDecider(engine, policy, True).inputs(rows(4), [100] * 4, (0.8,) * 4, waiting)
+        assert x.packed is packed, (engine, waiting)
 
 
 def test_a_new_policy_is_one_class_the_executor_runs_without_knowing_it():

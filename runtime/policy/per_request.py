@@ -39,8 +39,8 @@ class RowInputs:
     since_spec: int = 0              # iterations with rows since the last one with any K_i > 0
     cost_scale: tuple[float, ...] = ()   # CostCalibration.scales() (empty: the profile alone)
     probes: Sequence[int] = ()       # [b] each row's probes since it last drafted other than as a probe (empty: 0)
-    packed: bool = True              # the engine verifies each row's K_i + 1 tokens (Engine.packs_rows);
-                                     # False: every row padded to max K_i
+    packed: bool = True              # the engine verifies each row's K_i + 1 tokens in this step (Engine.packs_rows;
+                                     # without a prompt chunk: packs_rows_alone); False: every row padded to max K_i
     batch: StepInputs | None = None      # the batch-level policy's inputs at this step (None: no fallback)
 
 

@@ -39,8 +39,8 @@ class StepInputs:
                                          # None: the policy reads none
     idle: Sequence[int] = ()         # [b] iterations since each row last drafted (0: it drafted last time)
     row_probes: Sequence[int] = ()   # [b] each row's probes since it last drafted other than as a probe
-    packed: bool = True              # the engine verifies each row's K_i + 1 tokens (Engine.packs_rows);
-                                     # False: every row padded to max K_i
+    packed: bool = True              # the engine verifies each row's K_i + 1 tokens in this step (Engine.packs_rows;
+                                     # without a prompt chunk: packs_rows_alone); False: every row padded to max K_i
     waiting: tuple[int, ...] = ()    # prompt tokens each waiting request still needs, in chunk order
                                      # (runtime/policy/prefill_price.py); empty: no prompt waits
     token_budget: int = 0            # the engine's max_num_tokens (with waiting)

@@ -277,6 +277,8 @@ class Engine(Protocol):
     packs_rows: bool            # per-row K (StepPlan.row_k) verifies each row's K_i + 1 tokens, packed
                                 # (reference engine on CUDA: where its whole-forward graph is captured);
                                 # False: every row runs max K_i tokens and row_k only caps acceptance
+    packs_rows_alone: bool      # ... in a step that carries no prompt chunk too (False: the reference
+                                # engine on CUDA, where such a vector runs the decode graph at max K_i)
     async_launch: bool          # launch returns before the device has run the step (reference engine on
                                 # CUDA): the serial loop defers its estimate update behind it (runtime/serving/loop.py)
 

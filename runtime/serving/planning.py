@@ -79,7 +79,8 @@ class KDecider:
         if self.row_rates is not None:
             per_row = dict(rates=self.row_rates(self.row_table, [r.slot for r in rows], rates, [r.id for r in rows],
                                                 self.truth),
-                           idle=[r.idle for r in rows], row_probes=[r.probes for r in rows], packed=eng.packs_rows)
+                           idle=[r.idle for r in rows], row_probes=[r.probes for r in rows],
+                           packed=eng.packs_rows and (eng.packs_rows_alone or bool(waiting)))
         cap = store_cap(eng) if self.lazy else 0
         return StepInputs(b, sum(positions) / b, rates, self.prev_k, self.since_spec,
                           cap_k(eng.max_draft_len, b, eng.max_num_tokens), bucket_for(b, eng.buckets), scale,

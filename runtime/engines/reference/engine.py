@@ -339,6 +339,13 @@ class ReferenceEngine:
         every row runs max K_i tokens with its acceptance capped (plan.Engine)."""
         return self.whole is not None
 
+    @property
+    def packs_rows_alone(self) -> bool:
+        """packs_rows in a step without a prompt chunk too: on CPU (any whole key runs eagerly), not
+        on CUDA, where such a vector's tokens fall below its row shape's captured buckets and it runs
+        the decode graph at max K_i (mixed_graphs.WholeMixed.route_key)."""
+        return self.whole is not None and not self.whole.cuda
+
     def drop_whole(self) -> None:
         """Mixed iterations back to the eager path (e.g. after a failed whole-graph capture)."""
         self.whole = None

@@ -11,6 +11,7 @@ import shlex
 from typing import Mapping, Sequence
 
 from dynspec.benchmarks.figures_common import paired_ratio
+from dynspec.benchmarks.sweep_modes import SERIAL, split_mode
 from dynspec.errors import DynspecError
 
 PREFIXES = ("ttft_", "prefill_k_")       # sim_ttft's simulate stages (serving_ttft's: summary.sweep_stage_names)
@@ -64,12 +65,14 @@ def ttft_figures(docs: Mapping[str, dict], measured: bool = False) -> dict:
     rows = []
     for name, doc in docs.items():
         flags = flags_of(doc, name)
-        base = {_load(r): r for r in doc["rows"] if r["mode"] == "baseline"}
+        base = {(_load(r), split_mode(r["mode"])[1]): r for r in doc["rows"] if split_mode(r["mode"])[0] == "baseline"}
         for r in doc["rows"]:
-            b = base.get(_load(r))
-            if r["mode"] == "baseline" or b is None:
+            mode, loop = split_mode(r["mode"])
+            b = base.get((_load(r), loop))
+            if mode == "baseline" or b is None:
                 continue
-            rows.append({"setting": setting_of(flags, name, r["mode"]), "load": _load(r), "mode": r["mode"],
+            setting = setting_of(flags, name, mode) + (", serial loop" if loop == SERIAL else "")
+            rows.append({"setting": setting, "load": _load(r), "mode": mode,
                          "tok_per_s": r["output_tok_per_s"],
                          "tok_ratio": r["output_tok_per_s"] / b["output_tok_per_s"],
                          "p50_ttft_ms": _ms(r["p50_ttft_s"]), "p99_ttft_ms": _ms(r["p99_ttft_s"]),
@@ -121,8 +124,10 @@ def _show(x: float | None, fmt: str = ".1f") -> str:
 
 
 def _order(setting: str) -> tuple:
-    """Table order within a mode and load: weights ascending (each unpriced first); uncapped, then caps
-    descending."""
-    label, _, v = setting.partition(" ")
+    """Table order within a mode and load: the overlapped loop first; weights ascending (each
+    unpriced first); uncapped, then caps descending."""
+    serial = setting.endswith(", serial loop")
+    label, _, v = setting.removesuffix(", serial loop").partition(" ")
     v, _, unpriced = v.partition(",")
-    return (0, float(v), not unpriced) if label == "weight" else (1, 0.0, 0) if label == "uncapped" else (2, -float(v), 0)
+    return (serial,) + ((0, float(v), not unpriced) if label == "weight" else (1, 0.0, 0) if label == "uncapped"
+                        else (2, -float(v), 0))

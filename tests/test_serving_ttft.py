@@ -5,6 +5,9 @@ on the embedded tiny pair on CPU (a suite config of the same shape)."""
 import json
 import tomllib
 
+import pytest
+
+from dynspec.benchmarks.figures_ttft import _load
 from dynspec.benchmarks.suite import run_config
 from dynspec.benchmarks.suite_config import config_path, load_config, parse_config
 from dynspec.runtime.policy.adaptive import TTFT_WEIGHT
@@ -24,7 +27,8 @@ def test_the_config_is_servings_workload_with_a_case_per_setting():
     assert {k: t["sweep"]["args"][k] for k in WORKLOAD} == {k: s["sweep"]["args"][k] for k in WORKLOAD}
     cases = {c["name"]: c["args"] for c in t["sweep"]["cases"]}
     assert cases == {"uncapped": {"modes": "baseline,dynamic,adaptive"}, "prefill_k_1": {"prefill-k": 1},
-                     "prefill_k_0": {"prefill-k": 0}}
+                     "prefill_k_0": {"prefill-k": 0},
+                     "serial": {"modes": "baseline+serial,dynamic+serial,adaptive+serial"}}
     assert t["sweep"]["args"]["modes"] == "baseline,dynamic"
 
 
@@ -36,7 +40,8 @@ def test_the_figures_of_a_real_run_name_each_setting_and_pair_the_trials(tmp_pat
             "input-len": "6:10", "output-len": "5:8", "max-seq-len": 40, "concurrency": "2", "waves": 1,
             "poisson-at": "2", "min-requests": 3, "warmup-requests": 1, "trials": 2}
     cases = [{"name": "uncapped", "args": {"modes": "baseline,dynamic,adaptive"}},
-             {"name": "prefill_k_0", "args": {"prefill-k": 0}}]
+             {"name": "prefill_k_0", "args": {"prefill-k": 0}},
+             {"name": "serial", "args": {"modes": "baseline+serial,dynamic+serial"}}]
     cfg = parse_config({"description": "serving_ttft's shape on the tiny pair", "figures": "serving_ttft",
                         "budget_s": 200, "estimate_s": 30, "engine": {"pair": "tiny", "device": "cpu"},
                         "stages": [{"name": "sweep", "tool": "sweep", "args": args, "cases": cases}]},
@@ -45,7 +50,15 @@ def test_the_figures_of_a_real_run_name_each_setting_and_pair_the_trials(tmp_pat
     rows = json.loads((final / "summary.json").read_text())["values"]["rows"]
     got = {(r["mode"], r["load"], r["setting"]) for r in rows}
     assert got == {(m, load, s) for m, s in (("dynamic", "uncapped"), ("adaptive", f"weight {TTFT_WEIGHT:g}"),
-                                             ("dynamic", "prefill-k 0")) for load in ("C=2", "poisson~C=2")}
+                                             ("dynamic", "prefill-k 0"), ("dynamic", "uncapped, serial loop"))
+                   for load in ("C=2", "poisson~C=2")}
+    # each mode over the baseline of its own loop: the serial rows' baseline ran serial
+    serial = json.loads((final / "sweep_serial.json").read_text())["rows"]
+    b = {_load(r): r for r in serial if r["mode"] == "baseline+serial"}
+    for r in (r for r in rows if r["setting"].endswith("serial loop")):
+        assert r["baseline_p50_ttft_ms"] == pytest.approx(b[r["load"]]["p50_ttft_s"] * 1e3)
+    assert [r["setting"] for r in rows if r["mode"] == "dynamic" and r["load"] == "C=2"] == [
+        "uncapped", "prefill-k 0", "uncapped, serial loop"]
     for r in rows:
         t = r["tok_ratio_trials"]
         assert t["n"] == 2 and t["min"] <= t["median"] <= t["max"]

@@ -27,6 +27,7 @@ class PrefillCap:
     """A DraftSchedule with K capped at prefill_k on the iterations that end a prompt's prefill."""
     schedule: DraftSchedule
     prefill_k: int
+    registered_as = "schedule"       # POLICIES' name for it (runtime/policy/__init__.py registered_name)
 
     def __post_init__(self) -> None:
         if isinstance(self.prefill_k, bool) or not isinstance(self.prefill_k, int) or self.prefill_k < 0:

@@ -188,6 +188,14 @@ class SimEngine:
             return float(self.cost.row(B, context)[1]), split
         return float(self.cost.lookup(B, plan.k, context).ms), split
 
+    def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:
+        """Tokens the GPU engine's forward runs for such an iteration, padding included: the
+        reference engine's rule (mixed_layout.forward_tokens) at its token buckets."""
+        from dynspec.runtime.engines.reference.mixed_layout import forward_tokens, mixed_buckets
+
+        return forward_tokens(decode_rows, k, prefill_tokens, verify_tokens, self.buckets,
+                              mixed_buckets(self.max_num_tokens) if self.packs_rows else (), self.packs_rows_alone)
+
     def _ragged(self, plan: StepPlan) -> bool:
         """A per-row plan the engine runs packed (plan.Engine packs_rows, packs_rows_alone); else
         every row runs max K_i tokens: the uniform price at plan.k."""

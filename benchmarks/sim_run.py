@@ -114,6 +114,7 @@ def _one(run: SimRun, cost, line, policy, mode: str, p, acceptance, reqs, kmax: 
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
     from dynspec.benchmarks.sweep_modes import base_mode
+    from dynspec.benchmarks.sweep_rows import padding_share
     from dynspec.runtime.policy.acceptance import resolve
     from dynspec.runtime.engines.reference.engine import DRAFT_SYNC_CAP
     from dynspec.runtime.serving.executor import Executor
@@ -137,7 +138,8 @@ def _one(run: SimRun, cost, line, policy, mode: str, p, acceptance, reqs, kmax: 
             "requests_per_s": m.requests_per_s, "iterations": m.iterations, "mean_step_ms": m.mean_step_ms,
             "mixed_iterations": m.mixed_iterations, "mean_k": sum(ks) / len(ks) if ks else 0.0,
             "p50_ttft_s": m.p50_ttft_s, "p99_ttft_s": m.p99_ttft_s, "p50_tpot_s": m.p50_tpot_s,
-            "duration_s": m.duration_s, "base_ms": engine.base_ms, "features": list(engine.features)}
+            "duration_s": m.duration_s, "padding_share": padding_share(rec.steps, engine.forward_tokens),
+            "base_ms": engine.base_ms, "features": list(engine.features)}
 
 
 def _bar(total: int, progress: bool):

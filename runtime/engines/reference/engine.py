@@ -42,10 +42,11 @@ from dynspec.runtime.engines.reference.graph_keys import GraphKey, Route, captur
 from dynspec.runtime.engines.reference.graphs import CaptureCost, GraphChain
 from dynspec.runtime.engines.reference.kv_cache import BlockAllocator, available_bytes, check_pool_fits, kv_pool_bytes
 from dynspec.runtime.engines.reference.mixed_graphs import WholeMixed
+from dynspec.runtime.engines.reference.mixed_layout import forward_tokens
 from dynspec.runtime.engines.reference.ragged import ATTENTIONS, RaggedAttention, choose_attention
 from dynspec.runtime.engines.reference.slot_state import SlotState
 from dynspec.runtime.engines.reference.step_state import CarriedHeads, FeatureStore, StepBuffers, StepParts
-from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for
+from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets
 
 __all__ = ["ATTENTIONS", "DRAFT_SYNC_CAP", "GraphKey", "ReferenceEngine", "capture_order", "reachable_graphs"]
 
@@ -280,19 +281,9 @@ class ReferenceEngine:
         return draft_chain.accept(self.parts(), D, g)
 
     def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:
-        """Tokens the target forward of an iteration runs, padding included. A pure-decode step at
-        one K: decode rows padded to their row bucket at K+1 tokens each. An iteration through a
-        whole-forward graph (mixed iterations, and per-row K when whole graphs are set up): the
-        rows' own tokens (verify_tokens, default rows x (K+1)) plus prompt tokens, padded to the
-        token bucket; eager mixed iterations: the rows padded to their bucket, plus the prompt.
-        Buckets (1, 2, 4, 8), token buckets (16, 32, 64): 3 rows at K=2 -> 12; 3 rows at K=1 and
-        9 prompt tokens -> 3 x 2 + 9 = 15 -> 16."""
-        verify = decode_rows * (k + 1) if verify_tokens is None else verify_tokens
-        if (prefill_tokens or verify != decode_rows * (k + 1)) and self.whole is not None:
-            n = self.whole.bucket(verify + prefill_tokens)
-            if n is not None:
-                return n
-        return (bucket_for(decode_rows, self.buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
+        """Tokens the target forward of an iteration runs, padding included (mixed_layout.forward_tokens)."""
+        return forward_tokens(decode_rows, k, prefill_tokens, verify_tokens, self.buckets,
+                              self.whole.buckets if self.whole is not None else (), self.packs_rows_alone)
 
     # ---- CUDA graphs and warm-ups (capture.py; the sequence: session.capture) -----------------
     def capture_decode_graphs(self, keys: Iterable[GraphKey]) -> int:

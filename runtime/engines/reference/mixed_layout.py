@@ -13,16 +13,40 @@ Key = tuple[int, int, int, int]        # (Np, B, T, draft): draft False (0), Tru
 STORE = 2     # draft of a lazy K=0 key: the chunks' target features stored, no draft pass (plan.store_chunks)
 
 # Token buckets up to 1024 (above that a forward is GEMM-bound and the launches a graph saves are
-# a small share of it), 16 apart up to 128, 32 up to 512, 64 up to 1024: at most a gap of 1/5 past
-# 128 tokens (129 -> 160), so a step pads about a tenth or less. A whole graph costs ~35 ms to
-# capture (H200, 8B pair) and shares one memory pool with the rest.
-BUCKETS = tuple(range(16, 129, 16)) + tuple(range(160, 513, 32)) + tuple(range(576, 1025, 64))
+# a small share of it), 16 apart up to 384, 32 up to 512, 64 up to 1024: at most a gap of 1/8 past
+# 128 tokens (129 -> 144, 513 -> 576). On the serving loads (regime B, C = 16, 64, 256, closed loop
+# and Poisson) that pads 3-4% of the mixed steps' tokens, against 4-7% with 32 apart from 128 (the
+# simulator's plans; the H100 measured 4.0-7.2% with those). All multiples of 16 (Triton
+# specialises integer arguments on that). A whole graph costs ~35 ms to capture (H200, 8B pair)
+# and shares one memory pool with the rest.
+BUCKETS = tuple(range(16, 385, 16)) + tuple(range(416, 513, 32)) + tuple(range(576, 1025, 64))
 
 
 def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...]:
     """The buckets up to min(max_num_tokens, top), that bound included: 72 -> (16, 32, 48, 64, 72)."""
     cap = min(max_num_tokens, top)
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
+
+
+def forward_tokens(decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None,
+                   row_buckets: Sequence[int], token_buckets: Sequence[int], packs_rows_alone: bool) -> int:
+    """Pure. Tokens the target forward of an iteration runs, padding included. A pure-decode step
+    at one K, and on CUDA a per-row step without a prompt chunk (packs_rows_alone False: it runs
+    the decode graph at max K_i): the rows padded to their row bucket at K+1 tokens each. An
+    iteration through a whole-forward graph (mixed iterations; per-row K with packs_rows_alone): the
+    rows' own tokens (verify_tokens, default rows x (K+1)) plus prompt tokens, padded to the token
+    bucket; no token buckets (eager), or above the top: the rows padded to their bucket, plus the prompt.
+    Row buckets (1, 2, 4, 8), token buckets (16, 32, 64): 3 rows at K=2 -> 4 x 3 = 12; 3 rows at
+    K=1 and 9 prompt tokens -> 3 x 2 + 9 = 15 -> 16; rows at K (1, 0, 0), no prompt -> 16 packed,
+    4 x 2 = 8 on the decode graph."""
+    from dynspec.runtime.serving.plan import bucket_for
+
+    verify = decode_rows * (k + 1) if verify_tokens is None else verify_tokens
+    if token_buckets and (prefill_tokens or (verify != decode_rows * (k + 1) and packs_rows_alone)):
+        n = next((b for b in token_buckets if b >= verify + prefill_tokens), None)
+        if n is not None:
+            return n
+    return (bucket_for(decode_rows, row_buckets) * (k + 1) if decode_rows else 0) + prefill_tokens
 
 
 def least_tokens(B: int, T: int, below: int) -> int:

@@ -35,6 +35,7 @@ from typing import Sequence
 import torch
 
 from dynspec.errors import DynspecError
+from dynspec.runtime.engines.reference.mixed_layout import forward_tokens, mixed_buckets
 from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, TraceReplay, accept_lengths, draft_uniforms, rate_of
 from dynspec.runtime.policy.catch_up_price import CatchUpPrice
 from dynspec.runtime.policy.cost_model import CostModel
@@ -90,6 +91,7 @@ class SimEngine:
         self.max_reservation = shape.max_seq_len
         self.packs_rows, self.draft_sync_cap = shape.packs_rows, shape.draft_sync_cap
         self.packs_rows_alone = shape.packs_rows_alone
+        self.token_buckets = mixed_buckets(shape.max_num_tokens) if shape.packs_rows else ()   # the whole graphs'
         self.catch_up = catch_up                   # lazy sync's catch-up (CostModel.catch_up; none: free)
         self.buckets = batch_buckets(shape.max_batch_size)
         self._free = list(range(shape.max_batch_size, 0, -1))    # slots 1..max_batch_size, 1 first
@@ -191,10 +193,8 @@ class SimEngine:
     def forward_tokens(self, decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None = None) -> int:
         """Tokens the GPU engine's forward runs for such an iteration, padding included: the
         reference engine's rule (mixed_layout.forward_tokens) at its token buckets."""
-        from dynspec.runtime.engines.reference.mixed_layout import forward_tokens, mixed_buckets
-
-        return forward_tokens(decode_rows, k, prefill_tokens, verify_tokens, self.buckets,
-                              mixed_buckets(self.max_num_tokens) if self.packs_rows else (), self.packs_rows_alone)
+        return forward_tokens(decode_rows, k, prefill_tokens, verify_tokens, self.buckets, self.token_buckets,
+                              self.packs_rows_alone)
 
     def _ragged(self, plan: StepPlan) -> bool:
         """A per-row plan the engine runs packed (plan.Engine packs_rows, packs_rows_alone); else

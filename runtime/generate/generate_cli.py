@@ -263,9 +263,9 @@ def header(policies: dict, modes, loads: tuple[int, ...], source: str, cost_mode
     from dynspec.runtime.serving.driver import describe_policy, schedule_words
 
     dyn = policies["dynamic"]
-    capped = isinstance(dyn, PrefillCap)              # engine.json prefill_k: the schedule it caps
-    sched = dyn.schedule if capped else dyn
-    cap = f", K<={dyn.prefill_k} on steps that end a prefill" if capped else ""
+    has_cap = isinstance(dyn, PrefillCap)             # engine.json prefill_k: the schedule it caps
+    sched = dyn.schedule if has_cap else dyn
+    cap = f", K<={dyn.prefill_k} on steps that end a prefill" if has_cap else ""
     kinds = []
     if any(m not in COST_MODES for m in modes):
         kinds.append(f"schedule ({source})")

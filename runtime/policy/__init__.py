@@ -340,9 +340,7 @@ SERVED_POLICIES = tuple(n for n, p in POLICIES.items() if not p.benchmark_only) 
 
 
 def registered_name(policy) -> str:
-    """The name POLICIES gives a policy's class: DraftSchedule -> 'schedule'; a class that serves as
-    a registered policy names it (`registered_as`): a schedule capped on the steps that end a
-    prefill (prefill_cap.PrefillCap, engine.json prefill_k) -> 'schedule'."""
+    """The name POLICIES gives a policy's class, or its `registered_as`: DraftSchedule, PrefillCap -> 'schedule'."""
     if getattr(type(policy), "registered_as", None) in POLICIES:
         return type(policy).registered_as
     path = f"{type(policy).__module__}:{type(policy).__qualname__}"

@@ -49,7 +49,7 @@ from dynspec.runtime.engines.reference.draft_chain import accept, draft_chain
 from dynspec.runtime.engines.reference.graphs import capture_chain, chain_cuts, no_cut
 from dynspec.runtime.engines.reference.kv_cache import SCRATCH_BLOCK
 from dynspec.runtime.engines.reference.mixed_layout import (BUCKETS, STORE, Key, cell_map, item_cap, least_tokens,
-                                                            mixed_buckets, store_slots, whole_keys)
+                                                            mixed_buckets, store_slots, token_bucket, whole_keys)
 from dynspec.runtime.engines.reference.step_state import StepParts
 
 __all__ = ["BUCKETS", "Key", "WholeMixed", "cell_map", "item_cap", "least_tokens", "mixed_buckets", "whole_keys"]
@@ -99,8 +99,8 @@ class WholeMixed:
         self._fns.clear()
 
     def bucket(self, n: int) -> int | None:
-        """The smallest token bucket >= n, or None above the largest."""
-        return next((b for b in self.buckets if b >= n), None)
+        """The smallest token bucket >= n, or None above the largest (mixed_layout.token_bucket)."""
+        return token_bucket(n, self.buckets)
 
     def key(self, plan) -> Key | None:
         """The key of a StepPlan: (the token bucket of its tokens, its row bucket, K+1, plan.draft,

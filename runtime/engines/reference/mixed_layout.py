@@ -28,6 +28,11 @@ def mixed_buckets(max_num_tokens: int, top: int = BUCKETS[-1]) -> tuple[int, ...
     return tuple(b for b in BUCKETS if b < cap) + (cap,)
 
 
+def token_bucket(n: int, buckets: Sequence[int]) -> int | None:
+    """Pure. The smallest token bucket >= n, or None above the largest: 15, (16, 32) -> 16."""
+    return next((b for b in buckets if b >= n), None)
+
+
 def forward_tokens(decode_rows: int, k: int, prefill_tokens: int, verify_tokens: int | None,
                    row_buckets: Sequence[int], token_buckets: Sequence[int], packs_rows_alone: bool) -> int:
     """Pure. Tokens the target forward of an iteration runs, padding included. A pure-decode step
@@ -43,7 +48,7 @@ def forward_tokens(decode_rows: int, k: int, prefill_tokens: int, verify_tokens:
 
     verify = decode_rows * (k + 1) if verify_tokens is None else verify_tokens
     if token_buckets and (prefill_tokens or (verify != decode_rows * (k + 1) and packs_rows_alone)):
-        n = next((b for b in token_buckets if b >= verify + prefill_tokens), None)
+        n = token_bucket(verify + prefill_tokens, token_buckets)
         if n is not None:
             return n
     return (bucket_for(decode_rows, row_buckets) * (k + 1) if decode_rows else 0) + prefill_tokens

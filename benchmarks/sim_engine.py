@@ -39,7 +39,7 @@ from dynspec.runtime.engines.reference.mixed_layout import forward_tokens, mixed
 from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, TraceReplay, accept_lengths, draft_uniforms, rate_of
 from dynspec.runtime.policy.catch_up_price import CatchUpPrice
 from dynspec.runtime.policy.cost_model import CostModel
-from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for
+from dynspec.runtime.serving.plan import StepPlan, StepResult, batch_buckets, bucket_for, packs_vector
 from dynspec.runtime.policy.split_cost import SplitCost
 from dynspec.runtime.policy.step_prices import StepPrices
 
@@ -199,7 +199,7 @@ class SimEngine:
     def _ragged(self, plan: StepPlan) -> bool:
         """A per-row plan the engine runs packed (plan.Engine packs_rows, packs_rows_alone); else
         every row runs max K_i tokens: the uniform price at plan.k."""
-        return bool(plan.per_row and plan.batch_size and self.packs_rows and (plan.chunks or self.packs_rows_alone))
+        return bool(plan.per_row and plan.batch_size) and packs_vector(self, bool(plan.chunks))
 
     def _split_at(self, B: int, context: float) -> SplitCost:
         key = (B, int(round(context / 16)) * 16)

@@ -290,6 +290,13 @@ class Engine(Protocol):
     def result(self, handle: object) -> StepResult: ...                               # wait for that step's result
 
 
+def packs_vector(engine: Engine, with_chunk: bool) -> bool:
+    """Whether the engine verifies each row's K_i + 1 tokens, packed, in a step that does
+    (with_chunk) or does not carry a prompt chunk; False: every row runs max K_i tokens. The one
+    rule for the planner (RowInputs.packed) and the simulator's prices (docs/design.md)."""
+    return bool(engine.packs_rows and (with_chunk or engine.packs_rows_alone))
+
+
 def launches_async(engine: Engine | None) -> bool:
     """engine.async_launch, which every engine declares (the stand-ins of the tests and the
     simulator too: False, their launch runs the step). None: no engine yet (Executor(None, ...),

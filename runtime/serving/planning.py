@@ -9,7 +9,8 @@ from typing import Sequence
 from dynspec.errors import DynspecError
 from dynspec.runtime.serving.draft_sync import RowSync, store_cap
 from dynspec.runtime.serving.overlap import row_inputs
-from dynspec.runtime.serving.plan import CatchUp, PromptChunk, StepPlan, StepResult, bucket_for, cap_k, make_plan
+from dynspec.runtime.serving.plan import (CatchUp, PromptChunk, StepPlan, StepResult, bucket_for, cap_k, make_plan,
+                                          packs_vector)
 from dynspec.runtime.serving.requests import Launched, Request
 from dynspec.runtime.policy.row_table import RowTable
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
@@ -80,7 +81,7 @@ class KDecider:
             per_row = dict(rates=self.row_rates(self.row_table, [r.slot for r in rows], rates, [r.id for r in rows],
                                                 self.truth),
                            idle=[r.idle for r in rows], row_probes=[r.probes for r in rows],
-                           packed=eng.packs_rows and (eng.packs_rows_alone or bool(waiting)))
+                           packed=packs_vector(eng, bool(waiting)))
         cap = store_cap(eng) if self.lazy else 0
         return StepInputs(b, sum(positions) / b, rates, self.prev_k, self.since_spec,
                           cap_k(eng.max_draft_len, b, eng.max_num_tokens), bucket_for(b, eng.buckets), scale,

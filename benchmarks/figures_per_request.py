@@ -1,7 +1,8 @@
 """Per-request figures (summary.suite_figures "per_request"): the per-request draft-length policy
 of each sweep case against the batch-level adaptive policy, the baseline and the best static K,
-per load point (closed loop and Poisson); its host cost per step; and each request's K against
-its true acceptance rate. Pure functions of sweep JSON (one PNG writer, per_request_png).
+per load point (closed loop and Poisson); its host cost per step; each request's K against its
+true acceptance rate; and where each mode's time goes at the largest load (figures_steps). Pure
+functions of sweep JSON (one PNG writer, per_request_png).
 
 A case's values, e.g. mix50 (bernoulli-mix:0.9@0.5,0.2@0.5) with C = 16 and a Poisson point:
     {"by_load": {"16": {"load": "C=16", "per_request_vs_adaptive": {"median": 1.08, "min": ..., ...},
@@ -19,6 +20,7 @@ from typing import Mapping, Sequence
 
 from dynspec.benchmarks.figures_adaptive import host_cost
 from dynspec.benchmarks.figures_common import _commands, _fmt_ratio, _trials, figure_rows, paired_ratio, spread
+from dynspec.benchmarks.figures_steps import split_at, split_note
 
 PER_REQUEST = "per-request"
 SCATTER_MODES = (PER_REQUEST, "adaptive")
@@ -155,9 +157,11 @@ def per_request_sweep(doc: Mapping) -> dict:
         by_load[name] = e
     env = doc["env"]
     text = env.get("acceptance_model") or next((r.get("acceptance_model") for r in named), None)
-    return {"by_load": by_load, "modes": modes, "acceptance_model": text, "seed": env.get("seed"),
-            "workload": env.get("workload"), "scatter": scatter(named, _model(text, int(env.get("seed") or 0))),
-            "commands": _commands(doc)}
+    out = {"by_load": by_load, "modes": modes, "acceptance_model": text, "seed": env.get("seed"),
+           "workload": env.get("workload"), "scatter": scatter(named, _model(text, int(env.get("seed") or 0))),
+           "commands": _commands(doc)}
+    sp = split_at(named)
+    return out if sp is None else dict(out, time_split=sp)     # runs before step_times: no key
 
 
 def per_request_figures(docs: Mapping[str, Mapping]) -> dict:
@@ -207,6 +211,7 @@ def per_request_table(fig: Mapping) -> dict:
                  "Host cost: not recorded — these per-request rows carry no per-iteration policy records"
                  " (adaptive_steps).")
     notes += [scatter_note(name, sw["scatter"]) for name, sw in fig["sweeps"].items() if sw.get("scatter")]
+    notes += [split_note(name, sw["time_split"]) for name, sw in fig["sweeps"].items() if sw.get("time_split")]
     return {"header": HEADER, "rows": rows, "notes": notes}
 
 

@@ -118,13 +118,14 @@ class StepRecord:
     end_s: float | None = None      # the run's clock at the step's end; None: not reported
     gpu_idle_s: float | None = None  # device idle before it: the previous step's end to its start
     gc_s: float = 0.0               # collector pauses since the previous step (IterationStats.gc_seconds)
+    catch_up_tokens: int = 0        # draft entries its lazy catch-up wrote (IterationStats.catch_up_tokens)
 
     @classmethod
     def of(cls, st) -> "StepRecord":
         """From the executor's IterationStats."""
         return cls(st.batch_size, st.k, st.drafted, st.accepted, st.seconds, st.host_seconds, st.decode_rows,
                    st.prefill_tokens, getattr(st, "emitted", None), getattr(st, "end_s", None),
-                   getattr(st, "gpu_idle_s", None), getattr(st, "gc_seconds", 0.0))
+                   getattr(st, "gpu_idle_s", None), getattr(st, "gc_seconds", 0.0), getattr(st, "catch_up_tokens", 0))
 
 
 @dataclass(frozen=True)

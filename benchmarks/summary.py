@@ -31,6 +31,8 @@ from typing import Mapping
 
 from dynspec.benchmarks.figures_adaptive import adaptive_figures, adaptive_plot, adaptive_table
 from dynspec.benchmarks.figures_per_request import per_request_figures, per_request_plot, per_request_table
+from dynspec.benchmarks.figures_common import figure_rows
+from dynspec.benchmarks.figures_steps import split_at, split_note
 from dynspec.benchmarks.figures_overlap import overlap_figures, overlap_plot, overlap_table
 from dynspec.benchmarks.figures_profile import (cost_model_figures, cost_model_plot, cost_model_table,
                                                 draft_sync_figures, draft_sync_note, floor_figures, floor_plot,
@@ -73,7 +75,11 @@ def suite_figures(kind: str, results, repeats: Mapping[str, int]) -> dict:
     {"values": ..., "table": {"header", "rows"}, "plot": {...}} (suite_report.write_suite_report)."""
     d = Path(results)
     if kind == "sweep":
-        fig, table = _with_draft_sync(d, sweep_figures(_read(d / "sweep.json")), sweep_table)
+        doc = _read(d / "sweep.json")
+        fig, table = _with_draft_sync(d, sweep_figures(doc), sweep_table)
+        sp = split_at(figure_rows(doc["rows"]))
+        if sp is not None:                # where each mode's time goes at the largest load (figures_steps)
+            fig, table = dict(fig, time_split=sp), dict(table, notes=[*table.get("notes", ()), split_note("sweep", sp)])
         return {"values": fig, "table": table, "plot": sweep_plot(fig)}
     if kind == "decode_floor":
         names = _floor_names(repeats)

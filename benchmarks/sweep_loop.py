@@ -10,7 +10,7 @@ from dynspec.benchmarks.mpi import World, log
 from dynspec.benchmarks.sweep_modes import COST_MODES, base_mode
 from dynspec.benchmarks.sweep_plan import LoadPoint, SweepSpec
 from dynspec.benchmarks.sweep_rows import (StepTrace, adaptive_fields, capture_fields, make_row, matched_rate, median_trial,
-                                           padding_share, trial_fields)
+                                           padding_share, step_times, trial_fields)
 
 
 def open_engine(specs: Sequence[SweepSpec], cfg, device: str, tp=None):
@@ -162,6 +162,7 @@ class ReferenceSweep:
         overlapped_its: dict[tuple, list] = {}
         pads: dict[tuple, list] = {}
         tables: dict[tuple, list] = {}          # per trial: request_table over the replicas
+        times: dict[tuple, list] = {}           # per trial: step_times over the replicas
         forward = getattr(self.engine, "forward_tokens", None)
         for i, (p, m, t, *_) in enumerate(records):
             if forward is not None:
@@ -172,6 +173,7 @@ class ReferenceSweep:
             steps.setdefault((p, m), []).append([list(rank_records[i][4]) for rank_records in gathered])
             overlapped_its.setdefault((p, m), []).append(sum(rank_records[i][5] for rank_records in gathered))
             tables.setdefault((p, m), []).append(request_table(rank_records[i][3] for rank_records in gathered))
+            times.setdefault((p, m), []).append(step_times([rank_records[i][3].steps for rank_records in gathered]))
         rows = []
         for p in dict.fromkeys(p for p, _ in trials):
             for m in spec.modes:
@@ -179,7 +181,8 @@ class ReferenceSweep:
                 med = median_trial(mets)
                 row = make_row(p, m, spec, self.schedules[m], self.sync[m], med, w.size)
                 row.update(trial_fields(mets), overlapped_iterations=overlapped_its[(p, m)][mets.index(med)],
-                           per_request=tables[(p, m)][mets.index(med)])    # the median trial's requests
+                           per_request=tables[(p, m)][mets.index(med)],    # the median trial's requests
+                           step_times=times[(p, m)][mets.index(med)])      # ... and iterations
                 if forward is not None:
                     row["padding_share"] = pads[(p, m)][mets.index(med)]
                 row.update(capture_fields(self.engine))

@@ -1,5 +1,6 @@
 """A sweep's result rows: one per (load point, mode), the median trial with the spread over
-trials, and the adaptive mode's per-iteration records (StepTrace)."""
+trials, its iterations' sizes and times (step_times), and the adaptive mode's per-iteration
+records (StepTrace)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
@@ -98,6 +99,19 @@ def make_row(p: LoadPoint, mode: str, spec: SweepSpec, schedule: DraftSchedule, 
     }
     row.update(met.to_json())
     return row
+
+
+# one iteration of any mode: decode rows, K, prompt tokens riding, catch-up entries written, engine step (us)
+STEP_FIELDS = ("batch_size", "k", "prefill_tokens", "catch_up_tokens", "step_us")
+
+
+def step_times(replica_steps: Sequence[Sequence]) -> dict:
+    """The iterations of one trial, every replica, as STEP_FIELDS tuples (benchmarks/figures_steps.py
+    splits a mode's time by them): IterationStats b=64, K=1, 128 prompt tokens, no catch-up,
+    0.0123 s -> (64, 1, 128, 0, 12300.0)."""
+    return {"fields": list(STEP_FIELDS),
+            "replicas": [[(s.batch_size, s.k, s.prefill_tokens, s.catch_up_tokens, round(1e6 * s.seconds, 1))
+                          for s in steps] for steps in replica_steps]}
 
 
 def padding_share(steps, forward_tokens) -> float | None:

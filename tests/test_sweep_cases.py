@@ -24,13 +24,16 @@ STEP_TIMED = {"policy_us", "step_us", "policy_exposed_us"}
 
 
 def untimed(row: dict) -> dict:
-    """A sweep row less its timings; the adaptive steps less their host and step times."""
+    """A sweep row less its timings; the adaptive steps less their host and step times, the
+    step_times less theirs."""
     out = {k: v for k, v in row.items() if k not in TIMED}
     if "adaptive_steps" in out:
         fields = out["adaptive_steps"]["fields"]
         keep = [i for i, f in enumerate(fields) if f not in STEP_TIMED]
         out["adaptive_steps"] = [[[[it[i] for i in keep] for it in rep] for rep in trial]
                                  for trial in out["adaptive_steps"]["trials"]]
+    if "step_times" in out:
+        out["step_times"] = [[it[:-1] for it in rep] for rep in out["step_times"]["replicas"]]   # less step_us
     return out
 
 

@@ -64,18 +64,25 @@ def test_a_recorded_command_becomes_the_replays_flags():
         load_flags(cmd, None)
 
 
-def test_the_data_set_is_the_committed_results(tmp_path):
-    """benchmarks/sim_data/h100-0f964d7 is sim_record of the committed H100 results it names."""
+def test_a_data_set_of_results_still_committed_is_their_record(tmp_path):
+    """Each benchmarks/sim_data set whose runs the committed results still hold (every config's
+    manifest names its tree) is sim_record of those results: the 6cf8581 set of per_request_bimodal."""
     from dynspec.benchmarks.sim_record import record
 
-    results = SIM_DATA.parent / "results"
-    want = json.loads((SIM_DATA / "h100-0f964d7" / "runs.json").read_text())
-    manifest = json.loads((results / "serving_256" / "manifest.json").read_text())
-    if manifest.get("git_worktree_tree") != want["tree"]:
-        pytest.skip("benchmarks/results holds a newer run than this data set")
-    got = record([results / "serving_256"], tmp_path / "d", "../h100_prices.json")
-    assert got == want and want["draft_sync"] == "lazy"
-    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == sorted(p.name for p in (SIM_DATA / "h100-0f964d7").iterdir())
+    results, matched = SIM_DATA.parent / "results", []
+    for runs in sorted(SIM_DATA.glob("*/runs.json")):
+        want = json.loads(runs.read_text())
+        configs = list(dict.fromkeys(r["config"] for r in want["runs"]))
+        trees = {json.loads((results / c / "manifest.json").read_text()).get("git_worktree_tree")
+                 for c in configs if (results / c / "manifest.json").is_file()}
+        if not want.get("tree") or trees != {want["tree"]}:
+            continue                                  # a newer run replaced some of them
+        out = tmp_path / runs.parent.name
+        assert record([results / c for c in configs], out, want["prices"]) == want
+        assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in runs.parent.iterdir())
+        matched.append(runs.parent.name)
+    assert "h100-6cf8581" in matched
+
 
 def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
     """The H200's prices were fitted on a serving run with no per-row step, so its ragged factor is

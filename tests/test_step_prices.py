@@ -74,7 +74,7 @@ def test_a_data_set_of_results_still_committed_is_their_record(tmp_path):
         want = json.loads(runs.read_text())
         configs = list(dict.fromkeys(r["config"] for r in want["runs"]))
         trees = {json.loads((results / c / "manifest.json").read_text()).get("git_worktree_tree")
-                 for c in configs if (results / c / "manifest.json").is_file()}
+                 if (results / c / "manifest.json").is_file() else None for c in configs}
         if not want.get("tree") or trees != {want["tree"]}:
             continue                                  # a newer run replaced some of them
         out = tmp_path / runs.parent.name

@@ -26,6 +26,11 @@ StepPrices (runtime/policy/step_prices.py) holds what the profile does not time,
 recorded GPU runs (benchmarks/sim_fit.py); without one a chunk token costs the plain-step curve's slope at B and
 nothing else is added. Worked example, the H100 profile of benchmarks/sim_data (context 128): b = 13
 at K = 0 without keep-warm runs the 16-row graph, base = decode_ms(16) = 6.58.
+
+Overlapped (SimEngine(..., overlapped=True)): launch queues the step on a simulated device that runs
+steps back to back and the clock stays; reading its result moves the clock to the step's end. So
+the executor's OverlappedLoop plans i+1 while i runs, as on CUDA, and a prompt that arrives during
+i rides in i+2 (docs/design.md, "The overlapped loop").
 """
 from __future__ import annotations
 
@@ -78,10 +83,9 @@ class SimEngine:
     """Engine protocol (runtime/serving/plan.py) on a cost model; see the module docstring."""
 
     vocab_size = 1 << 30             # the workload's token ids are never read
-    async_launch = False             # launch runs the step on the simulated clock (runtime/serving/plan.py)
 
     def __init__(self, cost: CostModel, shape: SimShape, clock: SimClock, prices: StepPrices = StepPrices(),
-                 catch_up: CatchUpPrice = CatchUpPrice()):
+                 catch_up: CatchUpPrice = CatchUpPrice(), overlapped: bool = False):
         if shape.max_draft_len > cost.draft_lens[-1]:
             raise DynspecError(f"simulator: max_draft_len {shape.max_draft_len} is above the cost model's profiled"
                                f" K {list(cost.draft_lens)}")
@@ -100,6 +104,8 @@ class SimEngine:
         self.prices = prices
         self.base_ms = 0.0                         # sum of the steps' base ms
         self.features = [0.0] * len(FEATURES)      # sums of each step's FEATURES
+        self.async_launch = overlapped             # launch queues the step on a simulated device (below)
+        self._device_free: float | None = None     # ... which runs its steps in order: when it is free
 
     # ---- slots --------------------------------------------------------------------------------
     def reserve(self, tokens: int, key: int = 0) -> int | None:
@@ -117,19 +123,39 @@ class SimEngine:
 
     # ---- one iteration ------------------------------------------------------------------------
     def step(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
+        if self.async_launch:
+            return self.result(self.launch(plan, acceptance))
         ms = self.step_ms(plan)
         accepted = self.accepted(plan, acceptance)
         self.clock.sleep(ms / 1e3)
+        return self._result(plan, accepted, ms, 0.0)
+
+    @staticmethod
+    def _result(plan: StepPlan, accepted: tuple[int, ...], ms: float, idle: float) -> StepResult:
         return StepResult(accepted=accepted, emitted=tuple((0,) * (n + 1) for n in accepted),
                           draft_warm=plan.k > 0,
                           first_tokens=tuple(0 if c.last else None for c in plan.chunks),
-                          device_s=ms / 1e3, idle_s=0.0)
+                          device_s=ms / 1e3, idle_s=idle)
 
-    def launch(self, plan: StepPlan, acceptance: AcceptanceModel) -> StepResult:
-        return self.step(plan, acceptance)
+    def launch(self, plan: StepPlan, acceptance: AcceptanceModel):
+        """async_launch False: the step, run (the clock moves by its ms). True: the step queued on
+        the device, which starts it when the previous one ends or now, whichever is later, and the
+        clock stays: -> (result, end). Steps of 10 and 12 ms launched at 0 and 1 ms end at 10 and
+        22 ms; reading the second moves the clock to 22 ms."""
+        if not self.async_launch:
+            return self.step(plan, acceptance)
+        ms = self.step_ms(plan)
+        free = self.clock.now if self._device_free is None else self._device_free     # the first step: no gap
+        start = max(self.clock.now, free)
+        self._device_free = start + ms / 1e3
+        return self._result(plan, self.accepted(plan, acceptance), ms, start - free), self._device_free
 
-    def result(self, handle: StepResult) -> StepResult:
-        return handle
+    def result(self, handle) -> StepResult:
+        if not self.async_launch:
+            return handle
+        res, end = handle
+        self.clock.sleep(end - self.clock.now)
+        return res
 
     def accepted(self, plan: StepPlan, acceptance: AcceptanceModel) -> tuple[int, ...]:
         """[b] accepted drafts: the reference engine's rule (draft_chain.accept) for each row at its K_i."""

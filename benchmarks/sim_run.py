@@ -29,6 +29,8 @@ class SimRun:
     rule: tuple = ()                             # the per-request policies' settings as the run served them
     draft_sync: str = "warm"                     # the drafting modes' draft sync as served (baseline: none)
     store_prompts: bool = True                   # lazy sync stored K=0 steps' prompt chunks (Executor's option)
+    overlap: bool = False                        # a mode without a loop suffix runs the overlapped loop, as the
+                                                 # sweep's do on CUDA (sim_engine.py); False: the serial loop
 
     RULE_FIELDS = ("prior_weight", "optimism", "floor", "rated_floor")   # what a recorded rule may set
 
@@ -113,20 +115,23 @@ def _one(run: SimRun, cost, line, policy, mode: str, p, acceptance, reqs, kmax: 
     from dynspec.benchmarks.loadgen import closed_loop, open_loop
     from dynspec.benchmarks.metrics import summarize
     from dynspec.benchmarks.sim_engine import SimClock, SimEngine, shape_of
-    from dynspec.benchmarks.sweep_modes import base_mode
+    from dynspec.benchmarks.sweep_modes import base_mode, mode_loop
     from dynspec.benchmarks.sweep_rows import padding_share
     from dynspec.runtime.policy.acceptance import resolve
     from dynspec.runtime.engines.reference.engine import DRAFT_SYNC_CAP
     from dynspec.runtime.serving.executor import Executor
+    from dynspec.runtime.serving.loop import Loop
     from dynspec.runtime.policy.step_prices import StepPrices
 
     clock = SimClock()
     lazy = run.draft_sync == "lazy"
+    loop = mode_loop(mode, Loop.OVERLAPPED if run.overlap else Loop.SERIAL)
     engine = SimEngine(cost, shape_of(run.max_batch_size, run.max_seq_len, kmax, run.max_num_tokens,
-                                      draft_sync_cap=DRAFT_SYNC_CAP if lazy else 0), clock, run.prices or StepPrices(), line)
+                                      draft_sync_cap=DRAFT_SYNC_CAP if lazy else 0), clock, run.prices or StepPrices(), line,
+                       overlapped=loop is Loop.OVERLAPPED)
     ex = Executor(engine, policy, draft_sync=run.draft_sync if base_mode(mode) != "baseline" else "off",
                   store_prompts=run.store_prompts, acceptance=resolve(acceptance, len(reqs)),
-                  allow_lossy=True, clock=clock, stats_limit=0)
+                  allow_lossy=True, clock=clock, stats_limit=0, loop=loop)
     if p.concurrency is not None:
         rec = closed_loop(ex, reqs, p.concurrency, clock=clock)
     else:

@@ -183,6 +183,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-tokens", type=int, default=8192, help="tokens per iteration (default 8192)")
     p.add_argument("--step-prices", metavar="FILE", help="the device's fitted step prices (runtime/policy/step_prices.py):"
                                                          " the steps' prices and the cost-model policies' (per-row vectors, prompt chunks)")
+    p.add_argument("--overlap", action="store_true",
+                   help="modes without a loop suffix run the overlapped loop, as the sweep's do on CUDA: the next step"
+                        " planned while one runs, so a prompt waits about one step more (default: the serial loop)")
     p.add_argument("--out", required=True, help="results/NAME -> NAME.json and NAME.md")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
             prices = read(args.step_prices)[0] if args.step_prices else None
             run = SimRun(tuple(sweep_flags), args.cost_model, args.max_batch_size, args.max_seq_len, args.max_num_tokens,
-                         prices=prices, policy_prices=prices, draft_sync=served_sync(sweep_flags))
+                         prices=prices, policy_prices=prices, draft_sync=served_sync(sweep_flags), overlap=args.overlap)
             rows = simulate(run, not args.no_progress)
             doc, md = {"rows": rows, "flags": sweep_flags}, _rows_table(rows)
         _write(Path(args.out), doc, md)

@@ -7,7 +7,8 @@
     python -m dynspec.benchmarks.simulate --validate benchmarks/sim_data --out validation
     python -m dynspec.benchmarks.simulate --fit benchmarks/sim_data/h100-6e9fc00 --out benchmarks/sim_data/h100_prices
 
-What runs is the product's own code: the Executor (serial loop), the load generator (closed-loop
+What runs is the product's own code: the Executor (serial loop; --overlap: the overlapped loop, a
+simulated device queuing the steps, as the GPU serves), the load generator (closed-loop
 waves, Poisson arrivals), chunked prefill under max_num_tokens, and every policy object exactly as
 a sweep builds it (sweep_modes), on the sweep's own flags and seeded workload. Only the engine is
 simulated (benchmarks/sim_engine.py): acceptance drawn as the GPU engine draws it, time from the cost

@@ -17,19 +17,26 @@ WORKLOAD = ("acceptance", "input-len", "output-len", "max-seq-len", "concurrency
             "trials", "dynamic-schedule")
 
 
-def test_the_config_is_servings_workload_with_a_case_per_setting():
-    ttft, serving = (tomllib.loads(config_path(n).read_text()) for n in ("serving_ttft", "serving"))
-    assert load_config("serving_ttft").figures == "serving_ttft"
+UNCAPPED = {"modes": "baseline,dynamic,adaptive"}
+
+
+@pytest.mark.parametrize("name, cases", [
+    ("serving_ttft", {"uncapped": UNCAPPED, "prefill_k_1": {"prefill-k": 1}, "prefill_k_0": {"prefill-k": 0}}),
+    ("serving_ttft_serial", {"uncapped": UNCAPPED,
+                             "serial": {"modes": "baseline+serial,dynamic+serial,adaptive+serial"}})])
+def test_the_config_is_servings_workload_with_a_case_per_setting(name, cases):
+    """Both configs serve serving's workload and schedule (over four waves, not six: each fits one
+    10-minute device command by its estimate), with their cases."""
+    ttft, serving = (tomllib.loads(config_path(n).read_text()) for n in (name, "serving"))
+    assert load_config(name).figures == "serving_ttft"
     assert ttft["engine"] == serving["engine"]
     by_name = lambda doc: {s["name"]: s for s in doc["stages"]}     # noqa: E731
     t, s = by_name(ttft), by_name(serving)
     assert t["profile"]["args"] == s["profile"]["args"] and t["tune_050"]["args"] == s["tune_050"]["args"]
     assert {k: t["sweep"]["args"][k] for k in WORKLOAD} == {k: s["sweep"]["args"][k] for k in WORKLOAD}
-    cases = {c["name"]: c["args"] for c in t["sweep"]["cases"]}
-    assert cases == {"uncapped": {"modes": "baseline,dynamic,adaptive"}, "prefill_k_1": {"prefill-k": 1},
-                     "prefill_k_0": {"prefill-k": 0},
-                     "serial": {"modes": "baseline+serial,dynamic+serial,adaptive+serial"}}
-    assert t["sweep"]["args"]["modes"] == "baseline,dynamic"
+    assert {c["name"]: c["args"] for c in t["sweep"]["cases"]} == cases
+    assert t["sweep"]["args"]["modes"] == "baseline,dynamic" and t["sweep"]["args"]["waves"] == 4
+    assert load_config(name).estimate_s <= 540
 
 
 def test_the_figures_of_a_real_run_name_each_setting_and_pair_the_trials(tmp_path):

@@ -54,7 +54,7 @@ def replayed(stats, policy, eng, keep_warm: bool = False):
         d = policy.decide(PolicyInputs(s.batch_size, s.context, s.acceptance, prev, since,
                                        cap_k(eng.max_draft_len, s.batch_size, eng.max_num_tokens),
                                        bucket_for(s.batch_size, eng.buckets), s.cost_scale, probes=probes,
-                                       waiting=s.waiting, token_budget=eng.max_num_tokens if s.waiting else 0,
+                                       waiting=s.waiting, token_budget=eng.max_num_tokens,
                                        keep_warm=keep_warm))
         assert d.keep_warm == s.keep_warm or d.k > 0
         out.append(d.k)

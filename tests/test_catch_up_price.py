@@ -128,3 +128,26 @@ def test_the_replay_of_the_run_that_lost_to_its_schedule_on_catch_ups():
     measured = {m["mode"]: m["output_tok_per_s"] for m in meta["measured"] if m["load"] == "C=16"}
     assert tok[False] == pytest.approx(measured["adaptive"] / measured["dynamic"], abs=0.02)
     assert tok[False] < 0.975 and tok[True] > 0.99
+
+
+def test_a_probe_under_lazy_sync_pays_its_whole_catch_up_and_drafts_only_the_rows_it_catches_up():
+    """adaptive.py step 4 under lazy sync (_probe_gain): the docstring's worked example, then the
+    iteration each probe comes at. b = 64 at a = 0.01 (K=0 is best), 200 entries a row behind
+    (12800), budget 8192: 8064 entries fit beside the 128 verify tokens, so 63% of the rows draft;
+    gain(1) = (1 + 0.01 x 0.63) x 6.4 / (6.5 + 1.0 + 0.8064) = 0.775, so the probe waits
+    ceil(0.2247 / 0.005) = 45 iterations (amortized over 8 steps it was 1.01 x 6.4 / 7.66: 32);
+    with nothing behind, gain(1) = 0.994 and the floor of 8 iterations holds."""
+    from dynspec.runtime.policy.adaptive import _probe_gain
+
+    x = StepInputs(256, 128.0, (0.55,), max_k=1, bucket=256, token_budget=8192, lazy=True, behind=35840)
+    assert _probe_gain(x, 1.55, 11.94, 17.35, CatchUpPrice(0.8, 0.00045), 1.0) == pytest.approx(0.6178, abs=1e-4)
+    p = policy(profile_doc(), ttft_weight=0)
+
+    def first_probe(behind: int) -> int:
+        at = StepInputs(64, 128.0, (0.01,), max_k=1, bucket=64, token_budget=8192, lazy=True, behind=behind)
+        return next(n for n in range(1, 200) if p.choose(replace(at, since_spec=n)).probe)
+
+    assert first_probe(12800) == 45
+    assert first_probe(0) == 8
+    assert p.choose(StepInputs(64, 128.0, (0.01,), max_k=1, bucket=64, token_budget=8192, lazy=True,
+                               behind=12800, since_spec=44)).reason == "best"

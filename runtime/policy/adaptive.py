@@ -204,6 +204,9 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
             prev_score, prev_gain = score, gain
         if j == 1:
             gain1 = gain
+            if catch_up is not None and x.behind:           # a probe under lazy sync (step 4)
+                gain1 = _probe_gain(x, e, base, (t * scale[j] if scale else t) + (add[j] if add else 0.0),
+                                    catch_up, side.weight(j, b, e, w) if side is not None else 1.0)
     k, gain, reason = best, best_gain, "best"
     # hold the previous K within the margin, but never a speculative K against plain decode
     if prev != best and prev_score is not None and best_score <= prev_score * (1 + s.margin) and (best or not prev):
@@ -224,6 +227,23 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
     a0 = add[0] if add else 0.0
     gain = base / (ms[0] * scale[KEEP_WARM] + a0) if warm and scale else base / (ms[0] + a0) if warm else 1.0
     return Decision(0, best, gain, reason, extrapolated, keep_warm=warm, predicted_ms=ms[0] if warm else plain)
+
+
+def _probe_gain(x: PolicyInputs, e1: float, base: float, t1: float, catch_up: CatchUpPrice,
+                weight: float) -> float:
+    """gain(1) of a probe under lazy sync (step 4). A probe is one step: its catch-up is paid whole,
+    not shared by later drafting steps, and only the rows it catches up in full draft (the entries
+    fit what the budget leaves beside 2b verify tokens, first come first served; runtime/serving/
+    draft_sync.py), so E(1) counts a share f = entries written / entries behind of the rows.
+    Worked example, the H100's profile at b = 256 with every row 140 entries behind (a stored
+    prompt), budget 8192, a = 0.55, t(1) = 17.35, plain 11.94, c(n) = 0.8 + 0.00045 n: 7680 of
+    35840 entries fit, f = 0.214, gain = (1 + 0.55 x 0.214) x 11.94 / (17.35 + 4.26) = 0.62, where
+    the amortized price gives 1.55 x 11.94 / (17.35 + 2.81) = 0.92; the probe interval grows from
+    17 to 77 iterations (probe_loss 0.005)."""
+    room = x.token_budget - 2 * x.batch_size if x.token_budget else x.behind
+    entries = max(min(x.behind, room), 0)
+    share = entries / x.behind
+    return (1.0 + (e1 - 1.0) * share) * weight * base / (t1 + catch_up.ms(entries))
 
 
 def _exit_ms(x: PolicyInputs, row: CostRow, candidates: Sequence[int], s: AdaptiveSettings,

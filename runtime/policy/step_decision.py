@@ -43,7 +43,7 @@ class StepInputs:
                                      # without a prompt chunk: packs_rows_alone); False: every row padded to max K_i
     waiting: tuple[int, ...] = ()    # prompt tokens each waiting request still needs, in chunk order
                                      # (runtime/policy/prefill_price.py); empty: no prompt waits
-    token_budget: int = 0            # the engine's max_num_tokens (with waiting)
+    token_budget: int = 0            # the engine's max_num_tokens (0: unknown)
     lazy: bool = False               # lazy draft sync: what a K=0 step leaves behind, a drafting step catches up
     behind: int = 0                  # lazy: the draft entries this step catches up first if it drafts
                                      # (runtime/serving/draft_sync.py: each row's min(draft_behind, cap) - 1)

@@ -86,7 +86,7 @@ class KDecider:
         return StepInputs(b, sum(positions) / b, rates, self.prev_k, self.since_spec,
                           cap_k(eng.max_draft_len, b, eng.max_num_tokens), bucket_for(b, eng.buckets), scale,
                           self.keep_warm, plain, self.probes, **per_row, waiting=tuple(waiting),
-                          token_budget=eng.max_num_tokens if waiting else 0, lazy=self.lazy,
+                          token_budget=eng.max_num_tokens, lazy=self.lazy,
                           behind=sum(max(min(r.draft_behind, cap) - 1, 0) for r in rows) if cap else 0)
 
     def count_k(self, k: int, decision: StepDecision | None) -> None:

@@ -194,9 +194,9 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
         t = ms[j]
         if t is None or j not in ks:
             continue
-        gain = e * base / ((t * scale[j] if scale else t) + (add[j] if add else 0.0) + resume)
-        if side is not None:
-            gain *= side.weight(j, b, e, w)
+        tj = (t * scale[j] if scale else t) + (add[j] if add else 0.0)     # the step at K = j, its catch-up aside
+        wj = side.weight(j, b, e, w) if side is not None else 1.0
+        gain = e * base / (tj + resume) * wj
         score = gain / pen
         if score > best_score:                            # ties go to the smaller K
             best, best_score, best_gain = j, score, gain
@@ -205,8 +205,7 @@ def _choose(x: PolicyInputs, row: CostRow | None, candidates: Sequence[int], s: 
         if j == 1:
             gain1 = gain
             if catch_up is not None and x.behind:           # a probe under lazy sync (step 4)
-                gain1 = _probe_gain(x, e, base, (t * scale[j] if scale else t) + (add[j] if add else 0.0),
-                                    catch_up, side.weight(j, b, e, w) if side is not None else 1.0)
+                gain1 = _probe_gain(x, e, base, tj, catch_up, wj)
     k, gain, reason = best, best_gain, "best"
     # hold the previous K within the margin, but never a speculative K against plain decode
     if prev != best and prev_score is not None and best_score <= prev_score * (1 + s.margin) and (best or not prev):

@@ -570,7 +570,7 @@ def test_mixed_warm_up_runs_every_speculative_row_shape_and_serving_stays_lossle
     pol = DraftSchedule.parse("2:3,4:1")
     keys = reachable_graphs([pol], eng.max_batch_size, True, eng.max_num_tokens)
     spec = {(g.bucket, g.k) for g in keys if g.kind == "spec"}
-    assert spec == {(1, 3), (2, 3), (4, 1)}
+    assert spec == {(1, 3), (2, 3), (4, 1), (1, 1), (2, 1)}     # b <= 2 with prompts ending beside: K=1
     eng.capture_whole_graphs(keys)                        # CPU: the whole-forward functions, run uncaptured
     runs = []
     real = eng.whole.run

@@ -322,7 +322,8 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
         covered = torch.cat([torch.arange(int(q0), int(q0 + k)) for q0, k in zip(items[1, :n], items[2, :n])])
         assert covered.tolist() == list(range(Np))
         b = int((eng.slot[:B] != eng.pad_slot).sum())          # real decode rows (unpadded), the rest pad
-        assert items[1, :b].tolist() == [r * T for r in range(b)] and (items[2, :b] == T).all()
+        lens = items[2, :b].tolist()                            # T each; 1: a row still catching up (lazy) at K_r = 0
+        assert set(lens) <= {T, 1} and items[1, :b].tolist() == [sum(lens[:r]) for r in range(b)]
         runs.append((key, b))
 
     eng.on_dispatch = spy
@@ -332,7 +333,8 @@ def test_whole_mixed_forward_equals_transformers(pair, hf_target):
     serve_arrivals_and_check(ex, hf_target, seed=35)
     top = eng.whole.buckets[-1]                            # past it: eager
     fits = [s for s in ex.stats if s.prefill_tokens and s.decode_rows * (s.k + 1) + s.prefill_tokens <= top]
-    assert len(runs) == len(fits) > 0                      # every mixed iteration that fits went through it
+    ups = [s for s in ex.stats if s.catch_up_tokens and not s.prefill_tokens]   # lazy sync's catch-up, rows beside
+    assert len(fits) <= len(runs) <= len(fits) + len(ups) and fits  # every mixed iteration that fits went through it
     assert any(B > b > 0 for (_, B, _, _), b in runs)          # padded decode rows beside chunks
     assert any(T > 1 for (_, _, T, _), b in runs if b) and any(T == 1 for (_, _, T, _), b in runs if b)
     assert any(b == 0 for _, b in runs)                    # chunk-only iterations
@@ -354,7 +356,7 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, sync):
     (drafts are verified), so tokens alone could not catch it."""
 
     ts = []
-    policy = DraftSchedule.parse("1:3,2:2,3:0")          # K = 0 from 3 decode rows up
+    policy = DraftSchedule.parse("2:3,3:2,4:0")          # K = 0 from 4 decode rows up
     engines = [engine(pair, budget=20, max_batch=6) for _ in range(2)]
     for e in engines:
         pad_rows_to_buckets(e)

@@ -108,20 +108,22 @@ def test_after_a_k0_stretch_lazy_accepts_what_warm_accepts_and_off_less(tiny):
     assert total["off"] < total["warm"], total
 
 
-def run_cli(tmp_path, name, *flags, budget="256"):
+def run_cli(tmp_path, name, *flags, budget="160"):
     stats, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
     assert main(["generate", "--schedule", "4:4", "--concurrency", "5", "--num-prompts", "5", "--max-num-tokens",
-                 budget, "--modes", "dynamic", "--trials", "1", "--no-progress", "--stats", str(stats),
+                 budget, *(("--max-new-tokens", "24") if budget == "160" else ()), "--modes", "dynamic", "--trials", "1", "--no-progress", "--stats", str(stats),
                  "--out", str(out), *flags]) == 0
     rows = [json.loads(ln) for ln in stats.read_text().splitlines()]
     return rows, out.read_text()
 
 
 def test_generate_lazy_equals_warm_per_step_and_off_accepts_less(tmp_path, capsys):
-    """`dynspec generate --schedule 4:4 --concurrency 5 --num-prompts 5 --modes dynamic --stats S`,
-    5 rows at K=0 then 4 at K=4: the same accepted drafts at every step under lazy and warm, the
-    same text; off accepts less. Budget 256: the catch-up fits beside the rows (at 48 it is split,
-    the rows draft later, and only the text is the same: the second half)."""
+    """`dynspec generate --schedule 4:4 --concurrency 5 --num-prompts 5 --modes dynamic --stats S`:
+    prompt chunks stagger the rows, so K=4 runs at b <= 4 while the last prompts prefill, K=0 at 5
+    rows (and at 4 rows with the fifth prompt ending its prefill beside them), K=4 again once a row
+    ends. Budget 160, 24 new tokens: the catch-up fits beside the rows, so the same accepted drafts at
+    every step under lazy and warm, the same text; off accepts less. At budget 48 and 64 new tokens
+    the catch-up is split, the rows draft later, and only the text is the same (the second half)."""
     lazy, warm, off = (run_cli(tmp_path, m, "--draft-sync", m) for m in ("lazy", "warm", "off"))
     steps = {m: [(s["batch_size"], s["k"], s["accepted"]) for s in r[0]] for m, r in
              (("lazy", lazy), ("warm", warm), ("off", off))}
@@ -132,6 +134,7 @@ def test_generate_lazy_equals_warm_per_step_and_off_accepts_less(tmp_path, capsy
     assert any(s["k"] for s in warm[0][stretch + 1:])                  # K resumed after the stretch
     assert steps["off"] != steps["warm"]
     assert sum(a for *_, a in steps["off"]) < sum(a for *_, a in steps["warm"])
+    assert any(s["k"] for s in warm[0][:stretch])                      # and ran before it
     split, _ = run_cli(tmp_path, "split", "--draft-sync", "lazy", budget="48")
     ups = [s["catch_up_tokens"] for s in split]
     assert sum(1 for u in ups if u) > 1 and max(ups) <= 48 - 4

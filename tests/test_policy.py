@@ -269,9 +269,9 @@ def test_every_policy_class_is_a_policy():
     from tests.test_adaptive_lossless import linear_cost
 
     table = [  # policy, max_draft_len, drafts, choices at b=6, chooses_keep_warm
-        (DraftSchedule.parse("4:4,8:2"), 4, True, (2,), False),
+        (DraftSchedule.parse("4:4,8:2"), 4, True, (0, 2), False),
         (DraftSchedule.static(3, 4), 3, True, (0,), False),
-        (DraftSchedule.threshold(5, 8), 5, True, (5,), False),
+        (DraftSchedule.threshold(5, 8), 5, True, (0, 5), False),
         (DraftSchedule(), 0, False, (0,), False),
         (ConstantK(0), 0, True, (0,), False),
         (ConstantK(3), 3, True, (3,), False),
@@ -282,8 +282,25 @@ def test_every_policy_class_is_a_policy():
         assert (policy.max_draft_len, policy.drafts, policy.choices(6), policy.chooses_keep_warm) == (
             kmax, drafts, choices, warm), policy
         assert speculates(policy) is drafts
-        if not warm:                                   # a schedule-like policy: K = policy(b)
-            assert policy(6) == choices[0]
+        if not warm:                                   # a schedule-like policy: K = policy(b), its largest choice
+            assert policy(6) == max(choices)
     assert not isinstance(lambda b: 0, Policy)
     with pytest.raises(ScheduleError, match="outside 0..32"):
         ConstantK(MAX_DRAFT_LEN + 1)
+
+
+def test_a_schedule_counts_the_prompts_whose_prefill_the_step_ends():
+    """At C = 64 a prompt joins when a row ends: its last chunk rides with 63 rows. It emits its first
+    token in that step, so "63:2,200:1" runs K=1 there, as at 64 rows; a prompt that does not end in
+    the step (more tokens than the budget leaves) is not counted, nor is any without a tier to lower."""
+    from dynspec.runtime.policy.step_decision import StepInputs
+
+    sched = DraftSchedule.parse("63:2,200:1")
+    x = lambda b, waiting: StepInputs(b, 100.0, (0.5, 0.5), waiting=waiting, token_budget=8192)   # noqa: E731
+    assert sched.decide(x(63, ())).ks == (2,) * 63
+    assert sched.decide(x(63, (120,))).ks == (1,) * 63
+    assert sched.decide(x(63, (9000,))).ks == (2,) * 63
+    assert sched.decide(x(62, (100, 100))).ks == (1,) * 62 and sched.decide(x(61, (100, 100))).ks == (2,) * 61
+    assert sched.decide(x(199, (100,))).ks == (1,) * 199 and sched.decide(x(200, (100,))).ks == (0,) * 200
+    assert sched.reads_prompts and not DraftSchedule().reads_prompts
+    assert sched.choices(63) == (0, 1, 2) and sched.choices(64) == (0, 1)

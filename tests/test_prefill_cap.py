@@ -19,7 +19,7 @@ def test_the_docstring_example():
     assert cap.decide(x(100, (100,))).ks == (0,) * 100
     # a prompt that does not end in the step (it needs more than the budget leaves) leaves K alone
     assert cap.decide(StepInputs(40, 100.0, (0.5,), waiting=(9000,), token_budget=8192)).ks == (2,) * 40
-    assert cap.choices(40) == (2, 0) and cap.choices(100) == (0,)
+    assert cap.choices(40) == (0, 2) and cap.choices(100) == (0,)
     assert cap.reads_prompts and cap.max_draft_len == 2 and cap.to_spec() == "68:2 prefill-k 0"
     assert PrefillCap(DraftSchedule.parse("68:2"), 1).decide(x(40, (100,))).ks == (1,) * 40
     with pytest.raises(DynspecError, match="prefill K -1 must be an integer >= 0"):

@@ -30,6 +30,7 @@ from dynspec.errors import DynspecError
 from dynspec.runtime.policy.schedule_limits import MAX_BATCH_SIZE, MAX_DRAFT_LEN, ScheduleError
 from dynspec.runtime.policy.schedule_trtllm import tiers_from_trtllm, trtllm_from_tiers
 from dynspec.runtime.policy.schedule_vllm import tiers_from_vllm, vllm_from_tiers
+from dynspec.runtime.policy.prefill_price import finishing
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs, one_k
 
 
@@ -38,7 +39,7 @@ class Policy(Protocol):
     """What the executor, the engine's sizing and its graph capture read of a draft-length policy:
 
         policy                  max_draft_len  drafts  choices(6)     chooses_keep_warm
-        DraftSchedule "4:4,8:2" 4              True    (2,)           False
+        DraftSchedule "4:4,8:2" 4              True    (0, 2)         False
         DraftSchedule ""        0              False   (0,)           False
         ConstantK(0)            0              True    (0,)           False
         AdaptivePolicy K 0..3   3              True    (0, 1, 2, 3)   True
@@ -143,8 +144,19 @@ class DraftSchedule:
     __call__ = draft_len
 
     def decide(self, x: StepInputs) -> StepDecision:
-        """Its K at b for every row: "4:4,8:2" at b=6 -> ks (2,) * 6."""
-        return one_k(self.draft_len(x.batch_size), x)
+        """Its K at the rows that emit a token in this step, for every row: the b decode rows and the
+        prompts whose prefill the step ends (StepInputs.waiting; each emits its first token here):
+        "4:4,8:2" at b=6 -> ks (2,) * 6; at b=4 with one prompt ending -> its K at 5, ks (2,) * 4.
+        The prompts finishing are counted at the rows' K (K=4 at b=4 above): a lower K leaves more
+        budget, so the count is a lower bound and K an upper one."""
+        return one_k(self.draft_len(self.emitting(x)), x)
+
+    def emitting(self, x: StepInputs) -> int:
+        """b + the prompts whose prefill ends in the step at the schedule's K at b (prefill_price.finishing)."""
+        k = self.draft_len(x.batch_size)
+        if not k or not x.waiting:
+            return x.batch_size
+        return x.batch_size + finishing(x.waiting, x.token_budget - x.batch_size * (k + 1))
 
     # ---- Policy -------------------------------------------------------------------------
     @property
@@ -158,8 +170,14 @@ class DraftSchedule:
         return False
 
     def choices(self, batch_size: int) -> tuple[int, ...]:
-        """The one K of that batch size: "4:4,8:2".choices(6) == (2,)."""
-        return (self.draft_len(batch_size),)
+        """Every K at b decode rows: its own, and those of more rows emitting (prompts ending their
+        prefill beside them): "4:4,8:2".choices(6) == (0, 2), .choices(2) == (0, 2, 4)."""
+        return tuple(sorted({self.draft_len(batch_size), 0} | {k for bound, k in self.tiers if bound >= batch_size}))
+
+    @property
+    def reads_prompts(self) -> bool:
+        """A schedule that drafts counts the prompts whose prefill a step ends (StepInputs.waiting)."""
+        return self.drafts
 
     def ranges(self, max_batch_size: int) -> tuple[tuple[int, int, int], ...]:
         """(first, last, K) runs covering 1..max_batch_size; O(tiers), not O(max_batch_size).

@@ -52,12 +52,11 @@ class PrefillCap:
         return True
 
     def choices(self, batch_size: int) -> tuple[int, ...]:
-        """The schedule's K at b, and the cap where it is lower: "68:2" capped at 0 -> (2, 0) at b=40."""
-        k = self.schedule.draft_len(batch_size)
-        return (k, self.prefill_k) if k > self.prefill_k else (k,)
+        """The schedule's choices at b, and the cap where it is lower: "68:2" capped at 1 -> (0, 1, 2) at b=40."""
+        return tuple(sorted({*self.schedule.choices(batch_size), min(self.prefill_k, self.schedule.draft_len(batch_size))}))
 
     def decide(self, x: StepInputs) -> StepDecision:
-        k = self.schedule.draft_len(x.batch_size)
+        k = self.schedule.draft_len(self.schedule.emitting(x))
         if k > self.prefill_k and x.waiting and finishing(x.waiting, x.token_budget - x.batch_size * (k + 1)):
             k = self.prefill_k
         return one_k(k, x)

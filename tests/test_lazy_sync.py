@@ -108,11 +108,11 @@ def test_after_a_k0_stretch_lazy_accepts_what_warm_accepts_and_off_less(tiny):
     assert total["off"] < total["warm"], total
 
 
-def run_cli(tmp_path, name, *flags, budget="160"):
+def run_cli(tmp_path, name, *flags, budget="160", new_tokens="24"):
     stats, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
     assert main(["generate", "--schedule", "4:4", "--concurrency", "5", "--num-prompts", "5", "--max-num-tokens",
-                 budget, *(("--max-new-tokens", "24") if budget == "160" else ()), "--modes", "dynamic", "--trials", "1", "--no-progress", "--stats", str(stats),
-                 "--out", str(out), *flags]) == 0
+                 budget, "--max-new-tokens", new_tokens, "--modes", "dynamic", "--trials", "1", "--no-progress",
+                 "--stats", str(stats), "--out", str(out), *flags]) == 0
     rows = [json.loads(ln) for ln in stats.read_text().splitlines()]
     return rows, out.read_text()
 
@@ -135,10 +135,10 @@ def test_generate_lazy_equals_warm_per_step_and_off_accepts_less(tmp_path, capsy
     assert steps["off"] != steps["warm"]
     assert sum(a for *_, a in steps["off"]) < sum(a for *_, a in steps["warm"])
     assert any(s["k"] for s in warm[0][:stretch])                      # and ran before it
-    split, _ = run_cli(tmp_path, "split", "--draft-sync", "lazy", budget="48")
+    split, _ = run_cli(tmp_path, "split", "--draft-sync", "lazy", budget="48", new_tokens="64")
     ups = [s["catch_up_tokens"] for s in split]
     assert sum(1 for u in ups if u) > 1 and max(ups) <= 48 - 4
-    assert _ == run_cli(tmp_path, "split_warm", "--draft-sync", "warm", budget="48")[1]
+    assert _ == run_cli(tmp_path, "split_warm", "--draft-sync", "warm", budget="48", new_tokens="64")[1]
 
 
 def test_no_keep_warm_is_off_with_one_deprecation_line(tmp_path, capsys):

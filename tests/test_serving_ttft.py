@@ -20,11 +20,11 @@ WORKLOAD = ("acceptance", "input-len", "output-len", "max-seq-len", "concurrency
 UNCAPPED = {"modes": "baseline,dynamic,adaptive"}
 
 
-@pytest.mark.parametrize("name, cases", [
-    ("serving_ttft", {"uncapped": UNCAPPED, "prefill_k_1": {"prefill-k": 1}, "prefill_k_0": {"prefill-k": 0}}),
+@pytest.mark.parametrize("name, cases, waves", [
+    ("serving_ttft", {"uncapped": UNCAPPED, "prefill_k_1": {"prefill-k": 1}, "prefill_k_0": {"prefill-k": 0}}, 3),
     ("serving_ttft_serial", {"uncapped": UNCAPPED,
-                             "serial": {"modes": "baseline+serial,dynamic+serial,adaptive+serial"}})])
-def test_the_config_is_servings_workload_with_a_case_per_setting(name, cases):
+                             "serial": {"modes": "baseline+serial,dynamic+serial,adaptive+serial"}}, 4)])
+def test_the_config_is_servings_workload_with_a_case_per_setting(name, cases, waves):
     """Both configs serve serving's workload and schedule (over fewer waves than six: each fits one
     10-minute device command by its estimate), with their cases."""
     ttft, serving = (tomllib.loads(config_path(n).read_text()) for n in (name, "serving"))
@@ -35,7 +35,7 @@ def test_the_config_is_servings_workload_with_a_case_per_setting(name, cases):
     assert t["profile"]["args"] == s["profile"]["args"] and t["tune_050"]["args"] == s["tune_050"]["args"]
     assert {k: t["sweep"]["args"][k] for k in WORKLOAD} == {k: s["sweep"]["args"][k] for k in WORKLOAD}
     assert {c["name"]: c["args"] for c in t["sweep"]["cases"]} == cases
-    assert t["sweep"]["args"]["modes"] == "baseline,dynamic" and t["sweep"]["args"]["waves"] == {"serving_ttft": 3}.get(name, 4)
+    assert t["sweep"]["args"]["modes"] == "baseline,dynamic" and t["sweep"]["args"]["waves"] == waves
     assert load_config(name).estimate_s <= 570
 
 

@@ -24,10 +24,11 @@ import bisect
 import importlib
 import re
 from dataclasses import dataclass, replace
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Mapping, Protocol, runtime_checkable
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy.schedule_limits import MAX_BATCH_SIZE, MAX_DRAFT_LEN, ScheduleError
+from dynspec.runtime.policy.schedule_limits import (MAX_BATCH_SIZE, MAX_DRAFT_LEN, ScheduleError, canonical_tiers,
+                                                     validate_tiers)
 from dynspec.runtime.policy.schedule_trtllm import tiers_from_trtllm, trtllm_from_tiers
 from dynspec.runtime.policy.schedule_vllm import tiers_from_vllm, vllm_from_tiers
 from dynspec.runtime.policy.prefill_price import finishing
@@ -68,52 +69,6 @@ class Policy(Protocol):
 _TIER = re.compile(r"[ \t]*([0-9]{1,12})[ \t]*:[ \t]*(-?[0-9]{1,12})[ \t]*", re.ASCII)
 
 
-def _validate(tiers: Sequence[tuple[int, int]], max_draft_len: int | None = None) -> None:
-    prev_bound, prev_k = 0, None
-    for i, tier in enumerate(tiers):
-        if len(tier) != 2:
-            raise ScheduleError(f"tier {i} {tier!r} is not a (max_batch_size, K) pair")
-        bound, k = tier
-        if not isinstance(bound, int) or isinstance(bound, bool) or not isinstance(k, int) or isinstance(k, bool):
-            raise ScheduleError(f"tier {i} {tier!r}: bound and K must be integers")
-        if bound < 1:
-            raise ScheduleError(f"tier {i}: batch-size bound {bound} is below 1")
-        if k < 0:
-            raise ScheduleError(f"tier {i}: negative draft length K={k}")
-        if bound > MAX_BATCH_SIZE:
-            raise ScheduleError(f"tier {i}: batch-size bound {bound} exceeds the limit {MAX_BATCH_SIZE} (int32)")
-        if k > MAX_DRAFT_LEN:
-            raise ScheduleError(f"tier {i}: draft length K={k} exceeds the limit {MAX_DRAFT_LEN}")
-        if bound == prev_bound:
-            raise ScheduleError(f"tier {i}: duplicate batch-size bound {bound}")
-        if bound < prev_bound:
-            raise ScheduleError(f"tier {i}: bound {bound} is not above the previous bound {prev_bound}")
-        if prev_k is not None and k > prev_k:
-            raise ScheduleError(
-                f"tier {i}: K={k} at bound {bound} increases over K={prev_k} at bound {prev_bound};"
-                " K must not increase with batch size"
-            )
-        if max_draft_len is not None and k > max_draft_len:
-            raise ScheduleError(f"tier {i}: K={k} exceeds max_draft_len={max_draft_len}")
-        prev_bound, prev_k = bound, k
-
-
-def _canonical(tiers: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Merge neighbours with equal K (keeping the larger bound) and drop K=0 tiers.
-
-    ((2, 4), (4, 4), (8, 0)) -> ((4, 4),): same lookup for every batch size.
-    """
-    out: list[tuple[int, int]] = []
-    for bound, k in tiers:
-        if k == 0:
-            break  # K is non-increasing, so everything from here on is 0 anyway
-        if out and out[-1][1] == k:
-            out[-1] = (bound, k)
-        else:
-            out.append((bound, k))
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class DraftSchedule:
     """Ordered (max_batch_size, K) tiers; K non-increasing; K=0 above the last bound."""
@@ -122,8 +77,8 @@ class DraftSchedule:
 
     def __post_init__(self) -> None:
         tiers = tuple(tuple(t) for t in self.tiers)
-        _validate(tiers)
-        object.__setattr__(self, "tiers", _canonical(tiers))
+        validate_tiers(tiers)
+        object.__setattr__(self, "tiers", canonical_tiers(tiers))
 
     # ---- lookup -------------------------------------------------------------------------
     @property
@@ -230,7 +185,7 @@ class DraftSchedule:
                         " (ASCII digits, at most 12 each)"
                     )
                 tiers.append((int(m.group(1)), int(m.group(2))))
-        _validate(tiers, max_draft_len)
+        validate_tiers(tiers, max_draft_len)
         return cls(tuple(tiers))
 
     @classmethod

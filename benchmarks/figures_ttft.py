@@ -32,10 +32,11 @@ def flags_of(doc: Mapping, where: str) -> list[str]:
         raise DynspecError(f"{where}: neither 'flags' nor 'env.command' gives its sweep flags") from None
 
 
-def setting_of(flags: Sequence[str], where: str, mode: str) -> str:
-    """A drafting mode's setting from its stage's sweep flags. dynamic: 'prefill-k 0' (--prefill-k)
-    or 'uncapped'; adaptive and per-request: 'weight 64' (--ttft-weight, else the default weight;
-    'weight 64, catch-up unpriced' with --catch-up-price off)."""
+def setting_of(flags: Sequence[str], where: str, mode: str, schedule: str = "") -> str:
+    """A drafting mode's setting from its stage's sweep flags. dynamic: 'prefill-k 0', 'prefill-k 37:1'
+    (--prefill-k; @FILE: the cap its row's `schedule` names, '1:3,71:2 prefill-k 37:1') or 'uncapped';
+    adaptive and per-request: 'weight 64' (--ttft-weight, else the default weight; 'weight 64,
+    catch-up unpriced' with --catch-up-price off)."""
     from dynspec.runtime.policy.adaptive import TTFT_WEIGHT
 
     flags = list(flags)
@@ -49,8 +50,15 @@ def setting_of(flags: Sequence[str], where: str, mode: str) -> str:
             raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without a number") from None
 
     if mode == "dynamic":
-        k = value("--prefill-k")
-        return "uncapped" if k is None else f"prefill-k {k:g}"
+        if "--prefill-k" not in flags:
+            return "uncapped"
+        i = flags.index("--prefill-k") + 1
+        if i == len(flags) or flags[i].startswith("--"):
+            raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give --prefill-k without a value")
+        cap = flags[i]
+        if cap.startswith("@"):
+            cap = schedule.partition(" prefill-k ")[2] or "tuned"
+        return f"prefill-k {cap}"
     if mode in ("adaptive", "per-request"):
         unpriced = ", catch-up unpriced" if "--catch-up-price" in flags[:-1] and \
             flags[flags.index("--catch-up-price") + 1] == "off" else ""
@@ -71,7 +79,7 @@ def ttft_figures(docs: Mapping[str, dict], measured: bool = False) -> dict:
             b = base.get((_load(r), loop))
             if mode == "baseline" or b is None:
                 continue
-            setting = setting_of(flags, name, mode) + (", serial loop" if loop == SERIAL else "")
+            setting = setting_of(flags, name, mode, r.get("schedule") or "") + (", serial loop" if loop == SERIAL else "")
             rows.append({"setting": setting, "load": _load(r), "mode": mode,
                          "tok_per_s": r["output_tok_per_s"],
                          "tok_ratio": r["output_tok_per_s"] / b["output_tok_per_s"],
@@ -129,5 +137,18 @@ def _order(setting: str) -> tuple:
     serial = setting.endswith(", serial loop")
     label, _, v = setting.removesuffix(", serial loop").partition(" ")
     v, _, unpriced = v.partition(",")
-    return (serial,) + ((0, float(v), not unpriced) if label == "weight" else (1, 0.0, 0) if label == "uncapped"
-                        else (2, -float(v), 0))
+    if label == "weight":
+        return serial, 0, float(v), not unpriced
+    if label == "uncapped":
+        return serial, 1, 0.0, 0
+    return serial, 2, -_cap_k(v), v.count(":")      # caps by their largest K; one K before tiers
+
+
+def _cap_k(text: str) -> float:
+    """A cap's largest K ('1' -> 1, '37:1' -> 1; 'tuned': between K=1 and 0)."""
+    from dynspec.runtime.policy.prefill_cap import parse_cap
+
+    try:
+        return float(parse_cap(text).max_draft_len)
+    except DynspecError:
+        return 0.5

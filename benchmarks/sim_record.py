@@ -13,7 +13,7 @@ that ended before it started among the given results (the suite's manifest.json 
     => serving_256 read profile_per_request_bimodal.json
 
 Flags the replay sets itself are dropped: the engine's (--engine-dir, --device, ...), --out, and
---step-prices (the data set names its prices); a --dynamic-schedule @FILE becomes the schedule run.
+--step-prices (the data set names its prices); a --dynamic-schedule @FILE becomes the schedule run, a --prefill-k @FILE the cap.
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ MEASURED = ("output_tok_per_s", "tok_per_s_min", "tok_per_s_max", "iterations", 
             "mixed_iterations", "mean_k", "p50_ttft_s")
 
 
-def load_flags(command: str, schedule: str | None) -> list[str]:
-    """The sweep's command -> the flags the replay takes ('--dynamic-schedule @F' -> the schedule)."""
+def load_flags(command: str, schedule: str | None, cap: object = None) -> list[str]:
+    """The sweep's command -> the flags the replay takes ('--dynamic-schedule @F' -> the schedule,
+    '--prefill-k @F' -> the cap recorded, env.prefill_k)."""
     words = shlex.split(command)
     words, out, i = words[words.index("dynspec.benchmarks.sweep") + 1:], [], 0
     while i < len(words):
@@ -47,6 +48,10 @@ def load_flags(command: str, schedule: str | None) -> list[str]:
             if not schedule:
                 raise DynspecError(f"{command!r}: --dynamic-schedule {value[0]} but no schedule recorded")
             value = [schedule]
+        if flag == "--prefill-k" and value[0].startswith("@"):
+            if cap is None:
+                raise DynspecError(f"{command!r}: --prefill-k {value[0]} but no cap recorded")
+            value = [str(cap)]
         out += [flag, *value]
     return out
 
@@ -62,7 +67,7 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
     rates = {str(r["matched_concurrency"]): r["request_rate"] for r in rows
              if r.get("request_rate") and r["mode"] == rows[0]["mode"]}
     measured = [dict(load=load_label(r), mode=r["mode"], **{k: r[k] for k in MEASURED}) for r in rows]
-    flags = load_flags(env["command"], env.get("schedules", {}).get("dynamic"))
+    flags = load_flags(env["command"], env.get("schedules", {}).get("dynamic"), env.get("prefill_k"))
     weight = (env.get("adaptive") or {}).get("ttft_weight")     # None: recorded before it existed (replayed at 0)
     if "--ttft-weight" not in flags and weight is not None:
         flags += ["--ttft-weight", f"{weight:g}"]

@@ -67,8 +67,9 @@ def make_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentPa
     g.add_argument("--catch-up-price", choices=("on", "off"), default="on",
                    help="cost-model modes under lazy draft sync: price the catch-up a drafting step runs first and"
                         " the one a K=0 step leaves to the next (runtime/policy/adaptive.py, step 6; default: on)")
-    g.add_argument("--prefill-k", type=int, metavar="K",
-                   help="dynamic mode: K at most this on iterations that end a prompt's prefill, for time to first"
+    g.add_argument("--prefill-k", metavar="K|TIERS|@FILE",
+                   help="dynamic mode: K at most this (tiers: at the batch size, e.g. 32:1; @FILE: a file"
+                        " holding one) on iterations that end a prompt's prefill, for time to first"
                         " token (runtime/policy/prefill_cap.py; default: engine.json prefill_k; reference engine only)")
     g.add_argument("--static-k", type=int, help="K of the static mode (default: the dynamic schedule's max K)")
     g.add_argument("--dynamic-schedule", metavar="SPEC|@FILE",

@@ -137,9 +137,13 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.tp != 1 and args.engine == "trtllm":
         raise DynspecError(f"--tp {args.tp} is the reference engine's; TensorRT-LLM takes its TP from the engine dir "
                            f"(mpirun -n N trtllm-llmapi-launch ...)")
-    if args.prefill_k is not None and (args.prefill_k < 0 or args.engine == "trtllm"):
-        raise DynspecError(f"--prefill-k {args.prefill_k}: " + ("must be >= 0" if args.prefill_k < 0 else
-                           "TensorRT-LLM's dynamic draft length reads the batch size alone (reference engine only)"))
+    if args.prefill_k is not None:
+        from dynspec.runtime.policy.prefill_cap import parse_cap
+
+        if args.engine == "trtllm":
+            raise DynspecError(f"--prefill-k {args.prefill_k}: TensorRT-LLM's dynamic draft length reads the batch"
+                               " size alone (reference engine only)")
+        parse_cap(args.prefill_k)
     if args.concurrency.strip():
         int_list(args.concurrency, "--concurrency")
     if args.request_rate.strip():

@@ -23,6 +23,7 @@ from dynspec.convert.manifest import manifest_shape, read_manifest
 from dynspec.errors import DynspecError
 from dynspec.runtime.engines.trtllm_options import OPTIONS_FILE
 from dynspec.runtime.policy import DraftSchedule
+from dynspec.runtime.policy.prefill_cap import json_form, parse_cap
 
 DEFAULT_MAX_SEQ_LEN = 4096
 
@@ -46,7 +47,8 @@ class BuildRequest:
     max_num_tokens: int | None = None            # tokens per iteration (TRT-LLM + reference); see config.py
     cost_model: str | None = None                # a `dynspec profile` JSON: policy "adaptive" (reference engine)
     ttft_weight: float | None = None             # the adaptive policy's prompt weight (None: its default)
-    prefill_k: int | None = None                 # the schedule's K on a step that ends a prefill (None: uncapped)
+    prefill_k: int | str | None = None           # the schedule's cap on a step that ends a prefill: K, tiers or @FILE
+                                                 # (prefill_cap.parse_cap; None: uncapped)
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,11 @@ def _check_flags(req: BuildRequest) -> None:
         raise DynspecError(f"--reference-max-batch-size {rb} exceeds --max-batch-size {req.max_batch_size}")
     if not req.schedule.tiers:
         raise DynspecError("the schedule never speculates (K=0 everywhere); there is nothing for the draft to do")
-    if req.prefill_k is not None and (req.prefill_k < 0 or req.cost_model):
-        raise DynspecError(f"--prefill-k {req.prefill_k} " + ("must be at least 0" if req.prefill_k < 0 else
-                           "caps a schedule's K; with --cost-model the adaptive policy weighs the prompt by --ttft-weight"))
+    if req.prefill_k is not None:
+        parse_cap(req.prefill_k)
+        if req.cost_model:
+            raise DynspecError(f"--prefill-k {req.prefill_k} caps a schedule's K; with --cost-model the adaptive"
+                               " policy weighs the prompt by --ttft-weight")
 
 
 def plan_build(req: BuildRequest) -> BuildPlan:
@@ -199,7 +203,7 @@ def engine_config(req: BuildRequest, bp: BuildPlan, out: Path) -> EngineConfig:
         llm_api_options=OPTIONS_FILE,
         policy="adaptive" if req.cost_model else "schedule",
         ttft_weight=req.ttft_weight,
-        prefill_k=req.prefill_k,
+        prefill_k=None if req.prefill_k is None else json_form(parse_cap(req.prefill_k)),
         manifests={"target": bp.target_manifest, "draft": bp.draft_manifest},
         build=build,
     )

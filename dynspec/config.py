@@ -20,8 +20,9 @@ engine.json (written by `dynspec build`):
   "cost_model": "cost_model.json",         # relative to ENGINE_DIR; read only when policy is not "schedule"
   "ttft_weight": null,                     # a cost-model policy's weight of a prompt its step ends (a number
                                            # >= 0; null: the policy's default, runtime/policy/prefill_price.py)
-  "prefill_k": null,                       # policy "schedule": K at most this on a step that ends a prompt's
-                                           # prefill (runtime/policy/prefill_cap.py; null: the schedule's K)
+  "prefill_k": null,                       # policy "schedule": K at most this (an integer, or tiers "37:1") on a
+                                           # step that ends a prompt's prefill (runtime/policy/prefill_cap.py;
+                                           # null: the schedule's K)
   "manifests": {"target": {...}, "draft": {...}},
   "build": {"requested_schedule": ..., "max_num_tokens": ..., "cuda_graph_batch_sizes": [...], "plan": {...}}
 }
@@ -169,7 +170,7 @@ class EngineConfig:
     policy: str = "schedule"
     cost_model: str = COST_MODEL_JSON
     ttft_weight: float | None = None
-    prefill_k: int | None = None
+    prefill_k: int | str | None = None     # a K, or tiers '37:1' (prefill_cap.parse_cap)
     manifests: Mapping[str, Any] = field(default_factory=dict)
     build: Mapping[str, Any] = field(default_factory=dict)   # `dynspec build` choices + memory plan
 
@@ -190,8 +191,14 @@ class EngineConfig:
         if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float("inf")):
             raise DynspecError(f"field 'ttft_weight' is {w!r}; it must be a number >= 0 or null")
         pk = self.prefill_k
-        if pk is not None and (isinstance(pk, bool) or not isinstance(pk, int) or pk < 0):
-            raise DynspecError(f"field 'prefill_k' is {pk!r}; it must be an integer >= 0 or null")
+        if pk is not None:
+            from dynspec.runtime.policy.prefill_cap import parse_cap
+
+            if isinstance(pk, bool) or not isinstance(pk, (int, str)) or isinstance(pk, str) and (
+                    pk.strip().startswith("@") or pk.strip().lstrip("-").isdigit()):
+                raise DynspecError(f"field 'prefill_k' is {pk!r}; it must be an integer K >= 0, tiers like '37:1',"
+                                   " or null")
+            parse_cap(pk, "field 'prefill_k'")
         if pk is not None and self.policy != "schedule":
             raise DynspecError(f"field 'prefill_k' caps a schedule's K; policy {self.policy!r} weighs the prompt by "
                                f"'ttft_weight' instead")

@@ -116,13 +116,20 @@ def test_a_prefill_cap_is_an_engine_json_field_the_served_policy_reads(pair, tmp
     cfg = EngineConfig.load(tmp_path / "e")
     assert cfg.prefill_k == 1 and json.loads((tmp_path / "e" / "engine.json").read_text())["prefill_k"] == 1
     pol = policy_of(cfg)
-    assert isinstance(pol, PrefillCap) and pol.schedule == cfg.schedule and pol.prefill_k == 1
+    assert isinstance(pol, PrefillCap) and pol.schedule == cfg.schedule and pol.prefill_k == "1"
     assert build(pair, tmp_path / "f", "--prefill-k", "-1") == 2
     assert "--prefill-k -1 must be at least 0" in one_line(capsys)
     assert build(pair, tmp_path / "g", "--prefill-k", "0", "--cost-model", str(cost_file(tmp_path / "c.json", 4))) == 2
     assert "--prefill-k 0 caps a schedule's K" in one_line(capsys)
+    # a cap by batch size (`dynspec tune --prefill-out`'s file): engine.json keeps its text
+    (tmp_path / "cap.txt").write_text("3:1\n")
+    assert build(pair, tmp_path / "h", "--prefill-k", f"@{tmp_path / 'cap.txt'}") == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "h" / "engine.json").read_text())["prefill_k"] == "3:1"
+    assert policy_of(EngineConfig.load(tmp_path / "h")).limit == "K<=1 up to 3 rows, 0 above"
     doc = json.loads((tmp_path / "e" / "engine.json").read_text())
-    for bad, match in ((True, "field 'prefill_k' is True"), ("1", "field 'prefill_k' is '1'")):
+    for bad, match in ((True, "field 'prefill_k' is True"), ("1", "field 'prefill_k' is '1'"),
+                       ("@cap.txt", "field 'prefill_k' is '@cap.txt'"), ("4:1,2:2", "field 'prefill_k' '4:1,2:2'")):
         with pytest.raises(DynspecError, match=match):
             EngineConfig.from_json({**doc, "prefill_k": bad})
     with pytest.raises(DynspecError, match="field 'prefill_k' caps a schedule's K; policy 'adaptive'"):

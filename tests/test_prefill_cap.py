@@ -22,7 +22,7 @@ def test_the_docstring_example():
     assert cap.choices(40) == (0, 2) and cap.choices(100) == (0,)
     assert cap.reads_prompts and cap.max_draft_len == 2 and cap.to_spec() == "68:2 prefill-k 0"
     assert PrefillCap(DraftSchedule.parse("68:2"), 1).decide(x(40, (100,))).ks == (1,) * 40
-    with pytest.raises(DynspecError, match="prefill K -1 must be an integer >= 0"):
+    with pytest.raises(DynspecError, match="prefill K -1 must be at least 0"):
         PrefillCap(DraftSchedule.parse("68:2"), -1)
 
 
@@ -53,7 +53,7 @@ def test_the_ttft_figures_name_each_modes_setting():
     assert setting_of(both, "s", "adaptive") == f"weight {TTFT_WEIGHT:g}, catch-up unpriced"
     with pytest.raises(DynspecError, match="s: mode 'static:2' has no prefill-aware setting"):
         setting_of(["--modes", "baseline,static:2"], "s", "static:2")
-    with pytest.raises(DynspecError, match="s: its flags .* give --prefill-k without a number"):
+    with pytest.raises(DynspecError, match="s: its flags .* give --prefill-k without a value"):
         setting_of(["--modes", "dynamic", "--prefill-k"], "s", "dynamic")
     assert stage_names(["tune_050", "ttft_0", "prefill_k_none", "sweep_uncapped"]) == ["ttft_0", "prefill_k_none"]
 
@@ -74,3 +74,37 @@ def test_a_capped_schedule_is_the_schedule_policy_in_every_record_and_log_line()
     assert policy_label(cap) == "4:4,68:2 prefill-k 0"
     line = policy_line(SimpleNamespace(schedule=cap.schedule, cost_model=None), cap)
     assert line.endswith("policy: schedule (K<=0 on steps that end a prefill)") and "bounds K" in line
+
+
+def test_a_cap_by_batch_size_caps_each_step_at_its_rows():
+    """A cap of tiers ('37:1': K <= 1 up to 37 rows, 0 above) at the rows the step emits for: the
+    module docstring's second example, its choices (the graphs a serve captures) and its text forms."""
+    cap = PrefillCap(DraftSchedule.parse("1:3,71:2"), "37:1")
+    x = lambda b, waiting: StepInputs(b, 100.0, (0.5, 0.5), waiting=waiting, token_budget=8192)   # noqa: E731
+    assert cap.decide(x(16, (100,))).ks == (1,) * 16
+    assert cap.decide(x(64, (100,))).ks == (0,) * 64
+    assert cap.decide(x(16, ())).ks == (2,) * 16
+    assert cap.decide(x(1, ())).ks == (3,) and cap.decide(x(1, (50,))).ks == (1,)
+    # 36 rows and two prompts ending: 38 rows emit, above the cap's 37 -> K = 0
+    assert cap.decide(x(36, (50, 50))).ks == (0,) * 36 and cap.decide(x(36, (50,))).ks == (1,) * 36
+    assert cap.choices(1) == (0, 1, 2, 3) and cap.choices(16) == (0, 1, 2) and cap.choices(40) == (0, 2) and cap.choices(80) == (0,)
+    assert cap.to_spec() == "1:3,71:2 prefill-k 37:1" and cap.limit == "K<=1 up to 37 rows, 0 above"
+    assert PrefillCap(DraftSchedule.parse("68:2"), 0).limit == "K<=0"
+
+
+def test_the_cap_has_one_reader_for_every_form(tmp_path):
+    from dynspec.runtime.policy.prefill_cap import cap_text, json_form, parse_cap
+
+    assert parse_cap("0").tiers == () and parse_cap(2) == parse_cap("2") and cap_text(parse_cap(" 2 ")) == "2"
+    assert parse_cap("37:1,80:0").tiers == ((37, 1),) and cap_text(parse_cap("16:2,37:1")) == "16:2,37:1"
+    f = tmp_path / "prefill_k.txt"
+    f.write_text("37:1\n")
+    assert cap_text(parse_cap(f"@{f}")) == "37:1" and json_form(parse_cap(f"@{f}")) == "37:1"
+    assert json_form(parse_cap("1")) == 1 and json_form(parse_cap("0")) == 0
+    for bad, match in (("-1", "--prefill-k -1 must be at least 0"), (-1, "--prefill-k -1 must be at least 0"),
+                       ("x", "--prefill-k 'x': cannot parse schedule tier 'x'"),
+                       ("8:1,4:2", "--prefill-k '8:1,4:2': tier 1: bound 4 is not above"),
+                       (f"@{tmp_path / 'none.txt'}", "file .*none.txt does not exist"),
+                       (1.5, "--prefill-k 1.5 must be a K >= 0, tiers like '37:1', or @FILE")):
+        with pytest.raises(DynspecError, match=match):
+            parse_cap(bad)

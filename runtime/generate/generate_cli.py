@@ -265,7 +265,7 @@ def header(policies: dict, modes, loads: tuple[int, ...], source: str, cost_mode
     dyn = policies["dynamic"]
     has_cap = isinstance(dyn, PrefillCap)             # engine.json prefill_k: the schedule it caps
     sched = dyn.schedule if has_cap else dyn
-    cap = f", K<={dyn.prefill_k} on steps that end a prefill" if has_cap else ""
+    cap = f", {dyn.limit} on steps that end a prefill" if has_cap else ""
     kinds = []
     if any(m not in COST_MODES for m in modes):
         kinds.append(f"schedule ({source})")

@@ -33,9 +33,10 @@ def add_ttft_weight_arg(p, default: str) -> None:
 
 
 def add_prefill_k_arg(p, default: str) -> None:
-    """--prefill-k K on parser or group p; `default` says what applies without it."""
-    p.add_argument("--prefill-k", type=int, metavar="K",
-                   help="a schedule's K at most K on an iteration that ends a prompt's prefill, for time to first "
+    """--prefill-k K|TIERS|@FILE on parser or group p; `default` says what applies without it."""
+    p.add_argument("--prefill-k", metavar="K|TIERS|@FILE",
+                   help="a schedule's K at most K (or the tiers' K at the batch size, e.g. 32:1; @FILE: a file"
+                        " holding one) on an iteration that ends a prompt's prefill, for time to first "
                         f"token (runtime/policy/prefill_cap.py; reference engine only; default: {default})")
 
 

@@ -185,7 +185,7 @@ def describe_policy(policy, cost_model: str | Path | None = None) -> str:
 
     name = registered_name(policy)
     if isinstance(policy, PrefillCap):
-        return f"{name} (K<={policy.prefill_k} on steps that end a prefill)"
+        return f"{name} ({policy.limit} on steps that end a prefill)"
     if not POLICIES[name].cost_model:
         return name
     ks = sorted(policy.candidates)

@@ -18,7 +18,7 @@ FIELDS = ["output_len", "accepted_drafts", "drafted", "decode_steps", "mean_k", 
 STEP_FIELDS = ["k", "acceptance1", "probe", "policy_us", "oldest_key", "step_us", "batch_size", "policy_exposed_us"]
 MIX = "bernoulli-mix:0.9@0.5,0.2@0.5"
 CONFIGS = ("per_request_bimodal", "per_request_uniform_low", "per_request_uniform_high", "per_request_serving",
-           "per_request_trace")
+           "per_request_serving_64", "per_request_trace", "per_request_trace_64")
 
 
 def _table(n: int, replicas: int = 1, k=lambda key: 1.0 + key % 4) -> dict:

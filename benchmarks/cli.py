@@ -90,6 +90,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                 print(f"{b:>5} " + " ".join(f"{ms:>10.3f}" for _, ms in sorted(rows[b].items())))
     if prof.per_position:
         print("acceptance per position:", ", ".join(f"{a:.3f}" for a in prof.per_position))
+    _warn_falling(prof)
     floor = prof.meta.get("floor")
     if floor:
         print(f"GEMM floor {floor['gemm_floor_ms']:.3f} ms; decode at b=1, context {floor['context_len']}:"
@@ -97,6 +98,17 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               + (f"; its graphs alone {floor['decode_graph_ms']:.3f} ms = {floor['decode_graph_vs_gemm_floor']:.2f}x"
                  if floor.get("decode_graph_ms") else ""))
     return 0
+
+
+def _warn_falling(prof) -> None:
+    """One stderr line per context whose steps fall as rows are added (ContextTable.falling)."""
+    for t in prof.tables:
+        if rows := t.falling():
+            b, k, ms, b2, ms2 = max(rows, key=lambda r: r[2] / r[4])
+            print(f"warning: profile context {t.context_len}: {len(rows)} (b, K) points take over 1.25x the step of "
+                  f"a larger batch (worst b={b} K={k} {ms:.2f} ms against b={b2} {ms2:.2f} ms); a step does not "
+                  f"get faster with more rows, so they were timed while the GPU was busy: profile again",
+                  file=sys.stderr, flush=True)
 
 
 # ---- tune -------------------------------------------------------------------------------
@@ -121,6 +133,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         src = "--max-num-tokens" if args.max_num_tokens is not None else f"{args.profile}: field 'max_num_tokens'"
         raise DynspecError(f"{src} {budget!r} must be an integer of at least 1")
     acc, source = _tune_acceptance(args)
+    _warn_falling(prof)
     tables = prof.tables if args.vllm_grid else (one,)
     prices = _tune_prices(args, prof.device)
     cost = None if args.chunk_share is None else CostModel.from_profile(prof, where=str(args.profile))

@@ -504,3 +504,22 @@ def test_tune_cli_prefill_ratio_reads_the_profile_devices_prices(tmp_path, capsy
         assert main(base + flags) == 2
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1, err
+
+
+def test_a_profile_whose_steps_fall_with_more_rows_is_flagged(tmp_path, capsys):
+    """ContextTable.falling: a step slower than a larger batch's at the same K by over 1.25x was
+    timed beside other work (the committed serving run at 4f6efdb: context 128, b <= 16); `tune`
+    and `profile` say so on stderr. A clean profile, noise within 25%, says nothing."""
+    from dynspec.runtime.policy.cost_model import ContextTable
+
+    clean = {1: {0: 6.4, 1: 7.0}, 16: {0: 6.3, 1: 7.1}, 32: {0: 6.8, 1: 7.5}}
+    busy = {**clean, 16: {0: 14.6, 1: 7.1}}
+    assert ContextTable(128, clean).falling() == ()
+    assert ContextTable(128, busy).falling() == ((16, 0, 14.6, 32, 6.8),)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"device": "synthetic", "context_len": 128,
+                                "iteration_ms": {str(b): {str(k): v for k, v in r.items()} for b, r in busy.items()}}))
+    assert main(["tune", "--profile", str(path), "--acceptance", "0.5", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: profile context 128: 1 (b, K) points take over 1.25x the step of a larger batch" in err
+    assert "worst b=16 K=0 14.60 ms against b=32 6.80 ms" in err

@@ -59,6 +59,20 @@ class ContextTable:
     decode_ms: Mapping[int, float] | None = None             # b -> plain target step without keep-warm
     chunk_ms: Mapping[int, Mapping[int, Mapping[int, float]]] | None = None   # chunk tokens -> b -> K -> ms
 
+    def falling(self, factor: float = 1.25) -> tuple[tuple[int, int, float, int, float], ...]:
+        """(b, K, ms, b2, ms2) wherever b's step takes more than `factor` x the step of a larger
+        b2 at the same K: step times do not fall as rows are added, so such a row was timed while
+        something else ran (another process on the GPU). {16: {0: 14.6}, 32: {0: 6.9}} ->
+        ((16, 0, 14.6, 32, 6.9),)."""
+        out = []
+        bs = sorted(self.iteration_ms)
+        for i, b in enumerate(bs):
+            for k, ms in sorted(self.iteration_ms[b].items()):
+                b2 = min(bs[i + 1:], key=lambda n: self.iteration_ms[n].get(k, math.inf), default=None)
+                if b2 is not None and ms > factor * self.iteration_ms[b2].get(k, math.inf):
+                    out.append((b, k, ms, b2, self.iteration_ms[b2][k]))
+        return tuple(out)
+
     def to_json(self) -> dict:
         d = {"context_len": self.context_len,
              "iteration_ms": {str(b): {str(k): ms for k, ms in sorted(row.items())}

@@ -34,7 +34,8 @@ def flags_of(doc: Mapping, where: str) -> list[str]:
 
 def setting_of(flags: Sequence[str], where: str, mode: str, schedule: str = "") -> str:
     """A drafting mode's setting from its stage's sweep flags. dynamic: 'prefill-k 0', 'prefill-k 37:1'
-    (--prefill-k; @FILE: the cap its row's `schedule` names, '1:3,71:2 prefill-k 37:1') or 'uncapped';
+    (--prefill-k; @FILE: the cap its row's `schedule` names, '1:3,71:2 prefill-k 37:1', else the file's
+    where it is still there, else 'from FILE') or 'uncapped';
     adaptive and per-request: 'weight 64' (--ttft-weight, else the default weight; 'weight 64,
     catch-up unpriced' with --catch-up-price off)."""
     from dynspec.runtime.policy.adaptive import TTFT_WEIGHT
@@ -57,7 +58,7 @@ def setting_of(flags: Sequence[str], where: str, mode: str, schedule: str = "") 
             raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give --prefill-k without a value")
         cap = flags[i]
         if cap.startswith("@"):
-            cap = schedule.partition(" prefill-k ")[2] or "tuned"
+            cap = schedule.partition(" prefill-k ")[2] or _cap_of_file(cap)
         return f"prefill-k {cap}"
     if mode in ("adaptive", "per-request"):
         unpriced = ", catch-up unpriced" if "--catch-up-price" in flags[:-1] and \
@@ -131,12 +132,23 @@ def _show(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _cap_of_file(flag: str) -> str:
+    """'@FILE' -> the cap's text where FILE still holds one, else 'from FILE' (a run's own folder, gone)."""
+    from dynspec.runtime.policy.prefill_cap import cap_text, parse_cap
+
+    try:
+        return cap_text(parse_cap(flag))
+    except DynspecError:
+        return f"from {flag[1:]}"
+
+
 def _order(setting: str) -> tuple:
     """Table order within a mode and load: the overlapped loop first; weights ascending (each
     unpriced first); uncapped, then caps descending."""
     serial = setting.endswith(", serial loop")
     label, _, v = setting.removesuffix(", serial loop").partition(" ")
-    v, _, unpriced = v.partition(",")
+    unpriced = v.endswith(", catch-up unpriced")
+    v = v.removesuffix(", catch-up unpriced")
     if label == "weight":
         return serial, 0, float(v), not unpriced
     if label == "uncapped":

@@ -71,6 +71,8 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
     weight = (env.get("adaptive") or {}).get("ttft_weight")     # None: recorded before it existed (replayed at 0)
     if "--ttft-weight" not in flags and weight is not None:
         flags += ["--ttft-weight", f"{weight:g}"]
+    if "--prefill-k" not in flags and env.get("prefill_k") is not None:     # engine.json's cap, no flag
+        flags += ["--prefill-k", str(env["prefill_k"])]
     syncs = {r["draft_sync"] for r in rows if r.get("draft_sync") not in (None, "off")}
     if len(syncs) > 1:
         raise DynspecError(f"{path}: its drafting modes ran under different draft syncs {sorted(syncs)}")

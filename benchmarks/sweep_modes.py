@@ -182,10 +182,10 @@ def policy_prices(args: argparse.Namespace, cost_model: Path):
 
 def mode_policies(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None, max_batch_size: int,
                   cost_model: Path | None, prices=None, ttft_weight: float | None = None,
-                  prefill_k: int | None = None) -> tuple[dict, int]:
+                  prefill_k: object = None) -> tuple[dict, int]:
     """({mode: the policy it runs}, the largest K any of them picks: the engine's max_draft_len):
-    the schedules of mode_schedules (dynamic's K capped at prefill_k on iterations that end a
-    prompt's prefill: runtime/policy/prefill_cap.py; None: no cap), and each cost-model mode's policy
+    the schedules of mode_schedules (dynamic's K capped by prefill_k, any form prefill_cap.parse_cap
+    reads, on iterations that end a prompt's prefill: runtime/policy/prefill_cap.py; None: no cap), and each cost-model mode's policy
     on `cost_model` with K up to that max (cost_policy; prices as there). cost_model None: no
     cost-model mode may be asked."""
     schedules: dict = mode_schedules(modes, dynamic, static_k, max_batch_size)

@@ -121,7 +121,7 @@ def test_a_prefill_cap_is_an_engine_json_field_the_served_policy_reads(pair, tmp
     assert "--prefill-k -1 must be at least 0" in one_line(capsys)
     assert build(pair, tmp_path / "g", "--prefill-k", "0", "--cost-model", str(cost_file(tmp_path / "c.json", 4))) == 2
     assert "--prefill-k 0 caps a schedule's K" in one_line(capsys)
-    # a cap by batch size (`dynspec tune --prefill-out`'s file): engine.json keeps its text
+    # a cap by batch size from a file: engine.json keeps its text, not the file's name
     (tmp_path / "cap.txt").write_text("3:1\n")
     assert build(pair, tmp_path / "h", "--prefill-k", f"@{tmp_path / 'cap.txt'}") == 0
     capsys.readouterr()

@@ -108,3 +108,75 @@ def test_the_cap_has_one_reader_for_every_form(tmp_path):
                        (1.5, "--prefill-k 1.5 must be a K >= 0, tiers like '37:1', or @FILE")):
         with pytest.raises(DynspecError, match=match):
             parse_cap(bad)
+
+
+def test_every_k_a_cap_decides_is_among_its_choices():
+    """The graphs a serve captures are choices(b); decide must never leave them, whatever the rows,
+    the prompts waiting and the budget (a K outside them would run without its graph)."""
+    import itertools
+
+    schedules = ("4:4,8:2,32:1", "1:3,71:2,208:1", "68:2", "16:3,64:1")
+    caps = ("0", "1", "2", "32:1", "8:2,40:1", "1:3,64:2,100:1")
+    waitings = ((), (10,), (100, 100), (8000, 100), (50,) * 6, (3000, 3000, 3000))
+    for spec, cap, budget in itertools.product(schedules, caps, (48, 512, 8192)):
+        pol = PrefillCap(DraftSchedule.parse(spec), cap)
+        for b in range(1, 140, 3):
+            ch = pol.choices(b)
+            for w in waitings:
+                k = pol.decide(StepInputs(b, 100.0, (0.5,), waiting=w, token_budget=budget)).k
+                assert k in ch, (spec, cap, budget, b, w, k, ch)
+
+
+def test_the_cap_files_and_values_refused_name_the_flag(tmp_path):
+    from dynspec.runtime.policy.prefill_cap import parse_cap
+
+    (tmp_path / "loop.txt").write_text(f"@{tmp_path / 'loop.txt'}\n")
+    (tmp_path / "empty.txt").write_text("\n")
+    for bad, match in (("", "--prefill-k is empty"), ("33", "--prefill-k 33 exceeds the draft-length limit 32"),
+                       ("@", "name a file after '@'"), (f"@{tmp_path}", "is a folder, not a file"),
+                       (f"@{tmp_path / 'loop.txt'}", "names another file; it must hold a K or tiers"),
+                       (f"@{tmp_path / 'empty.txt'}", r"--prefill-k \(.*empty.txt\) is empty")):
+        with pytest.raises(DynspecError, match=match):
+            parse_cap(bad)
+
+
+def test_a_cap_in_the_figures_and_the_replay(tmp_path):
+    """The TTFT figures label and order tiered caps (a comma inside a cap is not a suffix), a cap
+    given as @FILE is named from its row's schedule or the file, and the simulator's replay of a
+    recorded sweep takes the cap it recorded, flag or engine.json."""
+    from dynspec.benchmarks.figures_ttft import _order, setting_of
+    from dynspec.benchmarks.sim_record import load_flags
+
+    flags = ["--modes", "baseline,dynamic", "--prefill-k", "8:2,40:1"]
+    assert setting_of(flags, "s", "dynamic") == "prefill-k 8:2,40:1"
+    f = tmp_path / "cap.txt"
+    f.write_text("32:1\n")
+    at = ["--modes", "dynamic", "--prefill-k", f"@{f}"]
+    assert setting_of(at, "s", "dynamic", "1:3,71:2 prefill-k 39:1") == "prefill-k 39:1"
+    assert setting_of(at, "s", "dynamic") == "prefill-k 32:1"
+    assert setting_of(["--prefill-k", "@/gone/cap.txt"], "s", "dynamic") == "prefill-k from /gone/cap.txt"
+    settings = ["prefill-k 0", "prefill-k 8:2,40:1", "uncapped", "prefill-k 32:1", "prefill-k 2", "prefill-k 1"]
+    assert sorted(settings, key=_order) == ["uncapped", "prefill-k 2", "prefill-k 8:2,40:1", "prefill-k 1",
+                                            "prefill-k 32:1", "prefill-k 0"]
+    cmd = "python -m dynspec.benchmarks.sweep --modes baseline,dynamic --prefill-k @/gone/prefill_k.txt --trials 3"
+    assert load_flags(cmd, None, "39:1") == ["--modes", "baseline,dynamic", "--prefill-k", "39:1", "--trials", "3"]
+    with pytest.raises(DynspecError, match="--prefill-k @/gone/prefill_k.txt but no cap recorded"):
+        load_flags(cmd, None, None)
+
+
+def test_the_replay_takes_an_engine_json_cap_the_sweep_recorded_without_its_flag(tmp_path):
+    """A sweep that served engine.json prefill_k (no --prefill-k flag) records the cap in its env;
+    the replay's flags carry it, so the simulator runs the mode as it was served."""
+    import json
+
+    from dynspec.benchmarks.sim_record import MEASURED, record_sweep
+
+    row = {"mode": "dynamic", "concurrency": 16, "request_rate": None, "matched_concurrency": None,
+           "draft_sync": "lazy", **{k: 1.0 for k in MEASURED}}
+    env = {"command": "python -m dynspec.benchmarks.sweep --modes baseline,dynamic --trials 3",
+           "schedules": {"dynamic": "8:2"}, "prefill_k": "4:1", "max_batch_size": 16, "max_seq_len": 64}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"env": env, "rows": [row]}))
+    assert record_sweep(path, "c", "-", "p.json")["flags"][-2:] == ["--prefill-k", "4:1"]
+    path.write_text(json.dumps({"env": {**env, "prefill_k": None}, "rows": [row]}))
+    assert "--prefill-k" not in record_sweep(path, "c", "-", "p.json")["flags"]

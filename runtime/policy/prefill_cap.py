@@ -13,8 +13,8 @@ A schedule has no cost model at serving time, so the cap is the operator's, chos
 simulator for the loads expected (`sim_ttft`) and measured on the device (`serving`,
 `serving_ttft`). The cost-model policies weigh the prompt themselves (prefill_price.py).
 
-The text form, one reader for the CLI flags and engine.json prefill_k: "0" or "1" (one K), "37:1"
-(tiers), "@FILE" (a file holding one of those; the CLI flags only). The reference engine only: TensorRT-LLM's
+The text form, one reader for the CLI flags and engine.json prefill_k: "0" or "1" (one K; in
+engine.json an integer), "37:1" (tiers), "@FILE" (the CLI flags only: a file holding one K or tiers). The reference engine only: TensorRT-LLM's
 dynamic draft length reads the batch size alone. Pure: no torch.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynspec.errors import DynspecError
-from dynspec.runtime.policy import MAX_BATCH_SIZE, DraftSchedule, ScheduleError, one_k
+from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError, one_k
 from dynspec.runtime.policy.prefill_price import finishing
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
 
@@ -52,25 +52,41 @@ def parse_cap(value: object, where: str = "--prefill-k") -> DraftSchedule:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise DynspecError(f"{where} {value} must be at least 0")
+        if value > MAX_DRAFT_LEN:
+            raise DynspecError(f"{where} {value} exceeds the draft-length limit {MAX_DRAFT_LEN}")
         return constant_cap(value)
     if not isinstance(value, str):
         raise DynspecError(f"{where} {value!r} must be a K >= 0, tiers like '37:1', or @FILE")
     text = value.strip()
+    if not text:
+        raise DynspecError(f"{where} is empty; give a K >= 0, tiers like '37:1', or @FILE")
     if text.startswith("@"):
-        path = Path(text[1:])
-        if not path.is_file():
-            raise DynspecError(f"{where} {text}: file {path} does not exist")
-        if path.stat().st_size > MAX_CAP_FILE_BYTES:
-            raise DynspecError(f"{where} {text}: file {path} is larger than {MAX_CAP_FILE_BYTES} bytes")
-        return parse_cap(path.read_text(encoding="utf-8", errors="replace"), f"{where} ({path})")
+        return parse_cap(_cap_file(text, where), f"{where} ({text[1:]})")
     if text.isascii() and text.isdigit():
-        return constant_cap(int(text))
+        return parse_cap(int(text), where)
     if text.startswith("-") and text[1:].isascii() and text[1:].isdigit():
         raise DynspecError(f"{where} {text} must be at least 0")
     try:
         return DraftSchedule.parse(text)
     except ScheduleError as e:
         raise DynspecError(f"{where} {value!r}: {e}") from None
+
+
+def _cap_file(text: str, where: str) -> str:
+    """The text of '@FILE': one K or tiers (no further '@'), at most MAX_CAP_FILE_BYTES."""
+    path = Path(text[1:])
+    if not text[1:]:
+        raise DynspecError(f"{where} {text}: name a file after '@'")
+    if path.is_dir():
+        raise DynspecError(f"{where} {text}: {path} is a folder, not a file")
+    if not path.is_file():
+        raise DynspecError(f"{where} {text}: file {path} does not exist")
+    if path.stat().st_size > MAX_CAP_FILE_BYTES:
+        raise DynspecError(f"{where} {text}: file {path} is larger than {MAX_CAP_FILE_BYTES} bytes")
+    body = path.read_text(encoding="utf-8", errors="replace").strip()
+    if body.startswith("@"):
+        raise DynspecError(f"{where} {text}: file {path} names another file; it must hold a K or tiers")
+    return body
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,10 @@ class PrefillCap:
         return tuple(sorted({*ks, *(min(k, c) for k in ks for c in caps)}))
 
     def decide(self, x: StepInputs) -> StepDecision:
+        """The schedule's K, capped where a prompt's prefill ends. The cap is read at the rows emitting
+        at the schedule's K (DraftSchedule.emitting): a lower K leaves more budget, so more prompts
+        may end, and that count is a lower bound (schedule 68:2, cap 37:1, b = 36, waiting (8000, 100):
+        38 rows emit at K=1, the cap is read at 37)."""
         n = self.schedule.emitting(x)
         k, cap = self.schedule.draft_len(n), self.cap.draft_len(n)
         if k > cap and x.waiting and finishing(x.waiting, x.token_budget - x.batch_size * (k + 1)):

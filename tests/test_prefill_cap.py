@@ -87,6 +87,8 @@ def test_a_cap_by_batch_size_caps_each_step_at_its_rows():
     assert cap.decide(x(1, ())).ks == (3,) and cap.decide(x(1, (50,))).ks == (1,)
     # 36 rows and two prompts ending: 38 rows emit, above the cap's 37 -> K = 0
     assert cap.decide(x(36, (50, 50))).ks == (0,) * 36 and cap.decide(x(36, (50,))).ks == (1,) * 36
+    # K=2 ends one prompt (37 rows: cap 1); K=1 leaves room for both (38 rows: cap 0) -> K = 0
+    assert cap.decide(x(36, (8000, 100))).ks == (0,) * 36
     assert cap.choices(1) == (0, 1, 2, 3) and cap.choices(16) == (0, 1, 2) and cap.choices(40) == (0, 2) and cap.choices(80) == (0,)
     assert cap.to_spec() == "1:3,71:2 prefill-k 37:1" and cap.limit == "K<=1 up to 37 rows, 0 above"
     assert PrefillCap(DraftSchedule.parse("68:2"), 0).limit == "K<=0"

@@ -139,12 +139,14 @@ class PrefillCap:
 
     def decide(self, x: StepInputs) -> StepDecision:
         """The schedule's K, capped where a prompt's prefill ends. The cap is read at the rows emitting
-        at the schedule's K (DraftSchedule.emitting): a lower K leaves more budget, so more prompts
-        may end, and that count is a lower bound (schedule 68:2, cap 37:1, b = 36, waiting (8000, 100):
-        38 rows emit at K=1, the cap is read at 37)."""
-        n = self.schedule.emitting(x)
-        k, cap = self.schedule.draft_len(n), self.cap.draft_len(n)
-        if k > cap and x.waiting and finishing(x.waiting, x.token_budget - x.batch_size * (k + 1)):
+        (DraftSchedule.emitting); a lower K leaves more budget, so more prompts may end, and the cap is
+        read again at that count until it holds (schedule 68:2, cap 37:1, b = 36, waiting (8000, 100):
+        K=2 ends one prompt, 37 rows, cap 1; K=1 ends both, 38 rows, cap 0 -> K = 0)."""
+        k = self.schedule.draft_len(self.schedule.emitting(x))
+        while x.waiting and (ending := finishing(x.waiting, x.token_budget - x.batch_size * (k + 1))):
+            cap = self.cap.draft_len(x.batch_size + ending)
+            if k <= cap:
+                break
             k = cap
         return one_k(k, x)
 

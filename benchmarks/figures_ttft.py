@@ -42,21 +42,26 @@ def setting_of(flags: Sequence[str], where: str, mode: str, schedule: str = "") 
 
     flags = list(flags)
 
-    def value(flag: str) -> float | None:
+    def raw(flag: str, what: str) -> str | None:
+        """The word after `flag`, None without the flag; a flag with nothing after it is refused."""
         if flag not in flags:
             return None
+        i = flags.index(flag) + 1
+        if i == len(flags) or flags[i].startswith("--"):
+            raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without {what}")
+        return flags[i]
+
+    def value(flag: str) -> float | None:
+        text = raw(flag, "a number")
         try:
-            return float(flags[flags.index(flag) + 1])
-        except (ValueError, IndexError):
+            return None if text is None else float(text)
+        except ValueError:
             raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give {flag} without a number") from None
 
     if mode == "dynamic":
-        if "--prefill-k" not in flags:
+        cap = raw("--prefill-k", "a value")
+        if cap is None:
             return "uncapped"
-        i = flags.index("--prefill-k") + 1
-        if i == len(flags) or flags[i].startswith("--"):
-            raise DynspecError(f"{where}: its flags {' '.join(flags)!r} give --prefill-k without a value")
-        cap = flags[i]
         if cap.startswith("@"):
             cap = schedule.partition(" prefill-k ")[2] or _cap_of_file(cap)
         return f"prefill-k {cap}"

@@ -13,6 +13,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from dynspec.build.engine_dir import BuildRequest, plan_build, write_engine_dir
     from dynspec.build.plan import format_plan
     from dynspec.errors import DynspecError
+    from dynspec.runtime.policy.prefill_cap import json_form, parse_cap
     from dynspec.runtime.policy.schedule_args import schedule_of
 
     if args.out is None and not args.plan:
@@ -30,7 +31,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         baseline=args.baseline_trt_engine, reference_dtype=args.reference_dtype,
         reference_max_batch_size=args.reference_max_batch_size, reference_max_seq_len=args.reference_max_seq_len,
         max_num_tokens=args.max_num_tokens, cost_model=args.cost_model, ttft_weight=args.ttft_weight,
-        prefill_k=args.prefill_k,
+        prefill_k=None if args.prefill_k is None else json_form(parse_cap(args.prefill_k)),   # @FILE read once, here
     )
     bp = plan_build(req)
     if args.plan:

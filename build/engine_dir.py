@@ -47,7 +47,7 @@ class BuildRequest:
     max_num_tokens: int | None = None            # tokens per iteration (TRT-LLM + reference); see config.py
     cost_model: str | None = None                # a `dynspec profile` JSON: policy "adaptive" (reference engine)
     ttft_weight: float | None = None             # the adaptive policy's prompt weight (None: its default)
-    prefill_k: int | str | None = None           # the schedule's cap on a step that ends a prefill: K, tiers or @FILE
+    prefill_k: int | str | None = None           # the schedule's cap on a step that ends a prefill: K or tiers
                                                  # (prefill_cap.parse_cap; None: uncapped)
 
 

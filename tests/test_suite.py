@@ -25,7 +25,8 @@ SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 ONE_H200 = ("decode_floor", "mixed_step", "regime_b", "regime_a", "varied_vs_fixed")
 COMMITTED_CPU = ("cpu_tiny", "cpu_per_request", "sim_ttft")
 COMMITTED_H200 = ONE_H200 + ("cost_model", "acceptance", "long_context", "overlap", "overlap_regime_a")     # the adaptive configs' engine is their own
-COMMITTED_H100 = ("serving", "serving_256", "per_request_bimodal", "serving_ttft")
+COMMITTED_H100 = ("serving", "serving_256", "per_request_bimodal", "serving_ttft", "per_request_serving",
+                  "per_request_serving_64")
 PREPARE_S = 200            # random 8B-shaped pair + convert + build on the H200, the upper end
 
 

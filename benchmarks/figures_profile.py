@@ -64,18 +64,45 @@ def floor_plot(fig: Mapping) -> dict:
 
 
 def mixed_figures(doc: Mapping) -> dict:
-    """{"b:K:chunk": {"<mode>": ms}} from every numeric `<mode>_ms` field of each point."""
-    pts = {}
+    """{"points": {"b:K:chunk": {"<mode>": ms}}} from every numeric `<mode>_ms` field of each point,
+    and, where the run timed kernels, {"where": {"b:K:chunk": kernel_split.point_split}}: the full
+    graphs' step and the decode step by GEMMs, attention, the rest and the wall outside kernels."""
+    from dynspec.benchmarks.kernel_split import point_split
+
+    pts, where = {}, {}
     for p in doc["points"]:
         pts[p["point"]] = {k[:-3]: v for k, v in p.items() if k.endswith("_ms") and isinstance(v, (int, float))}
-    return {"points": pts, "context_len": doc.get("context_len"), "device": doc.get("device"),
-            "statistic": doc.get("statistic"), "command": doc.get("command")}
+        if (s := point_split(p)) is not None:
+            where[p["point"]] = s
+    return {"points": pts, **({"where": where} if where else {}), "context_len": doc.get("context_len"),
+            "device": doc.get("device"), "statistic": doc.get("statistic"), "command": doc.get("command")}
 
 
 def mixed_table(fig: Mapping) -> dict:
+    """One row a point: each mode's ms; with kernel timing, full / decode, the full step's GEMMs,
+    attention, rest and wall minus kernels (the decode step's in brackets) and gemm_floor."""
     modes = sorted({m for v in fig["points"].values() for m in v})
-    return {"header": ["point b:K:chunk", *[f"{m} ms" for m in modes]],
-            "rows": [[p, *[f"{v[m]:.3f}" if m in v else "-" for m in modes]] for p, v in fig["points"].items()]}
+    where = fig.get("where", {})
+    parts = ("gemm", "attention", "rest")
+    header = ["point b:K:chunk", *[f"{m} ms" for m in modes]]
+    if where:
+        header += ["full / decode", *[f"{x} ms (decode)" for x in parts], "wall - kernels ms (decode)",
+                   "floor: chunk adds GEMMs only"]
+    rows = []
+    for p, v in fig["points"].items():
+        row = [p, *[f"{v[m]:.3f}" if m in v else "-" for m in modes]]
+        if where:
+            w = where.get(p)
+            if w is None:
+                row += ["-"] * 6
+            else:
+                mx, dc = w["mixed"], w["decode"]
+                ratio = f"{v['full'] / v['decode']:.3f}" if v.get("full") and v.get("decode") else "-"
+                row += [ratio, *[f"{mx[x + '_ms']:.2f} ({dc[x + '_ms']:.2f})" for x in parts],
+                        f"{mx['wall_ms'] - mx['kernel_ms']:.2f} ({dc['wall_ms'] - dc['kernel_ms']:.2f})",
+                        f"{w['gemm_floor']:.3f}" if w["gemm_floor"] is not None else "-"]
+        rows.append(row)
+    return {"header": header, "rows": rows}
 
 
 def mixed_plot(fig: Mapping) -> dict:

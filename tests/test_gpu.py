@@ -132,10 +132,11 @@ def _compiled() -> dict:
     """Compiled variants so far: torch.compile's graphs and each Triton kernel's."""
     from torch._dynamo.utils import counters
 
-    from dynspec.runtime.engines.reference import norm_kernel, ragged_kernel, rope_kernel
+    from dynspec.runtime.engines.reference import norm_kernel, ragged_kernel, rope_kernel, swiglu_kernel
 
     out = {"dynamo": dict(counters["stats"])}
-    for fn in (ragged_kernel.ragged_paged_attention, norm_kernel._add_rms_norm_kernel, rope_kernel._rope_write_kernel):
+    for fn in (ragged_kernel.ragged_paged_attention, norm_kernel._add_rms_norm_kernel, rope_kernel._rope_write_kernel,
+               swiglu_kernel._silu_mul_kernel):
         caches = getattr(fn, "device_caches", None)           # Triton >= 3.2: device -> (kernel cache, ...)
         out[fn.__name__] = (sum(len(c[0]) for c in caches.values()) if caches is not None
                             else sum(len(c) for c in getattr(fn, "cache", {}).values()))
@@ -482,6 +483,19 @@ def test_norm_triton_equals_eager(rows, n, dtype):
 
     assert Kernels(compiled=True).add_rms_norm is add_rms_norm_triton
     assert_norm_matches(add_rms_norm_triton, rms_norm_triton, "cuda", dtype, rows, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows, n", [(1, 14336), (576, 14336), (5, 80)])
+def test_silu_mul_triton_equals_eager(rows, n, dtype):
+    """Kernels(compiled=True)'s silu_mul on CUDA, swiglu_kernel's, == layer_ops' eager one: the 8B's
+    [gate | up] at b=1 and at a 64:0:512 step's 576 rows, and a tiny model's."""
+    from dynspec.runtime.engines.reference.layer_ops import Kernels
+    from dynspec.runtime.engines.reference.swiglu_kernel import silu_mul_triton
+    from tests.helpers_swiglu import assert_swiglu_matches
+
+    assert Kernels(compiled=True).silu_mul is silu_mul_triton
+    assert_swiglu_matches(silu_mul_triton, "cuda", dtype, rows, n)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 300])

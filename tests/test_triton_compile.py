@@ -1,6 +1,6 @@
 """The hand-written Triton kernels compiled for the H200 (sm_90) on CPU, to PTX and through ptxas
 to a cubin. The interpreter (tests/test_ragged_attention.py, test_rope_kernel.py,
-test_norm_kernel.py) runs a kernel's Python, not Triton's type rules: a name reused with another
+test_norm_kernel.py, test_swiglu_kernel.py) runs a kernel's Python, not Triton's type rules: a name reused with another
 type inside a loop or branch passes there and fails only on the GPU; ptxas sees what the
 interpreter cannot (register and shared-memory use)."""
 import pytest
@@ -72,6 +72,16 @@ def test_norm_lowers_for_sm90(has_r):
     const = dict(HAS_R=has_r, WIDE=False, BLOCK=4096)
     assert "tt.func" in lower(fn, pointers, scalars, const)
 
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_swiglu_lowers_for_sm90(wide):
+    from dynspec.runtime.engines.reference.swiglu_kernel import BLOCK, _silu_mul_kernel as fn
+
+    t = "*fp64" if wide else "*bf16"
+    pointers = {"X": t, "Y": t}
+    scalars = {a: "i64" for a in ("n", "stride_x", "stride_y")}
+    assert "tt.func" in lower(fn, pointers, scalars, dict(WIDE=wide, BLOCK=BLOCK))
 
 
 @pytest.mark.parametrize("ranks", [2, 8])

@@ -118,8 +118,9 @@ class Kernels:
     rope_write, add_rms_norm, silu_mul around a layer's 4 GEMMs and attention. At batch 1 the
     glue's launches and gaps, not its bytes, are what cost. On CUDA, compiled also swaps in
     hand-written Triton kernels where inductor's cost more: rope_kernel.rope_write_triton (one
-    launch where inductor emits three) and norm_kernel's single-pass rms_norm / add_rms_norm
-    (inductor's loops over a 4096-wide row twice)."""
+    launch where inductor emits three), norm_kernel's single-pass rms_norm / add_rms_norm
+    (inductor's loops over a 4096-wide row twice) and swiglu_kernel's silu_mul (inductor's moved
+    about half the bandwidth)."""
 
     def __init__(self, compiled: bool = False):
         self.compiled = compiled
@@ -130,4 +131,6 @@ class Kernels:
         if self.fused_glue:
             from dynspec.runtime.engines.reference.norm_kernel import add_rms_norm_triton, rms_norm_triton
             from dynspec.runtime.engines.reference.rope_kernel import rope_write_triton
+            from dynspec.runtime.engines.reference.swiglu_kernel import silu_mul_triton
             self.rope_write, self.rms_norm, self.add_rms_norm = rope_write_triton, rms_norm_triton, add_rms_norm_triton
+            self.silu_mul = silu_mul_triton

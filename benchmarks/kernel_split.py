@@ -1,32 +1,35 @@
 """Where a step's time goes, from the kernel timing of `step_timing.step_kernels` (the `mixed_step`
 run's `<mode>_kernels`): GEMMs, attention, the rest of the kernels, and the wall time outside
-them. Pure functions (docs/design.md, "The ragged attention kernel"; issue figures of `mixed_step`).
+them. Pure functions (docs/design.md, "One packed forward": "Where the time goes").
 
-A kernel is a GEMM when cuBLAS ran it (`nvjet_*`, `*gemm*`, `cutlass*`, cuBLASLt's split-K reduce
-that finishes one), attention when it is the ragged kernel; everything else (the norms, RoPE with
+A kernel is attention when it is the ragged kernel or a fused SDPA one (`fmha*`, `flash*`: the
+eager path's), a GEMM when cuBLAS ran it (`nvjet_*`, `*gemm*` and `*gemv*`, `cutlass*`, cuBLASLt's
+split-K reduce that finishes one); everything else (the norms, RoPE with
 the K/V write, SwiGLU, the packing, torch's index ops, copies) is the rest. The rest is what the
 listed kernels leave of the step's kernel time, so a list cut at its top N still adds up.
 
 The floor of a mixed / decode ratio (`gemm_floor`): the mixed step if its prompt chunk added
 nothing but its share of the GEMMs, (mixed GEMMs + the decode step's attention, rest and wall
-outside kernels) / the decode step's wall, in the profiler's clock.
-Worked example, the H100's 64:0:512 mixed step at 68c6193 (ms a step): GEMMs 12.25, attention
+outside kernels) / the decode step's wall, in the profiler's clock (the timed ratio, without the
+profiler, may differ by a few percent: 2.02 timed, 1.96 profiled at 64:0:512 on the H100 at
+7dfc4b1).
+Worked example, the H100's 64:0:512 mixed step at 1bfbb10 (ms a step): GEMMs 12.25, attention
 4.06, rest 2.10 (18.41 of kernels), wall 19.43; its decode step 5.62, 3.04, 0.36 (9.02), wall
-9.54. gemm_floor = (12.25 + 3.04 + 0.36 + 0.52) / 9.54 = 1.69: a ratio of 1.7 leaves the chunk's
-512 tokens 0.1 ms for their attention, norms, RoPE and SwiGLU.
+9.54. gemm_floor = (12.25 + 3.04 + 0.36 + 0.52) / 9.54 = 1.70 (measured 2.03): a target of 1.7
+there leaves the chunk's 512 tokens about 0.05 ms for their attention, norms, RoPE and SwiGLU.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
-ATTENTION = "ragged_paged_attention"
-GEMM_MARKS = ("nvjet_", "gemm", "cutlass", "splitkreduce")
+ATTENTION_MARKS = ("ragged_paged_attention", "fmha", "flash")
+GEMM_MARKS = ("nvjet_", "gemm", "gemv", "cutlass", "splitkreduce")
 
 
 def kind(name: str) -> str:
     """'gemm', 'attention' or 'rest' of one kernel name."""
     low = name.lower()
-    if low.startswith(ATTENTION):
+    if any(m in low for m in ATTENTION_MARKS):
         return "attention"
     return "gemm" if any(m in low for m in GEMM_MARKS) else "rest"
 

@@ -11,7 +11,8 @@ def assert_swiglu_matches(fn, device: str, dtype: torch.dtype, rows: int, n: int
     """fn (silu_mul's signature) on random [gate | up] rows [rows, 2n], a strided view (every other
     row of a bigger tensor, as a GEMM's output is sliced): == the eager function's at float64;
     at float32 within torch's and Triton's exp (a few ulp); at bfloat16 on CUDA within one ulp of
-    each of its two roundings, under Triton's interpreter (which truncates where CUDA rounds) three."""
+    each of its two roundings, under Triton's interpreter (which truncates where CUDA rounds) three.
+    Also: no rows, no width, and a 3-D input whose leading dims are kept."""
     g = torch.Generator().manual_seed(rows * 1000 + n)
     big = (4 * torch.randn(2 * rows, 2 * n, generator=g)).to(device, dtype)
     x = big[::2]                                                            # [rows, 2n], row stride 4n
@@ -27,6 +28,10 @@ def assert_swiglu_matches(fn, device: str, dtype: torch.dtype, rows: int, n: int
         torch.testing.assert_close(y, ref, rtol=ulps * 2 ** -7, atol=ulps * 2 ** -9)
     assert torch.equal(big, before)                                         # the input untouched
     assert fn(x[:0]).shape == (0, n)                                        # no rows: nothing launched
+    assert fn(torch.zeros(2, rows, 0, dtype=dtype, device=device)).shape == (2, rows, 0)   # no width
+    three = big.reshape(2, rows, 2 * n)                                     # [2, rows, 2n]: leading dims kept
+    assert fn(three).shape == (2, rows, n)
+    assert torch.equal(fn(three)[1], fn(big[rows:]))
 
 
 CASES = [(1, 64), (5, 80), (3, 1100)]      # rows, n: one row, a width not a power of two, two blocks and a tail

@@ -153,7 +153,9 @@ def test_nothing_compiles_while_serving_after_the_capture(pair, prompt_lens, max
     rng = random.Random(5)
     prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(*prompt_lens))) for _ in range(40)]
     lens = [rng.randint(2, 30) for _ in prompts]
-    policy = DraftSchedule.parse("4:5,8:3,17:1")    # a step counts the prompts it ends as rows: 15 + 1 -> K=1
+    # a step counts the prompts it ends as rows (DraftSchedule.emitting): 15 decode rows beside a
+    # prompt that ends count 16, and 16 + 1; the 17 tier keeps K=1 there, K=3 and 5 in the ramp-up
+    policy = DraftSchedule.parse("4:5,8:3,17:1")
     eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=max_seq,
                                 max_draft_len=5, max_num_tokens=budget)
     capture(eng, reachable_graphs([policy], 16, True, budget))

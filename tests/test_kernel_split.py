@@ -19,7 +19,9 @@ def test_kinds_of_kernel_names():
     assert kind("nvjet_sm90_tst_128x192_64x5_2x1_v_bz_coopB_TNN") == "gemm"
     assert kind("void cublasLt::splitKreduce_kernel<32, 16, int, float>") == "gemm"
     assert kind("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert kind("void cublasLt::gemv2T_kernel_val<int, int, __nv_bfloat16>") == "gemm"
     assert kind("ragged_paged_attention") == "attention"
+    assert kind("fmha_cutlassF_bf16_aligned_64x128_rf_sm80") == kind("flash_fwd_kernel") == "attention"  # eager SDPA
     assert kind("_add_rms_norm_kernel") == kind("_silu_mul_kernel") == kind("Memcpy HtoD (Pinned -> Device)") == "rest"
 
 

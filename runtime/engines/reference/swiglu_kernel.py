@@ -1,7 +1,7 @@
 """`layer_ops.silu_mul` (SwiGLU's silu(gate) * up) as a Triton kernel, for `Kernels(compiled=True)`
 on CUDA. Inductor's kernel for it (`triton_poi_fused_mul_silu_split_0`, shapes dynamic) moved
 1.2-1.45 TB/s on the H100 at 192-576 rows of the 8B's [gate | up] (2 x 14336 wide): 0.39 ms of
-a 64:0:128 mixed step and 1.10 ms of a 64:0:512 one (`mixed_step`, H100 at 68c6193). Here
+a 64:0:128 mixed step and 1.10 ms of a 64:0:512 one (`mixed_step`, H100 at 1bfbb10). Here
 program (r, j) reads BLOCK contiguous columns of row r's gate and the same of its up, and writes
 BLOCK outputs: wide, aligned loads; 2.45 TB/s at 576 rows (20.2 us against inductor's 40.8, the
 same H100; 0.17 and 0.45 ms of those steps at 7dfc4b1: docs/design.md, "Layer glue").
@@ -37,16 +37,19 @@ def _silu_mul_kernel(X, Y, n, stride_x, stride_y, WIDE: tl.constexpr, BLOCK: tl.
 
 def silu_mul_triton(gate_up: Tensor) -> Tensor:
     """`layer_ops.silu_mul` in one launch: [.., 2i] = [gate; up] -> silu(gate) * up [.., i]. No host
-    sync; allocates only its output (CUDA-graph capturable)."""
+    sync; allocates only its output where the rows are one strided view (F.linear's output; a
+    3-D input that is not is copied by reshape first), so CUDA graphs capture it."""
     w = gate_up.shape[-1]
     if w % 2 or gate_up.stride(-1) != 1:
         raise ValueError(f"silu_mul_triton needs [.., 2i] with a unit last stride (got shape {tuple(gate_up.shape)}, "
                          f"strides {gate_up.stride()})")
     n = w // 2
+    if not gate_up.numel():
+        return gate_up.new_empty(*gate_up.shape[:-1], n)
     x2 = gate_up.reshape(-1, w)
     rows = x2.shape[0]
     y = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
-    if rows and n:
+    if rows:
         _silu_mul_kernel[(rows, triton.cdiv(n, BLOCK))](
             x2, y, n, x2.stride(0), y.stride(0), WIDE=gate_up.dtype == torch.float64, BLOCK=BLOCK, num_warps=4)
     return y.view(*gate_up.shape[:-1], n)

@@ -21,6 +21,7 @@ from typing import Sequence
 from dynspec.errors import DynspecError
 from dynspec.runtime.serving.loop import Loop
 from dynspec.runtime.policy import POLICIES, DraftSchedule, registered_name
+from dynspec.runtime.policy.schedule_args import spec_file
 
 
 MODES = ("baseline", "static", "dynamic")            # the default --modes; TensorRT-LLM runs these alone
@@ -93,14 +94,9 @@ def static_k_of(mode: str) -> int | None:
     return int(k)
 
 
-def read_schedule_arg(text: str) -> DraftSchedule:
-    """'4:4,8:2' or '@schedule.txt' (the file `dynspec tune --out` writes)."""
-    if text.startswith("@"):
-        p = Path(text[1:])
-        if not p.is_file():
-            raise DynspecError(f"schedule file {p} does not exist")
-        return DraftSchedule.parse(p.read_text().strip())
-    return DraftSchedule.parse(text)
+def read_schedule_arg(text: str, where: str = "--dynamic-schedule") -> DraftSchedule:
+    """'4:4,8:2' or '@schedule.txt' (the file `dynspec tune --out` writes; schedule_args.spec_file)."""
+    return DraftSchedule.parse(spec_file(text, where, "tiers") if text.startswith("@") else text)
 
 
 def mode_schedules(modes: Sequence[str], dynamic: DraftSchedule, static_k: int | None,

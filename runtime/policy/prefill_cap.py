@@ -20,14 +20,12 @@ dynamic draft length reads the batch size alone. Pure: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy import MAX_BATCH_SIZE, MAX_DRAFT_LEN, DraftSchedule, ScheduleError, one_k
 from dynspec.runtime.policy.prefill_price import finishing
+from dynspec.runtime.policy.schedule_args import spec_file
 from dynspec.runtime.policy.step_decision import StepDecision, StepInputs
-
-MAX_CAP_FILE_BYTES = 1 << 16
 
 
 def constant_cap(k: int) -> DraftSchedule:
@@ -61,7 +59,7 @@ def parse_cap(value: object, where: str = "--prefill-k") -> DraftSchedule:
     if not text:
         raise DynspecError(f"{where} is empty; give a K >= 0, tiers like '37:1', or @FILE")
     if text.startswith("@"):
-        return parse_cap(_cap_file(text, where), f"{where} ({text[1:]})")
+        return parse_cap(spec_file(text, where, "a K or tiers"), f"{where} ({text[1:]})")
     if text.isascii() and text.isdigit():
         return parse_cap(int(text), where)
     if text.startswith("-") and text[1:].isascii() and text[1:].isdigit():
@@ -70,23 +68,6 @@ def parse_cap(value: object, where: str = "--prefill-k") -> DraftSchedule:
         return DraftSchedule.parse(text)
     except ScheduleError as e:
         raise DynspecError(f"{where} {value!r}: {e}") from None
-
-
-def _cap_file(text: str, where: str) -> str:
-    """The text of '@FILE': one K or tiers (no further '@'), at most MAX_CAP_FILE_BYTES."""
-    path = Path(text[1:])
-    if not text[1:]:
-        raise DynspecError(f"{where} {text}: name a file after '@'")
-    if path.is_dir():
-        raise DynspecError(f"{where} {text}: {path} is a folder, not a file")
-    if not path.is_file():
-        raise DynspecError(f"{where} {text}: file {path} does not exist")
-    if path.stat().st_size > MAX_CAP_FILE_BYTES:
-        raise DynspecError(f"{where} {text}: file {path} is larger than {MAX_CAP_FILE_BYTES} bytes")
-    body = path.read_text(encoding="utf-8", errors="replace").strip()
-    if body.startswith("@"):
-        raise DynspecError(f"{where} {text}: file {path} names another file; it must hold a K or tiers")
-    return body
 
 
 @dataclass(frozen=True)

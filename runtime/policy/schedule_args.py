@@ -12,8 +12,31 @@ from dynspec/cli.py:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from dynspec.errors import DynspecError
 from dynspec.runtime.policy import DraftSchedule, schedule_from_args
+
+MAX_SPEC_FILE_BYTES = 1 << 16
+
+
+def spec_file(text: str, where: str, holds: str) -> str:
+    """The text of '@FILE' (a flag's value naming a file: `dynspec tune --out`'s schedule.txt, a
+    prefill cap), at most MAX_SPEC_FILE_BYTES and naming no further file; `where` (the flag) and
+    `holds` (what the file must hold, 'tiers') name the value in each refusal."""
+    path = Path(text[1:])
+    if not text[1:]:
+        raise DynspecError(f"{where} {text}: name a file after '@'")
+    if path.is_dir():
+        raise DynspecError(f"{where} {text}: {path} is a folder, not a file")
+    if not path.is_file():
+        raise DynspecError(f"{where} {text}: file {path} does not exist")
+    if path.stat().st_size > MAX_SPEC_FILE_BYTES:
+        raise DynspecError(f"{where} {text}: file {path} is larger than {MAX_SPEC_FILE_BYTES} bytes")
+    body = path.read_text(encoding="utf-8", errors="replace").strip()
+    if body.startswith("@"):
+        raise DynspecError(f"{where} {text}: file {path} names another file; it must hold {holds}")
+    return body
 
 
 def add_schedule_args(p: argparse.ArgumentParser, required: bool = True) -> None:

@@ -537,3 +537,32 @@ def test_per_row_k_through_captured_whole_graphs_equals_transformers(pair, monke
     assert per_row and runs and all(replayed for _, _, replayed in runs)
     assert len(runs) >= sum(1 for s in ex.stats if s.prefill_tokens) and eng.eager_fallbacks == 0
     assert_transformers_greedy(pair, prompts, lens, [h.result().output_ids for h in handles])
+
+
+def test_a_step_without_rows_stores_through_its_captured_graph(pair, monkeypatch):
+    """Lazy sync under "1:4" (K=4 at one row, 0 above): 3 prompts reach an idle engine and end in
+    its first step, whose rows would run at K=0, so that step stores them (Executor._drafts_next)
+    through the captured chunk-only STORE graph; the rows end one by one and the last drafts after
+    catching up its prompt. Every mixed step replays a graph, nothing compiles, and the tokens are
+    transformers'."""
+    from dynspec.runtime.engines.reference.mixed_layout import STORE
+
+    runs = _spy_whole(monkeypatch)
+    policy = DraftSchedule.parse("1:4")
+    eng = load_reference_engine(*pair, device="cuda", dtype="float32", max_batch_size=16, max_seq_len=128,
+                                max_draft_len=4, max_num_tokens=64)
+    capture(eng, reachable_graphs([policy], 16, "lazy", 64))
+    runs.clear()
+    before = _compiled()
+    rng = random.Random(6)
+    prompts = [tuple(rng.randrange(256) for _ in range(rng.randint(4, 20))) for _ in range(3)]
+    lens = [8, 16, 40]
+    ex = Executor(eng, policy, draft_sync="lazy")
+    handles = [ex.submit(p, n) for p, n in zip(prompts, lens)]
+    ex.run_until_idle()
+    first = ex.stats[0]
+    assert first.batch_size == 0 and first.stored_prompt_tokens == sum(map(len, prompts))
+    assert runs[0][0][1:] == (0, 1, STORE) and all(replayed for _, _, replayed in runs)
+    assert any(s.k == 4 and s.catch_up_tokens for s in ex.stats) and eng.eager_fallbacks == 0
+    assert _compiled() == before
+    assert_transformers_greedy(pair, prompts, lens, [h.result().output_ids for h in handles])

@@ -392,12 +392,15 @@ def test_whole_iterations_leave_the_state_the_eager_path_leaves(pair, sync):
 
 
 def test_whole_keys_cover_each_row_shape_and_chunk_only_iterations():
-    from dynspec.runtime.engines.reference.mixed_layout import whole_keys
+    from dynspec.runtime.engines.reference.mixed_layout import STORE, whole_keys
 
     t, f = True, False
     assert whole_keys([(1, 2, t)], (16, 32)) == ((16, 0, 1, t), (16, 1, 2, t), (32, 0, 1, t), (32, 1, 2, t))
     assert whole_keys([(8, 3, t)], (16, 32)) == ((16, 0, 1, t), (32, 0, 1, t), (32, 8, 3, t))   # 24 decode tokens fill 16
     assert whole_keys([(2, 1, f)], (16,)) == ((16, 0, 1, f), (16, 2, 1, f))                       # the target alone
+    # lazy sync: K=0 rows store (STORE), and a step without rows may store too (Executor._drafts_next)
+    assert whole_keys([(1, 2, t), (1, 1, STORE)], (16,)) == ((16, 0, 1, t), (16, 0, 1, STORE), (16, 1, 1, STORE),
+                                                             (16, 1, 2, t))
 
 
 def test_ragged_batch_matches_a_row_by_row_layout():

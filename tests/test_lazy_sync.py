@@ -246,3 +246,66 @@ def test_a_stored_chunk_keeps_its_newest_cap_tokens():
     chunks = [PromptChunk(5, 0, (1, 2, 3), None), PromptChunk(6, 40, (4, 5), None)]
     assert store_slots(chunks, 2, 9).tolist() == [9, 5, 5, 6, 6]
     assert store_slots(chunks, 256, 9).tolist() == [5, 5, 5, 6, 6] and store_slots((), 2, 9).tolist() == []
+
+
+class Counted:
+    """The schedule "1:4" (K=4 at one row, 0 above) that counts the decisions it makes."""
+
+    max_draft_len, drafts, chooses_keep_warm = K, True, False
+
+    def __init__(self):
+        self.calls, self.schedule = 0, DraftSchedule(((1, K),))
+
+    def choices(self, batch_size: int) -> tuple[int, ...]:
+        return (self.schedule(batch_size),)
+
+    def decide(self, x):
+        from dynspec.runtime.policy.step_decision import one_k
+
+        self.calls += 1
+        return one_k(self.schedule(x.batch_size), x)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_step_without_rows_stores_where_its_rows_would_not_draft(tiny, whole):
+    """Three prompts arrive at an idle engine under "1:4": the first step has no rows and ends all
+    three, whose rows would run at K=0, so lazy sync stores the prompts (warm drafts over them). The
+    rows end one by one (8, 16, 40 new tokens); the last drafts at K=4 after catching up its
+    prompt, and accepts what warm accepts, step for step; the text is transformers' greedy. One
+    prompt alone would draft at once: that step runs the draft. The policy is asked about the
+    rows to come on a copy: its own count is one decision a step with rows."""
+    from dynspec.runtime.serving.driver import closed_loop
+
+    prompts, news = tiny[2][:3], (8, 16, 40)
+    runs = {}
+    for sync in ("lazy", "warm"):
+        eng, pol = engine(tiny, whole=whole), Counted()
+        ex = Executor(eng, pol, draft_sync=sync, stats_limit=None)
+        out = [h.result().output_ids for h in closed_loop(ex, list(zip(prompts, news)), 3)]
+        st = ex.stats
+        assert pol.calls == sum(1 for s in st if s.batch_size)
+        runs[sync] = out, [(s.batch_size, s.k, s.accepted) for s in st], st
+    assert runs["lazy"][0] == runs["warm"][0] == [greedy_many(tiny[3], [p], n)[0] for p, n in zip(prompts, news)]
+    assert runs["lazy"][1] == runs["warm"][1]
+    first, st = runs["lazy"][2][0], runs["lazy"][2]
+    assert first.batch_size == 0 and first.stored_prompt_tokens == first.prefill_tokens == sum(map(len, prompts))
+    assert not any(s.stored_prompt_tokens for s in runs["warm"][2])
+    assert any(s.k for s in st) and sum(s.catch_up_tokens for s in st) >= len(prompts[2]) - 1
+    ex = Executor(engine(tiny, whole=whole), Counted(), draft_sync="lazy", stats_limit=None)
+    (res,) = run_closed_loop(ex, prompts[:1], 8, concurrency=1)
+    assert res.output_ids == greedy_many(tiny[3], prompts[:1], 8)[0]
+    assert ex.stats[0].batch_size == 0 and not ex.stats[0].stored_prompt_tokens and ex.stats[1].k == K
+
+
+def test_the_backlog_after_a_step_drops_what_it_prefills():
+    """RequestPool.backlog's worked example: admitted (100, 40 of 80 prefilled), queue (30, 50),
+    three free rows; a step taking the first prompt whole leaves (40, 30, 50)."""
+    from dynspec.runtime.serving.request_pool import RequestPool
+    from dynspec.runtime.serving.requests import Request
+
+    pool = RequestPool(lambda: 0.0)
+    a, b = Request(0, (1,) * 100, 8, frozenset(), 0.0), Request(1, (1,) * 80, 8, frozenset(), 0.0, prefilled=40)
+    pool.prefilling += [a, b]
+    pool.waiting.extend(Request(i, (1,) * n, 8, frozenset(), 0.0) for i, n in ((2, 30), (3, 50)))
+    assert pool.backlog(3) == (100, 40, 30)
+    assert pool.backlog(3, {0: 100}) == (40, 30, 50) and pool.backlog(3, {1: 10}) == (100, 30, 30)

@@ -74,9 +74,9 @@ class Executor:
         # Loop.OVERLAPPED (docs/design.md, "The overlapped loop"): plan and launch iteration i+1
         # before reading iteration i's result (runtime/serving/loop.py)
         loop: Loop = Loop.SERIAL,
-        # lazy sync: a K=0 step with decode rows stores its prompt chunks' target features and the
-        # draft catches up when the row drafts (runtime/serving/draft_sync.py, "Prompts"); False: the
-        # draft runs over every chunk in its step
+        # lazy sync: a K=0 step with decode rows, or one without rows whose rows would not draft,
+        # stores its prompt chunks' target features and the draft catches up when the row drafts
+        # (runtime/serving/draft_sync.py, "Prompts"); False: the draft runs over every chunk in its step
         store_prompts: bool = True,
     ):
         if not acceptance.lossless and not allow_lossy:
@@ -188,6 +188,9 @@ class Executor:
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1) - sync.tokens, cap)
             if not rows and not chunks:
                 return None
+            if not rows and self.store_prompts and not self._drafts_next(chunks, chunked):
+                store, cap = True, None          # the rows it leaves would not draft: stored, as a K=0 step's
+                chunks, chunked = prompt_chunks(list(self._pool.prefilling), self.engine.max_num_tokens)
             ups, dropped = chunk_catch_up(chunked, [c.start for c in chunks], cap) if cap is not None else ((), 0)
             plan = make_step_plan(k, rows, rin, decision, self.draft_sync, self.engine, chunks, sync,
                                   carry=carry, draft=self.draft, chunk_catch_up=ups, store_chunks=store and bool(chunks))
@@ -199,6 +202,19 @@ class Executor:
         return Launched(plan, tuple(rows), tuple(chunked), handle, decision, context, rates, scale,
                         t0, t1, t_policy, 0.0 if hidden else t_policy, self.clock() - t1, waiting,
                         sync.behind, sync.dropped + dropped)
+
+    def _drafts_next(self, chunks: Sequence[PromptChunk], chunked: Sequence[Request]) -> bool:
+        """Whether the policy would draft for the decode rows a step without rows leaves: the
+        requests whose last chunk it runs, at their prompts' lengths, with the prompt tokens left
+        after it waiting. A step that ends no prompt leaves no rows to ask about: it drafts."""
+        ends = [r for r, c in zip(chunked, chunks) if c.last]
+        if not ends:
+            return True
+        waiting = ()
+        if self._k.reads_prompts:
+            free = min(self.engine.max_batch_size, self.engine.max_num_tokens) - len(ends)
+            waiting = self._pool.backlog(free, {r.id: len(c.tokens) for r, c in zip(chunked, chunks)})
+        return self._k.drafts(ends, [len(r.prompt) for r in ends], self._k.estimate.rates(), waiting)
 
     def _backlog(self, b: int) -> tuple[int, ...]:
         """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""

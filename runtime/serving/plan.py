@@ -93,7 +93,7 @@ class StepPlan:
     lazy: bool = False              # lazy draft sync: K=0 rows keep their target features in the engine's
                                     # store instead of extending the draft (keep_warm is False then)
     catch_up: tuple[CatchUp, ...] = ()   # lazy: the draft K/V to write before the step's draft work
-    store_chunks: bool = False      # lazy, K=0 with decode rows: the chunks' draft pass is deferred (their
+    store_chunks: bool = False      # lazy, K=0 (rows or none): the chunks' draft pass is deferred (their
                                     # target features stored; the draft catches up when the row drafts)
 
     def __post_init__(self) -> None:
@@ -242,9 +242,9 @@ def make_plan(
         raise ValueError(f"a plan without the draft runs K=0 without keep-warm (K={k}, keep_warm={keep_warm})")
     if lazy and keep_warm:
         raise ValueError("a plan's draft sync is one of warm (keep_warm) and lazy, not both")
-    if store_chunks and not (lazy and draft and b and not k and chunks):
-        raise ValueError(f"store_chunks is a lazy K=0 step's with decode rows and chunks (lazy={lazy}, K={k}, "
-                         f"b={b}, chunks={len(chunks)})")
+    if store_chunks and not (lazy and draft and not k and chunks):
+        raise ValueError(f"store_chunks is a lazy K=0 step's with chunks (lazy={lazy}, K={k}, "
+                         f"chunks={len(chunks)})")
     return StepPlan(
         k=k if b else 0,
         batch_size=b,

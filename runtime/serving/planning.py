@@ -3,6 +3,7 @@ it reads (the acceptance estimate, the cost calibration, the previous K, the pro
 request's acceptance counts), and the decode rows' and prompt chunks' shares of the plan."""
 from __future__ import annotations
 
+import copy
 import math
 from typing import Sequence
 
@@ -69,6 +70,15 @@ class KDecider:
                 if k:
                     r.probes = r.probes + 1 if i in probed else 0
         return d.k, d, x.context, x.cost_scale
+
+    def drafts(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...],
+               waiting: tuple[int, ...] = ()) -> bool:
+        """Whether the policy would draft (K > 0) for these decode rows, asked of a copy of it and
+        without what a decision changes (the rows' idle and probe counts): a policy that keeps state
+        between decisions is left as it was. The executor asks it of the rows a step without rows
+        would leave (the prompts it ends), to store their chunks where they would not draft next
+        (runtime/serving/draft_sync.py, "Prompts")."""
+        return bool(rows) and copy.deepcopy(self.policy).decide(self.inputs(rows, positions, rates, waiting)).k > 0
 
     def inputs(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...],
                waiting: tuple[int, ...] = ()) -> StepInputs:

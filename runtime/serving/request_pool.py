@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from dynspec.runtime.serving.plan import PromptChunk
 from dynspec.runtime.serving.requests import Request, finish
@@ -43,11 +43,14 @@ class RequestPool:
             finish(req, reason, self.clock())
         self.waiting.clear()
 
-    def backlog(self, free_rows: int) -> tuple[int, ...]:
+    def backlog(self, free_rows: int, taken: Mapping[int, int] | None = None) -> tuple[int, ...]:
         """Prompt tokens still to prefill, in the order chunks take the budget: the admitted requests'
         rest, then the first waiting ones that `free_rows` more slots could admit (the policy's
-        StepInputs.waiting). Rows (100, 40 of 80 prefilled), queue (30, 50), free_rows 3 -> (100, 40, 30)."""
-        out = [len(r.prompt) - r.prefilled for r in self.prefilling]
+        StepInputs.waiting). Rows (100, 40 of 80 prefilled), queue (30, 50), free_rows 3 -> (100, 40, 30).
+        taken: request id -> tokens a step being planned prefills (they count as done; a prompt it
+        ends drops out): taken {id of the first: 100} -> (40, 30, 50)."""
+        taken = taken or {}
+        out = [n for r in self.prefilling if (n := len(r.prompt) - r.prefilled - taken.get(r.id, 0)) > 0]
         with self.lock:
             out += [len(r.prompt) for _, r in zip(range(max(0, free_rows - len(out))), self.waiting)]
         return tuple(out)

@@ -67,10 +67,11 @@ def least_tokens(B: int, T: int, below: int) -> int:
 def whole_keys(rows: Iterable[tuple[int, int, bool]], token_buckets: Iterable[int],
                least=lambda B, T: B * T + 1) -> tuple[Key, ...]:
     """Every (Np, B, T, draft) some iteration can reach, for each row shape (B, T, draft) and
-    chunk-only iterations (0, 1, draft; never STORE: that needs decode rows): the token buckets
-    from least(B, T) (least_tokens) up.
+    chunk-only iterations (0, 1, bool(draft), and (0, 1, STORE) beside a STORE shape: a step
+    without rows stores where the rows it leaves would not draft): the token buckets from
+    least(B, T) (least_tokens) up.
     ((1, 2, True),), buckets (16, 32) -> (16,0,1,T) (16,1,2,T) (32,0,1,T) (32,1,2,T)."""
-    shapes = set(rows) | {(0, 1, bool(d)) for _, _, d in rows}
+    shapes = set(rows) | {(0, 1, bool(d)) for _, _, d in rows} | {(0, 1, d) for _, _, d in rows if d == STORE}
     buckets = sorted(token_buckets)
     out = set()
     for B, T, d in shapes:

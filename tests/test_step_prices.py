@@ -66,7 +66,7 @@ def test_a_recorded_command_becomes_the_replays_flags():
 
 def test_a_data_set_of_results_still_committed_is_their_record(tmp_path):
     """Each benchmarks/sim_data set whose runs the committed results still hold (every config's
-    manifest names its tree) is sim_record of those results: the dbb8dd7 set of per_request_bimodal."""
+    manifest names its tree) is sim_record of those results: the 82cefa0 set of per_request_bimodal."""
     from dynspec.benchmarks.sim_record import record
 
     results, matched = SIM_DATA.parent / "results", []
@@ -81,7 +81,7 @@ def test_a_data_set_of_results_still_committed_is_their_record(tmp_path):
         assert record([results / c for c in configs], out, want["prices"]) == want
         assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in runs.parent.iterdir())
         matched.append(runs.parent.name)
-    assert "h100-dbb8dd7" in matched
+    assert "h100-82cefa0" in matched
 
 
 def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):

@@ -309,3 +309,49 @@ def test_the_backlog_after_a_step_drops_what_it_prefills():
     pool.waiting.extend(Request(i, (1,) * n, 8, frozenset(), 0.0) for i, n in ((2, 30), (3, 50)))
     assert pool.backlog(3) == (100, 40, 30)
     assert pool.backlog(3, {0: 100}) == (40, 30, 50) and pool.backlog(3, {1: 10}) == (100, 30, 30)
+
+
+class Asked(Counted):
+    """Counted that reads the waiting prompts and keeps (b, waiting) of every question it answers,
+    in a list its copies share."""
+
+    reads_prompts = True
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def decide(self, x):
+        self.asked.append((x.batch_size, x.waiting))
+        return super().decide(x)
+
+
+def test_the_rows_a_step_without_rows_leaves_are_priced_with_what_waits_after_it(tiny):
+    """Budget 60, three prompts of 24: the first step can end two and run 12 tokens of the third,
+    so the policy is asked about 2 rows with the third's other 12 tokens waiting; at 2 rows "1:4"
+    gives K=0, so the step stores its 60 tokens."""
+    prompts = [p[:24] for p in tiny[2][:3]]
+    ex = Executor(engine(tiny, budget=60), pol := Asked(), draft_sync="lazy", stats_limit=None)
+    out = [r.output_ids for r in run_closed_loop(ex, prompts, 8, concurrency=3)]
+    assert out == greedy_many(tiny[3], prompts, 8)
+    assert pol.asked[0] == (2, (12,)) and pol.calls == sum(1 for s in ex.stats if s.batch_size)
+    assert ex.stats[0].batch_size == 0 and ex.stats[0].stored_prompt_tokens == 60
+
+
+def test_a_prompt_behind_by_the_whole_budget_is_stored_not_left_waiting(tiny):
+    """Budget 64 under a store of 256 (the budget below the cap), "1:4": prompts of 5, 5 and 150
+    tokens. The first step ends both short ones (2 rows: K=0) and stores 54 tokens of the long one,
+    the next K=0 step 62 more; at one row K=4, and the long prompt, 116 behind, finds no room for
+    its catch-up beside a drafting row. Once the rows have ended, a step without rows would leave
+    one row that drafts, but no chunk fits beside its catch-up: that step stores instead of
+    waiting for good, and the text is transformers' greedy."""
+    prompts, news = [tuple(range(5, 10)), tuple(range(20, 25)), tuple((i * 7) % 200 + 3 for i in range(150))], (2, 12, 4)
+    ex = Executor(engine(tiny, budget=64, cap=256), Counted(), draft_sync="lazy", stats_limit=None)
+    handles = [ex.submit(p, n) for p, n in zip(prompts, news)]
+    for _ in range(40):
+        if ex.step() is None and all(h.done for h in handles):
+            break
+    assert all(h.done for h in handles)
+    assert [h.result().output_ids for h in handles] == [greedy_many(tiny[3], [p], n)[0] for p, n in zip(prompts, news)]
+    late = [s for s in ex.stats[1:] if not s.batch_size]
+    assert late and all(s.stored_prompt_tokens == s.prefill_tokens for s in late)

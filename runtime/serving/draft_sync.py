@@ -19,7 +19,8 @@ Worked example, cap 8, budget 20, two rows at K=3 wanted (8 decode tokens, 12 le
 
 Prompts (store_chunks): a lazy K=0 step with decode rows stores its chunks' features instead of
 running the draft over them, and so does a step without rows whose rows would not draft (the
-policy's K at the prompts it ends: Executor._drafts_next); each chunk's request falls behind by its tokens (a stored last
+policy's K at the prompts it ends: Executor._drafts_next) or whose chunks find no room beside their
+catch-ups; each chunk's request falls behind by its tokens (a stored last
 chunk leaves the row with a stale head). A later chunk that does run the draft first catches up
 its request's newest min(behind, cap) positions below it (chunk_catch_up), within the budget.
 Example, cap 256: a 300-token prompt in chunks 0..99 (stored) and 100..299 (drafted) -> the second

@@ -186,11 +186,16 @@ class Executor:
             store = self.store_prompts and b > 0 and k == 0           # the chunks' draft pass deferred
             cap = store_cap(self.engine) if self.draft_sync == "lazy" and not store else None
             chunks, chunked = self._chunks(self.engine.max_num_tokens - b * (k + 1) - sync.tokens, cap)
+            # a step without rows stores its chunks as a K=0 step does where the rows they leave would not
+            # draft, or where no chunk fits beside its catch-up (runtime/serving/draft_sync.py, "Prompts")
+            if not rows and self.store_prompts:
+                whole, ended = prompt_chunks(list(self._pool.prefilling), self.engine.max_num_tokens)
+                tq = self.clock()
+                if whole and (not chunks or not self._drafts_next(whole, ended)):
+                    store, cap, chunks, chunked = True, None, whole, ended
+                t_policy += self.clock() - tq                 # the policy's answer is policy time too
             if not rows and not chunks:
                 return None
-            if not rows and self.store_prompts and not self._drafts_next(chunks, chunked):
-                store, cap = True, None          # the rows it leaves would not draft: stored, as a K=0 step's
-                chunks, chunked = prompt_chunks(list(self._pool.prefilling), self.engine.max_num_tokens)
             ups, dropped = chunk_catch_up(chunked, [c.start for c in chunks], cap) if cap is not None else ((), 0)
             plan = make_step_plan(k, rows, rin, decision, self.draft_sync, self.engine, chunks, sync,
                                   carry=carry, draft=self.draft, chunk_catch_up=ups, store_chunks=store and bool(chunks))
@@ -204,9 +209,10 @@ class Executor:
                         sync.behind, sync.dropped + dropped)
 
     def _drafts_next(self, chunks: Sequence[PromptChunk], chunked: Sequence[Request]) -> bool:
-        """Whether the policy would draft for the decode rows a step without rows leaves: the
-        requests whose last chunk it runs, at their prompts' lengths, with the prompt tokens left
-        after it waiting. A step that ends no prompt leaves no rows to ask about: it drafts."""
+        """Whether the policy would draft for the decode rows a step without rows leaves if it ran
+        these chunks: the requests whose last chunk it runs, at their prompts' lengths, with the
+        prompt tokens left after it waiting. A step that ends no prompt leaves no rows to ask
+        about: it drafts."""
         ends = [r for r, c in zip(chunked, chunks) if c.last]
         if not ends:
             return True

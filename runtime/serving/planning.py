@@ -73,12 +73,16 @@ class KDecider:
 
     def drafts(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...],
                waiting: tuple[int, ...] = ()) -> bool:
-        """Whether the policy would draft (K > 0) for these decode rows, asked of a copy of it and
-        without what a decision changes (the rows' idle and probe counts): a policy that keeps state
-        between decisions is left as it was. The executor asks it of the rows a step without rows
-        would leave (the prompts it ends), to store their chunks where they would not draft next
-        (runtime/serving/draft_sync.py, "Prompts")."""
-        return bool(rows) and copy.deepcopy(self.policy).decide(self.inputs(rows, positions, rates, waiting)).k > 0
+        """Whether the policy would draft (K > 0, within the budget's cap as decide caps it) for
+        these decode rows, asked of a shallow copy of it and without what a decision changes (the
+        rows' idle and probe counts): a policy that counts its decisions in an attribute keeps its
+        count, and memo caches (AdaptivePolicy's cost rows) are shared, not copied. The executor asks
+        it of the rows a step without rows would leave (the prompts it ends), to store their chunks
+        where they would not draft next (runtime/serving/draft_sync.py, "Prompts")."""
+        if not rows:
+            return False
+        x = self.inputs(rows, positions, rates, waiting)
+        return min(copy.copy(self.policy).decide(x).k, x.max_k) > 0
 
     def inputs(self, rows: Sequence[Request], positions: Sequence[int], rates: tuple[float, ...],
                waiting: tuple[int, ...] = ()) -> StepInputs:

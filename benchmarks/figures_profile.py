@@ -94,7 +94,7 @@ def mixed_table(fig: Mapping) -> dict:
         if where:
             w = where.get(p)
             if w is None:
-                row += ["-"] * 6
+                row += ["-"] * (len(header) - len(row))
             else:
                 mx, dc = w["mixed"], w["decode"]
                 ratio = f"{v['full'] / v['decode']:.3f}" if v.get("full") and v.get("decode") else "-"

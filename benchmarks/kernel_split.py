@@ -39,8 +39,8 @@ def split(kernels: Mapping) -> dict:
     step_kernels record ({"kernel_us_per_step", "wall_us_per_step", "top": [{"name", "us"}]})."""
     by = {"gemm": 0.0, "attention": 0.0}
     for k in kernels["top"]:
-        if kind(k["name"]) in by:
-            by[kind(k["name"])] += k["us"]
+        if (part := kind(k["name"])) in by:
+            by[part] += k["us"]
     total = float(kernels["kernel_us_per_step"])
     return {"gemm_ms": by["gemm"] / 1e3, "attention_ms": by["attention"] / 1e3,
             "rest_ms": max(total - by["gemm"] - by["attention"], 0.0) / 1e3, "kernel_ms": total / 1e3,

@@ -85,12 +85,13 @@ def record_sweep(path: Path, config: str, case: str, cost_model: str) -> dict:
 
 def commit_of(tree: str) -> str | None:
     """The commit of this checkout whose tree is the one the results ran (a run from a working tree
-    records its HEAD and the tree it ran), None where none is."""
+    records its HEAD and the tree it ran), as its first 7 hex digits whatever git's own abbreviation
+    would be in this clone, None where none is."""
     import subprocess
 
-    log = subprocess.run(["git", "log", "--all", "--format=%h %T"], capture_output=True, text=True,
+    log = subprocess.run(["git", "log", "--all", "--format=%H %T"], capture_output=True, text=True,
                          cwd=Path(__file__).parent).stdout
-    return next((h for h, t in (line.split() for line in log.splitlines()) if t == tree), None)
+    return next((h[:7] for h, t in (line.split() for line in log.splitlines()) if t == tree), None)
 
 
 def record(results: Sequence[Path], out: Path, prices: str) -> dict:

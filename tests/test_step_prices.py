@@ -84,6 +84,17 @@ def test_a_data_set_of_results_still_committed_is_their_record(tmp_path):
     assert "h100-82cefa0" in matched
 
 
+def test_a_data_sets_commit_is_seven_digits_whatever_gits_abbreviation(monkeypatch):
+    """A clone whose object count makes git abbreviate to 8 or more digits (or a core.abbrev of 12)
+    names the same commit as the runs.json it checks: 82cefa0, not 82cefa0c."""
+    from dynspec.benchmarks.sim_record import commit_of
+
+    tree = json.loads((SIM_DATA / "h100-82cefa0" / "runs.json").read_text())["tree"]
+    for key, value in (("GIT_CONFIG_COUNT", "1"), ("GIT_CONFIG_KEY_0", "core.abbrev"), ("GIT_CONFIG_VALUE_0", "12")):
+        monkeypatch.setenv(key, value)
+    assert commit_of(tree) == "82cefa0"
+
+
 def test_an_unmeasured_ragged_factor_keeps_per_row_vectors_off(tmp_path):
     """The H200's prices were fitted on a serving run with no per-row step, so its ragged factor is
     null; the per-request policy then prices per-row vectors at UNMEASURED_RAGGED. Replayed on the

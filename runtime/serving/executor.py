@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from dynspec.errors import DynspecError
 from dynspec.runtime.policy.acceptance import AcceptanceModel, Greedy, rate_of
@@ -216,17 +216,15 @@ class Executor:
         ends = [r for r, c in zip(chunked, chunks) if c.last]
         if not ends:
             return True
-        waiting = ()
-        if self._k.reads_prompts:
-            free = min(self.engine.max_batch_size, self.engine.max_num_tokens) - len(ends)
-            waiting = self._pool.backlog(free, {r.id: len(c.tokens) for r, c in zip(chunked, chunks)})
+        waiting = self._backlog(len(ends), {r.id: len(c.tokens) for r, c in zip(chunked, chunks)})
         return self._k.drafts(ends, [len(r.prompt) for r in ends], self._k.estimate.rates(), waiting)
 
-    def _backlog(self, b: int) -> tuple[int, ...]:
-        """The prompts the K decision prices (RequestPool.backlog), for a policy that reads them."""
+    def _backlog(self, b: int, taken: Mapping[int, int] | None = None) -> tuple[int, ...]:
+        """The prompts the K decision of b rows prices (RequestPool.backlog; taken: the tokens a
+        step being planned prefills), for a policy that reads them."""
         if not b or not self._k.reads_prompts:
             return ()
-        return self._pool.backlog(min(self.engine.max_batch_size, self.engine.max_num_tokens) - b)
+        return self._pool.backlog(min(self.engine.max_batch_size, self.engine.max_num_tokens) - b, taken)
 
     def _chunks(self, left: int, cap: int | None) -> tuple[tuple[PromptChunk, ...], list[Request]]:
         """Prompt chunks for `left` budget tokens: partly prefilled requests first, then new
